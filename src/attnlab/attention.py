@@ -1,0 +1,187 @@
+"""Attention: the chapter's soft dictionary, implemented once, and the multi-head layer built on it.
+
+Design choices:
+- The equation  Attention(Q, K, V) = softmax(Q Kᵀ · scale + mask) V,  scale = 1/√d_k  lives in three small
+  functions (`attention_scores`, `apply_mask`, `attention_pattern`) that the explicit path and the hooked
+  multi-head layer both call. Every other path (torch's fused SDPA, the KV-cached decode) is tested
+  against them.
+- Boolean masks follow torch: True means "may attend". Additive masks are added to the scores.
+- `causal=True` with T queries and S ≥ T keys means the queries are the *last* T positions (cached
+  decoding): query i sees keys j ≤ i + (S − T). torch's `is_causal` aligns top-left instead, so it is only
+  used when T == S.
+- A fully masked row (e.g. a padding query) gives zeros, never NaN.
+- The multi-head layer takes the fused path unless someone hooks the scores or the pattern, which are the
+  only activations the fused kernel never materialises; hooks elsewhere keep it fused.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+from .hooks import HookPoint
+
+
+def causal_mask(T: int, S: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """Boolean (T, S) mask, True where query i (the (S−T+i)-th position) may see key j: j ≤ i + S − T."""
+    return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=S - T)
+
+
+def attention_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """scores = Q Kᵀ · scale: how well each query matches each key. (..., T, d_k) x (..., S, d_k) -> (..., T, S)."""
+    return torch.matmul(q, k.transpose(-2, -1)) * scale
+
+
+def apply_mask(scores: torch.Tensor, *, causal: bool = False, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Set forbidden scores to −∞ (causal: above the shifted diagonal; boolean mask: where False), or add an additive mask."""
+    T, S = scores.shape[-2:]
+    if causal:
+        scores = scores.masked_fill(~causal_mask(T, S, scores.device), float("-inf"))
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores = scores + mask
+    return scores
+
+
+def attention_pattern(masked_scores: torch.Tensor) -> torch.Tensor:
+    """weights = softmax over keys; each row sums to 1, and a row with every key masked is all zeros."""
+    pattern = torch.softmax(masked_scores, dim=-1)
+    all_masked = torch.isneginf(masked_scores).all(dim=-1, keepdim=True)
+    return pattern.masked_fill(all_masked, 0.0)
+
+
+def _expand_kv(q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+    """Grouped-query attention: repeat each key/value head for the query heads that share it (dim −3)."""
+    if q.dim() >= 3 and kv.dim() >= 3 and kv.shape[-3] != q.shape[-3]:
+        if q.shape[-3] % kv.shape[-3]:
+            raise ValueError(f"query heads ({q.shape[-3]}) must be a multiple of key/value heads ({kv.shape[-3]})")
+        return kv.repeat_interleave(q.shape[-3] // kv.shape[-3], dim=-3)
+    return kv
+
+
+def _fused_mask(
+    T: int, S: int, causal: bool, mask: torch.Tensor | None, device: torch.device
+) -> tuple[torch.Tensor | None, bool]:
+    """The attn_mask / is_causal pair for torch's SDPA that means the same as (causal, mask) here."""
+    if mask is None:
+        if not causal or T == 1:  # a single (last) query sees every key
+            return None, False
+        if T == S:
+            return None, True
+        return causal_mask(T, S, device), False
+    if not causal:
+        return mask, False
+    allowed = causal_mask(T, S, device)
+    if mask.dtype == torch.bool:
+        return mask & allowed, False
+    return mask.masked_fill(~allowed, float("-inf")), False
+
+
+def scaled_dot_product_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    return_weights: bool = False,
+    dropout_p: float = 0.0,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """softmax(Q Kᵀ · scale + mask) V for q (..., T, d_k), k (..., S, d_k), v (..., S, d_v).
+
+    Returns the output (..., T, d_v), or `(output, weights)` with weights (..., T, S) when
+    `return_weights`. Without weights it runs torch's fused kernel; with them, the explicit equation.
+    Key/value tensors with fewer heads (dim −3) than q are shared across query heads (grouped-query).
+    """
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    T, S = q.shape[-2], k.shape[-2]
+    if causal and T > S:
+        raise ValueError(f"causal attention needs at least as many keys as queries, got T={T} queries, S={S} keys")
+    if not return_weights:
+        attn_mask, is_causal = _fused_mask(T, S, causal, mask, q.device)
+        gqa = q.dim() >= 3 and k.shape[-3] != q.shape[-3]
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=gqa
+        )
+        if mask is not None:  # rows with no visible key: zeros, whatever the kernel did
+            visible = (attn_mask if attn_mask.dtype == torch.bool else ~torch.isneginf(attn_mask)).any(-1, keepdim=True)
+            out = out.masked_fill(~visible, 0.0)
+        return out
+    k, v = _expand_kv(q, k), _expand_kv(q, v)
+    weights = attention_pattern(apply_mask(attention_scores(q, k, scale), causal=causal, mask=mask))
+    dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
+    return torch.matmul(dropped, v), weights
+
+
+class Attention(nn.Module):
+    """Multi-head attention: h heads with their own W_Q, W_K, W_V, concatenated and mixed by W_O.
+
+    Hook shapes: hook_q / hook_rot_q  # [batch, pos, head, d_head]
+                 hook_k / hook_v / hook_rot_k  # [batch, key_pos, kv_head, d_head]
+                 hook_attn_scores / hook_pattern  # [batch, head, query_pos, key_pos]
+                 hook_z  # [batch, pos, head, d_head]
+    """
+
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        from .layers import RMSNorm  # qk-norm is the one norm attention owns
+
+        self.config, self.layer = config, layer
+        H, Hkv, D, d_model = config.n_heads, config.kv_heads, config.head_dim, config.d_model
+        self.W_Q = nn.Linear(d_model, H * D, bias=config.use_qkv_bias)
+        self.W_K = nn.Linear(d_model, Hkv * D, bias=config.use_qkv_bias)
+        self.W_V = nn.Linear(d_model, Hkv * D, bias=config.use_qkv_bias)
+        self.W_O = nn.Linear(H * D, d_model, bias=config.bias)
+        self.q_norm = RMSNorm(D, config.norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(D, config.norm_eps) if config.qk_norm else None
+        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
+        self.hook_rot_q, self.hook_rot_k = HookPoint(), HookPoint()
+        self.hook_attn_scores, self.hook_pattern, self.hook_z = HookPoint(), HookPoint(), HookPoint()
+
+    @property
+    def needs_pattern(self) -> bool:
+        """True when a hook wants the scores or the pattern, which only the explicit path computes."""
+        return self.hook_attn_scores.has_hooks or self.hook_pattern.has_hooks
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        mask: torch.Tensor | None = None,
+        kv_cache=None,
+        start_pos: int = 0,
+    ) -> torch.Tensor:
+        from .positions import apply_rope
+
+        cfg = self.config
+        B, T, _ = x.shape  # batch, query positions, d_model
+        H, Hkv, D = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        q = self.hook_q(self.W_Q(x).view(B, T, H, D))
+        k = self.hook_k(self.W_K(x).view(B, T, Hkv, D))
+        v = self.hook_v(self.W_V(x).view(B, T, Hkv, D))
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q = self.hook_rot_q(apply_rope(q, *rope))
+            k = self.hook_rot_k(apply_rope(k, *rope))
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, T, D]
+        if kv_cache is not None:
+            k, v = kv_cache.update(self.layer, start_pos, k, v)  # [B, Hkv, S, D], S = start_pos + T
+        dropout_p = cfg.dropout if self.training else 0.0
+        if self.needs_pattern:
+            scores = self.hook_attn_scores(
+                apply_mask(attention_scores(q, _expand_kv(q, k), cfg.scale), causal=cfg.causal, mask=mask)
+            )
+            pattern = self.hook_pattern(attention_pattern(scores))
+            z = torch.matmul(F.dropout(pattern, dropout_p, self.training), _expand_kv(q, v))
+        else:
+            z = scaled_dot_product_attention(q, k, v, causal=cfg.causal, mask=mask, scale=cfg.scale, dropout_p=dropout_p)
+        z = self.hook_z(z.transpose(1, 2))  # [B, T, H, D]
+        return self.W_O(z.reshape(B, T, H * D))

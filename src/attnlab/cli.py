@@ -1,0 +1,75 @@
+"""The `attnlab` command line: one subcommand per job, each defined next to the code it runs.
+
+Design choices:
+- Each module in COMMAND_MODULES has `add_commands(subparsers)`, which adds its subcommands and sets
+  `func(args) -> int` on each; this file only dispatches, so a command's flags live beside its code.
+- A user's mistake (UserError, a missing file, a full disk) is printed as one line on stderr with exit
+  code 2, never a traceback; Ctrl-C exits 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import importlib
+import sys
+
+from .errors import UserError
+
+COMMAND_MODULES = (
+    "attnlab.demo",  # demo
+    "attnlab.formats.cli",  # compare
+    "attnlab.training.cli",  # train, sample
+    "attnlab.inspection.cli",  # heads, experiment
+    "attnlab.explorer.cli",  # explore, export-html
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="attnlab", description="Attention, real, fast and visible.")
+    parser.add_argument("--version", action="version", version=f"attnlab {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:  # a part not built yet
+            if exc.name and name.startswith(exc.name):
+                continue
+            raise
+        module.add_commands(sub)
+    return parser
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except UserError as exc:
+        print(f"attnlab {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"attnlab {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except FileNotFoundError as exc:
+        print(f"attnlab {args.command}: error: no such file or directory: {exc.filename}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            print(f"attnlab {args.command}: error: the disk is full ({exc.filename or 'while writing'}); "
+                  "free some space and run again (the last good checkpoint is kept)", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,171 @@
+"""The model's one config dataclass and its named presets.
+
+Design choices:
+- Frozen and validated in `__post_init__`: a bad config fails at construction with a message that names
+  the values and a fix, never later inside a matmul.
+- Names are TransformerLens's (d_model, n_heads, d_head, n_layers, n_ctx, d_vocab); the training command
+  maps nanoGPT's flag names onto them (see attnlab.train.config).
+- Every architecture attnlab loads (GPT-2, LLaMA, Qwen2, BERT) is a setting of these fields, so one
+  model class reads all of them.
+- The config is saved as JSON in every checkpoint (`to_dict` / `from_dict`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import UserError
+
+POSITIONS = ("learned", "sinusoidal", "rope", "none")
+NORMS = ("layernorm", "rmsnorm")
+NORM_PLACEMENTS = ("pre", "post")
+MLPS = ("gelu", "gelu_tanh", "relu", "swiglu")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    d_vocab: int = 256  # vocabulary size: rows of the embedding, columns of the LM head
+    n_ctx: int = 256  # longest sequence the model is built for (size of learned position table, KV cache)
+    d_model: int = 128  # width of the residual stream
+    n_layers: int = 4  # number of blocks
+    n_heads: int = 4  # query heads per attention layer
+    n_kv_heads: int | None = None  # key/value heads: n_heads = multi-head, 1 = multi-query, else grouped-query
+    d_head: int | None = None  # size of one head's q, k and v (d_k = d_v); default d_model // n_heads
+    d_mlp: int | None = None  # hidden width of the MLP; default 4 * d_model ("expands ~4x and back")
+    causal: bool = True  # decoder (causal mask, LM head) or encoder (bidirectional, BERT-style)
+    positional: str = "learned"  # learned | sinusoidal | rope | none
+    rope_theta: float = 10000.0  # RoPE base: angle of pair i is pos * theta^(-2i/rotary_dim)
+    rotary_fraction: float = 1.0  # fraction of each head's dims that RoPE rotates (partial rotary)
+    norm: str = "layernorm"  # layernorm | rmsnorm
+    norm_eps: float = 1e-5
+    norm_placement: str = "pre"  # pre (GPT-2, LLaMA) or post (original Transformer, BERT)
+    final_norm: bool = True  # a norm after the last block (pre-norm models need it; BERT has none)
+    embed_norm: bool = False  # a norm right after the embeddings (BERT's embeddings.LayerNorm)
+    mlp: str = "gelu"  # gelu (exact erf) | gelu_tanh (GPT-2's gelu_new) | relu | swiglu (LLaMA)
+    attn_only: bool = False  # no MLPs at all: attention-only models for circuit studies
+    bias: bool = True  # biases in the linear layers and LayerNorms (nanoGPT's --bias)
+    qkv_bias: bool | None = None  # biases on W_Q, W_K, W_V only; default: same as `bias` (Qwen2: True alone)
+    qk_norm: bool = False  # RMSNorm on each head's q and k before the scores (Qwen3, OLMo-2)
+    tie_embeddings: bool = True  # LM head shares its weight with the token embedding
+    n_token_types: int = 0  # token-type (segment) embeddings: BERT uses 2; 0 = none
+    dropout: float = 0.0  # on embeddings, attention weights and residual branches while training
+    attn_scale: float | None = None  # multiplier of q.k; default 1/sqrt(d_head), the chapter's 1/sqrt(d_k)
+    init_std: float = 0.02  # std of the normal init of weights (GPT-2)
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)  # format-specific notes (e.g. HF ids)
+
+    def __post_init__(self) -> None:
+        positive = ("d_vocab", "n_ctx", "d_model", "n_layers", "n_heads")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise UserError(f"{name} must be a positive integer, got {value!r}")
+        if self.d_head is None and self.d_model % self.n_heads:
+            near = [h for h in range(1, self.d_model + 1) if self.d_model % h == 0]
+            near = sorted(near, key=lambda h: abs(h - self.n_heads))[:2]
+            raise UserError(
+                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}); "
+                f"try n_heads={' or '.join(map(str, sorted(near)))}"
+            )
+        if self.n_kv_heads is not None and (self.n_kv_heads <= 0 or self.n_heads % self.n_kv_heads):
+            raise UserError(
+                f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads}); "
+                f"try n_kv_heads=1 (multi-query) or n_kv_heads={self.n_heads} (multi-head)"
+            )
+        for name, allowed in (
+            ("positional", POSITIONS),
+            ("norm", NORMS),
+            ("norm_placement", NORM_PLACEMENTS),
+            ("mlp", MLPS),
+        ):
+            if getattr(self, name) not in allowed:
+                raise UserError(f"{name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise UserError(f"dropout must be in [0, 1), got {self.dropout}")
+        if not 0.0 < self.rotary_fraction <= 1.0:
+            raise UserError(f"rotary_fraction must be in (0, 1], got {self.rotary_fraction}")
+        if self.positional == "rope" and self.rotary_dim % 2:
+            raise UserError(
+                f"RoPE rotates pairs of dimensions, but rotary_fraction ({self.rotary_fraction}) x d_head "
+                f"({self.head_dim}) = {self.rotary_dim} is odd; choose a fraction that gives an even number"
+            )
+        if self.positional == "sinusoidal" and self.d_model % 2:
+            raise UserError(f"sinusoidal positions need an even d_model, got {self.d_model}")
+        if self.n_token_types < 0:
+            raise UserError(f"n_token_types must be >= 0, got {self.n_token_types}")
+
+    # Derived sizes: read these, not the optional fields.
+    @property
+    def head_dim(self) -> int:
+        return self.d_head if self.d_head is not None else self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads if self.n_kv_heads is not None else self.n_heads
+
+    @property
+    def mlp_dim(self) -> int:
+        return self.d_mlp if self.d_mlp is not None else 4 * self.d_model
+
+    @property
+    def use_qkv_bias(self) -> bool:
+        return self.bias if self.qkv_bias is None else self.qkv_bias
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(round(self.head_dim * self.rotary_fraction))
+
+    @property
+    def scale(self) -> float:
+        return self.attn_scale if self.attn_scale is not None else 1.0 / math.sqrt(self.head_dim)
+
+    def replace(self, **changes: Any) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise UserError(f"unknown model config keys {unknown}; known keys: {sorted(names)}")
+        return cls(**data)
+
+    def num_params(self) -> int:
+        """Parameter count without building the model (embeddings included, tied head counted once)."""
+        from .model import Transformer  # local: config must not import torch-heavy modules at import
+
+        return sum(p.numel() for p in Transformer(self, device="meta").parameters())
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # nanoGPT's CPU Shakespeare configuration (its README's "baby GPT on a MacBook").
+    "nano": dict(n_layers=4, n_heads=4, d_model=128, n_ctx=64),
+    # nanoGPT's shakespeare_char GPU config.
+    "shakespeare": dict(n_layers=6, n_heads=6, d_model=384, n_ctx=256),
+    "gpt2-small": dict(n_layers=12, n_heads=12, d_model=768, n_ctx=1024, d_vocab=50257, mlp="gelu_tanh"),
+    # A modern small decoder: the LLaMA recipe at toy size.
+    "llama-tiny": dict(
+        n_layers=4, n_heads=4, n_kv_heads=2, d_model=128, d_mlp=344, n_ctx=256, positional="rope",
+        norm="rmsnorm", mlp="swiglu", bias=False, tie_embeddings=False,
+    ),
+    # MiniLM-L6's shape: a post-norm BERT-style encoder.
+    "bert-mini": dict(
+        n_layers=6, n_heads=12, d_model=384, d_mlp=1536, n_ctx=512, d_vocab=30522, causal=False,
+        norm_placement="post", final_norm=False, embed_norm=True, n_token_types=2, norm_eps=1e-12,
+        tie_embeddings=False,
+    ),
+    # Attention-only models for induction-head studies (Olsson et al. 2022).
+    "attn-only-2l": dict(n_layers=2, n_heads=8, d_model=256, n_ctx=256, attn_only=True, positional="learned"),
+}
+
+
+def preset(name: str, **overrides: Any) -> ModelConfig:
+    """A named preset, with any field overridden: `preset("nano", d_vocab=65)`."""
+    if name not in PRESETS:
+        raise UserError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    return ModelConfig(**{**PRESETS[name], **overrides})

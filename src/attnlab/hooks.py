@@ -1,0 +1,147 @@
+"""Hook points: named places in the forward pass where an activation can be read or replaced.
+
+Design choices:
+- As in TransformerLens, a hook point is an identity module, and its name is its module path
+  (`blocks.0.attn.hook_pattern`), so the names need no table and can never drift from the code.
+- Hooks are plain torch forward hooks on those modules: a hook function gets `(activation, hook)` and
+  returns None (read) or a tensor (replace). `hook.name` is the full name.
+- `HookedModule` gives any module `hooks(...)`, `run_with_hooks` and `run_with_cache`; with no hook
+  attached, nothing but an identity call happens at each point.
+- An unknown name raises a UserError that suggests the nearest valid names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import re
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Union
+
+import torch
+from torch import nn
+
+from .errors import UserError
+
+HookFn = Callable[[torch.Tensor, "HookPoint"], Union[torch.Tensor, None]]
+NamesFilter = Union[None, str, Iterable[str], Callable[[str], bool]]
+
+
+class HookPoint(nn.Module):
+    """An identity function with a name, at which hooks read or replace the activation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.name: str = ""  # set by HookedModule.setup_hooks to the module path
+
+    @property
+    def has_hooks(self) -> bool:
+        return bool(self._forward_hooks)
+
+    def add_hook(self, fn: HookFn) -> torch.utils.hooks.RemovableHandle:
+        return self.register_forward_hook(lambda module, inputs, output: fn(output, module))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def extra_repr(self) -> str:
+        return self.name
+
+
+def _matcher(names_filter: NamesFilter) -> Callable[[str], bool]:
+    if names_filter is None:
+        return lambda name: True
+    if isinstance(names_filter, str):
+        return lambda name: name == names_filter
+    if callable(names_filter):
+        return names_filter
+    wanted = set(names_filter)
+    return lambda name: name in wanted
+
+
+class HookedModule(nn.Module):
+    """Base for models with hook points: names them and runs with hooks or a cache."""
+
+    def setup_hooks(self) -> None:
+        """Name every HookPoint by its module path; call at the end of the root module's __init__."""
+        self.hook_dict: dict[str, HookPoint] = {}
+        for name, module in self.named_modules():
+            if isinstance(module, HookPoint):
+                module.name = name
+                self.hook_dict[name] = module
+
+    def hook_names(self) -> list[str]:
+        return list(self.hook_dict)
+
+    def _resolve(self, name: str) -> HookPoint:
+        if name in self.hook_dict:
+            return self.hook_dict[name]
+        close = difflib.get_close_matches(name, self.hook_dict, n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; see model.hook_names()"
+        raise UserError(f"unknown hook name {name!r}{hint}")
+
+    def check_names(self, names_filter: NamesFilter) -> None:
+        """Raise on explicit names that don't exist (callables are not checked)."""
+        if isinstance(names_filter, str):
+            self._resolve(names_filter)
+        elif names_filter is not None and not callable(names_filter):
+            for name in names_filter:
+                self._resolve(name)
+
+    @contextlib.contextmanager
+    def hooks(self, fwd_hooks: Iterable[tuple[str | Callable[[str], bool], HookFn]] = ()) -> Iterator["HookedModule"]:
+        """Attach `(name or name-predicate, fn)` hooks for the duration of a `with` block."""
+        handles = []
+        try:
+            for name, fn in fwd_hooks:
+                if callable(name):
+                    points = [p for n, p in self.hook_dict.items() if name(n)]
+                else:
+                    points = [self._resolve(name)]
+                handles += [p.add_hook(fn) for p in points]
+            yield self
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def run_with_hooks(self, *args: Any, fwd_hooks: Iterable[tuple[str, HookFn]] = (), **kwargs: Any) -> Any:
+        """Run forward with hooks attached; they are removed afterwards, even on error."""
+        with self.hooks(fwd_hooks):
+            return self(*args, **kwargs)
+
+    def run_with_cache(
+        self, *args: Any, names_filter: NamesFilter = None, fwd_hooks: Iterable[tuple[str, HookFn]] = (), **kwargs: Any
+    ) -> tuple[Any, "ActivationCache"]:
+        """Run forward and return `(output, cache)`; the cache holds only the names that `names_filter` asks for."""
+        self.check_names(names_filter)
+        match = _matcher(names_filter)
+        cache: dict[str, torch.Tensor] = {}
+
+        def store(tensor: torch.Tensor, hook: HookPoint) -> None:
+            cache[hook.name] = tensor.detach()
+
+        hooks = [(name, store) for name in self.hook_dict if match(name)]
+        with torch.no_grad() if not torch.is_grad_enabled() else contextlib.nullcontext():
+            output = self.run_with_hooks(*args, fwd_hooks=[*hooks, *fwd_hooks], **kwargs)
+        return output, ActivationCache(cache, self)
+
+
+class ActivationCache(dict):
+    """Activations by hook name; a dict with helpful errors and a few TransformerLens conveniences."""
+
+    def __init__(self, data: dict[str, torch.Tensor], model: HookedModule | None = None) -> None:
+        super().__init__(data)
+        self.model = model
+
+    def __missing__(self, key: str) -> torch.Tensor:
+        close = difflib.get_close_matches(key, list(self), n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise KeyError(f"{key!r} is not in the cache (was it excluded by names_filter?){hint}")
+
+    def stack(self, pattern: str) -> torch.Tensor:
+        """Stack the entries whose names match a regex with one `{}` for the layer: `stack('blocks.{}.attn.hook_pattern')`."""
+        regex = re.compile("^" + re.escape(pattern).replace(r"\{\}", r"(\d+)") + "$")
+        found = sorted((int(m.group(1)), v) for k, v in self.items() if (m := regex.match(k)))
+        if not found:
+            raise KeyError(f"no cached names match {pattern!r}")
+        return torch.stack([v for _, v in found])

@@ -1,0 +1,83 @@
+"""Norms and the position-wise MLP, the two non-attention parts of a block.
+
+Design choices:
+- LayerNorm: (x − mean) / √(var + ε) · w + b (Ba et al. 2016); RMSNorm: x / √(mean(x²) + ε) · w
+  (Zhang & Sennrich 2019), computed in float32 and cast back, as LLaMA does, so low-precision runs
+  normalise accurately.
+- Parameters are called `weight` / `bias` so checkpoints of every format map onto them directly.
+- `hook_normalized` is the norm's output after its affine weights, as in TransformerLens.
+- The MLP expands d_model -> d_mlp (default 4×), applies GELU (exact or tanh) or ReLU, and projects back;
+  SwiGLU (Shazeer 2020) multiplies silu(W_gate x) by W_in x. hook_pre is the pre-activation,
+  hook_post what goes into W_out.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+from .hooks import HookPoint
+
+
+class LayerNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5, bias: bool = True) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+        self.hook_normalized = HookPoint()  # [batch, pos, d_model]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.hook_normalized(F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.hook_normalized = HookPoint()  # [batch, pos, d_model]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.to(torch.float32)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.hook_normalized(self.weight * x.to(dtype))
+
+
+def make_norm(config: ModelConfig, dim: int | None = None) -> nn.Module:
+    dim = dim or config.d_model
+    if config.norm == "rmsnorm":
+        return RMSNorm(dim, config.norm_eps)
+    return LayerNorm(dim, config.norm_eps, bias=config.bias)
+
+
+_ACTIVATIONS = {
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+    "swiglu": F.silu,  # the gate's nonlinearity
+}
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward: W_out · act(W_in · x), or W_out · (silu(W_gate · x) ⊙ W_in · x) for SwiGLU."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gated = config.mlp == "swiglu"
+        self.act = _ACTIVATIONS[config.mlp]
+        self.W_in = nn.Linear(config.d_model, config.mlp_dim, bias=config.bias)
+        self.W_gate = nn.Linear(config.d_model, config.mlp_dim, bias=config.bias) if self.gated else None
+        self.W_out = nn.Linear(config.mlp_dim, config.d_model, bias=config.bias)
+        self.hook_pre = HookPoint()  # [batch, pos, d_mlp]
+        self.hook_post = HookPoint()  # [batch, pos, d_mlp]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gated:
+            post = self.act(self.hook_pre(self.W_gate(x))) * self.W_in(x)
+        else:
+            post = self.act(self.hook_pre(self.W_in(x)))
+        return self.W_out(self.hook_post(post))

@@ -1,0 +1,205 @@
+"""The Transformer: embeddings, N blocks, a final norm and an LM head; decoder or encoder by config.
+
+Design choices:
+- One class reads top to bottom, as in nanoGPT: `Block` (norm, attention, residual; norm, MLP, residual)
+  and `Transformer` (embeddings, blocks, head). Decoder-only language models (GPT-2, LLaMA, Qwen2) and
+  BERT-style encoders are settings of `ModelConfig`, not separate code.
+- Pre-norm (GPT-2, LLaMA): resid_mid = resid_pre + attn(ln1(resid_pre)); resid_post = resid_mid + mlp(ln2(resid_mid)).
+  Post-norm (original Transformer, BERT): resid_mid = ln1(resid_pre + attn(resid_pre)); resid_post = ln2(resid_mid + mlp(resid_mid)).
+- Hook names are TransformerLens's (see attnlab.hooks); every hook point carries its shape in a comment.
+- A causal model returns logits (B, T, d_vocab); an encoder returns the last hidden states (B, T, d_model).
+- `attention_mask` (B, S) marks real tokens (1) and padding (0); positions may be given per row so that
+  left-padded batches generate correctly.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import Attention
+from .config import ModelConfig
+from .errors import UserError
+from .hooks import HookedModule, HookPoint
+from .layers import MLP, make_norm
+from .positions import Rotary, sinusoidal_positions
+
+
+class Block(nn.Module):
+    """One Transformer block: attention then MLP, each wrapped in a residual connection and a norm."""
+
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.pre_norm = config.norm_placement == "pre"
+        self.ln1 = make_norm(config)
+        self.attn = Attention(config, layer)
+        self.ln2 = None if config.attn_only else make_norm(config)
+        self.mlp = None if config.attn_only else MLP(config)
+        self.dropout = nn.Dropout(config.dropout)
+        self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
+        self.hook_attn_out = HookPoint()  # [batch, pos, d_model]
+        self.hook_resid_mid = HookPoint()  # [batch, pos, d_model]
+        self.hook_mlp_out = HookPoint()  # [batch, pos, d_model]
+        self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
+
+    def forward(self, resid_pre: torch.Tensor, **attn_kwargs: Any) -> torch.Tensor:
+        resid_pre = self.hook_resid_pre(resid_pre)
+        if self.pre_norm:
+            attn_out = self.hook_attn_out(self.attn(self.ln1(resid_pre), **attn_kwargs))
+            resid_mid = self.hook_resid_mid(resid_pre + self.dropout(attn_out))
+            if self.mlp is None:
+                return self.hook_resid_post(resid_mid)
+            mlp_out = self.hook_mlp_out(self.mlp(self.ln2(resid_mid)))
+            return self.hook_resid_post(resid_mid + self.dropout(mlp_out))
+        attn_out = self.hook_attn_out(self.attn(resid_pre, **attn_kwargs))
+        resid_mid = self.hook_resid_mid(self.ln1(resid_pre + self.dropout(attn_out)))
+        if self.mlp is None:
+            return self.hook_resid_post(resid_mid)
+        mlp_out = self.hook_mlp_out(self.mlp(resid_mid))
+        return self.hook_resid_post(self.ln2(resid_mid + self.dropout(mlp_out)))
+
+
+class Transformer(HookedModule):
+    """Token embedding (+ positions, + token types) -> N blocks -> final norm -> LM head (causal) or hidden states."""
+
+    def __init__(self, config: ModelConfig, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.tokenizer = None  # set by attnlab.load / training when a tokenizer.json comes with the model
+        with torch.device(device) if device is not None else _nullcontext():
+            self.embed = nn.Embedding(config.d_vocab, config.d_model)
+            self.pos_embed = nn.Embedding(config.n_ctx, config.d_model) if config.positional == "learned" else None
+            self.token_type_embed = nn.Embedding(config.n_token_types, config.d_model) if config.n_token_types else None
+            self.ln_embed = make_norm(config) if config.embed_norm else None
+            self.rotary = Rotary(config.rotary_dim, config.rope_theta) if config.positional == "rope" else None
+            self.drop = nn.Dropout(config.dropout)
+            self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
+            self.ln_final = make_norm(config) if config.final_norm else None
+            self.unembed = nn.Linear(config.d_model, config.d_vocab, bias=False) if config.causal else None
+        self.hook_embed = HookPoint()  # [batch, pos, d_model]
+        self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
+        self.hook_token_type_embed = HookPoint()  # [batch, pos, d_model]
+        if self.unembed is not None and config.tie_embeddings:
+            self.unembed.weight = self.embed.weight
+        if device is None or torch.device(device).type != "meta":
+            self.apply(self._init_weights)
+            self._init_residual_projections()
+        self.setup_hooks()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """GPT-2 init: N(0, init_std) weights and zero biases; residual projections get 1/√(2·n_layers) more (below)."""
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, 0.0, self.config.init_std)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+
+    def _init_residual_projections(self) -> None:
+        std = self.config.init_std / math.sqrt(2 * self.config.n_layers)
+        for block in self.blocks:
+            nn.init.normal_(block.attn.W_O.weight, 0.0, std)
+            if block.mlp is not None:
+                nn.init.normal_(block.mlp.W_out.weight, 0.0, std)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype
+
+    def embed_tokens(
+        self, ids: torch.Tensor, positions: torch.Tensor, token_type_ids: torch.Tensor | None
+    ) -> torch.Tensor:
+        """resid_pre of block 0: token embedding + absolute positions + token types (as configured)."""
+        cfg = self.config
+        x = self.hook_embed(self.embed(ids))
+        if cfg.positional == "learned":
+            if int(positions.max()) >= cfg.n_ctx:
+                raise UserError(
+                    f"sequence reaches position {int(positions.max())} but this model has learned positions for "
+                    f"n_ctx={cfg.n_ctx} only; shorten the input to at most {cfg.n_ctx} tokens"
+                )
+            x = x + self.hook_pos_embed(self.pos_embed(positions))
+        elif cfg.positional == "sinusoidal":
+            x = x + self.hook_pos_embed(sinusoidal_positions(positions, cfg.d_model).to(x.dtype))
+        if self.token_type_embed is not None:
+            types = token_type_ids if token_type_ids is not None else torch.zeros_like(ids)
+            x = x + self.hook_token_type_embed(self.token_type_embed(types))
+        if self.ln_embed is not None:
+            x = self.ln_embed(x)
+        return self.drop(x)
+
+    def forward(
+        self,
+        ids: torch.Tensor,
+        *,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        kv_cache=None,
+        start_pos: int = 0,
+        stop_at_layer: int | None = None,
+    ) -> torch.Tensor:
+        """ids (B, T) -> logits (B, T, d_vocab) for a causal model, hidden states (B, T, d_model) for an encoder.
+
+        attention_mask: (B, S) with 1 for real tokens and 0 for padding, S = start_pos + T (all keys so far).
+        positions: (B, T) position of each token; default start_pos, start_pos+1, ...
+        kv_cache / start_pos: cached decoding (see attnlab.generation); the new tokens sit at start_pos.
+        stop_at_layer: return the residual stream before that block (as TransformerLens does).
+        """
+        if ids.dim() == 1:
+            ids = ids.unsqueeze(0)
+        B, T = ids.shape  # batch, query positions
+        if ids.dtype not in (torch.int64, torch.int32):
+            raise UserError(f"token ids must be integers, got dtype {ids.dtype}")
+        if T == 0:
+            raise UserError("the input has no tokens; give at least one")
+        if int(ids.max()) >= self.config.d_vocab or int(ids.min()) < 0:
+            raise UserError(
+                f"token id {int(ids.max()) if int(ids.max()) >= self.config.d_vocab else int(ids.min())} is outside "
+                f"the vocabulary [0, {self.config.d_vocab}); check that the tokenizer matches this model"
+            )
+        if positions is None:
+            positions = torch.arange(start_pos, start_pos + T, device=ids.device).expand(B, T)
+        resid = self.embed_tokens(ids, positions, token_type_ids)
+        rope = self.rotary(positions, resid.dtype) if self.rotary is not None else None
+        mask = None
+        if attention_mask is not None:
+            mask = attention_mask.to(torch.bool)[:, None, None, :]  # [batch, 1, 1, key_pos]
+        for block in self.blocks[:stop_at_layer]:
+            resid = block(resid, rope=rope, mask=mask, kv_cache=kv_cache, start_pos=start_pos)
+        if stop_at_layer is not None:
+            return resid
+        if self.ln_final is not None:
+            resid = self.ln_final(resid)
+        return self.unembed(resid) if self.unembed is not None else resid
+
+    def loss(self, ids: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+        """Mean next-token cross-entropy of a causal model: logits at position t predict targets[t]."""
+        logits = self(ids)
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=ignore_index)
+
+    def generate(self, ids: torch.Tensor, max_new_tokens: int, **kwargs: Any) -> torch.Tensor:
+        """Prompt followed by new tokens (B, T + new), decoded with a KV cache; see attnlab.generation.generate."""
+        from .generation import generate
+
+        return generate(self, ids, max_new_tokens, **kwargs)
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.embed.weight.numel() + (self.pos_embed.weight.numel() if self.pos_embed is not None else 0)
+        return n
+
+
+class _nullcontext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None

@@ -1,0 +1,101 @@
+"""Tokenizers: text <-> ids, always stored as a Hugging Face `tokenizer.json`.
+
+Design choices:
+- One wrapper around the `tokenizers` library for every kind: character-level and byte-level BPE
+  trained here, and whatever tokenizer.json a Hugging Face checkpoint ships (GPT-2, LLaMA, BERT, ...).
+  So `attnlab sample` and the explorer treat every model alike.
+- A character tokenizer is a WordLevel model over single characters with a Fuse decoder, so it
+  round-trips any text made of its characters exactly; a character it has never seen is a UserError
+  naming that character, not a silent <unk>.
+- `encode` adds special tokens the way the tokenizer's own post-processor does (BERT's [CLS] ... [SEP]),
+  matching transformers' tokenizer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from .errors import UserError
+
+_UNKNOWN_CHAR = "\x00"  # declared but never in a char vocabulary: an unseen character fails loudly
+
+
+class Tokenizer:
+    def __init__(self, backend, kind: str = "hf") -> None:
+        self.backend = backend  # a tokenizers.Tokenizer
+        self.kind = kind  # "char", "bpe" or "hf" (loaded from a checkpoint)
+
+    # Building -------------------------------------------------------------------------------------
+    @classmethod
+    def train_char(cls, text: str) -> "Tokenizer":
+        """One id per distinct character of `text`, in sorted order (as nanoGPT's shakespeare_char)."""
+        from tokenizers import Regex, decoders, models, pre_tokenizers
+        from tokenizers import Tokenizer as Backend
+
+        chars = sorted(set(text) - {_UNKNOWN_CHAR})
+        if not chars:
+            raise UserError("cannot build a character tokenizer from empty text")
+        backend = Backend(models.WordLevel({c: i for i, c in enumerate(chars)}, unk_token=_UNKNOWN_CHAR))
+        backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+        backend.decoder = decoders.Fuse()
+        return cls(backend, "char")
+
+    @classmethod
+    def train_bpe(cls, texts: Iterable[str], vocab_size: int) -> "Tokenizer":
+        """Byte-level BPE (GPT-2's scheme) trained on `texts` up to `vocab_size` ids."""
+        from tokenizers import ByteLevelBPETokenizer
+
+        if vocab_size < 257:
+            raise UserError(f"--vocab-size must be at least 257 for byte-level BPE (256 bytes + merges), got {vocab_size}")
+        trainer = ByteLevelBPETokenizer()
+        trainer.train_from_iterator(texts, vocab_size=vocab_size, min_frequency=2, show_progress=False)
+        return cls(trainer._tokenizer, "bpe")
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "Tokenizer":
+        from tokenizers import Tokenizer as Backend
+
+        path = Path(path)
+        try:
+            backend = Backend.from_file(str(path))
+        except Exception as exc:  # the library raises a bare Exception on malformed JSON
+            raise UserError(f"{path}: not a valid tokenizer.json ({str(exc).splitlines()[0]})") from None
+        model = backend.get_vocab_size() and backend.model
+        kind = "char" if type(model).__name__ == "WordLevel" and model.unk_token == _UNKNOWN_CHAR else "hf"
+        return cls(backend, kind)
+
+    def save(self, path: str | Path) -> None:
+        self.backend.save(str(path))
+
+    # Using ----------------------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if self.kind == "char":
+            vocab = self.backend.get_vocab()
+            unknown = sorted({c for c in text if c not in vocab})
+            if unknown:
+                shown = ", ".join(repr(c) for c in unknown[:5])
+                raise UserError(
+                    f"the text has characters this character-level model never saw: {shown}"
+                    f"{' ...' if len(unknown) > 5 else ''}; remove them or train with --tokenizer bpe"
+                )
+        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def tokens(self, text: str, add_special_tokens: bool = True) -> list[str]:
+        """The token strings of `text`, for labelling views: what each id stands for."""
+        if self.kind == "char":
+            return list(text)
+        return self.backend.encode(text, add_special_tokens=add_special_tokens).tokens
+
+    def id_to_token(self, index: int) -> str:
+        return self.backend.id_to_token(index) or ""
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(kind={self.kind!r}, vocab_size={self.vocab_size})"
