@@ -45,11 +45,10 @@ class KVCache:
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
 
 
-def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
-                top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-    """logits (B, V) -> next token ids (B, 1). temperature 0 is greedy."""
-    if temperature == 0:
-        return logits.argmax(dim=-1, keepdim=True)
+def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+                  top_p: float | None = None) -> torch.Tensor:
+    """logits (B, V) / temperature, with ids outside top-k and top-p set to −∞: softmax of this is what
+    `sample_next` draws from (temperature > 0), so the explorer can show that very distribution."""
     logits = logits.float() / temperature
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
@@ -60,7 +59,15 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
         drop = cumulative - torch.softmax(sorted_logits, dim=-1) >= top_p  # keep the smallest set whose mass reaches top_p
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
-    probs = torch.softmax(logits, dim=-1)
+    return logits
+
+
+def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+                top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """logits (B, V) -> next token ids (B, 1). temperature 0 is greedy."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    probs = torch.softmax(filter_logits(logits, temperature, top_k, top_p), dim=-1)
     return torch.multinomial(probs, 1, generator=generator)
 
 
