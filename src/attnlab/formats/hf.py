@@ -1,0 +1,319 @@
+"""Hugging Face-format directories: config.json + model.safetensors (or shards with their index) + tokenizer.json.
+
+Design choices:
+- Each architecture (attnlab.formats.gpt2, .llama for llama and qwen2, .bert) is an `Architecture`: how
+  its config.json maps onto ModelConfig and back, and an explicit table of weight names (`Weight`: one
+  Hugging Face tensor <-> one or more attnlab tensors). Reading and writing use the same table, so the two
+  directions cannot drift.
+- Only two conversions exist: GPT-2's Conv1D weights are transposed, and a fused tensor (GPT-2's c_attn)
+  is the concatenation of its attnlab parts along the output dim.
+- Reading fails loudly and names the key: a checkpoint tensor the table does not know (unless it is a
+  listed non-weight such as a saved causal-mask buffer or an encoder's pooler), a tensor the config
+  implies but the files lack, a tensor of the wrong shape. Tensors are read one at a time from the
+  safetensors files, which are opened without unpickling anything; `.bin` checkpoints are refused.
+- A bias one side has and the other lacks is zero on the side that lacks it, which computes the same
+  function (nanoGPT's bias=False written as GPT-2, LLaMA's attention_bias without mlp_bias read as attnlab).
+- Weights are loaded into float32 (or the model's dtype) whatever the file's dtype: attnlab's views and
+  comparisons are about exact numbers.
+- Settings needed to write the directory back (special token ids, the original model_type, a
+  generation_config.json) travel in ModelConfig.extra.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..config import ModelConfig
+from ..errors import UserError
+from .native import atomic_write, atomic_write_text, attach_tokenizer, state_dict_for_saving
+
+INDEX = "model.safetensors.index.json"
+SPECIAL_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+@dataclass(frozen=True)
+class Weight:
+    """One Hugging Face tensor and the attnlab tensor(s) it holds (several: fused along dim 0 of nn.Linear)."""
+
+    hf: str
+    ours: tuple[str, ...]
+    conv1d: bool = False  # GPT-2's Conv1D stores (in, out), the transpose of nn.Linear's (out, in)
+
+    def __init__(self, hf: str, *ours: str, conv1d: bool = False) -> None:
+        object.__setattr__(self, "hf", hf)
+        object.__setattr__(self, "ours", ours)
+        object.__setattr__(self, "conv1d", conv1d)
+
+    def hf_shape(self, shapes: dict[str, tuple[int, ...]]) -> tuple[int, ...]:
+        """The shape the checkpoint must have, given the attnlab shapes."""
+        first = shapes[self.ours[0]]
+        shape = (sum(shapes[name][0] for name in self.ours), *first[1:])
+        return shape[::-1] if self.conv1d and len(shape) == 2 else shape
+
+    def to_ours(self, tensor: torch.Tensor, shapes: dict[str, tuple[int, ...]]) -> list[torch.Tensor]:
+        if self.conv1d and tensor.dim() == 2:
+            tensor = tensor.t()  # Conv1D (in, out) -> Linear (out, in)
+        return list(tensor.split([shapes[name][0] for name in self.ours], dim=0))
+
+    def to_hf(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        tensor = torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]
+        return (tensor.t() if self.conv1d and tensor.dim() == 2 else tensor).contiguous()
+
+
+@dataclass(frozen=True)
+class Architecture:
+    model_types: tuple[str, ...]
+    read_prefixes: tuple[str, ...]  # stripped from checkpoint names (GPT2LMHeadModel saves "transformer.h.0...")
+    write_prefix: str  # added back on writing, so that the *ForCausalLM class loads every tensor
+    head_keys: tuple[str, ...]  # names that sit outside the prefix ("lm_head.weight")
+    ignored: tuple[str, ...]  # regexes of checkpoint names that are not attnlab weights (see each module)
+    config_from_hf: Callable[[dict, str], ModelConfig]
+    config_to_hf: Callable[[ModelConfig], dict]
+    weights: Callable[[dict, ModelConfig], list[Weight]]
+
+
+def architectures() -> dict[str, Architecture]:
+    """model_type -> Architecture (imported here: the architecture modules import this one)."""
+    from .bert import BERT
+    from .gpt2 import GPT2
+    from .llama import LLAMA
+
+    return {model_type: arch for arch in (GPT2, LLAMA, BERT) for model_type in arch.model_types}
+
+
+# Helpers the architecture modules share ----------------------------------------------------------------
+
+_ACTIVATIONS_FROM_HF = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
+_ACTIVATIONS_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu"}
+
+
+def activation_from_hf(name: str, source: str) -> str:
+    if name not in _ACTIVATIONS_FROM_HF:
+        raise UserError(f"{source}: activation {name!r} is not supported; attnlab reads {', '.join(_ACTIVATIONS_FROM_HF)}")
+    return _ACTIVATIONS_FROM_HF[name]
+
+
+def activation_to_hf(mlp: str) -> str:
+    return _ACTIVATIONS_TO_HF[mlp]
+
+
+def hf_value(hf: dict, key: str, source: str, alias: str | None = None) -> int:
+    """A required positive integer of config.json, named in the error when absent or wrong."""
+    value = hf.get(key, hf.get(alias) if alias else None)
+    if value is None:
+        raise UserError(f"{source}: missing {key!r}; a {hf.get('model_type')} config.json needs it")
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise UserError(f"{source}: {key!r} must be a positive integer, got {value!r}")
+    return value
+
+
+def special_ids(source: dict, pad_default: int | None = None) -> dict:
+    """bos/eos/pad ids, written explicitly even when None: LlamaConfig would otherwise default eos to 2."""
+    return {key: source.get(key, pad_default if key == "pad_token_id" else None) for key in SPECIAL_IDS}
+
+
+def check_writable(cfg: ModelConfig, style: str, **required) -> None:
+    for name, value in required.items():
+        if getattr(cfg, name) != value:
+            raise UserError(
+                f"cannot save as Hugging Face {style}: {name}={getattr(cfg, name)!r}, but {style} needs "
+                f"{name}={value!r}; save with format='attnlab' instead"
+            )
+
+
+# Reading -------------------------------------------------------------------------------------------------
+
+def read_config(path: Path) -> dict:
+    file = path / "config.json"
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{path}: no config.json; a model directory needs one") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"{file}: not readable JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{file}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def is_hf(path: str | Path) -> bool:
+    """A directory whose config.json names a model_type (supported or not: load says which are)."""
+    try:
+        return "model_type" in read_config(Path(path))
+    except UserError:
+        return False
+
+
+def architecture_for(hf: dict, source: str) -> Architecture:
+    model_type = hf.get("model_type")
+    archs = architectures()
+    if model_type not in archs:
+        raise UserError(f"{source}: model_type {model_type!r} is not supported; attnlab reads {', '.join(archs)}")
+    return archs[model_type]
+
+
+def weight_files(path: Path) -> list[Path]:
+    """model.safetensors, or the shards its index lists; never a pickle."""
+    if (path / "model.safetensors").is_file():
+        return [path / "model.safetensors"]
+    if (path / INDEX).is_file():
+        try:
+            weight_map = json.loads((path / INDEX).read_text(encoding="utf-8"))["weight_map"]
+            shards = sorted(set(weight_map.values()))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+            raise UserError(f"{path / INDEX}: not a valid safetensors index (needs a 'weight_map'; {exc!r})") from None
+        for shard in shards:
+            if not (path / shard).is_file():
+                raise UserError(f"{path / INDEX}: lists shard {shard!r}, which is missing from {path}")
+        return [path / shard for shard in shards]
+    if list(path.glob("*.bin")) or list(path.glob("*.pt")) or list(path.glob("*.pth")):
+        raise UserError(
+            f"{path}: only pickled weights (.bin/.pt) here; attnlab never unpickles checkpoints. Convert them once "
+            "with transformers (model.save_pretrained(dir, safe_serialization=True)) to get model.safetensors"
+        )
+    raise UserError(f"{path}: no model.safetensors (or {INDEX} with shards); the directory has no weights")
+
+
+def open_safetensors(file: Path):
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        return safe_open(str(file), framework="pt", device="cpu")
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise UserError(f"{file}: not a readable safetensors file ({exc}); the file may be truncated or corrupt") from None
+
+
+def _strip(key: str, arch: Architecture) -> str:
+    for prefix in arch.read_prefixes:
+        if key.startswith(prefix):
+            return key[len(prefix):]
+    return key
+
+
+def load_hf(path: str | Path, device: str | torch.device = "cpu"):
+    """A Transformer from a Hugging Face-format directory, in eval mode, with .config and .tokenizer."""
+    from ..model import Transformer
+
+    path = Path(path)
+    hf = read_config(path)
+    source = str(path / "config.json")
+    arch = architecture_for(hf, source)
+    config = arch.config_from_hf(hf, source)
+    extra = {**config.extra, "hf_model_type": hf["model_type"]}
+    if (path / "generation_config.json").is_file():
+        extra["generation_config"] = json.loads((path / "generation_config.json").read_text(encoding="utf-8"))
+    config = config.replace(extra=extra)
+
+    # Where each checkpoint tensor lives, by its name with the class prefix removed.
+    handles, found = {}, {}
+    for file in weight_files(path):
+        handles[file] = handle = open_safetensors(file)
+        for key in handle.keys():
+            found[_strip(key, arch)] = (key, file)
+
+    table = arch.weights(hf, config)
+    expected = {w.hf for w in table}
+    ignored = re.compile("|".join(f"(?:{pattern})" for pattern in arch.ignored))
+    for name, (key, file) in found.items():
+        if name not in expected and not ignored.fullmatch(name):
+            raise UserError(
+                f"{file}: unknown weight {key!r} for a {hf['model_type']} model with this config "
+                f"(expected names such as {table[-1].hf!r}); the weights do not match config.json"
+            )
+    missing = [w.hf for w in table if w.hf not in found]
+    if missing:
+        raise UserError(
+            f"{path}: missing weight {missing[0]!r}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+            + f", which {source} implies; the weights do not match the config"
+        )
+
+    model = Transformer(config, device=device)
+    params = model.state_dict()
+    shapes = {name: tuple(t.shape) for name, t in params.items()}
+    for w in table:
+        key, file = found[w.hf]
+        actual = tuple(handles[file].get_slice(key).get_shape())
+        if actual != w.hf_shape(shapes):
+            raise UserError(
+                f"{file}: weight {key!r} has shape {actual} but {source} implies {w.hf_shape(shapes)}; "
+                "the config does not match the weights"
+            )
+    covered = set()
+    with torch.no_grad():
+        for w in table:
+            key, file = found[w.hf]
+            for name, part in zip(w.ours, w.to_ours(handles[file].get_tensor(key), shapes)):
+                params[name].copy_(part)
+                covered.add(name)
+        for name, tensor in params.items():
+            if name in covered or (name == "unembed.weight" and config.tie_embeddings):
+                continue
+            # A bias attnlab's config has but this architecture's does not (see the module docstring).
+            assert name.endswith(".bias"), f"{name} has no entry in the {hf['model_type']} table"
+            tensor.zero_()
+    attach_tokenizer(model, path)
+    return model.eval()
+
+
+# Writing -------------------------------------------------------------------------------------------------
+
+def architecture_to_write(cfg: ModelConfig) -> Architecture:
+    """GPT-2 for learned positions, LLaMA/Qwen2 for RoPE, BERT for encoders; anything else says which setting."""
+    archs = architectures()
+    if not cfg.causal:
+        return archs["bert"]
+    if cfg.positional == "rope":
+        return archs["llama"]
+    if cfg.positional == "learned":
+        return archs["gpt2"]
+    raise UserError(
+        f"cannot save as Hugging Face format: positional={cfg.positional!r}, but GPT-2 needs 'learned' and "
+        "LLaMA 'rope'; save with format='attnlab' instead"
+    )
+
+
+def save_hf(model, path: str | Path) -> Path:
+    """Write config.json, model.safetensors (+ tokenizer.json, generation_config.json) for transformers."""
+    from safetensors.torch import save_file
+
+    from ..model import Transformer
+
+    cfg = model.config
+    arch = architecture_to_write(cfg)
+    hf = arch.config_to_hf(cfg)
+    # The checkpoint as transformers will read it: its shapes give the zeros for biases attnlab lacks.
+    theirs = arch.config_from_hf(hf, "config.json")
+    shapes = {name: tuple(t.shape) for name, t in Transformer(theirs, device="meta").state_dict().items()}
+    state = state_dict_for_saving(model)
+    tensors, used = {}, set()
+    for w in arch.weights(hf, theirs):
+        parts = []
+        for name in w.ours:
+            if name in state:
+                assert tuple(state[name].shape) == shapes[name], (name, state[name].shape, shapes[name])
+                parts.append(state[name])
+                used.add(name)
+            else:
+                parts.append(torch.zeros(shapes[name], dtype=model.dtype, device=model.device))
+        key = w.hf if w.hf in arch.head_keys else arch.write_prefix + w.hf
+        tensors[key] = w.to_hf(parts).cpu()
+    assert used == set(state), f"tensors with no place in the {hf['model_type']} table: {sorted(set(state) - used)}"
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    atomic_write(path / "model.safetensors", lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    if model.tokenizer is not None:
+        atomic_write(path / "tokenizer.json", model.tokenizer.save)
+        # Lets AutoTokenizer open the directory with tokenizer.json alone.
+        atomic_write_text(path / "tokenizer_config.json", json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}) + "\n")
+    if "generation_config" in cfg.extra:
+        atomic_write_text(path / "generation_config.json", json.dumps(cfg.extra["generation_config"], indent=2) + "\n")
+    config = {**hf, "dtype": str(model.dtype).removeprefix("torch.")}
+    atomic_write_text(path / "config.json", json.dumps(config, indent=2) + "\n")
+    return path
