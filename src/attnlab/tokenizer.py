@@ -63,6 +63,10 @@ class Tokenizer:
             raise UserError(f"{path}: not a valid tokenizer.json ({str(exc).splitlines()[0]})") from None
         model = backend.get_vocab_size() and backend.model
         kind = "char" if type(model).__name__ == "WordLevel" and model.unk_token == _UNKNOWN_CHAR else "hf"
+        # Some tokenizer.json files store fixed padding/truncation (MiniLM pads to 128); transformers' tokenizer
+        # ignores them unless asked, and so does encode here: one text -> exactly its own ids.
+        backend.no_padding()
+        backend.no_truncation()
         return cls(backend, kind)
 
     def save(self, path: str | Path) -> None:
