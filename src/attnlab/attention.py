@@ -49,8 +49,10 @@ def apply_mask(scores: torch.Tensor, *, causal: bool = False, mask: torch.Tensor
 
 def attention_pattern(masked_scores: torch.Tensor) -> torch.Tensor:
     """weights = softmax over keys; each row sums to 1, and a row with every key masked is all zeros."""
-    pattern = torch.softmax(masked_scores, dim=-1)
     all_masked = torch.isneginf(masked_scores).all(dim=-1, keepdim=True)
+    # softmax of an all −∞ row is 0/0 = NaN, in the forward pass and in its gradient (which masked_fill
+    # afterwards does not stop for additive masks): give such rows finite scores before the softmax.
+    pattern = torch.softmax(masked_scores.masked_fill(all_masked, 0.0), dim=-1)
     return pattern.masked_fill(all_masked, 0.0)
 
 

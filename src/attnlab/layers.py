@@ -42,7 +42,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
-        x = x.to(torch.float32)
+        x = x.to(torch.promote_types(dtype, torch.float32))  # half/bfloat16 up to float32; float64 stays exact
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.hook_normalized(self.weight * x.to(dtype))
 

@@ -1,0 +1,48 @@
+"""Shared test set-up: fresh random seeds, hypothesis settings, one torch thread per xdist worker.
+
+Design choices:
+- Fresh random inputs every run (the point of equivalence tests is to meet inputs nobody chose); the
+  seed is printed, so a failure shows it in the captured output and can be replayed with
+  ATTNLAB_TEST_SEED=<seed>.
+- Hypothesis gets no deadline: the machine is shared and loaded, and timing is never what we test.
+- Under pytest-xdist each worker uses one torch thread, so two workers on two cores don't fight.
+- tests/ is put on sys.path so test modules can `import reference` (the NumPy oracle) however
+  pytest was started.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+settings.register_profile(
+    "attnlab", deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+settings.load_profile("attnlab")
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
+
+@pytest.fixture
+def seed() -> int:
+    """A fresh seed (or ATTNLAB_TEST_SEED), printed and applied to torch's global generator."""
+    value = int(os.environ.get("ATTNLAB_TEST_SEED", random.SystemRandom().randrange(2**31)))
+    print(f"seed={value} (replay with ATTNLAB_TEST_SEED={value})")
+    torch.manual_seed(value)
+    return value
+
+
+@pytest.fixture
+def rng(seed: int) -> np.random.Generator:
+    """A NumPy generator from the test's fresh seed."""
+    return np.random.default_rng(seed)
