@@ -44,14 +44,7 @@ def bundled_path(name: str) -> Path:
 def load(path: str | Path, device: str = "cpu"):
     """A model from a directory (attnlab or Hugging Face format) or a bundled name ("minilm"), in eval mode,
     with .config and .tokenizer (None when the directory has no tokenizer.json)."""
-    if isinstance(path, str) and path in BUNDLED and not Path(path).exists():
-        path = bundled_path(path)
-    path = Path(path)
-    if path.is_file():
-        raise UserError(f"{path}: give the model's directory (the folder holding config.json), not a file in it")
-    if not path.is_dir():
-        names = ", ".join(repr(name) for name in BUNDLED)
-        raise UserError(f"{path}: no such model directory (or bundled model name: {names})")
+    path = model_dir(path)
     if is_native(path):
         return load_native(path, device=device)
     if is_hf(path):
@@ -60,6 +53,19 @@ def load(path: str | Path, device: str = "cpu"):
         f"{path}: neither an attnlab checkpoint nor a Hugging Face model directory "
         "(expected config.json with \"format\": \"attnlab\" or a \"model_type\")"
     )
+
+
+def model_dir(path: str | Path) -> Path:
+    """The directory a load argument names: the path itself, or a bundled model's folder."""
+    if isinstance(path, str) and path in BUNDLED and not Path(path).exists():
+        return bundled_path(path)
+    path = Path(path)
+    if path.is_file():
+        raise UserError(f"{path}: give the model's directory (the folder holding config.json), not a file in it")
+    if not path.is_dir():
+        names = ", ".join(repr(name) for name in BUNDLED)
+        raise UserError(f"{path}: no such model directory (or bundled model name: {names})")
+    return path
 
 
 def save(model, path: str | Path, format: str = "attnlab") -> Path:
