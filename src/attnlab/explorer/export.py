@@ -1,0 +1,109 @@
+"""One self-contained HTML file with the explorer's views on precomputed data (export-html, notebooks).
+
+Design choices:
+- The page is the served page itself: index.html with style.css and app.js inlined, plus
+  `window.ATTNLAB_EXPORT = {models, text, responses}`. app.js answers its API calls from `responses`,
+  keyed exactly as it keys its own requests (`request_key` mirrors app.js's `requestKey`), so the
+  exported views are the same code on the same numbers, with no server and no network.
+- What is precomputed: the run, every layer's and head's pattern and 2-D projection, the heads grid and
+  head scores,
+  the next-token distribution at the page's default controls (causal models), and the block trace of
+  every token in every layer, or of the last token only when that would be more than MAX_TRACES.
+  Interactions that need new numbers (another text, sampling) say that they need `attnlab explore`.
+- Texts are capped at EXPORT_MAX_TOKENS tokens to keep the file small enough to share; floats in the
+  JSON are rounded to 5 significant digits (the views print at most 4–6).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from ..errors import UserError
+from . import STATIC, VIEWS
+from .service import Explorer
+
+EXPORT_MAX_TOKENS = 128
+MAX_TRACES = 128  # traces of every (layer, token) up to this many, else the last token of each layer
+
+
+SAFE_IN_URI = "-_.!~*'()"  # what JavaScript's encodeURIComponent leaves as is, besides letters and digits
+
+
+def request_key(path: str, body: dict[str, Any]) -> str:
+    """The key app.js's `requestKey` gives a request: path, a space, then JSON of [key, value] pairs sorted by key."""
+    return path + " " + json.dumps([[k, body[k]] for k in sorted(body)], separators=(",", ":"), ensure_ascii=False)
+
+
+def _round(value: Any, digits: int = 5) -> Any:
+    if isinstance(value, float):
+        return value if value == 0 or not math.isfinite(value) else round(value, digits - 1 - int(math.floor(math.log10(abs(value)))))
+    if isinstance(value, list):
+        return [_round(v, digits) for v in value]
+    if isinstance(value, dict):
+        return {k: v if k == "scale" else _round(v, digits) for k, v in value.items()}  # the scale stays exact
+    return value
+
+
+def export_data(model, text: str, name: str = "model") -> dict[str, Any]:
+    """The responses the page asks for on `text`, computed once: {models, text, responses}."""
+    explorer = Explorer({name: model}, max_tokens=EXPORT_MAX_TOKENS)
+    cfg = model.config
+    responses: dict[str, Any] = {}
+    base = {"model": name, "text": text}
+
+    def put(path: str, extra: dict[str, Any], value: dict[str, Any]) -> None:
+        responses[request_key(path, {**base, **extra})] = _round(value)
+
+    run = explorer.run(name, text)
+    put("/api/run", {}, run)
+    T = len(run["tokens"])
+    for layer in range(cfg.n_layers):
+        for head in range(cfg.n_heads):
+            where = {"layer": layer, "head": head}
+            put("/api/pattern", {**where, "encoding": "f32"}, explorer.pattern(name, text, layer, head, "f32"))
+            put("/api/projection", where, explorer.projection(name, text, layer, head))
+        tokens = range(T) if cfg.n_layers * T <= MAX_TRACES else [T - 1]
+        for token in tokens:
+            put("/api/trace", {"layer": layer, "token": token}, explorer.trace(name, text, layer, token))
+    put("/api/heads", {}, explorer.heads(name, text))
+    # app.js asks for this with GET and no body, by a path built with encodeURIComponent (quote's safe set)
+    responses[f"/api/models/{quote(name, safe=SAFE_IN_URI)}/head-scores"] = _round(explorer.head_scores(name))
+    if cfg.causal:  # app.js's defaults: temperature 1, no top-k, no top-p, 10 candidates
+        put("/api/next", {"temperature": 1, "top_k": None, "top_p": None, "k": 10}, explorer.next_token(name, text, k=10))
+    return {"models": explorer.list_models(), "text": text, "responses": responses}
+
+
+def _inline_script(source: str) -> str:
+    """JS or JSON safe inside <script>: no '</' that could close the element early."""
+    return source.replace("</", "<\\/")
+
+
+def export_html(model, text: str, name: str = "model", view: str = "dict") -> str:
+    """The explorer page for `text` as one HTML string: style, script and data inlined."""
+    if view not in VIEWS:
+        raise UserError(f"unknown view {view!r}; choose one of {', '.join(VIEWS)}")
+    data = export_data(model, text, name)
+    data["view"] = view
+    page = (STATIC / "index.html").read_text(encoding="utf-8")
+    style = (STATIC / "style.css").read_text(encoding="utf-8")
+    script = (STATIC / "app.js").read_text(encoding="utf-8")
+    payload = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    link = '<link rel="stylesheet" href="/static/style.css">'
+    tag = '<script src="/static/app.js"></script>'
+    assert link in page and tag in page, "index.html must link /static/style.css and /static/app.js"
+    page = page.replace(link, f"<style>\n{style}</style>")
+    page = page.replace(tag, f"<script>window.ATTNLAB_EXPORT = {_inline_script(payload)};</script>\n"
+                             f"<script>\n{_inline_script(script)}</script>")
+    return page
+
+
+def write_html(model, text: str, path: str | Path, name: str = "model") -> Path:
+    from ..formats.native import atomic_write_text
+
+    path = Path(path)
+    atomic_write_text(path, export_html(model, text, name))
+    return path

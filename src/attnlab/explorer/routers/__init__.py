@@ -1,0 +1,1 @@
+"""The explorer's routers: `api` (JSON under /api) and `page` (the static page)."""

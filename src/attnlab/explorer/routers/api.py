@@ -1,0 +1,72 @@
+"""The JSON API under /api: one route per view, each a thin call into `Explorer` (see service.py).
+
+Routes are plain `def`s: FastAPI runs them in its thread pool, so a long forward pass never blocks the
+event loop, and the per-model lock in the service keeps concurrent passes on one model apart.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+
+from ..schemas import HeadRequest, NextTokenRequest, PatternRequest, StagesRequest, TextRequest, TraceRequest
+from ..service import Explorer
+
+router = APIRouter(prefix="/api", tags=["explorer"])
+
+ERRORS = {
+    404: {"description": "unknown model", "content": {"application/json": {"example": {"detail": "unknown model 'x'; ..."}}}},
+    413: {"description": "text over the token limit", "content": {"application/json": {"example": {"detail": "the text is 600 tokens; the explorer's limit ... is 512 tokens; shorten it"}}}},
+    422: {"description": "layer, head or token index out of range, or an invalid field"},
+}
+
+
+def get_explorer(request: Request) -> Explorer:
+    return request.app.state.explorer
+
+
+@router.get("/models", summary="List the models this explorer serves")
+def list_models(explorer: Explorer = Depends(get_explorer)) -> list[dict[str, Any]]:
+    return explorer.list_models()
+
+
+@router.post("/run", summary="Tokenize a text for a model", responses=ERRORS)
+def run(body: TextRequest, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
+    return explorer.run(body.model, body.text)
+
+
+@router.post("/pattern", summary="One head's raw scores q·kᵀ, the scale, and its attention pattern", responses=ERRORS)
+def pattern(body: PatternRequest, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
+    return explorer.pattern(body.model, body.text, body.layer, body.head, body.encoding)
+
+
+@router.post("/stages", summary="One head's raw scores -> scaled -> masked -> softmax, with a chosen mask", responses=ERRORS)
+def stages(body: StagesRequest, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
+    return explorer.stages(body.model, body.text, body.layer, body.head, body.mask)
+
+
+@router.post("/projection", summary="One head's keys, queries and values projected to 2-D (the soft dictionary)", responses=ERRORS)
+def projection(body: HeadRequest, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
+    return explorer.projection(body.model, body.text, body.layer, body.head)
+
+
+@router.post("/heads", summary="Thumbnails of every layer's and head's pattern, with head scores when available", responses=ERRORS)
+def heads(body: TextRequest, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
+    return explorer.heads(body.model, body.text)
+
+
+@router.get("/models/{name}/head-scores", summary="Head scores (previous-token, induction, ...) of every head, when attnlab.inspection is installed",
+            responses={404: ERRORS[404]})
+def head_scores(name: str, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
+    return explorer.head_scores(name)
+
+
+@router.post("/trace", summary="One token through one block, stage by stage (from run_with_cache)", responses=ERRORS)
+def trace(body: TraceRequest, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
+    return explorer.trace(body.model, body.text, body.layer, body.token)
+
+
+@router.post("/next", summary="Next-token probabilities after temperature, top-k and top-p; optionally a draw", responses=ERRORS)
+def next_token(body: NextTokenRequest, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
+    return explorer.next_token(body.model, body.text, body.temperature, body.top_k, body.top_p, body.k, body.sample, body.seed)

@@ -1,0 +1,44 @@
+"""Request bodies of the explorer's JSON API; FastAPI validates them (422 naming the field) and documents them."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from .service import MAX_CHARS
+
+TEXT_EXAMPLE = "The cat sat on the mat because it was tired."
+
+
+class TextRequest(BaseModel):
+    model: str = Field(description="a model name from GET /api/models", examples=["minilm"])
+    text: str = Field(max_length=MAX_CHARS, description=f"the input text (at most {MAX_CHARS} characters, and the model's token limit)",
+                      examples=[TEXT_EXAMPLE])
+
+
+class HeadRequest(TextRequest):
+    layer: int = Field(ge=0, description="block index, from 0")
+    head: int = Field(ge=0, description="query head index, from 0")
+
+
+class PatternRequest(HeadRequest):
+    encoding: Literal["json", "f32"] = Field("json", description="matrices as nested lists, or base64 little-endian float32 with a shape")
+
+
+class StagesRequest(HeadRequest):
+    mask: Literal["causal", "none"] = Field("causal", description="the mask applied at the masked stage")
+
+
+class TraceRequest(TextRequest):
+    layer: int = Field(ge=0, description="block index, from 0")
+    token: int = Field(ge=0, description="position of the token to follow, from 0")
+
+
+class NextTokenRequest(TextRequest):
+    temperature: float = Field(1.0, ge=0.0, le=100.0, description="divides the logits; 0 is greedy")
+    top_k: int | None = Field(None, ge=1, description="keep only the k most likely tokens")
+    top_p: float | None = Field(None, gt=0.0, le=1.0, description="keep the smallest set of tokens whose probability reaches p")
+    k: int = Field(10, ge=1, le=100, description="how many candidates to return")
+    sample: bool = Field(False, description="also draw one token from the distribution")
+    seed: int | None = Field(None, description="seed of that draw")

@@ -1,0 +1,396 @@
+"""What the explorer computes: a text through a model with `run_with_cache`, shaped as JSON for the views.
+
+Design choices:
+- Every number the page shows comes from one forward pass with `run_with_cache`, restricted by
+  `names_filter` to the hooks a view needs, so a 512-token text never materialises a full cache of
+  every layer's patterns unless the heads grid asks for them.
+- The stages of the attention equation (raw q·kᵀ, ·scale, mask, softmax) reuse attnlab.attention's
+  functions on the cached q and k as the layer used them (after qk-norm and RoPE), so they agree with
+  the cached pattern to float rounding; the API tests check that.
+- Hooks are attached to the model's modules, so two forward passes on one model at once would mix their
+  caches: each model has a lock, held for the whole pass. Nothing else is shared between requests.
+- Models come only from the dict given to `Explorer` (paths named on the command line); a request names
+  a model by its key, and no request value ever reaches the file system.
+- Limits: a text may have at most `max_tokens` tokens (and no more than a learned-position model's
+  n_ctx); longer is `TextTooLong` (HTTP 413). Unknown model names are `UnknownModel` (404); out-of-range
+  layers, heads and token indices are UserErrors (422). Each message names the value and the limit.
+- Big matrices can travel as base64 float32 (`encoding="f32"`), 4 bytes a number, which the page
+  decodes into a Float32Array without parsing 262,144 JSON numbers for a 512-token heatmap.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..attention import _expand_kv, apply_mask, attention_pattern, attention_scores
+from ..errors import UserError
+
+MAX_TOKENS = 512  # the explorer's default cap on a text's length, in tokens
+MAX_CHARS = 20_000  # a cap on characters, checked before tokenizing
+THUMBNAIL_SIZE = 32  # heads-grid thumbnails are max-pooled down to at most this many rows and columns
+
+
+class UnknownModel(UserError):
+    """A model name that the explorer was not started with (HTTP 404)."""
+
+
+class TextTooLong(UserError):
+    """A text over the token limit (HTTP 413)."""
+
+
+@dataclass
+class ModelEntry:
+    name: str
+    model: Any  # attnlab.Transformer, in eval mode
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    scores: dict[str, Any] | None = None  # head scores, computed on first use (see head_scores)
+
+
+def encode_matrix(tensor: torch.Tensor, encoding: str) -> Any:
+    """A tensor as nested lists ("json") or as {"shape", "f32": base64 of little-endian float32} ("f32")."""
+    tensor = tensor.detach().float().cpu().contiguous()
+    if encoding == "f32":
+        data = tensor.numpy().astype("<f4").tobytes()
+        return {"shape": list(tensor.shape), "f32": base64.b64encode(data).decode("ascii")}
+    return _finite(tensor.tolist())
+
+
+def _finite(values: Any) -> Any:
+    """JSON has no infinities: masked scores (−∞) travel as None, which the page draws as masked."""
+    if isinstance(values, list):
+        return [_finite(v) for v in values]
+    return None if isinstance(values, float) and not math.isfinite(values) else values
+
+
+def _top2_basis(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """PCA of the rows of x (N, D): (mean (D,), basis (2, D) orthonormal rows, fraction of variance kept)."""
+    mean = x.mean(0)
+    centred = x - mean
+    _, singular, vh = torch.linalg.svd(centred, full_matrices=False)
+    basis = torch.zeros(2, x.shape[1], dtype=x.dtype)
+    n = min(2, vh.shape[0])
+    basis[:n] = vh[:n]
+    total = float((singular**2).sum())
+    kept = float((singular[:n] ** 2).sum()) / total if total > 0 else 1.0
+    return mean, basis, kept
+
+
+class Explorer:
+    """The models the explorer serves, by name, and every computation behind the JSON API."""
+
+    def __init__(self, models: dict[str, Any], max_tokens: int = MAX_TOKENS) -> None:
+        if not models:
+            raise UserError("the explorer needs at least one model")
+        self.entries = {name: ModelEntry(name, model.eval()) for name, model in models.items()}
+        self.max_tokens = max_tokens
+
+    # Looking things up --------------------------------------------------------------------------
+    def entry(self, name: str) -> ModelEntry:
+        if name not in self.entries:
+            raise UnknownModel(f"unknown model {name!r}; this explorer serves {', '.join(map(repr, self.entries))}")
+        return self.entries[name]
+
+    def token_limit(self, model) -> int:
+        cfg = model.config
+        return min(self.max_tokens, cfg.n_ctx) if cfg.positional == "learned" else self.max_tokens
+
+    def describe(self, entry: ModelEntry) -> dict[str, Any]:
+        cfg, tok = entry.model.config, entry.model.tokenizer
+        return {
+            "name": entry.name,
+            "causal": cfg.causal,
+            "n_layers": cfg.n_layers,
+            "n_heads": cfg.n_heads,
+            "n_kv_heads": cfg.kv_heads,
+            "d_model": cfg.d_model,
+            "d_head": cfg.head_dim,
+            "d_mlp": None if cfg.attn_only else cfg.mlp_dim,
+            "d_vocab": cfg.d_vocab,
+            "n_ctx": cfg.n_ctx,
+            "positional": cfg.positional,
+            "norm": cfg.norm,
+            "norm_placement": cfg.norm_placement,
+            "attn_only": cfg.attn_only,
+            "scale": cfg.scale,
+            "tokenizer": tok.kind if tok is not None else None,
+            "max_tokens": self.token_limit(entry.model),
+        }
+
+    def list_models(self) -> list[dict[str, Any]]:
+        return [self.describe(entry) for entry in self.entries.values()]
+
+    def encode(self, entry: ModelEntry, text: str) -> tuple[torch.Tensor, list[str]]:
+        """ids (1, T) and the token strings, or a UserError naming the limit that the text breaks."""
+        tokenizer = entry.model.tokenizer
+        if tokenizer is None:
+            raise UserError(f"model {entry.name!r} has no tokenizer.json, so the explorer cannot turn text into ids")
+        if len(text) > MAX_CHARS:
+            raise TextTooLong(f"the text has {len(text)} characters; the explorer's limit is {MAX_CHARS}; shorten it")
+        ids = tokenizer.encode(text)
+        if not ids:
+            raise UserError("the text has no tokens; type at least one character")
+        limit = self.token_limit(entry.model)
+        if len(ids) > limit:
+            raise TextTooLong(
+                f"the text is {len(ids)} tokens; the explorer's limit for model {entry.name!r} is {limit} tokens; shorten it"
+            )
+        tokens = tokenizer.tokens(text)
+        if len(tokens) != len(ids):  # a tokenizer whose token strings don't line up: label by id instead
+            tokens = [tokenizer.id_to_token(i) for i in ids]
+        return torch.tensor([ids]), tokens
+
+    def check_index(self, entry: ModelEntry, layer: int | None = None, head: int | None = None,
+                    token: int | None = None, n_tokens: int | None = None) -> None:
+        cfg = entry.model.config
+        if layer is not None and not 0 <= layer < cfg.n_layers:
+            raise UserError(f"layer {layer} is out of range: model {entry.name!r} has {cfg.n_layers} layers (0 to {cfg.n_layers - 1})")
+        if head is not None and not 0 <= head < cfg.n_heads:
+            raise UserError(f"head {head} is out of range: model {entry.name!r} has {cfg.n_heads} heads per layer (0 to {cfg.n_heads - 1})")
+        if token is not None and n_tokens is not None and not 0 <= token < n_tokens:
+            raise UserError(f"token index {token} is out of range: the text has {n_tokens} tokens (0 to {n_tokens - 1})")
+
+    def cached_run(self, entry: ModelEntry, ids: torch.Tensor, names_filter, stop_at_layer: int | None = None) -> tuple[torch.Tensor, Any]:
+        """One forward pass under the model's lock (hooks live on shared modules), without autograd.
+
+        stop_at_layer: skip the blocks after the one a view looks at, as TransformerLens does.
+        """
+        with entry.lock, torch.no_grad():
+            return entry.model.run_with_cache(ids, names_filter=names_filter, stop_at_layer=stop_at_layer)
+
+    # The views' data ----------------------------------------------------------------------------
+    def run(self, name: str, text: str) -> dict[str, Any]:
+        entry = self.entry(name)
+        ids, tokens = self.encode(entry, text)
+        return {"model": self.describe(entry), "tokens": tokens, "ids": ids[0].tolist()}
+
+    def qkv(self, entry: ModelEntry, cache, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v of one layer as the scores used them, one row per query head: [head, pos, d_head] each."""
+        model, prefix = entry.model, f"blocks.{layer}.attn."
+        attn = model.blocks[layer].attn
+        if model.config.positional == "rope":
+            q, k = cache[prefix + "hook_rot_q"], cache[prefix + "hook_rot_k"]  # after qk-norm and rotation
+        else:
+            q, k = cache[prefix + "hook_q"], cache[prefix + "hook_k"]
+            if attn.q_norm is not None:  # qk-norm comes after hook_q / hook_k
+                q, k = attn.q_norm(q), attn.k_norm(k)
+        v = cache[prefix + "hook_v"]
+        q, k, v = q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1)  # [heads, pos, d_head]
+        return q, _expand_kv(q, k), _expand_kv(q, v)
+
+    @staticmethod
+    def qkv_hooks(layer: int) -> list[str]:
+        prefix = f"blocks.{layer}.attn."
+        return [prefix + n for n in ("hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", "hook_pattern")]
+
+    def pattern(self, name: str, text: str, layer: int, head: int, encoding: str = "json") -> dict[str, Any]:
+        """Raw scores q·kᵀ of one head, the scale, and the pattern the model computed: [query_pos, key_pos] each."""
+        entry = self.entry(name)
+        self.check_index(entry, layer, head)
+        ids, tokens = self.encode(entry, text)
+        wanted = [n for n in self.qkv_hooks(layer) if n in entry.model.hook_dict]
+        _, cache = self.cached_run(entry, ids, wanted, stop_at_layer=layer + 1)
+        q, k, _ = self.qkv(entry, cache, layer)
+        raw = attention_scores(q[head], k[head], 1.0)  # [query_pos, key_pos], before the scale
+        return {
+            "layer": layer, "head": head, "tokens": tokens,
+            "scale": entry.model.config.scale, "causal": entry.model.config.causal,
+            "raw": encode_matrix(raw, encoding),
+            "pattern": encode_matrix(cache[f"blocks.{layer}.attn.hook_pattern"][0, head], encoding),
+        }
+
+    def stages(self, name: str, text: str, layer: int, head: int, mask: str) -> dict[str, Any]:
+        """The four stages of the equation for one head, with the mask asked for ("causal" or "none")."""
+        data = self.pattern(name, text, layer, head)
+        raw = torch.tensor(data.pop("raw"))
+        scaled = raw * data["scale"]
+        masked = apply_mask(scaled, causal=mask == "causal")
+        return {**data, "mask": mask, "raw": _finite(raw.tolist()), "scaled": _finite(scaled.tolist()),
+                "masked": _finite(masked.tolist()), "softmax": _finite(attention_pattern(masked).tolist())}
+
+    def projection(self, name: str, text: str, layer: int, head: int) -> dict[str, Any]:
+        """The soft dictionary in 2-D: one head's keys (and values) projected on their top two principal axes.
+
+        The exact scores of each token's query are /api/pattern's `raw`; these points are for drawing and
+        for the scores of a query dragged to a new place.
+
+        Queries go through the keys' axes without centring: subtracting the keys' mean changes every score
+        of a query by the same amount, which the softmax ignores, so q₂·k₂ approximates the real scores.
+        """
+        entry = self.entry(name)
+        self.check_index(entry, layer, head)
+        ids, tokens = self.encode(entry, text)
+        wanted = [n for n in self.qkv_hooks(layer) if n in entry.model.hook_dict and not n.endswith("hook_pattern")]
+        _, cache = self.cached_run(entry, ids, wanted, stop_at_layer=layer + 1)
+        q, k, v = (t[head].float() for t in self.qkv(entry, cache, layer))  # [pos, d_head] each
+        k_mean, k_basis, k_kept = _top2_basis(k)
+        v_mean, v_basis, v_kept = _top2_basis(v)
+        return {
+            "layer": layer, "head": head, "tokens": tokens,
+            "scale": entry.model.config.scale, "causal": entry.model.config.causal,
+            "keys": ((k - k_mean) @ k_basis.T).tolist(),  # [key_pos, 2]
+            "queries": (q @ k_basis.T).tolist(),  # [query_pos, 2]
+            "values": ((v - v_mean) @ v_basis.T).tolist(),  # [key_pos, 2]
+            "keys_variance_kept": k_kept, "values_variance_kept": v_kept,
+        }
+
+    def heads(self, name: str, text: str, size: int = THUMBNAIL_SIZE) -> dict[str, Any]:
+        """Every layer's and head's pattern, max-pooled to at most size×size, for the grid of thumbnails."""
+        entry = self.entry(name)
+        ids, tokens = self.encode(entry, text)
+        _, cache = self.cached_run(entry, ids, lambda n: n.endswith("attn.hook_pattern"))
+        patterns = cache.stack("blocks.{}.attn.hook_pattern")[:, 0]  # [layer, head, query_pos, key_pos]
+        T = patterns.shape[-1]
+        if T > size:  # max-pooling keeps a sharp head sharp, where averaging would blur it away
+            patterns = F.adaptive_max_pool2d(patterns, (size, size))
+        return {
+            "tokens": tokens, "pooled": T > size,
+            "thumbnails": [[[[round(x, 4) for x in row] for row in head] for head in layer] for layer in patterns.tolist()],
+        }
+
+    def head_scores(self, name: str) -> dict[str, Any]:
+        """attnlab.inspection's scores of every head (they don't depend on the text); `available` False without it."""
+        scores = head_scores(self.entry(name))
+        return {"available": scores is not None, **(scores or {})}
+
+    def trace(self, name: str, text: str, layer: int, token: int) -> dict[str, Any]:
+        """One token through one block, stage by stage, with each stage's hook, full shape and this token's values."""
+        entry = self.entry(name)
+        self.check_index(entry, layer)
+        ids, tokens = self.encode(entry, text)
+        self.check_index(entry, token=token, n_tokens=len(tokens))
+        prefix = f"blocks.{layer}."
+        _, cache = self.cached_run(entry, ids, lambda n: n.startswith(prefix), stop_at_layer=layer + 1)
+        return {"layer": layer, "token": token, "tokens": tokens,
+                "stages": block_stages(entry, self.qkv(entry, cache, layer), cache, layer, token)}
+
+    def next_token(self, name: str, text: str, temperature: float = 1.0, top_k: int | None = None,
+                   top_p: float | None = None, k: int = 10, sample: bool = False, seed: int | None = None) -> dict[str, Any]:
+        """The next-token distribution after temperature / top-k / top-p (what sampling draws from), its top k, and a draw."""
+        from ..generation import filter_logits, sample_next
+
+        entry = self.entry(name)
+        model = entry.model
+        if not model.config.causal:
+            raise UserError(f"model {name!r} is an encoder (not causal): it does not predict a next token; pick a causal model")
+        ids, tokens = self.encode(entry, text)
+        with entry.lock, torch.no_grad():
+            logits = model(ids)[:, -1].float()  # [1, d_vocab]
+        if temperature == 0:  # greedy: all the mass on the argmax
+            probs = F.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+        else:
+            probs = torch.softmax(filter_logits(logits, temperature, top_k, top_p), dim=-1)
+        top = torch.topk(probs[0], min(k, probs.shape[-1]))
+        tokenizer = model.tokenizer
+        ids_list = ids[0].tolist()
+        candidates = [
+            {"id": i, "token": tokenizer.id_to_token(i), "piece": tokenizer.decode([i]), "prob": p,
+             "logit": float(logits[0, i]), "text": tokenizer.decode(ids_list + [i])}
+            for p, i in zip(top.values.tolist(), top.indices.tolist())
+        ]
+        chosen = None
+        if sample:
+            generator = torch.Generator().manual_seed(seed) if seed is not None else None
+            i = int(sample_next(logits, temperature, top_k, top_p, generator)[0, 0])
+            chosen = {"id": i, "token": tokenizer.id_to_token(i), "piece": tokenizer.decode([i]),
+                      "prob": float(probs[0, i]), "text": tokenizer.decode(ids_list + [i])}
+        return {"tokens": tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
+                "candidates": candidates, "kept": int((probs[0] > 0).sum()), "chosen": chosen}
+
+
+def head_scores(entry: ModelEntry) -> dict[str, Any] | None:
+    """attnlab.inspection.scores' head scores of the model (they don't depend on the text), computed once and
+    kept on the entry; None when that module is not installed."""
+    try:
+        from ..inspection.scores import head_scores as compute
+    except ImportError:
+        return None
+    with entry.lock:
+        if entry.scores is None:
+            with torch.no_grad():
+                entry.scores = compute(entry.model).to_dict()
+    return entry.scores
+
+
+def block_stages(entry: ModelEntry, qkv: tuple[torch.Tensor, ...], cache, layer: int, token: int) -> list[dict[str, Any]]:
+    """The stages of one block for one token, in the order the block computes them (pre- or post-norm)."""
+    model = entry.model
+    cfg = model.config
+    block = model.blocks[layer]
+    p, t = f"blocks.{layer}.", token
+    q, k, v = qkv  # [head, pos, d_head]
+
+    def stage(key: str, title: str, equation: str, hook: str | None, full: torch.Tensor, row: torch.Tensor,
+              dims: list[str]) -> dict[str, Any]:
+        return {"key": key, "title": title, "equation": equation, "hook": hook, "shape": list(full.shape),
+                "dims": dims, "values": _finite(row.float().tolist())}
+
+    def vec(name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        full = cache[p + name][0]  # [pos, ...]
+        return full, full[t]
+
+    stages = []
+    resid_pre, resid_pre_t = vec("hook_resid_pre")
+    stages.append(stage("resid_pre", "residual stream in", "x = resid_pre", p + "hook_resid_pre", resid_pre, resid_pre_t, ["pos", "d_model"]))
+    if block.pre_norm:
+        full, row = vec("ln1.hook_normalized")
+        stages.append(stage("ln1", f"{cfg.norm} 1", "x̂ = norm(x)", p + "ln1.hook_normalized", full, row, ["pos", "d_model"]))
+    for name, label in (("q", "queries"), ("k", "keys"), ("v", "values")):
+        full, row = vec(f"attn.hook_{name}")
+        eq = f"{name} = x̂ W_{name.upper()}" if block.pre_norm else f"{name} = x W_{name.upper()}"
+        stages.append(stage(name, label, eq, p + f"attn.hook_{name}", full, row, ["pos", "head", "d_head"]))
+    if cfg.positional == "rope":
+        for name in ("q", "k"):
+            full, row = vec(f"attn.hook_rot_{name}")
+            stages.append(stage(f"rot_{name}", f"RoPE on {name}", f"{name} ← rotate({name}, pos · θ)", p + f"attn.hook_rot_{name}",
+                                full, row, ["pos", "head", "d_head"]))
+    else:
+        stages.append({"key": "rope", "title": "RoPE", "hook": None, "shape": None, "dims": None, "values": None,
+                       "equation": f"skipped: positions are {cfg.positional}" + (" (added to the embeddings)" if cfg.positional in ("learned", "sinusoidal") else "")})
+    raw = attention_scores(q, k, cfg.scale)  # [head, query_pos, key_pos]
+    stages.append(stage("scores", "scores", "s = q kᵀ / √d_head", None, raw, raw[:, t], ["head", "query_pos", "key_pos"]))
+    masked = apply_mask(raw, causal=cfg.causal)
+    stages.append(stage("masked", "mask", "s ← −∞ above the diagonal" if cfg.causal else "no mask (encoder: every key visible)",
+                        None, masked, masked[:, t], ["head", "query_pos", "key_pos"]))
+    pattern = cache[p + "attn.hook_pattern"][0]
+    stages.append(stage("pattern", "softmax", "a = softmax(s)", p + "attn.hook_pattern", pattern, pattern[:, t], ["head", "query_pos", "key_pos"]))
+    full, row = vec("attn.hook_z")
+    stages.append(stage("z", "weighted sum", "z = a v", p + "attn.hook_z", full, row, ["pos", "head", "d_head"]))
+    attn_out, attn_out_t = vec("hook_attn_out")
+    stages.append(stage("attn_out", "W_O", "attn_out = concat(z) W_O", p + "hook_attn_out", attn_out, attn_out_t, ["pos", "d_model"]))
+    if block.pre_norm:
+        full, row = vec("hook_resid_mid")
+        stages.append(stage("resid_mid", "residual", "resid_mid = x + attn_out", p + "hook_resid_mid", full, row, ["pos", "d_model"]))
+    else:
+        added = resid_pre + attn_out
+        stages.append(stage("add1", "residual", "x + attn_out", None, added, added[t], ["pos", "d_model"]))
+        full, row = vec("hook_resid_mid")
+        stages.append(stage("resid_mid", f"{cfg.norm} 1", "resid_mid = norm(x + attn_out)", p + "hook_resid_mid", full, row, ["pos", "d_model"]))
+    if block.mlp is None:
+        stages.append({"key": "mlp", "title": "MLP", "hook": None, "shape": None, "dims": None, "values": None,
+                       "equation": "skipped: attention-only model"})
+        return stages
+    if block.pre_norm:
+        full, row = vec("ln2.hook_normalized")
+        stages.append(stage("ln2", f"{cfg.norm} 2", "m̂ = norm(resid_mid)", p + "ln2.hook_normalized", full, row, ["pos", "d_model"]))
+    full, row = vec("mlp.hook_pre")
+    stages.append(stage("mlp_pre", "MLP in", "h = m̂ W_in" if cfg.mlp != "swiglu" else "h = m̂ W_gate", p + "mlp.hook_pre", full, row, ["pos", "d_mlp"]))
+    full, row = vec("mlp.hook_post")
+    stages.append(stage("mlp_post", "MLP activation", f"{cfg.mlp}(h)", p + "mlp.hook_post", full, row, ["pos", "d_mlp"]))
+    mlp_out, mlp_out_t = vec("hook_mlp_out")
+    stages.append(stage("mlp_out", "MLP out", "mlp_out = act(h) W_out", p + "hook_mlp_out", mlp_out, mlp_out_t, ["pos", "d_model"]))
+    resid_post, resid_post_t = vec("hook_resid_post")
+    if block.pre_norm:
+        stages.append(stage("resid_post", "residual", "resid_post = resid_mid + mlp_out", p + "hook_resid_post", resid_post, resid_post_t, ["pos", "d_model"]))
+    else:
+        resid_mid = cache[p + "hook_resid_mid"][0]
+        added = resid_mid + mlp_out
+        stages.append(stage("add2", "residual", "resid_mid + mlp_out", None, added, added[t], ["pos", "d_model"]))
+        stages.append(stage("resid_post", f"{cfg.norm} 2", "resid_post = norm(resid_mid + mlp_out)", p + "hook_resid_post", resid_post, resid_post_t, ["pos", "d_model"]))
+    return stages

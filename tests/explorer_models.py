@@ -1,0 +1,42 @@
+"""Small random models with a character tokenizer, for the explorer's tests (imported by test_explorer_*.py).
+
+Three architectures cover the explorer's branches: a GPT-style decoder (learned positions, pre-norm),
+a LLaMA-style decoder (RoPE, grouped-query, qk-norm, SwiGLU) and a BERT-style post-norm encoder.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import attnlab
+from attnlab.tokenizer import Tokenizer
+
+TEXT = "The cat sat on the mat because it was tired."
+PRINTABLE = "".join(chr(i) for i in range(32, 127)) + "\n"
+
+
+def char_tokenizer() -> Tokenizer:
+    return Tokenizer.train_char(PRINTABLE)
+
+
+def small_models(seed: int = 0) -> dict[str, attnlab.Transformer]:
+    torch.manual_seed(seed)
+    tok = char_tokenizer()
+    V = tok.vocab_size
+    configs = {
+        "gpt": attnlab.preset("nano", d_vocab=V, n_layers=2, n_heads=4, d_model=32, n_ctx=128),
+        "llama": attnlab.preset("llama-tiny", d_vocab=V, n_layers=2, n_heads=4, n_kv_heads=2, d_model=32, d_mlp=64,
+                                qk_norm=True),
+        "bert": attnlab.preset("bert-mini", d_vocab=V, n_layers=2, n_heads=4, d_model=32, d_mlp=64, n_ctx=600),
+    }
+    models = {}
+    for name, config in configs.items():
+        model = attnlab.Transformer(config).eval()
+        # GPT-2 init is nearly uniform attention; bigger weights give patterns worth comparing
+        with torch.no_grad():
+            for block in model.blocks:
+                block.attn.W_Q.weight.mul_(20)
+                block.attn.W_K.weight.mul_(20)
+        model.tokenizer = tok
+        models[name] = model
+    return models
