@@ -5,7 +5,9 @@ Design choices:
   seed is printed, so a failure shows it in the captured output and can be replayed with
   ATTNLAB_TEST_SEED=<seed>.
 - Hypothesis gets no deadline: the machine is shared and loaded, and timing is never what we test.
-- Under pytest-xdist each worker uses one torch thread, so two workers on two cores don't fight.
+- One torch thread per test process: the tests' tensors are tiny, `make test` runs two xdist workers on
+  two cores, and the machine is shared; with two threads each, OpenMP's waiting made a tiny forward
+  pass 20x slower here.
 - tests/ is put on sys.path so test modules can `import reference` (the NumPy oracle) however
   pytest was started.
 """
@@ -29,8 +31,7 @@ settings.register_profile(
 )
 settings.load_profile("attnlab")
 
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    torch.set_num_threads(1)
+torch.set_num_threads(1)
 
 
 @pytest.fixture

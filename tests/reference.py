@@ -336,7 +336,7 @@ def transformer_forward(
         if attention_mask is not None:
             allowed = np.broadcast_to(attention_mask[b].astype(bool)[None, :], (T, T))
         for layer in range(config.n_layers):
-            x = _block_forward(config, state, f"blocks.{layer}", x, positions[b], allowed)
+            x = block_forward(config, state, f"blocks.{layer}", x, positions[b], allowed)
         if config.final_norm:
             x = _norm_fn(config, state, "ln_final")(x)
         if config.causal:
@@ -345,8 +345,11 @@ def transformer_forward(
     return np.stack(out)
 
 
-def _block_forward(config, state, prefix: str, x: np.ndarray, positions: np.ndarray, allowed) -> np.ndarray:
-    """One block of `transformer_forward`, built from the equations above."""
+def block_forward(config, state, prefix: str, x: np.ndarray, positions: np.ndarray, allowed) -> np.ndarray:
+    """One block for one sequence x (T, d_model): the pre- or post-norm block of the attention, MLP and norms above.
+
+    prefix names the block's weights in `state` ("blocks.0"); positions (T,) feed RoPE; allowed (T, T) masks keys.
+    """
     a = prefix + ".attn."
 
     def attn(h: np.ndarray) -> np.ndarray:

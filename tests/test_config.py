@@ -1,0 +1,107 @@
+"""attnlab.config: validation messages that name the values and a fix, derived sizes, presets."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from attnlab import PRESETS, ModelConfig, Transformer, preset
+from attnlab.errors import UserError
+
+
+def test_heads_that_do_not_divide_d_model_are_refused_with_a_fix():
+    with pytest.raises(UserError) as err:
+        ModelConfig(d_model=100, n_heads=3)
+    message = str(err.value)
+    assert "d_model (100) must be divisible by n_heads (3)" in message
+    suggested = [int(n) for n in message.split("try n_heads=")[1].split(" or ")]
+    assert suggested and all(100 % n == 0 for n in suggested)
+    ModelConfig(d_model=100, n_heads=suggested[0])  # the fix works
+    ModelConfig(d_model=100, n_heads=3, d_head=32)  # an explicit d_head needs no divisibility
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(n_heads=4, n_kv_heads=3), r"n_heads \(4\) must be a multiple of n_kv_heads \(3\); try n_kv_heads=1"),
+        (dict(n_kv_heads=0), r"n_kv_heads \(0\)"),
+        (dict(positional="alibi"), "positional must be one of learned, sinusoidal, rope, none; got 'alibi'"),
+        (dict(norm="batchnorm"), "norm must be one of layernorm, rmsnorm"),
+        (dict(norm_placement="sandwich"), "norm_placement must be one of pre, post"),
+        (dict(mlp="geglu"), "mlp must be one of gelu, gelu_tanh, relu, swiglu"),
+        (dict(dropout=1.0), r"dropout must be in \[0, 1\), got 1.0"),
+        (dict(dropout=-0.1), "dropout must be in"),
+        (dict(rotary_fraction=0.0), r"rotary_fraction must be in \(0, 1\]"),
+        (dict(positional="rope", d_model=12, n_heads=2, rotary_fraction=0.5), r"= 3 is odd"),
+        (dict(positional="sinusoidal", d_model=15, n_heads=3), "sinusoidal positions need an even d_model, got 15"),
+        (dict(n_token_types=-1), "n_token_types must be >= 0"),
+        (dict(d_model=0), "d_model must be a positive integer, got 0"),
+        (dict(n_layers=2.5), "n_layers must be a positive integer, got 2.5"),
+        (dict(d_vocab=-3), "d_vocab must be a positive integer"),
+    ],
+)
+def test_bad_configs_raise_user_errors_that_name_the_values(fields, message):
+    with pytest.raises(UserError, match=message):
+        ModelConfig(**fields)
+
+
+def test_the_config_is_frozen_and_replace_validates():
+    config = ModelConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.d_model = 64  # type: ignore[misc]
+    assert config.replace(n_heads=8).n_heads == 8
+    with pytest.raises(UserError, match="divisible"):
+        config.replace(n_heads=3)
+
+
+def test_derived_sizes():
+    config = ModelConfig(d_model=64, n_heads=8)
+    assert (config.head_dim, config.kv_heads, config.mlp_dim, config.use_qkv_bias) == (8, 8, 256, True)
+    assert config.scale == pytest.approx(8**-0.5)  # the chapter's 1/√d_k
+    config = ModelConfig(d_model=64, n_heads=8, n_kv_heads=2, d_head=16, d_mlp=100, bias=False, qkv_bias=True,
+                         positional="rope", rotary_fraction=0.25, attn_scale=0.1)
+    assert (config.head_dim, config.kv_heads, config.mlp_dim, config.use_qkv_bias) == (16, 2, 100, True)
+    assert (config.rotary_dim, config.scale) == (4, 0.1)
+
+
+def test_dict_round_trip_through_json():
+    config = ModelConfig(d_vocab=65, positional="rope", n_kv_heads=2, extra={"source": "test"})
+    again = ModelConfig.from_dict(json.loads(json.dumps(config.to_dict())))
+    assert again == config and again.extra == {"source": "test"}
+    with pytest.raises(UserError, match=r"unknown model config keys \['n_embd'\]"):
+        ModelConfig.from_dict({**config.to_dict(), "n_embd": 3})
+
+
+SMALL_PRESETS = [name for name in PRESETS if name != "gpt2-small"]
+
+
+@pytest.mark.parametrize("name", SMALL_PRESETS)
+def test_presets_build_and_run(name):
+    config = preset(name)
+    model = Transformer(config).eval()
+    ids = torch.randint(0, config.d_vocab, (1, 5))
+    out = model(ids)
+    assert out.shape == (1, 5, config.d_vocab if config.causal else config.d_model)
+    assert torch.isfinite(out).all()
+
+
+def test_gpt2_small_preset_has_gpt2_smalls_parameter_count():
+    """124,439,808 parameters (tied head), counted from 1- and 2-layer builds: building all 12 takes seconds."""
+    config = preset("gpt2-small")
+    assert (config.n_layers, config.n_heads, config.d_model, config.n_ctx, config.d_vocab) == (12, 12, 768, 1024, 50257)
+    one, two = (Transformer(preset("gpt2-small", n_layers=n, d_vocab=1)).num_params() for n in (1, 2))
+    per_layer = two - one
+    assert per_layer == 12 * 768**2 + 13 * 768  # attention 4d² + 4d, MLP 8d² + 5d, two LayerNorms 4d
+    assert one + 11 * per_layer + (config.d_vocab - 1) * 768 == 124_439_808
+
+
+def test_preset_overrides_and_unknown_names():
+    assert preset("nano", d_vocab=65).d_vocab == 65
+    assert preset("llama-tiny").kv_heads == 2
+    with pytest.raises(UserError, match="unknown preset 'gpt5'; choose one of nano"):
+        preset("gpt5")
+    with pytest.raises(UserError, match="divisible"):
+        preset("nano", n_heads=3)
