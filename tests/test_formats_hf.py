@@ -244,3 +244,17 @@ def test_written_config_sets_special_ids_explicitly(tmp_path):
     written = json.loads((tmp_path / "config.json").read_text())
     assert written["model_type"] == "llama" and written["eos_token_id"] is None
     assert transformers.AutoConfig.from_pretrained(tmp_path).eos_token_id is None
+
+
+@pytest.mark.parametrize("case", ["gpt2-untied-gelu", "llama-tied-attention-bias", "qwen2-gqa-tied", "bert"])
+def test_loaded_checkpoint_written_back_is_the_same_model_for_transformers(case, seed, tmp_path):
+    original = build_hf(case, tmp_path / "original")
+    attnlab.save(attnlab.load(tmp_path / "original"), tmp_path / "again", format="hf")
+    cls = transformers.AutoModel if case == "bert" else transformers.AutoModelForCausalLM
+    again = cls.from_pretrained(tmp_path / "again", attn_implementation="eager").eval()
+    assert type(again) is type(original)
+    ids = torch.randint(0, original.config.vocab_size, (2, 8))
+    with torch.no_grad():
+        theirs, ours = original(ids), again(ids)
+    key = "last_hidden_state" if case == "bert" else "logits"
+    torch.testing.assert_close(ours[key], theirs[key], rtol=1e-5, atol=1e-5)

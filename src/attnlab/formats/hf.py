@@ -129,12 +129,12 @@ def check_writable(cfg: ModelConfig, style: str, **required) -> None:
 
 # Reading -------------------------------------------------------------------------------------------------
 
-def read_config(path: Path) -> dict:
-    file = path / "config.json"
+def read_config(path: Path, name: str = "config.json") -> dict:
+    file = path / name
     try:
         data = json.loads(file.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise UserError(f"{path}: no config.json; a model directory needs one") from None
+        raise UserError(f"{path}: no {name}; a model directory needs one") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UserError(f"{file}: not readable JSON ({exc})") from None
     if not isinstance(data, dict):
@@ -207,7 +207,7 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu"):
     config = arch.config_from_hf(hf, source)
     extra = {**config.extra, "hf_model_type": hf["model_type"]}
     if (path / "generation_config.json").is_file():
-        extra["generation_config"] = json.loads((path / "generation_config.json").read_text(encoding="utf-8"))
+        extra["generation_config"] = read_config(path, "generation_config.json")
     config = config.replace(extra=extra)
 
     # Where each checkpoint tensor lives, by its name with the class prefix removed.
