@@ -3,8 +3,11 @@
 Design choices:
 - The equation  Attention(Q, K, V) = softmax(Q Kᵀ · scale + mask) V,  scale = 1/√d_k  lives in three small
   functions (`attention_scores`, `apply_mask`, `attention_pattern`) that the explicit path and the hooked
-  multi-head layer both call. Every other path (torch's fused SDPA, the KV-cached decode) is tested
-  against them.
+  multi-head layer both call. Every other path (torch's fused SDPA, the KV-cached decode, the chunked
+  path) is tested against them.
+- `chunked_attention` walks the keys in blocks with an online softmax (scores and masks from the same
+  functions, one block at a time), so memory grows linearly in T in the forward and backward passes,
+  and it can still hand back the patterns of chosen heads for inspection.
 - Boolean masks follow torch: True means "may attend". Additive masks are added to the scores.
 - `causal=True` with T queries and S ≥ T keys means the queries are the *last* T positions (cached
   decoding): query i sees keys j ≤ i + (S − T). torch's `is_causal` aligns top-left instead, so it is only
@@ -24,9 +27,11 @@ from .config import ModelConfig
 from .hooks import HookPoint
 
 
-def causal_mask(T: int, S: int, device: torch.device | str | None = None) -> torch.Tensor:
-    """Boolean (T, S) mask, True where query i (the (S−T+i)-th position) may see key j: j ≤ i + S − T."""
-    return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=S - T)
+def causal_mask(T: int, S: int, device: torch.device | str | None = None, diagonal: int | None = None) -> torch.Tensor:
+    """Boolean (T, S) mask, True where query i (the (S−T+i)-th position) may see key j: j ≤ i + S − T.
+
+    `diagonal` replaces S − T when the (T, S) block sits inside a larger matrix (the chunked path)."""
+    return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=S - T if diagonal is None else diagonal)
 
 
 def attention_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
@@ -34,11 +39,14 @@ def attention_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Te
     return torch.matmul(q, k.transpose(-2, -1)) * scale
 
 
-def apply_mask(scores: torch.Tensor, *, causal: bool = False, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Set forbidden scores to −∞ (causal: above the shifted diagonal; boolean mask: where False), or add an additive mask."""
+def apply_mask(scores: torch.Tensor, *, causal: bool = False, mask: torch.Tensor | None = None,
+               diagonal: int | None = None) -> torch.Tensor:
+    """Set forbidden scores to −∞ (causal: above the shifted diagonal; boolean mask: where False), or add an additive mask.
+
+    `diagonal`: for a block of a larger score matrix, its causal diagonal (see causal_mask)."""
     T, S = scores.shape[-2:]
     if causal:
-        scores = scores.masked_fill(~causal_mask(T, S, scores.device), float("-inf"))
+        scores = scores.masked_fill(~causal_mask(T, S, scores.device, diagonal), float("-inf"))
     if mask is not None:
         if mask.dtype == torch.bool:
             scores = scores.masked_fill(~mask, float("-inf"))
@@ -83,6 +91,14 @@ def _fused_mask(
     return mask.masked_fill(~allowed, float("-inf")), False
 
 
+def _checked_scale(q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float | None) -> float:
+    """The scale to use (default 1/√d_k), after checking that causal attention has at least as many keys as queries."""
+    T, S = q.shape[-2], k.shape[-2]
+    if causal and T > S:
+        raise ValueError(f"causal attention needs at least as many keys as queries, got T={T} queries, S={S} keys")
+    return q.shape[-1] ** -0.5 if scale is None else scale
+
+
 def scaled_dot_product_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -100,11 +116,8 @@ def scaled_dot_product_attention(
     `return_weights`. Without weights it runs torch's fused kernel; with them, the explicit equation.
     Key/value tensors with fewer heads (dim −3) than q are shared across query heads (grouped-query).
     """
-    if scale is None:
-        scale = q.shape[-1] ** -0.5
+    scale = _checked_scale(q, k, causal, scale)
     T, S = q.shape[-2], k.shape[-2]
-    if causal and T > S:
-        raise ValueError(f"causal attention needs at least as many keys as queries, got T={T} queries, S={S} keys")
     if not return_weights:
         attn_mask, is_causal = _fused_mask(T, S, causal, mask, q.device)
         gqa = q.dim() >= 3 and k.shape[-3] != q.shape[-3]
@@ -119,6 +132,116 @@ def scaled_dot_product_attention(
     weights = attention_pattern(apply_mask(attention_scores(q, k, scale), causal=causal, mask=mask))
     dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
     return torch.matmul(dropped, v), weights
+
+
+def _key_blocks(T: int, S: int, block_size: int, causal: bool):
+    """(s0, s1, i0) per block of keys s0..s1: under causal masking queries before i0 see none of it, so
+    they are skipped (about half the work when T == S)."""
+    for s0 in range(0, S, block_size):
+        yield s0, min(s0 + block_size, S), max(0, s0 - (S - T)) if causal else 0
+
+
+def _block_scores(q: torch.Tensor, k: torch.Tensor, causal: bool, mask: torch.Tensor | None, scale: float,
+                  s0: int, s1: int, i0: int) -> torch.Tensor:
+    """Masked scores of queries i0.. against keys s0..s1: the explicit path's equation on one block."""
+    T, S = q.shape[-2], k.shape[-2]
+    if mask is not None:  # mask broadcasts to (..., T, S): slice the axes it really has
+        mask = mask[..., s0:s1] if mask.shape[-1] == S else mask
+        mask = mask[..., i0:, :] if mask.dim() >= 2 and mask.shape[-2] == T else mask
+    scores = attention_scores(q[..., i0:, :], k[..., s0:s1, :], scale)  # [..., T - i0, s1 - s0]
+    return apply_mask(scores, causal=causal, mask=mask, diagonal=S - T + i0 - s0)
+
+
+class _ChunkedAttention(torch.autograd.Function):
+    """Online softmax over key blocks (Milakov & Gimelshein 2018; FlashAttention, Dao et al. 2022).
+
+    Forward keeps, per query, the running max m of its scores, the running sum l of exp(score − m) and
+    the running Σ exp(score − m)·v; a new block rescales them by exp(m_old − m_new). The backward pass
+    recomputes each block's pattern p = exp(score − logsumexp) instead of storing it:
+    dV = pᵀ dO,  dS = p ⊙ (dO Vᵀ − rowsum(dO ⊙ O)),  dQ = dS K · scale,  dK = dSᵀ Q · scale.
+    So memory is O(T · block) per head in both directions, never O(T · S). Additive masks get no gradient.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, causal: bool, scale: float, block_size: int):
+        T, S = q.shape[-2], k.shape[-2]
+        batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+        acc = q.new_zeros(*batch, T, v.shape[-1])  # Σ exp(score − m) · v
+        m = q.new_full((*batch, T, 1), float("-inf"))  # running max of the scores
+        l = q.new_zeros(*batch, T, 1)  # Σ exp(score − m)
+        for s0, s1, i0 in _key_blocks(T, S, block_size, causal):
+            scores = _block_scores(q, k, causal, mask, scale, s0, s1, i0)
+            m_new = torch.maximum(m[..., i0:, :], scores.amax(-1, keepdim=True))
+            m_safe = m_new.masked_fill(torch.isneginf(m_new), 0.0)  # rows with no visible key so far
+            p = torch.exp(scores - m_safe)
+            rescale = torch.exp(m[..., i0:, :] - m_safe)
+            l[..., i0:, :] = l[..., i0:, :] * rescale + p.sum(-1, keepdim=True)
+            acc[..., i0:, :] = acc[..., i0:, :] * rescale + torch.matmul(p, v[..., s0:s1, :])
+            m[..., i0:, :] = m_new
+        visible = l > 0  # a row that saw no key gives zeros, as the explicit path does
+        out = torch.where(visible, acc / l.clamp_min(torch.finfo(l.dtype).tiny), 0.0)
+        lse = torch.where(visible, m + torch.log(l), float("-inf"))  # log Σ_j exp(score_j)  [..., T, 1]
+        ctx.save_for_backward(q, k, v, mask, out, lse)
+        ctx.causal, ctx.scale, ctx.block_size = causal, scale, block_size
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, d_out, _d_lse):
+        q, k, v, mask, out, lse = ctx.saved_tensors
+        T, S = q.shape[-2], k.shape[-2]
+        delta = (d_out * out).sum(-1, keepdim=True)  # rowsum(dO ⊙ O)  [..., T, 1]
+        lse = lse.masked_fill(torch.isneginf(lse), 0.0)  # such rows have all scores −∞: p = 0
+        d_q = torch.zeros_like(out[..., :1]).expand(*out.shape[:-1], q.shape[-1]).clone()
+        d_k, d_v = [], []
+        for s0, s1, i0 in _key_blocks(T, S, ctx.block_size, ctx.causal):
+            p = torch.exp(_block_scores(q, k, ctx.causal, mask, ctx.scale, s0, s1, i0) - lse[..., i0:, :])
+            d_o = d_out[..., i0:, :]
+            d_v.append(torch.matmul(p.transpose(-2, -1), d_o))
+            d_scores = p * (torch.matmul(d_o, v[..., s0:s1, :].transpose(-2, -1)) - delta[..., i0:, :])
+            d_q[..., i0:, :] += torch.matmul(d_scores, k[..., s0:s1, :]) * ctx.scale
+            d_k.append(torch.matmul(d_scores.transpose(-2, -1), q[..., i0:, :]) * ctx.scale)
+        d_k, d_v = torch.cat(d_k, dim=-2), torch.cat(d_v, dim=-2)
+        return d_q.sum_to_size(q.shape), d_k.sum_to_size(k.shape), d_v.sum_to_size(v.shape), None, None, None, None
+
+
+def chunked_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    block_size: int = 256,
+    return_weights: bool = False,
+    heads: list[int] | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """softmax(Q Kᵀ · scale + mask) V one block of `block_size` keys at a time (same arguments as
+    scaled_dot_product_attention): the T × S scores never exist at once, in the forward or backward pass.
+
+    With `return_weights`, also the pattern (..., h, T, S) of the heads listed in `heads` (dim −3; default
+    all), written block by block from each row's log-sum-exp, so the only T × S tensor is the one returned,
+    for the heads asked for. These weights are for inspection: they carry no gradient.
+    """
+    scale = _checked_scale(q, k, causal, scale)
+    T, S = q.shape[-2], k.shape[-2]
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    k, v = _expand_kv(q, k), _expand_kv(q, v)
+    out, lse = _ChunkedAttention.apply(q, k, v, mask, causal, scale, block_size)
+    if not return_weights:
+        return out
+    with torch.no_grad():
+        if heads is not None:  # [..., h, T, D]: only the heads to look at
+            q, k, lse = q[..., heads, :, :], k[..., heads, :, :], lse[..., heads, :, :]
+            if mask is not None and mask.dim() >= 3 and mask.shape[-3] > 1:
+                mask = mask[..., heads, :, :]
+        lse = lse.masked_fill(torch.isneginf(lse), 0.0)
+        weights = q.new_zeros(*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]), T, S)
+        for s0, s1, i0 in _key_blocks(T, S, block_size, causal):
+            weights[..., i0:, s0:s1] = torch.exp(_block_scores(q, k, causal, mask, scale, s0, s1, i0) - lse[..., i0:, :])
+    return out, weights
 
 
 class Attention(nn.Module):

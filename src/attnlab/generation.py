@@ -1,14 +1,24 @@
-"""Generation: one token at a time, with a KV cache.
+"""Generation: one token at a time, with a static KV cache, optionally through a compiled decode step.
 
 Design choices (after gpt-fast):
 - `KVCache` is static: one preallocated buffer per layer for keys and values, written in place, so a
   decode step allocates nothing that grows with the sequence.
-- `prefill` runs the whole prompt once and fills the cache; `decode_one_token` feeds back a single token
-  whose query is the last position, attending to every cached key (the causal offset of
-  attnlab.attention handles T < S; torch's top-left `is_causal` would be wrong here).
+- `prefill` runs the whole prompt once and fills the cache; `decode_one_token` feeds back a single token.
+- The decode step has the same shapes at every step, so `torch.compile` traces it once: its cache slot is
+  a tensor (not a Python int the graph would specialise on), it attends to the *whole* buffer, and a
+  boolean key mask (B, max_len) hides the slots not yet written and the left padding. A single query may
+  see every key it is shown, so causality needs nothing else (attnlab.attention's causal offset for
+  T < S). Only the decode step is compiled: prefill runs once per call, compiling it would not pay.
+- The buffer length is rounded up to a multiple of 64 so that nearby lengths share one compiled graph.
+- Sampling never reads a tensor on the host: greedy is an argmax; otherwise the token is the argmax of
+  p_i / E_i with E_i ~ Exp(1), which picks i with probability p_i (the "exponential race" of gpt-fast)
+  and avoids torch.multinomial. The end-of-sequence test reads one flag every 16 tokens, not every token
+  (every token when streaming to `on_token`, which reads each token anyway).
 - Sampling: temperature (0 = greedy argmax), then top-k, then top-p (nucleus), from a seeded generator.
-- Left-padded batches: `attention_mask` marks real tokens; positions count real tokens only, so each row
-  generates as it would alone.
+- Left-padded batches: `attention_mask` marks real tokens; positions count real tokens only, and padded
+  keys stay masked, so each row generates exactly what it would alone.
+- Lower precision is the model's dtype (`model.to(torch.bfloat16)`): the cache takes the model's dtype,
+  norms compute in float32, and sampling reads float32 logits.
 """
 
 from __future__ import annotations
@@ -18,6 +28,9 @@ from collections.abc import Callable
 import torch
 
 from .errors import UserError
+
+CACHE_ROUND = 64  # cache lengths are rounded up to this, so nearby lengths share a compiled decode step
+EOS_CHECK_EVERY = 16  # tokens between reads of the "every row has ended" flag
 
 
 class KVCache:
@@ -35,8 +48,18 @@ class KVCache:
         cfg = model.config
         return cls(cfg.n_layers, batch, cfg.kv_heads, max_len, cfg.head_dim, model.dtype, model.device)
 
-    def update(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v [batch, kv_head, T, d_head] at positions start..start+T; return all keys/values up to there."""
+    def update(self, layer: int, start: int | torch.Tensor, k: torch.Tensor,
+               v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v [batch, kv_head, T, d_head] at positions start..start+T.
+
+        `start` an int (prefill, plain calls): return the keys/values of positions [0, start+T).
+        `start` a one-element tensor (the decode step): write that slot and return the whole buffer, whose
+        shape never changes; the caller's key mask must hide the slots not yet written.
+        """
+        if isinstance(start, torch.Tensor):
+            self.k[layer].index_copy_(2, start, k)
+            self.v[layer].index_copy_(2, start, v)
+            return self.k[layer], self.v[layer]
         end = start + k.shape[-2]
         if end > self.max_len:
             raise UserError(f"the KV cache holds {self.max_len} positions but generation reached {end}; raise max_len")
@@ -64,11 +87,16 @@ def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | N
 
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
                 top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-    """logits (B, V) -> next token ids (B, 1). temperature 0 is greedy."""
+    """logits (B, V) -> next token ids (B, 1). temperature 0 is greedy.
+
+    argmax_i p_i / E_i with E_i ~ Exp(1) is a draw from p: P(i wins) = p_i (the minimum of independent
+    exponentials E_i / p_i). Unlike torch.multinomial it never waits on the host.
+    """
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
     probs = torch.softmax(filter_logits(logits, temperature, top_k, top_p), dim=-1)
-    return torch.multinomial(probs, 1, generator=generator)
+    race = torch.empty_like(probs).exponential_(1.0, generator=generator)
+    return (probs / race).argmax(dim=-1, keepdim=True)
 
 
 def _check_args(model, ids: torch.Tensor, max_new_tokens: int, temperature: float, top_k, top_p) -> None:
@@ -98,63 +126,88 @@ def prefill(model, ids: torch.Tensor, cache: KVCache, positions: torch.Tensor | 
 
 
 @torch.no_grad()
-def decode_one_token(model, token: torch.Tensor, cache: KVCache, pos: int, positions: torch.Tensor | None = None,
-                     attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Feed one token (B, 1) at cache position `pos`; return the next-token logits (B, V)."""
-    return model(token, kv_cache=cache, start_pos=pos, positions=positions, attention_mask=attention_mask)[:, -1]
+def decode_one_token(model, token: torch.Tensor, cache: KVCache, slot: torch.Tensor, positions: torch.Tensor,
+                     key_mask: torch.Tensor) -> torch.Tensor:
+    """Feed one token (B, 1) into cache slot `slot` (a (1,) tensor) at `positions` (B, 1); return the next
+    logits (B, V). key_mask (B, max_len) is True at the keys the token may see (its own slot included)."""
+    return model(token, kv_cache=cache, start_pos=slot, positions=positions, attention_mask=key_mask)[:, -1]
+
+
+def compiled_decode_one_token(backend: str = "inductor") -> Callable[..., torch.Tensor]:
+    """`decode_one_token` through torch.compile (one graph, static shapes). The compiled code is cached on the
+    function, so every call to this returns a wrapper that reuses it: one compilation per model shape.
+    backend "aot_eager" captures the same graph without generating code (quick: tests use it)."""
+    return torch.compile(decode_one_token, backend=backend, fullgraph=True, dynamic=False)
 
 
 @torch.no_grad()
 def generate(model, ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, seed: int | None = None, attention_mask: torch.Tensor | None = None,
-             eos_token_id: int | None = None, on_token: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+             eos_token_id: int | None = None, on_token: Callable[[torch.Tensor], None] | None = None,
+             compile: bool | str = False) -> torch.Tensor:
     """The prompt followed by `max_new_tokens` new tokens: (B, T) -> (B, T + new).
 
     attention_mask (B, T): 1 for real prompt tokens, 0 for left padding. `on_token` receives each new
     token column (B, 1) as it is chosen (for streaming). Stops early once every row has produced
-    `eos_token_id`, padding the rest with it.
+    `eos_token_id`, padding the rest with it. `compile=True` runs the decode step through torch.compile
+    (or a backend's name: compile="aot_eager"): the first call with a new shape compiles for a while (tens
+    of seconds on a CPU), later calls reuse it.
     """
     if ids.dim() == 1:
         ids = ids.unsqueeze(0)
     _check_args(model, ids, max_new_tokens, temperature, top_k, top_p)
+    if max_new_tokens == 0:
+        return ids
     was_training = model.training
     model.eval()
     generator = None
     if seed is not None:
         generator = torch.Generator(device=ids.device).manual_seed(seed)
-    B, T = ids.shape
-    cache = KVCache.for_model(model, B, T + max_new_tokens)
-    positions = None
-    if attention_mask is not None:
-        attention_mask = attention_mask.to(device=ids.device, dtype=torch.long)
-        positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    out = [ids]
+    B, T = ids.shape  # batch, prompt positions
+    device = ids.device
+    max_len = -(-(T + max_new_tokens) // CACHE_ROUND) * CACHE_ROUND
+    cache = KVCache.for_model(model, B, max_len)
+    key_mask = torch.zeros(B, max_len, dtype=torch.bool, device=device)  # [batch, key slot]: may be attended to
+    if attention_mask is None:
+        key_mask[:, :T] = True
+        positions = torch.arange(T, device=device).expand(B, T)
+    else:
+        attention_mask = attention_mask.to(device=device, dtype=torch.bool)
+        key_mask[:, :T] = attention_mask
+        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # padding doesn't advance positions
+    out = torch.empty(B, T + max_new_tokens, dtype=ids.dtype, device=device)
+    out[:, :T] = ids
+    if compile:
+        step = compiled_decode_one_token(compile if isinstance(compile, str) else "inductor")
+    else:
+        step = decode_one_token
     try:
-        if max_new_tokens == 0:
-            return ids
         logits = prefill(model, ids, cache, positions, attention_mask)
-        done = torch.zeros(B, 1, dtype=torch.bool, device=ids.device)
-        for step in range(max_new_tokens):
+        slot = torch.tensor([T], device=device)  # the cache slot the next token is written to
+        position = positions[:, -1:] + 1  # [batch, 1]
+        done = torch.zeros(B, 1, dtype=torch.bool, device=device)
+        n = max_new_tokens
+        for i in range(max_new_tokens):
             token = sample_next(logits, temperature, top_k, top_p, generator)
             if eos_token_id is not None:
                 token = token.masked_fill(done, eos_token_id)
-                done = done | (token == eos_token_id)
-            out.append(token)
+                done |= token == eos_token_id
+            out[:, T + i : T + i + 1] = token
             if on_token is not None:
                 on_token(token)
-            if step == max_new_tokens - 1 or (eos_token_id is not None and bool(done.all())):
+            if i == max_new_tokens - 1:
                 break
-            pos = T + step
-            step_positions = None
-            if attention_mask is not None:
-                attention_mask = torch.cat([attention_mask, attention_mask.new_ones(B, 1)], dim=-1)
-                step_positions = positions[:, -1:] + 1
-                positions = torch.cat([positions, step_positions], dim=-1)
-            logits = decode_one_token(model, token, cache, pos, step_positions, attention_mask)
+            # A streaming caller reads every token anyway, so then the flag costs nothing to read each time.
+            check = on_token is not None or (i + 1) % EOS_CHECK_EVERY == 0
+            if eos_token_id is not None and check and bool(done.all()):
+                n = i + 1
+                break
+            key_mask.index_fill_(1, slot, True)
+            logits = step(model, token, cache, slot, position, key_mask).float()
+            slot += 1
+            position += 1
     finally:
         model.train(was_training)
-    result = torch.cat(out, dim=-1)
-    if result.shape[-1] < T + max_new_tokens and eos_token_id is not None:
-        pad = result.new_full((B, T + max_new_tokens - result.shape[-1]), eos_token_id)
-        result = torch.cat([result, pad], dim=-1)
-    return result
+    if n < max_new_tokens:
+        out[:, T + n :] = eos_token_id
+    return out

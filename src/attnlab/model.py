@@ -119,7 +119,9 @@ class Transformer(HookedModule):
         cfg = self.config
         x = self.hook_embed(self.embed(ids))
         if cfg.positional == "learned":
-            if int(positions.max()) >= cfg.n_ctx:
+            # Value checks read tensors on the host; a compiled decode step skips them (generate checks its
+            # inputs once up front), so they neither break its graph nor cost a sync per token.
+            if not torch.compiler.is_compiling() and int(positions.max()) >= cfg.n_ctx:
                 raise UserError(
                     f"sequence reaches position {int(positions.max())} but this model has learned positions for "
                     f"n_ctx={cfg.n_ctx} only; shorten the input to at most {cfg.n_ctx} tokens"
@@ -159,7 +161,7 @@ class Transformer(HookedModule):
             raise UserError(f"token ids must be integers, got dtype {ids.dtype}")
         if T == 0:
             raise UserError("the input has no tokens; give at least one")
-        if int(ids.max()) >= self.config.d_vocab or int(ids.min()) < 0:
+        if not torch.compiler.is_compiling() and (int(ids.max()) >= self.config.d_vocab or int(ids.min()) < 0):
             raise UserError(
                 f"token id {int(ids.max()) if int(ids.max()) >= self.config.d_vocab else int(ids.min())} is outside "
                 f"the vocabulary [0, {self.config.d_vocab}); check that the tokenizer matches this model"
