@@ -31,7 +31,7 @@ import torch
 
 from ..config import ModelConfig
 from ..errors import UserError
-from .native import atomic_write, atomic_write_text, attach_tokenizer, state_dict_for_saving
+from .native import atomic_write, atomic_write_text, attach_tokenizer, empty_model, state_dict_for_saving
 
 INDEX = "model.safetensors.index.json"
 SPECIAL_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
@@ -198,8 +198,6 @@ def _strip(key: str, arch: Architecture) -> str:
 
 def load_hf(path: str | Path, device: str | torch.device = "cpu"):
     """A Transformer from a Hugging Face-format directory, in eval mode, with .config and .tokenizer."""
-    from ..model import Transformer
-
     path = Path(path)
     hf = read_config(path)
     source = str(path / "config.json")
@@ -233,7 +231,7 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu"):
             + f", which {source} implies; the weights do not match the config"
         )
 
-    model = Transformer(config, device=device)
+    model = empty_model(config, device)
     params = model.state_dict()
     shapes = {name: tuple(t.shape) for name, t in params.items()}
     for w in table:

@@ -112,9 +112,26 @@ def load_state(model, state: dict[str, torch.Tensor], source: str | Path) -> Non
             expected[key].copy_(tensor)
 
 
-def load_native(path: str | Path, device: str | torch.device = "cpu"):
-    from ..model import Transformer
+def empty_model(config: ModelConfig, device: str | torch.device = "cpu"):
+    """A Transformer with uninitialised weights, for a loader that overwrites every one of them.
 
+    Skipping the random init matters for real checkpoints: GPT-2's init of a 1B-parameter model takes about
+    a minute on a CPU. Built on the meta device, then given memory; what that loses is put back here: the
+    tied head (to_empty gives it its own tensor) and RoPE's inverse frequencies (a buffer computed, not loaded).
+    """
+    from ..model import Transformer
+    from ..positions import Rotary
+
+    model = Transformer(config, device="meta").to_empty(device=device)
+    if model.unembed is not None and config.tie_embeddings:
+        model.unembed.weight = model.embed.weight
+    if model.rotary is not None:
+        model.rotary.inv_freq = Rotary(config.rotary_dim, config.rope_theta).inv_freq.to(device)
+    assert [name for name, _ in model.named_buffers()] == (["rotary.inv_freq"] if model.rotary is not None else [])
+    return model
+
+
+def load_native(path: str | Path, device: str | torch.device = "cpu"):
     path = Path(path)
     try:
         meta = json.loads((path / "config.json").read_text())
@@ -123,7 +140,7 @@ def load_native(path: str | Path, device: str | torch.device = "cpu"):
     if meta.get("version", VERSION) > VERSION:
         raise UserError(f"{path}: written by a newer attnlab (format version {meta['version']}); upgrade attnlab")
     config = ModelConfig.from_dict(meta["model"])
-    model = Transformer(config, device=device)
+    model = empty_model(config, device)
     load_state(model, read_safetensors(path / "model.safetensors"), path / "model.safetensors")
     attach_tokenizer(model, path)
     return model.eval()
