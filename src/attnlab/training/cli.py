@@ -1,0 +1,184 @@
+"""`attnlab train` and `attnlab sample`.
+
+Design choices:
+- `train`'s flags are generated from TrainConfig (attnlab.training.config.add_flags); `--preset`,
+  `--config`, `--resume` and `--overwrite` choose where the values come from and what happens to an
+  existing run. On --resume the run's saved config is the base, so `--out DIR --resume` alone continues it.
+- `sample` loads anything `attnlab.load` reads (attnlab checkpoints, Hugging Face-format directories),
+  encodes the prompt with the model's own tokenizer and streams text as tokens are chosen (generate's
+  `on_token`), KV-cached. A generation longer than the model's context slides a window: when the cache
+  is full it restarts from the last n_ctx/2 tokens, as nanoGPT's sampler crops its context.
+- Byte-level tokens can end inside a UTF-8 character, so the stream prints what decodes cleanly so far
+  and holds back a trailing partial character until the next token completes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from ..errors import UserError
+
+
+# train ------------------------------------------------------------------------------------------------
+def run_train(args: argparse.Namespace) -> int:
+    from .config import TrainConfig, build_config
+    from .trainer import STATE_FILE, train
+
+    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)}
+    cfg = build_config(args.preset, args.config, overrides)
+    if args.resume:
+        saved = Path(cfg.out) / "train.json"
+        if not saved.is_file() or not (Path(cfg.out) / STATE_FILE).is_file():
+            raise UserError(f"--resume: no checkpoint in {cfg.out} ({STATE_FILE} is missing); "
+                            "check --out, or run without --resume to start fresh")
+        base = json.loads(saved.read_text())["config"]
+        cfg = build_config(args.preset, args.config, overrides, base=base)
+    result = train(cfg, resume=args.resume, overwrite=args.overwrite, progress=not args.quiet)
+    if not _is_main_process():
+        return 0
+    if result.interrupted:
+        print(f"interrupted at step {result.iters}; the checkpoint is saved in {result.out}; "
+              f"continue with: attnlab train --out {result.out} --resume", file=sys.stderr)
+        return 130
+    losses = f"train loss {result.train_loss:.4f}, val loss {result.val_loss:.4f}" if result.val_loss is not None else ""
+    print(f"trained {result.iters} steps in {result.elapsed_s:.1f} s ({result.tokens_per_s:,.0f} tokens/s): {losses}")
+    print(f"checkpoint, metrics.jsonl, loss.png and report.md in {result.out}; sample it: attnlab sample {result.out}")
+    return 0
+
+
+def _is_main_process() -> bool:
+    import os
+
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+# sample -----------------------------------------------------------------------------------------------
+class TextStream:
+    """Prints the decoded text of a growing list of token ids, holding back an unfinished UTF-8 character."""
+
+    def __init__(self, tokenizer, file=sys.stdout) -> None:
+        self.tokenizer, self.file = tokenizer, file
+        self.ids: list[int] = []
+        self.printed = 0
+
+    def push(self, ids: list[int]) -> None:
+        self.ids.extend(ids)
+        text = self.tokenizer.decode(self.ids)
+        if text.endswith("\ufffd"):  # a byte-level token stopped mid-character: wait for the rest
+            return
+        self.file.write(text[self.printed:])
+        self.file.flush()
+        self.printed = len(text)
+
+    def finish(self) -> str:
+        text = self.tokenizer.decode(self.ids)
+        self.file.write(text[self.printed:])
+        self.file.flush()
+        return text
+
+
+def generate_windowed(model, ids, max_new_tokens: int, *, seed: int | None, on_token, **sampling):
+    """generate(), sliding the context when prompt + new tokens exceed n_ctx (restart from the last n_ctx/2)."""
+    import torch
+
+    n_ctx = model.config.n_ctx
+    produced, remaining, window = ids, max_new_tokens, 0
+    while remaining > 0:
+        context = produced if produced.shape[1] < n_ctx else produced[:, -(n_ctx // 2):]
+        n = min(remaining, n_ctx - context.shape[1])
+        step_seed = None if seed is None else seed + 7919 * window
+        out = model.generate(context, n, seed=step_seed, on_token=on_token, **sampling)
+        produced = torch.cat([produced, out[:, context.shape[1]:]], dim=1)
+        remaining -= n
+        window += 1
+    return produced
+
+
+def read_prompt(args: argparse.Namespace) -> str:
+    if args.prompt is not None and args.prompt_file is not None:
+        raise UserError("give either --prompt or --prompt-file, not both")
+    if args.prompt_file is not None:
+        path = Path(args.prompt_file)
+        if not path.is_file():
+            raise UserError(f"--prompt-file {path}: no such file")
+        try:
+            return path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise UserError(f"--prompt-file {path}: not UTF-8 text") from None
+    return args.prompt if args.prompt is not None else "\n"
+
+
+def encode_prompt(model, prompt: str) -> list[int]:
+    """The prompt's ids under the model's tokenizer, checked against the model's vocabulary and context."""
+    if model.tokenizer is None:
+        raise UserError("this model directory has no tokenizer.json, so text cannot be encoded; add the tokenizer "
+                        "it was trained with")
+    ids = model.tokenizer.encode(prompt)  # a char model names characters it never saw (UserError)
+    if not ids:
+        raise UserError("the prompt encodes to no tokens; give some text with --prompt")
+    n_ctx = model.config.n_ctx
+    if len(ids) > n_ctx:
+        raise UserError(f"the prompt is {len(ids)} tokens but the model's context is n_ctx={n_ctx}; "
+                        f"shorten it to at most {n_ctx} tokens (keep its end)")
+    return ids
+
+
+def run_sample(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..formats import load
+    from .trainer import resolve_device
+
+    if args.num_samples <= 0:
+        raise UserError(f"--num-samples must be a positive integer, got {args.num_samples}")
+    if args.max_new_tokens < 0:
+        raise UserError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    prompt = read_prompt(args)
+    device = resolve_device(args.device)
+    model = load(args.dir, device=str(device))
+    if not model.config.causal:
+        raise UserError(f"{args.dir} is an encoder (BERT-style) model; sampling needs a causal language model")
+    ids = torch.tensor([encode_prompt(model, prompt)], device=device)
+    for i in range(args.num_samples):
+        if i:
+            print("\n---------------")
+        stream = TextStream(model.tokenizer)
+        stream.push(ids[0].tolist())
+        seed = None if args.seed is None else args.seed + i
+        generate_windowed(model, ids, args.max_new_tokens, seed=seed, temperature=args.temperature,
+                          top_k=args.top_k, top_p=args.top_p, on_token=lambda token: stream.push(token[0].tolist()))
+        stream.finish()
+    print()
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    from .config import TRAIN_PRESETS, add_flags
+
+    p = sub.add_parser("train", help="train a GPT-style model on text (nanoGPT's flags; works under torchrun)",
+                       description="Train a GPT-style model on a text file, a folder of .txt files or the built-in "
+                                   "corpus. Flags take nanoGPT's names; precedence: defaults < --preset < --config < flags.")
+    p.add_argument("--preset", choices=list(TRAIN_PRESETS), default=None, help="a named starting configuration")
+    p.add_argument("--config", metavar="FILE", default=None, help="TOML or JSON file with the same keys as the flags")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out exactly where it stopped")
+    p.add_argument("--overwrite", action="store_true", help="start over even if --out holds a checkpoint")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_flags(p)
+    p.set_defaults(func=run_train)
+
+    s = sub.add_parser("sample", help="generate text from a trained or loaded model, streamed as it is written")
+    s.add_argument("dir", help="a model directory: attnlab checkpoint or Hugging Face format")
+    s.add_argument("--prompt", default=None, help="text to continue (default: a newline)")
+    s.add_argument("--prompt-file", default=None, help="read the prompt from this UTF-8 file")
+    s.add_argument("--max-new-tokens", type=int, default=500)
+    s.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    s.add_argument("--top-k", type=int, default=200)
+    s.add_argument("--top-p", type=float, default=None)
+    s.add_argument("--seed", type=int, default=1337)
+    s.add_argument("--num-samples", type=int, default=1)
+    s.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    s.set_defaults(func=run_sample)

@@ -1,0 +1,529 @@
+"""The training loop: AdamW, warmup + cosine, clipping, accumulation, evaluation, checkpoints, DDP.
+
+Design choices:
+- nanoGPT's recipe: AdamW with weight decay on matrices and embeddings only (dim >= 2; never on biases or
+  norm gains), linear warmup then cosine decay to min_lr (`learning_rate_at`), gradient clipping, gradient
+  accumulation. AdamW runs fused (one kernel for all parameters) where torch has it, else foreach.
+- The randomness of step `it` (which windows it trains on, its dropout masks) is seeded from (seed, it)
+  and the rank, so a checkpoint's data position and RNG state are its step number: `--resume` continues
+  bit for bit as if never stopped, and a run with N processes sees exactly the batch of one process.
+- Evaluation uses the same fixed eval_iters batches every time (seeded once per split), so successive
+  evaluations differ only by what the model learned, not by which batches were drawn.
+- A checkpoint is two atomic writes: `train_state.pt` (model, optimizer, step, configs; written with
+  torch.save of tensors and plain values and read back with torch.load(weights_only=True), so nothing
+  arbitrary is ever unpickled) is what --resume reads; `config.json`/`model.safetensors`/`tokenizer.json`
+  are the native checkpoint that `attnlab sample`, `attnlab.load` and the explorer read. A kill at any
+  moment leaves the previous good file of each.
+- Ctrl-C sets a flag (a second Ctrl-C interrupts at once); the loop sees it between steps, saves, and
+  returns. A non-finite loss stops the run before the optimizer step, so the last checkpoint stays good.
+- Distributed: under torchrun (RANK/WORLD_SIZE set) the model is wrapped in DistributedDataParallel, with
+  gloo on CPU and nccl on GPU; every rank draws the same global batch and keeps its own rows; accumulation
+  micro-steps skip the gradient all-reduce (`no_sync`) except the last; only rank 0 writes files.
+- bf16 autocast on GPUs that have it (`--dtype auto`); float32 on CPU, where this 2-core AVX2 machine has
+  no bf16 matrix units and autocast only adds casts (benchmarks/README.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import platform
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import UserError
+from ..formats.native import atomic_write, atomic_write_text, save_native
+from ..model import Transformer
+from ..tokenizer import Tokenizer
+from .config import MODEL_FIELDS, TrainConfig, flag_name
+from .data import TokenData, prepare_data
+
+STATE_FILE = "train_state.pt"
+METRICS_FILE = "metrics.jsonl"
+_EVAL_SEED_OFFSET = 7919  # eval batches come from their own seed, apart from every training step's
+
+
+def learning_rate_at(it: int, cfg: TrainConfig) -> float:
+    """Linear warmup over warmup_iters, then cosine decay from learning_rate to min_lr at decay_iters."""
+    if it < cfg.warmup_iters:
+        return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)
+    if it >= cfg.decay_iters:
+        return cfg.min_lr
+    ratio = (it - cfg.warmup_iters) / max(1, cfg.decay_iters - cfg.warmup_iters)
+    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - cfg.min_lr)
+
+
+def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of logits (B, T, V) against targets (B, T), in float32 (as Transformer.loss)."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices and embeddings (dim >= 2) only; fused where this torch has it."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    fused = device.type in ("cuda", "cpu")  # torch >= 2.4 has fused AdamW on both
+    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), fused=fused)
+
+
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", local_rank)
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"--device {name!r} is not a device; use auto, cpu, cuda, cuda:N or mps") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {name}: this machine has no CUDA GPU (or torch was built without CUDA); use --device cpu")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", local_rank)
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    if name == "float16" and device.type != "cuda":
+        raise UserError(f"--dtype float16 needs a CUDA GPU (it trains with a gradient scaler); on {device.type} use bfloat16 or float32")
+    return getattr(torch, name)
+
+
+def _step_seed(seed: int, it: int, stream: int) -> int:
+    """A distinct 63-bit seed per (run seed, step, stream); stream -1 is the data, r >= 0 rank r's dropout."""
+    return (seed * 1_000_003 + it * 1_009 + stream + 1) % (2**63 - 1)
+
+
+@dataclass
+class Distributed:
+    rank: int = 0
+    local_rank: int = 0
+    world: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def setup_distributed(device_name: str) -> tuple[Distributed, torch.device]:
+    """Join the torchrun process group if there is one (gloo on CPU, nccl on GPU)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Distributed(), resolve_device(device_name)
+    import torch.distributed as dist
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = resolve_device(device_name, local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return Distributed(dist.get_rank(), local_rank, dist.get_world_size()), device
+
+
+@dataclass
+class TrainResult:
+    out: Path
+    iters: int  # steps completed, over every session of this run
+    losses: dict[int, float] = field(default_factory=dict)  # step -> training loss, this session's steps
+    train_loss: float | None = None  # at the last evaluation
+    val_loss: float | None = None
+    tokens_per_s: float = 0.0
+    elapsed_s: float = 0.0  # wall time of the run, evaluations included, over every session
+    interrupted: bool = False
+
+
+class Trainer:
+    """One training run: builds the data, model and optimizer from a TrainConfig, then `run()`s it."""
+
+    def __init__(self, cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, progress: bool = True) -> None:
+        self.cfg, self.progress = cfg, progress
+        self.out = Path(cfg.out)
+        self.dist, self.device = setup_distributed(cfg.device)
+        if cfg.gradient_accumulation_steps % self.dist.world:
+            raise UserError(
+                f"--gradient-accumulation-steps ({cfg.gradient_accumulation_steps}) counts micro-batches over all "
+                f"{self.dist.world} processes, so it must be a multiple of {self.dist.world}"
+            )
+        self.accum = cfg.gradient_accumulation_steps // self.dist.world  # micro-batches per process
+        self.dtype = resolve_dtype(cfg.dtype, self.device)
+        state = self._check_out_dir(resume, overwrite)
+        self.tokenizer, self.data = self._prepare_data(state)
+        self.data.check_block_size(cfg.block_size)
+        self.model_config = cfg.model_config(d_vocab=self.tokenizer.vocab_size)
+        if state is not None:
+            self._check_same_model(state)
+        torch.manual_seed(cfg.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
+        self.raw_model = Transformer(self.model_config).to(self.device)
+        self.raw_model.tokenizer = self.tokenizer
+        self.optimizer = make_optimizer(self.raw_model, cfg, self.device)
+        self.scaler = torch.amp.GradScaler(self.device.type) if self.dtype == torch.float16 else None
+        self.iter, self.elapsed_before, self.last_saved = 0, 0.0, None
+        if state is not None:
+            self.raw_model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            if self.scaler is not None and state.get("grad_scaler"):
+                self.scaler.load_state_dict(state["grad_scaler"])
+            self.iter, self.elapsed_before, self.last_saved = state["iter"], state["elapsed_s"], state["iter"]
+        if cfg.compile:
+            for block in self.raw_model.blocks:  # blocks only: the embedding's input checks are data-dependent
+                block.compile()
+        self.model: torch.nn.Module = self.raw_model
+        if self.dist.enabled:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.model = DistributedDataParallel(self.raw_model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        self.stop_requested = False
+
+    # Setup ------------------------------------------------------------------------------------------
+    def _check_out_dir(self, resume: bool, overwrite: bool) -> dict[str, Any] | None:
+        state_path = self.out / STATE_FILE
+        if resume:
+            if not state_path.is_file():
+                raise UserError(f"--resume: no checkpoint in {self.out} ({STATE_FILE} is missing); "
+                                "check --out, or run without --resume to start fresh")
+            try:
+                state = torch.load(state_path, map_location="cpu", weights_only=True)
+            except Exception as exc:  # torch raises several types for a torn or foreign file
+                raise UserError(f"--resume: {state_path} is not a readable checkpoint ({str(exc).splitlines()[0]}); "
+                                "it may be corrupt: start fresh with --overwrite") from None
+            if state["iter"] >= self.cfg.max_iters:
+                raise UserError(f"--resume: the checkpoint in {self.out} is at step {state['iter']} and --max-iters is "
+                                f"{self.cfg.max_iters}; raise --max-iters to train further")
+            return state
+        if state_path.is_file() and not overwrite:
+            raise UserError(f"{self.out} already holds a training checkpoint; continue it with --resume, "
+                            "start over with --overwrite, or choose another --out")
+        if self.dist.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+            for name in (STATE_FILE, METRICS_FILE):
+                (self.out / name).unlink(missing_ok=True)
+        return None
+
+    def _prepare_data(self, state: dict[str, Any] | None) -> tuple[Tokenizer, TokenData]:
+        cfg = self.cfg
+        saved_tokenizer = self.out / "tokenizer.json"
+        tokenizer = Tokenizer.from_file(saved_tokenizer) if state is not None else None
+        if self.dist.is_main:
+            tokenizer, data = prepare_data(cfg.data, cfg.tokenizer, cfg.vocab_size, self.out, tokenizer)
+            atomic_write(saved_tokenizer, tokenizer.save)
+        self._barrier()
+        if not self.dist.is_main:  # rank 0 wrote the tokenizer and token file; read them, never rewrite
+            tokenizer = Tokenizer.from_file(saved_tokenizer)
+            meta = json.loads((self.out / "tokens.json").read_text())
+            data = TokenData(self.out / "tokens.bin", meta["dtype"], meta["n_tokens"])
+        return tokenizer, data
+
+    def _check_same_model(self, state: dict[str, Any]) -> None:
+        saved = state["model_config"]
+        now = self.model_config.to_dict()
+        differ = [k for k in now if k != "extra" and saved.get(k) != now[k]]
+        if differ:
+            to_flag = {target: name for name, target in MODEL_FIELDS.items()}
+            shown = ", ".join(f"--{flag_name(to_flag.get(k, k))} {saved.get(k)} -> {now[k]}" for k in differ[:4])
+            raise UserError(f"--resume: the checkpoint in {self.out} has a different model shape ({shown}); "
+                            "resume with the checkpoint's settings, or train the new shape into another --out")
+
+    def _barrier(self) -> None:
+        if self.dist.enabled:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    # One step ---------------------------------------------------------------------------------------
+    def _autocast(self):
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def _batches(self, split: str, offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.data.get_batch(split, offsets, self.cfg.block_size)
+        if self.device.type == "cuda":
+            return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
+        return x.to(self.device), y.to(self.device)
+
+    def train_step(self, it: int) -> float:
+        """One optimizer step at step `it`; returns the mean training loss over the global batch."""
+        cfg, rank, world = self.cfg, self.dist.rank, self.dist.world
+        torch.manual_seed(_step_seed(cfg.seed, it, rank))  # this step's dropout masks
+        generator = torch.Generator().manual_seed(_step_seed(cfg.seed, it, -1))  # same windows on every rank
+        offsets = self.data.sample_offsets("train", cfg.gradient_accumulation_steps * cfg.batch_size, cfg.block_size, generator)
+        offsets = offsets.view(cfg.gradient_accumulation_steps, cfg.batch_size)[rank::world]  # (accum, B): this rank's rows
+        lr = learning_rate_at(it, cfg)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        total = torch.zeros((), device=self.device)
+        for micro, rows in enumerate(offsets):
+            x, y = self._batches("train", rows)
+            last = micro == self.accum - 1
+            sync = contextlib.nullcontext() if last or not self.dist.enabled else self.model.no_sync()
+            with sync:
+                with self._autocast():
+                    loss = next_token_loss(self.model(x), y) / self.accum
+                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            total += loss.detach()
+        flags = torch.stack([total, torch.tensor(float(self.stop_requested), device=self.device)])
+        if self.dist.enabled:  # the global mean loss, and whether any rank saw Ctrl-C
+            import torch.distributed as dist
+
+            dist.all_reduce(flags)
+            flags[0] /= world
+        loss_value, self.stop_requested = float(flags[0]), bool(flags[1] > 0)
+        if not math.isfinite(loss_value):
+            self.optimizer.zero_grad(set_to_none=True)
+            return loss_value
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), cfg.grad_clip, foreach=True)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss_value
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Mean loss over the same eval_iters batches of each split (shared out over the ranks)."""
+        cfg = self.cfg
+        self.raw_model.eval()
+        losses = {}
+        for index, split in enumerate(("train", "val")):
+            generator = torch.Generator().manual_seed(cfg.seed + _EVAL_SEED_OFFSET + index)
+            offsets = self.data.sample_offsets(split, cfg.eval_iters * cfg.batch_size, cfg.block_size, generator)
+            offsets = offsets.view(cfg.eval_iters, cfg.batch_size)
+            total = torch.zeros((), device=self.device, dtype=torch.float64)
+            for k in range(self.dist.rank, cfg.eval_iters, self.dist.world):
+                x, y = self._batches(split, offsets[k])
+                with self._autocast():
+                    total += next_token_loss(self.raw_model(x), y).double()
+            if self.dist.enabled:
+                import torch.distributed as dist
+
+                dist.all_reduce(total)
+            losses[split] = float(total) / cfg.eval_iters
+        self.raw_model.train()
+        return losses
+
+    # Files ------------------------------------------------------------------------------------------
+    def save_checkpoint(self, elapsed_s: float) -> None:
+        """train_state.pt for --resume, then the native checkpoint for sampling; each file atomic. Rank 0 only."""
+        if self.dist.is_main:
+            state = {
+                "iter": self.iter,  # the data position and RNG state: step `iter` is seeded from (seed, iter)
+                "elapsed_s": elapsed_s,
+                "model": self.raw_model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": {"name": "warmup_cosine", "iter": self.iter, "warmup_iters": self.cfg.warmup_iters,
+                              "decay_iters": self.cfg.decay_iters, "learning_rate": self.cfg.learning_rate,
+                              "min_lr": self.cfg.min_lr},
+                "grad_scaler": self.scaler.state_dict() if self.scaler is not None else {},
+                "model_config": self.model_config.to_dict(),
+                "train_config": self.cfg.to_dict(),
+            }
+            atomic_write(self.out / STATE_FILE, lambda tmp: torch.save(state, tmp))
+            save_native(self.raw_model, self.out)
+            atomic_write_text(self.out / "train.json", json.dumps({"iter": self.iter, "config": self.cfg.to_dict()}, indent=2) + "\n")
+        self.last_saved = self.iter
+
+    def _log_metrics(self, record: dict[str, Any]) -> None:
+        if self.dist.is_main:
+            with open(self.out / METRICS_FILE, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def _trim_metrics(self) -> None:
+        """On resume, forget evaluations after the checkpoint (a killed run may have logged past it)."""
+        path = self.out / METRICS_FILE
+        if self.dist.is_main and path.is_file():
+            kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["iter"] <= self.iter]
+            atomic_write_text(path, "".join(line + "\n" for line in kept))
+
+    # The loop ---------------------------------------------------------------------------------------
+    def _kept(self) -> str:
+        if self.last_saved is None:
+            return "no checkpoint had been saved yet"
+        return f"the last good checkpoint (step {self.last_saved}) is kept in {self.out}"
+
+    def _on_sigint(self, signum, frame) -> None:
+        if self.stop_requested:  # a second Ctrl-C: stop now
+            raise KeyboardInterrupt
+        self.stop_requested = True
+
+    def run(self) -> TrainResult:
+        cfg = self.cfg
+        result = TrainResult(out=self.out, iters=self.iter)
+        self._trim_metrics()
+        previous_handler = None
+        if threading.current_thread() is threading.main_thread():
+            previous_handler = signal.signal(signal.SIGINT, self._on_sigint)
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=cfg.max_iters, initial=self.iter, disable=not (self.progress and self.dist.is_main),
+                   unit="it", dynamic_ncols=True, file=sys.stderr, desc="train")
+        tokens_per_step = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
+        start = time.perf_counter()
+        step_time, steps = 0.0, 0
+        self.raw_model.train()
+        try:
+            while self.iter < cfg.max_iters:
+                if self.stop_requested:
+                    result.interrupted = True
+                    break
+                t0 = time.perf_counter()
+                loss = self.train_step(self.iter)
+                if not math.isfinite(loss):
+                    raise UserError(f"the training loss became {loss} at step {self.iter + 1}; stopped, and "
+                                    f"{self._kept()}; lower --learning-rate or raise --warmup-iters, then --resume")
+                step_time += time.perf_counter() - t0
+                steps += 1
+                self.iter += 1
+                result.losses[self.iter] = loss
+                tokens_per_s = steps * tokens_per_step / step_time
+                bar.update(1)
+                if steps % 10 == 1 or self.iter == cfg.max_iters:
+                    bar.set_postfix(loss=f"{loss:.4f}", lr=f"{learning_rate_at(self.iter - 1, cfg):.2e}",
+                                    tok_s=f"{tokens_per_s:,.0f}", refresh=False)
+                if self.iter % cfg.eval_interval == 0 or self.iter == cfg.max_iters:
+                    losses = self.evaluate()
+                    elapsed = self.elapsed_before + time.perf_counter() - start
+                    result.train_loss, result.val_loss = losses["train"], losses["val"]
+                    if not all(math.isfinite(v) for v in losses.values()):
+                        raise UserError(f"the evaluation loss became {losses} at step {self.iter}; stopped without "
+                                        f"saving, and {self._kept()}; lower --learning-rate, then --resume")
+                    self._log_metrics({"iter": self.iter, "train_loss": losses["train"], "val_loss": losses["val"],
+                                       "lr": learning_rate_at(self.iter - 1, cfg), "tokens_per_s": tokens_per_s,
+                                       "tokens": self.iter * tokens_per_step, "elapsed_s": elapsed})
+                    self.save_checkpoint(elapsed)
+                    if self.progress and self.dist.is_main:
+                        bar.write(f"step {self.iter}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}",
+                                  file=sys.stderr)
+            if result.interrupted and self.last_saved != self.iter:
+                self.save_checkpoint(self.elapsed_before + time.perf_counter() - start)
+        finally:
+            bar.close()
+            if previous_handler is not None:
+                signal.signal(signal.SIGINT, previous_handler)
+        result.iters = self.iter
+        result.tokens_per_s = steps * tokens_per_step / step_time if step_time else 0.0
+        result.elapsed_s = self.elapsed_before + time.perf_counter() - start
+        if self.dist.is_main:
+            write_loss_plot(self.out)
+            write_report(self, result)
+        return result
+
+
+def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, progress: bool = True) -> TrainResult:
+    """Train as `cfg` says, into cfg.out; see Trainer. Under torchrun, leaves the process group when done."""
+    try:
+        return Trainer(cfg, resume=resume, overwrite=overwrite, progress=progress).run()
+    finally:
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+def read_metrics(out: str | Path) -> list[dict[str, Any]]:
+    path = Path(out) / METRICS_FILE
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_loss_plot(out: Path) -> None:
+    records = read_metrics(out)
+    if not records:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["iter"] for r in records]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(steps, [r["train_loss"] for r in records], marker="o", label="train")
+    ax.plot(steps, [r["val_loss"] for r in records], marker="o", label="val")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy loss (nats/token)")
+    ax.set_title(f"{out.name}: val {records[-1]['val_loss']:.3f} at step {steps[-1]}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    atomic_write(out / "loss.png", lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+    plt.close(fig)
+
+
+def _git_commit() -> str:
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent,
+                              capture_output=True, text=True, timeout=5)
+        return done.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _hardware(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)}"
+    return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs"
+
+
+def write_report(trainer: Trainer, result: TrainResult) -> None:
+    cfg = trainer.cfg
+    config_rows = "\n".join(f"| `{flag_name(k)}` | {v} |" for k, v in cfg.to_dict().items())
+    fmt = lambda v: f"{v:.4f}" if v is not None else "n/a"  # noqa: E731
+    text = f"""# Training report: {trainer.out}
+
+| | |
+| --- | --- |
+| steps | {result.iters} of {cfg.max_iters}{' (interrupted)' if result.interrupted else ''} |
+| final train loss | {fmt(result.train_loss)} |
+| final val loss | {fmt(result.val_loss)} |
+| tokens/s (training steps, this session) | {result.tokens_per_s:,.0f} |
+| wall time (evaluations included) | {result.elapsed_s:.1f} s |
+| parameters | {trainer.raw_model.num_params():,} |
+| tokenizer | {trainer.tokenizer.kind}, {trainer.tokenizer.vocab_size} tokens |
+| tokens in corpus (train / val) | {trainer.data.n_train:,} / {len(trainer.data.tokens) - trainer.data.n_train:,} |
+| processes | {trainer.dist.world} |
+| device, dtype | {trainer.device}, {str(trainer.dtype).removeprefix('torch.')} |
+| hardware | {_hardware(trainer.device)} |
+| torch | {torch.__version__} |
+| python | {platform.python_version()} |
+| git commit | {_git_commit()} |
+| finished | {time.strftime('%Y-%m-%d %H:%M:%S %Z')} |
+
+![loss](loss.png)
+
+## Config
+
+| flag | value |
+| --- | --- |
+{config_rows}
+"""
+    atomic_write_text(trainer.out / "report.md", text)

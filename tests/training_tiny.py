@@ -1,0 +1,44 @@
+"""Tiny training runs for the training tests: a small text and a config that trains in a second."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from attnlab.training.config import TrainConfig
+
+
+def write_text(path: Path, n_chars: int = 20_000, seed: int = 0) -> Path:
+    """Pseudo-English with structure a model can learn quickly (repeated words, newlines)."""
+    words = "the cat sat on a mat and saw her dog run to it while we ate bread".split()
+    rng = random.Random(seed)
+    out, size = [], 0
+    while size < n_chars:
+        line = " ".join(rng.choice(words) for _ in range(rng.randint(3, 9))) + ".\n"
+        out.append(line)
+        size += len(line)
+    path.write_text("".join(out), encoding="utf-8")
+    return path
+
+
+def tiny_config(tmp_path: Path, **changes) -> TrainConfig:
+    data = tmp_path / "data.txt"
+    if not data.exists():
+        tmp_path.mkdir(parents=True, exist_ok=True)
+        write_text(data)
+    values = dict(data=str(data), out=str(tmp_path / "run"), n_layer=1, n_head=2, n_embd=16, block_size=16,
+                  batch_size=4, max_iters=6, lr_decay_iters=6, warmup_iters=2, eval_interval=3, eval_iters=2,
+                  learning_rate=3e-3, min_lr=3e-4, seed=5, device="cpu")
+    values.update(changes)
+    return TrainConfig(**values)
+
+
+def tiny_flags(tmp_path: Path, **changes) -> list[str]:
+    """The same tiny run as command-line flags."""
+    cfg = tiny_config(tmp_path, **changes)
+    flags = []
+    for name in ("data", "out", "n_layer", "n_head", "n_embd", "block_size", "batch_size", "max_iters",
+                 "lr_decay_iters", "warmup_iters", "eval_interval", "eval_iters", "learning_rate", "min_lr", "seed",
+                 "device", "gradient_accumulation_steps"):
+        flags += ["--" + name.replace("_", "-"), str(getattr(cfg, name))]
+    return flags + ["--quiet"]
