@@ -258,3 +258,19 @@ def test_loaded_checkpoint_written_back_is_the_same_model_for_transformers(case,
         theirs, ours = original(ids), again(ids)
     key = "last_hidden_state" if case == "bert" else "logits"
     torch.testing.assert_close(ours[key], theirs[key], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["llama-tied-attention-bias", "gpt2-untied-gelu"])
+def test_big_model_path_without_random_init_loads_the_same_model(case, seed, tmp_path, monkeypatch):
+    """Large checkpoints are built on the meta device (no random init); the tied head and RoPE buffer survive."""
+    from attnlab.formats import native
+
+    build_hf(case, tmp_path)
+    expected = attnlab.load(tmp_path)
+    monkeypatch.setattr(native, "META_BUILD_ABOVE", 0)
+    model = attnlab.load(tmp_path)
+    assert (model.unembed.weight is model.embed.weight) == model.config.tie_embeddings
+    ids = torch.randint(0, model.config.d_vocab, (1, 9))
+    with torch.no_grad():
+        assert torch.equal(model(ids), expected(ids))
+    assert model.generate(ids, 5, temperature=0).tolist() == expected.generate(ids, 5, temperature=0).tolist()

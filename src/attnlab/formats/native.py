@@ -23,6 +23,7 @@ from ..errors import UserError
 
 FORMAT = "attnlab"
 VERSION = 1
+META_BUILD_ABOVE = 100_000_000  # parameters above which loaders skip the random init (see empty_model)
 
 
 def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
@@ -113,15 +114,21 @@ def load_state(model, state: dict[str, torch.Tensor], source: str | Path) -> Non
 
 
 def empty_model(config: ModelConfig, device: str | torch.device = "cpu"):
-    """A Transformer with uninitialised weights, for a loader that overwrites every one of them.
+    """A Transformer whose weights a loader is about to overwrite, every one of them.
 
     Skipping the random init matters for real checkpoints: GPT-2's init of a 1B-parameter model takes about
-    a minute on a CPU. Built on the meta device, then given memory; what that loses is put back here: the
-    tied head (to_empty gives it its own tensor) and RoPE's inverse frequencies (a buffer computed, not loaded).
+    a minute on a CPU. Such a model is built on the meta device, then given memory; what that loses is put
+    back here: the tied head (to_empty gives it its own tensor) and RoPE's inverse frequencies (a buffer
+    computed, not loaded). Small models are simply initialised: the meta path's first use imports torch's
+    Python meta kernels, which costs seconds, more than their init.
     """
     from ..model import Transformer
     from ..positions import Rotary
 
+    d, n = config.d_model, config.n_layers
+    rough_params = config.d_vocab * d * 2 + n * d * (4 * d + 3 * config.mlp_dim)
+    if rough_params < META_BUILD_ABOVE:
+        return Transformer(config, device=device)
     model = Transformer(config, device="meta").to_empty(device=device)
     if model.unembed is not None and config.tie_embeddings:
         model.unembed.weight = model.embed.weight
