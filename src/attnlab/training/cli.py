@@ -60,8 +60,8 @@ def _is_main_process() -> bool:
 class TextStream:
     """Prints the decoded text of a growing list of token ids, holding back an unfinished UTF-8 character."""
 
-    def __init__(self, tokenizer, file=sys.stdout) -> None:
-        self.tokenizer, self.file = tokenizer, file
+    def __init__(self, tokenizer, file=None) -> None:
+        self.tokenizer, self.file = tokenizer, file if file is not None else sys.stdout
         self.ids: list[int] = []
         self.printed = 0
 
