@@ -190,3 +190,13 @@ def test_compare_without_transformers_says_how_to_install_it(tmp_path, capsys, m
     assert main(["compare", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "transformers is not installed" in err and "pip install transformers" in err and err.count("\n") == 1
+
+
+def test_compare_command_exits_1_when_the_numbers_differ(tmp_path, capsys, monkeypatch):
+    from attnlab.formats import compare as compare_module
+
+    bad = compare_module.Comparison(tokens=3, embed=0.0, resid=[0.1], pattern=[0.2], output=1.0, output_scale=2.0)
+    monkeypatch.setattr(compare_module, "compare", lambda path, text=None: bad)
+    assert main(["compare", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "MISMATCH" in out and "2.000e-01" in out

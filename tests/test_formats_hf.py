@@ -124,6 +124,7 @@ def test_run_with_cache_has_the_standard_hook_names(case, seed, tmp_path):
         pattern = cache[f"blocks.{layer}.attn.hook_pattern"]
         assert pattern.shape == (1, model.config.n_heads, 6, 6)  # [batch, head, query_pos, key_pos]
     assert "hook_embed" in cache
+    assert model.tokenizer is None  # save_pretrained wrote no tokenizer.json
     if model.config.positional == "rope":
         assert "blocks.0.attn.hook_rot_q" in cache
 
@@ -274,3 +275,15 @@ def test_big_model_path_without_random_init_loads_the_same_model(case, seed, tmp
     with torch.no_grad():
         assert torch.equal(model(ids), expected(ids))
     assert model.generate(ids, 5, temperature=0).tolist() == expected.generate(ids, 5, temperature=0).tolist()
+
+
+def test_half_precision_checkpoint_loads_into_float32(seed, tmp_path):
+    reference = perturb(CASES["qwen2-gqa-tied"]()).to(torch.bfloat16)
+    reference.save_pretrained(tmp_path)
+    model = attnlab.load(tmp_path)
+    assert model.dtype == torch.float32
+    reference = reference.float()  # the same bf16-rounded weights, computed in float32 on both sides
+    ids = torch.randint(0, 91, (1, 8))
+    with torch.no_grad():
+        theirs = reference(ids).logits
+        torch.testing.assert_close(model(ids), theirs, rtol=OUTPUT_RTOL, atol=OUTPUT_RTOL * float(theirs.abs().max()))
