@@ -79,8 +79,9 @@ def random_mask(rng, kind: str, B: int, H: int, T: int, S: int) -> tuple[np.ndar
         allowed = rng.random((B, H, T, S)) < 0.7
         return allowed, {"allowed": allowed}
     if kind == "additive":
-        additive = rng.normal(size=(B, 1, T, S))
-        additive[rng.random((B, 1, T, S)) < 0.25] = -np.inf
+        shape = [(B, 1, T, S), (B, 1, 1, S), (1, H, T, S)][rng.integers(3)]  # broadcast over heads, queries, batch
+        additive = rng.normal(size=shape)
+        additive[rng.random(shape) < 0.25] = -np.inf
         return additive, {"additive": additive}
     lengths = rng.integers(1, S + 1, size=B)  # left padding: the last `length` keys of each row are real
     allowed = np.arange(S)[None, :] >= (S - lengths)[:, None]

@@ -41,6 +41,9 @@ def test_heads_that_do_not_divide_d_model_are_refused_with_a_fix():
         (dict(d_model=0), "d_model must be a positive integer, got 0"),
         (dict(n_layers=2.5), "n_layers must be a positive integer, got 2.5"),
         (dict(d_vocab=-3), "d_vocab must be a positive integer"),
+        (dict(d_head=0), "d_head must be a positive integer, got 0"),
+        (dict(d_mlp=-4), "d_mlp must be a positive integer, got -4"),
+        (dict(n_layers=True), "n_layers must be a positive integer, got True"),
     ],
 )
 def test_bad_configs_raise_user_errors_that_name_the_values(fields, message):

@@ -64,6 +64,19 @@ def test_every_documented_hook_exists_with_its_shape(config):
     for name, shape in expected_shapes(config).items():
         assert name in model.hook_names(), name
         assert tuple(cache[name].shape) == shape, name
+    for pattern in cache.stack("blocks.{}.attn.hook_pattern"):  # every pattern: causal rows summing to 1
+        torch.testing.assert_close(pattern.sum(-1), torch.ones(B, config.n_heads, T))
+        assert torch.equal(pattern, pattern.tril())
+
+
+def test_the_chapters_a_b_c_through_a_model():
+    """The demo's walk-through: "A B C" through a one-layer model; its pattern is lower-triangular, rows sum to 1."""
+    model = build(ModelConfig(d_vocab=3, n_ctx=8, d_model=16, n_layers=1, n_heads=1))
+    _, cache = model.run_with_cache(torch.tensor([[0, 1, 2]]), names_filter="blocks.0.attn.hook_pattern")
+    pattern = cache["blocks.0.attn.hook_pattern"][0, 0]  # [query_pos, key_pos]
+    assert pattern.shape == (3, 3) and torch.equal(pattern, pattern.tril())
+    torch.testing.assert_close(pattern.sum(-1), torch.ones(3))
+    assert pattern[0, 0] == 1.0  # "A" can only attend to itself
 
 
 def test_cached_activations_fit_together():

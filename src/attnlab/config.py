@@ -57,10 +57,12 @@ class ModelConfig:
     extra: dict[str, Any] = field(default_factory=dict, compare=False)  # format-specific notes (e.g. HF ids)
 
     def __post_init__(self) -> None:
-        positive = ("d_vocab", "n_ctx", "d_model", "n_layers", "n_heads")
+        positive = ("d_vocab", "n_ctx", "d_model", "n_layers", "n_heads", "d_head", "d_mlp")
         for name in positive:
             value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
+            if value is None and name in ("d_head", "d_mlp"):  # optional: derived from d_model
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise UserError(f"{name} must be a positive integer, got {value!r}")
         if self.d_head is None and self.d_model % self.n_heads:
             near = [h for h in range(1, self.d_model + 1) if self.d_model % h == 0]
