@@ -382,7 +382,7 @@
       for (let j = 0; j < T; j++) {
         const x = rows[i][j];
         if (!visible(i, j) && (m.stage === "masked" || m.stage === "softmax")) ctx.fillStyle = "#2b2b2b"; // masked: dark
-        else ctx.fillStyle = m.stage === "softmax" ? blues(x) : diverging(x, maxAbs);
+        else ctx.fillStyle = m.stage === "softmax" ? blues(x / maxAbs) : diverging(x, maxAbs);
         ctx.fillRect(margin + j * cell, margin + i * cell, cell, cell);
       }
     }
@@ -410,6 +410,7 @@
     } else if (m.mask !== modelMask) {
       note += ` · mask ${m.mask}: not the mask this ${state.info.causal ? "decoder" : "encoder"} was trained with`;
     }
+    note += m.stage === "softmax" ? ` · colour: white 0 → blue ${fmt(maxAbs, 3)} (the largest weight)` : ` · colour: red −${fmt(maxAbs, 3)} → white 0 → blue +${fmt(maxAbs, 3)}`;
     $("matrix-note").textContent = note + (labels ? "" : " · hover for tokens and values");
     document.querySelectorAll("#matrix-stage button").forEach((b) => b.classList.toggle("active", b.dataset.stage === m.stage));
     document.querySelectorAll("#matrix-mask button").forEach((b) => b.classList.toggle("active", b.dataset.mask === m.mask));
@@ -485,7 +486,7 @@
       g.textContent = show(t);
       g.addEventListener("click", () => { h.selected = h.selected === i ? null : i; drawArcs(); drawGrid(); });
     });
-    el.setAttribute("width", 520);
+    el.setAttribute("width", x0 + 40 + Math.min(280, 0.55 * rowH * Math.max(1, T - 1)));
     $("arcs-title").textContent = `layer ${state.layer} head ${state.head}` + (h.selected !== null ? ` · where “${show(tokens[h.selected])}” attends` : " · every query") +
       (state.info.causal ? " · causal: arcs go to earlier tokens" : "");
     $("arc-threshold-out").textContent = h.threshold.toFixed(2);
@@ -511,7 +512,7 @@
       layer.forEach((thumb, hd) => {
         const td = document.createElement("td");
         const c = document.createElement("canvas");
-        const size = 64;
+        const size = 56;
         c.width = size; c.height = size;
         c.className = "thumb" + (l === state.layer && hd === state.head ? " current" : "");
         c.dataset.layer = l; c.dataset.head = hd;
@@ -533,7 +534,8 @@
           if (best) {
             const s = document.createElement("div");
             s.className = "score" + (best.standout ? " standout" : "");
-            s.textContent = `${best.name.replace("_token", "")} ${best.value.toFixed(2)}`;
+            s.textContent = `${SCORE_LABELS[best.name] || best.name} ${best.value.toFixed(2)}`;
+            s.title = `${best.name} score ${best.value.toFixed(3)} (stands out from ${scores.thresholds[best.name]})`;
             td.appendChild(s);
           }
         }
@@ -543,6 +545,8 @@
     });
     container.appendChild(table);
   }
+
+  const SCORE_LABELS = { previous_token: "prev", duplicate_token: "dup", induction: "ind", first_token: "first", copying: "copy" };
 
   function bestScore(scores, l, hd) {
     // the head's score that stands out most, relative to its threshold
@@ -584,18 +588,26 @@
       li.addEventListener("click", () => { b.stage = k; drawBlock(); });
       pipe.appendChild(li);
     });
+    // the current stage in full right under the pipeline, then every stage's hook and shape, compact
     const container = $("block-stages");
     clear(container);
-    stages.forEach((s, k) => container.appendChild(stageCard(s, k === b.stage)));
-    const current = container.querySelector(".stage.current");
-    if (current && current.scrollIntoViewIfNeeded) current.scrollIntoViewIfNeeded(false);
+    container.appendChild(stageCard(stages[b.stage], true));
+    const all = document.createElement("div");
+    all.className = "all-stages";
+    stages.forEach((s, k) => {
+      const card = stageCard(s, false);
+      if (k === b.stage) card.classList.add("shown");
+      card.addEventListener("click", () => { b.stage = k; drawBlock(); });
+      all.appendChild(card);
+    });
+    container.appendChild(all);
   }
 
   const dimsText = (s) => "[" + s.shape.map((n, i) => `${s.dims[i]}=${n}`).join(", ") + "]";
 
   function stageCard(s, current) {
     const card = document.createElement("div");
-    card.className = "stage" + (current ? " current" : "");
+    card.className = "stage" + (current ? " current" : " compact");
     card.dataset.key = s.key;
     const h = document.createElement("h3");
     h.textContent = s.title;
@@ -726,9 +738,13 @@
   }
 
   async function sampleNext(greedy) {
-    const data = await api("/api/next", nextRequest(greedy ? { temperature: 0 } : { sample: true, seed: Math.floor(Math.random() * 1e9) }));
-    const choice = greedy ? data.candidates[0] : data.chosen;
-    await appendText(choice.text);
+    document.body.dataset.loading = "1"; // busy from the click on, until the views have re-run
+    try {
+      const data = await api("/api/next", nextRequest(greedy ? { temperature: 0 } : { sample: true, seed: Math.floor(Math.random() * 1e9) }));
+      await appendText((greedy ? data.candidates[0] : data.chosen).text);
+    } finally {
+      delete document.body.dataset.loading;
+    }
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -808,7 +824,7 @@
       if (e.key === "ArrowRight") stepStage(1);
       if (e.key === "ArrowLeft") stepStage(-1);
     });
-    const nextControl = (id, apply) => $(id).addEventListener("change", (e) => { apply(Number(e.target.value)); guarded(loadNext); });
+    const nextControl = (id, apply) => $(id).addEventListener("change", (e) => { apply(Number(e.target.value)); refresh(); });
     nextControl("next-temp", (v) => { state.next.temperature = v; });
     nextControl("next-topk", (v) => { state.next.topK = Math.max(0, Math.floor(v)); });
     nextControl("next-topp", (v) => { state.next.topP = v; });

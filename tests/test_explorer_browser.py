@@ -1,0 +1,283 @@
+"""The explorer in real headless Chromium (Debian's, driven by Playwright): every view renders and reacts.
+
+The server is uvicorn in a thread of this process, on 127.0.0.1 and a free port. Screenshots of each view
+go to test-output/ (the README's come from there). Chromium is installed by `make test`; without it these
+tests fail rather than skip, so a CI run can never pass them silently.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import attnlab
+from explorer_models import TEXT, small_models
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+OUT = Path(__file__).resolve().parent.parent / "test-output"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+@pytest.fixture(scope="module")
+def server():
+    import uvicorn
+
+    from attnlab.explorer.app import create_app
+    from attnlab.explorer.cli import bind
+
+    models = {"minilm": attnlab.load("minilm"), **small_models()}
+    sock = bind("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(create_app(models), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the explorer's server did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}/"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    chromium = shutil.which("chromium")
+    assert chromium, "chromium is not installed: `make test` installs Debian's chromium (apt-get install chromium)"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A fresh page; the test fails if the page logs an error or throws (unless it expects one)."""
+    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    page.errors = []
+    page.expected_errors = []
+    page.on("console", lambda m: m.type == "error" and page.errors.append(m.text))
+    page.on("pageerror", lambda e: page.errors.append(str(e)))
+    yield page
+    errors = [e for e in page.errors if not any(x in e for x in page.expected_errors)]
+    context.close()
+    assert not errors, errors
+
+
+def settle(page, view):
+    page.wait_for_selector(f"body[data-ready={view}]:not([data-loading])", state="attached")
+
+
+def open_page(page, url, model=None, text=None):
+    page.goto(url)
+    settle(page, "dict")
+    if model:
+        page.select_option("#model", model)
+        settle(page, "dict")
+    if text is not None:
+        page.fill("#text", text)
+        page.click("#run")
+        settle(page, "dict")
+
+
+def wait_until(page, expression, timeout=60):
+    """Poll a JS expression with page.evaluate (wait_for_function would eval it, which the page's CSP forbids)."""
+    deadline = time.monotonic() + timeout
+    while not page.evaluate(expression):
+        assert time.monotonic() < deadline, f"timed out waiting for {expression}"
+        time.sleep(0.05)
+
+
+def show(page, view):
+    page.click(f"#tabs button[data-view={view}]")
+    settle(page, view)
+
+
+def shot(page, name):
+    OUT.mkdir(exist_ok=True)
+    page.screenshot(path=str(OUT / f"explorer-{name}.png"))
+
+
+def test_every_view_renders_on_minilm_with_no_console_errors(server, page):
+    """The README's walk-through: where does "it" attend in The cat sat on the mat because it was tired.?"""
+    open_page(page, server)
+    tokens = page.evaluate("window.attnlab.state.tokens")
+    assert tokens[:3] == ["[CLS]", "the", "cat"] and "it" in tokens
+    it = tokens.index("it")
+    page.select_option("#layer", "5")
+    page.select_option("#head", "4")
+    settle(page, "dict")
+    page.click(f"#dict-tokens .chip[data-index='{it}']")
+    assert page.locator("#dict-threads line").count() == len(tokens)
+    assert page.locator("#dict-output").count() == 1  # the hollow star
+    weights = page.evaluate("window.attnlab.dictWeights()")
+    assert abs(sum(weights) - 1) < 1e-6
+    shot(page, "soft-dictionary")
+
+    show(page, "matrix")
+    size = page.evaluate("[document.getElementById('matrix-canvas').width, document.getElementById('matrix-canvas').height]")
+    assert min(size) > 100
+    shown = page.evaluate("window.attnlab.matrixValues()")
+    assert len(shown) == len(tokens) and all(abs(sum(r) - 1) < 1e-5 for r in shown)
+    page.hover("#matrix-canvas", position={"x": 200, "y": 200})
+    assert "query" in page.inner_text("#matrix-tip") and "key" in page.inner_text("#matrix-tip")
+    shot(page, "attention-matrix")
+
+    show(page, "heads")
+    assert page.locator("canvas.thumb").count() == 6 * 12
+    page.click(f"#arcs text[data-index='{it}']")
+    arcs = page.locator("#arc-paths [data-q]")
+    assert arcs.count() > 0 and set(arcs.evaluate_all("els => els.map(e => e.dataset.q)")) == {str(it)}
+    page.wait_for_selector(".score", state="attached")  # head scores arrive after the grid
+    shot(page, "heads")
+
+    show(page, "block")
+    page.click(f"#block-tokens .chip[data-index='{it}']")
+    settle(page, "block")
+    page.wait_for_selector(".stage.current[data-key=resid_pre]")
+    for _ in range(7):  # resid_pre -> q -> k -> v -> rope (skipped) -> scores -> mask -> softmax
+        page.click("#stage-next")
+    current = page.locator(".stage.current")
+    assert current.get_attribute("data-key") == "pattern"
+    assert "blocks.5.attn.hook_pattern" in current.inner_text() and "head=12" in current.inner_text()
+    assert page.locator(".all-stages .stage").count() >= 14
+    shot(page, "through-a-block")
+
+    show(page, "next")
+    assert "encoder" in page.inner_text("#next-note")
+
+
+def test_dragging_the_query_changes_the_weights(server, page):
+    open_page(page, server, model="gpt")
+    before = page.evaluate("window.attnlab.dictWeights()")
+    box = page.locator("#dict-query").bounding_box()
+    start = (box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    frame = page.locator("#dict-keys").bounding_box()
+    page.mouse.move(*start)
+    page.mouse.down()
+    page.mouse.move(frame["x"] + 40, frame["y"] + 40, steps=8)
+    page.mouse.up()
+    after = page.evaluate("window.attnlab.dictWeights()")
+    assert abs(sum(after) - 1) < 1e-6
+    assert max(abs(a - b) for a, b in zip(before, after)) > 1e-3
+    assert "dragged query" in page.inner_text("#dict-note")
+    widths = page.locator("#dict-threads line").evaluate_all("els => els.map(e => +e.getAttribute('data-w'))")
+    assert widths == pytest.approx(after, abs=1e-5)
+    # a bigger scale sharpens the softmax: the largest weight grows
+    page.fill("#dict-scale", "2")
+    page.dispatch_event("#dict-scale", "input")
+    sharp = page.evaluate("window.attnlab.dictWeights()")
+    assert max(sharp) > max(after)
+    # toy mode: six hand-placed keys, and clicking one moves the query onto it
+    page.click("#dict-mode button[data-mode=toy]")
+    assert page.locator("#dict-threads line").count() == 6
+    page.click("#dict-keys .key[data-index='0'] circle")
+    toy = page.evaluate("window.attnlab.dictWeights()")
+    assert toy.index(max(toy)) == 0
+    shot(page, "soft-dictionary-toy")
+
+
+def test_the_mask_toggle_zeroes_the_upper_triangle(server, page):
+    open_page(page, server, model="bert")
+    show(page, "matrix")
+    unmasked = page.evaluate("window.attnlab.matrixValues()")
+    T = len(unmasked)
+    assert min(unmasked[i][j] for i in range(T) for j in range(i + 1, T)) > 0  # an encoder sees every key
+    page.click("#matrix-mask button[data-mask=causal]")
+    masked = page.evaluate("window.attnlab.matrixValues()")
+    assert all(masked[i][j] == 0 for i in range(T) for j in range(i + 1, T))
+    assert all(abs(sum(row) - 1) < 1e-6 for row in masked)  # rows renormalised
+    assert masked[T - 1] == pytest.approx(unmasked[T - 1], abs=1e-6)  # the last row sees everything either way
+    # and the upper triangle is drawn dark
+    pixel = page.evaluate("""() => {
+        const c = document.getElementById('matrix-canvas'), g = window.attnlab.state.matrix.geometry, r = devicePixelRatio || 1;
+        const x = (g.margin + (window.attnlab.state.tokens.length - 1) * g.cell + 1) * r, y = (g.margin + 1) * r;
+        return Array.from(c.getContext('2d').getImageData(x, y, 1, 1).data);
+    }""")
+    assert max(pixel[:3]) < 80
+    page.click("#matrix-stage button[data-stage=masked]")
+    assert page.evaluate("window.attnlab.matrixValues()[0][1]") is None  # −∞ above the diagonal
+
+
+def test_switching_heads_changes_the_arcs(server, page):
+    open_page(page, server, model="gpt")
+    show(page, "heads")
+
+    def arcs():
+        return page.locator("#arc-paths [data-q]").evaluate_all("els => els.map(e => [e.dataset.q, e.dataset.k, e.dataset.w])")
+
+    first = arcs()
+    page.click("#head-next")
+    settle(page, "heads")
+    assert page.evaluate("[window.attnlab.state.layer, window.attnlab.state.head]") == [0, 1]
+    second = arcs()
+    assert first and second and first != second
+    page.click("canvas.thumb[data-layer='1'][data-head='3']")
+    settle(page, "heads")
+    assert page.input_value("#layer") == "1" and page.input_value("#head") == "3"
+    assert "layer 1 head 3" in page.inner_text("#arcs-title")
+    assert arcs() != second
+
+
+def test_next_token_appends_the_chosen_token(server, page):
+    open_page(page, server, model="gpt", text="The cat sat")
+    show(page, "next")
+    bars = page.locator(".next-bar")
+    assert bars.count() == 10
+    piece = page.evaluate("window.attnlab.state.next.data.candidates[0].text")
+    bars.first.click()
+    settle(page, "next")
+    assert page.input_value("#text") == piece and len(piece) == len("The cat sat") + 1
+    assert page.inner_text("#next-text mark") == piece[-1]
+    page.fill("#next-topk", "3")
+    page.dispatch_event("#next-topk", "change")
+    settle(page, "next")
+    wait_until(page, "window.attnlab.state.next.data.kept === 3")
+    page.click("#next-sample")
+    settle(page, "next")
+    assert len(page.input_value("#text")) == len("The cat sat") + 2
+    shot(page, "next-token")
+
+
+def test_512_tokens_stay_drawable_and_513_names_the_limit(server, page):
+    text = ("the cat sat on the mat. " * 22)[:512]
+    open_page(page, server, model="llama", text=text)
+    assert len(page.evaluate("window.attnlab.state.tokens")) == 512
+    show(page, "matrix")
+    assert page.evaluate("document.getElementById('matrix-canvas').style.width") == f"{4 + 512 + 4}px"
+    shot(page, "matrix-512")
+    show(page, "heads")
+    assert 0 < page.locator("#arc-paths [data-q]").count() <= 512 * 4  # at most 4 arcs a query at this length
+    show(page, "block")
+    assert page.locator(".all-stages .stage").count() >= 14
+    page.expected_errors.append("status of 413")  # the browser logs the refused request itself
+    page.fill("#text", text + "x")
+    page.click("#run")
+    wait_until(page, "document.getElementById('status').classList.contains('error')")
+    assert "513 tokens" in page.inner_text("#status") and "512 tokens" in page.inner_text("#status")
+
+
+def test_the_exported_page_works_from_a_file_with_no_network(page, tmp_path):
+    from attnlab.explorer.export import write_html
+
+    path = write_html(small_models()["gpt"], TEXT, tmp_path / "gpt.html", name="gpt")
+    requests = []
+    page.on("request", lambda r: requests.append(r.url))
+    page.goto(path.as_uri())
+    settle(page, "dict")
+    assert page.locator("#dict-threads line").count() == len(TEXT)
+    for view in ("matrix", "heads", "block", "next"):
+        show(page, view)
+        assert "error" not in (page.get_attribute("#status", "class") or ""), page.inner_text("#status")
+    assert page.locator(".next-bar").count() == 10
+    assert page.locator(".all-stages .stage").count() >= 14
+    assert all(url.startswith(("file:", "data:")) for url in requests), requests

@@ -1,0 +1,117 @@
+"""`attnlab explore` / `attnlab export-html` and `attnlab.show`: model discovery, one-line errors, a self-contained page."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import sys
+
+import pytest
+
+import attnlab
+from attnlab.cli import main
+from attnlab.explorer.cli import bind, newest_run
+from attnlab.explorer.export import export_data, request_key
+from explorer_models import TEXT, small_models
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("models") / "tiny-gpt"
+    attnlab.save(small_models()["gpt"], path)
+    return path
+
+
+def test_a_port_in_use_is_one_clear_line(model_dir, capsys):
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    try:
+        code = main(["explore", str(model_dir), "--port", str(port)])
+    finally:
+        taken.close()
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and f"port {port}" in err and "in use" in err and f"--port {port + 1}" in err
+
+
+def test_bind_defaults_to_this_machine_only():
+    sock = bind("127.0.0.1", 0)
+    try:
+        assert sock.getsockname()[0] == "127.0.0.1"
+    finally:
+        sock.close()
+    from attnlab.cli import build_parser
+
+    args = build_parser().parse_args(["explore"])
+    assert args.host == "127.0.0.1" and args.port == 8000 and args.models == []
+
+
+def test_newest_run_picks_the_most_recently_written_checkpoint(tmp_path, model_dir):
+    runs = tmp_path / "runs"
+    model = attnlab.load(model_dir)
+    old, new = attnlab.save(model, runs / "old"), attnlab.save(model, runs / "nested" / "new")
+    (runs / "not-a-model").mkdir()
+    (runs / "not-a-model" / "config.json").write_text("{}")
+    os.utime(old / "model.safetensors", (1_000, 1_000))
+    os.utime(new / "model.safetensors", (2_000, 2_000))
+    assert newest_run(runs) == new
+    os.utime(old / "model.safetensors", (3_000, 3_000))
+    assert newest_run(runs) == old
+    assert newest_run(tmp_path / "missing") is None
+
+
+def test_a_missing_model_directory_is_one_line(tmp_path, capsys):
+    assert main(["explore", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "nowhere" in err
+
+
+def test_export_html_writes_one_self_contained_page(model_dir, tmp_path, capsys):
+    out = tmp_path / "view.html"
+    assert main(["export-html", str(model_dir), "--text", TEXT, "-o", str(out), "--view", "matrix"]) == 0
+    assert str(out) in capsys.readouterr().out
+    page = out.read_text(encoding="utf-8")
+    assert "window.ATTNLAB_EXPORT" in page and "/static/" not in page
+    # nothing is fetched from anywhere: no external script, style, image or link
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
+    assert not re.search(r"@import|url\(\s*['\"]?https?:", page)
+    data = json.loads(page.split("window.ATTNLAB_EXPORT = ", 1)[1].split(";</script>", 1)[0].replace("<\\/", "</"))
+    assert data["view"] == "matrix" and data["text"] == TEXT
+
+
+def test_export_holds_every_request_the_page_makes_by_default():
+    model = small_models()["gpt"]
+    data = export_data(model, TEXT, name="gpt")
+    keys = set(data["responses"])
+    base = {"model": "gpt", "text": TEXT}
+    cfg = model.config
+    for layer in range(cfg.n_layers):
+        for head in range(cfg.n_heads):
+            assert request_key("/api/pattern", {**base, "layer": layer, "head": head, "encoding": "f32"}) in keys
+            assert request_key("/api/projection", {**base, "layer": layer, "head": head}) in keys
+        assert request_key("/api/trace", {**base, "layer": layer, "token": len(TEXT) - 1}) in keys
+    assert request_key("/api/next", {**base, "temperature": 1, "top_k": None, "top_p": None, "k": 10}) in keys
+    assert "/api/models/gpt/head-scores" in keys
+    # app.js's requestKey: JSON.stringify of sorted [key, value] pairs, no spaces, non-ASCII as is
+    assert request_key("/api/run", {"text": "é\n", "model": "m"}) == '/api/run [["model","m"],["text","é\\n"]]'
+
+
+def test_export_refuses_long_texts_with_the_limit(model_dir, tmp_path, capsys):
+    assert main(["export-html", str(model_dir), "--text", "x" * 129, "-o", str(tmp_path / "x.html")]) == 2
+    err = capsys.readouterr().err
+    assert "129 tokens" in err and "128" in err
+    assert not (tmp_path / "x.html").exists()
+
+
+def test_show_returns_an_iframe_without_ipython(monkeypatch):
+    monkeypatch.setitem(sys.modules, "IPython", None)  # as if IPython were not installed
+    monkeypatch.setitem(sys.modules, "IPython.display", None)
+    frame = attnlab.show(small_models()["bert"], "it was tired", view="heads")
+    assert isinstance(frame, str) and frame.startswith("<iframe srcdoc=") and "ATTNLAB_EXPORT" in frame
+    assert "<script" not in frame.split("srcdoc=", 1)[1].split('"', 2)[1][:200]  # the page is escaped inside srcdoc
+    with pytest.raises(attnlab.UserError, match="unknown view"):
+        attnlab.show(small_models()["bert"], "hi", view="nope")
