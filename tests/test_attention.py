@@ -55,6 +55,15 @@ def test_matches_the_chapters_causal_attention(rng, path):
             torch.testing.assert_close(weights, tensor(expected_weights), **F64)
 
 
+def test_the_oracles_general_attention_agrees_with_the_chapters(rng):
+    """Check the oracle itself: its masked attention with causal=True is the chapter's −1e9 version."""
+    Q, K, V = rng.normal(size=(5, 3)), rng.normal(size=(5, 3)), rng.normal(size=(5, 2))
+    for a, b in zip(reference.attention(Q, K, V, causal=True), reference.causal_attention(Q, K, V)):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+    _, weights = reference.attention(Q, K, V, allowed=np.zeros((5, 5), dtype=bool))
+    assert (weights == 0).all()
+
+
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("causal", [False, True])
 def test_matches_reference_on_random_shapes(rng, path, causal):

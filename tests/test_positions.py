@@ -132,3 +132,11 @@ def test_positional_settings_build_the_right_parts():
         model = Transformer(ModelConfig(**base, positional=positional))
         assert model.pos_embed is None and (model.rotary is not None) == (positional == "rope")
     assert Transformer(ModelConfig(**base, positional="rope", rotary_fraction=0.5)).rotary.rotary_dim == 2
+
+
+def test_the_oracles_rope_is_a_complex_rotation(rng):
+    """Check the oracle itself: pair (x_i, x_{i+d/2}) as the complex number x_i + i·x_{i+d/2}, times e^{iθ}."""
+    d, positions = 8, np.arange(6)
+    x = rng.normal(size=(6, d))
+    z = (x[:, : d // 2] + 1j * x[:, d // 2 :]) * np.exp(1j * reference.rope_angles(positions, d, 10000.0))
+    np.testing.assert_allclose(reference.apply_rope(x, positions, d), np.concatenate([z.real, z.imag], -1), atol=1e-12)
