@@ -1,0 +1,155 @@
+"""Training speed: tokens/s and model FLOPs utilisation (MFU) of `attnlab train`'s step, against a baseline.
+
+    .venv/bin/python benchmarks/train_speed.py            # both configs, every variant
+    .venv/bin/python benchmarks/train_speed.py --configs nano --rounds 5
+
+Design choices:
+- Everything is measured in this one process: the machine's matmul peak (a float32 matmul, best of a
+  few), a baseline (the plain eager float32 loop: forward, cross-entropy, backward, torch's default AdamW
+  step, batches gathered from the same memmap) and attnlab's Trainer.train_step in its variants (as
+  shipped: fused AdamW + clipping; + torch.compile of the blocks; + bf16 autocast). Results are ratios to
+  the baseline, because the machine is shared and absolute times move with its load.
+- Variants are interleaved round by round (A B C D, A B C D, ...) and each reports its median step time,
+  so a burst of load elsewhere hits every variant alike rather than one of them.
+- FLOPs per token = 6·N + 12·n_layers·d_model·n_ctx (PaLM appendix B, as nanoGPT's estimate_mfu): N is
+  the parameter count without the position table; the second term is attention's QKᵀ and AV.
+- The two configs are the issue's: nanoGPT's CPU Shakespeare config (4 layers, 128 wide, block 64,
+  batch 12) and a 6-layer, 384-wide model at block 256 (batch 4 here, to keep a step to seconds on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from attnlab.training.config import build_config
+from attnlab.training.trainer import Trainer
+
+CONFIGS = {
+    "nano": dict(preset="nano"),
+    "6x384-block256": dict(preset="nano", n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=4),
+}
+
+
+def measure_matmul_peak(n: int = 1024, repeats: int = 10) -> float:
+    """Best float32 matmul FLOP/s of this process on an n x n x n product."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best
+
+
+def flops_per_token(trainer: Trainer) -> float:
+    cfg = trainer.model_config
+    n = trainer.raw_model.num_params()
+    if trainer.raw_model.pos_embed is not None:
+        n -= trainer.raw_model.pos_embed.weight.numel()
+    return 6 * n + 12 * cfg.n_layers * cfg.d_model * cfg.n_ctx
+
+
+class PlainLoop:
+    """The baseline: nanoGPT's loop in its simplest form, eager float32, on the same model and data."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        from attnlab.model import Transformer
+
+        torch.manual_seed(0)
+        self.cfg, self.data = trainer.cfg, trainer.data
+        self.model = Transformer(trainer.model_config)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
+        self.tokens = self.data.split("train")
+
+    def train_step(self, it: int) -> float:
+        B, T = self.cfg.batch_size, self.cfg.block_size
+        ix = np.random.randint(0, len(self.tokens) - T, B)
+        window = torch.from_numpy(self.tokens[ix[:, None] + np.arange(T + 1)].astype(np.int64))
+        x, y = window[:, :-1], window[:, 1:]
+        loss = F.cross_entropy(self.model(x).flatten(0, 1), y.flatten())
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+
+def make_variants(name: str, root: Path) -> dict[str, object]:
+    settings = CONFIGS[name]
+    base = dict(settings)
+    preset = base.pop("preset")
+
+    def trainer(**extra) -> Trainer:
+        out = root / f"{name}-{len(list(root.iterdir()))}"
+        cfg = build_config(preset, overrides={**base, **extra, "out": str(out), "device": "cpu", "max_iters": 10**6})
+        return Trainer(cfg, overwrite=True, progress=False)
+
+    shipped = trainer()
+    return {
+        "baseline: plain eager fp32 loop": PlainLoop(shipped),
+        "attnlab step (fused AdamW, clip)": shipped,
+        "+ torch.compile (blocks)": trainer(compile=True),
+        "+ bf16 autocast": trainer(dtype="bfloat16"),
+    }
+
+
+def run(name: str, rounds: int, steps: int, peak: float, root: Path) -> list[dict]:
+    variants = make_variants(name, root)
+    some_trainer = next(v for v in variants.values() if isinstance(v, Trainer))
+    per_token = flops_per_token(some_trainer)
+    cfg = some_trainer.cfg
+    tokens_per_step = cfg.batch_size * cfg.block_size * cfg.gradient_accumulation_steps
+    for variant in variants.values():  # warm-up (compilation happens here)
+        for it in range(2):
+            variant.train_step(it)
+    times: dict[str, list[float]] = {label: [] for label in variants}
+    for r in range(rounds):
+        for label, variant in variants.items():
+            t0 = time.perf_counter()
+            for it in range(steps):
+                variant.train_step(2 + r * steps + it)
+            times[label].append((time.perf_counter() - t0) / steps)
+    base = statistics.median(times[next(iter(variants))])
+    rows = []
+    for label in variants:
+        step = statistics.median(times[label])
+        tokens_per_s = tokens_per_step / step
+        rows.append(dict(config=name, variant=label, step_ms=1000 * step, tokens_per_s=tokens_per_s,
+                         mfu=tokens_per_s * per_token / peak, speedup=base / step))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per variant")
+    parser.add_argument("--steps", type=int, default=5, help="steps per variant per round")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    peak = measure_matmul_peak()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"measured float32 matmul peak {peak / 1e9:.1f} GFLOP/s")
+    print("| config | variant | ms/step | tokens/s | MFU | vs baseline |")
+    print("| --- | --- | ---: | ---: | ---: | ---: |")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.configs:
+            steps = args.steps if name == "nano" else max(1, args.steps // 3)
+            for row in run(name, args.rounds, steps, peak, Path(tmp)):
+                print(f"| {row['config']} | {row['variant']} | {row['step_ms']:.0f} | {row['tokens_per_s']:,.0f} | "
+                      f"{100 * row['mfu']:.1f}% | {row['speedup']:.2f}x |", flush=True)
+    peak_after = measure_matmul_peak()
+    print(f"matmul peak measured again at the end: {peak_after / 1e9:.1f} GFLOP/s (load drift check)")
+
+
+if __name__ == "__main__":
+    main()
