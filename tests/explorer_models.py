@@ -1,7 +1,8 @@
 """Small random models with a character tokenizer, for the explorer's tests (imported by test_explorer_*.py).
 
 Three architectures cover the explorer's branches: a GPT-style decoder (learned positions, pre-norm),
-a LLaMA-style decoder (RoPE, grouped-query, qk-norm, SwiGLU) and a BERT-style post-norm encoder.
+a LLaMA-style decoder (RoPE, grouped-query, qk-norm, SwiGLU) and a BERT-style post-norm encoder (with
+qk-norm, which the explorer must apply itself when there is no RoPE hook after it).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ def small_models(seed: int = 0) -> dict[str, attnlab.Transformer]:
         "gpt": attnlab.preset("nano", d_vocab=V, n_layers=2, n_heads=4, d_model=32, n_ctx=128),
         "llama": attnlab.preset("llama-tiny", d_vocab=V, n_layers=2, n_heads=4, n_kv_heads=2, d_model=32, d_mlp=64,
                                 qk_norm=True),
-        "bert": attnlab.preset("bert-mini", d_vocab=V, n_layers=2, n_heads=4, d_model=32, d_mlp=64, n_ctx=600),
+        # qk-norm without RoPE: the one case where the explorer applies a module (q_norm) to cached activations
+        "bert": attnlab.preset("bert-mini", d_vocab=V, n_layers=2, n_heads=4, d_model=32, d_mlp=64, n_ctx=600, qk_norm=True),
     }
     models = {}
     for name, config in configs.items():

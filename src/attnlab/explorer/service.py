@@ -156,13 +156,16 @@ class Explorer:
         if token is not None and n_tokens is not None and not 0 <= token < n_tokens:
             raise UserError(f"token index {token} is out of range: the text has {n_tokens} tokens (0 to {n_tokens - 1})")
 
-    def cached_run(self, entry: ModelEntry, ids: torch.Tensor, names_filter, stop_at_layer: int | None = None) -> tuple[torch.Tensor, Any]:
-        """One forward pass under the model's lock (hooks live on shared modules), without autograd.
+    def cached_run(self, entry: ModelEntry, ids: torch.Tensor, names_filter, layer: int | None = None) -> tuple[Any, Any]:
+        """(cache, q k v of `layer` or None): one forward pass under the model's lock, without autograd.
 
-        stop_at_layer: skip the blocks after the one a view looks at, as TransformerLens does.
+        Hooks live on the model's shared modules, so everything that runs a module happens under the lock,
+        qk-norm in `qkv` included. With `layer`, the blocks after it are skipped (TransformerLens's
+        stop_at_layer).
         """
         with entry.lock, torch.no_grad():
-            return entry.model.run_with_cache(ids, names_filter=names_filter, stop_at_layer=stop_at_layer)
+            _, cache = entry.model.run_with_cache(ids, names_filter=names_filter, stop_at_layer=None if layer is None else layer + 1)
+            return cache, None if layer is None else self.qkv(entry, cache, layer)
 
     # The views' data ----------------------------------------------------------------------------
     def run(self, name: str, text: str) -> dict[str, Any]:
@@ -171,7 +174,10 @@ class Explorer:
         return {"model": self.describe(entry), "tokens": tokens, "ids": ids[0].tolist()}
 
     def qkv(self, entry: ModelEntry, cache, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v of one layer as the scores used them, one row per query head: [head, pos, d_head] each."""
+        """q, k, v of one layer as the scores used them, one row per query head: [head, pos, d_head] each.
+
+        Call under the model's lock (qk-norm runs a module whose hook point another request may be watching).
+        """
         model, prefix = entry.model, f"blocks.{layer}.attn."
         attn = model.blocks[layer].attn
         if model.config.positional == "rope":
@@ -195,8 +201,7 @@ class Explorer:
         self.check_index(entry, layer, head)
         ids, tokens = self.encode(entry, text)
         wanted = [n for n in self.qkv_hooks(layer) if n in entry.model.hook_dict]
-        _, cache = self.cached_run(entry, ids, wanted, stop_at_layer=layer + 1)
-        q, k, _ = self.qkv(entry, cache, layer)
+        cache, (q, k, _) = self.cached_run(entry, ids, wanted, layer)
         raw = attention_scores(q[head], k[head], 1.0)  # [query_pos, key_pos], before the scale
         return {
             "layer": layer, "head": head, "tokens": tokens,
@@ -227,8 +232,8 @@ class Explorer:
         self.check_index(entry, layer, head)
         ids, tokens = self.encode(entry, text)
         wanted = [n for n in self.qkv_hooks(layer) if n in entry.model.hook_dict and not n.endswith("hook_pattern")]
-        _, cache = self.cached_run(entry, ids, wanted, stop_at_layer=layer + 1)
-        q, k, v = (t[head].float() for t in self.qkv(entry, cache, layer))  # [pos, d_head] each
+        _, qkv = self.cached_run(entry, ids, wanted, layer)
+        q, k, v = (t[head].float() for t in qkv)  # [pos, d_head] each
         k_mean, k_basis, k_kept = _top2_basis(k)
         v_mean, v_basis, v_kept = _top2_basis(v)
         return {
@@ -244,7 +249,7 @@ class Explorer:
         """Every layer's and head's pattern, max-pooled to at most size×size, for the grid of thumbnails."""
         entry = self.entry(name)
         ids, tokens = self.encode(entry, text)
-        _, cache = self.cached_run(entry, ids, lambda n: n.endswith("attn.hook_pattern"))
+        cache, _ = self.cached_run(entry, ids, lambda n: n.endswith("attn.hook_pattern"))
         patterns = cache.stack("blocks.{}.attn.hook_pattern")[:, 0]  # [layer, head, query_pos, key_pos]
         T = patterns.shape[-1]
         if T > size:  # max-pooling keeps a sharp head sharp, where averaging would blur it away
@@ -266,9 +271,9 @@ class Explorer:
         ids, tokens = self.encode(entry, text)
         self.check_index(entry, token=token, n_tokens=len(tokens))
         prefix = f"blocks.{layer}."
-        _, cache = self.cached_run(entry, ids, lambda n: n.startswith(prefix), stop_at_layer=layer + 1)
+        cache, qkv = self.cached_run(entry, ids, lambda n: n.startswith(prefix), layer)
         return {"layer": layer, "token": token, "tokens": tokens,
-                "stages": block_stages(entry, self.qkv(entry, cache, layer), cache, layer, token)}
+                "stages": block_stages(entry, qkv, cache, layer, token)}
 
     def next_token(self, name: str, text: str, temperature: float = 1.0, top_k: int | None = None,
                    top_p: float | None = None, k: int = 10, sample: bool = False, seed: int | None = None) -> dict[str, Any]:

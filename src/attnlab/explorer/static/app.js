@@ -19,7 +19,7 @@
   const state = {
     models: [], model: null, info: null, text: "", tokens: [], layer: 0, head: 0, view: "dict",
     responses: new Map(),
-    dict: { mode: "real", mult: 1, query: null, queryToken: null, weights: [], exact: true },
+    dict: { mode: "real", mult: 1, query: null, queryToken: null, toyAt: null, weights: [] },
     matrix: { stage: "softmax", mask: null, shown: null },
     heads: { threshold: 0.05, selected: null },
     block: { token: null, stage: 0 },  // token null: the last one
@@ -197,10 +197,8 @@
     const d = state.dict, data = d.data, scale = data.scale * d.mult;
     if (d.queryToken !== null && data.raw) {
       const i = d.queryToken;
-      d.exact = true;
       return softmaxRow(Array.from(data.raw[i], (s) => s * scale), (j) => !data.causal || j <= i);
     }
-    d.exact = false;
     const scores = data.keys.map((k) => scale * (d.query[0] * k[0] + d.query[1] * k[1]));
     return softmaxRow(scores, () => true);
   }
@@ -246,12 +244,16 @@
       svg("line", { x1: q[0], y1: q[1], x2: p[0], y2: p[1], class: "thread", "stroke-width": (0.3 + 12 * weights[j]).toFixed(2),
         "stroke-opacity": (0.15 + 0.85 * weights[j]).toFixed(3), "data-w": weights[j].toFixed(6), "data-key": j }, threads);
     });
+    // with many tokens, label only the 20 most attended (and the query's own token), or the labels are a blur
+    const labelFrom = data.keys.length <= 80 ? 0 : weights.slice().sort((a, b) => b - a)[19];
     data.keys.forEach((k, j) => {
       const p = ks.to(k);
       const g = svg("g", { class: "key" + (j === d.queryToken ? " self" : ""), "data-index": j }, keysSvg);
       svg("circle", { cx: p[0], cy: p[1], r: 4 + 6 * Math.sqrt(weights[j]) }, g);
-      const label = svg("text", { x: p[0] + 7, y: p[1] - 6 }, g);
-      label.textContent = show(data.tokens[j]);
+      if (weights[j] >= labelFrom || j === d.queryToken) {
+        const label = svg("text", { x: p[0] + 7, y: p[1] - 6 }, g);
+        label.textContent = show(data.tokens[j]);
+      }
       g.addEventListener("click", () => attendAs(j));
     });
     const qdot = svg("circle", { id: "dict-query", cx: q[0], cy: q[1], r: 9 }, keysSvg);
@@ -270,8 +272,10 @@
       const p = vs.to(v);
       const s = 4 + 5 * Math.sqrt(weights[j]);
       svg("rect", { x: p[0] - s, y: p[1] - s, width: 2 * s, height: 2 * s, class: "value" }, valuesSvg);
-      const t = svg("text", { x: p[0] + s + 3, y: p[1] + 4 }, valuesSvg);
-      t.textContent = show(data.tokens[j]);
+      if (weights[j] >= labelFrom) {
+        const t = svg("text", { x: p[0] + s + 3, y: p[1] + 4 }, valuesSvg);
+        t.textContent = show(data.tokens[j]);
+      }
     });
     svg("polygon", { id: "dict-output", points: starPoints(o[0], o[1], 13, 5.5), class: "star" }, valuesSvg);
     drawDictText(weights);
@@ -302,7 +306,8 @@
     $("dict-note").textContent = d.queryToken !== null
       ? `query of token ${d.queryToken} “${show(data.tokens[d.queryToken])}”: the model's own scores q·k, ×${scale.toPrecision(3)}, softmax` +
         (data.causal ? " (causal: later tokens masked)" : "") + (d.mult === 1 ? " = the model's attention pattern" : "")
-      : "dragged query: scores from the 2-D points, q₂·k₂ × scale" + (d.mode === "real" ? " (an approximation: the real q and k have more dimensions)" : "");
+      : (d.mode === "toy" && d.toyAt !== null && d.toyAt !== undefined ? `query placed on the key of “${data.tokens[d.toyAt]}”: ` : "dragged query: ") +
+        "scores from the 2-D points, q₂·k₂ × scale" + (d.mode === "real" ? " (an approximation: the real q and k have more dimensions)" : "");
     chips($("dict-tokens"), data.tokens, d.queryToken, attendAs);
     const table = $("dict-weights");
     clear(table);
@@ -314,7 +319,7 @@
 
   function attendAs(j) {
     const d = state.dict;
-    if (!d.data.queries) { d.query = d.data.keys[j].slice(); d.queryToken = null; } // toy: query at that key
+    if (!d.data.queries) { d.query = d.data.keys[j].slice(); d.queryToken = null; d.toyAt = j; } // toy: query at that key
     else { d.queryToken = j; d.query = d.data.queries[j]; }
     drawDict();
   }
@@ -322,13 +327,21 @@
   function startDrag(event) {
     event.preventDefault();
     const svgEl = $("dict-keys");
+    let frame = null;
     const move = (e) => {
       const r = svgEl.getBoundingClientRect();
       state.dict.query = state.dict.keyScale.from(e.clientX - r.left, e.clientY - r.top);
       state.dict.queryToken = null;
+      state.dict.toyAt = null;
+      // one redraw per animation frame, however many pointer events arrive (512 threads stay smooth)
+      if (frame === null) frame = requestAnimationFrame(() => { frame = null; drawDict(); });
+    };
+    const up = () => {
+      window.removeEventListener("pointermove", move);
+      window.removeEventListener("pointerup", up);
+      if (frame !== null) { cancelAnimationFrame(frame); frame = null; }
       drawDict();
     };
-    const up = () => { window.removeEventListener("pointermove", move); window.removeEventListener("pointerup", up); };
     window.addEventListener("pointermove", move);
     window.addEventListener("pointerup", up);
   }
