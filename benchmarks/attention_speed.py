@@ -1,0 +1,215 @@
+"""Attention speed and memory against sequence length: explicit, fused and chunked paths, torch's SDPA as baseline.
+
+    .venv/bin/python benchmarks/attention_speed.py                    # T = 256 … 16384, writes the PNGs
+    .venv/bin/python benchmarks/attention_speed.py --max-t 2048       # a quick look
+
+Design choices:
+- One head shape for all: batch 1, 8 heads, d_head 64, float32, causal self-attention (T = S), dropout 0
+  (on the CPU torch's SDPA uses its flash kernel only without dropout).
+- Paths: explicit = scaled_dot_product_attention(return_weights=True) (the chapter's equation, T × S
+  scores and pattern); fused = attnlab's scaled_dot_product_attention (torch's kernel behind attnlab's
+  mask handling); chunked = attnlab's chunked_attention (online softmax over 256-key blocks); baseline =
+  torch.nn.functional.scaled_dot_product_attention(is_causal=True) called directly.
+- Time: for each T the paths take turns in one process, --repeats rounds, median per path, so the
+  ratios to the baseline compare runs made under the same load.
+- Peak memory: one fresh subprocess per (path, T, pass): after creating the inputs and one tiny warm-up
+  run, it resets the kernel's peak-RSS counter (/proc/self/clear_refs) and reports the peak resident
+  memory of one run above what it held before (the CPU allocator keeps no statistics of its own).
+  Inputs are not counted; gradients of q, k, v are.
+- The explicit path's memory grows as T²: it runs only where its peak, extrapolated from the largest T
+  measured (×4 per doubling), fits under --max-gib and the memory available now; the table says where
+  it stops and what the next T would have needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import CLOCKS, machine_line  # noqa: E402
+
+from attnlab.attention import chunked_attention, scaled_dot_product_attention  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+B, H, D = 1, 8, 64
+PATHS = ("sdpa", "fused", "chunked", "explicit")
+PASSES = ("forward", "forward+backward")
+
+
+def attend(path: str, q, k, v):
+    if path == "sdpa":
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if path == "fused":
+        return scaled_dot_product_attention(q, k, v, causal=True)
+    if path == "chunked":
+        return chunked_attention(q, k, v, causal=True)
+    return scaled_dot_product_attention(q, k, v, causal=True, return_weights=True)[0]
+
+
+def inputs(T: int, grad: bool):
+    g = torch.Generator().manual_seed(T)
+    return [torch.randn(B, H, T, D, generator=g).requires_grad_(grad) for _ in range(3)]
+
+
+def run_once(path: str, pass_: str, q, k, v) -> None:
+    if pass_ == "forward":
+        with torch.no_grad():
+            attend(path, q, k, v)
+    else:
+        attend(path, q, k, v).sum().backward()
+
+
+def rss_bytes(field: str) -> int:
+    """VmRSS (resident now) or VmHWM (peak resident since the last reset) of this process, in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def measure_memory(path: str, pass_: str, T: int) -> float:
+    """(In a subprocess) bytes of peak resident memory above the inputs, for one run."""
+    q, k, v = inputs(T, pass_ != "forward")
+    run_once(path, pass_, *inputs(64, pass_ != "forward"))  # thread pools and kernels: not the run's memory
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset the peak (VmHWM) to the current resident size
+    before = rss_bytes("VmRSS")
+    run_once(path, pass_, q, k, v)
+    return rss_bytes("VmHWM") - before
+
+
+def memory_in_subprocess(path: str, pass_: str, T: int) -> float | None:
+    cmd = [sys.executable, __file__, "--memory-probe", path, pass_, str(T), "--threads", str(torch.get_num_threads())]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"  memory probe {path} {pass_} T={T} failed: {done.stderr.strip().splitlines()[-1:]}", flush=True)
+        return None
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def available_bytes() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def time_paths(paths: list[str], pass_: str, T: int, repeats: int, clock: str) -> dict[str, float]:
+    """Median seconds per path; the paths take turns within each round (after one warm-up round while
+    runs are short: long ones need none)."""
+    q, k, v = inputs(T, pass_ != "forward")
+    tick = CLOCKS[clock]
+    if T <= 4096:
+        for path in paths:
+            run_once(path, pass_, q, k, v)
+    times: dict[str, list[float]] = {p: [] for p in paths}
+    for _ in range(repeats):
+        for path in paths:
+            q.grad = k.grad = v.grad = None
+            start = tick()
+            run_once(path, pass_, q, k, v)
+            times[path].append(tick() - start)
+    return {p: statistics.median(t) for p, t in times.items()}
+
+
+def plot(results: dict, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for key, ylabel, name in (("time", "seconds", "attention_time.png"), ("memory", "peak memory above inputs (MiB)",
+                                                                          "attention_memory.png")):
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+        for ax, pass_ in zip(axes, PASSES):
+            for path in PATHS:
+                pts = [(r["T"], r[key][pass_].get(path)) for r in results["rows"]]
+                pts = [(t, y / 2**20 if key == "memory" else y) for t, y in pts if y is not None]
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", label=path)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("sequence length T (= S)")
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"{pass_}, B={B}, {H} heads, d_head {D}, causal")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend()
+        fig.suptitle(results["machine"], fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        written.append(out / name)
+    return written
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--max-t", type=int, default=16384)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-gib", type=float, default=20.0, help="largest predicted peak for the explicit path")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--clock", choices=list(CLOCKS), default="wall",
+                        help="cpu: this process's CPU time (use with --threads 1 on a crowded machine)")
+    parser.add_argument("--long-repeats", type=int, default=1, help="--repeats for T >= 8192, where one run takes seconds")
+    parser.add_argument("--out", type=Path, default=HERE)
+    parser.add_argument("--memory-probe", nargs=3, metavar=("PATH", "PASS", "T"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.memory_probe:
+        path, pass_, T = args.memory_probe
+        print(measure_memory(path, pass_, int(T)))
+        return
+
+    machine = machine_line()
+    print(f"# Attention speed\n{machine}, clock: {args.clock}\nB={B}, heads={H}, d_head={D}, float32, causal, dropout 0", flush=True)
+    results: dict = {"machine": f"{machine}, clock: {args.clock}", "rows": [], "explicit_stops": {}}
+    explicit_peak: dict[str, tuple[int, float]] = {}
+    T = 256
+    while T <= args.max_t:
+        row = {"T": T, "time": {}, "memory": {}}
+        for pass_ in PASSES:
+            paths = list(PATHS)
+            if pass_ in explicit_peak:  # extrapolate the explicit path's T² memory before running it
+                last_T, peak = explicit_peak[pass_]
+                predicted = peak * (T / last_T) ** 2
+                budget = min(args.max_gib * 2**30, 0.8 * available_bytes())
+                if predicted > budget:
+                    paths.remove("explicit")
+                    results["explicit_stops"].setdefault(pass_, {"T": T, "predicted_gib": predicted / 2**30,
+                                                                  "budget_gib": budget / 2**30})
+            memory = {p: memory_in_subprocess(p, pass_, T) for p in paths}
+            if memory.get("explicit") is not None:
+                explicit_peak[pass_] = (T, memory["explicit"])
+            times = time_paths(paths, pass_, T, args.repeats if T < 8192 else args.long_repeats, args.clock)
+            row["time"][pass_], row["memory"][pass_] = times, memory
+            base = times["sdpa"]
+            cells = "  ".join(
+                f"{p} {times[p] * 1e3:8.1f} ms ×{times[p] / base:5.2f} {memory[p] / 2**20 if memory[p] else float('nan'):8.0f} MiB"
+                for p in paths)
+            print(f"T={T:6d} {pass_:17s} {cells}", flush=True)
+        results["rows"].append(row)
+        T *= 2
+    results["end_machine"] = machine_line()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "attention_speed.json").write_text(json.dumps(results, indent=1) + "\n")
+    for pass_, stop in results["explicit_stops"].items():
+        print(f"explicit path, {pass_}: stops before T={stop['T']} (predicted {stop['predicted_gib']:.1f} GiB > "
+              f"budget {stop['budget_gib']:.1f} GiB)")
+    print("wrote", ", ".join(str(p) for p in plot(results, args.out)), "and attention_speed.json")
+    print(f"end: {results['end_machine']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""Generation speed: attnlab's generate against Hugging Face transformers' generate on the same weights.
+
+    .venv/bin/python benchmarks/generate_speed.py                 # both architectures, B = 1, 8, 32
+    .venv/bin/python benchmarks/generate_speed.py --arch gpt2 --new-tokens 100 --batches 1   # quick look
+
+Design choices:
+- The model is nanoGPT's shakespeare_char shape (6 layers, d_model 384, 6 heads, 65 tokens), GPT-2-style
+  (learned positions, LayerNorm, GELU) and LLaMA-style (RoPE, RMSNorm, SwiGLU, 2 key/value heads), with
+  random weights. attnlab writes it with attnlab.save(model, dir, format="hf"); both libraries then
+  load that one directory, so they run the same weights.
+- Greedy decoding of 500 new tokens after a 16-token prompt; tokens/s counts new tokens (prompt
+  included in the time). Each figure is the median of --repeats runs after a warm-up run (which also
+  compiles), and every ratio is to transformers measured in the same process.
+- The optimisations are switched on one at a time: the foundation's decode loop (cache slices that
+  grow each step), then the static decode step (tensor slot, key mask, whole buffer), then
+  torch.compile of that step, then bf16 weights.
+- Memory-bandwidth limit: a batch-1 step reads every weight once, so tokens/s can't exceed
+  bandwidth / bytes of weights; the bandwidth is a 256 MB copy measured here (read + write bytes).
+- bf16 accuracy: teacher-forced logits of the bf16 model against float32 on one 516-token sequence
+  (max |difference| relative to the logits' spread, top-1 agreement) and the greedy tokens it shares.
+- Weights are drawn from N(0, 0.1) rather than GPT-2's N(0, 0.02) so that greedy choices are not
+  near-ties, where two correct implementations may legitimately pick different tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import copy_bandwidth, machine_line, median_time  # noqa: E402
+
+import attnlab  # noqa: E402
+from attnlab.generation import KVCache, generate, prefill, sample_next  # noqa: E402
+
+SHAPE = dict(n_layers=6, d_model=384, n_heads=6, d_vocab=65, n_ctx=1024)
+ARCHS = {
+    "gpt2": dict(SHAPE, mlp="gelu_tanh"),
+    "llama": dict(SHAPE, n_kv_heads=2, d_mlp=1024, positional="rope", norm="rmsnorm", mlp="swiglu", bias=False,
+                  tie_embeddings=False),
+}
+PROMPT = 16
+
+
+def build(arch: str, directory: Path, seed: int = 0):
+    """(attnlab model, transformers model), both loaded from one Hugging Face-format directory."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = attnlab.Transformer(attnlab.ModelConfig(**ARCHS[arch]))
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.1)
+    attnlab.save(model, directory, format="hf")
+    ours = attnlab.load(directory).eval()
+    theirs = AutoModelForCausalLM.from_pretrained(directory).eval()
+    return ours, theirs
+
+
+def weight_bytes(model) -> int:
+    """Bytes of weights one batch-1 decode step reads: every parameter, except that of the embedding tables
+    it reads one row (the tied LM head still reads the whole token embedding)."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    tables = [model.pos_embed] if model.pos_embed is not None else []
+    if model.unembed is None or model.unembed.weight is not model.embed.weight:
+        tables.append(model.embed)
+    return total - sum(t.weight.numel() * t.weight.element_size() for t in tables)
+
+
+@torch.no_grad()
+def generate_foundation(model, ids: torch.Tensor, new: int) -> torch.Tensor:
+    """The foundation's greedy decode loop: a preallocated cache returned as slices [0, pos] that grow
+    each step (so every step has new shapes), and Python-int positions."""
+    B, T = ids.shape  # batch, prompt positions
+    cache = KVCache.for_model(model, B, T + new)
+    logits = prefill(model, ids, cache)
+    out = [ids]
+    for i in range(new):
+        token = logits.argmax(-1, keepdim=True)
+        out.append(token)
+        if i < new - 1:
+            logits = model(token, kv_cache=cache, start_pos=T + i)[:, -1]
+    return torch.cat(out, dim=-1)
+
+
+def hf_generate(theirs, ids: torch.Tensor, new: int, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    with torch.no_grad():
+        return theirs.generate(ids, attention_mask=attention_mask if attention_mask is not None else torch.ones_like(ids),
+                               max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
+
+
+def shared_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
+    """How many leading tokens two (1, n) sequences share."""
+    differ = (a != b).nonzero()
+    return int(differ[0, -1]) if len(differ) else a.shape[-1]
+
+
+def bf16_accuracy(ours, ours_bf16, sequence: torch.Tensor) -> dict[str, float]:
+    with torch.no_grad():
+        full = ours(sequence).float()
+        half = ours_bf16(sequence).float()
+    return {"max_rel": float((full - half).abs().max() / full.std()),
+            "top1": float((full.argmax(-1) == half.argmax(-1)).float().mean())}
+
+
+def padded_batch(B: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """B prompts of 8..16 random tokens, left-padded to 16, and their attention mask."""
+    lengths = torch.randint(8, PROMPT + 1, (B,), generator=generator)
+    ids = torch.randint(0, SHAPE["d_vocab"], (B, PROMPT), generator=generator)
+    mask = (torch.arange(PROMPT) >= PROMPT - lengths[:, None]).long()
+    return ids * mask, mask
+
+
+def run_arch(arch: str, args, bandwidth: float) -> list[str]:
+    lines = []
+    with tempfile.TemporaryDirectory() as tmp:
+        ours, theirs = build(arch, Path(tmp))
+    new, reps = args.new_tokens, args.repeats
+    ids = torch.randint(0, SHAPE["d_vocab"], (1, PROMPT), generator=torch.Generator().manual_seed(1))
+    ours_bf16 = copy.deepcopy(ours).to(torch.bfloat16)
+
+    reference = hf_generate(theirs, ids, new)
+    hf_s = median_time(lambda: hf_generate(theirs, ids, new), reps, clock=args.clock)
+    variants = {
+        "KV cache, eager (foundation loop)": lambda: generate_foundation(ours, ids, new),
+        "+ static decode step (slot tensor, key mask)": lambda: generate(ours, ids, new, temperature=0),
+        "+ torch.compile of the decode step": lambda: generate(ours, ids, new, temperature=0, compile=True),
+        "+ bf16 weights (compiled)": lambda: generate(ours_bf16, ids, new, temperature=0, compile=True),
+    }
+    limit_fp32 = bandwidth / weight_bytes(ours)
+    limit_bf16 = bandwidth / weight_bytes(ours_bf16)
+    lines.append(f"\n## {arch}-style: {ours.num_params() / 1e6:.1f}M parameters, {weight_bytes(ours) / 1e6:.1f} MB of "
+                 f"float32 weights read per token; bandwidth limit {limit_fp32:.0f} tokens/s (bf16: {limit_bf16:.0f})")
+    lines.append(f"| variant (B=1, {new} new tokens) | tokens/s | × transformers | of bandwidth limit | greedy = transformers |")
+    lines.append("|---|---:|---:|---:|---|")
+    lines.append(f"| transformers {__import__('transformers').__version__} generate | {new / hf_s:.0f} | 1.00 | "
+                 f"{new / hf_s / limit_fp32:.0%} | (reference) |")
+    for name, fn in variants.items():
+        out = fn()  # warm-up (compiles), and the tokens to compare
+        seconds = median_time(fn, reps, warmup=0, clock=args.clock)
+        limit = limit_bf16 if "bf16" in name else limit_fp32
+        same = shared_prefix(out, reference) - PROMPT
+        agree = "yes" if same == new else f"first {same} of {new}"
+        lines.append(f"| {name} | {new / seconds:.0f} | {hf_s / seconds:.2f} | {new / seconds / limit:.0%} | {agree} |")
+        print(lines[-1], flush=True)
+    acc = bf16_accuracy(ours, ours_bf16, reference)
+    bf16_tokens = generate(ours_bf16, ids, new, temperature=0, compile=True)
+    lines.append(f"\nbf16 accuracy: teacher-forced logits differ by at most {acc['max_rel']:.3f} × their std, top-1 "
+                 f"agrees at {acc['top1']:.1%} of {reference.shape[-1]} positions; greedy bf16 shares its first "
+                 f"{shared_prefix(bf16_tokens, reference) - PROMPT} of {new} tokens with float32")
+
+    if args.batches:
+        lines.append(f"\n| batch (left-padded prompts of 8..16, compiled, {new} new tokens) | tokens/s | transformers tokens/s | × transformers |")
+        lines.append("|---|---:|---:|---:|")
+        for B in args.batches:
+            bids, mask = padded_batch(B, torch.Generator().manual_seed(B))
+            ours_s = median_time(lambda: generate(ours, bids, new, temperature=0, attention_mask=mask, compile=True), reps,
+                                 clock=args.clock)
+            theirs_s = median_time(lambda: hf_generate(theirs, bids, new, mask), reps, warmup=0, clock=args.clock)
+            lines.append(f"| B={B} | {B * new / ours_s:.0f} | {B * new / theirs_s:.0f} | {theirs_s / ours_s:.2f} |")
+            print(lines[-1], flush=True)
+
+    # Sampling cost per token, B=1: the exponential race (no host read) against torch.multinomial.
+    logits = torch.randn(1, SHAPE["d_vocab"])
+    g = torch.Generator().manual_seed(0)
+    race = median_time(lambda: [sample_next(logits, 0.8, 50, 0.95, g) for _ in range(1000)], reps) / 1000
+    from attnlab.generation import filter_logits
+
+    multi = median_time(lambda: [torch.multinomial(torch.softmax(filter_logits(logits, 0.8, 50, 0.95), -1), 1, generator=g)
+                                 for _ in range(1000)], reps) / 1000
+    lines.append(f"\nsampling (temperature 0.8, top-k 50, top-p 0.95), per token: exponential race {race * 1e6:.0f} µs, "
+                 f"torch.multinomial {multi * 1e6:.0f} µs")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--arch", nargs="+", default=list(ARCHS), choices=list(ARCHS))
+    parser.add_argument("--new-tokens", type=int, default=500)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batches", type=int, nargs="*", default=[1, 8, 32])
+    parser.add_argument("--batch-arch", default="gpt2", help="architecture of the batched table (compiles per B)")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="cpu: this process's CPU time (use with --threads 1 on a crowded machine)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"# Generation speed\n{machine_line()}, clock: {args.clock}", flush=True)
+    bandwidth = statistics.median(copy_bandwidth() for _ in range(3))
+    print(f"copy bandwidth (256 MB, read + write): {bandwidth / 1e9:.1f} GB/s", flush=True)
+    batches = args.batches
+    for arch in args.arch:
+        args.batches = batches if arch == args.batch_arch else []
+        print("\n".join(run_arch(arch, args, bandwidth)), flush=True)
+    print(f"\nend: {machine_line()}")
+
+
+if __name__ == "__main__":
+    main()

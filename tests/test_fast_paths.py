@@ -1,0 +1,135 @@
+"""Each fast path against its reference path: the compiled decode step against the full forward pass,
+chunked attention against the explicit equation, bf16 generation against float32, and a compiled,
+left-padded batch against each row generated alone.
+
+Tolerances: float64 comparisons use 1e-9 (they differ only by summation order); bf16 logits stay within
+0.08 × the float32 logits' standard deviation (bf16 keeps 8 significant bits: ~0.4% per rounding, a few
+dozen roundings deep), and every token bf16 picks greedily is within 0.15 × that deviation of float32's best.
+The compiled decode step is traced with the "aot_eager" backend: the same captured, functionalised graph
+that inductor would turn into code (in-place cache writes included), without minutes of C++ compilation;
+benchmarks/generate_speed.py checks inductor's tokens against transformers'.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlab import Transformer
+from attnlab.attention import chunked_attention, scaled_dot_product_attention
+from attnlab.config import ModelConfig
+from attnlab.generation import CACHE_ROUND, KVCache, compiled_decode_one_token, generate, prefill
+
+F64 = dict(rtol=1e-9, atol=1e-9)
+LLAMA = dict(d_vocab=23, n_ctx=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_mlp=48, positional="rope",
+             norm="rmsnorm", mlp="swiglu", bias=False, tie_embeddings=False)
+
+
+def build(overrides: dict, dtype=torch.float64, std: float = 0.3) -> Transformer:
+    """A small model with N(0, std) weights: confident enough that greedy choices are not near-ties."""
+    model = Transformer(ModelConfig(**overrides)).to(dtype).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, std)
+    return model
+
+
+# compiled decode -----------------------------------------------------------------------------------------
+def test_compiled_decode_step_gives_the_full_forward_logits_and_padded_rows_generate_as_alone():
+    model = build(dict(LLAMA, n_layers=1))  # one layer: tracing time grows with depth; test_generation covers two eagerly
+    B, T, P = 3, 12, 5  # batch, tokens, prompt
+    ids = torch.randint(0, LLAMA["d_vocab"], (B, T))
+    full = model(ids)
+    step = compiled_decode_one_token("aot_eager")
+    cache = KVCache.for_model(model, B, CACHE_ROUND)
+    torch.testing.assert_close(prefill(model, ids[:, :P], cache), full[:, P - 1], **F64)
+    key_mask = torch.zeros(B, CACHE_ROUND, dtype=torch.bool)
+    key_mask[:, :P] = True
+    slot, positions = torch.tensor([P]), torch.full((B, 1), P)
+    with torch.no_grad():  # as in generate, so that generate below reuses this compiled graph
+        for t in range(P, T):  # the loop generate runs: the slot and positions advance in place
+            key_mask.index_fill_(1, slot, True)
+            logits = step(model, ids[:, t : t + 1], cache, slot, positions, key_mask)
+            torch.testing.assert_close(logits, full[:, t], **F64)
+            slot += 1
+            positions += 1
+
+    # A left-padded batch through the same compiled step: each row as the eager path generates it alone.
+    prompts = [[3, 1, 4, 1, 5], [9, 2], [6, 5, 3, 5]]
+    width = max(map(len, prompts))
+    padded = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    batch = generate(model, padded, 8, temperature=0, attention_mask=mask, compile="aot_eager")
+    for row, prompt in enumerate(prompts):
+        alone = generate(model, torch.tensor([prompt]), 8, temperature=0)
+        assert batch[row, width:].tolist() == alone[0, len(prompt) :].tolist()
+
+
+# chunked attention -----------------------------------------------------------------------------------------
+def qkv(B, H, T, S, D, H_kv=None, grad=True):
+    make = lambda *shape: torch.randn(*shape, dtype=torch.float64, requires_grad=grad)  # noqa: E731
+    return make(B, H, T, D), make(B, H_kv or H, S, D), make(B, H_kv or H, S, D + 3)
+
+
+MASKS = {
+    "none": lambda B, H, T, S: None,
+    "bool keys (padding)": lambda B, H, T, S: torch.rand(B, 1, 1, S) > 0.3,
+    "bool per head, some rows empty": lambda B, H, T, S: (torch.rand(B, H, T, S) > 0.5).index_fill_(2, torch.tensor([T // 2]), False),
+    "additive": lambda B, H, T, S: torch.randn(B, 1, T, S, dtype=torch.float64),
+    "additive with −∞": lambda B, H, T, S: torch.randn(B, H, T, S, dtype=torch.float64).masked_fill(torch.rand(B, H, T, S) > 0.6, float("-inf")),
+}
+
+
+@pytest.mark.parametrize("mask_name", list(MASKS))
+@pytest.mark.parametrize("causal, T, S, H_kv", [(True, 13, 13, None), (True, 5, 23, None), (False, 9, 17, None),
+                                                (True, 6, 20, 2), (False, 1, 30, None)])
+def test_chunked_attention_equals_the_explicit_path_with_its_gradients_and_patterns(mask_name, causal, T, S, H_kv):
+    B, H, D = 2, 4, 8
+    q, k, v = qkv(B, H, T, S, D, H_kv)
+    mask = MASKS[mask_name](B, H, T, S)
+    out, weights = scaled_dot_product_attention(q, k, v, causal=causal, mask=mask, return_weights=True)
+    chunked, chunked_weights = chunked_attention(q, k, v, causal=causal, mask=mask, block_size=4, return_weights=True)
+    torch.testing.assert_close(chunked, out, **F64)
+    torch.testing.assert_close(chunked_weights, weights, **F64)
+    d_out = torch.randn_like(out)
+    expected = torch.autograd.grad(out, (q, k, v), d_out)
+    for got, want in zip(torch.autograd.grad(chunked, (q, k, v), d_out), expected):
+        torch.testing.assert_close(got, want, **F64)
+
+
+def test_chunked_patterns_of_chosen_heads_and_block_sizes_that_do_not_divide_s():
+    q, k, v = qkv(1, 6, 11, 11, 8, grad=False)
+    _, weights = scaled_dot_product_attention(q, k, v, causal=True, return_weights=True)
+    for block_size in (1, 3, 11, 64):
+        out, picked = chunked_attention(q, k, v, causal=True, block_size=block_size, return_weights=True, heads=[4, 1])
+        assert picked.shape == (1, 2, 11, 11)
+        torch.testing.assert_close(picked, weights[:, [4, 1]], **F64)
+        torch.testing.assert_close(out, scaled_dot_product_attention(q, k, v, causal=True), **F64)
+
+
+def test_chunked_attention_refuses_what_the_explicit_path_refuses():
+    q, k, v = qkv(1, 2, 5, 3, 4, grad=False)
+    with pytest.raises(ValueError, match="at least as many keys as queries, got T=5 queries, S=3 keys"):
+        chunked_attention(q, k, v, causal=True)
+    with pytest.raises(ValueError, match="block_size must be positive"):
+        chunked_attention(q, k, v, block_size=0)
+
+
+# bf16 -----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("overrides", [dict(d_vocab=29, n_ctx=64, d_model=48, n_layers=2, n_heads=4, mlp="gelu_tanh"), LLAMA],
+                         ids=["gpt2-style", "llama-style"])
+def test_bf16_generation_stays_close_to_float32(overrides):
+    full = build(overrides, torch.float32, std=0.15)
+    half = build(overrides, torch.float32).to(torch.bfloat16)
+    half.load_state_dict({name: t.to(torch.bfloat16) for name, t in full.state_dict().items()})
+    ids = torch.randint(0, overrides["d_vocab"], (2, 6))
+    tokens = generate(half, ids, 30, temperature=0)
+    with torch.no_grad():
+        reference = full(tokens)
+        logits = half(tokens).float()
+    spread = reference.std()
+    assert (logits - reference).abs().max() <= 0.08 * spread
+    # Each token bf16 chose is (near) the best float32 choice at that point.
+    chosen = reference[:, 5:-1].gather(-1, tokens[:, 6:, None])[..., 0]
+    assert (reference[:, 5:-1].amax(-1) - chosen).max() <= 0.15 * spread
