@@ -166,6 +166,9 @@ def _field_types() -> dict[str, Any]:
     return types
 
 
+_METAVARS = {int: "N", float: "X", str: "NAME", "data": "PATH", "out": "DIR"}
+
+
 def add_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per TrainConfig field, grouped; defaults are SUPPRESS so only typed flags override."""
     types = _field_types()
@@ -175,14 +178,14 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         if group not in groups:
             groups[group] = parser.add_argument_group(f"{group} options")
         kind = types[f.name]
-        help_text = f"{f.metadata['help']} (default: {f.default})"
+        help_text = f.metadata["help"] if "default:" in f.metadata["help"] else f"{f.metadata['help']} (default: {f.default})"
         if kind is bool:
             groups[group].add_argument(f"--{flag_name(f.name)}", action=argparse.BooleanOptionalAction,
                                        default=argparse.SUPPRESS, help=help_text)
         else:
             groups[group].add_argument(f"--{flag_name(f.name)}", type=kind, choices=f.metadata["choices"],
                                        default=argparse.SUPPRESS, help=help_text,
-                                       metavar=None if f.metadata["choices"] else f.name.upper())
+                                       metavar=None if f.metadata["choices"] else _METAVARS.get(f.name, _METAVARS[kind]))
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
