@@ -88,6 +88,8 @@ class Explorer:
     def __init__(self, models: dict[str, Any], max_tokens: int = MAX_TOKENS) -> None:
         if not models:
             raise UserError("the explorer needs at least one model")
+        if max_tokens < 1:
+            raise UserError(f"--max-tokens must be at least 1, got {max_tokens}")
         self.entries = {name: ModelEntry(name, model.eval()) for name, model in models.items()}
         self.max_tokens = max_tokens
 
