@@ -1,0 +1,96 @@
+"""Attention patterns of long inputs, for chosen layers and heads only, without every T×T matrix.
+
+Design choices:
+- `run_with_cache(names_filter=...hook_pattern)` makes the hooked layers materialise all of their heads'
+  T×T patterns (and keeps them). Here we hook only the queries and keys (`hook_rot_q`/`hook_rot_k` with
+  RoPE, else `hook_q`/`hook_k` plus the layer's own QK-norm), so every layer keeps torch's fused kernel,
+  and then compute the chosen heads' patterns with attnlab.attention's own `attention_scores`,
+  `apply_mask` and `attention_pattern`: the equation stays in one place.
+- Queries are processed `query_chunk` rows at a time; for a causal model the chunk [a, b) sees keys
+  [0, b) only, which is exactly apply_mask's "last T of S queries" alignment, so peak memory is
+  chunk × S per chosen head instead of T × S per head of every layer.
+- The forward pass stops after the last chosen layer (`stop_at_layer`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from ..attention import _expand_kv, apply_mask, attention_pattern, attention_scores
+from ..errors import UserError
+
+
+def capture_patterns(
+    model,
+    ids: torch.Tensor,
+    layers: Iterable[int] | None = None,
+    heads: Iterable[int] | None = None,
+    *,
+    query_chunk: int | None = 256,
+    attention_mask: torch.Tensor | None = None,
+    **forward_kwargs,
+) -> dict[int, torch.Tensor]:
+    """{layer: pattern [batch, len(heads), query_pos, key_pos]} for the chosen layers and heads.
+
+    Equal to `run_with_cache(...)["blocks.{layer}.attn.hook_pattern"][:, heads]` (tested), computed from
+    the hooked queries and keys. Works without a KV cache only (a full forward pass).
+    """
+    cfg = model.config
+    layers = sorted(set(range(cfg.n_layers) if layers is None else layers))
+    heads = list(range(cfg.n_heads) if heads is None else heads)
+    for layer in layers:
+        if not 0 <= layer < cfg.n_layers:
+            raise UserError(f"layer {layer} does not exist; this model has layers 0..{cfg.n_layers - 1}")
+    for head in heads:
+        if not 0 <= head < cfg.n_heads:
+            raise UserError(f"head {head} does not exist; this model has heads 0..{cfg.n_heads - 1}")
+    if ids.dim() == 1:
+        ids = ids.unsqueeze(0)
+    rotated = cfg.positional == "rope"
+    q_name, k_name = ("hook_rot_q", "hook_rot_k") if rotated else ("hook_q", "hook_k")
+    captured: dict[str, torch.Tensor] = {}
+
+    def keep(tensor: torch.Tensor, hook) -> None:
+        captured[hook.name] = tensor.detach()
+
+    fwd_hooks = [(f"blocks.{l}.attn.{n}", keep) for l in layers for n in (q_name, k_name)]
+    with torch.no_grad():
+        model.run_with_hooks(
+            ids, fwd_hooks=fwd_hooks, attention_mask=attention_mask, stop_at_layer=layers[-1] + 1, **forward_kwargs
+        )
+    mask = None
+    if attention_mask is not None:
+        mask = attention_mask.to(torch.bool)[:, None, None, :]  # [batch, 1, 1, key_pos], as the model builds it
+    head_index = torch.tensor(heads, device=ids.device)
+    patterns = {}
+    for layer in layers:
+        attn = model.blocks[layer].attn
+        q = captured[f"blocks.{layer}.attn.{q_name}"]  # [batch, pos, head, d_head]
+        k = captured[f"blocks.{layer}.attn.{k_name}"]  # [batch, key_pos, kv_head, d_head]
+        if not rotated and attn.q_norm is not None:  # hook_q/hook_k come before the QK-norm
+            with torch.no_grad():
+                q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # [batch, heads, pos, d_head]
+        k = _expand_kv(q, k)[:, head_index]
+        q = q[:, head_index]
+        patterns[layer] = _chunked_pattern(q, k, cfg.scale, cfg.causal, mask, query_chunk)
+    return patterns
+
+
+def _chunked_pattern(
+    q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool, mask: torch.Tensor | None, query_chunk: int | None
+) -> torch.Tensor:
+    """softmax(q kᵀ · scale + mask) for q [B, h, T, D], k [B, h, S, D], query_chunk rows at a time -> [B, h, T, S]."""
+    B, h, T, _ = q.shape
+    S = k.shape[-2]
+    chunk = query_chunk or T
+    out = torch.zeros(B, h, T, S, dtype=q.dtype, device=q.device)
+    for a in range(0, T, chunk):
+        b = min(a + chunk, T)
+        end = b + (S - T) if causal else S  # causal: rows [a, b) see keys up to their own position only
+        part_mask = mask[..., :end] if mask is not None else None
+        scores = attention_scores(q[:, :, a:b], k[:, :, :end], scale)  # [B, h, b − a, end]
+        out[:, :, a:b, :end] = attention_pattern(apply_mask(scores, causal=causal, mask=part_mask))
+    return out

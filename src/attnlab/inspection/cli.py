@@ -1,0 +1,111 @@
+"""`attnlab heads` and `attnlab experiment`: head scores of a model, and the chapters' claims as experiments.
+
+Design choices:
+- `heads MODEL` takes whatever `attnlab.load` takes (a native or Hugging Face directory, or "minilm"),
+  prints one layer × head table per score with standout heads starred, and can write the scores as JSON
+  and a grid of heat maps as PNG.
+- `experiment NAME` runs one experiment module (attnlab.inspection.experiments.NAME), which writes
+  NAME.json and NAME.png into --out and returns its result; this file prints the module's table.
+- matplotlib and the experiment modules are imported inside the commands, not at import time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import math
+from pathlib import Path
+
+EXPERIMENTS = ("induction", "scaling", "extrapolation", "coreference")
+
+
+def run_heads(args: argparse.Namespace) -> int:
+    from ..formats import load
+    from .experiments.common import write_json
+    from .scores import STANDOUT, head_scores
+
+    model = load(args.model)
+    scores = head_scores(model, n_repeats=args.repeats, batch=args.batch, seed=args.seed)
+    print(f"head scores of {args.model} ({scores.notes['input']}); * = at least the standout threshold")
+    for name, values in scores.scores.items():
+        print(f"\n{name} (standout >= {STANDOUT[name]})")
+        print(score_table(values, STANDOUT[name]))
+        if name in scores.notes:
+            print(f"  {scores.notes[name]}")
+    if args.json:
+        write_json(Path(args.json), {"model": str(args.model), **scores.to_dict()})
+        print(f"\nwrote {args.json}")
+    if args.png:
+        plot_scores(scores, Path(args.png), title=str(args.model))
+        print(f"wrote {args.png}")
+    return 0
+
+
+def score_table(values, threshold: float) -> str:
+    """Layers as rows, heads as columns; a star after each standout score."""
+    n_layers, n_heads = values.shape
+    lines = ["layer " + "".join(f"{f'H{h}':>7}" for h in range(n_heads))]
+    for layer in range(n_layers):
+        cells = []
+        for h in range(n_heads):
+            v = float(values[layer, h])
+            cells.append(f"{'n/a':>7}" if math.isnan(v) else f"{v:6.2f}{'*' if v >= threshold else ' '}")
+        lines.append(f"{f'L{layer}':>5} " + "".join(cells))
+    return "\n".join(lines)
+
+
+def plot_scores(scores, path: Path, title: str = "") -> None:
+    """One heat map per score (layer × head), standout heads outlined."""
+    from matplotlib.patches import Rectangle
+
+    from .experiments.common import close_figure, new_figure, save_figure
+    from .scores import STANDOUT
+
+    names = list(scores.scores)
+    n_layers, n_heads = scores.scores[names[0]].shape
+    fig, axes = new_figure(1, len(names), (len(names) * (1.0 + 0.3 * n_heads), 1.2 + 0.3 * n_layers))
+    for ax, name in zip(axes[0], names):
+        values = scores.scores[name]
+        low = -1.0 if name == "copying" else 0.0
+        image = ax.imshow(values.nan_to_num(low).numpy(), vmin=low, vmax=1.0, cmap="viridis", aspect="auto")
+        for layer, head, _ in scores.standout(name):
+            ax.add_patch(Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, edgecolor="red", lw=1.5))
+        ax.set_title(f"{name}\n(red: >= {STANDOUT[name]})", fontsize=9)
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        fig.colorbar(image, ax=ax, shrink=0.8)
+    fig.suptitle(f"head scores {title}", fontsize=10)
+    save_figure(fig, path)
+    close_figure(fig)
+
+
+def run_experiment(args: argparse.Namespace) -> int:
+    module = importlib.import_module(f"attnlab.inspection.experiments.{args.name}")
+    out = Path(args.out)
+    kwargs = {"seed": args.seed, "quick": args.quick}
+    if args.name == "coreference":
+        kwargs["model_name"] = args.model
+    result = module.run(out, **kwargs)
+    print(f"experiment {args.name}{' (quick)' if args.quick else ''}, seed {args.seed}")
+    print(module.table(result))
+    print(f"wrote {out / (args.name + '.json')} and {out / (args.name + '.png')}")
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("heads", help="score every head (previous-token, induction, duplicate, copying, first-token)")
+    p.add_argument("model", help="model directory (attnlab or Hugging Face format) or 'minilm'")
+    p.add_argument("--json", metavar="FILE", help="write the scores as JSON")
+    p.add_argument("--png", metavar="FILE", help="draw a layer x head grid per score")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random tokens (default 0)")
+    p.add_argument("--repeats", type=int, default=4, help="how often the random span repeats (default 4)")
+    p.add_argument("--batch", type=int, default=4, help="sequences of random tokens (default 4)")
+    p.set_defaults(func=run_heads)
+
+    p = sub.add_parser("experiment", help="run an experiment: writes NAME.json and NAME.png, prints a table")
+    p.add_argument("name", choices=EXPERIMENTS)
+    p.add_argument("--out", default="experiments", help="output directory (default ./experiments)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="a smaller, faster run (for tests and a first look)")
+    p.add_argument("--model", default="minilm", help="coreference only: the model to inspect (default minilm)")
+    p.set_defaults(func=run_experiment)

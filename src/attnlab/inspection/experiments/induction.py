@@ -1,0 +1,191 @@
+"""`attnlab experiment induction`: the induction-head phase change of Olsson et al. 2022, on a CPU.
+
+What is trained: one-layer and two-layer attention-only Transformers (ModelConfig attn_only=True, learned
+positions), same width, heads, data, seed and steps, on `common.repeated_spans`: a short random prefix,
+then a span of distinct random tokens, of a length that varies per sequence, repeated to the end. Past
+the first copy every token is predictable, but only by looking back for "what came after this token last
+time" (induction); a fixed look-back offset cannot work because the span length varies.
+
+What is measured at every snapshot (weights are kept in memory at each one):
+- loss: mean next-token loss on held-out sequences;
+- in-context-learning (ICL) score: loss at a late token minus loss at an early one, Olsson et al.'s
+  token 500 minus token 50 of 512, scaled to the context length (negative = later tokens are easier);
+- best previous-token and best induction score over all heads (attnlab.inspection.scores, on repeated
+  random tokens).
+The phase change is located, for the two-layer model, as the snapshot interval where each of three curves
+moves most: the induction score rises most, the ICL score falls most, and the loss gap to the one-layer
+model (2L loss − 1L loss) falls most, i.e. the bump in the loss curve that only the two-layer model has.
+The experiment reports those three places and whether they coincide; it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from ...config import ModelConfig
+from ...model import Transformer
+from ..scores import head_scores
+from .common import close_figure, format_table, new_figure, per_token_loss, repeated_spans, save_figure, threads, train, write_json
+
+
+@dataclass(frozen=True)
+class InductionSetup:
+    n_ctx: int = 64
+    d_model: int = 64
+    n_heads: int = 4
+    d_vocab: int = 16  # small, so the residual stream holds "this token" and "the token before" side by side
+    steps: int = 2500
+    batch: int = 32
+    lr: float = 3e-3
+    eval_every: int = 100
+    n_train: int = 4000  # training sequences (sampled with replacement each step)
+    n_eval: int = 200  # held-out sequences for the loss and ICL score
+
+
+FULL = InductionSetup()
+QUICK = InductionSetup(n_ctx=48, steps=400, eval_every=50, n_train=2000, n_eval=128)
+
+
+def model_config(setup: InductionSetup, n_layers: int) -> ModelConfig:
+    return ModelConfig(
+        d_vocab=setup.d_vocab, n_ctx=setup.n_ctx, d_model=setup.d_model, n_layers=n_layers,
+        n_heads=setup.n_heads, attn_only=True, positional="learned",
+    )
+
+
+def icl_positions(n_ctx: int) -> tuple[int, int]:
+    """Olsson et al.'s tokens 50 and 500 of a 512-token context, scaled to n_ctx."""
+    return round(50 / 512 * n_ctx), min(n_ctx - 1, round(500 / 512 * n_ctx))
+
+
+def train_with_snapshots(setup: InductionSetup, n_layers: int, data, eval_data, seed: int, progress: str | None = None):
+    """Train one model; return (model, snapshots) where each snapshot has the measurements and the weights."""
+    torch.manual_seed(seed)
+    model = Transformer(model_config(setup, n_layers))
+    early, late = icl_positions(setup.n_ctx)
+    snapshots: list[dict] = []
+
+    def snapshot(step: int, tokens: int) -> None:
+        loss = per_token_loss(model, eval_data)
+        scores = head_scores(model, seed=seed)
+        prev, ind = scores.scores["previous_token"], scores.scores["induction"]
+        snapshots.append({
+            "step": step,
+            "tokens": tokens,
+            "loss": float(loss.mean()),
+            "icl_score": float(loss[late] - loss[early]),
+            "best_previous_token": float(prev.max()),
+            "best_previous_token_head": _argmax_head(prev),
+            "best_induction": float(ind.max()),
+            "best_induction_head": _argmax_head(ind),
+            "state_dict": copy.deepcopy(model.state_dict()),
+        })
+
+    train(model, data, steps=setup.steps, batch=setup.batch, lr=setup.lr, seed=seed, eval_every=setup.eval_every,
+          on_eval=snapshot, progress=progress)
+    return model, snapshots
+
+
+def _argmax_head(scores: torch.Tensor) -> list[int]:
+    index = int(scores.argmax())
+    return [index // scores.shape[1], index % scores.shape[1]]
+
+
+def locate_phase_change(two: list[dict], one: list[dict]) -> dict:
+    """Where, between snapshots, the 2L model's induction score rises most, its ICL score falls most, and its loss gap to 1L falls most."""
+    def steepest(values: list[float], sign: float) -> int:
+        diffs = [sign * (b - a) for a, b in zip(values, values[1:])]
+        return max(range(len(diffs)), key=diffs.__getitem__) + 1  # index of the snapshot that ends the interval
+
+    gap = [a["loss"] - b["loss"] for a, b in zip(two, one)]
+    at = {
+        "induction_rise": steepest([s["best_induction"] for s in two], +1),
+        "icl_fall": steepest([s["icl_score"] for s in two], -1),
+        "loss_gap_fall": steepest(gap, -1),
+    }
+    spread = max(at.values()) - min(at.values())
+    return {
+        "tokens": {k: two[i]["tokens"] for k, i in at.items()},
+        "steps": {k: two[i]["step"] for k, i in at.items()},
+        "spread_snapshots": spread,
+        "coincide": spread <= 1,
+        "loss_gap_before": gap[max(0, at["induction_rise"] - 1)],
+        "loss_gap_after": gap[at["induction_rise"]],
+    }
+
+
+def run(out: Path, *, seed: int = 0, quick: bool = False, progress: bool = True) -> dict:
+    with threads(1):
+        return _run(out, seed=seed, quick=quick, progress=progress)
+
+
+def _run(out: Path, *, seed: int, quick: bool, progress: bool) -> dict:
+    setup = QUICK if quick else FULL
+    data = repeated_spans(setup.n_train, setup.n_ctx + 1, setup.d_vocab, seed=seed + 1)
+    eval_data = repeated_spans(setup.n_eval, setup.n_ctx + 1, setup.d_vocab, seed=seed + 10_000)
+    models, runs = {}, {}
+    for n_layers in (1, 2):
+        name = f"{n_layers}L"
+        models[name], runs[name] = train_with_snapshots(
+            setup, n_layers, data, eval_data, seed, progress=f"induction {name}" if progress else None
+        )
+    phase = locate_phase_change(runs["2L"], runs["1L"])
+    final = {name: {k: v for k, v in snaps[-1].items() if k != "state_dict"} for name, snaps in runs.items()}
+    result = {
+        "experiment": "induction",
+        "quick": quick,
+        "seed": seed,
+        "setup": asdict(setup),
+        "data": "repeated_spans: prefix of 0-7 random tokens, then a span of 4-12 distinct random tokens repeated",
+        "icl_positions": icl_positions(setup.n_ctx),
+        "snapshots": {name: [{k: v for k, v in s.items() if k != "state_dict"} for s in snaps] for name, snaps in runs.items()},
+        "final": final,
+        "phase_change_2L": phase,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "induction.json", result)
+    plot(result, out / "induction.png")
+    from ...formats.native import save_native
+
+    for name, model in models.items():  # the trained models, for `attnlab heads` and the ablation test
+        save_native(model, out / f"induction-{name}")
+    result["models"] = models
+    result["snapshot_weights"] = {name: [s["state_dict"] for s in snaps] for name, snaps in runs.items()}
+    return result
+
+
+def plot(result: dict, path: Path) -> None:
+    fig, axes = new_figure(1, 4, (17, 3.8))
+    panels = (("best_previous_token", "best previous-token score"), ("best_induction", "best induction score"),
+              ("icl_score", "in-context-learning score"), ("loss", "loss"))
+    phase_tokens = result["phase_change_2L"]["tokens"]["induction_rise"]
+    for ax, (key, title) in zip(axes[0], panels):
+        for name, style in (("1L", "s--"), ("2L", "o-")):
+            snaps = result["snapshots"][name]
+            ax.plot([s["tokens"] for s in snaps], [s[key] for s in snaps], style, ms=3, label=f"{name} attention-only")
+        ax.axvline(phase_tokens, color="gray", lw=0.8, ls=":")
+        ax.set_xlabel("training tokens")
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+    early, late = result["icl_positions"]
+    fig.suptitle(f"Induction heads form in the two-layer model only (ICL = loss@{late} − loss@{early}; dotted: 2L's steepest induction rise)")
+    save_figure(fig, path)
+    close_figure(fig)
+
+
+def table(result: dict) -> str:
+    one, two = result["snapshots"]["1L"], result["snapshots"]["2L"]
+    rows = [[a["step"], a["tokens"], a["loss"], b["loss"], a["icl_score"], b["icl_score"], a["best_previous_token"],
+             b["best_previous_token"], a["best_induction"], b["best_induction"]] for a, b in zip(one, two)]
+    text = format_table(["step", "tokens", "loss 1L", "loss 2L", "ICL 1L", "ICL 2L", "prev 1L", "prev 2L", "ind 1L", "ind 2L"], rows)
+    phase = result["phase_change_2L"]
+    text += (
+        f"\n2L phase change (steepest interval ends at step): induction rise {phase['steps']['induction_rise']}, "
+        f"ICL fall {phase['steps']['icl_fall']}, loss-gap fall {phase['steps']['loss_gap_fall']} -> "
+        f"{'coincide' if phase['coincide'] else 'do not coincide'} (spread {phase['spread_snapshots']} snapshots)"
+    )
+    return text
