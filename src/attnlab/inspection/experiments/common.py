@@ -70,7 +70,7 @@ class SyntheticText:
         return out
 
 
-def repeated_spans(n: int, T: int, d_vocab: int, seed: int, min_span: int = 4, max_span: int = 12, max_prefix: int = 8) -> torch.Tensor:
+def repeated_spans(n: int, T: int, d_vocab: int, seed: int, min_span: int = 4, max_span: int = 20, max_prefix: int = 8) -> torch.Tensor:
     """n sequences (n, T): a random prefix (0..max_prefix−1 tokens), then one span of distinct random tokens
     repeated to the end. The span's length varies per sequence, so "look ℓ back" cannot predict it: only
     "find the last occurrence of this token and copy what followed" (induction) does.

@@ -34,20 +34,20 @@ from .common import close_figure, format_table, new_figure, per_token_loss, repe
 
 @dataclass(frozen=True)
 class InductionSetup:
-    n_ctx: int = 64
+    n_ctx: int = 48
     d_model: int = 64
     n_heads: int = 4
-    d_vocab: int = 16  # small, so the residual stream holds "this token" and "the token before" side by side
-    steps: int = 2500
+    d_vocab: int = 64
+    steps: int = 4000
     batch: int = 32
     lr: float = 3e-3
-    eval_every: int = 100
+    eval_every: int = 200
     n_train: int = 4000  # training sequences (sampled with replacement each step)
     n_eval: int = 200  # held-out sequences for the loss and ICL score
 
 
 FULL = InductionSetup()
-QUICK = InductionSetup(n_ctx=48, steps=400, eval_every=50, n_train=2000, n_eval=128)
+QUICK = InductionSetup(steps=600, eval_every=50, n_train=2000, n_eval=128)
 
 
 def model_config(setup: InductionSetup, n_layers: int) -> ModelConfig:
@@ -140,7 +140,7 @@ def _run(out: Path, *, seed: int, quick: bool, progress: bool) -> dict:
         "quick": quick,
         "seed": seed,
         "setup": asdict(setup),
-        "data": "repeated_spans: prefix of 0-7 random tokens, then a span of 4-12 distinct random tokens repeated",
+        "data": "repeated_spans: prefix of 0-7 random tokens, then a span of 4-20 distinct random tokens repeated",
         "icl_positions": icl_positions(setup.n_ctx),
         "snapshots": {name: [{k: v for k, v in s.items() if k != "state_dict"} for s in snaps] for name, snaps in runs.items()},
         "final": final,
