@@ -259,6 +259,12 @@ def test_sixteen_concurrent_clients_all_get_their_own_answers(client, models):
         torch.testing.assert_close(torch.tensor(data["pattern"]), expected[job], atol=1e-6, rtol=0)
 
 
+def test_docs_page_is_offline_and_lists_the_api(client):
+    page = client.get("/docs")
+    assert page.status_code == 200
+    assert "/api/run" in page.text and "http" not in page.text.replace("/openapi.json", "")
+
+
 def test_openapi_documents_every_route(client):
     paths = client.get("/openapi.json").json()["paths"]
     for path in ("/api/models", "/api/run", "/api/pattern", "/api/stages", "/api/projection", "/api/heads",

@@ -2,7 +2,8 @@
 
 Design choices:
 - FastAPI's bigger-applications layout: this file wires things together, `routers/api.py` holds the JSON
-  API (documented at /docs and /openapi.json) and `routers/page.py` serves the static page.
+  API (documented at /openapi.json, and as a plain offline page at /docs) and `routers/page.py` serves
+  the static page. FastAPI's Swagger and ReDoc pages load their scripts from a CDN, so they are off.
 - The `Explorer` (models and computations) lives on `app.state`, reached by a dependency, so each app
   has its own models and tests can build as many apps as they like.
 - Errors: an unknown model is 404, a text over the limit 413, any other mistake in a request
@@ -17,7 +18,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 
 from ..errors import UserError
 from .service import MAX_TOKENS, Explorer, TextTooLong, UnknownModel
@@ -32,6 +33,8 @@ def create_app(models: dict[str, Any], *, max_tokens: int = MAX_TOKENS,
         title="attnlab explorer",
         summary="Attention on a real model: patterns, the soft dictionary, a block step by step, the next token.",
         version=_version(),
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.explorer = Explorer(models, max_tokens=max_tokens)
     if allowed_hosts is not None:
@@ -41,6 +44,10 @@ def create_app(models: dict[str, Any], *, max_tokens: int = MAX_TOKENS,
     app.include_router(api.router)
     app.include_router(page.router)
     page.mount_static(app)
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return HTMLResponse(render_api_docs(app.openapi()))
 
     @app.exception_handler(UserError)
     async def user_error(request: Request, exc: UserError) -> JSONResponse:
@@ -54,3 +61,27 @@ def _version() -> str:
     from .. import __version__
 
     return __version__
+
+
+def render_api_docs(spec: dict[str, Any]) -> str:
+    """The OpenAPI description as one plain HTML page that needs no network (unlike Swagger UI)."""
+    from html import escape
+
+    rows = []
+    for path, methods in spec.get("paths", {}).items():
+        for method, op in methods.items():
+            params = ", ".join(p["name"] for p in op.get("parameters", []))
+            body = op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
+            body_name = body.get("$ref", "").rsplit("/", 1)[-1]
+            rows.append(
+                f"<tr><td><code>{method.upper()} {escape(path)}</code></td><td>{escape(op.get('summary', ''))}"
+                f"<br><small>{escape(op.get('description', '') or '')}</small></td>"
+                f"<td>{escape(params)}{' body: ' + escape(body_name) if body_name else ''}</td></tr>"
+            )
+    title = escape(spec.get("info", {}).get("title", "API"))
+    return (
+        f"<!doctype html><meta charset=utf-8><title>{title} API</title>"
+        "<style>body{font:14px system-ui;margin:2em}td{border-top:1px solid #ddd;padding:.4em;vertical-align:top}</style>"
+        f"<h1>{title} API</h1><p>Machine-readable: <a href=/openapi.json>/openapi.json</a></p>"
+        f"<table><tr><th>route</th><th>what</th><th>inputs</th></tr>{''.join(rows)}</table>"
+    )
