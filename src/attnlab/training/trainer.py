@@ -386,7 +386,7 @@ class Trainer:
         bar = tqdm(total=cfg.max_iters, initial=self.iter, disable=not (self.progress and self.dist.is_main),
                    unit="it", dynamic_ncols=True, file=sys.stderr, desc="train")
         tokens_per_step = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         step_time, steps = 0.0, 0
         self.raw_model.train()
         try:
@@ -417,7 +417,10 @@ class Trainer:
                                         f"saving, and {self._kept()}; lower --learning-rate, then --resume")
                     self._log_metrics({"iter": self.iter, "train_loss": losses["train"], "val_loss": losses["val"],
                                        "lr": learning_rate_at(self.iter - 1, cfg), "tokens_per_s": tokens_per_s,
-                                       "tokens": self.iter * tokens_per_step, "elapsed_s": elapsed})
+                                       "tokens": self.iter * tokens_per_step, "elapsed_s": elapsed,
+                                       # CPU seconds of this process (all its threads), this session: on a
+                                       # crowded machine it says what the run cost when the wall time cannot
+                                       "cpu_s": time.process_time() - cpu_start})
                     self.save_checkpoint(elapsed)
                     if self.progress and self.dist.is_main:
                         bar.write(f"step {self.iter}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}",
