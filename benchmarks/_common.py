@@ -55,10 +55,10 @@ def machine_line() -> str:
             f"torch {torch.__version__} ({torch.get_num_threads()} threads), load average {load}")
 
 
-def copy_bandwidth(megabytes: int = 256, repeats: int = 7) -> float:
+def copy_bandwidth(megabytes: int = 256, repeats: int = 7, clock: str = "wall") -> float:
     """Bytes per second moved by copying a float32 buffer (read + write, as STREAM counts a copy),
     large enough (default 256 MB, 8× a 32 MB L3) to measure main memory, not cache."""
     src = torch.ones(megabytes * 2**20 // 4)
     dst = torch.zeros_like(src)
-    seconds = median_time(lambda: dst.copy_(src), repeats=repeats, warmup=2)
+    seconds = median_time(lambda: dst.copy_(src), repeats=repeats, warmup=2, clock=clock)
     return 2 * src.numel() * src.element_size() / seconds

@@ -194,7 +194,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"# Generation speed\n{machine_line()}, clock: {args.clock}", flush=True)
-    bandwidth = statistics.median(copy_bandwidth() for _ in range(3))
+    bandwidth = statistics.median(copy_bandwidth(clock=args.clock) for _ in range(3))
     print(f"copy bandwidth (256 MB, read + write): {bandwidth / 1e9:.1f} GB/s", flush=True)
     batches = args.batches
     for arch in args.arch:

@@ -34,13 +34,18 @@ EOS_CHECK_EVERY = 16  # tokens between reads of the "every row has ended" flag
 
 
 class KVCache:
-    """Keys and values of every layer for positions [0, max_len): k, v of shape [layer, batch, kv_head, pos, d_head]."""
+    """Keys and values of every layer for positions [0, max_len): k[layer], v[layer] of shape
+    [batch, kv_head, pos, d_head].
+
+    One tensor per layer, not one [layer, ...] tensor: a compiled step then writes each layer's own
+    tensor in place, where writing a view of a shared tensor would make it copy the whole buffer.
+    """
 
     def __init__(self, n_layers: int, batch: int, n_kv_heads: int, max_len: int, d_head: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
-        shape = (n_layers, batch, n_kv_heads, max_len, d_head)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        shape = (batch, n_kv_heads, max_len, d_head)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.max_len = max_len
 
     @classmethod
@@ -57,15 +62,15 @@ class KVCache:
         shape never changes; the caller's key mask must hide the slots not yet written.
         """
         if isinstance(start, torch.Tensor):
-            self.k[layer].index_copy_(2, start, k)
-            self.v[layer].index_copy_(2, start, v)
+            self.k[layer][:, :, start] = k
+            self.v[layer][:, :, start] = v
             return self.k[layer], self.v[layer]
         end = start + k.shape[-2]
         if end > self.max_len:
             raise UserError(f"the KV cache holds {self.max_len} positions but generation reached {end}; raise max_len")
-        self.k[layer, :, :, start:end] = k
-        self.v[layer, :, :, start:end] = v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+        self.k[layer][:, :, start:end] = k
+        self.v[layer][:, :, start:end] = v
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
 
 
 def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
