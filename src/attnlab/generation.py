@@ -4,7 +4,7 @@ Design choices (after gpt-fast):
 - `KVCache` is static: one preallocated buffer per layer for keys and values, written in place, so a
   decode step allocates nothing that grows with the sequence.
 - `prefill` runs the whole prompt once and fills the cache; `decode_one_token` feeds back a single token.
-- The decode step has the same shapes at every step, so `torch.compile` traces it once: its cache slot is
+- The compiled decode step has the same shapes at every step, so `torch.compile` traces it once: its cache slot is
   a tensor (not a Python int the graph would specialise on), it attends to the *whole* buffer, and a
   boolean key mask (B, max_len) hides the slots not yet written and the left padding. A single query may
   see every key it is shown, so causality needs nothing else (attnlab.attention's causal offset for
@@ -131,10 +131,12 @@ def prefill(model, ids: torch.Tensor, cache: KVCache, positions: torch.Tensor | 
 
 
 @torch.no_grad()
-def decode_one_token(model, token: torch.Tensor, cache: KVCache, slot: torch.Tensor, positions: torch.Tensor,
-                     key_mask: torch.Tensor) -> torch.Tensor:
-    """Feed one token (B, 1) into cache slot `slot` (a (1,) tensor) at `positions` (B, 1); return the next
-    logits (B, V). key_mask (B, max_len) is True at the keys the token may see (its own slot included)."""
+def decode_one_token(model, token: torch.Tensor, cache: KVCache, slot: torch.Tensor | int, positions: torch.Tensor,
+                     key_mask: torch.Tensor | None) -> torch.Tensor:
+    """Feed one token (B, 1) into cache slot `slot` at `positions` (B, 1); return the next logits (B, V).
+
+    slot a (1,) tensor (compiled): key_mask (B, max_len) is True at the keys the token may see, its own slot
+    included. slot an int (eager): the keys are slots [0, slot], key_mask (B, slot + 1) or None for all."""
     return model(token, kv_cache=cache, start_pos=slot, positions=positions, attention_mask=key_mask)[:, -1]
 
 
@@ -182,10 +184,9 @@ def generate(model, ids: torch.Tensor, max_new_tokens: int, temperature: float =
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # padding doesn't advance positions
     out = torch.empty(B, T + max_new_tokens, dtype=ids.dtype, device=device)
     out[:, :T] = ids
-    if compile:
-        step = compiled_decode_one_token(compile if isinstance(compile, str) else "inductor")
-    else:
-        step = decode_one_token
+    # Eager steps attend to the slots written so far (no mask without padding): static shapes only pay
+    # when compiled, and cost an eager step its masking (benchmarks/README.md, "Generation speed").
+    step = compiled_decode_one_token(compile if isinstance(compile, str) else "inductor") if compile else None
     try:
         logits = prefill(model, ids, cache, positions, attention_mask)
         slot = torch.tensor([T], device=device)  # the cache slot the next token is written to
@@ -207,8 +208,14 @@ def generate(model, ids: torch.Tensor, max_new_tokens: int, temperature: float =
             if eos_token_id is not None and check and bool(done.all()):
                 n = i + 1
                 break
-            key_mask.index_fill_(1, slot, True)
-            logits = step(model, token, cache, slot, position, key_mask).float()
+            if step is not None:
+                key_mask.index_fill_(1, slot, True)
+                logits = step(model, token, cache, slot, position, key_mask).float()
+            else:
+                pos = T + i
+                key_mask[:, pos] = True
+                mask = key_mask[:, : pos + 1] if attention_mask is not None else None
+                logits = decode_one_token(model, token, cache, pos, position, mask).float()
             slot += 1
             position += 1
     finally:
