@@ -123,3 +123,14 @@ def test_heads_command_on_a_missing_model_is_one_line(tmp_path, capsys):
     assert main(["heads", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
     assert "error" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("d_vocab", [8, 64])
+def test_repeated_spans_repeat_a_span_after_a_prefix(d_vocab):
+    from attnlab.inspection.experiments.common import repeated_spans
+
+    data = repeated_spans(50, 49, d_vocab, seed=0)
+    assert data.shape == (50, 49) and int(data.max()) < d_vocab
+    for row in data.tolist():
+        # some period p: from some point on, every token equals the one p places back
+        assert any(all(row[i] == row[i - p] for i in range(8 + p, 49)) for p in range(1, 21))

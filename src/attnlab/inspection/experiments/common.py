@@ -79,7 +79,7 @@ def repeated_spans(n: int, T: int, d_vocab: int, seed: int, min_span: int = 4, m
     out = torch.empty(n, T, dtype=torch.long)
     for row in range(n):
         prefix = int(torch.randint(0, max_prefix, (1,), generator=g))
-        span = int(torch.randint(min_span, max_span + 1, (1,), generator=g))
+        span = min(d_vocab, int(torch.randint(min_span, max_span + 1, (1,), generator=g)))
         tokens = torch.randperm(d_vocab, generator=g)[:span]
         out[row] = torch.cat([torch.randint(d_vocab, (prefix,), generator=g), tokens.repeat(T // span + 1)])[:T]
     return out

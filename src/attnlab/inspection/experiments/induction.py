@@ -172,7 +172,7 @@ def plot(result: dict, path: Path) -> None:
         ax.set_title(title)
         ax.legend(fontsize=8)
     early, late = result["icl_positions"]
-    fig.suptitle(f"Induction heads form in the two-layer model only (ICL = loss@{late} − loss@{early}; dotted: 2L's steepest induction rise)")
+    fig.suptitle(f"One- vs two-layer attention-only models (ICL = loss@{late} − loss@{early}; dotted: 2L's steepest induction-score rise)")
     save_figure(fig, path)
     close_figure(fig)
 
