@@ -4,7 +4,7 @@ Design choices:
 - Frozen and validated in `__post_init__`: a bad config fails at construction with a message that names
   the values and a fix, never later inside a matmul.
 - Names are TransformerLens's (d_model, n_heads, d_head, n_layers, n_ctx, d_vocab); the training command
-  maps nanoGPT's flag names onto them (see attnlab.train.config).
+  maps nanoGPT's flag names onto them (see attnlab.training.config).
 - Every architecture attnlab loads (GPT-2, LLaMA, Qwen2, BERT) is a setting of these fields, so one
   model class reads all of them.
 - The config is saved as JSON in every checkpoint (`to_dict` / `from_dict`).
