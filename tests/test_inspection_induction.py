@@ -1,4 +1,4 @@
-"""The induction experiment's --quick run: what its models measure, and what ablating their heads does."""
+"""The induction experiment's --quick run: what its models measure, and what ablating its induction heads does."""
 
 import json
 
@@ -6,8 +6,10 @@ import pytest
 
 import attnlab
 from attnlab.cli import main
-from attnlab.inspection.experiments.common import per_token_loss, repeated_spans
+from attnlab.inspection.experiments.induction import QUICK
+from attnlab.inspection.experiments.common import per_token_loss
 from attnlab.inspection.interventions import ablate_head
+from attnlab.inspection.scores import head_scores
 
 
 def icl_gain(model, data, hooks=()) -> float:
@@ -18,7 +20,7 @@ def icl_gain(model, data, hooks=()) -> float:
 
 
 @pytest.mark.slow
-def test_quick_induction_run_and_ablation_of_its_layer_0_heads(tmp_path, capsys):
+def test_quick_induction_run_and_ablation_of_the_induction_heads(tmp_path, capsys):
     assert main(["experiment", "induction", "--quick", "--out", str(tmp_path)]) == 0
     table = capsys.readouterr().out
     assert "ind 2L" in table and "phase change" in table
@@ -31,13 +33,24 @@ def test_quick_induction_run_and_ablation_of_its_layer_0_heads(tmp_path, capsys)
         assert snaps[-1]["loss"] < snaps[0]["loss"] - 0.5  # both learn the repeats in part
         assert snaps[-1]["icl_score"] < -0.5  # later tokens are easier than early ones
     one, two = result["final"]["1L"], result["final"]["2L"]
-    # Only the two-layer model grows a previous-token head (the first half of an induction circuit).
-    assert two["best_previous_token"] > one["best_previous_token"] + 0.03, (one, two)
+    # The issue's claim: only the two-layer model grows an induction head ...
+    assert two["best_induction"] > one["best_induction"] + 0.2, (one, two)
+    assert two["best_induction_head"][0] == 1  # ... in its second layer (it needs a first layer to compose with)
+    # ... and learns far more from the context than the one-layer model can.
+    assert two["icl_score"] < one["icl_score"] - 1.0, (one, two)
 
-    # The two-layer model's in-context gain runs through its heads: zeroing all of layer 0 removes most of it.
+    # Ablating its induction heads (those whose score stands out) removes most of its in-context gain.
+    # They are redundant: every layer-1 head of this model became one (scores 0.90-0.98 measured), and
+    # ablating any single one leaves the gain nearly whole, so all of them are ablated together.
     model = attnlab.load(tmp_path / "induction-2L")
-    data = repeated_spans(256, model.config.n_ctx + 1, model.config.d_vocab, seed=99)
+    scores = head_scores(model)
+    induction_heads = [(layer, head) for layer, head, _ in scores.standout("induction")]
+    assert induction_heads and all(layer == 1 for layer, _ in induction_heads), induction_heads
+    data = QUICK.data(256, seed=99)
     gain = icl_gain(model, data)
-    ablated = icl_gain(model, data, [ablate_head(0, h) for h in range(model.config.n_heads)])
-    assert gain > 0.5, gain
+    ablated = icl_gain(model, data, [ablate_head(layer, head) for layer, head in induction_heads])
+    assert gain > 2.0, gain
     assert ablated < 0.5 * gain, (gain, ablated)
+    # Control: ablating the layer-0 head that looks back least keeps most of the gain.
+    control = int(scores.scores["previous_token"][0].argmin())
+    assert icl_gain(model, data, [ablate_head(0, control)]) > 0.8 * gain
