@@ -112,7 +112,7 @@ def test_heads_command_prints_tables_and_writes_json_and_png(tmp_path, capsys):
     assert (tmp_path / "s.png").stat().st_size > 5_000
 
 
-def test_heads_command_marks_a_standout_head(capsys):
+def test_heads_command_marks_a_standout_head():
     from attnlab.inspection.cli import score_table
 
     table = score_table(torch.tensor([[0.1, 0.9], [float("nan"), 0.2]]), 0.5)
@@ -123,6 +123,14 @@ def test_heads_command_on_a_missing_model_is_one_line(tmp_path, capsys):
     assert main(["heads", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
     assert "error" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("flag", ["--repeats", "--batch"])
+def test_heads_command_on_a_zero_count_is_one_line(tmp_path, capsys, flag):
+    model = attnlab.Transformer(attnlab.preset("nano", d_vocab=40, n_ctx=32, n_layers=1))
+    attnlab.save(model, tmp_path / "m")
+    assert main(["heads", str(tmp_path / "m"), flag, "0"]) == 2
+    assert "must be at least 1" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("d_vocab", [8, 64])

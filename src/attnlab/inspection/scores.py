@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..errors import UserError
+
 # A head stands out when its score reaches this (chosen so that a freshly initialised model has none).
 STANDOUT = {
     "previous_token": 0.5,
@@ -38,7 +40,6 @@ STANDOUT = {
     "first_token": 0.8,
     "copying": 0.7,
 }
-SCORE_NAMES = tuple(STANDOUT)
 
 
 # Targets ------------------------------------------------------------------------------------------------
@@ -117,10 +118,6 @@ class HeadScores:
         found = [(int(l), int(h), float(s[l, h])) for l, h in (s >= STANDOUT[name]).nonzero().tolist()]
         return sorted(found, key=lambda x: -x[2])
 
-    def best(self, name: str) -> float:
-        s = self.scores[name]
-        return float(s.nan_to_num(float("-inf")).max())
-
     def to_dict(self) -> dict:
         return {
             "scores": {k: [[None if v != v else round(v, 6) for v in row] for row in s.tolist()] for k, s in self.scores.items()},
@@ -137,6 +134,8 @@ def repeated_random_tokens(
 
     span defaults to n_ctx // n_repeats, at most 64. Special tokens of the model's tokenizer are never drawn.
     """
+    if n_repeats < 1 or batch < 1:
+        raise UserError(f"n_repeats ({n_repeats}) and batch ({batch}) must be at least 1; try the defaults, 4 and 4")
     cfg = model.config
     span = span or max(2, min(64, cfg.n_ctx // n_repeats))
     allowed = torch.arange(cfg.d_vocab)
