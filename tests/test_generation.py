@@ -187,3 +187,12 @@ def test_an_encoder_cannot_generate_and_a_full_cache_says_so():
     cache = KVCache(1, 1, 1, 4, 2)
     with pytest.raises(UserError, match="holds 4 positions but generation reached 5"):
         cache.update(0, 3, torch.zeros(1, 1, 2, 2), torch.zeros(1, 1, 2, 2))
+
+
+def test_decode_steps_read_nothing_on_the_host(monkeypatch):
+    """Only the prompt's ids are range-checked (one host read); each decode step's token skips the check."""
+    model = build(CONFIGS["learned"], torch.float32)
+    checked = []
+    monkeypatch.setattr(type(model), "_check_values", lambda self, ids, positions: checked.append(ids.shape))
+    generate(model, torch.tensor([[1, 2, 3]]), 5, temperature=0)
+    assert checked == [(1, 3)]

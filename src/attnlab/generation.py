@@ -137,7 +137,8 @@ def decode_one_token(model, token: torch.Tensor, cache: KVCache, slot: torch.Ten
 
     slot a (1,) tensor (compiled): key_mask (B, max_len) is True at the keys the token may see, its own slot
     included. slot an int (eager): the keys are slots [0, slot], key_mask (B, slot + 1) or None for all."""
-    return model(token, kv_cache=cache, start_pos=slot, positions=positions, attention_mask=key_mask)[:, -1]
+    return model(token, kv_cache=cache, start_pos=slot, positions=positions, attention_mask=key_mask,
+                 check_inputs=False)[:, -1]  # no host read per token: `generate` checked the lengths up front
 
 
 def compiled_decode_one_token(backend: str = "inductor") -> Callable[..., torch.Tensor]:

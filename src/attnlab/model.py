@@ -119,13 +119,6 @@ class Transformer(HookedModule):
         cfg = self.config
         x = self.hook_embed(self.embed(ids))
         if cfg.positional == "learned":
-            # Value checks read tensors on the host; a compiled decode step skips them (generate checks its
-            # inputs once up front), so they neither break its graph nor cost a sync per token.
-            if not torch.compiler.is_compiling() and int(positions.max()) >= cfg.n_ctx:
-                raise UserError(
-                    f"sequence reaches position {int(positions.max())} but this model has learned positions for "
-                    f"n_ctx={cfg.n_ctx} only; shorten the input to at most {cfg.n_ctx} tokens"
-                )
             x = x + self.hook_pos_embed(self.pos_embed(positions))
         elif cfg.positional == "sinusoidal":
             x = x + self.hook_pos_embed(sinusoidal_positions(positions, cfg.d_model).to(x.dtype))
@@ -135,6 +128,21 @@ class Transformer(HookedModule):
         if self.ln_embed is not None:
             x = self.ln_embed(x)
         return self.drop(x)
+
+    def _check_values(self, ids: torch.Tensor, positions: torch.Tensor) -> None:
+        """UserError for a token id outside the vocabulary or a position past a learned table, in one host read."""
+        cfg = self.config
+        lowest, highest, last = torch.stack([ids.min(), ids.max(), positions.max()]).tolist()
+        if highest >= cfg.d_vocab or lowest < 0:
+            raise UserError(
+                f"token id {highest if highest >= cfg.d_vocab else lowest} is outside the vocabulary "
+                f"[0, {cfg.d_vocab}); check that the tokenizer matches this model"
+            )
+        if cfg.positional == "learned" and last >= cfg.n_ctx:
+            raise UserError(
+                f"sequence reaches position {last} but this model has learned positions for "
+                f"n_ctx={cfg.n_ctx} only; shorten the input to at most {cfg.n_ctx} tokens"
+            )
 
     def forward(
         self,
@@ -146,6 +154,7 @@ class Transformer(HookedModule):
         kv_cache=None,
         start_pos: int = 0,
         stop_at_layer: int | None = None,
+        check_inputs: bool = True,
     ) -> torch.Tensor:
         """ids (B, T) -> logits (B, T, d_vocab) for a causal model, hidden states (B, T, d_model) for an encoder.
 
@@ -153,6 +162,7 @@ class Transformer(HookedModule):
         positions: (B, T) position of each token; default start_pos, start_pos+1, ...
         kv_cache / start_pos: cached decoding (see attnlab.generation); the new tokens sit at start_pos.
         stop_at_layer: return the residual stream before that block (as TransformerLens does).
+        check_inputs: check token ids (and learned positions) against the model's ranges: one host read.
         """
         if ids.dim() == 1:
             ids = ids.unsqueeze(0)
@@ -161,13 +171,13 @@ class Transformer(HookedModule):
             raise UserError(f"token ids must be integers, got dtype {ids.dtype}")
         if T == 0:
             raise UserError("the input has no tokens; give at least one")
-        if not torch.compiler.is_compiling() and (int(ids.max()) >= self.config.d_vocab or int(ids.min()) < 0):
-            raise UserError(
-                f"token id {int(ids.max()) if int(ids.max()) >= self.config.d_vocab else int(ids.min())} is outside "
-                f"the vocabulary [0, {self.config.d_vocab}); check that the tokenizer matches this model"
-            )
         if positions is None:
             positions = torch.arange(start_pos, start_pos + T, device=ids.device).expand(B, T)
+        # The decode step skips the value checks (check_inputs=False, and always when compiled): its token
+        # is an argmax over the vocabulary and generate checked the length up front, so a host read per
+        # token would buy nothing, and in a compiled graph it would break the graph.
+        if check_inputs and not torch.compiler.is_compiling():
+            self._check_values(ids, positions)
         resid = self.embed_tokens(ids, positions, token_type_ids)
         rope = self.rotary(positions, resid.dtype) if self.rotary is not None else None
         mask = None
