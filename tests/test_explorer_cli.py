@@ -149,6 +149,12 @@ def test_export_refuses_long_texts_with_the_limit(model_dir, tmp_path, capsys):
     assert not (tmp_path / "x.html").exists()
 
 
+def test_export_to_a_directory_is_one_line(model_dir, tmp_path, capsys):
+    assert main(["export-html", str(model_dir), "--text", TEXT, "-o", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is a directory" in err and "view.html" in err
+
+
 def test_show_returns_an_iframe_without_ipython(monkeypatch):
     monkeypatch.setitem(sys.modules, "IPython", None)  # as if IPython were not installed
     monkeypatch.setitem(sys.modules, "IPython.display", None)
