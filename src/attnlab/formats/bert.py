@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from ..config import ModelConfig
 from ..errors import UserError
-from .hf import Architecture, Weight, activation_from_hf, activation_to_hf, check_writable, hf_value, special_ids
+from .hf import (Architecture, Weight, activation_from_hf, activation_to_hf, check_plain_heads, check_writable,
+                 hf_value, special_ids)
 
 
 def config_from_hf(hf: dict, source: str) -> ModelConfig:
@@ -47,10 +48,7 @@ def config_from_hf(hf: dict, source: str) -> ModelConfig:
 def config_to_hf(cfg: ModelConfig) -> dict:
     check_writable(cfg, "BERT", positional="learned", norm="layernorm", norm_placement="post", final_norm=False,
                    embed_norm=True, attn_only=False, qk_norm=False)
-    if cfg.mlp == "swiglu" or cfg.kv_heads != cfg.n_heads or cfg.head_dim * cfg.n_heads != cfg.d_model \
-            or cfg.attn_scale not in (None, cfg.head_dim**-0.5):
-        raise UserError("cannot save as Hugging Face BERT: it needs a plain MLP, n_kv_heads = n_heads, "
-                        "d_head = d_model / n_heads and the default attn_scale; use format='attnlab'")
+    check_plain_heads(cfg, "BERT")
     return {
         "architectures": ["BertModel"],
         "model_type": "bert",

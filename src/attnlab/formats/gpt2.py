@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from ..config import ModelConfig
 from ..errors import UserError
-from .hf import Architecture, Weight, activation_from_hf, activation_to_hf, check_writable, hf_value, special_ids
+from .hf import (Architecture, Weight, activation_from_hf, activation_to_hf, check_plain_heads, check_writable,
+                 hf_value, special_ids)
 
 
 def config_from_hf(hf: dict, source: str) -> ModelConfig:
@@ -39,18 +40,7 @@ def config_from_hf(hf: dict, source: str) -> ModelConfig:
 def config_to_hf(cfg: ModelConfig) -> dict:
     check_writable(cfg, "GPT-2", positional="learned", norm="layernorm", norm_placement="pre", final_norm=True,
                    embed_norm=False, n_token_types=0, attn_only=False, qk_norm=False)
-    if cfg.mlp == "swiglu":
-        raise UserError("cannot save as Hugging Face GPT-2: mlp='swiglu' needs LLaMA style (positional='rope', "
-                        "norm='rmsnorm'); use format='attnlab'")
-    if cfg.kv_heads != cfg.n_heads:
-        raise UserError(f"cannot save as Hugging Face GPT-2: n_kv_heads={cfg.n_kv_heads} (grouped-query attention) "
-                        "needs LLaMA style; use format='attnlab'")
-    if cfg.head_dim * cfg.n_heads != cfg.d_model:
-        raise UserError(f"cannot save as Hugging Face GPT-2: d_head={cfg.d_head} must be d_model / n_heads "
-                        f"= {cfg.d_model // cfg.n_heads}; use format='attnlab'")
-    if cfg.attn_scale not in (None, 1.0, cfg.head_dim**-0.5):
-        raise UserError(f"cannot save as Hugging Face GPT-2: attn_scale={cfg.attn_scale} (GPT-2 knows only "
-                        "1/sqrt(d_head) or 1); use format='attnlab'")
+    check_plain_heads(cfg, "GPT-2", scales=(1.0,))
     return {
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",

@@ -127,6 +127,23 @@ def check_writable(cfg: ModelConfig, style: str, **required) -> None:
             )
 
 
+def check_plain_heads(cfg: ModelConfig, style: str, scales: tuple[float, ...] = ()) -> None:
+    """What GPT-2 and BERT share: a plain MLP, one k/v head per query head, d_head = d_model / n_heads and
+    the 1/sqrt(d_head) scale (or one of `scales`); the error names the first setting that breaks it."""
+    if cfg.mlp == "swiglu":
+        problem = "mlp='swiglu' (a gated MLP, which only LLaMA style has: positional='rope', norm='rmsnorm')"
+    elif cfg.kv_heads != cfg.n_heads:
+        problem = f"n_kv_heads={cfg.n_kv_heads} (grouped-query attention, which only LLaMA style has)"
+    elif cfg.head_dim * cfg.n_heads != cfg.d_model:
+        problem = f"d_head={cfg.d_head} must be d_model / n_heads = {cfg.d_model // cfg.n_heads}"
+    elif cfg.attn_scale not in (None, cfg.head_dim**-0.5, *scales):
+        known = " or ".join(["1/sqrt(d_head)", *(f"{s:g}" for s in scales)])
+        problem = f"attn_scale={cfg.attn_scale} ({style} knows only {known})"
+    else:
+        return
+    raise UserError(f"cannot save as Hugging Face {style}: {problem}; use format='attnlab'")
+
+
 # Reading -------------------------------------------------------------------------------------------------
 
 def read_config(path: Path, name: str = "config.json") -> dict:
