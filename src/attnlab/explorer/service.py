@@ -197,29 +197,35 @@ class Explorer:
         prefix = f"blocks.{layer}.attn."
         return [prefix + n for n in ("hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", "hook_pattern")]
 
-    def pattern(self, name: str, text: str, layer: int, head: int, encoding: str = "json") -> dict[str, Any]:
-        """Raw scores q·kᵀ of one head, the scale, and the pattern the model computed: [query_pos, key_pos] each."""
+    def head_matrices(self, name: str, text: str, layer: int, head: int) -> tuple[ModelEntry, list[str], torch.Tensor, torch.Tensor]:
+        """(entry, tokens, raw scores q·kᵀ before the scale, the pattern the model computed) of one head: [query_pos, key_pos]."""
         entry = self.entry(name)
         self.check_index(entry, layer, head)
         ids, tokens = self.encode(entry, text)
         wanted = [n for n in self.qkv_hooks(layer) if n in entry.model.hook_dict]
         cache, (q, k, _) = self.cached_run(entry, ids, wanted, layer)
-        raw = attention_scores(q[head], k[head], 1.0)  # [query_pos, key_pos], before the scale
+        raw = attention_scores(q[head], k[head], 1.0)
+        return entry, tokens, raw, cache[f"blocks.{layer}.attn.hook_pattern"][0, head]
+
+    def pattern(self, name: str, text: str, layer: int, head: int, encoding: str = "json") -> dict[str, Any]:
+        """Raw scores q·kᵀ of one head, the scale, and the pattern the model computed: [query_pos, key_pos] each."""
+        entry, tokens, raw, pattern = self.head_matrices(name, text, layer, head)
         return {
             "layer": layer, "head": head, "tokens": tokens,
             "scale": entry.model.config.scale, "causal": entry.model.config.causal,
-            "raw": encode_matrix(raw, encoding),
-            "pattern": encode_matrix(cache[f"blocks.{layer}.attn.hook_pattern"][0, head], encoding),
+            "raw": encode_matrix(raw, encoding), "pattern": encode_matrix(pattern, encoding),
         }
 
     def stages(self, name: str, text: str, layer: int, head: int, mask: str) -> dict[str, Any]:
         """The four stages of the equation for one head, with the mask asked for ("causal" or "none")."""
-        data = self.pattern(name, text, layer, head)
-        raw = torch.tensor(data.pop("raw"))
-        scaled = raw * data["scale"]
+        entry, tokens, raw, pattern = self.head_matrices(name, text, layer, head)
+        cfg = entry.model.config
+        scaled = raw * cfg.scale
         masked = apply_mask(scaled, causal=mask == "causal")
-        return {**data, "mask": mask, "raw": _finite(raw.tolist()), "scaled": _finite(scaled.tolist()),
-                "masked": _finite(masked.tolist()), "softmax": _finite(attention_pattern(masked).tolist())}
+        return {"layer": layer, "head": head, "tokens": tokens, "scale": cfg.scale, "causal": cfg.causal,
+                "pattern": encode_matrix(pattern, "json"), "mask": mask, "raw": encode_matrix(raw, "json"),
+                "scaled": encode_matrix(scaled, "json"), "masked": encode_matrix(masked, "json"),
+                "softmax": encode_matrix(attention_pattern(masked), "json")}
 
     def projection(self, name: str, text: str, layer: int, head: int) -> dict[str, Any]:
         """The soft dictionary in 2-D: one head's keys (and values) projected on their top two principal axes.
