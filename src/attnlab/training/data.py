@@ -94,7 +94,7 @@ def train_tokenizer(kind: str, sources: list[Path], vocab_size: int) -> Tokenize
         for chunk in iter_text(sources):
             chars.update(chunk)
         if not chars:
-            raise UserError(f"--data {_describe(sources)}: the text is empty; give it some text to learn from")
+            raise _empty_text(sources)
         return Tokenizer.train_char("".join(sorted(chars)))
     chunks = list(_nonempty(iter_text(sources), sources))  # BPE training wants the text twice; keep it short-lived
     return Tokenizer.train_bpe(chunks, vocab_size)
@@ -106,7 +106,11 @@ def _nonempty(chunks: Iterator[str], sources: list[Path]) -> Iterator[str]:
         seen = seen or bool(chunk)
         yield chunk
     if not seen:
-        raise UserError(f"--data {_describe(sources)}: the text is empty; give it some text to learn from")
+        raise _empty_text(sources)
+
+
+def _empty_text(sources: list[Path]) -> UserError:
+    return UserError(f"--data {_describe(sources)}: the text is empty; give it some text to learn from")
 
 
 def _describe(sources: list[Path]) -> str:
@@ -171,7 +175,7 @@ def prepare_data(data: str | None, tokenizer_kind: str, vocab_size: int, out: Pa
     atomic_write(bin_path, write)
     if n_tokens == 0:
         os.unlink(bin_path)
-        raise UserError(f"--data {_describe(sources)}: the text is empty; give it some text to learn from")
+        raise _empty_text(sources)
     meta.update(dtype=dtype, n_tokens=n_tokens, bytes=n_tokens * np.dtype(dtype).itemsize)
     atomic_write_text(meta_path, json.dumps(meta, indent=1) + "\n")
     return tokenizer, TokenData(bin_path, dtype, n_tokens)
