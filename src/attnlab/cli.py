@@ -30,13 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"attnlab {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:  # a part not built yet
-            if exc.name and name.startswith(exc.name):
-                continue
-            raise
-        module.add_commands(sub)
+        importlib.import_module(name).add_commands(sub)
     return parser
 
 

@@ -8,13 +8,12 @@ Design choices:
   the explorer serving it (unless --no-explore).
 - The demo reuses `attnlab train` and `attnlab sample` rather than having its own loop: it is the
   same code a user runs next. Ctrl-C during training keeps what was learned and moves on to the sample.
-- The explorer is imported only if present, so the demo runs whichever parts of the package exist.
+- The explorer (and with it fastapi) is imported only when the demo gets to it.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 
 import torch
 
@@ -67,18 +66,11 @@ def run_demo(args: argparse.Namespace) -> int:
 
     if args.no_explore:
         return 0
-    if importlib.util.find_spec("attnlab.explorer.cli") is None:
-        # TODO(lead): the explorer is not in this build; once attnlab.explorer.cli exists this serves it.
-        print("(the explorer is not part of this build yet)")
-        return 0
-    from .explorer import cli as explorer_cli
+    from .explorer import cli as explorer_cli  # here, not at the top: it imports fastapi
 
-    serve = getattr(explorer_cli, "run_explore", None)
-    if serve is None:  # TODO(lead): the explorer's entry point moved; call it here
-        print(f"(open the explorer on this model with: attnlab explore {cfg.out})")
-        return 0
     print(f"opening the explorer on {cfg.out} (Ctrl-C to stop; --no-explore skips this)", flush=True)
-    return serve(argparse.Namespace(models=[cfg.out], host="127.0.0.1", port=args.port, max_tokens=512))
+    explore_args = argparse.Namespace(models=[cfg.out], host="127.0.0.1", port=args.port, max_tokens=512)
+    return explorer_cli.run_explore(explore_args)
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
