@@ -64,13 +64,16 @@ def attention_pattern(masked_scores: torch.Tensor) -> torch.Tensor:
     return pattern.masked_fill(all_masked, 0.0)
 
 
-def _expand_kv(q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+def expand_kv(q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
     """Grouped-query attention: repeat each key/value head for the query heads that share it (dim −3)."""
     if q.dim() >= 3 and kv.dim() >= 3 and kv.shape[-3] != q.shape[-3]:
         if q.shape[-3] % kv.shape[-3]:
             raise ValueError(f"query heads ({q.shape[-3]}) must be a multiple of key/value heads ({kv.shape[-3]})")
         return kv.repeat_interleave(q.shape[-3] // kv.shape[-3], dim=-3)
     return kv
+
+
+_expand_kv = expand_kv  # the old private name, still imported by inspection.capture
 
 
 def _fused_mask(
@@ -128,7 +131,7 @@ def scaled_dot_product_attention(
             visible = (attn_mask if attn_mask.dtype == torch.bool else ~torch.isneginf(attn_mask)).any(-1, keepdim=True)
             out = out.masked_fill(~visible, 0.0)
         return out
-    k, v = _expand_kv(q, k), _expand_kv(q, v)
+    k, v = expand_kv(q, k), expand_kv(q, v)
     weights = attention_pattern(apply_mask(attention_scores(q, k, scale), causal=causal, mask=mask))
     dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
     return torch.matmul(dropped, v), weights
@@ -228,7 +231,7 @@ def chunked_attention(
     T, S = q.shape[-2], k.shape[-2]
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
-    k, v = _expand_kv(q, k), _expand_kv(q, v)
+    k, v = expand_kv(q, k), expand_kv(q, v)
     out, lse = _ChunkedAttention.apply(q, k, v, mask, causal, scale, block_size)
     if not return_weights:
         return out
@@ -302,10 +305,10 @@ class Attention(nn.Module):
         dropout_p = cfg.dropout if self.training else 0.0
         if self.needs_pattern:
             scores = self.hook_attn_scores(
-                apply_mask(attention_scores(q, _expand_kv(q, k), cfg.scale), causal=cfg.causal, mask=mask)
+                apply_mask(attention_scores(q, expand_kv(q, k), cfg.scale), causal=cfg.causal, mask=mask)
             )
             pattern = self.hook_pattern(attention_pattern(scores))
-            z = torch.matmul(F.dropout(pattern, dropout_p, self.training), _expand_kv(q, v))
+            z = torch.matmul(F.dropout(pattern, dropout_p, self.training), expand_kv(q, v))
         else:
             z = scaled_dot_product_attention(q, k, v, causal=cfg.causal, mask=mask, scale=cfg.scale, dropout_p=dropout_p)
         z = self.hook_z(z.transpose(1, 2))  # [B, T, H, D]

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..attention import _expand_kv, apply_mask, attention_pattern, attention_scores
+from ..attention import apply_mask, attention_pattern, attention_scores, expand_kv
 from ..errors import UserError
 
 MAX_TOKENS = 512  # the explorer's default cap on a text's length, in tokens
@@ -190,7 +190,7 @@ class Explorer:
                 q, k = attn.q_norm(q), attn.k_norm(k)
         v = cache[prefix + "hook_v"]
         q, k, v = q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1)  # [heads, pos, d_head]
-        return q, _expand_kv(q, k), _expand_kv(q, v)
+        return q, expand_kv(q, k), expand_kv(q, v)
 
     @staticmethod
     def qkv_hooks(layer: int) -> list[str]:
