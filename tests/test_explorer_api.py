@@ -125,12 +125,13 @@ def test_projection_is_exact_when_keys_are_two_dimensional(client):
     np.testing.assert_allclose(weights, np.array(pattern), atol=1e-4)
 
 
-def test_heads_thumbnails_are_the_patterns_and_pool_long_texts(client, models):
-    _, cache = cache_of(models["llama"])
-    data = post(client, "/api/heads", model="llama", text=TEXT)
+@pytest.mark.parametrize("text", [TEXT[:20], TEXT])  # one text under the 32-token thumbnail size, one over
+def test_heads_thumbnails_are_the_patterns_and_pool_long_texts(client, models, text):
+    _, cache = cache_of(models["llama"], text)
+    data = post(client, "/api/heads", model="llama", text=text)
     thumbs = np.array(data["thumbnails"])
     patterns = cache.stack("blocks.{}.attn.hook_pattern")[:, 0].numpy()
-    T = len(TEXT)
+    T = len(text)
     if T <= 32:
         assert not data["pooled"]
         np.testing.assert_allclose(thumbs, patterns, atol=1e-4)
