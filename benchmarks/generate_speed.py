@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import copy_bandwidth, machine_line, median_time  # noqa: E402
 
 import attnlab  # noqa: E402
-from attnlab.generation import KVCache, generate, prefill, sample_next  # noqa: E402
+from attnlab.generation import KVCache, filter_logits, generate, prefill, sample_next  # noqa: E402
 
 SHAPE = dict(n_layers=6, d_model=384, n_heads=6, d_vocab=65, n_ctx=1024)
 ARCHS = {
@@ -170,11 +170,9 @@ def run_arch(arch: str, args, bandwidth: float) -> list[str]:
     # Sampling cost per token, B=1: the exponential race (no host read) against torch.multinomial.
     logits = torch.randn(1, SHAPE["d_vocab"])
     g = torch.Generator().manual_seed(0)
-    race = median_time(lambda: [sample_next(logits, 0.8, 50, 0.95, g) for _ in range(1000)], reps) / 1000
-    from attnlab.generation import filter_logits
-
+    race = median_time(lambda: [sample_next(logits, 0.8, 50, 0.95, g) for _ in range(1000)], reps, clock=args.clock) / 1000
     multi = median_time(lambda: [torch.multinomial(torch.softmax(filter_logits(logits, 0.8, 50, 0.95), -1), 1, generator=g)
-                                 for _ in range(1000)], reps) / 1000
+                                 for _ in range(1000)], reps, clock=args.clock) / 1000
     lines.append(f"\nsampling (temperature 0.8, top-k 50, top-p 0.95), per token: exponential race {race * 1e6:.0f} µs, "
                  f"torch.multinomial {multi * 1e6:.0f} µs")
     return lines
