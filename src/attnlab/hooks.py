@@ -121,8 +121,7 @@ class HookedModule(nn.Module):
             cache[hook.name] = tensor.detach()
 
         hooks = [(name, store) for name in self.hook_dict if match(name)]
-        with torch.no_grad() if not torch.is_grad_enabled() else contextlib.nullcontext():
-            output = self.run_with_hooks(*args, fwd_hooks=[*hooks, *fwd_hooks], **kwargs)
+        output = self.run_with_hooks(*args, fwd_hooks=[*hooks, *fwd_hooks], **kwargs)
         return output, ActivationCache(cache, self)
 
 
