@@ -14,6 +14,7 @@ Design choices:
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
@@ -70,7 +71,7 @@ class Transformer(HookedModule):
         super().__init__()
         self.config = config
         self.tokenizer = None  # set by attnlab.load / training when a tokenizer.json comes with the model
-        with torch.device(device) if device is not None else _nullcontext():
+        with torch.device(device) if device is not None else contextlib.nullcontext():
             self.embed = nn.Embedding(config.d_vocab, config.d_model)
             self.pos_embed = nn.Embedding(config.n_ctx, config.d_model) if config.positional == "learned" else None
             self.token_type_embed = nn.Embedding(config.n_token_types, config.d_model) if config.n_token_types else None
@@ -207,11 +208,3 @@ class Transformer(HookedModule):
         if non_embedding:
             n -= self.embed.weight.numel() + (self.pos_embed.weight.numel() if self.pos_embed is not None else 0)
         return n
-
-
-class _nullcontext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
