@@ -75,6 +75,12 @@ def test_config_file_errors(tmp_path):
         build_config(config_file=bad)
     with pytest.raises(UserError, match="no such file"):
         build_config(config_file=tmp_path / "missing.toml")
+    null = tmp_path / "null.json"
+    null.write_text('{"warmup_iters": null}')  # only fields typed `X | None` may be null
+    with pytest.raises(UserError, match="warmup-iters must be int, got None"):
+        build_config(config_file=null)
+    null.write_text('{"lr_decay_iters": null, "n_kv_head": null}')
+    assert build_config(config_file=null).lr_decay_iters is None
 
 
 def test_n_embd_not_divisible_by_n_head_names_the_flags():

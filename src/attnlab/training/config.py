@@ -78,10 +78,7 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise UserError(f"--{flag_name(name)} must be a positive integer, got {value!r}")
-        for name in ("warmup_iters", "seed"):
-            if getattr(self, name) < 0:
-                raise UserError(f"--{flag_name(name)} must be >= 0, got {getattr(self, name)}")
-        for name in ("learning_rate", "min_lr", "weight_decay", "grad_clip"):
+        for name in ("warmup_iters", "seed", "learning_rate", "min_lr", "weight_decay", "grad_clip"):
             if getattr(self, name) < 0:
                 raise UserError(f"--{flag_name(name)} must be >= 0, got {getattr(self, name)}")
         if self.lr_decay_iters is not None and self.lr_decay_iters <= 0:
@@ -119,14 +116,14 @@ MODEL_FIELDS = {
     "n_kv_head": "n_kv_heads", "pos": "positional", "norm": "norm", "mlp": "mlp", "bias": "bias",
     "attn_only": "attn_only", "dropout": "dropout",
 }
-_FROM_MODEL = {target: name for name, target in MODEL_FIELDS.items()}
+FLAG_OF_MODEL_FIELD = {target: name for name, target in MODEL_FIELDS.items()}  # the way back
 
 
 def _from_model_preset(name: str) -> dict[str, Any]:
     """A model preset of attnlab.config.PRESETS in training-flag names (sizes live in one place)."""
     fields = {k: v for k, v in PRESETS[name].items() if k != "d_vocab"}
-    assert set(fields) <= set(_FROM_MODEL), f"preset {name} has fields without a training flag"
-    return {_FROM_MODEL[k]: v for k, v in fields.items()}
+    assert set(fields) <= set(FLAG_OF_MODEL_FIELD), f"preset {name} has fields without a training flag"
+    return {FLAG_OF_MODEL_FIELD[k]: v for k, v in fields.items()}
 
 
 # Named starting points; every value can still be overridden by --config and by flags.
@@ -164,6 +161,12 @@ def _field_types() -> dict[str, Any]:
         kinds = [t for t in typing.get_args(hints[f.name]) if t is not type(None)] or [hints[f.name]]
         types[f.name] = kinds[0]
     return types
+
+
+def _nullable_fields() -> set[str]:
+    """The fields whose type admits None (`int | None`): a config file may set only these to null."""
+    hints = typing.get_type_hints(TrainConfig)
+    return {name for name, hint in hints.items() if type(None) in typing.get_args(hint)}
 
 
 _METAVARS = {int: "N", float: "X", str: "NAME", "data": "PATH", "out": "DIR"}
@@ -209,7 +212,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 
 
 def _check_values(values: dict[str, Any], source: str) -> dict[str, Any]:
-    types = _field_types()
+    types, nullable = _field_types(), _nullable_fields()
     checked = {}
     for key, value in values.items():
         if key not in types:
@@ -219,7 +222,7 @@ def _check_values(values: dict[str, Any], source: str) -> dict[str, Any]:
         kind = types[key]
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
-        if value is not None and not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        if not (value is None and key in nullable) and not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise UserError(f"{source}: {flag_name(key)} must be {kind.__name__}, got {value!r}")
         checked[key] = value
     return checked

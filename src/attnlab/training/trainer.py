@@ -46,7 +46,7 @@ from ..errors import UserError
 from ..formats.native import atomic_write, atomic_write_text, save_native
 from ..model import Transformer
 from ..tokenizer import Tokenizer
-from .config import MODEL_FIELDS, TrainConfig, flag_name
+from .config import FLAG_OF_MODEL_FIELD, TrainConfig, flag_name
 from .data import TokenData, prepare_data
 
 STATE_FILE = "train_state.pt"
@@ -242,8 +242,7 @@ class Trainer:
         now = self.model_config.to_dict()
         differ = [k for k in now if k != "extra" and saved.get(k) != now[k]]
         if differ:
-            to_flag = {target: name for name, target in MODEL_FIELDS.items()}
-            shown = ", ".join(f"--{flag_name(to_flag.get(k, k))} {saved.get(k)} -> {now[k]}" for k in differ[:4])
+            shown = ", ".join(f"--{flag_name(FLAG_OF_MODEL_FIELD.get(k, k))} {saved.get(k)} -> {now[k]}" for k in differ[:4])
             raise UserError(f"--resume: the checkpoint in {self.out} has a different model shape ({shown}); "
                             "resume with the checkpoint's settings, or train the new shape into another --out")
 
