@@ -28,6 +28,13 @@ def test_scaling_shows_what_the_scale_is_for(tmp_path, capsys):
     assert rows[1024, False]["grad_norm"] < 0.5 * rows[1024, True]["grad_norm"]
 
 
+def test_experiment_out_that_is_a_file_is_one_line(tmp_path, capsys):
+    (tmp_path / "f").write_text("")
+    assert main(["experiment", "scaling", "--out", str(tmp_path / "f")]) == 2
+    err = capsys.readouterr().err
+    assert "is a file, not a directory" in err and "Traceback" not in err
+
+
 def test_scaling_measure_uses_the_models_softmax():
     row = scaling.measure(16, True, n_queries=64, n_keys=8)
     assert 0 < row["entropy"] <= math.log(8) + 1e-9

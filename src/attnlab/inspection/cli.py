@@ -80,8 +80,11 @@ def plot_scores(scores, path: Path, title: str = "") -> None:
 
 
 def run_experiment(args: argparse.Namespace) -> int:
+    from .experiments.common import make_out_dir
+
     module = importlib.import_module(f"attnlab.inspection.experiments.{args.name}")
     out = Path(args.out)
+    make_out_dir(out)  # before a run of minutes, not after it
     kwargs = {"seed": args.seed, "quick": args.quick}
     if args.name == "coreference":
         kwargs["model_name"] = args.model

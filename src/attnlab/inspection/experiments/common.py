@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from ...errors import UserError
 from ...formats.native import atomic_write, atomic_write_text
 
 
@@ -143,6 +144,20 @@ def per_token_loss(model, data: torch.Tensor, batch: int = 256) -> torch.Tensor:
             loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2).float(), rows[:, 1:], reduction="none")
             total += loss.sum(0)
     return total / len(data)
+
+
+def make_out_dir(out: Path) -> None:
+    """Create the output directory, or say in one line why it cannot be one."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file, not a directory; pass a directory (it is created if missing)")
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def write_outputs(out: Path, name: str, result: dict, plot: Callable[[dict, Path], None]) -> None:
+    """Write `<out>/<name>.json` and, with `plot(result, path)`, `<out>/<name>.png`, creating `out`."""
+    make_out_dir(out)
+    write_json(out / f"{name}.json", result)
+    plot(result, out / f"{name}.png")
 
 
 def write_json(path: Path, result: dict) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from ...errors import UserError
-from .common import close_figure, format_table, new_figure, save_figure, write_json
+from .common import close_figure, format_table, new_figure, save_figure, write_outputs
 
 # (sentence, pronoun, antecedent, the other noun); pairs share their nouns and flip the antecedent.
 SENTENCES: tuple[tuple[str, str, str, str], ...] = (
@@ -150,9 +150,7 @@ def run(out: Path, *, seed: int = 0, quick: bool = False, model=None, model_name
         "heads_at_least_75_percent": int((acc >= 0.75).sum()),
         "n_heads_total": acc.numel(),
     }
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "coreference.json", result)
-    plot(result, out / "coreference.png")
+    write_outputs(out, "coreference", result, plot)
     return result
 
 
@@ -160,7 +158,7 @@ def plot(result: dict, path: Path) -> None:
     acc = torch.as_tensor(result["accuracy"])
     fig, axes = new_figure(1, 1, (1.2 + 0.45 * acc.shape[1], 1.2 + 0.45 * acc.shape[0]))
     ax = axes[0][0]
-    image = ax.imshow(acc, vmin=0, vmax=1, cmap="viridis")
+    image = ax.imshow(acc.numpy(), vmin=0, vmax=1, cmap="viridis")
     for (l, h), v in ((divmod(i, acc.shape[1]), float(x)) for i, x in enumerate(acc.flatten())):
         ax.text(h, l, f"{v:.2f}", ha="center", va="center", fontsize=6, color="white" if v < 0.6 else "black")
     ax.set_xlabel("head")

@@ -23,7 +23,7 @@ import torch
 
 from ...config import ModelConfig
 from ...model import Transformer
-from .common import SyntheticText, close_figure, format_table, new_figure, per_token_loss, save_figure, threads, train, write_json
+from .common import SyntheticText, close_figure, format_table, new_figure, per_token_loss, save_figure, threads, train, write_outputs
 
 POSITIONALS = ("learned", "sinusoidal", "rope", "none")
 FACTORS = (1, 2, 4)
@@ -86,9 +86,7 @@ def _run(out: Path, *, seed: int, quick: bool, progress: bool) -> dict:
         "note": "learned positions have no table past n_ctx: n/a (null) beyond 1x",
         "rows": rows,
     }
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "extrapolation.json", result)
-    plot(result, out / "extrapolation.png")
+    write_outputs(out, "extrapolation", result, plot)
     return result
 
 

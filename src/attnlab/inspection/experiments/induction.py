@@ -41,7 +41,7 @@ import torch
 from ...config import ModelConfig
 from ...model import Transformer
 from ..scores import head_scores
-from .common import close_figure, format_table, new_figure, per_token_loss, repeated_spans, save_figure, threads, train, write_json
+from .common import close_figure, format_table, new_figure, per_token_loss, repeated_spans, save_figure, threads, train, write_outputs
 
 
 @dataclass(frozen=True)
@@ -167,9 +167,7 @@ def _run(out: Path, *, seed: int, quick: bool, progress: bool) -> dict:
         "final": final,
         "phase_change_2L": phase,
     }
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "induction.json", result)
-    plot(result, out / "induction.png")
+    write_outputs(out, "induction", result, plot)
     from ...formats.native import save_native
 
     for name, model in models.items():  # the trained models, for `attnlab heads` and the ablation test

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from ...attention import attention_pattern, attention_scores
-from .common import close_figure, format_table, new_figure, save_figure, write_json
+from .common import close_figure, format_table, new_figure, save_figure, write_outputs
 
 D_KS = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
@@ -60,9 +60,7 @@ def run(out: Path, *, seed: int = 0, quick: bool = False) -> dict:
         "seed": seed,
         "rows": rows,
     }
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "scaling.json", result)
-    plot(result, out / "scaling.png")
+    write_outputs(out, "scaling", result, plot)
     return result
 
 
