@@ -368,9 +368,9 @@ def block_stages(entry: ModelEntry, qkv: tuple[torch.Tensor, ...], cache, layer:
                        "equation": f"skipped: positions are {cfg.positional}" + (" (added to the embeddings)" if cfg.positional in ("learned", "sinusoidal") else "")})
     raw = attention_scores(q, k, cfg.scale)  # [head, query_pos, key_pos]
     stages.append(stage("scores", "scores", "s = q kᵀ / √d_head", None, raw, raw[:, t], ["head", "query_pos", "key_pos"]))
-    masked = apply_mask(raw, causal=cfg.causal)
+    masked = cache[p + "attn.hook_attn_scores"][0]  # the model's own masked scores: apply_mask(raw) in the layer
     stages.append(stage("masked", "mask", "s ← −∞ above the diagonal" if cfg.causal else "no mask (encoder: every key visible)",
-                        None, masked, masked[:, t], ["head", "query_pos", "key_pos"]))
+                        p + "attn.hook_attn_scores", masked, masked[:, t], ["head", "query_pos", "key_pos"]))
     pattern = cache[p + "attn.hook_pattern"][0]
     stages.append(stage("pattern", "softmax", "a = softmax(s)", p + "attn.hook_pattern", pattern, pattern[:, t], ["head", "query_pos", "key_pos"]))
     full, row = vec("attn.hook_z")
