@@ -70,6 +70,8 @@ def test_capture_patterns_checks_its_arguments():
         capture_patterns(model, torch.zeros(1, 4, dtype=torch.long), layers=[5])
     with pytest.raises(attnlab.UserError, match="head 9"):
         capture_patterns(model, torch.zeros(1, 4, dtype=torch.long), heads=[9])
+    with pytest.raises(attnlab.UserError, match="at least one layer"):
+        capture_patterns(model, torch.zeros(1, 4, dtype=torch.long), layers=[])
 
 
 def test_capture_patterns_long_input_keeps_one_head():

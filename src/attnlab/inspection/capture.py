@@ -40,6 +40,8 @@ def capture_patterns(
     cfg = model.config
     layers = sorted(set(range(cfg.n_layers) if layers is None else layers))
     heads = list(range(cfg.n_heads) if heads is None else heads)
+    if not layers or not heads:
+        raise UserError(f"choose at least one layer and one head; got layers={layers}, heads={heads}")
     for layer in layers:
         if not 0 <= layer < cfg.n_layers:
             raise UserError(f"layer {layer} does not exist; this model has layers 0..{cfg.n_layers - 1}")
