@@ -11,7 +11,6 @@ Design choices:
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -25,8 +24,7 @@ from attnlab.training.trainer import next_token_loss
 @torch.no_grad()
 def full_val_loss(run: Path, batch: int = 32) -> tuple[float, int]:
     model = attnlab.load(run)
-    meta = json.loads((run / "tokens.json").read_text())
-    val = torch.from_numpy(TokenData(run / "tokens.bin", meta["dtype"], meta["n_tokens"]).split("val").astype("int64"))
+    val = torch.from_numpy(TokenData.open(run).split("val").astype("int64"))
     T = model.config.n_ctx
     n = (len(val) - 1) // T
     x, y = val[: n * T].view(n, T), val[1 : n * T + 1].view(n, T)  # (windows, T), y shifted by one

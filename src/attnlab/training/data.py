@@ -125,6 +125,12 @@ class TokenData:
         self.tokens = np.memmap(path, dtype=np.dtype(dtype), mode="r", shape=(n_tokens,))
         self.n_train = int(n_tokens * TRAIN_FRACTION)
 
+    @classmethod
+    def open(cls, out: Path) -> "TokenData":
+        """The token file a run has written into `out` (tokens.bin, described by tokens.json)."""
+        meta = json.loads((out / "tokens.json").read_text())
+        return cls(out / "tokens.bin", meta["dtype"], meta["n_tokens"])
+
     def split(self, name: str) -> np.ndarray:
         return self.tokens[: self.n_train] if name == "train" else self.tokens[self.n_train:]
 

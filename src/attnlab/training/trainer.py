@@ -233,8 +233,7 @@ class Trainer:
         self._barrier()
         if not self.dist.is_main:  # rank 0 wrote the tokenizer and token file; read them, never rewrite
             tokenizer = Tokenizer.from_file(saved_tokenizer)
-            meta = json.loads((self.out / "tokens.json").read_text())
-            data = TokenData(self.out / "tokens.bin", meta["dtype"], meta["n_tokens"])
+            data = TokenData.open(self.out)
         return tokenizer, data
 
     def _check_same_model(self, state: dict[str, Any]) -> None:
