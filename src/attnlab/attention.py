@@ -73,7 +73,6 @@ def expand_kv(q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
     return kv
 
 
-_expand_kv = expand_kv  # the old private name, still imported by inspection.capture
 
 
 def _fused_mask(

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 import torch
 
-from ..attention import _expand_kv, apply_mask, attention_pattern, attention_scores
+from ..attention import apply_mask, attention_pattern, attention_scores, expand_kv
 from ..errors import UserError
 
 
@@ -75,7 +75,7 @@ def capture_patterns(
             with torch.no_grad():
                 q, k = attn.q_norm(q), attn.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # [batch, heads, pos, d_head]
-        k = _expand_kv(q, k)[:, head_index]
+        k = expand_kv(q, k)[:, head_index]
         q = q[:, head_index]
         patterns[layer] = _chunked_pattern(q, k, cfg.scale, cfg.causal, mask, query_chunk)
     return patterns
