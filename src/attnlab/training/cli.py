@@ -104,7 +104,7 @@ def read_prompt(args: argparse.Namespace) -> str:
     if args.prompt_file is not None:
         path = Path(args.prompt_file)
         if not path.is_file():
-            raise UserError(f"--prompt-file {path}: no such file")
+            raise UserError(f"--prompt-file {path}: {'a folder, not a file' if path.is_dir() else 'no such file'}")
         try:
             return path.read_text(encoding="utf-8")
         except UnicodeDecodeError:
