@@ -155,6 +155,7 @@ def test_resume_errors(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--data", "{tmp}/missing.txt"], "no such file or folder"),
+    (["--out", "{tmp}/data.txt"], "a file, not a folder"),
     (["--n-embd", "100", "--n-head", "3"], "must be divisible by n_heads"),
     (["--block-size", "4096"], "shorter than one block"),
     (["--dtype", "float16"], "needs a CUDA GPU"),

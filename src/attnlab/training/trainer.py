@@ -200,6 +200,8 @@ class Trainer:
 
     # Setup ------------------------------------------------------------------------------------------
     def _check_out_dir(self, resume: bool, overwrite: bool) -> dict[str, Any] | None:
+        if self.out.exists() and not self.out.is_dir():
+            raise UserError(f"--out {self.out}: a file, not a folder; give a directory for the run")
         state_path = self.out / STATE_FILE
         if resume:
             if not state_path.is_file():
