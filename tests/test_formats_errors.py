@@ -200,3 +200,15 @@ def test_compare_command_exits_1_when_the_numbers_differ(tmp_path, capsys, monke
     assert main(["compare", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert "MISMATCH" in out and "2.000e-01" in out
+
+
+def test_compare_input_of_a_character_model_without_the_default_text(tmp_path):
+    from attnlab.formats.compare import sample_ids
+
+    model = attnlab.Transformer(attnlab.ModelConfig(d_vocab=6, n_layers=1, n_heads=1, d_model=4, n_ctx=8))
+    model.tokenizer = Tokenizer.train_char("abc de")  # lacks the 'T' of the default sentence
+    ids = sample_ids(model)  # falls back to fixed ids, the same on every call
+    assert ids.shape == (1, 8) and torch.equal(ids, sample_ids(model))
+    assert sample_ids(model, "a bad").tolist() == [model.tokenizer.encode("a bad")]
+    with pytest.raises(UserError, match="never saw: 'T'"):
+        sample_ids(model, "The")  # text the user chose is still checked

@@ -48,7 +48,12 @@ class Comparison:
 def sample_ids(model, text: str | None = None) -> torch.Tensor:
     """The sample input (1, T): the text through the model's tokenizer, else fixed pseudo-random ids."""
     if model.tokenizer is not None:
-        ids = model.tokenizer.encode(text or SAMPLE_TEXT)
+        try:
+            ids = model.tokenizer.encode(text or SAMPLE_TEXT)
+        except UserError:  # a character model may lack the default text's characters: not the user's mistake
+            if text is not None:
+                raise
+            ids = []
         if ids:
             return torch.tensor([ids[: model.config.n_ctx]])
     generator = torch.Generator().manual_seed(0)
