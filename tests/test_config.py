@@ -28,6 +28,8 @@ def test_heads_that_do_not_divide_d_model_are_refused_with_a_fix():
     [
         (dict(n_heads=4, n_kv_heads=3), r"n_heads \(4\) must be a multiple of n_kv_heads \(3\); try n_kv_heads=1"),
         (dict(n_kv_heads=0), r"n_kv_heads \(0\)"),
+        (dict(n_kv_heads=1.5), "n_kv_heads must be a positive integer .* got 1.5"),
+        (dict(n_kv_heads="2"), "n_kv_heads must be a positive integer .* got '2'"),
         (dict(positional="alibi"), "positional must be one of learned, sinusoidal, rope, none; got 'alibi'"),
         (dict(norm="batchnorm"), "norm must be one of layernorm, rmsnorm"),
         (dict(norm_placement="sandwich"), "norm_placement must be one of pre, post"),

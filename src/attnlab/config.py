@@ -71,6 +71,8 @@ class ModelConfig:
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}); "
                 f"try n_heads={' or '.join(map(str, sorted(near)))}"
             )
+        if self.n_kv_heads is not None and (not isinstance(self.n_kv_heads, int) or isinstance(self.n_kv_heads, bool)):
+            raise UserError(f"n_kv_heads must be a positive integer (or None for n_heads), got {self.n_kv_heads!r}")
         if self.n_kv_heads is not None and (self.n_kv_heads <= 0 or self.n_heads % self.n_kv_heads):
             raise UserError(
                 f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads}); "
