@@ -13,7 +13,8 @@ import pytest
 import attnlab
 from attnlab.cli import main
 from attnlab.explorer.cli import bind, newest_run
-from attnlab.explorer.export import export_data, request_key
+from attnlab.explorer.export import _round as export_round, export_data, request_key
+from attnlab.explorer.service import Explorer
 from explorer_models import TEXT, small_models
 
 
@@ -140,6 +141,28 @@ def test_export_holds_every_request_the_page_makes_by_default():
     assert "/api/models/gpt/head-scores" in keys
     # app.js's requestKey: JSON.stringify of sorted [key, value] pairs, no spaces, non-ASCII as is
     assert request_key("/api/run", {"text": "é\n", "model": "m"}) == '/api/run [["model","m"],["text","é\\n"]]'
+
+
+def test_export_shares_one_forward_pass_per_layer_and_matches_the_server(monkeypatch):
+    model = small_models()["gpt"]
+    cfg = model.config
+    served = Explorer({"gpt": model})
+    expected = {(layer, head): (served.pattern("gpt", TEXT, layer, head, "f32"), served.projection("gpt", TEXT, layer, head))
+                for layer in range(cfg.n_layers) for head in range(cfg.n_heads)}
+    passes = []
+    original = type(model).run_with_cache
+    monkeypatch.setattr(type(model), "run_with_cache", lambda self, *a, **k: passes.append(k.get("stop_at_layer")) or original(self, *a, **k))
+    data = export_data(model, TEXT, name="gpt")
+    per_layer = [p for p in passes if p is not None]
+    assert cfg.n_heads > 1 and sorted(per_layer) == [layer + 1 for layer in range(cfg.n_layers)]  # one pass per layer
+    base = {"model": "gpt", "text": TEXT}
+    for (layer, head), (pattern, projection) in expected.items():
+        where = {**base, "layer": layer, "head": head}
+        got = data["responses"][request_key("/api/pattern", {**where, "encoding": "f32"})]
+        assert got["pattern"] == export_round(pattern)["pattern"] and got["raw"] == export_round(pattern)["raw"]
+        assert data["responses"][request_key("/api/projection", where)] == export_round(projection)
+    trace = served.trace("gpt", TEXT, cfg.n_layers - 1, 3)
+    assert data["responses"][request_key("/api/trace", {**base, "layer": cfg.n_layers - 1, "token": 3})] == export_round(trace)
 
 
 def test_export_refuses_long_texts_with_the_limit(model_dir, tmp_path, capsys):

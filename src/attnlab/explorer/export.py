@@ -48,9 +48,31 @@ def _round(value: Any, digits: int = 5) -> Any:
     return value
 
 
+class _ExportExplorer(Explorer):
+    """The server's Explorer, except that everything asked of one layer (every head's pattern and projection,
+    every token's trace) shares one forward pass: the server runs one pass per request, which for an export
+    would be n_layers x (2 n_heads + n_tokens) passes."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._last: tuple[Any, Any] | None = None  # ((model, ids, layer), the run's result): one layer at a time
+
+    def cached_run(self, entry, ids, names_filter, layer=None):
+        if layer is None:
+            return super().cached_run(entry, ids, names_filter, layer)
+        prefix = f"blocks.{layer}."
+        wanted = [n for n in entry.model.hook_dict if names_filter(n)] if callable(names_filter) else list(names_filter)
+        if not all(n.startswith(prefix) for n in wanted):
+            return super().cached_run(entry, ids, names_filter, layer)
+        key = (entry.name, tuple(ids.flatten().tolist()), layer)
+        if self._last is None or self._last[0] != key:
+            self._last = (key, super().cached_run(entry, ids, lambda n: n.startswith(prefix), layer))
+        return self._last[1]
+
+
 def export_data(model, text: str, name: str = "model") -> dict[str, Any]:
     """The responses the page asks for on `text`, computed once: {models, text, responses}."""
-    explorer = Explorer({name: model}, max_tokens=EXPORT_MAX_TOKENS)
+    explorer = _ExportExplorer({name: model}, max_tokens=EXPORT_MAX_TOKENS)
     cfg = model.config
     responses: dict[str, Any] = {}
     base = {"model": name, "text": text}
