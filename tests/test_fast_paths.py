@@ -36,6 +36,30 @@ def build(overrides: dict, dtype=torch.float64, std: float = 0.3) -> Transformer
 
 
 # compiled decode -----------------------------------------------------------------------------------------
+def test_linear_takes_the_matvec_form_only_compiled_on_one_row_and_it_equals_f_linear():
+    from attnlab.layers import Linear, matvec
+
+    torch.manual_seed(0)
+    layer = Linear(24, 40).double()
+    ops = []
+
+    def backend(gm, example_inputs):
+        ops.extend(str(node.target) for node in gm.graph.nodes)
+        return gm.forward
+
+    for rows in (1, 3):
+        torch._dynamo.reset()
+        ops.clear()
+        x = torch.randn(rows, 1, 24, dtype=torch.float64)
+        got = torch.compile(layer, backend=backend, fullgraph=True)(x)
+        expected = torch.nn.functional.linear(x, layer.weight, layer.bias)
+        torch.testing.assert_close(got, expected, **F64)
+        uses_linear = any("linear" in op for op in ops)
+        assert uses_linear == (rows > 1), (rows, ops)  # one row: multiply and sum, which inductor fuses
+    torch.testing.assert_close(matvec(x, layer.weight), x @ layer.weight.T, **F64)
+    assert torch.equal(layer(x[:1]), torch.nn.functional.linear(x[:1], layer.weight, layer.bias))  # eager: F.linear
+
+
 def test_compiled_decode_step_gives_the_full_forward_logits_and_padded_rows_generate_as_alone():
     model = build(dict(LLAMA, n_layers=1))  # one layer: tracing time grows with depth; test_generation covers two eagerly
     B, T, P = 3, 12, 5  # batch, tokens, prompt

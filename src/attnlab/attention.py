@@ -25,6 +25,7 @@ from torch import nn
 
 from .config import ModelConfig
 from .hooks import HookPoint
+from .layers import Linear
 
 
 def causal_mask(T: int, S: int, device: torch.device | str | None = None, diagonal: int | None = None) -> torch.Tensor:
@@ -120,6 +121,10 @@ def scaled_dot_product_attention(
     """
     scale = _checked_scale(q, k, causal, scale)
     T, S = q.shape[-2], k.shape[-2]
+    if T == 1 and not return_weights and dropout_p == 0 and torch.compiler.is_compiling():
+        # one query (a decode step) in a compiled graph: the explicit equation, which inductor fuses into a
+        # few loops, instead of the fused kernel's per-call setup (benchmarks/README.md, "Generation speed")
+        return scaled_dot_product_attention(q, k, v, causal=causal, mask=mask, scale=scale, return_weights=True)[0]
     if not return_weights:
         attn_mask, is_causal = _fused_mask(T, S, causal, mask, q.device)
         gqa = q.dim() >= 3 and k.shape[-3] != q.shape[-3]
@@ -261,10 +266,10 @@ class Attention(nn.Module):
 
         self.config, self.layer = config, layer
         H, Hkv, D, d_model = config.n_heads, config.kv_heads, config.head_dim, config.d_model
-        self.W_Q = nn.Linear(d_model, H * D, bias=config.use_qkv_bias)
-        self.W_K = nn.Linear(d_model, Hkv * D, bias=config.use_qkv_bias)
-        self.W_V = nn.Linear(d_model, Hkv * D, bias=config.use_qkv_bias)
-        self.W_O = nn.Linear(H * D, d_model, bias=config.bias)
+        self.W_Q = Linear(d_model, H * D, bias=config.use_qkv_bias)
+        self.W_K = Linear(d_model, Hkv * D, bias=config.use_qkv_bias)
+        self.W_V = Linear(d_model, Hkv * D, bias=config.use_qkv_bias)
+        self.W_O = Linear(H * D, d_model, bias=config.bias)
         self.q_norm = RMSNorm(D, config.norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(D, config.norm_eps) if config.qk_norm else None
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()

@@ -26,7 +26,7 @@ from .attention import Attention
 from .config import ModelConfig
 from .errors import UserError
 from .hooks import HookedModule, HookPoint
-from .layers import MLP, make_norm
+from .layers import MLP, Linear, make_norm
 from .positions import Rotary, sinusoidal_positions
 
 
@@ -80,7 +80,7 @@ class Transformer(HookedModule):
             self.drop = nn.Dropout(config.dropout)
             self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
             self.ln_final = make_norm(config) if config.final_norm else None
-            self.unembed = nn.Linear(config.d_model, config.d_vocab, bias=False) if config.causal else None
+            self.unembed = Linear(config.d_model, config.d_vocab, bias=False) if config.causal else None
         self.hook_embed = HookPoint()  # [batch, pos, d_model]
         self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
         self.hook_token_type_embed = HookPoint()  # [batch, pos, d_model]
