@@ -5,8 +5,8 @@
 
 Design choices:
 - Everything is measured in this one process: the machine's matmul peak (a float32 matmul, best of a
-  few), a baseline (the plain eager float32 loop: forward, cross-entropy, backward, torch's default AdamW
-  step, batches gathered from the same memmap) and attnlab's Trainer.train_step in its variants (as
+  few), a baseline (RecipeLoop: nanoGPT's model and train-step recipe in plain eager float32 PyTorch, on the
+  same tokens) and attnlab's Trainer.train_step in its variants (as
   shipped: fused AdamW + clipping; + torch.compile of the blocks; + bf16 autocast). Results are ratios to
   the baseline, because the machine is shared and absolute times move with its load.
 - Variants are interleaved round by round (A B C D, A B C D, ...) and each reports its median step time,
@@ -20,6 +20,7 @@ Design choices:
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import tempfile
 import time
@@ -58,25 +59,72 @@ def flops_per_token(trainer: Trainer) -> float:
     return 6 * n + 12 * cfg.n_layers * cfg.d_model * cfg.n_ctx
 
 
-class PlainLoop:
-    """The baseline: nanoGPT's loop in its simplest form, eager float32, on the same model and data."""
+class RecipeGPT(torch.nn.Module):
+    """The baseline model: a GPT-2-style decoder in the plain-PyTorch form nanoGPT's model.py uses (one fused
+    query/key/value Linear, torch's SDPA with is_causal, exact GELU, pre-norm LayerNorm, tied head, N(0, 0.02)
+    init with the residual projections scaled by 1/sqrt(2 n_layer)), written here for the comparison."""
+
+    def __init__(self, vocab: int, n_layer: int, n_head: int, n_embd: int, block_size: int, bias: bool) -> None:
+        super().__init__()
+        nn = torch.nn
+        self.n_head = n_head
+        self.wte, self.wpe = nn.Embedding(vocab, n_embd), nn.Embedding(block_size, n_embd)
+        self.blocks = nn.ModuleList(nn.ModuleDict(dict(
+            ln_1=nn.LayerNorm(n_embd, bias=bias), c_attn=nn.Linear(n_embd, 3 * n_embd, bias=bias),
+            c_proj=nn.Linear(n_embd, n_embd, bias=bias), ln_2=nn.LayerNorm(n_embd, bias=bias),
+            c_fc=nn.Linear(n_embd, 4 * n_embd, bias=bias), mlp_proj=nn.Linear(4 * n_embd, n_embd, bias=bias),
+        )) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(n_embd, bias=bias)
+        self.lm_head = nn.Linear(n_embd, vocab, bias=False)
+        self.wte.weight = self.lm_head.weight
+        for name, p in self.named_parameters():
+            if p.dim() >= 2:
+                std = 0.02 / math.sqrt(2 * n_layer) if name.endswith(("c_proj.weight", "mlp_proj.weight")) else 0.02
+                torch.nn.init.normal_(p, 0.0, std)
+            elif name.endswith("bias"):
+                torch.nn.init.zeros_(p)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        B, T = idx.shape
+        x = self.wte(idx) + self.wpe(torch.arange(T))
+        for b in self.blocks:
+            q, k, v = b.c_attn(b.ln_1(x)).split(x.size(-1), dim=2)
+            q, k, v = (t.view(B, T, self.n_head, -1).transpose(1, 2) for t in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + b.c_proj(y.transpose(1, 2).contiguous().view(B, T, -1))
+            x = x + b.mlp_proj(F.gelu(b.c_fc(b.ln_2(x))))
+        logits = self.lm_head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+class RecipeLoop:
+    """The baseline loop: nanoGPT's train.py step on CPU, eager float32: batches gathered window by window
+    from the memmap and stacked, forward, backward, clip_grad_norm_, AdamW (foreach: nanoGPT fuses only on
+    CUDA) with decay on dim >= 2 parameters, then `loss.item()` (its log line, every step at log_interval 1)."""
 
     def __init__(self, trainer: Trainer) -> None:
-        from attnlab.model import Transformer
-
+        cfg = trainer.cfg
         torch.manual_seed(0)
-        self.cfg, self.data = trainer.cfg, trainer.data
-        self.model = Transformer(trainer.model_config)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
-        self.tokens = self.data.split("train")
+        self.cfg, self.tokens = cfg, trainer.data.split("train")
+        self.model = RecipeGPT(trainer.tokenizer.vocab_size, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, cfg.bias)
+        params = list(self.model.parameters())
+        self.optimizer = torch.optim.AdamW(
+            [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+            lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2))
+
+    def get_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        T = self.cfg.block_size
+        ix = torch.randint(len(self.tokens) - T, (self.cfg.batch_size,))
+        x = torch.stack([torch.from_numpy(self.tokens[i:i + T].astype(np.int64)) for i in ix])
+        y = torch.stack([torch.from_numpy(self.tokens[i + 1:i + 1 + T].astype(np.int64)) for i in ix])
+        return x, y
 
     def train_step(self, it: int) -> float:
-        B, T = self.cfg.batch_size, self.cfg.block_size
-        ix = np.random.randint(0, len(self.tokens) - T, B)
-        window = torch.from_numpy(self.tokens[ix[:, None] + np.arange(T + 1)].astype(np.int64))
-        x, y = window[:, :-1], window[:, 1:]
-        loss = F.cross_entropy(self.model(x).flatten(0, 1), y.flatten())
+        x, y = self.get_batch()
+        loss = self.model(x, y)
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss.item()
@@ -94,9 +142,9 @@ def make_variants(name: str, root: Path) -> dict[str, object]:
 
     shipped = trainer()
     return {
-        "baseline: plain eager fp32 loop": PlainLoop(shipped),
+        "baseline: nanoGPT recipe, plain PyTorch": RecipeLoop(shipped),
         "attnlab step (fused AdamW, clip)": shipped,
-        "+ torch.compile (blocks)": trainer(compile=True),
+        "+ --compile (forward and loss, one graph)": trainer(compile=True),
         "+ bf16 autocast": trainer(dtype="bfloat16"),
     }
 

@@ -70,7 +70,7 @@ class TrainConfig:
     seed: int = _opt(1337, "seed of the initial weights, the batches and dropout")
     device: str = _opt("auto", "auto (cuda if available, else cpu), cpu, cuda, cuda:N or mps", group="system")
     dtype: str = _opt("auto", "autocast dtype: auto = bfloat16 on a GPU that has it, else float32", DTYPES, "system")
-    compile: bool = _opt(False, "torch.compile the blocks (pays off on long runs)", group="system")
+    compile: bool = _opt(False, "torch.compile the forward pass and loss (tens of seconds first; pays off on long runs)", group="system")
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_layer", "n_head", "n_embd", "block_size", "batch_size",

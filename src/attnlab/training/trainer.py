@@ -51,6 +51,7 @@ from .data import TokenData, prepare_data
 
 STATE_FILE = "train_state.pt"
 METRICS_FILE = "metrics.jsonl"
+COMPILE_BACKEND = "inductor"  # what --compile uses (tests swap in "aot_eager", which traces the same graph quickly)
 _EVAL_SEED_OFFSET = 7919  # eval batches come from their own seed, apart from every training step's
 
 
@@ -188,14 +189,14 @@ class Trainer:
             if self.scaler is not None and state.get("grad_scaler"):
                 self.scaler.load_state_dict(state["grad_scaler"])
             self.iter, self.elapsed_before, self.last_saved = state["iter"], state["elapsed_s"], state["iter"]
-        if cfg.compile:
-            for block in self.raw_model.blocks:  # blocks only: the embedding's input checks are data-dependent
-                block.compile()
         self.model: torch.nn.Module = self.raw_model
         if self.dist.enabled:
             from torch.nn.parallel import DistributedDataParallel
 
             self.model = DistributedDataParallel(self.raw_model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        self.loss_fn = self.forward_loss
+        if cfg.compile:  # one graph for embedding, blocks, head and loss; compiled on the first step
+            self.loss_fn = torch.compile(self.forward_loss, backend=COMPILE_BACKEND)
         self.stop_requested = False
 
     # Setup ------------------------------------------------------------------------------------------
@@ -265,6 +266,11 @@ class Trainer:
             return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
         return x.to(self.device), y.to(self.device)
 
+    def forward_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The training loss of one micro-batch. Compiled, the token-id range check (a host read) is left
+        out of the graph: the ids come from the run's own tokenizer, so they are in range by construction."""
+        return next_token_loss(self.model(x, check_inputs=not self.cfg.compile), y)
+
     def train_step(self, it: int) -> float:
         """One optimizer step at step `it`; returns the mean training loss over the global batch."""
         cfg, rank, world = self.cfg, self.dist.rank, self.dist.world
@@ -282,7 +288,7 @@ class Trainer:
             sync = contextlib.nullcontext() if last or not self.dist.enabled else self.model.no_sync()
             with sync:
                 with self._autocast():
-                    loss = next_token_loss(self.model(x), y) / self.accum
+                    loss = self.loss_fn(x, y) / self.accum
                 (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
             total += loss.detach()
         flags = torch.stack([total, torch.tensor(float(self.stop_requested), device=self.device)])
