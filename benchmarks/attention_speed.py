@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/attention_speed.py                    # T = 256 … 16384, writes the PNGs
     .venv/bin/python benchmarks/attention_speed.py --max-t 2048       # a quick look
+    .venv/bin/python benchmarks/attention_speed.py --min-t 16384 --paths fused chunked --out /tmp/t16k   # one T
 
 Design choices:
 - One head shape for all: batch 1, 8 heads, d_head 64, float32, causal self-attention (T = S), dropout 0
@@ -155,7 +156,10 @@ def plot(results: dict, out: Path) -> list[Path]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--min-t", type=int, default=256, help="first T (doubling from there)")
     parser.add_argument("--max-t", type=int, default=16384)
+    parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS),
+                        help="paths to run (sdpa, the baseline, always runs); leave out explicit when starting at a large --min-t")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-gib", type=float, default=20.0, help="largest predicted peak for the explicit path")
     parser.add_argument("--threads", type=int, default=None)
@@ -176,11 +180,11 @@ def main() -> None:
     print(f"# Attention speed\n{machine}, clock: {args.clock}\nB={B}, heads={H}, d_head={D}, float32, causal, dropout 0", flush=True)
     results: dict = {"machine": f"{machine}, clock: {args.clock}", "rows": [], "explicit_stops": {}}
     explicit_peak: dict[str, tuple[int, float]] = {}
-    T = 256
+    T = args.min_t
     while T <= args.max_t:
         row = {"T": T, "time": {}, "memory": {}}
         for pass_ in PASSES:
-            paths = list(PATHS)
+            paths = [p for p in PATHS if p in args.paths or p == "sdpa"]
             if pass_ in explicit_peak:  # extrapolate the explicit path's T² memory before running it
                 last_T, peak = explicit_peak[pass_]
                 predicted = peak * (T / last_T) ** 2
