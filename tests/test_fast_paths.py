@@ -36,8 +36,8 @@ def build(overrides: dict, dtype=torch.float64, std: float = 0.3) -> Transformer
 
 
 # compiled decode -----------------------------------------------------------------------------------------
-def test_linear_takes_the_matvec_form_only_compiled_on_one_row_and_it_equals_f_linear():
-    from attnlab.layers import Linear, matvec
+def test_linear_takes_the_matvec_form_only_compiled_on_few_rows_and_it_equals_f_linear():
+    from attnlab.layers import MATVEC_MAX_ROWS, Linear, matvec
 
     torch.manual_seed(0)
     layer = Linear(24, 40).double()
@@ -47,7 +47,7 @@ def test_linear_takes_the_matvec_form_only_compiled_on_one_row_and_it_equals_f_l
         ops.extend(str(node.target) for node in gm.graph.nodes)
         return gm.forward
 
-    for rows in (1, 3):
+    for rows in (1, MATVEC_MAX_ROWS, MATVEC_MAX_ROWS + 1):
         torch._dynamo.reset()
         ops.clear()
         x = torch.randn(rows, 1, 24, dtype=torch.float64)
@@ -55,7 +55,7 @@ def test_linear_takes_the_matvec_form_only_compiled_on_one_row_and_it_equals_f_l
         expected = torch.nn.functional.linear(x, layer.weight, layer.bias)
         torch.testing.assert_close(got, expected, **F64)
         uses_linear = any("linear" in op for op in ops)
-        assert uses_linear == (rows > 1), (rows, ops)  # one row: multiply and sum, which inductor fuses
+        assert uses_linear == (rows > MATVEC_MAX_ROWS), (rows, ops)  # few rows: multiply and sum, which inductor fuses
     torch.testing.assert_close(matvec(x, layer.weight), x @ layer.weight.T, **F64)
     assert torch.equal(layer(x[:1]), torch.nn.functional.linear(x[:1], layer.weight, layer.bias))  # eager: F.linear
 
