@@ -36,6 +36,29 @@ def build(overrides: dict, dtype=torch.float64, std: float = 0.3) -> Transformer
 
 
 # compiled decode -----------------------------------------------------------------------------------------
+def test_weights_stored_narrower_than_the_activations_are_widened_where_used():
+    import copy
+
+    from attnlab.layers import store_weights_as
+
+    ids = torch.randint(0, 23, (2, 12), generator=torch.Generator().manual_seed(0))
+    for overrides in (LLAMA, dict(LLAMA, positional="learned", norm="layernorm", mlp="gelu", tie_embeddings=True)):
+        model = build(overrides)  # float64
+        narrow = store_weights_as(copy.deepcopy(model), torch.float32)
+        attn = narrow.blocks[0].attn
+        assert attn.W_Q.weight.dtype == torch.float32 and narrow.embed.weight.dtype == torch.float64
+        if overrides.get("tie_embeddings"):  # the tied head is the embedding: left as it is
+            assert narrow.unembed.weight is narrow.embed.weight
+        else:
+            assert narrow.unembed.weight.dtype == torch.float32
+        with torch.no_grad():
+            got, expected = narrow(ids), model(ids)
+        assert got.dtype == torch.float64
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)  # only the weights were rounded
+        eager = generate(narrow, ids[:1], 6, temperature=0)
+        assert torch.equal(generate(narrow, ids[:1], 6, temperature=0, compile="aot_eager"), eager)
+
+
 def test_linear_takes_the_matvec_form_only_compiled_on_few_rows_and_it_equals_f_linear():
     from attnlab.layers import MATVEC_MAX_ROWS, Linear, matvec
 

@@ -18,7 +18,8 @@ Design choices (after gpt-fast):
 - Left-padded batches: `attention_mask` marks real tokens; positions count real tokens only, and padded
   keys stay masked, so each row generates exactly what it would alone.
 - Lower precision is the model's dtype (`model.to(torch.bfloat16)`): the cache takes the model's dtype,
-  norms compute in float32, and sampling reads float32 logits.
+  norms compute in float32, and sampling reads float32 logits. Or only the weights
+  (`attnlab.layers.store_weights_as(model, torch.bfloat16)`): half the bytes per token, float32 arithmetic.
 """
 
 from __future__ import annotations

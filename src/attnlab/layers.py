@@ -29,12 +29,26 @@ class Linear(nn.Linear):
     of up to MATVEC_MAX_ROWS sequences), the product is written as a row-wise multiply and sum. Inductor turns
     that into one vectorised, multi-threaded loop that streams each weight once, 1.5-2.5x the BLAS call on this
     CPU, whose weights come from main memory at every token (benchmarks/README.md, "Generation speed"). Eager
-    code and every larger product take F.linear; tests/test_fast_paths.py holds the two to the same numbers."""
+    code and every larger product take F.linear; tests/test_fast_paths.py holds the two to the same numbers.
+    The weight may be stored narrower than the activations (`store_weights_as`): it is widened where it is used,
+    which a compiled graph fuses into the same loop."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype)
         if torch.compiler.is_compiling() and x.shape[:-1].numel() <= MATVEC_MAX_ROWS:
-            return matvec(x, self.weight, self.bias)
-        return F.linear(x, self.weight, self.bias)
+            return matvec(x, weight, self.bias)
+        return F.linear(x, weight, self.bias)
+
+
+def store_weights_as(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Store every Linear's weight matrix in `dtype` (bfloat16: half the bytes a decode step reads), in place,
+    for inference; activations, norms, embeddings and biases keep their dtype, so only the weights are rounded.
+    A weight shared with an embedding (a tied LM head) is left as it is, so the residual stream keeps its dtype."""
+    embedding_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    for module in model.modules():
+        if isinstance(module, Linear) and id(module.weight) not in embedding_weights:
+            module.weight = nn.Parameter(module.weight.detach().to(dtype), requires_grad=False)
+    return model
 
 
 def matvec(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
