@@ -37,6 +37,21 @@ def test_sample_streams_prompt_then_new_text(run_dir, capsys):
     assert again == out  # seeded
 
 
+def test_sample_compiled_and_with_bf16_weights(run_dir, capsys, monkeypatch):
+    import attnlab.generation as generation
+
+    # aot_eager traces the same decode graph as inductor without compiling C++ (tests/test_fast_paths.py)
+    compiled_steps = []
+    monkeypatch.setattr(generation, "compiled_decode_one_token", lambda backend: compiled_steps.append(backend) or
+                        torch.compile(generation.decode_one_token, backend="aot_eager", fullgraph=True, dynamic=False))
+    argv = [str(run_dir), "--prompt", "the cat", "--max-new-tokens", "12", "--temperature", "0"]
+    plain = sample(argv, capsys)
+    compiled = sample([*argv, "--compile"], capsys)
+    assert plain[0] == compiled[0] == 0 and compiled[1] == plain[1] and compiled_steps
+    code, out, _ = sample([*argv, "--bf16-weights"], capsys)
+    assert code == 0 and out.startswith("the cat") and len(out.rstrip("\n")) > len("the cat")
+
+
 def test_stream_equals_plain_generate(run_dir):
     model = attnlab.load(run_dir)
     ids = torch.tensor([model.tokenizer.encode("a dog")])  # 5 + 10 tokens fit n_ctx=16: one window

@@ -142,6 +142,10 @@ def run_sample(args: argparse.Namespace) -> int:
     model = load(args.dir, device=str(device))
     if not model.config.causal:
         raise UserError(f"{args.dir} is an encoder (BERT-style) model; sampling needs a causal language model")
+    if args.bf16_weights:
+        from ..layers import store_weights_as
+
+        store_weights_as(model, torch.bfloat16)
     ids = torch.tensor([encode_prompt(model, prompt)], device=device)
     for i in range(args.num_samples):
         if i:
@@ -150,7 +154,8 @@ def run_sample(args: argparse.Namespace) -> int:
         stream.push(ids[0].tolist())
         seed = None if args.seed is None else args.seed + i
         generate_windowed(model, ids, args.max_new_tokens, seed=seed, temperature=args.temperature,
-                          top_k=args.top_k, top_p=args.top_p, on_token=lambda token: stream.push(token[0].tolist()))
+                          top_k=args.top_k, top_p=args.top_p, compile=args.compile,
+                          on_token=lambda token: stream.push(token[0].tolist()))
         stream.finish()
     print()
     return 0
@@ -181,4 +186,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--seed", type=int, default=1337)
     s.add_argument("--num-samples", type=int, default=1)
     s.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    s.add_argument("--compile", action="store_true",
+                   help="decode through torch.compile: tens of seconds to compile first, then ~2x faster on a CPU")
+    s.add_argument("--bf16-weights", action="store_true",
+                   help="store the weight matrices in bfloat16 (half the bytes per token), compute in float32")
     s.set_defaults(func=run_sample)
