@@ -7,7 +7,7 @@ Design choices:
 - Everything is measured in this one process: the machine's matmul peak (a float32 matmul, best of a
   few), a baseline (RecipeLoop: nanoGPT's model and train-step recipe in plain eager float32 PyTorch, on the
   same tokens) and attnlab's Trainer.train_step in its variants (as
-  shipped: fused AdamW + clipping; + torch.compile of the blocks; + bf16 autocast). Results are ratios to
+  shipped: fused AdamW + clipping; + torch.compile of the forward pass and loss; + bf16 autocast). Results are ratios to
   the baseline, because the machine is shared and absolute times move with its load.
 - Variants are interleaved round by round (A B C D, A B C D, ...) and each reports its median step time,
   so a burst of load elsewhere hits every variant alike rather than one of them.
