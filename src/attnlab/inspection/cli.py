@@ -58,7 +58,7 @@ def plot_scores(scores, path: Path, title: str = "") -> None:
     """One heat map per score (layer × head), standout heads outlined."""
     from matplotlib.patches import Rectangle
 
-    from .experiments.common import close_figure, new_figure, save_figure
+    from .experiments.common import new_figure, save_figure
     from .scores import STANDOUT
 
     names = list(scores.scores)
@@ -76,7 +76,6 @@ def plot_scores(scores, path: Path, title: str = "") -> None:
         fig.colorbar(image, ax=ax, shrink=0.8)
     fig.suptitle(f"head scores {title}", fontsize=10)
     save_figure(fig, path)
-    close_figure(fig)
 
 
 def run_experiment(args: argparse.Namespace) -> int:

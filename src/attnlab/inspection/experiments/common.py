@@ -173,7 +173,11 @@ def _jsonable(value):
 
 
 def save_figure(fig, path: Path) -> None:
+    """Write `fig` as a PNG (atomically) and close it."""
+    import matplotlib.pyplot as plt
+
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight"))
+    plt.close(fig)
 
 
 def new_figure(rows: int, cols: int, size: tuple[float, float]):
@@ -184,12 +188,6 @@ def new_figure(rows: int, cols: int, size: tuple[float, float]):
 
     fig, axes = plt.subplots(rows, cols, figsize=size, squeeze=False)
     return fig, axes
-
-
-def close_figure(fig) -> None:
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
 
 
 def format_table(header: list[str], rows: list[list]) -> str:

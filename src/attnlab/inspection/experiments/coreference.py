@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from ...errors import UserError
-from .common import close_figure, format_table, new_figure, save_figure, write_outputs
+from .common import format_table, new_figure, save_figure, write_outputs
 
 # (sentence, pronoun, antecedent, the other noun); pairs share their nouns and flip the antecedent.
 SENTENCES: tuple[tuple[str, str, str, str], ...] = (
@@ -166,7 +166,6 @@ def plot(result: dict, path: Path) -> None:
     ax.set_title(f"pronoun -> antecedent, fraction right of {result['n_sentences']} sentences (chance 0.5)", fontsize=9)
     fig.colorbar(image, ax=ax, shrink=0.8)
     save_figure(fig, path)
-    close_figure(fig)
 
 
 def table(result: dict) -> str:

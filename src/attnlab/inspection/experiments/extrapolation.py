@@ -23,7 +23,7 @@ import torch
 
 from ...config import ModelConfig
 from ...model import Transformer
-from .common import SyntheticText, close_figure, format_table, new_figure, per_token_loss, save_figure, threads, train, write_outputs
+from .common import SyntheticText, format_table, new_figure, per_token_loss, save_figure, threads, train, write_outputs
 
 POSITIONALS = ("learned", "sinusoidal", "rope", "none")
 FACTORS = (1, 2, 4)
@@ -106,7 +106,6 @@ def plot(result: dict, path: Path) -> None:
         ax.legend(fontsize=8)
     fig.suptitle(f"Trained at {L} tokens, evaluated longer (learned positions: n/a past {L})")
     save_figure(fig, path)
-    close_figure(fig)
 
 
 def table(result: dict) -> str:

@@ -41,7 +41,7 @@ import torch
 from ...config import ModelConfig
 from ...model import Transformer
 from ..scores import head_scores
-from .common import close_figure, format_table, new_figure, per_token_loss, repeated_spans, save_figure, threads, train, write_outputs
+from .common import format_table, new_figure, per_token_loss, repeated_spans, save_figure, threads, train, write_outputs
 
 
 @dataclass(frozen=True)
@@ -193,7 +193,6 @@ def plot(result: dict, path: Path) -> None:
     early, late = result["icl_positions"]
     fig.suptitle(f"One- vs two-layer attention-only models (ICL = loss@{late} − loss@{early}; dotted: 2L's steepest induction-score rise)")
     save_figure(fig, path)
-    close_figure(fig)
 
 
 def table(result: dict) -> str:

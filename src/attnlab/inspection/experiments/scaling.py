@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from ...attention import attention_pattern, attention_scores
-from .common import close_figure, format_table, new_figure, save_figure, write_outputs
+from .common import format_table, new_figure, save_figure, write_outputs
 
 D_KS = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
@@ -79,7 +79,6 @@ def plot(result: dict, path: Path) -> None:
         ax.legend(fontsize=8)
     fig.suptitle(f"Why divide by √d_k: random q, k ~ N(0,1), {result['n_keys']} keys")
     save_figure(fig, path)
-    close_figure(fig)
 
 
 def table(result: dict) -> str:
