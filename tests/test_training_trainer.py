@@ -91,7 +91,6 @@ def test_ctrl_c_saves_and_resume_is_exact(tmp_path, monkeypatch):
 
 def test_compile_traces_forward_and_loss_as_one_graph_with_the_eager_losses(tmp_path, monkeypatch):
     # aot_eager captures the same functionalised graph inductor would compile, in a fraction of the time
-    monkeypatch.setattr(trainer_module, "COMPILE_BACKEND", "aot_eager")
     changes = dict(max_iters=4, lr_decay_iters=4, eval_interval=4, gradient_accumulation_steps=2)
     eager = train(tiny_config(tmp_path / "eager", **changes), progress=False)
     torch._dynamo.reset()
