@@ -40,3 +40,13 @@ def test_a_missing_model_is_one_line_and_exit_2(args):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "no/such/run" in lines[0], result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_file_where_a_folder_should_be_is_one_line_and_exit_2(tmp_path, capsys):
+    from attnlab.cli import main
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    assert main(["train", "--out", str(blocker / "run"), "--max-iters", "1", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Not a directory" in err and str(blocker) in err, err

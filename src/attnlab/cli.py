@@ -57,12 +57,15 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as exc:
         print(f"attnlab {args.command}: error: no such file or directory: {exc.filename}", file=sys.stderr)
         return 2
-    except OSError as exc:
+    except OSError as exc:  # the file system refused (permissions, a file where a folder should be, ...)
         if exc.errno == errno.ENOSPC:
             print(f"attnlab {args.command}: error: the disk is full ({exc.filename or 'while writing'}); "
                   "free some space and run again (the last good checkpoint is kept)", file=sys.stderr)
-            return 2
-        raise
+        else:
+            where = f": {exc.filename}" if exc.filename else ""
+            print(f"attnlab {args.command}: error: {exc.strerror or exc}{where}; check the path and its "
+                  "permissions", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
