@@ -26,15 +26,14 @@ from ..errors import UserError
 # train ------------------------------------------------------------------------------------------------
 def run_train(args: argparse.Namespace) -> int:
     from .config import TrainConfig, build_config
-    from .trainer import STATE_FILE, train
+    from .trainer import STATE_FILE, no_checkpoint_error, train
 
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)}
     cfg = build_config(args.preset, args.config, overrides)
     if args.resume:
         saved = Path(cfg.out) / "train.json"
         if not saved.is_file() or not (Path(cfg.out) / STATE_FILE).is_file():
-            raise UserError(f"--resume: no checkpoint in {cfg.out} ({STATE_FILE} is missing); "
-                            "check --out, or run without --resume to start fresh")
+            raise no_checkpoint_error(Path(cfg.out))
         base = json.loads(saved.read_text())["config"]
         cfg = build_config(args.preset, args.config, overrides, base=base)
     result = train(cfg, resume=args.resume, overwrite=args.overwrite, progress=not args.quiet)

@@ -58,6 +58,11 @@ COMPILE_BACKEND = "inductor"  # what --compile uses (tests swap in "aot_eager", 
 _EVAL_SEED_OFFSET = 7919  # eval batches come from their own seed, apart from every training step's
 
 
+def no_checkpoint_error(out: Path) -> UserError:
+    return UserError(f"--resume: no checkpoint in {out} ({STATE_FILE} is missing); "
+                     "check --out, or run without --resume to start fresh")
+
+
 def learning_rate_at(it: int, cfg: TrainConfig) -> float:
     """Linear warmup over warmup_iters, then cosine decay from learning_rate to min_lr at decay_iters."""
     if it < cfg.warmup_iters:
@@ -209,8 +214,7 @@ class Trainer:
         state_path = self.out / STATE_FILE
         if resume:
             if not state_path.is_file():
-                raise UserError(f"--resume: no checkpoint in {self.out} ({STATE_FILE} is missing); "
-                                "check --out, or run without --resume to start fresh")
+                raise no_checkpoint_error(self.out)
             try:
                 state = torch.load(state_path, map_location="cpu", weights_only=True)
             except Exception as exc:  # torch raises several types for a torn or foreign file
