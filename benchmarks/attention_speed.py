@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/attention_speed.py                    # T = 256 … 16384, writes the PNGs
     .venv/bin/python benchmarks/attention_speed.py --max-t 2048       # a quick look
     .venv/bin/python benchmarks/attention_speed.py --min-t 16384 --paths fused chunked --out /tmp/t16k   # one T
+    python benchmarks/attention_speed.py --device cuda --dtype bfloat16 --out /tmp/gpu   # on a GPU: flash kernels
 
 Design choices:
 - One head shape for all: batch 1, 8 heads, d_head 64, float32, causal self-attention (T = S), dropout 0
@@ -17,6 +18,9 @@ Design choices:
   run, it resets the kernel's peak-RSS counter (/proc/self/clear_refs) and reports the peak resident
   memory of one run above what it held before (the CPU allocator keeps no statistics of its own).
   Inputs are not counted; gradients of q, k, v are.
+- `--device cuda`: times end with a synchronize, and peak memory is CUDA's allocator peak above what was
+  allocated before the run (in this process: the allocator keeps statistics). torch's flash kernel on a GPU
+  takes only half precision, so `--dtype bfloat16` (or float16) is the GPU run that compares against it.
 - The explicit path's memory grows as T²: it runs only where its peak, extrapolated from the largest T
   measured (×4 per doubling), fits under --max-gib and the memory available now; the table says where
   it stops and what the next T would have needed.
@@ -35,12 +39,13 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import CLOCKS, machine_line  # noqa: E402
+from _common import CLOCKS, benchmark_device, machine_line, synchronize  # noqa: E402
 
 from attnlab.attention import chunked_attention, scaled_dot_product_attention  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 B, H, D = 1, 8, 64
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PATHS = ("sdpa", "fused", "chunked", "explicit")
 PASSES = ("forward", "forward+backward")
 
@@ -55,9 +60,9 @@ def attend(path: str, q, k, v):
     return scaled_dot_product_attention(q, k, v, causal=True, return_weights=True)[0]
 
 
-def inputs(T: int, grad: bool):
+def inputs(T: int, grad: bool, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
     g = torch.Generator().manual_seed(T)
-    return [torch.randn(B, H, T, D, generator=g).requires_grad_(grad) for _ in range(3)]
+    return [torch.randn(B, H, T, D, generator=g).to(device, dtype).requires_grad_(grad) for _ in range(3)]
 
 
 def run_once(path: str, pass_: str, q, k, v) -> None:
@@ -77,10 +82,26 @@ def rss_bytes(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
-def measure_memory(path: str, pass_: str, T: int) -> float:
+def measure_cuda_memory(path: str, pass_: str, T: int, device: torch.device, dtype: torch.dtype) -> float | None:
+    """Bytes of CUDA memory at the allocator's peak during one run, above what was allocated before it."""
+    q, k, v = inputs(T, pass_ != "forward", device, dtype)
+    run_once(path, pass_, *inputs(64, pass_ != "forward", device, dtype))
+    synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    try:
+        run_once(path, pass_, q, k, v)
+        synchronize(device)
+    except torch.OutOfMemoryError:
+        print(f"  {path} {pass_} T={T}: out of GPU memory", flush=True)
+        return None
+    return torch.cuda.max_memory_allocated(device) - before
+
+
+def measure_memory(path: str, pass_: str, T: int, dtype: torch.dtype) -> float:
     """(In a subprocess) bytes of peak resident memory above the inputs, for one run."""
-    q, k, v = inputs(T, pass_ != "forward")
-    run_once(path, pass_, *inputs(64, pass_ != "forward"))  # thread pools and kernels: not the run's memory
+    q, k, v = inputs(T, pass_ != "forward", dtype=dtype)
+    run_once(path, pass_, *inputs(64, pass_ != "forward", dtype=dtype))  # thread pools and kernels: not the run's memory
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset the peak (VmHWM) to the current resident size
     before = rss_bytes("VmRSS")
@@ -88,8 +109,9 @@ def measure_memory(path: str, pass_: str, T: int) -> float:
     return rss_bytes("VmHWM") - before
 
 
-def memory_in_subprocess(path: str, pass_: str, T: int) -> float | None:
-    cmd = [sys.executable, __file__, "--memory-probe", path, pass_, str(T), "--threads", str(torch.get_num_threads())]
+def memory_in_subprocess(path: str, pass_: str, T: int, dtype: str) -> float | None:
+    cmd = [sys.executable, __file__, "--memory-probe", path, pass_, str(T), "--threads", str(torch.get_num_threads()),
+           "--dtype", dtype]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         print(f"  memory probe {path} {pass_} T={T} failed: {done.stderr.strip().splitlines()[-1:]}", flush=True)
@@ -97,7 +119,9 @@ def memory_in_subprocess(path: str, pass_: str, T: int) -> float | None:
     return float(done.stdout.strip().splitlines()[-1])
 
 
-def available_bytes() -> int:
+def available_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
     with open("/proc/meminfo") as f:
         for line in f:
             if line.startswith("MemAvailable"):
@@ -105,20 +129,24 @@ def available_bytes() -> int:
     return 0
 
 
-def time_paths(paths: list[str], pass_: str, T: int, repeats: int, clock: str) -> dict[str, float]:
-    """Median seconds per path; the paths take turns within each round (after one warm-up round while
-    runs are short: long ones need none)."""
-    q, k, v = inputs(T, pass_ != "forward")
+def time_paths(paths: list[str], pass_: str, T: int, repeats: int, clock: str, device: torch.device,
+               dtype: torch.dtype) -> dict[str, float]:
+    """Median seconds per path; the paths take turns within each round, in reverse order every other round
+    so that none always runs right after the same other one (after one warm-up round while runs are short,
+    or on a GPU, which compiles and tunes kernels on first use: long CPU runs need none)."""
+    q, k, v = inputs(T, pass_ != "forward", device, dtype)
     tick = CLOCKS[clock]
-    if T <= 4096:
+    if T <= 4096 or device.type == "cuda":
         for path in paths:
             run_once(path, pass_, q, k, v)
     times: dict[str, list[float]] = {p: [] for p in paths}
-    for _ in range(repeats):
-        for path in paths:
+    for r in range(repeats):
+        for path in paths if r % 2 == 0 else paths[::-1]:
             q.grad = k.grad = v.grad = None
+            synchronize(device)
             start = tick()
             run_once(path, pass_, q, k, v)
+            synchronize(device)
             times[path].append(tick() - start)
     return {p: statistics.median(t) for p, t in times.items()}
 
@@ -143,7 +171,7 @@ def plot(results: dict, out: Path) -> list[Path]:
             ax.set_yscale("log")
             ax.set_xlabel("sequence length T (= S)")
             ax.set_ylabel(ylabel)
-            ax.set_title(f"{pass_}, B={B}, {H} heads, d_head {D}, causal")
+            ax.set_title(f"{pass_}, B={B}, {H} heads, d_head {D}, {results.get('dtype', 'float32')}, causal")
             ax.grid(True, which="both", alpha=0.3)
             ax.legend()
         fig.suptitle(results["machine"], fontsize=8)
@@ -167,18 +195,24 @@ def main() -> None:
                         help="cpu: this process's CPU time (use with --threads 1 on a crowded machine)")
     parser.add_argument("--long-repeats", type=int, default=1, help="--repeats for T >= 8192, where one run takes seconds")
     parser.add_argument("--out", type=Path, default=HERE)
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--dtype", choices=list(DTYPES), default="float32",
+                        help="of q, k, v; on a GPU torch's flash kernel needs bfloat16 or float16")
     parser.add_argument("--memory-probe", nargs=3, metavar=("PATH", "PASS", "T"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.memory_probe:
         path, pass_, T = args.memory_probe
-        print(measure_memory(path, pass_, int(T)))
+        print(measure_memory(path, pass_, int(T), DTYPES[args.dtype]))
         return
 
-    machine = machine_line()
-    print(f"# Attention speed\n{machine}, clock: {args.clock}\nB={B}, heads={H}, d_head={D}, float32, causal, dropout 0", flush=True)
-    results: dict = {"machine": f"{machine}, clock: {args.clock}", "rows": [], "explicit_stops": {}}
+    device, dtype = benchmark_device(args.device), DTYPES[args.dtype]
+    machine = machine_line(device)
+    print(f"# Attention speed\n{machine}, clock: {args.clock}\nB={B}, heads={H}, d_head={D}, {args.dtype}, causal, "
+          "dropout 0", flush=True)
+    results: dict = {"machine": f"{machine}, clock: {args.clock}", "device": device.type, "dtype": args.dtype,
+                     "rows": [], "explicit_stops": {}}
     explicit_peak: dict[str, tuple[int, float]] = {}
     T = args.min_t
     while T <= args.max_t:
@@ -188,15 +222,19 @@ def main() -> None:
             if pass_ in explicit_peak:  # extrapolate the explicit path's T² memory before running it
                 last_T, peak = explicit_peak[pass_]
                 predicted = peak * (T / last_T) ** 2
-                budget = min(args.max_gib * 2**30, 0.8 * available_bytes())
+                budget = min(args.max_gib * 2**30, 0.8 * available_bytes(device))
                 if predicted > budget:
                     paths.remove("explicit")
                     results["explicit_stops"].setdefault(pass_, {"T": T, "predicted_gib": predicted / 2**30,
                                                                   "budget_gib": budget / 2**30})
-            memory = {p: memory_in_subprocess(p, pass_, T) for p in paths}
+            if device.type == "cuda":
+                memory = {p: measure_cuda_memory(p, pass_, T, device, dtype) for p in paths}
+            else:
+                memory = {p: memory_in_subprocess(p, pass_, T, args.dtype) for p in paths}
             if memory.get("explicit") is not None:
                 explicit_peak[pass_] = (T, memory["explicit"])
-            times = time_paths(paths, pass_, T, args.repeats if T < 8192 else args.long_repeats, args.clock)
+            repeats = args.repeats if T < 8192 or device.type == "cuda" else args.long_repeats
+            times = time_paths(paths, pass_, T, repeats, args.clock, device, dtype)
             row["time"][pass_], row["memory"][pass_] = times, memory
             base = times["sdpa"]
             cells = "  ".join(
@@ -205,7 +243,7 @@ def main() -> None:
             print(f"T={T:6d} {pass_:17s} {cells}", flush=True)
         results["rows"].append(row)
         T *= 2
-    results["end_machine"] = machine_line()
+    results["end_machine"] = machine_line(device)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "attention_speed.json").write_text(json.dumps(results, indent=1) + "\n")
     for pass_, stop in results["explicit_stops"].items():

@@ -16,6 +16,8 @@ Design choices:
   torch.compile of that step, then bf16 (the whole model), then bf16 weights with float32 activations.
 - Memory-bandwidth limit: a batch-1 step reads every weight once, so tokens/s can't exceed
   bandwidth / bytes of weights; the bandwidth is a 256 MB copy measured here (read + write bytes).
+- `--device cuda` runs the same table on a GPU (both libraries, same weights); times end with a
+  synchronize, and the bandwidth limit uses the GPU's own copy bandwidth.
 - bf16 accuracy: teacher-forced logits of the bf16 model against float32 on one 516-token sequence
   (max |difference| relative to the logits' spread, top-1 agreement) and the greedy tokens it shares.
 - Weights are drawn from N(0, 0.1) rather than GPT-2's N(0, 0.02) so that greedy choices are not
@@ -34,7 +36,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import copy_bandwidth, machine_line, median_time  # noqa: E402
+from _common import benchmark_device, copy_bandwidth, machine_line, median_time  # noqa: E402
 
 import attnlab  # noqa: E402
 from attnlab.generation import KVCache, filter_logits, generate, prefill, sample_next  # noqa: E402
@@ -49,8 +51,8 @@ ARCHS = {
 PROMPT = 16
 
 
-def build(arch: str, directory: Path, seed: int = 0):
-    """(attnlab model, transformers model), both loaded from one Hugging Face-format directory."""
+def build(arch: str, directory: Path, seed: int = 0, device: torch.device | str = "cpu"):
+    """(attnlab model, transformers model), both loaded from one Hugging Face-format directory onto `device`."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
@@ -60,8 +62,8 @@ def build(arch: str, directory: Path, seed: int = 0):
             if p.dim() > 1:
                 p.normal_(0.0, 0.1)
     attnlab.save(model, directory, format="hf")
-    ours = attnlab.load(directory).eval()
-    theirs = AutoModelForCausalLM.from_pretrained(directory).eval()
+    ours = attnlab.load(directory, device=str(device)).eval()
+    theirs = AutoModelForCausalLM.from_pretrained(directory).to(device).eval()
     return ours, theirs
 
 
@@ -111,25 +113,27 @@ def bf16_accuracy(ours, ours_bf16, sequence: torch.Tensor) -> dict[str, float]:
             "top1": float((full.argmax(-1) == half.argmax(-1)).float().mean())}
 
 
-def padded_batch(B: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def padded_batch(B: int, generator: torch.Generator, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """B prompts of 8..16 random tokens, left-padded to 16, and their attention mask."""
     lengths = torch.randint(8, PROMPT + 1, (B,), generator=generator)
     ids = torch.randint(0, SHAPE["d_vocab"], (B, PROMPT), generator=generator)
     mask = (torch.arange(PROMPT) >= PROMPT - lengths[:, None]).long()
-    return ids * mask, mask
+    return (ids * mask).to(device), mask.to(device)
 
 
 def run_arch(arch: str, args, bandwidth: float) -> list[str]:
     lines = []
+    device = args.device
     with tempfile.TemporaryDirectory() as tmp:
-        ours, theirs = build(arch, Path(tmp))
+        ours, theirs = build(arch, Path(tmp), device=device)
     new, reps = args.new_tokens, args.repeats
-    ids = torch.randint(0, SHAPE["d_vocab"], (1, PROMPT), generator=torch.Generator().manual_seed(1))
+    timed = dict(clock=args.clock, device=device)
+    ids = torch.randint(0, SHAPE["d_vocab"], (1, PROMPT), generator=torch.Generator().manual_seed(1)).to(device)
     ours_bf16 = copy.deepcopy(ours).to(torch.bfloat16)
     ours_bf16w = store_weights_as(copy.deepcopy(ours), torch.bfloat16)  # bf16 weights, float32 activations
 
     reference = hf_generate(theirs, ids, new)
-    hf_s = median_time(lambda: hf_generate(theirs, ids, new), reps, clock=args.clock)
+    hf_s = median_time(lambda: hf_generate(theirs, ids, new), reps, **timed)
     variants = {
         "KV cache, eager (foundation loop)": lambda: generate_foundation(ours, ids, new),
         "+ static decode step (slot tensor, key mask)": lambda: generate(ours, ids, new, temperature=0),
@@ -148,7 +152,7 @@ def run_arch(arch: str, args, bandwidth: float) -> list[str]:
                  f"{new / hf_s / limit_fp32:.0%} | (reference) |")
     for name, fn in variants.items():
         out = fn()  # warm-up (compiles), and the tokens to compare
-        seconds = median_time(fn, reps, warmup=0, clock=args.clock)
+        seconds = median_time(fn, reps, warmup=0, **timed)
         limit = limit_bf16w if "float32 activations" in name else limit_bf16 if "bf16" in name else limit_fp32
         same = shared_prefix(out, reference) - PROMPT
         agree = "yes" if same == new else f"first {same} of {new}"
@@ -165,19 +169,19 @@ def run_arch(arch: str, args, bandwidth: float) -> list[str]:
         lines.append(f"\n| batch (left-padded prompts of 8..16, compiled, {new} new tokens) | tokens/s | transformers tokens/s | × transformers |")
         lines.append("|---|---:|---:|---:|")
         for B in args.batches:
-            bids, mask = padded_batch(B, torch.Generator().manual_seed(B))
+            bids, mask = padded_batch(B, torch.Generator().manual_seed(B), device)
             ours_s = median_time(lambda: generate(ours, bids, new, temperature=0, attention_mask=mask, compile=True), reps,
-                                 clock=args.clock)
-            theirs_s = median_time(lambda: hf_generate(theirs, bids, new, mask), reps, warmup=0, clock=args.clock)
+                                 **timed)
+            theirs_s = median_time(lambda: hf_generate(theirs, bids, new, mask), reps, warmup=0, **timed)
             lines.append(f"| B={B} | {B * new / ours_s:.0f} | {B * new / theirs_s:.0f} | {theirs_s / ours_s:.2f} |")
             print(lines[-1], flush=True)
 
     # Sampling cost per token, B=1: the exponential race (no host read) against torch.multinomial.
-    logits = torch.randn(1, SHAPE["d_vocab"])
-    g = torch.Generator().manual_seed(0)
-    race = median_time(lambda: [sample_next(logits, 0.8, 50, 0.95, g) for _ in range(1000)], reps, clock=args.clock) / 1000
+    logits = torch.randn(1, SHAPE["d_vocab"], device=device)
+    g = torch.Generator(device=device).manual_seed(0)
+    race = median_time(lambda: [sample_next(logits, 0.8, 50, 0.95, g) for _ in range(1000)], reps, **timed) / 1000
     multi = median_time(lambda: [torch.multinomial(torch.softmax(filter_logits(logits, 0.8, 50, 0.95), -1), 1, generator=g)
-                                 for _ in range(1000)], reps, clock=args.clock) / 1000
+                                 for _ in range(1000)], reps, **timed) / 1000
     lines.append(f"\nsampling (temperature 0.8, top-k 50, top-p 0.95), per token: exponential race {race * 1e6:.0f} µs, "
                  f"torch.multinomial {multi * 1e6:.0f} µs")
     return lines
@@ -193,17 +197,19 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="cpu: this process's CPU time (use with --threads 1 on a crowded machine)")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     args = parser.parse_args()
+    args.device = benchmark_device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"# Generation speed\n{machine_line()}, clock: {args.clock}", flush=True)
-    bandwidth = statistics.median(copy_bandwidth(clock=args.clock) for _ in range(3))
+    print(f"# Generation speed\n{machine_line(args.device)}, clock: {args.clock}", flush=True)
+    bandwidth = statistics.median(copy_bandwidth(clock=args.clock, device=args.device) for _ in range(3))
     print(f"copy bandwidth (256 MB, read + write): {bandwidth / 1e9:.1f} GB/s", flush=True)
     batches = args.batches
     for arch in args.arch:
         args.batches = batches if arch == args.batch_arch else []
         print("\n".join(run_arch(arch, args, bandwidth)), flush=True)
-    print(f"\nend: {machine_line()}")
+    print(f"\nend: {machine_line(args.device)}")
 
 
 if __name__ == "__main__":

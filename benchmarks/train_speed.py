@@ -15,6 +15,9 @@ Design choices:
   the parameter count without the position table; the second term is attention's QKᵀ and AV.
 - The two configs are the issue's: nanoGPT's CPU Shakespeare config (4 layers, 128 wide, block 64,
   batch 12) and a 6-layer, 384-wide model at block 256 (batch 4 here, to keep a step to seconds on 2 cores).
+- `--device cuda`: the baseline takes what nanoGPT's train.py does on a GPU (bf16 autocast where the GPU has
+  it, fused AdamW); attnlab's step runs its `--dtype auto` (the same autocast), and the last variant is
+  float32 instead of bf16. MFU is against the measured matmul peak of the dtype the step multiplies in.
 """
 
 from __future__ import annotations
@@ -26,9 +29,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import sys
+
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import benchmark_device, machine_line, synchronize  # noqa: E402
 
 from attnlab.training.config import build_config
 from attnlab.training.trainer import Trainer
@@ -39,14 +47,18 @@ CONFIGS = {
 }
 
 
-def measure_matmul_peak(n: int = 1024, repeats: int = 10) -> float:
-    """Best float32 matmul FLOP/s of this process on an n x n x n product."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def measure_matmul_peak(n: int = 1024, repeats: int = 10, device: torch.device | str = "cpu",
+                        dtype: torch.dtype = torch.float32) -> float:
+    """Best matmul FLOP/s of this process on an n x n x n product (n 8192 on a GPU, to fill it)."""
+    n = 8192 if torch.device(device).type == "cuda" else n
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
     a @ b
     best = float("inf")
     for _ in range(repeats):
+        synchronize(device)
         t0 = time.perf_counter()
         a @ b
+        synchronize(device)
         best = min(best, time.perf_counter() - t0)
     return 2 * n**3 / best
 
@@ -86,7 +98,7 @@ class RecipeGPT(torch.nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         B, T = idx.shape
-        x = self.wte(idx) + self.wpe(torch.arange(T))
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
         for b in self.blocks:
             q, k, v = b.c_attn(b.ln_1(x)).split(x.size(-1), dim=2)
             q, k, v = (t.view(B, T, self.n_head, -1).transpose(1, 2) for t in (q, k, v))
@@ -98,31 +110,42 @@ class RecipeGPT(torch.nn.Module):
 
 
 class RecipeLoop:
-    """The baseline loop: nanoGPT's train.py step on CPU, eager float32: batches gathered window by window
-    from the memmap and stacked, forward, backward, clip_grad_norm_, AdamW (foreach: nanoGPT fuses only on
-    CUDA) with decay on dim >= 2 parameters, then `loss.item()` (its log line, every step at log_interval 1)."""
+    """The baseline loop: nanoGPT's train.py step, eager: batches gathered window by window from the memmap
+    and stacked, forward, backward, clip_grad_norm_, AdamW with decay on dim >= 2 parameters, then
+    `loss.item()` (its log line, every step at log_interval 1). On the CPU float32 and foreach AdamW, as
+    nanoGPT runs there; on a GPU bf16 autocast (where supported), pinned batches and fused AdamW, as it runs there."""
 
     def __init__(self, trainer: Trainer) -> None:
         cfg = trainer.cfg
         torch.manual_seed(0)
-        self.cfg, self.tokens = cfg, trainer.data.split("train")
-        self.model = RecipeGPT(trainer.tokenizer.vocab_size, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, cfg.bias)
+        self.cfg, self.tokens, self.device = cfg, trainer.data.split("train"), trainer.device
+        self.cuda = self.device.type == "cuda"
+        self.model = RecipeGPT(trainer.tokenizer.vocab_size, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size,
+                               cfg.bias).to(self.device)
         params = list(self.model.parameters())
         self.optimizer = torch.optim.AdamW(
             [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-            lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2))
+            lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), fused=self.cuda or None)
+        bf16 = self.cuda and torch.cuda.is_bf16_supported()
+        self.autocast = torch.autocast("cuda", dtype=torch.bfloat16 if bf16 else torch.float16) if self.cuda else None
 
     def get_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         T = self.cfg.block_size
         ix = torch.randint(len(self.tokens) - T, (self.cfg.batch_size,))
         x = torch.stack([torch.from_numpy(self.tokens[i:i + T].astype(np.int64)) for i in ix])
         y = torch.stack([torch.from_numpy(self.tokens[i + 1:i + 1 + T].astype(np.int64)) for i in ix])
+        if self.cuda:
+            return x.pin_memory().to(self.device, non_blocking=True), y.pin_memory().to(self.device, non_blocking=True)
         return x, y
 
     def train_step(self, it: int) -> float:
         x, y = self.get_batch()
-        loss = self.model(x, y)
+        if self.autocast is not None:
+            with self.autocast:
+                loss = self.model(x, y)
+        else:
+            loss = self.model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
@@ -130,27 +153,35 @@ class RecipeLoop:
         return loss.item()
 
 
-def make_variants(name: str, root: Path) -> dict[str, object]:
+def make_variants(name: str, root: Path, device: torch.device) -> dict[str, object]:
     settings = CONFIGS[name]
     base = dict(settings)
     preset = base.pop("preset")
 
     def trainer(**extra) -> Trainer:
         out = root / f"{name}-{len(list(root.iterdir()))}"
-        cfg = build_config(preset, overrides={**base, **extra, "out": str(out), "device": "cpu", "max_iters": 10**6})
+        cfg = build_config(preset, overrides={**base, **extra, "out": str(out), "device": str(device), "max_iters": 10**6})
         return Trainer(cfg, overwrite=True, progress=False)
 
     shipped = trainer()
+    other = ("+ float32 (--dtype float32)", "float32") if device.type == "cuda" else ("+ bf16 autocast", "bfloat16")
     return {
         "baseline: nanoGPT recipe, plain PyTorch": RecipeLoop(shipped),
         "attnlab step (fused AdamW, clip)": shipped,
         "+ --compile (forward and loss, one graph)": trainer(compile=True),
-        "+ bf16 autocast": trainer(dtype="bfloat16"),
+        other[0]: trainer(dtype=other[1]),
     }
 
 
-def run(name: str, rounds: int, steps: int, peak: float, root: Path) -> list[dict]:
-    variants = make_variants(name, root)
+def step_dtype(variant) -> torch.dtype:
+    """The dtype a variant's matmuls run in: its autocast dtype, else float32."""
+    if isinstance(variant, Trainer):
+        return variant.dtype if variant.dtype is not None else torch.float32
+    return variant.autocast.fast_dtype if variant.autocast is not None else torch.float32
+
+
+def run(name: str, rounds: int, steps: int, peaks: dict[torch.dtype, float], root: Path, device: torch.device) -> list[dict]:
+    variants = make_variants(name, root, device)
     some_trainer = next(v for v in variants.values() if isinstance(v, Trainer))
     per_token = flops_per_token(some_trainer)
     cfg = some_trainer.cfg
@@ -161,15 +192,18 @@ def run(name: str, rounds: int, steps: int, peak: float, root: Path) -> list[dic
     times: dict[str, list[float]] = {label: [] for label in variants}
     for r in range(rounds):
         for label, variant in variants.items():
+            synchronize(device)
             t0 = time.perf_counter()
             for it in range(steps):
                 variant.train_step(2 + r * steps + it)
+            synchronize(device)
             times[label].append((time.perf_counter() - t0) / steps)
     base = statistics.median(times[next(iter(variants))])
     rows = []
-    for label in variants:
+    for label, variant in variants.items():
         step = statistics.median(times[label])
         tokens_per_s = tokens_per_step / step
+        peak = peaks.get(step_dtype(variant), peaks[torch.float32])
         rows.append(dict(config=name, variant=label, step_ms=1000 * step, tokens_per_s=tokens_per_s,
                          mfu=tokens_per_s * per_token / peak, speedup=base / step))
     return rows
@@ -181,22 +215,28 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per variant")
     parser.add_argument("--steps", type=int, default=5, help="steps per variant per round")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     args = parser.parse_args()
+    device = benchmark_device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
-    peak = measure_matmul_peak()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"measured float32 matmul peak {peak / 1e9:.1f} GFLOP/s")
+    peaks = {torch.float32: measure_matmul_peak(device=device)}
+    if device.type == "cuda":  # the CPU's MFU stays against float32: it has no bf16 matrix units
+        peaks[torch.bfloat16] = measure_matmul_peak(device=device, dtype=torch.bfloat16)
+    peak = peaks[torch.float32]
+    print(f"# Training speed\n{machine_line(device)}\nmeasured matmul peak: "
+          + ", ".join(f"{str(dt).removeprefix('torch.')} {p / 1e9:,.1f} GFLOP/s" for dt, p in peaks.items()))
     print("| config | variant | ms/step | tokens/s | MFU | vs baseline |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.configs:
             steps = args.steps if name == "nano" else max(1, args.steps // 3)
-            for row in run(name, args.rounds, steps, peak, Path(tmp)):
+            for row in run(name, args.rounds, steps, peaks, Path(tmp), device):
                 print(f"| {row['config']} | {row['variant']} | {row['step_ms']:.0f} | {row['tokens_per_s']:,.0f} | "
                       f"{100 * row['mfu']:.1f}% | {row['speedup']:.2f}x |", flush=True)
-    peak_after = measure_matmul_peak()
-    print(f"matmul peak measured again at the end: {peak_after / 1e9:.1f} GFLOP/s (load drift check)")
+    peak_after = measure_matmul_peak(device=device)
+    print(f"float32 matmul peak measured again at the end: {peak_after / 1e9:.1f} GFLOP/s (load drift check; "
+          f"{peak / 1e9:.1f} at the start)")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,45 @@
+"""The benchmark scripts still run: a tiny attention sweep end to end, and --device refusals in one line.
+
+The full runs take minutes to hours (benchmarks/README.md) and their numbers are never asserted; these
+tests only keep the scripts from rotting as the library changes under them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def run_script(name: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(BENCHMARKS / name), *args], capture_output=True, text=True, timeout=600)
+
+
+def test_attention_sweep_writes_its_table_json_and_plots(tmp_path):
+    done = run_script("attention_speed.py", "--min-t", "64", "--max-t", "64", "--paths", "chunked",
+                      "--repeats", "1", "--threads", "1", "--out", str(tmp_path))  # a memory probe is a process: 4 here
+    assert done.returncode == 0, done.stderr
+    results = json.loads((tmp_path / "attention_speed.json").read_text())
+    assert results["device"] == "cpu" and results["dtype"] == "float32"
+    assert [row["T"] for row in results["rows"]] == [64]
+    for row in results["rows"]:
+        for pass_ in ("forward", "forward+backward"):
+            assert set(row["time"][pass_]) == {"sdpa", "chunked"}
+            assert all(t > 0 for t in row["time"][pass_].values())
+            assert all(m is not None and m >= 0 for m in row["memory"][pass_].values())
+    assert (tmp_path / "attention_time.png").stat().st_size > 0 and (tmp_path / "attention_memory.png").stat().st_size > 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
+@pytest.mark.parametrize("script", ["attention_speed.py", "train_speed.py", "generate_speed.py"])
+def test_device_cuda_without_a_gpu_is_one_line(script):
+    done = run_script(script, "--device", "cuda")
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--device cuda" in lines[0] and "no CUDA GPU" in lines[0], done.stderr
