@@ -42,13 +42,14 @@ def read_patterns(model: Transformer):
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 @pytest.mark.parametrize("path", ["fused", "explicit"])
-def test_cached_decoding_gives_the_logits_of_a_full_forward_pass(name, path):
+@pytest.mark.parametrize("values_position_minor", [False, True])
+def test_cached_decoding_gives_the_logits_of_a_full_forward_pass(name, path, values_position_minor):
     model = build(CONFIGS[name])
     B, T = 2, 10
     ids = torch.randint(0, BASE["d_vocab"], (B, T))
     full = model(ids)
     hooks = read_patterns(model) if path == "explicit" else []
-    cache = KVCache.for_model(model, B, T)
+    cache = KVCache.for_model(model, B, T, values_position_minor=values_position_minor)
     with model.hooks(hooks):
         # a prompt of 4, then chunks of 1, 2 and 3 new tokens (queries are the last T of S keys)
         start = 0
@@ -59,13 +60,16 @@ def test_cached_decoding_gives_the_logits_of_a_full_forward_pass(name, path):
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_prefill_and_decode_step_give_the_logits_of_a_full_forward_pass(name):
+@pytest.mark.parametrize("values_position_minor", [False, True])
+def test_prefill_and_decode_step_give_the_logits_of_a_full_forward_pass(name, values_position_minor):
     """The decode step as generate runs it: a (1,) slot tensor, the whole buffer, a key mask of written slots."""
     model = build(CONFIGS[name])
     B, T, P, max_len = 2, 9, 4, 16
     ids = torch.randint(0, BASE["d_vocab"], (B, T))
     full = model(ids)
-    cache = KVCache.for_model(model, B, max_len)
+    cache = KVCache.for_model(model, B, max_len, values_position_minor=values_position_minor)
+    if values_position_minor:  # [batch, kv_head, pos, d_head] like the keys, with positions contiguous
+        assert cache.v[0].shape == cache.k[0].shape and cache.v[0].stride(-2) == 1
     torch.testing.assert_close(prefill(model, ids[:, :P], cache), full[:, P - 1], **F64)
     key_mask = torch.zeros(B, max_len, dtype=torch.bool)
     key_mask[:, :P] = True
