@@ -180,6 +180,24 @@ def step_dtype(variant) -> torch.dtype:
     return variant.autocast.fast_dtype if variant.autocast is not None else torch.float32
 
 
+def batch_time(trainer: Trainer, repeats: int = 50) -> float:
+    """Median seconds to sample and gather one step's batches (and move them to the device): what a step waits
+    for its data, since attnlab gathers in the training process itself, with no loader workers."""
+    cfg = trainer.cfg
+    generator = torch.Generator().manual_seed(0)
+    times = []
+    for _ in range(repeats):
+        synchronize(trainer.device)
+        t0 = time.perf_counter()
+        offsets = trainer.data.sample_offsets("train", cfg.gradient_accumulation_steps * cfg.batch_size, cfg.block_size,
+                                              generator)
+        for rows in offsets.view(cfg.gradient_accumulation_steps, cfg.batch_size):
+            trainer._batches("train", rows)
+        synchronize(trainer.device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def run(name: str, rounds: int, steps: int, peaks: dict[torch.dtype, float], root: Path, device: torch.device) -> list[dict]:
     variants = make_variants(name, root, device)
     some_trainer = next(v for v in variants.values() if isinstance(v, Trainer))
@@ -206,6 +224,10 @@ def run(name: str, rounds: int, steps: int, peaks: dict[torch.dtype, float], roo
         peak = peaks.get(step_dtype(variant), peaks[torch.float32])
         rows.append(dict(config=name, variant=label, step_ms=1000 * step, tokens_per_s=tokens_per_s,
                          mfu=tokens_per_s * per_token / peak, speedup=base / step))
+    shipped_step = rows[1]["step_ms"] / 1000
+    data_s = batch_time(some_trainer)
+    rows[1]["data_note"] = (f"{name}: sampling and gathering a step's batches takes {data_s * 1e6:.0f} µs, "
+                            f"{data_s / shipped_step:.2%} of attnlab's step")
     return rows
 
 
@@ -228,12 +250,15 @@ def main() -> None:
           + ", ".join(f"{str(dt).removeprefix('torch.')} {p / 1e9:,.1f} GFLOP/s" for dt, p in peaks.items()))
     print("| config | variant | ms/step | tokens/s | MFU | vs baseline |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")
+    notes: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.configs:
             steps = args.steps if name == "nano" else max(1, args.steps // 3)
             for row in run(name, args.rounds, steps, peaks, Path(tmp), device):
                 print(f"| {row['config']} | {row['variant']} | {row['step_ms']:.0f} | {row['tokens_per_s']:,.0f} | "
                       f"{100 * row['mfu']:.1f}% | {row['speedup']:.2f}x |", flush=True)
+                notes += [row["data_note"]] if "data_note" in row else []
+    print("\n".join(notes))
     peak_after = measure_matmul_peak(device=device)
     print(f"float32 matmul peak measured again at the end: {peak_after / 1e9:.1f} GFLOP/s (load drift check; "
           f"{peak / 1e9:.1f} at the start)")
