@@ -27,16 +27,15 @@ import math
 import statistics
 import tempfile
 import time
-from pathlib import Path
-
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import benchmark_device, machine_line, synchronize  # noqa: E402
+from _common import benchmark_device, machine_line, median_time, synchronize  # noqa: E402
 
 from attnlab.training.config import build_config
 from attnlab.training.trainer import Trainer
@@ -183,22 +182,12 @@ def step_dtype(variant) -> torch.dtype:
 def batch_time(trainer: Trainer, repeats: int = 50) -> float:
     """Median seconds to sample and gather one step's batches (and move them to the device): what a step waits
     for its data, since attnlab gathers in the training process itself, with no loader workers."""
-    cfg = trainer.cfg
-    generator = torch.Generator().manual_seed(0)
-    times = []
-    for _ in range(repeats):
-        synchronize(trainer.device)
-        t0 = time.perf_counter()
-        offsets = trainer.data.sample_offsets("train", cfg.gradient_accumulation_steps * cfg.batch_size, cfg.block_size,
-                                              generator)
-        for rows in offsets.view(cfg.gradient_accumulation_steps, cfg.batch_size):
-            trainer._batches("train", rows)
-        synchronize(trainer.device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return median_time(lambda: list(trainer.micro_batches(0)), repeats, device=trainer.device)
 
 
-def run(name: str, rounds: int, steps: int, peaks: dict[torch.dtype, float], root: Path, device: torch.device) -> list[dict]:
+def run(name: str, rounds: int, steps: int, peaks: dict[torch.dtype, float], root: Path,
+        device: torch.device) -> tuple[list[dict], str]:
+    """The table rows of one config, and a line on how long a step waits for its data."""
     variants = make_variants(name, root, device)
     some_trainer = next(v for v in variants.values() if isinstance(v, Trainer))
     per_token = flops_per_token(some_trainer)
@@ -224,11 +213,9 @@ def run(name: str, rounds: int, steps: int, peaks: dict[torch.dtype, float], roo
         peak = peaks.get(step_dtype(variant), peaks[torch.float32])
         rows.append(dict(config=name, variant=label, step_ms=1000 * step, tokens_per_s=tokens_per_s,
                          mfu=tokens_per_s * per_token / peak, speedup=base / step))
-    shipped_step = rows[1]["step_ms"] / 1000
     data_s = batch_time(some_trainer)
-    rows[1]["data_note"] = (f"{name}: sampling and gathering a step's batches takes {data_s * 1e6:.0f} µs, "
-                            f"{data_s / shipped_step:.2%} of attnlab's step")
-    return rows
+    return rows, (f"{name}: sampling and gathering a step's batches takes {data_s * 1e6:.0f} µs, "
+                  f"{data_s / statistics.median(times[rows[1]['variant']]):.2%} of attnlab's step")
 
 
 def main() -> None:
@@ -254,10 +241,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.configs:
             steps = args.steps if name == "nano" else max(1, args.steps // 3)
-            for row in run(name, args.rounds, steps, peaks, Path(tmp), device):
+            rows, note = run(name, args.rounds, steps, peaks, Path(tmp), device)
+            for row in rows:
                 print(f"| {row['config']} | {row['variant']} | {row['step_ms']:.0f} | {row['tokens_per_s']:,.0f} | "
                       f"{100 * row['mfu']:.1f}% | {row['speedup']:.2f}x |", flush=True)
-                notes += [row["data_note"]] if "data_note" in row else []
+            notes.append(note)
     print("\n".join(notes))
     peak_after = measure_matmul_peak(device=device)
     print(f"float32 matmul peak measured again at the end: {peak_after / 1e9:.1f} GFLOP/s (load drift check; "

@@ -38,6 +38,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -278,19 +279,24 @@ class Trainer:
         out of the graph: the ids come from the run's own tokenizer, so they are in range by construction."""
         return next_token_loss(self.model(x, check_inputs=not self.cfg.compile), y)
 
-    def train_step(self, it: int) -> float:
-        """One optimizer step at step `it`; returns the mean training loss over the global batch."""
+    def micro_batches(self, it: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """This rank's (x, y) micro-batches of step `it`, gathered one at a time as the step asks for them."""
         cfg, rank, world = self.cfg, self.dist.rank, self.dist.world
-        torch.manual_seed(_step_seed(cfg.seed, it, rank))  # this step's dropout masks
         generator = torch.Generator().manual_seed(_step_seed(cfg.seed, it, -1))  # same windows on every rank
         offsets = self.data.sample_offsets("train", cfg.gradient_accumulation_steps * cfg.batch_size, cfg.block_size, generator)
         offsets = offsets.view(cfg.gradient_accumulation_steps, cfg.batch_size)[rank::world]  # (accum, B): this rank's rows
+        for rows in offsets:
+            yield self._batches("train", rows)
+
+    def train_step(self, it: int) -> float:
+        """One optimizer step at step `it`; returns the mean training loss over the global batch."""
+        cfg, world = self.cfg, self.dist.world
+        torch.manual_seed(_step_seed(cfg.seed, it, self.dist.rank))  # this step's dropout masks
         lr = learning_rate_at(it, cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         total = torch.zeros((), device=self.device)
-        for micro, rows in enumerate(offsets):
-            x, y = self._batches("train", rows)
+        for micro, (x, y) in enumerate(self.micro_batches(it)):
             last = micro == self.accum - 1
             sync = contextlib.nullcontext() if last or not self.dist.enabled else self.model.no_sync()
             with sync:
