@@ -74,12 +74,15 @@ def machine_line(device: torch.device | str = "cpu") -> str:
 
 def benchmark_device(name: str) -> torch.device:
     """The --device a benchmark runs on; exits with one line when it is not there."""
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise SystemExit(f"--device {name}: the benchmarks run on cpu or cuda")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"--device {name}: this torch ({torch.__version__}) sees no CUDA GPU; run on a machine with one, "
                          "or leave --device out for the CPU")
-    if device.type not in ("cpu", "cuda"):
-        raise SystemExit(f"--device {name}: the benchmarks run on cpu or cuda")
     return device
 
 

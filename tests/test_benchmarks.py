@@ -43,3 +43,10 @@ def test_device_cuda_without_a_gpu_is_one_line(script):
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "--device cuda" in lines[0] and "no CUDA GPU" in lines[0], done.stderr
+
+
+@pytest.mark.parametrize("name", ["foo", "mps"])
+def test_a_device_the_benchmarks_do_not_run_on_is_one_line(name):
+    done = run_script("attention_speed.py", "--device", name)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode != 0 and len(lines) == 1 and "the benchmarks run on cpu or cuda" in lines[0], done.stderr
