@@ -41,6 +41,8 @@ class TrainConfig:
     tokenizer: str = _opt("char", "character tokens, or byte-level BPE trained on the data", TOKENIZERS, "data")
     vocab_size: int = _opt(2048, "BPE vocabulary size (with --tokenizer bpe)", group="data")
     out: str = _opt("runs/train", "directory for the checkpoint, metrics.jsonl, loss.png and report.md", group="data")
+    snapshots: int = _opt(0, "keep this many evenly spaced float16 copies of the weights (step 0 to the end) in OUT/snapshots, "
+                          "for the explorer's step slider", group="data")
     # model (nanoGPT's names; MODEL_FIELDS maps them onto ModelConfig)
     n_layer: int = _opt(4, "number of blocks (n_layers)", group="model")
     n_head: int = _opt(4, "attention heads per layer (n_heads)", group="model")
@@ -78,7 +80,7 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise UserError(f"--{flag_name(name)} must be a positive integer, got {value!r}")
-        for name in ("warmup_iters", "seed", "learning_rate", "min_lr", "weight_decay", "grad_clip"):
+        for name in ("snapshots", "warmup_iters", "seed", "learning_rate", "min_lr", "weight_decay", "grad_clip"):
             if getattr(self, name) < 0:
                 raise UserError(f"--{flag_name(name)} must be >= 0, got {getattr(self, name)}")
         if self.lr_decay_iters is not None and self.lr_decay_iters <= 0:

@@ -52,6 +52,7 @@ from ..model import Transformer
 from ..tokenizer import Tokenizer
 from .config import FLAG_OF_MODEL_FIELD, TrainConfig, flag_name
 from .data import TokenData, prepare_data
+from .snapshots import list_snapshots, save_snapshot, snapshot_steps
 
 STATE_FILE = "train_state.pt"
 METRICS_FILE = "metrics.jsonl"
@@ -232,6 +233,8 @@ class Trainer:
             self.out.mkdir(parents=True, exist_ok=True)
             for name in (STATE_FILE, METRICS_FILE):
                 (self.out / name).unlink(missing_ok=True)
+            for path in list_snapshots(self.out).values():  # a fresh run's slider must not show an older run
+                path.unlink()
         return None
 
     def _prepare_data(self, state: dict[str, Any] | None) -> tuple[Tokenizer, TokenData]:
@@ -407,6 +410,9 @@ class Trainer:
         tokens_per_step = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
         start, cpu_start = time.perf_counter(), time.process_time()
         step_time, steps = 0.0, 0
+        snapshot_at = set(snapshot_steps(cfg.max_iters, cfg.snapshots)) if self.dist.is_main else set()
+        if self.iter in snapshot_at:  # step 0: the initial weights
+            save_snapshot(self.raw_model, self.out, self.iter)
         self.raw_model.train()
         try:
             while self.iter < cfg.max_iters:
@@ -422,6 +428,8 @@ class Trainer:
                 steps += 1
                 self.iter += 1
                 result.losses[self.iter] = loss
+                if self.iter in snapshot_at:
+                    save_snapshot(self.raw_model, self.out, self.iter)
                 tokens_per_s = steps * tokens_per_step / step_time
                 bar.update(1)
                 if steps % 10 == 1 or self.iter == cfg.max_iters:
