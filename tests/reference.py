@@ -293,6 +293,11 @@ def post_norm_block(x: np.ndarray, attn, mlp_fn, norm1, norm2) -> np.ndarray:
     return h if mlp_fn is None else norm2(h + mlp_fn(h))
 
 
+def parallel_block(x: np.ndarray, attn, mlp_fn, norm1, norm2) -> np.ndarray:
+    """Parallel block (GPT-J, GPT-NeoX):  out = x + Attn(Norm₁(x)) + MLP(Norm₂(x)); both branches read x."""
+    return x + attn(norm1(x)) + mlp_fn(norm2(x))
+
+
 def _norm_fn(config, state: dict[str, np.ndarray], prefix: str):
     """The configured norm with the weights found at `prefix` in the state dict."""
     if config.norm == "rmsnorm":
@@ -346,7 +351,7 @@ def transformer_forward(
 
 
 def block_forward(config, state, prefix: str, x: np.ndarray, positions: np.ndarray, allowed) -> np.ndarray:
-    """One block for one sequence x (T, d_model): the pre- or post-norm block of the attention, MLP and norms above.
+    """One block for one sequence x (T, d_model): the pre-norm, post-norm or parallel block of the attention, MLP and norms above.
 
     prefix names the block's weights in `state` ("blocks.0"); positions (T,) feed RoPE; allowed (T, T) masks keys.
     """
@@ -372,5 +377,7 @@ def block_forward(config, state, prefix: str, x: np.ndarray, positions: np.ndarr
         }
         mlp_fn = lambda h: mlp(h, params, config.mlp)  # noqa: E731
     block = pre_norm_block if config.norm_placement == "pre" else post_norm_block
+    if config.parallel_residual:
+        block = parallel_block
     norm2 = None if config.attn_only else _norm_fn(config, state, prefix + ".ln2")
     return block(x, attn, mlp_fn, _norm_fn(config, state, prefix + ".ln1"), norm2)

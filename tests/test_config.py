@@ -46,6 +46,14 @@ def test_heads_that_do_not_divide_d_model_are_refused_with_a_fix():
         (dict(d_head=0), "d_head must be a positive integer, got 0"),
         (dict(d_mlp=-4), "d_mlp must be a positive integer, got -4"),
         (dict(n_layers=True), "n_layers must be a positive integer, got True"),
+        (dict(parallel_residual=True, norm_placement="post"), "parallel_residual needs pre-norm blocks with an MLP"),
+        (dict(parallel_residual=True, attn_only=True), "parallel_residual needs .* attn_only=True"),
+        (dict(rope_scaling="yarn", positional="rope"), "rope_scaling must be one of none, linear, llama3; got 'yarn'"),
+        (dict(rope_scaling="linear"), r"rope_scaling='linear' scales RoPE's angles, but positional='learned'"),
+        (dict(positional="rope", rope_scaling="linear", rope_scaling_factor=0.0), "rope_scaling_factor must be > 0"),
+        (dict(positional="rope", rope_scaling="llama3", rope_low_freq_factor=4.0, rope_high_freq_factor=1.0),
+         r"0 < rope_low_freq_factor \(4.0\) < rope_high_freq_factor \(1.0\)"),
+        (dict(rope_original_n_ctx=0), "rope_original_n_ctx must be a positive integer"),
     ],
 )
 def test_bad_configs_raise_user_errors_that_name_the_values(fields, message):

@@ -297,3 +297,25 @@ def test_a_model_without_tokenizer_is_a_clear_error(models):
     with TestClient(create_app({"bare": bare})) as c:
         response = c.post("/api/run", json={"model": "bare", "text": "hi"})
     assert response.status_code == 422 and "no tokenizer" in response.json()["detail"]
+
+
+def test_trace_of_a_parallel_block_has_no_resid_mid_and_sums_both_branches():
+    """Pythia-style blocks: the MLP reads resid_pre, and resid_post = x + attn_out + mlp_out."""
+    import attnlab
+    from explorer_models import char_tokenizer
+
+    tok = char_tokenizer()
+    torch.manual_seed(2)
+    model = attnlab.Transformer(attnlab.ModelConfig(
+        d_vocab=tok.vocab_size, n_layers=2, n_heads=2, d_model=32, n_ctx=64, positional="rope", rotary_fraction=0.25,
+        parallel_residual=True)).eval()
+    model.tokenizer = tok
+    with TestClient(create_app({"pythia": model})) as client:
+        data = post(client, "/api/trace", model="pythia", text=TEXT, layer=1, token=5)
+    stages = {s["key"]: s for s in data["stages"]}
+    assert "resid_mid" not in stages and "parallel" in stages["ln2"]["equation"]
+    _, cache = cache_of(model)
+    torch.testing.assert_close(torch.tensor(stages["ln2"]["values"]), model.blocks[1].ln2(cache["blocks.1.hook_resid_pre"])[0, 5],
+                               atol=1e-6, rtol=0)
+    resid_post = cache["blocks.1.hook_resid_pre"] + cache["blocks.1.hook_attn_out"] + cache["blocks.1.hook_mlp_out"]
+    torch.testing.assert_close(torch.tensor(stages["resid_post"]["values"]), resid_post[0, 5], atol=1e-5, rtol=0)

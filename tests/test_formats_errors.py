@@ -58,7 +58,7 @@ def test_unsupported_model_type_lists_the_supported_ones(tmp_path):
     with pytest.raises(UserError) as info:
         attnlab.load(tmp_path)
     assert "'t5' is not supported" in one_line(info)
-    for supported in ("gpt2", "llama", "qwen2", "bert"):
+    for supported in ("gpt2", "gpt_neox", "llama", "qwen2", "bert"):
         assert supported in str(info.value)
 
 
@@ -155,8 +155,13 @@ def test_index_naming_a_missing_shard(tmp_path):
     ({**GPT2_CONFIG, "activation_function": "swish"}, "activation 'swish' is not supported"),
     ({**GPT2_CONFIG, "scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
     ({"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1,
+      "num_attention_heads": 2, "max_position_embeddings": 8, "rope_parameters": {"rope_type": "yarn", "factor": 8.0}},
+     "rope_type 'yarn' is not supported; attnlab implements default, linear, llama3"),
+    ({"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1,
       "num_attention_heads": 2, "max_position_embeddings": 8, "rope_parameters": {"rope_type": "llama3", "factor": 8.0}},
-     "rope_type 'llama3' is not supported"),
+     "rope_type 'llama3' needs a number 'low_freq_factor'"),
+    ({"model_type": "gpt_neox", "vocab_size": 10, "hidden_size": 24, "intermediate_size": 8, "num_hidden_layers": 1,
+      "num_attention_heads": 2, "max_position_embeddings": 8, "rotary_pct": 0.25}, "rotates 3 dims; RoPE needs a positive, even"),
     ({"model_type": "qwen2", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1,
       "num_attention_heads": 2, "max_position_embeddings": 8, "layer_types": ["sliding_attention"]}, "sliding-window"),
     ({"model_type": "bert", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1,

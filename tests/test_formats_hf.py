@@ -42,6 +42,26 @@ CASES = {
     "qwen2-gqa-tied": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
         vocab_size=91, hidden_size=48, intermediate_size=66, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True, **SPECIAL)),
+    # Llama 3.2's RoPE scaling (its config at toy size): with original_max_position_embeddings 2048 the 8
+    # frequencies of a 16-dim head fall in all three bands (kept, blended, divided by the factor).
+    "llama3.2-style-rope-scaling-tied": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=95, hidden_size=64, intermediate_size=90, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=16384, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 2048}, **SPECIAL)),
+    # SmolLM2's layout (tied head, grouped-query, rope_theta 1e5), here with linear position interpolation.
+    "smollm2-style-linear-rope": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=81, hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_attention_heads=3,
+        num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "linear", "rope_theta": 100000.0, "factor": 4.0}, **SPECIAL)),
+    # Pythia's layout: parallel attention and MLP, a quarter of each head rotated, fused per-head QKV, untied head.
+    "gpt_neox-parallel-partial-rotary": lambda: transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(
+        vocab_size=87, hidden_size=48, num_hidden_layers=2, num_attention_heads=3, intermediate_size=70,
+        max_position_embeddings=40, rotary_pct=0.25, rotary_emb_base=500, use_parallel_residual=True, **SPECIAL)),
+    "gpt_neox-sequential-no-attention-bias": lambda: transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(
+        vocab_size=73, hidden_size=40, num_hidden_layers=2, num_attention_heads=5, intermediate_size=52,
+        max_position_embeddings=36, rotary_pct=0.5, use_parallel_residual=False, attention_bias=False,
+        hidden_act="gelu_new", **SPECIAL)),
     "bert": lambda: transformers.BertModel(transformers.BertConfig(
         vocab_size=79, hidden_size=36, num_hidden_layers=2, num_attention_heads=3, intermediate_size=52,
         max_position_embeddings=40, type_vocab_size=2), add_pooling_layer=True),
@@ -110,17 +130,20 @@ def test_sharded_checkpoint_loads_like_a_single_file(seed, tmp_path):
     assert result.output_relative <= OUTPUT_RTOL and max(result.pattern) <= PATTERN_ATOL, result.table()
 
 
-@pytest.mark.parametrize("case", ["gpt2", "llama-gqa-untied", "qwen2-gqa-tied", "bert"])
+@pytest.mark.parametrize("case", ["gpt2", "llama-gqa-untied", "qwen2-gqa-tied", "gpt_neox-parallel-partial-rotary",
+                                  "bert"])
 def test_run_with_cache_has_the_standard_hook_names(case, seed, tmp_path):
     build_hf(case, tmp_path)
     model = attnlab.load(tmp_path)
     ids = torch.randint(0, model.config.d_vocab, (1, 6))
     _, cache = model.run_with_cache(ids)
     for layer in range(model.config.n_layers):
-        for name in ("hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post",
+        for name in ("hook_resid_pre", "hook_attn_out", "hook_mlp_out", "hook_resid_post",
                      "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_pattern", "attn.hook_z",
                      "mlp.hook_pre", "mlp.hook_post"):
             assert f"blocks.{layer}.{name}" in cache
+        # as in TransformerLens, a parallel block (Pythia) has no stream between attention and MLP
+        assert (f"blocks.{layer}.hook_resid_mid" in cache) == (not model.config.parallel_residual)
         pattern = cache[f"blocks.{layer}.attn.hook_pattern"]
         assert pattern.shape == (1, model.config.n_heads, 6, 6)  # [batch, head, query_pos, key_pos]
     assert "hook_embed" in cache
@@ -165,6 +188,13 @@ ATTNLAB_MODELS = {
     "qwen2-style": dict(n_layers=2, n_heads=4, n_kv_heads=2, d_model=40, d_head=12, d_mlp=50, n_ctx=32,
                         positional="rope", norm="rmsnorm", mlp="swiglu", bias=False, qkv_bias=True,
                         tie_embeddings=False),
+    "llama3-rope-scaling": dict(n_layers=2, n_heads=4, n_kv_heads=2, d_model=64, d_mlp=80, n_ctx=16384, positional="rope",
+                                norm="rmsnorm", mlp="swiglu", bias=False, rope_scaling="llama3", rope_scaling_factor=8.0,
+                                rope_original_n_ctx=2048),
+    "gpt_neox-parallel": dict(n_layers=2, n_heads=3, d_model=48, d_mlp=60, n_ctx=32, positional="rope",
+                              rotary_fraction=0.25, parallel_residual=True, tie_embeddings=False, rope_theta=700.0),
+    "gpt_neox-sequential-no-bias-tied": dict(n_layers=2, n_heads=2, d_model=32, n_ctx=32, positional="rope",
+                                             bias=False, mlp="gelu_tanh"),
     "llama-all-biases-but-qkv": dict(n_layers=2, n_heads=4, d_model=32, n_ctx=32, positional="rope", norm="rmsnorm",
                                      mlp="swiglu", bias=True, qkv_bias=False, tie_embeddings=False),
 }
@@ -247,7 +277,9 @@ def test_written_config_sets_special_ids_explicitly(tmp_path):
     assert transformers.AutoConfig.from_pretrained(tmp_path).eos_token_id is None
 
 
-@pytest.mark.parametrize("case", ["gpt2-untied-gelu", "llama-tied-attention-bias", "qwen2-gqa-tied", "bert"])
+@pytest.mark.parametrize("case", ["gpt2-untied-gelu", "llama-tied-attention-bias", "qwen2-gqa-tied",
+                                  "llama3.2-style-rope-scaling-tied", "smollm2-style-linear-rope",
+                                  "gpt_neox-parallel-partial-rotary", "gpt_neox-sequential-no-attention-bias", "bert"])
 def test_loaded_checkpoint_written_back_is_the_same_model_for_transformers(case, seed, tmp_path):
     original = build_hf(case, tmp_path / "original")
     attnlab.save(attnlab.load(tmp_path / "original"), tmp_path / "again", format="hf")

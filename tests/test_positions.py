@@ -7,6 +7,8 @@ oracle to float32 rounding of pos·θ (1e-5 for the positions used here).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -140,3 +142,21 @@ def test_the_oracles_rope_is_a_complex_rotation(rng):
     x = rng.normal(size=(6, d))
     z = (x[:, : d // 2] + 1j * x[:, d // 2 :]) * np.exp(1j * reference.rope_angles(positions, d, 10000.0))
     np.testing.assert_allclose(reference.apply_rope(x, positions, d), np.concatenate([z.real, z.imag], -1), atol=1e-12)
+
+
+def test_linear_rope_scaling_is_position_interpolation_and_llama3_keeps_short_wavelengths():
+    """linear: the angles at position p are the unscaled ones at p / factor (Chen et al. 2023). llama3: wavelengths
+    under original_n_ctx / high_freq_factor are untouched, those over original_n_ctx / low_freq_factor divided by
+    the factor, and those between lie between the two."""
+    positions = torch.tensor([[0, 4, 12, 100]])
+    plain, linear = Rotary(16, 100.0), Rotary(16, 100.0, "linear", factor=4.0)
+    torch.testing.assert_close(linear(positions)[0], plain(positions // 4)[0], rtol=0, atol=1e-6)
+    freq = plain.inv_freq
+    llama3 = Rotary(16, 100.0, "llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_n_ctx=64).inv_freq
+    wavelength = 2 * math.pi / freq
+    short, long = wavelength < 64 / 4, wavelength > 64
+    assert short.any() and long.any() and (~short & ~long).any()  # all three bands are checked
+    torch.testing.assert_close(llama3[short], freq[short])
+    torch.testing.assert_close(llama3[long], freq[long] / 8)
+    between = ~short & ~long
+    assert ((llama3[between] < freq[between]) & (llama3[between] > freq[between] / 8)).all()

@@ -5,7 +5,7 @@ Design choices:
   the values and a fix, never later inside a matmul.
 - Names are TransformerLens's (d_model, n_heads, d_head, n_layers, n_ctx, d_vocab); the training command
   maps nanoGPT's flag names onto them (see attnlab.training.config).
-- Every architecture attnlab loads (GPT-2, LLaMA, Qwen2, BERT) is a setting of these fields, so one
+- Every architecture attnlab loads (GPT-2, GPT-NeoX/Pythia, LLaMA, Qwen2/3, Mistral, BERT) is a setting of these fields, so one
   model class reads all of them.
 - The config is saved as JSON in every checkpoint (`to_dict` / `from_dict`).
 """
@@ -20,6 +20,7 @@ from typing import Any
 from .errors import UserError
 
 POSITIONS = ("learned", "sinusoidal", "rope", "none")
+ROPE_SCALINGS = ("none", "linear", "llama3")
 NORMS = ("layernorm", "rmsnorm")
 NORM_PLACEMENTS = ("pre", "post")
 MLPS = ("gelu", "gelu_tanh", "relu", "swiglu")
@@ -39,9 +40,15 @@ class ModelConfig:
     positional: str = "learned"  # learned | sinusoidal | rope | none
     rope_theta: float = 10000.0  # RoPE base: angle of pair i is pos * theta^(-2i/rotary_dim)
     rotary_fraction: float = 1.0  # fraction of each head's dims that RoPE rotates (partial rotary)
+    rope_scaling: str = "none"  # none | linear (every angle / factor) | llama3 (Llama 3.1: long wavelengths / factor)
+    rope_scaling_factor: float = 1.0  # how much longer than pretraining the context is meant to get (linear, llama3)
+    rope_low_freq_factor: float = 1.0  # llama3: wavelengths above rope_original_n_ctx / this are divided by the factor
+    rope_high_freq_factor: float = 4.0  # llama3: wavelengths below rope_original_n_ctx / this stay; between, a blend
+    rope_original_n_ctx: int | None = None  # llama3: the context of pretraining; default n_ctx
     norm: str = "layernorm"  # layernorm | rmsnorm
     norm_eps: float = 1e-5
     norm_placement: str = "pre"  # pre (GPT-2, LLaMA) or post (original Transformer, BERT)
+    parallel_residual: bool = False  # attention and MLP both read resid_pre and add to it (GPT-J, GPT-NeoX/Pythia)
     final_norm: bool = True  # a norm after the last block (pre-norm models need it; BERT has none)
     embed_norm: bool = False  # a norm right after the embeddings (BERT's embeddings.LayerNorm)
     mlp: str = "gelu"  # gelu (exact erf) | gelu_tanh (GPT-2's gelu_new) | relu | swiglu (LLaMA)
@@ -95,8 +102,26 @@ class ModelConfig:
                 f"RoPE rotates pairs of dimensions, but rotary_fraction ({self.rotary_fraction}) x d_head "
                 f"({self.head_dim}) = {self.rotary_dim} is odd; choose a fraction that gives an even number"
             )
+        if self.rope_scaling not in ROPE_SCALINGS:
+            raise UserError(f"rope_scaling must be one of {', '.join(ROPE_SCALINGS)}; got {self.rope_scaling!r}")
+        if self.rope_scaling != "none" and self.positional != "rope":
+            raise UserError(f"rope_scaling={self.rope_scaling!r} scales RoPE's angles, but positional={self.positional!r}; "
+                            "use positional='rope' or rope_scaling='none'")
+        if not self.rope_scaling_factor > 0:
+            raise UserError(f"rope_scaling_factor must be > 0, got {self.rope_scaling_factor}")
+        if not 0 < self.rope_low_freq_factor < self.rope_high_freq_factor:
+            raise UserError(f"llama3 RoPE scaling needs 0 < rope_low_freq_factor ({self.rope_low_freq_factor}) < "
+                            f"rope_high_freq_factor ({self.rope_high_freq_factor})")
+        if self.rope_original_n_ctx is not None and (not isinstance(self.rope_original_n_ctx, int)
+                                                     or self.rope_original_n_ctx <= 0):
+            raise UserError(f"rope_original_n_ctx must be a positive integer (or None for n_ctx), got {self.rope_original_n_ctx!r}")
         if self.positional == "sinusoidal" and self.d_model % 2:
             raise UserError(f"sinusoidal positions need an even d_model, got {self.d_model}")
+        if self.parallel_residual and (self.norm_placement != "pre" or self.attn_only):
+            raise UserError(
+                "parallel_residual needs pre-norm blocks with an MLP (attention and MLP both read resid_pre); "
+                f"got norm_placement={self.norm_placement!r}, attn_only={self.attn_only}"
+            )
         if self.n_token_types < 0:
             raise UserError(f"n_token_types must be >= 0, got {self.n_token_types}")
 

@@ -6,6 +6,8 @@ Design choices:
   BERT-style encoders are settings of `ModelConfig`, not separate code.
 - Pre-norm (GPT-2, LLaMA): resid_mid = resid_pre + attn(ln1(resid_pre)); resid_post = resid_mid + mlp(ln2(resid_mid)).
   Post-norm (original Transformer, BERT): resid_mid = ln1(resid_pre + attn(resid_pre)); resid_post = ln2(resid_mid + mlp(resid_mid)).
+  Parallel (GPT-J, GPT-NeoX/Pythia): resid_post = resid_pre + attn(ln1(resid_pre)) + mlp(ln2(resid_pre)); as in
+  TransformerLens, such a block has no resid_mid (hook_resid_mid never fires): nothing reads the stream between.
 - Hook names are TransformerLens's (see attnlab.hooks); every hook point carries its shape in a comment.
 - A causal model returns logits (B, T, d_vocab); an encoder returns the last hidden states (B, T, d_model).
 - `attention_mask` (B, S) marks real tokens (1) and padding (0); positions may be given per row so that
@@ -36,6 +38,7 @@ class Block(nn.Module):
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
         self.pre_norm = config.norm_placement == "pre"
+        self.parallel = config.parallel_residual
         self.ln1 = make_norm(config)
         self.attn = Attention(config, layer)
         self.ln2 = None if config.attn_only else make_norm(config)
@@ -49,6 +52,10 @@ class Block(nn.Module):
 
     def forward(self, resid_pre: torch.Tensor, **attn_kwargs: Any) -> torch.Tensor:
         resid_pre = self.hook_resid_pre(resid_pre)
+        if self.parallel:  # both branches read resid_pre (config: pre-norm, with an MLP)
+            attn_out = self.hook_attn_out(self.attn(self.ln1(resid_pre), **attn_kwargs))
+            mlp_out = self.hook_mlp_out(self.mlp(self.ln2(resid_pre)))
+            return self.hook_resid_post(resid_pre + self.dropout(attn_out) + self.dropout(mlp_out))
         if self.pre_norm:
             attn_out = self.hook_attn_out(self.attn(self.ln1(resid_pre), **attn_kwargs))
             resid_mid = self.hook_resid_mid(resid_pre + self.dropout(attn_out))
@@ -76,7 +83,7 @@ class Transformer(HookedModule):
             self.pos_embed = nn.Embedding(config.n_ctx, config.d_model) if config.positional == "learned" else None
             self.token_type_embed = nn.Embedding(config.n_token_types, config.d_model) if config.n_token_types else None
             self.ln_embed = make_norm(config) if config.embed_norm else None
-            self.rotary = Rotary(config.rotary_dim, config.rope_theta) if config.positional == "rope" else None
+            self.rotary = Rotary.for_config(config) if config.positional == "rope" else None
             self.drop = nn.Dropout(config.dropout)
             self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
             self.ln_final = make_norm(config) if config.final_norm else None

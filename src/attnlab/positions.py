@@ -10,6 +10,10 @@ Design choices:
   The angles are computed exactly as transformers computes them (float32 inverse frequencies times the
   float positions), so patterns match it to float rounding. A partial rotary fraction rotates only the
   first `rotary_dim` dims of each head.
+- Context extension rescales the inverse frequencies, in the same float32 steps as transformers'
+  modeling_rope_utils: "linear" (position interpolation, Chen et al. 2023) divides every one by the factor;
+  "llama3" (Llama 3.1/3.2) divides only those whose wavelength 2π/freq exceeds original_n_ctx / low_freq_factor,
+  keeps those under original_n_ctx / high_freq_factor, and blends linearly in between.
 """
 
 from __future__ import annotations
@@ -37,14 +41,41 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-class Rotary(nn.Module):
-    """RoPE angles: cos and sin of pos · θ^(−2i/d) for each rotated pair, for the positions asked for."""
+def scale_frequencies(inv_freq: torch.Tensor, scaling: str, factor: float = 1.0, low_freq_factor: float = 1.0,
+                      high_freq_factor: float = 4.0, original_n_ctx: int = 8192) -> torch.Tensor:
+    """RoPE's inverse frequencies for a longer context: "none", "linear" (all / factor) or "llama3":
 
-    def __init__(self, rotary_dim: int, theta: float = 10000.0) -> None:
+        wavelength λ = 2π / freq;  λ > original_n_ctx / low_freq_factor: freq / factor;  λ < original_n_ctx /
+        high_freq_factor: freq;  else (1 − s) · freq / factor + s · freq,  s = (original_n_ctx / λ − low) / (high − low)
+    """
+    if scaling == "none":
+        return inv_freq
+    if scaling == "linear":
+        return inv_freq / factor
+    assert scaling == "llama3", scaling
+    wavelength = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelength > original_n_ctx / low_freq_factor, inv_freq / factor, inv_freq)
+    smooth = (original_n_ctx / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelength >= original_n_ctx / high_freq_factor) & (wavelength <= original_n_ctx / low_freq_factor)
+    return torch.where(medium, blended, scaled)
+
+
+class Rotary(nn.Module):
+    """RoPE angles: cos and sin of pos · θ^(−2i/d) for each rotated pair (frequencies scaled as configured),
+    for the positions asked for."""
+
+    def __init__(self, rotary_dim: int, theta: float = 10000.0, scaling: str = "none", **scaling_args: float) -> None:
         super().__init__()
         self.rotary_dim = rotary_dim
         inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("inv_freq", scale_frequencies(inv_freq, scaling, **scaling_args), persistent=False)
+
+    @classmethod
+    def for_config(cls, config) -> "Rotary":
+        return cls(config.rotary_dim, config.rope_theta, config.rope_scaling, factor=config.rope_scaling_factor,
+                   low_freq_factor=config.rope_low_freq_factor, high_freq_factor=config.rope_high_freq_factor,
+                   original_n_ctx=config.rope_original_n_ctx or config.n_ctx)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
         """positions (B, T) -> cos, sin of shape (B, T, 1, rotary_dim), broadcastable over heads."""

@@ -377,7 +377,9 @@ def block_stages(entry: ModelEntry, qkv: tuple[torch.Tensor, ...], cache, layer:
     stages.append(stage("z", "weighted sum", "z = a v", p + "attn.hook_z", full, row, ["pos", "head", "d_head"]))
     attn_out, attn_out_t = vec("hook_attn_out")
     stages.append(stage("attn_out", "W_O", "attn_out = concat(z) W_O", p + "hook_attn_out", attn_out, attn_out_t, ["pos", "d_model"]))
-    if block.pre_norm:
+    if block.parallel:
+        pass  # the MLP reads x too: no resid_mid between the two (as in TransformerLens)
+    elif block.pre_norm:
         full, row = vec("hook_resid_mid")
         stages.append(stage("resid_mid", "residual", "resid_mid = x + attn_out", p + "hook_resid_mid", full, row, ["pos", "d_model"]))
     else:
@@ -391,7 +393,8 @@ def block_stages(entry: ModelEntry, qkv: tuple[torch.Tensor, ...], cache, layer:
         return stages
     if block.pre_norm:
         full, row = vec("ln2.hook_normalized")
-        stages.append(stage("ln2", f"{cfg.norm} 2", "m̂ = norm(resid_mid)", p + "ln2.hook_normalized", full, row, ["pos", "d_model"]))
+        equation = "m̂ = norm(x)  (parallel block: the MLP reads resid_pre)" if block.parallel else "m̂ = norm(resid_mid)"
+        stages.append(stage("ln2", f"{cfg.norm} 2", equation, p + "ln2.hook_normalized", full, row, ["pos", "d_model"]))
     full, row = vec("mlp.hook_pre")
     stages.append(stage("mlp_pre", "MLP in", "h = m̂ W_in" if cfg.mlp != "swiglu" else "h = m̂ W_gate", p + "mlp.hook_pre", full, row, ["pos", "d_mlp"]))
     full, row = vec("mlp.hook_post")
@@ -399,7 +402,10 @@ def block_stages(entry: ModelEntry, qkv: tuple[torch.Tensor, ...], cache, layer:
     mlp_out, mlp_out_t = vec("hook_mlp_out")
     stages.append(stage("mlp_out", "MLP out", "mlp_out = act(h) W_out", p + "hook_mlp_out", mlp_out, mlp_out_t, ["pos", "d_model"]))
     resid_post, resid_post_t = vec("hook_resid_post")
-    if block.pre_norm:
+    if block.parallel:
+        stages.append(stage("resid_post", "residual", "resid_post = x + attn_out + mlp_out", p + "hook_resid_post",
+                            resid_post, resid_post_t, ["pos", "d_model"]))
+    elif block.pre_norm:
         stages.append(stage("resid_post", "residual", "resid_post = resid_mid + mlp_out", p + "hook_resid_post", resid_post, resid_post_t, ["pos", "d_model"]))
     else:
         resid_mid = cache[p + "hook_resid_mid"][0]

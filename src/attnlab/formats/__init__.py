@@ -2,7 +2,7 @@
 
 `load(path)` and `save(model, path, format=...)` are the two entry points (re-exported as attnlab.load /
 attnlab.save). The Hugging Face readers and writers live in attnlab.formats.hf, with one table of weight
-names per architecture in .gpt2, .llama (llama, qwen2) and .bert.
+names per architecture in .gpt2, .gpt_neox, .llama (llama, qwen2) and .bert.
 
 Design choices:
 - The format is recognised from config.json: {"format": "attnlab"} is native, a "model_type" is Hugging Face.

@@ -16,7 +16,7 @@ from __future__ import annotations
 from ..config import ModelConfig
 from ..errors import UserError
 from .hf import (Architecture, Weight, activation_from_hf, activation_to_hf, check_plain_heads, check_writable,
-                 hf_value, special_ids)
+                 sizes_from_hf, special_ids)
 
 
 def config_from_hf(hf: dict, source: str) -> ModelConfig:
@@ -27,12 +27,7 @@ def config_from_hf(hf: dict, source: str) -> ModelConfig:
         raise UserError(f"{source}: position_embedding_type {hf['position_embedding_type']!r} is not supported; "
                         "attnlab reads absolute positions only")
     return ModelConfig(
-        d_vocab=hf_value(hf, "vocab_size", source),
-        n_ctx=hf_value(hf, "max_position_embeddings", source),
-        d_model=hf_value(hf, "hidden_size", source),
-        n_layers=hf_value(hf, "num_hidden_layers", source),
-        n_heads=hf_value(hf, "num_attention_heads", source),
-        d_mlp=hf_value(hf, "intermediate_size", source),
+        **sizes_from_hf(hf, source),
         causal=False,
         mlp=activation_from_hf(hf.get("hidden_act", "gelu"), source),
         norm_eps=hf.get("layer_norm_eps", 1e-12),
@@ -47,7 +42,7 @@ def config_from_hf(hf: dict, source: str) -> ModelConfig:
 
 def config_to_hf(cfg: ModelConfig) -> dict:
     check_writable(cfg, "BERT", positional="learned", norm="layernorm", norm_placement="post", final_norm=False,
-                   embed_norm=True, attn_only=False, qk_norm=False)
+                   embed_norm=True, attn_only=False, qk_norm=False, parallel_residual=False)
     check_plain_heads(cfg, "BERT")
     return {
         "architectures": ["BertModel"],

@@ -1,12 +1,13 @@
 """Hugging Face-format directories: config.json + model.safetensors (or shards with their index) + tokenizer.json.
 
 Design choices:
-- Each architecture (attnlab.formats.gpt2, .llama for llama and qwen2, .bert) is an `Architecture`: how
+- Each architecture (attnlab.formats.gpt2, .gpt_neox, .llama for llama and qwen2, .bert) is an `Architecture`: how
   its config.json maps onto ModelConfig and back, and an explicit table of weight names (`Weight`: one
   Hugging Face tensor <-> one or more attnlab tensors). Reading and writing use the same table, so the two
   directions cannot drift.
-- Only two conversions exist: GPT-2's Conv1D weights are transposed, and a fused tensor (GPT-2's c_attn)
-  is the concatenation of its attnlab parts along the output dim.
+- Only three conversions exist: GPT-2's Conv1D weights are transposed, a fused tensor (GPT-2's c_attn)
+  is the concatenation of its attnlab parts along the output dim, and a fused tensor interleaved per head
+  (GPT-NeoX's query_key_value: q, k, v of head 0, then of head 1, ...) is that concatenation head by head.
 - Reading fails loudly and names the key: a checkpoint tensor the table does not know (unless it is a
   listed non-weight such as a saved causal-mask buffer or an encoder's pooler), a tensor the config
   implies but the files lack, a tensor of the wrong shape. Tensors are read one at a time from the
@@ -44,11 +45,13 @@ class Weight:
     hf: str
     ours: tuple[str, ...]
     conv1d: bool = False  # GPT-2's Conv1D stores (in, out), the transpose of nn.Linear's (out, in)
+    heads: int = 1  # fused per head: rows are [part 0 of head 0, part 1 of head 0, ..., part 0 of head 1, ...]
 
-    def __init__(self, hf: str, *ours: str, conv1d: bool = False) -> None:
+    def __init__(self, hf: str, *ours: str, conv1d: bool = False, heads: int = 1) -> None:
         object.__setattr__(self, "hf", hf)
         object.__setattr__(self, "ours", ours)
         object.__setattr__(self, "conv1d", conv1d)
+        object.__setattr__(self, "heads", heads)
 
     def hf_shape(self, shapes: dict[str, tuple[int, ...]]) -> tuple[int, ...]:
         """The shape the checkpoint must have, given the attnlab shapes."""
@@ -59,10 +62,13 @@ class Weight:
     def to_ours(self, tensor: torch.Tensor, shapes: dict[str, tuple[int, ...]]) -> list[torch.Tensor]:
         if self.conv1d and tensor.dim() == 2:
             tensor = tensor.t()  # Conv1D (in, out) -> Linear (out, in)
-        return list(tensor.split([shapes[name][0] for name in self.ours], dim=0))
+        sizes = [shapes[name][0] // self.heads for name in self.ours]  # rows of each part, per head
+        per_head = tensor.reshape(self.heads, sum(sizes), *tensor.shape[1:])  # [head, rows of all parts, ...]
+        return [part.reshape(-1, *tensor.shape[1:]) for part in per_head.split(sizes, dim=1)]
 
     def to_hf(self, parts: list[torch.Tensor]) -> torch.Tensor:
-        tensor = torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]
+        per_head = [part.reshape(self.heads, -1, *part.shape[1:]) for part in parts]  # [head, rows, ...]
+        tensor = torch.cat(per_head, dim=1).flatten(0, 1) if len(parts) > 1 else parts[0]
         return (tensor.t() if self.conv1d and tensor.dim() == 2 else tensor).contiguous()
 
 
@@ -82,9 +88,10 @@ def architectures() -> dict[str, Architecture]:
     """model_type -> Architecture (imported here: the architecture modules import this one)."""
     from .bert import BERT
     from .gpt2 import GPT2
+    from .gpt_neox import GPT_NEOX
     from .llama import LLAMA
 
-    return {model_type: arch for arch in (GPT2, LLAMA, BERT) for model_type in arch.model_types}
+    return {model_type: arch for arch in (GPT2, GPT_NEOX, LLAMA, BERT) for model_type in arch.model_types}
 
 
 # Helpers the architecture modules share ----------------------------------------------------------------
@@ -111,6 +118,18 @@ def hf_value(hf: dict, key: str, source: str, alias: str | None = None) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise UserError(f"{source}: {key!r} must be a positive integer, got {value!r}")
     return value
+
+
+def sizes_from_hf(hf: dict, source: str) -> dict:
+    """ModelConfig's sizes from the names BERT, LLaMA and GPT-NeoX share (GPT-2 has its own)."""
+    return dict(
+        d_vocab=hf_value(hf, "vocab_size", source),
+        n_ctx=hf_value(hf, "max_position_embeddings", source),
+        d_model=hf_value(hf, "hidden_size", source),
+        n_layers=hf_value(hf, "num_hidden_layers", source),
+        n_heads=hf_value(hf, "num_attention_heads", source),
+        d_mlp=hf_value(hf, "intermediate_size", source),
+    )
 
 
 def special_ids(source: dict, pad_default: int | None = None) -> dict:
@@ -142,6 +161,53 @@ def check_plain_heads(cfg: ModelConfig, style: str, scales: tuple[float, ...] = 
     else:
         return
     raise UserError(f"cannot save as Hugging Face {style}: {problem}; use format='attnlab'")
+
+
+# config.json's rope_type -> ModelConfig.rope_scaling (attnlab.positions.scale_frequencies computes each)
+ROPE_TYPES = {"default": "none", "linear": "linear", "llama3": "llama3"}
+
+
+def rope_from_hf(hf: dict, source: str, head_dim: int, partial_default: float | None = None) -> dict:
+    """ModelConfig's RoPE fields from config.json: transformers 5 nests them under rope_parameters; 4.x had
+    rope_theta and rope_scaling at the top (GPT-NeoX: rotary_emb_base and rotary_pct). partial_default: the
+    rotary fraction when none is given, for architectures whose RoPE honours one (None: rotate every dim)."""
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    if not isinstance(rope, dict):
+        raise UserError(f"{source}: rope_parameters must be a JSON object, got {rope!r}")
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in ROPE_TYPES:
+        raise UserError(f"{source}: rope_type {rope_type!r} is not supported; attnlab implements {', '.join(ROPE_TYPES)}")
+    theta = rope.get("rope_theta", hf.get("rope_theta", hf.get("rotary_emb_base", 10000.0)))
+    fields: dict = {"positional": "rope", "rope_theta": float(theta), "rope_scaling": ROPE_TYPES[rope_type]}
+    if partial_default is not None:
+        fraction = rope.get("partial_rotary_factor", hf.get("rotary_pct", hf.get("partial_rotary_factor", partial_default)))
+        rotary_dim = int(head_dim * fraction)  # as transformers counts the rotated dims
+        if rotary_dim <= 0 or rotary_dim % 2:
+            raise UserError(f"{source}: partial_rotary_factor {fraction} of head size {head_dim} rotates {rotary_dim} "
+                            "dims; RoPE needs a positive, even number")
+        fields["rotary_fraction"] = rotary_dim / head_dim
+    if rope_type == "default":
+        return fields
+    for key in ("factor", *(("low_freq_factor", "high_freq_factor") if rope_type == "llama3" else ())):
+        if not isinstance(rope.get(key), (int, float)) or isinstance(rope.get(key), bool):
+            raise UserError(f"{source}: rope_type {rope_type!r} needs a number {key!r} in rope_parameters, got {rope.get(key)!r}")
+    fields["rope_scaling_factor"] = float(rope["factor"])
+    if rope_type == "llama3":
+        fields.update(rope_low_freq_factor=float(rope["low_freq_factor"]), rope_high_freq_factor=float(rope["high_freq_factor"]),
+                      rope_original_n_ctx=rope.get("original_max_position_embeddings"))
+    return fields
+
+
+def rope_to_hf(cfg: ModelConfig) -> dict:
+    """config.json's rope_parameters for cfg (transformers 5; writers copy it to rope_scaling for 4.x)."""
+    rope_type = {value: key for key, value in ROPE_TYPES.items()}[cfg.rope_scaling]
+    rope = {"rope_type": rope_type, "rope_theta": cfg.rope_theta}
+    if rope_type != "default":
+        rope["factor"] = cfg.rope_scaling_factor
+    if rope_type == "llama3":
+        rope.update(low_freq_factor=cfg.rope_low_freq_factor, high_freq_factor=cfg.rope_high_freq_factor,
+                    original_max_position_embeddings=cfg.rope_original_n_ctx or cfg.n_ctx)
+    return rope
 
 
 # Reading -------------------------------------------------------------------------------------------------
@@ -279,12 +345,13 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu"):
 # Writing -------------------------------------------------------------------------------------------------
 
 def architecture_to_write(cfg: ModelConfig) -> Architecture:
-    """GPT-2 for learned positions, LLaMA/Qwen2 for RoPE, BERT for encoders; anything else says which setting."""
+    """GPT-2 for learned positions; for RoPE, GPT-NeoX with LayerNorm and a plain MLP, else LLaMA (Qwen2/3,
+    Mistral); BERT for encoders; a setting none of them has is named by the writer's check."""
     archs = architectures()
     if not cfg.causal:
         return archs["bert"]
     if cfg.positional == "rope":
-        return archs["llama"]
+        return archs["gpt_neox"] if cfg.norm == "layernorm" and cfg.mlp != "swiglu" else archs["llama"]
     if cfg.positional == "learned":
         return archs["gpt2"]
     raise UserError(

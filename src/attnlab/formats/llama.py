@@ -4,9 +4,10 @@ Design choices:
 - One table for both: Qwen2 is LLaMA with biases on q, k and v only (attnlab: bias=False, qkv_bias=True).
   TinyLlama- and SmolLM-style checkpoints are plain `llama`.
 - RoPE: transformers' llama rotates every dim of a head in the rotate-half convention, exactly as
-  attnlab.positions does; only the default rope_type is supported (scaled variants such as llama3 or yarn
-  change the angles and are refused by name). transformers' default RoPE ignores partial_rotary_factor
-  for llama, so attnlab does too, to compute the same function.
+  attnlab.positions does. rope_type default, linear and llama3 (Llama 3.1/3.2's context extension) are read
+  into ModelConfig.rope_scaling and written back; others (yarn, dynamic, ...) are refused by name.
+  transformers' default RoPE ignores partial_rotary_factor for llama, so attnlab does too, to compute the
+  same function.
 - LLaMA's attention_bias (q, k, v, o) and mlp_bias are separate switches; attnlab has `bias` (all linear
   layers) and `qkv_bias`. A combination attnlab cannot name is read with the missing biases as zeros,
   which computes the same function.
@@ -18,16 +19,7 @@ from __future__ import annotations
 
 from ..config import ModelConfig
 from ..errors import UserError
-from .hf import Architecture, Weight, check_writable, hf_value, special_ids
-
-
-def _rope_theta(hf: dict, source: str) -> float:
-    # transformers 5 nests RoPE settings under rope_parameters; 4.x had rope_theta and rope_scaling at the top.
-    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
-        raise UserError(f"{source}: rope_type {rope_type!r} is not supported; attnlab implements the default RoPE only")
-    return float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
+from .hf import Architecture, Weight, check_writable, rope_from_hf, rope_to_hf, sizes_from_hf, special_ids
 
 
 def config_from_hf(hf: dict, source: str) -> ModelConfig:
@@ -43,20 +35,14 @@ def config_from_hf(hf: dict, source: str) -> ModelConfig:
         attention_bias, mlp_bias = bool(hf.get("attention_bias", False)), bool(hf.get("mlp_bias", False))
         bias = attention_bias or mlp_bias
         qkv_bias = attention_bias if bias else None
-    d_model = hf_value(hf, "hidden_size", source)
-    n_heads = hf_value(hf, "num_attention_heads", source)
+    sizes = sizes_from_hf(hf, source)
+    d_model, n_heads = sizes["d_model"], sizes["n_heads"]
     head_dim = hf.get("head_dim") or d_model // n_heads
     return ModelConfig(
-        d_vocab=hf_value(hf, "vocab_size", source),
-        n_ctx=hf_value(hf, "max_position_embeddings", source),
-        d_model=d_model,
-        n_layers=hf_value(hf, "num_hidden_layers", source),
-        n_heads=n_heads,
+        **sizes,
         n_kv_heads=hf.get("num_key_value_heads") or n_heads,
         d_head=None if head_dim * n_heads == d_model else head_dim,
-        d_mlp=hf_value(hf, "intermediate_size", source),
-        positional="rope",
-        rope_theta=_rope_theta(hf, source),
+        **rope_from_hf(hf, source, head_dim),
         norm="rmsnorm",
         norm_eps=hf.get("rms_norm_eps", 1e-6),
         mlp="swiglu",
@@ -69,7 +55,8 @@ def config_from_hf(hf: dict, source: str) -> ModelConfig:
 
 def config_to_hf(cfg: ModelConfig) -> dict:
     check_writable(cfg, "LLaMA", positional="rope", norm="rmsnorm", norm_placement="pre", final_norm=True,
-                   embed_norm=False, mlp="swiglu", n_token_types=0, attn_only=False, qk_norm=False, rotary_fraction=1.0)
+                   embed_norm=False, mlp="swiglu", n_token_types=0, attn_only=False, qk_norm=False, rotary_fraction=1.0,
+                   parallel_residual=False)
     if cfg.attn_scale not in (None, cfg.head_dim**-0.5):
         raise UserError(f"cannot save as Hugging Face LLaMA: attn_scale={cfg.attn_scale} (LLaMA uses 1/sqrt(d_head)); "
                         "use format='attnlab'")
@@ -87,8 +74,9 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         "hidden_act": "silu",
         "max_position_embeddings": cfg.n_ctx,
         "rms_norm_eps": cfg.norm_eps,
-        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
-        "rope_theta": cfg.rope_theta,  # where transformers 4.x looks
+        "rope_parameters": rope_to_hf(cfg),
+        "rope_theta": cfg.rope_theta,  # where transformers 4.x looks (and for its scaling, rope_scaling below)
+        **({"rope_scaling": rope_to_hf(cfg)} if cfg.rope_scaling != "none" else {}),
         "tie_word_embeddings": cfg.tie_embeddings,
         "attention_dropout": cfg.dropout,
         **special_ids(cfg.extra),

@@ -133,7 +133,7 @@ def empty_model(config: ModelConfig, device: str | torch.device = "cpu"):
     if model.unembed is not None and config.tie_embeddings:
         model.unembed.weight = model.embed.weight
     if model.rotary is not None:
-        model.rotary.inv_freq = Rotary(config.rotary_dim, config.rope_theta).inv_freq.to(device)
+        model.rotary.inv_freq = Rotary.for_config(config).inv_freq.to(device)
     assert [name for name, _ in model.named_buffers()] == (["rotary.inv_freq"] if model.rotary is not None else [])
     return model
 
