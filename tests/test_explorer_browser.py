@@ -33,7 +33,7 @@ def server():
 
     models = {"minilm": attnlab.load("minilm"), **small_models()}
     sock = bind("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(create_app(models), log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(create_app(models, max_tokens=512), log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60

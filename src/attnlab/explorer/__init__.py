@@ -5,10 +5,11 @@
 - `static/` holds the page: plain JavaScript drawing with SVG and Canvas, no build step and no network,
   so it ships inside the package and runs offline.
 
-Only two constants live here, so that the command line can name the views without importing FastAPI.
+Only constants live here, so that the command line can name the views and limits without importing FastAPI or torch.
 """
 
 from pathlib import Path
 
 STATIC = Path(__file__).resolve().parent / "static"  # index.html, app.js, style.css
 VIEWS = ("dict", "matrix", "heads", "block", "next")  # the page's tabs (data-view in index.html)
+MAX_TOKENS = 2048  # the default cap on a text's length, in tokens (explore --max-tokens changes it)

@@ -21,12 +21,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from ..errors import UserError
-from .service import MAX_TOKENS, Explorer, TextTooLong, UnknownModel
+from .service import MAX_TOKENS, Explorer, Run, TextTooLong, UnknownModel
 
 
 def create_app(models: dict[str, Any], *, max_tokens: int = MAX_TOKENS,
-               allowed_hosts: Iterable[str] | None = None) -> FastAPI:
-    """The explorer app serving `models` (name -> attnlab Transformer with a tokenizer)."""
+               allowed_hosts: Iterable[str] | None = None, runs: dict[str, Run] | None = None) -> FastAPI:
+    """The explorer app serving `models` (name -> attnlab Transformer with a tokenizer); `runs`: the training
+    runs (snapshots) some of them come from, by the same names."""
     from .routers import api, page
 
     app = FastAPI(
@@ -36,7 +37,7 @@ def create_app(models: dict[str, Any], *, max_tokens: int = MAX_TOKENS,
         docs_url=None,
         redoc_url=None,
     )
-    app.state.explorer = Explorer(models, max_tokens=max_tokens)
+    app.state.explorer = Explorer(models, max_tokens=max_tokens, runs=runs)
     if allowed_hosts is not None:
         from starlette.middleware.trustedhost import TrustedHostMiddleware
 

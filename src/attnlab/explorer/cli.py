@@ -18,7 +18,7 @@ import socket
 from pathlib import Path
 
 from ..errors import UserError
-from . import VIEWS
+from . import MAX_TOKENS, VIEWS
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 DEFAULT_MODEL = "minilm"  # the bundled pretrained encoder (attnlab.load's name for it)
@@ -41,8 +41,11 @@ def newest_run(root: Path = Path("runs")) -> Path | None:
     return max(found, key=written)
 
 
-def load_models(specs: list[str]) -> dict[str, object]:
-    """name -> model for each MODEL argument; names are directory names, made unique with a suffix."""
+def load_models(specs: list[str], runs: dict | None = None) -> dict[str, object]:
+    """name -> model for each MODEL argument; names are directory names, made unique with a suffix.
+
+    runs: when given, filled with name -> service.Run for each directory that holds training snapshots
+    (`attnlab train --snapshots N`), which the page's step slider scrubs through."""
     import attnlab
 
     models: dict[str, object] = {}
@@ -55,15 +58,22 @@ def load_models(specs: list[str]) -> dict[str, object]:
         while name in models:
             name, n = f"{base}-{n}", n + 1
         models[name] = model
+        if runs is not None and Path(spec).is_dir():
+            from ..training.snapshots import list_snapshots
+            from .service import Run
+
+            snapshots = list_snapshots(spec)
+            if snapshots:
+                runs[name] = Run(Path(spec), snapshots)
     return models
 
 
-def default_models() -> dict[str, object]:
+def default_models(runs: dict | None = None) -> dict[str, object]:
     """The newest run under ./runs and the bundled MiniLM, whichever are available."""
     import attnlab
 
     run = newest_run()
-    models = load_models([str(run)]) if run is not None else {}
+    models = load_models([str(run)], runs) if run is not None else {}
     try:
         models[DEFAULT_MODEL] = attnlab.load(DEFAULT_MODEL)
     except UserError as exc:
@@ -102,21 +112,27 @@ def url_of(host: str, port: int) -> str:
 
 
 def run_explore(args: argparse.Namespace) -> int:
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"--port must be between 0 and 65535, got {args.port}")
+    runs: dict = {}
+    models = load_models(args.models, runs) if args.models else default_models(runs)
+    return serve(models, args.host, args.port, args.max_tokens, runs)
+
+
+def serve(models: dict[str, object], host: str, port: int, max_tokens: int, runs: dict | None = None) -> int:
+    """Serve the explorer on host:port until Ctrl-C (`attnlab explore`, `attnlab experiment induction --explore`)."""
     import uvicorn
 
     from .app import create_app
 
-    if not 0 <= args.port <= 65535:
-        raise UserError(f"--port must be between 0 and 65535, got {args.port}")
-    models = load_models(args.models) if args.models else default_models()
-    local = args.host in LOCAL_HOSTS
-    allowed = [args.host, *LOCAL_HOSTS] if local else None
-    app = create_app(models, max_tokens=args.max_tokens, allowed_hosts=allowed)
-    sock = bind(args.host, args.port)
+    local = host in LOCAL_HOSTS
+    allowed = [host, *LOCAL_HOSTS] if local else None
+    app = create_app(models, max_tokens=max_tokens, allowed_hosts=allowed, runs=runs)
+    sock = bind(host, port)
     port = sock.getsockname()[1]
     if not local:
-        print(f"attnlab explore: warning: listening on {args.host}: other machines on your network can reach it")
-    print(f"attnlab explorer: {', '.join(models)} at {url_of(args.host, port)}  (Ctrl-C to stop)", flush=True)
+        print(f"attnlab explore: warning: listening on {host}: other machines on your network can reach it")
+    print(f"attnlab explorer: {', '.join(models)} at {url_of(host, port)}  (Ctrl-C to stop)", flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     server.run(sockets=[sock])
     return 0
@@ -145,7 +161,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    "default: the newest run under ./runs and minilm")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0 picks a free one)")
-    p.add_argument("--max-tokens", type=int, default=512, help="longest text the explorer accepts, in tokens (default 512)")
+    p.add_argument("--max-tokens", type=int, default=MAX_TOKENS,
+                   help=f"longest text the explorer accepts, in tokens (default {MAX_TOKENS})")
     p.set_defaults(func=run_explore)
 
     e = sub.add_parser("export-html", help="the explorer's views on one text, as one self-contained HTML file",

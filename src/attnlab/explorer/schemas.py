@@ -6,7 +6,9 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from .service import MAX_CHARS
+from .service import MAX_CHARS, Variant
+
+MAX_ABLATED = 4096  # a bound on the list's length before the model's own (n_layers x n_heads) is checked
 
 TEXT_EXAMPLE = "The cat sat on the mat because it was tired."
 
@@ -15,6 +17,16 @@ class TextRequest(BaseModel):
     model: str = Field(description="a model name from GET /api/models", examples=["minilm"])
     text: str = Field(max_length=MAX_CHARS, description=f"the input text (at most {MAX_CHARS} characters, and the model's token limit)",
                       examples=[TEXT_EXAMPLE])
+    ablate: list[tuple[int, int]] = Field(default_factory=list, max_length=MAX_ABLATED,
+                                          description="heads to knock out, as [layer, head] pairs (each once, in range); "
+                                          "every number then comes from the ablated model", examples=[[[5, 4], [5, 11]]])
+    ablation: Literal["zero", "mean"] = Field("zero", description="knock a head out by zeroing its output z, or by "
+                                              "replacing it with its mean over this text's positions")
+    step: int | None = Field(None, ge=0, description="a training step with a snapshot (GET /api/models lists them); "
+                             "none: the served weights")
+
+    def variant(self) -> Variant:
+        return Variant(tuple((int(layer), int(head)) for layer, head in self.ablate), self.ablation, self.step)
 
 
 class HeadRequest(TextRequest):

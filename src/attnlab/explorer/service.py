@@ -14,6 +14,11 @@ Design choices:
 - Limits: a text may have at most `max_tokens` tokens (and no more than a learned-position model's
   n_ctx); longer is `TextTooLong` (HTTP 413). Unknown model names are `UnknownModel` (404); out-of-range
   layers, heads and token indices are UserErrors (422). Each message names the value and the limit.
+- Experiments (issue 17): a request may knock out heads (`ablate`, zero or mean ablation) and pick a
+  training step (`step`, from `attnlab train --snapshots N`). `Variant` says which; `entry(name, variant)`
+  gives the model at that step with the interventions' `ablate_head` hooks, and every view runs through it,
+  so there is one ablation (attnlab.inspection.interventions) and one forward pass per view, as before.
+  The hooks are attached before the cache's, so the cache holds what the ablated model computed.
 - Big matrices can travel as base64 float32 (`encoding="f32"`), 4 bytes a number, which the page
   decodes into a Float32Array without parsing 262,144 JSON numbers for a 512-token heatmap.
 """
@@ -21,9 +26,13 @@ Design choices:
 from __future__ import annotations
 
 import base64
+import dataclasses
 import math
 import threading
+import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,10 +40,11 @@ import torch.nn.functional as F
 
 from ..attention import apply_mask, attention_pattern, attention_scores, expand_kv
 from ..errors import UserError
+from . import MAX_TOKENS
 
-MAX_TOKENS = 512  # the explorer's default cap on a text's length, in tokens
 MAX_CHARS = 20_000  # a cap on characters, checked before tokenizing
 THUMBNAIL_SIZE = 32  # heads-grid thumbnails are max-pooled down to at most this many rows and columns
+STEP_MODELS = 8  # snapshot models kept in memory per served run (least recently used go first)
 
 
 class UnknownModel(UserError):
@@ -45,12 +55,37 @@ class TextTooLong(UserError):
     """A text over the token limit (HTTP 413)."""
 
 
+@dataclass(frozen=True)
+class Variant:
+    """Which model a request sees: the served one, or its snapshot at a training step, with heads knocked out."""
+
+    ablate: tuple[tuple[int, int], ...] = ()  # (layer, head) pairs whose output z is ablated
+    ablation: str = "zero"  # "zero", or "mean": each head's mean z over this text's positions
+    step: int | None = None  # a training step with a snapshot; None: the served weights
+
+
+PLAIN = Variant()
+
+
+@dataclass
+class Run:
+    """A served model's training run: its directory, snapshots (step -> file) and the step the page opens on."""
+
+    path: Path
+    snapshots: dict[int, Path]
+    start_step: int | None = None
+    models: OrderedDict = field(default_factory=OrderedDict)  # step -> loaded snapshot model (an LRU)
+    curves: dict[str, Any] | None = None  # /api/models/{name}/training, computed once
+
+
 @dataclass
 class ModelEntry:
     name: str
     model: Any  # attnlab.Transformer, in eval mode
     lock: threading.Lock = field(default_factory=threading.Lock)
     scores: dict[str, Any] | None = None  # head scores, computed on first use (see head_scores)
+    hooks: tuple = ()  # fwd_hooks every forward pass of this entry runs with (ablations)
+    run: Run | None = None  # the training run it came from, when it has snapshots
 
 
 def encode_matrix(tensor: torch.Tensor, encoding: str) -> Any:
@@ -85,19 +120,62 @@ def _top2_basis(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
 class Explorer:
     """The models the explorer serves, by name, and every computation behind the JSON API."""
 
-    def __init__(self, models: dict[str, Any], max_tokens: int = MAX_TOKENS) -> None:
+    def __init__(self, models: dict[str, Any], max_tokens: int = MAX_TOKENS, runs: dict[str, Run] | None = None) -> None:
         if not models:
             raise UserError("the explorer needs at least one model")
         if max_tokens < 1:
             raise UserError(f"--max-tokens must be at least 1, got {max_tokens}")
-        self.entries = {name: ModelEntry(name, model.eval()) for name, model in models.items()}
+        runs = runs or {}
+        self.entries = {name: ModelEntry(name, model.eval(), run=runs.get(name)) for name, model in models.items()}
         self.max_tokens = max_tokens
 
     # Looking things up --------------------------------------------------------------------------
-    def entry(self, name: str) -> ModelEntry:
+    def entry(self, name: str, variant: Variant = PLAIN) -> ModelEntry:
+        """The served model `name`, or the variant of it a request asks for (a step, knocked-out heads)."""
         if name not in self.entries:
             raise UnknownModel(f"unknown model {name!r}; this explorer serves {', '.join(map(repr, self.entries))}")
-        return self.entries[name]
+        entry = self.entries[name]
+        if variant.step is not None:
+            entry = self.at_step(entry, variant.step)
+        if variant.ablate:
+            from ..inspection.interventions import ablate_head
+
+            self.check_ablate(entry, variant.ablate)
+            hooks = tuple(ablate_head(layer, head, variant.ablation) for layer, head in variant.ablate)
+            entry = dataclasses.replace(entry, hooks=hooks, scores=None)  # the same lock: the same modules
+        return entry
+
+    def check_ablate(self, entry: ModelEntry, ablate: tuple[tuple[int, int], ...]) -> None:
+        cfg = entry.model.config
+        if len(ablate) > cfg.n_layers * cfg.n_heads:
+            raise UserError(f"{len(ablate)} heads to ablate, but model {entry.name!r} has only "
+                            f"{cfg.n_layers * cfg.n_heads} ({cfg.n_layers} layers x {cfg.n_heads} heads)")
+        seen = set()
+        for layer, head in ablate:
+            self.check_index(entry, layer, head)
+            if (layer, head) in seen:
+                raise UserError(f"head (layer {layer}, head {head}) is listed twice in ablate; list each head once")
+            seen.add((layer, head))
+
+    def at_step(self, entry: ModelEntry, step: int) -> ModelEntry:
+        """The entry for the snapshot at `step` (loaded on first use, up to STEP_MODELS kept)."""
+        from ..training.snapshots import load_snapshot
+
+        run = entry.run
+        if run is None or not run.snapshots:
+            raise UserError(f"model {entry.name!r} has no training snapshots, so there is no step {step}; "
+                            "train with `attnlab train --snapshots N` and explore the run's directory")
+        if step not in run.snapshots:
+            steps = list(run.snapshots)
+            raise UserError(f"model {entry.name!r} has no snapshot at step {step}; its steps are "
+                            f"{', '.join(map(str, steps[:12]))}{' ...' if len(steps) > 12 else ''}")
+        with entry.lock:
+            if step not in run.models:
+                run.models[step] = ModelEntry(entry.name, load_snapshot(entry.model, run.snapshots[step]), lock=entry.lock, run=run)
+                while len(run.models) > STEP_MODELS:
+                    run.models.popitem(last=False)
+            run.models.move_to_end(step)
+            return run.models[step]
 
     def token_limit(self, model) -> int:
         cfg = model.config
@@ -123,6 +201,8 @@ class Explorer:
             "scale": cfg.scale,
             "tokenizer": tok.kind if tok is not None else None,
             "max_tokens": self.token_limit(entry.model),
+            "steps": list(entry.run.snapshots) if entry.run else [],
+            "start_step": entry.run.start_step if entry.run else None,
         }
 
     def list_models(self) -> list[dict[str, Any]]:
@@ -165,13 +245,13 @@ class Explorer:
         qk-norm in `qkv` included. With `layer`, the blocks after it are skipped (TransformerLens's
         stop_at_layer).
         """
-        with entry.lock, torch.no_grad():
+        with entry.lock, torch.no_grad(), entry.model.hooks(entry.hooks):  # ablations before the cache's hooks
             _, cache = entry.model.run_with_cache(ids, names_filter=names_filter, stop_at_layer=None if layer is None else layer + 1)
             return cache, None if layer is None else self.qkv(entry, cache, layer)
 
     # The views' data ----------------------------------------------------------------------------
-    def run(self, name: str, text: str) -> dict[str, Any]:
-        entry = self.entry(name)
+    def run(self, name: str, text: str, variant: Variant = PLAIN) -> dict[str, Any]:
+        entry = self.entry(name, variant)
         ids, tokens = self.encode(entry, text)
         return {"model": self.describe(entry), "tokens": tokens, "ids": ids[0].tolist()}
 
@@ -197,9 +277,10 @@ class Explorer:
         prefix = f"blocks.{layer}.attn."
         return [prefix + n for n in ("hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", "hook_pattern")]
 
-    def head_matrices(self, name: str, text: str, layer: int, head: int) -> tuple[ModelEntry, list[str], torch.Tensor, torch.Tensor]:
+    def head_matrices(self, name: str, text: str, layer: int, head: int,
+                      variant: Variant = PLAIN) -> tuple[ModelEntry, list[str], torch.Tensor, torch.Tensor]:
         """(entry, tokens, raw scores q·kᵀ before the scale, the pattern the model computed) of one head: [query_pos, key_pos]."""
-        entry = self.entry(name)
+        entry = self.entry(name, variant)
         self.check_index(entry, layer, head)
         ids, tokens = self.encode(entry, text)
         wanted = [n for n in self.qkv_hooks(layer) if n in entry.model.hook_dict]
@@ -207,18 +288,25 @@ class Explorer:
         raw = attention_scores(q[head], k[head], 1.0)
         return entry, tokens, raw, cache[f"blocks.{layer}.attn.hook_pattern"][0, head]
 
-    def pattern(self, name: str, text: str, layer: int, head: int, encoding: str = "json") -> dict[str, Any]:
-        """Raw scores q·kᵀ of one head, the scale, and the pattern the model computed: [query_pos, key_pos] each."""
-        entry, tokens, raw, pattern = self.head_matrices(name, text, layer, head)
-        return {
+    def pattern(self, name: str, text: str, layer: int, head: int, encoding: str = "json",
+                variant: Variant = PLAIN) -> dict[str, Any]:
+        """Raw scores q·kᵀ of one head, the scale, and the pattern the model computed: [query_pos, key_pos] each.
+
+        `cost`: what the text costs this head, T×T scores, and the server's time for the request (the page shows both)."""
+        start = time.perf_counter()
+        entry, tokens, raw, pattern = self.head_matrices(name, text, layer, head, variant)
+        out = {
             "layer": layer, "head": head, "tokens": tokens,
             "scale": entry.model.config.scale, "causal": entry.model.config.causal,
             "raw": encode_matrix(raw, encoding), "pattern": encode_matrix(pattern, encoding),
         }
+        T = len(tokens)
+        out["cost"] = {"entries_per_head": T * T, "bytes_per_head": 4 * T * T, "server_ms": 1000 * (time.perf_counter() - start)}
+        return out
 
-    def stages(self, name: str, text: str, layer: int, head: int, mask: str) -> dict[str, Any]:
+    def stages(self, name: str, text: str, layer: int, head: int, mask: str, variant: Variant = PLAIN) -> dict[str, Any]:
         """The four stages of the equation for one head, with the mask asked for ("causal" or "none")."""
-        entry, tokens, raw, pattern = self.head_matrices(name, text, layer, head)
+        entry, tokens, raw, pattern = self.head_matrices(name, text, layer, head, variant)
         cfg = entry.model.config
         scaled = raw * cfg.scale
         masked = apply_mask(scaled, causal=mask == "causal")
@@ -227,7 +315,7 @@ class Explorer:
                 "scaled": encode_matrix(scaled, "json"), "masked": encode_matrix(masked, "json"),
                 "softmax": encode_matrix(attention_pattern(masked), "json")}
 
-    def projection(self, name: str, text: str, layer: int, head: int) -> dict[str, Any]:
+    def projection(self, name: str, text: str, layer: int, head: int, variant: Variant = PLAIN) -> dict[str, Any]:
         """The soft dictionary in 2-D: one head's keys (and values) projected on their top two principal axes.
 
         The exact scores of each token's query are /api/pattern's `raw`; these points are for drawing and
@@ -236,7 +324,7 @@ class Explorer:
         Queries go through the keys' axes without centring: subtracting the keys' mean changes every score
         of a query by the same amount, which the softmax ignores, so q₂·k₂ approximates the real scores.
         """
-        entry = self.entry(name)
+        entry = self.entry(name, variant)
         self.check_index(entry, layer, head)
         ids, tokens = self.encode(entry, text)
         wanted = [n for n in self.qkv_hooks(layer) if n in entry.model.hook_dict and not n.endswith("hook_pattern")]
@@ -253,28 +341,34 @@ class Explorer:
             "keys_variance_kept": k_kept, "values_variance_kept": v_kept,
         }
 
-    def heads(self, name: str, text: str, size: int = THUMBNAIL_SIZE) -> dict[str, Any]:
+    def heads(self, name: str, text: str, size: int = THUMBNAIL_SIZE, variant: Variant = PLAIN) -> dict[str, Any]:
         """Every layer's and head's pattern, max-pooled to at most size×size, for the grid of thumbnails."""
-        entry = self.entry(name)
+        entry = self.entry(name, variant)
         ids, tokens = self.encode(entry, text)
-        cache, _ = self.cached_run(entry, ids, lambda n: n.endswith("attn.hook_pattern"))
-        patterns = cache.stack("blocks.{}.attn.hook_pattern")[:, 0]  # [layer, head, query_pos, key_pos]
-        T = patterns.shape[-1]
-        if T > size:  # max-pooling keeps a sharp head sharp, where averaging would blur it away
-            patterns = F.adaptive_max_pool2d(patterns, (size, size))
+        T, pooled = len(tokens), {}
+
+        def pool(pattern: torch.Tensor, hook) -> None:  # [batch, head, query_pos, key_pos], pooled as it passes
+            # max-pooling keeps a sharp head sharp, where averaging would blur it away; pooling here, layer by
+            # layer, keeps one layer's T×T patterns in memory at a time (2,048 tokens: 16 MB a head), not all
+            pooled[hook.name] = F.adaptive_max_pool2d(pattern[0], (size, size)) if T > size else pattern[0]
+
+        model = entry.model
+        with entry.lock, torch.no_grad(), model.hooks(entry.hooks), model.hooks([(lambda n: n.endswith("attn.hook_pattern"), pool)]):
+            model(ids)
+        patterns = torch.stack([pooled[f"blocks.{layer}.attn.hook_pattern"] for layer in range(model.config.n_layers)])
         return {
             "tokens": tokens, "pooled": T > size,
             "thumbnails": [[[[round(x, 4) for x in row] for row in head] for head in layer] for layer in patterns.tolist()],
         }
 
-    def head_scores(self, name: str) -> dict[str, Any]:
+    def head_scores(self, name: str, step: int | None = None) -> dict[str, Any]:
         """attnlab.inspection's scores of every head (they don't depend on the text); `available` False without it."""
-        scores = head_scores(self.entry(name))
+        scores = head_scores(self.entry(name, Variant(step=step)))
         return {"available": scores is not None, **(scores or {})}
 
-    def trace(self, name: str, text: str, layer: int, token: int) -> dict[str, Any]:
+    def trace(self, name: str, text: str, layer: int, token: int, variant: Variant = PLAIN) -> dict[str, Any]:
         """One token through one block, stage by stage, with each stage's hook, full shape and this token's values."""
-        entry = self.entry(name)
+        entry = self.entry(name, variant)
         self.check_index(entry, layer)
         ids, tokens = self.encode(entry, text)
         self.check_index(entry, token=token, n_tokens=len(tokens))
@@ -284,17 +378,18 @@ class Explorer:
                 "stages": block_stages(entry, qkv, cache, layer, token)}
 
     def next_token(self, name: str, text: str, temperature: float = 1.0, top_k: int | None = None,
-                   top_p: float | None = None, k: int = 10, sample: bool = False, seed: int | None = None) -> dict[str, Any]:
+                   top_p: float | None = None, k: int = 10, sample: bool = False, seed: int | None = None,
+                   variant: Variant = PLAIN) -> dict[str, Any]:
         """The next-token distribution after temperature / top-k / top-p (what sampling draws from), its top k, and a draw."""
         from ..generation import filter_logits, sample_next
 
-        entry = self.entry(name)
+        entry = self.entry(name, variant)
         model = entry.model
         if not model.config.causal:
             raise UserError(f"model {name!r} is an encoder (not causal): it does not predict a next token; pick a causal model")
         ids, tokens = self.encode(entry, text)
         with entry.lock, torch.no_grad():
-            logits = model(ids)[:, -1].float()  # [1, d_vocab]
+            logits = model.run_with_hooks(ids, fwd_hooks=entry.hooks)[:, -1].float()  # [1, d_vocab]
         if temperature == 0:  # greedy: all the mass on the argmax
             probs = F.one_hot(logits.argmax(-1), logits.shape[-1]).float()
         else:
@@ -315,6 +410,57 @@ class Explorer:
                       "prob": float(probs[0, i]), "text": tokenizer.decode(ids_list + [i])}
         return {"tokens": tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
                 "candidates": candidates, "kept": int((probs[0] > 0).sum()), "chosen": chosen}
+
+    def knockout(self, name: str, text: str, variant: Variant) -> dict[str, Any]:
+        """The model with `variant.ablate` knocked out against the same model without: per token, the
+        next-token loss (decoders) and the cosine similarity of the last hidden state, before and after.
+
+        Both passes are `run_with_cache` on the same ids, the second with the interventions' ablate_head
+        hooks (as every view runs them); the last hidden state is the final norm's output (pre-norm
+        models) or the last block's resid_post (post-norm, e.g. BERT/MiniLM: what HF calls last_hidden_state)."""
+        before_entry = self.entry(name, dataclasses.replace(variant, ablate=()))
+        after_entry = self.entry(name, variant)
+        ids, tokens = self.encode(before_entry, text)
+        model = before_entry.model
+        cfg = model.config
+        hidden = "ln_final.hook_normalized" if "ln_final.hook_normalized" in model.hook_dict else f"blocks.{cfg.n_layers - 1}.hook_resid_post"
+        runs = {}
+        for when, entry in (("before", before_entry), ("after", after_entry)):
+            with entry.lock, torch.no_grad(), entry.model.hooks(entry.hooks):
+                output, cache = entry.model.run_with_cache(ids, names_filter=hidden)
+            runs[when] = (output, cache[hidden][0].float())  # hidden: [pos, d_model]
+        cosine = F.cosine_similarity(runs["after"][1], runs["before"][1], dim=-1)  # [pos]
+        out = {"tokens": tokens, "ablate": [list(h) for h in variant.ablate], "ablation": variant.ablation,
+               "step": variant.step, "causal": cfg.causal, "hidden_hook": hidden,
+               "cosine": cosine.tolist(), "loss_before": None, "loss_after": None}
+        if cfg.causal:  # position t's loss on token t+1: [pos - 1]
+            for when in ("before", "after"):
+                logits = runs[when][0][0].float()
+                out[f"loss_{when}"] = F.cross_entropy(logits[:-1], ids[0, 1:], reduction="none").tolist()
+        return out
+
+    def training(self, name: str) -> dict[str, Any]:
+        """A run's course: its snapshot steps, its logged losses (metrics.jsonl), and every head's scores at each
+        snapshot (attnlab.inspection's, on random repeated tokens), for the step slider and the heads' curves."""
+        entry = self.entry(name)
+        run = entry.run
+        if run is None or not run.snapshots:
+            raise UserError(f"model {name!r} has no training snapshots; train with `attnlab train --snapshots N` "
+                            "and explore the run's directory")
+        if run.curves is None:
+            from ..training.trainer import read_metrics
+
+            per_step = {step: head_scores(self.at_step(entry, step)) for step in run.snapshots}
+            available = all(v is not None for v in per_step.values())
+            curves: dict[str, Any] = {"steps": list(run.snapshots), "start_step": run.start_step,
+                                      "metrics": [{k: r.get(k) for k in ("iter", "train_loss", "val_loss")} for r in read_metrics(run.path)],
+                                      "available": available, "scores": {}, "thresholds": {}}
+            if available:
+                first = next(iter(per_step.values()))
+                curves["thresholds"] = first["thresholds"]
+                curves["scores"] = {score: [per_step[step]["scores"][score] for step in run.snapshots] for score in first["scores"]}
+            run.curves = curves
+        return run.curves
 
 
 def head_scores(entry: ModelEntry) -> dict[str, Any] | None:

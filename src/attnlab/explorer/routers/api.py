@@ -18,7 +18,8 @@ router = APIRouter(prefix="/api", tags=["explorer"])
 ERRORS = {
     404: {"description": "unknown model", "content": {"application/json": {"example": {"detail": "unknown model 'x'; ..."}}}},
     413: {"description": "text over the token limit", "content": {"application/json": {"example": {"detail": "the text is 600 tokens; the explorer's limit ... is 512 tokens; shorten it"}}}},
-    422: {"description": "layer, head or token index out of range, or an invalid field"},
+    422: {"description": "layer, head or token index out of range, a head listed twice or too many heads in "
+                         "ablate, a step without a snapshot, or an invalid field"},
 }
 
 
@@ -33,40 +34,52 @@ def list_models(explorer: Explorer = Depends(get_explorer)) -> list[dict[str, An
 
 @router.post("/run", summary="Tokenize a text for a model", responses=ERRORS)
 def run(body: TextRequest, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
-    return explorer.run(body.model, body.text)
+    return explorer.run(body.model, body.text, body.variant())
 
 
 @router.post("/pattern", summary="One head's raw scores q·kᵀ, the scale, and its attention pattern", responses=ERRORS)
 def pattern(body: PatternRequest, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
-    return explorer.pattern(body.model, body.text, body.layer, body.head, body.encoding)
+    return explorer.pattern(body.model, body.text, body.layer, body.head, body.encoding, body.variant())
 
 
 @router.post("/stages", summary="One head's raw scores -> scaled -> masked -> softmax, with a chosen mask", responses=ERRORS)
 def stages(body: StagesRequest, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
-    return explorer.stages(body.model, body.text, body.layer, body.head, body.mask)
+    return explorer.stages(body.model, body.text, body.layer, body.head, body.mask, body.variant())
 
 
 @router.post("/projection", summary="One head's keys, queries and values projected to 2-D (the soft dictionary)", responses=ERRORS)
 def projection(body: HeadRequest, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
-    return explorer.projection(body.model, body.text, body.layer, body.head)
+    return explorer.projection(body.model, body.text, body.layer, body.head, body.variant())
 
 
 @router.post("/heads", summary="Thumbnails of every layer's and head's pattern, with head scores when available", responses=ERRORS)
 def heads(body: TextRequest, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
-    return explorer.heads(body.model, body.text)
+    return explorer.heads(body.model, body.text, variant=body.variant())
 
 
 @router.get("/models/{name}/head-scores", summary="Head scores (previous-token, induction, ...) of every head, when attnlab.inspection is installed",
-            responses={404: ERRORS[404]})
-def head_scores(name: str, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
-    return explorer.head_scores(name)
+            responses={404: ERRORS[404], 422: {"description": "a step without a snapshot"}})
+def head_scores(name: str, step: int | None = None, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
+    return explorer.head_scores(name, step)
+
+
+@router.get("/models/{name}/training", summary="A run's snapshot steps, logged losses and every head's scores at each snapshot",
+            responses={404: ERRORS[404], 422: {"description": "the model has no training snapshots"}})
+def training(name: str, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
+    return explorer.training(name)
+
+
+@router.post("/knockout", summary="Knock out heads: per-token loss and last-hidden-state cosine, with and without them", responses=ERRORS)
+def knockout(body: TextRequest, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
+    return explorer.knockout(body.model, body.text, body.variant())
 
 
 @router.post("/trace", summary="One token through one block, stage by stage (from run_with_cache)", responses=ERRORS)
 def trace(body: TraceRequest, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
-    return explorer.trace(body.model, body.text, body.layer, body.token)
+    return explorer.trace(body.model, body.text, body.layer, body.token, body.variant())
 
 
 @router.post("/next", summary="Next-token probabilities after temperature, top-k and top-p; optionally a draw", responses=ERRORS)
 def next_token(body: NextTokenRequest, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
-    return explorer.next_token(body.model, body.text, body.temperature, body.top_k, body.top_p, body.k, body.sample, body.seed)
+    return explorer.next_token(body.model, body.text, body.temperature, body.top_k, body.top_p, body.k, body.sample, body.seed,
+                               body.variant())

@@ -1,0 +1,153 @@
+"""The explorer's experiments through its API: knocking out heads, scrubbing through training snapshots.
+
+Ablation must be the interventions' ablation (run_with_hooks with ablate_head), not a second implementation;
+no ablation must be the plain run; a step must be the snapshot's weights.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from fastapi.testclient import TestClient
+
+from attnlab.explorer.app import create_app
+from attnlab.explorer.service import Run
+from attnlab.inspection.interventions import ablate_head
+from attnlab.training.snapshots import list_snapshots, load_snapshot, save_snapshot
+from explorer_models import TEXT, small_models
+
+
+@pytest.fixture(scope="module")
+def models():
+    return small_models()
+
+
+@pytest.fixture(scope="module")
+def run(models, tmp_path_factory):
+    """A 'run' of the gpt model with three snapshots: the weights scaled by 0.5, 1 and 1.5."""
+    path = tmp_path_factory.mktemp("run")
+    model = models["gpt"]
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    for step, factor in ((0, 0.5), (10, 1.0), (20, 1.5)):
+        with torch.no_grad():
+            for layer, block in enumerate(model.blocks):
+                block.attn.W_Q.weight.copy_(original[f"blocks.{layer}.attn.W_Q.weight"] * factor)
+        save_snapshot(model, path, step)
+    model.load_state_dict(original)
+    return Run(path, list_snapshots(path), start_step=10)
+
+
+@pytest.fixture(scope="module")
+def client(models, run):
+    with TestClient(create_app(models, max_tokens=512, runs={"gpt": run})) as c:
+        yield c
+
+
+def post(client, path, **body):
+    response = client.post(path, json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def logits_of(model, text=TEXT, hooks=()):
+    ids = torch.tensor([model.tokenizer.encode(text)])
+    with torch.no_grad():
+        return ids, model.run_with_hooks(ids, fwd_hooks=list(hooks))[0].float()
+
+
+@pytest.mark.parametrize("ablation", ["zero", "mean"])
+def test_ablating_through_the_endpoint_is_run_with_hooks_with_ablate_head(client, models, ablation):
+    model = models["gpt"]
+    heads = [[1, 2], [0, 3]]
+    data = post(client, "/api/next", model="gpt", text=TEXT, ablate=heads, ablation=ablation, k=5)
+    ids, expected = logits_of(model, hooks=[ablate_head(l, h, ablation) for l, h in heads])
+    _, plain = logits_of(model)
+    got = torch.tensor([c["logit"] for c in data["candidates"]])
+    index = torch.tensor([c["id"] for c in data["candidates"]])
+    torch.testing.assert_close(got, expected[-1, index], rtol=0, atol=1e-5)
+    assert (plain[-1, index] - got).abs().max() > 1e-3  # the knockout changed the prediction
+    # the per-token losses of /api/knockout are those logits' cross-entropies, before and after
+    knock = post(client, "/api/knockout", model="gpt", text=TEXT, ablate=heads, ablation=ablation)
+    torch.testing.assert_close(torch.tensor(knock["loss_after"]), F.cross_entropy(expected[:-1], ids[0, 1:], reduction="none"), rtol=0, atol=1e-5)
+    torch.testing.assert_close(torch.tensor(knock["loss_before"]), F.cross_entropy(plain[:-1], ids[0, 1:], reduction="none"), rtol=0, atol=1e-5)
+    assert len(knock["cosine"]) == len(TEXT) and min(knock["cosine"]) < 0.999
+    # the views see the ablated model too: a later layer's pattern changes, the ablated layer's own does not
+    for layer, changes in ((0, False), (1, True)):
+        before = torch.tensor(post(client, "/api/pattern", model="gpt", text=TEXT, layer=layer, head=0)["pattern"])
+        after = torch.tensor(post(client, "/api/pattern", model="gpt", text=TEXT, layer=layer, head=0, ablate=heads, ablation=ablation)["pattern"])
+        assert (not torch.allclose(before, after, atol=1e-6)) == changes, layer
+
+
+def test_ablating_no_head_is_the_plain_run(client, models):
+    _, plain = logits_of(models["gpt"])
+    data = post(client, "/api/next", model="gpt", text=TEXT, ablate=[], k=5)
+    index = torch.tensor([c["id"] for c in data["candidates"]])
+    torch.testing.assert_close(torch.tensor([c["logit"] for c in data["candidates"]]), plain[-1, index], rtol=0, atol=0)
+    knock = post(client, "/api/knockout", model="gpt", text=TEXT)
+    assert knock["loss_before"] == knock["loss_after"] and all(c == pytest.approx(1, abs=1e-6) for c in knock["cosine"])
+
+
+def test_an_encoder_shows_the_cosine_change_of_the_last_hidden_state(client, models):
+    model = models["bert"]
+    ids = torch.tensor([model.tokenizer.encode(TEXT)])
+    name = f"blocks.{model.config.n_layers - 1}.hook_resid_post"  # post-norm: the last hidden state
+    with torch.no_grad():
+        _, before = model.run_with_cache(ids, names_filter=name)
+        _, after = model.run_with_cache(ids, names_filter=name, fwd_hooks=[ablate_head(1, 1)])
+    data = post(client, "/api/knockout", model="bert", text=TEXT, ablate=[[1, 1]])
+    assert data["loss_before"] is None and data["hidden_hook"] == name
+    expected = F.cosine_similarity(after[name][0], before[name][0], dim=-1)
+    torch.testing.assert_close(torch.tensor(data["cosine"]), expected, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("ablate, words", [
+    ([[2, 0]], ["layer 2", "2 layers"]),
+    ([[0, 4]], ["head 4", "4 heads"]),
+    ([[0, 1], [0, 1]], ["listed twice"]),
+    ([[layer, head] for layer in range(2) for head in range(4)] + [[0, 0]], ["9 heads to ablate", "only 8"]),
+    ([[0, 1, 2]], ["ablate"]),  # not a pair: pydantic's 422
+])
+def test_bad_head_lists_get_a_declared_422(client, ablate, words):
+    for path in ("/api/knockout", "/api/next", "/api/pattern"):
+        response = client.post(path, json={"model": "gpt", "text": TEXT, "layer": 0, "head": 0, "ablate": ablate})
+        assert response.status_code == 422, response.text
+        detail = response.json()["detail"]
+        text = detail if isinstance(detail, str) else " ".join(f"{'.'.join(map(str, d['loc']))} {d['msg']}" for d in detail)
+        assert all(word in text for word in words), (words, text)
+    spec = client.get("/openapi.json").json()["paths"]
+    assert "422" in spec["/api/knockout"]["post"]["responses"] and "ablate" in spec["/api/knockout"]["post"]["responses"]["422"]["description"]
+
+
+def test_a_step_shows_the_snapshot_and_lists_the_run(client, models, run):
+    listed = {m["name"]: m for m in client.get("/api/models").json()}
+    assert listed["gpt"]["steps"] == [0, 10, 20] and listed["gpt"]["start_step"] == 10 and listed["llama"]["steps"] == []
+    for step in (0, 20):
+        snap = load_snapshot(models["gpt"], run.snapshots[step])
+        ids = torch.tensor([snap.tokenizer.encode(TEXT)])
+        with torch.no_grad():
+            _, cache = snap.run_with_cache(ids, names_filter="blocks.1.attn.hook_pattern")
+        data = post(client, "/api/pattern", model="gpt", text=TEXT, layer=1, head=2, step=step)
+        torch.testing.assert_close(torch.tensor(data["pattern"]), cache["blocks.1.attn.hook_pattern"][0, 2], rtol=0, atol=1e-6)
+    first = post(client, "/api/pattern", model="gpt", text=TEXT, layer=1, head=2, step=0)["pattern"]
+    last = post(client, "/api/pattern", model="gpt", text=TEXT, layer=1, head=2, step=20)["pattern"]
+    assert first != last
+    curves = client.get("/api/models/gpt/training").json()
+    assert curves["steps"] == [0, 10, 20] and curves["start_step"] == 10
+    if curves["available"]:
+        assert len(curves["scores"]["induction"]) == 3 and len(curves["scores"]["induction"][0]) == 2
+    assert client.get("/api/models/gpt/head-scores", params={"step": 20}).status_code == 200
+
+
+@pytest.mark.parametrize("model, step, words", [("gpt", 5, ["no snapshot at step 5", "0, 10, 20"]),
+                                                ("llama", 0, ["no training snapshots", "--snapshots"])])
+def test_a_step_without_a_snapshot_is_a_422_naming_the_steps(client, model, step, words):
+    response = client.post("/api/run", json={"model": model, "text": TEXT, "step": step})
+    assert response.status_code == 422 and all(w in response.json()["detail"] for w in words), response.text
+    assert client.get(f"/api/models/llama/training").status_code == 422
+
+
+def test_the_pattern_reports_what_the_text_cost(client):
+    data = post(client, "/api/pattern", model="llama", text=TEXT, layer=0, head=0)
+    T = len(TEXT)
+    assert data["cost"]["entries_per_head"] == T * T and data["cost"]["server_ms"] > 0
