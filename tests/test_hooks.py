@@ -98,7 +98,8 @@ def test_cached_activations_fit_together():
         torch.testing.assert_close(block.attn.W_O(c["attn.hook_z"].flatten(-2)), c["hook_attn_out"])
         if i + 1 < LEARNED.n_layers:
             torch.testing.assert_close(c["hook_resid_post"], cache[f"blocks.{i + 1}.hook_resid_pre"])
-    torch.testing.assert_close(model.unembed(cache["ln_final.hook_normalized"]), logits)
+    ln = model.ln_final  # hook_normalized is before the norm's weight and bias, as in TransformerLens
+    torch.testing.assert_close(model.unembed(cache["ln_final.hook_normalized"] * ln.weight + ln.bias), logits)
     stacked = cache.stack("blocks.{}.attn.hook_pattern")
     assert stacked.shape == (LEARNED.n_layers, B, LEARNED.n_heads, T, T)
     torch.testing.assert_close(stacked[1], cache["blocks.1.attn.hook_pattern"])

@@ -11,7 +11,8 @@ Heavier parts (checkpoint formats, the explorer) are imported when first used, n
 from .attention import scaled_dot_product_attention
 from .config import PRESETS, ModelConfig, preset
 from .errors import UserError
-from .hooks import ActivationCache, HookPoint
+from .cache import ActivationCache
+from .hooks import HookPoint
 from .model import Transformer
 
 __version__ = "0.1.0"

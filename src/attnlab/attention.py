@@ -15,6 +15,8 @@ Design choices:
 - A fully masked row (e.g. a padding query) gives zeros, never NaN.
 - The multi-head layer takes the fused path unless someone hooks the scores or the pattern, which are the
   only activations the fused kernel never materialises; hooks elsewhere keep it fused.
+- `hook_result` (each head's output z_h W_O^h, [batch, pos, head, d_model]) is computed only when hooked,
+  as TransformerLens's `use_attn_result`: H times the memory of attn_out, so the plain path never makes it.
 """
 
 from __future__ import annotations
@@ -258,6 +260,7 @@ class Attention(nn.Module):
                  hook_k / hook_v / hook_rot_k  # [batch, key_pos, kv_head, d_head]
                  hook_attn_scores / hook_pattern  # [batch, head, query_pos, key_pos]
                  hook_z  # [batch, pos, head, d_head]
+                 hook_result  # [batch, pos, head, d_model]: only when hooked
     """
 
     def __init__(self, config: ModelConfig, layer: int) -> None:
@@ -275,6 +278,7 @@ class Attention(nn.Module):
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
         self.hook_rot_q, self.hook_rot_k = HookPoint(), HookPoint()
         self.hook_attn_scores, self.hook_pattern, self.hook_z = HookPoint(), HookPoint(), HookPoint()
+        self.hook_result = HookPoint(on_demand=True)
 
     @property
     def needs_pattern(self) -> bool:
@@ -316,4 +320,8 @@ class Attention(nn.Module):
         else:
             z = scaled_dot_product_attention(q, k, v, causal=cfg.causal, mask=mask, scale=cfg.scale, dropout_p=dropout_p)
         z = self.hook_z(z.transpose(1, 2))  # [B, T, H, D]
+        if self.hook_result.has_hooks:  # each head's share of attn_out: attn_out = Σ_h result_h + b_O
+            W_O = self.W_O.weight.to(z.dtype).view(-1, H, D)  # [d_model, H, D]
+            out = self.hook_result(torch.einsum("bthd,mhd->bthm", z, W_O)).sum(2)  # [B, T, d_model]
+            return out if self.W_O.bias is None else out + self.W_O.bias
         return self.W_O(z.reshape(B, T, H * D))

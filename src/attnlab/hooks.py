@@ -8,19 +8,23 @@ Design choices:
 - `HookedModule` gives any module `hooks(...)`, `run_with_hooks` and `run_with_cache`; with no hook
   attached, nothing but an identity call happens at each point.
 - An unknown name raises a UserError that suggests the nearest valid names.
+- A hook point made with `on_demand=True` (attention's `hook_result`) is computed only when hooked, so
+  `run_with_cache()` without a names_filter leaves it out, unless `model.set_use_attn_result(True)`
+  (TransformerLens's switch); naming it in names_filter always caches it.
+- The cache is attnlab.cache.ActivationCache (TransformerLens's keys and residual-stream views).
 """
 
 from __future__ import annotations
 
 import contextlib
 import difflib
-import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Union
 
 import torch
 from torch import nn
 
+from .cache import ActivationCache
 from .errors import UserError
 
 HookFn = Callable[[torch.Tensor, "HookPoint"], Union[torch.Tensor, None]]
@@ -30,9 +34,10 @@ NamesFilter = Union[None, str, Iterable[str], Callable[[str], bool]]
 class HookPoint(nn.Module):
     """An identity function with a name, at which hooks read or replace the activation."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_demand: bool = False) -> None:
         super().__init__()
         self.name: str = ""  # set by HookedModule.setup_hooks to the module path
+        self.on_demand = on_demand  # computed only when hooked: run_with_cache() leaves it out unless named
 
     @property
     def has_hooks(self) -> bool:
@@ -61,6 +66,11 @@ def _matcher(names_filter: NamesFilter) -> Callable[[str], bool]:
 
 class HookedModule(nn.Module):
     """Base for models with hook points: names them and runs with hooks or a cache."""
+
+    use_attn_result = False  # TransformerLens's switch: cache every on-demand hook (hook_result) by default
+
+    def set_use_attn_result(self, use_attn_result: bool) -> None:
+        self.use_attn_result = use_attn_result
 
     def setup_hooks(self) -> None:
         """Name every HookPoint by its module path; call at the end of the root module's __init__."""
@@ -111,10 +121,12 @@ class HookedModule(nn.Module):
 
     def run_with_cache(
         self, *args: Any, names_filter: NamesFilter = None, fwd_hooks: Iterable[tuple[str, HookFn]] = (), **kwargs: Any
-    ) -> tuple[Any, "ActivationCache"]:
+    ) -> tuple[Any, ActivationCache]:
         """Run forward and return `(output, cache)`; the cache holds only the names that `names_filter` asks for."""
         self.check_names(names_filter)
         match = _matcher(names_filter)
+        if names_filter is None and not self.use_attn_result:
+            match = lambda name: not self.hook_dict[name].on_demand  # noqa: E731
         cache: dict[str, torch.Tensor] = {}
 
         def store(tensor: torch.Tensor, hook: HookPoint) -> None:
@@ -123,24 +135,3 @@ class HookedModule(nn.Module):
         hooks = [(name, store) for name in self.hook_dict if match(name)]
         output = self.run_with_hooks(*args, fwd_hooks=[*hooks, *fwd_hooks], **kwargs)
         return output, ActivationCache(cache, self)
-
-
-class ActivationCache(dict):
-    """Activations by hook name; a dict with helpful errors and a few TransformerLens conveniences."""
-
-    def __init__(self, data: dict[str, torch.Tensor], model: HookedModule | None = None) -> None:
-        super().__init__(data)
-        self.model = model
-
-    def __missing__(self, key: str) -> torch.Tensor:
-        close = difflib.get_close_matches(key, list(self), n=3, cutoff=0.5)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise KeyError(f"{key!r} is not in the cache (was it excluded by names_filter?){hint}")
-
-    def stack(self, pattern: str) -> torch.Tensor:
-        """Stack the entries whose names match a regex with one `{}` for the layer: `stack('blocks.{}.attn.hook_pattern')`."""
-        regex = re.compile("^" + re.escape(pattern).replace(r"\{\}", r"(\d+)") + "$")
-        found = sorted((int(m.group(1)), v) for k, v in self.items() if (m := regex.match(k)))
-        if not found:
-            raise KeyError(f"no cached names match {pattern!r}")
-        return torch.stack([v for _, v in found])

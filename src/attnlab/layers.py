@@ -5,7 +5,11 @@ Design choices:
   (Zhang & Sennrich 2019), computed in float32 and cast back, as LLaMA does, so low-precision runs
   normalise accurately.
 - Parameters are called `weight` / `bias` so checkpoints of every format map onto them directly.
-- `hook_normalized` is the norm's output after its affine weights, as in TransformerLens.
+- Hook points mean what TransformerLens's mean: `hook_scale` [batch, pos, 1] is the divisor
+  √(mean(x̃²) + ε) (x̃ = x − mean for LayerNorm, x for RMSNorm) and `hook_normalized` is x̃ / scale, the
+  normalized input BEFORE the weight and bias. `cache.apply_ln_to_stack` divides by the cached scale.
+- With neither hooked, LayerNorm runs torch's fused `F.layer_norm` (the fast path); hooked, it runs the
+  equation step by step (the reference), and tests/test_layers.py holds the two to the same numbers.
 - The MLP expands d_model -> d_mlp (default 4×), applies GELU (exact or tanh) or ReLU, and projects back;
   SwiGLU (Shazeer 2020) multiplies silu(W_gate x) by W_in x. hook_pre is the pre-activation,
   hook_post what goes into W_out.
@@ -58,29 +62,42 @@ def matvec(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 class LayerNorm(nn.Module):
+    """(x − mean) / √(var + ε) · w + b."""
+
     def __init__(self, dim: int, eps: float = 1e-5, bias: bool = True) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
-        self.hook_normalized = HookPoint()  # [batch, pos, d_model]
+        self.hook_scale = HookPoint()  # [batch, pos, 1]
+        self.hook_normalized = HookPoint()  # [batch, pos, d_model]: before weight and bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.hook_normalized(F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps))
+        if not (self.hook_scale.has_hooks or self.hook_normalized.has_hooks):
+            return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+        centred = x - x.mean(-1, keepdim=True)
+        scale = self.hook_scale((centred.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
+        x = self.hook_normalized(centred / scale) * self.weight
+        return x if self.bias is None else x + self.bias
 
 
 class RMSNorm(nn.Module):
+    """x / √(mean(x²) + ε) · w, in float32 at least (as LLaMA computes it)."""
+
     def __init__(self, dim: int, eps: float = 1e-6) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
-        self.hook_normalized = HookPoint()  # [batch, pos, d_model]
+        self.hook_scale = HookPoint()  # [batch, pos, 1]
+        self.hook_normalized = HookPoint()  # [batch, pos, d_model]: before the weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x = x.to(torch.promote_types(dtype, torch.float32))  # half/bfloat16 up to float32; float64 stays exact
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.hook_normalized(self.weight * x.to(dtype))
+        if not (self.hook_scale.has_hooks or self.hook_normalized.has_hooks):
+            return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)).to(dtype)
+        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
+        return self.weight * self.hook_normalized(x / scale).to(dtype)
 
 
 def make_norm(config: ModelConfig, dim: int | None = None) -> nn.Module:

@@ -9,6 +9,8 @@ Design choices:
   Parallel (GPT-J, GPT-NeoX/Pythia): resid_post = resid_pre + attn(ln1(resid_pre)) + mlp(ln2(resid_pre)); as in
   TransformerLens, such a block has no resid_mid (hook_resid_mid never fires): nothing reads the stream between.
 - Hook names are TransformerLens's (see attnlab.hooks); every hook point carries its shape in a comment.
+- TransformerLens's views of the weights (W_Q ... W_U, QK/OV circuits) and its token helpers (to_tokens, ...)
+  come from attnlab.lens, mixed in, so this file stays the forward pass.
 - A causal model returns logits (B, T, d_vocab); an encoder returns the last hidden states (B, T, d_model).
 - `attention_mask` (B, S) marks real tokens (1) and padding (0); positions may be given per row so that
   left-padded batches generate correctly.
@@ -29,6 +31,7 @@ from .config import ModelConfig
 from .errors import UserError
 from .hooks import HookedModule, HookPoint
 from .layers import MLP, Linear, make_norm
+from .lens import TransformerLensViews
 from .positions import Rotary, sinusoidal_positions
 
 
@@ -71,7 +74,7 @@ class Block(nn.Module):
         return self.hook_resid_post(self.ln2(resid_mid + self.dropout(mlp_out)))
 
 
-class Transformer(HookedModule):
+class Transformer(HookedModule, TransformerLensViews):
     """Token embedding (+ positions, + token types) -> N blocks -> final norm -> LM head (causal) or hidden states."""
 
     def __init__(self, config: ModelConfig, device: torch.device | str | None = None) -> None:

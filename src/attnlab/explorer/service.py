@@ -494,15 +494,17 @@ def block_stages(entry: ModelEntry, qkv: tuple[torch.Tensor, ...], cache, layer:
         full = cache[p + name][0]  # [pos, ...]
         return full, full[t]
 
+    # hook_normalized is TransformerLens's: the normalized input before the norm's weight (and bias)
+    normalized = "(x − mean) / scale" if cfg.norm == "layernorm" else "x / scale"
     stages = []
     resid_pre, resid_pre_t = vec("hook_resid_pre")
     stages.append(stage("resid_pre", "residual stream in", "x = resid_pre", p + "hook_resid_pre", resid_pre, resid_pre_t, ["pos", "d_model"]))
     if block.pre_norm:
         full, row = vec("ln1.hook_normalized")
-        stages.append(stage("ln1", f"{cfg.norm} 1", "x̂ = norm(x)", p + "ln1.hook_normalized", full, row, ["pos", "d_model"]))
+        stages.append(stage("ln1", f"{cfg.norm} 1", f"x̂ = {normalized}, before its weight", p + "ln1.hook_normalized", full, row, ["pos", "d_model"]))
     for name, label in (("q", "queries"), ("k", "keys"), ("v", "values")):
         full, row = vec(f"attn.hook_{name}")
-        eq = f"{name} = x̂ W_{name.upper()}" if block.pre_norm else f"{name} = x W_{name.upper()}"
+        eq = f"{name} = (x̂ ⊙ w + b) W_{name.upper()}" if block.pre_norm else f"{name} = x W_{name.upper()}"
         stages.append(stage(name, label, eq, p + f"attn.hook_{name}", full, row, ["pos", "head", "d_head"]))
     if cfg.positional == "rope":
         for name in ("q", "k"):
@@ -539,10 +541,13 @@ def block_stages(entry: ModelEntry, qkv: tuple[torch.Tensor, ...], cache, layer:
         return stages
     if block.pre_norm:
         full, row = vec("ln2.hook_normalized")
-        equation = "m̂ = norm(x)  (parallel block: the MLP reads resid_pre)" if block.parallel else "m̂ = norm(resid_mid)"
+        source = "x" if block.parallel else "resid_mid"
+        equation = f"m̂ = {normalized.replace('x', source)}, before its weight"
+        if block.parallel:
+            equation += "  (parallel block: the MLP reads resid_pre)"
         stages.append(stage("ln2", f"{cfg.norm} 2", equation, p + "ln2.hook_normalized", full, row, ["pos", "d_model"]))
     full, row = vec("mlp.hook_pre")
-    stages.append(stage("mlp_pre", "MLP in", "h = m̂ W_in" if cfg.mlp != "swiglu" else "h = m̂ W_gate", p + "mlp.hook_pre", full, row, ["pos", "d_mlp"]))
+    stages.append(stage("mlp_pre", "MLP in", "h = (m̂ ⊙ w + b) W_in" if cfg.mlp != "swiglu" else "h = (m̂ ⊙ w) W_gate", p + "mlp.hook_pre", full, row, ["pos", "d_mlp"]))
     full, row = vec("mlp.hook_post")
     stages.append(stage("mlp_post", "MLP activation", f"{cfg.mlp}(h)", p + "mlp.hook_post", full, row, ["pos", "d_mlp"]))
     mlp_out, mlp_out_t = vec("hook_mlp_out")
