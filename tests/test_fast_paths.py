@@ -131,27 +131,23 @@ MASKS = {
 @pytest.mark.parametrize("mask_name", list(MASKS))
 @pytest.mark.parametrize("causal, T, S, H_kv", [(True, 13, 13, None), (True, 5, 23, None), (False, 9, 17, None),
                                                 (True, 6, 20, 2), (False, 1, 30, None)])
-def test_chunked_attention_equals_the_explicit_path_with_its_gradients_and_patterns(mask_name, causal, T, S, H_kv):
+def test_chunked_attention_equals_the_explicit_path_with_its_gradients(mask_name, causal, T, S, H_kv):
     B, H, D = 2, 4, 8
     q, k, v = qkv(B, H, T, S, D, H_kv)
     mask = MASKS[mask_name](B, H, T, S)
-    out, weights = scaled_dot_product_attention(q, k, v, causal=causal, mask=mask, return_weights=True)
-    chunked, chunked_weights = chunked_attention(q, k, v, causal=causal, mask=mask, block_size=4, return_weights=True)
+    out = scaled_dot_product_attention(q, k, v, causal=causal, mask=mask, return_weights=True)[0]
+    chunked = chunked_attention(q, k, v, causal=causal, mask=mask, block_size=4)
     torch.testing.assert_close(chunked, out, **F64)
-    torch.testing.assert_close(chunked_weights, weights, **F64)
     d_out = torch.randn_like(out)
     expected = torch.autograd.grad(out, (q, k, v), d_out)
     for got, want in zip(torch.autograd.grad(chunked, (q, k, v), d_out), expected):
         torch.testing.assert_close(got, want, **F64)
 
 
-def test_chunked_patterns_of_chosen_heads_and_block_sizes_that_do_not_divide_s():
+def test_chunked_attention_with_block_sizes_that_do_not_divide_s():
     q, k, v = qkv(1, 6, 11, 11, 8, grad=False)
-    _, weights = scaled_dot_product_attention(q, k, v, causal=True, return_weights=True)
     for block_size in (1, 3, 11, 64):
-        out, picked = chunked_attention(q, k, v, causal=True, block_size=block_size, return_weights=True, heads=[4, 1])
-        assert picked.shape == (1, 2, 11, 11)
-        torch.testing.assert_close(picked, weights[:, [4, 1]], **F64)
+        out = chunked_attention(q, k, v, causal=True, block_size=block_size)
         torch.testing.assert_close(out, scaled_dot_product_attention(q, k, v, causal=True), **F64)
 
 

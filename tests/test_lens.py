@@ -76,13 +76,25 @@ def test_norm_hooks_mean_what_transformer_lens_means(style):
     torch.testing.assert_close(model.unembed(out), logits, **TOL)
 
 
-def test_fused_layernorm_equals_the_hooked_equation():
-    """Unhooked, LayerNorm is torch's fused kernel; hooked, the equation step by step: same numbers."""
-    model = build(STYLES["gpt2"]).float()
+@pytest.mark.parametrize("style", ["gpt2", "llama"])
+def test_norm_hooks_read_without_changing_a_bit_and_edits_take_effect(style):
+    """Reading a norm's hooks keeps the fused kernel's exact numbers; a hook that returns a new tensor drives
+    the output through the equation (x̃ / scale · w + b), which equals the fused kernel."""
+    model = build(STYLES[style]).float()
     ids = torch.randint(0, 13, (B, T))
     plain = model(ids)
-    hooked = model.run_with_hooks(ids, fwd_hooks=[(lambda n: n.endswith("hook_scale"), lambda t, hook: None)])
-    torch.testing.assert_close(hooked, plain, rtol=1e-5, atol=1e-5)
+    is_norm_hook = lambda n: n.endswith(("hook_scale", "hook_normalized"))  # noqa: E731
+    read = model.run_with_hooks(ids, fwd_hooks=[(is_norm_hook, lambda t, hook: None)])
+    assert torch.equal(read, plain)
+    copied = model.run_with_hooks(ids, fwd_hooks=[(is_norm_hook, lambda t, hook: t.clone())])
+    torch.testing.assert_close(copied, plain, rtol=1e-5, atol=1e-5)
+    doubled = model.run_with_hooks(ids, fwd_hooks=[("ln_final.hook_scale", lambda t, hook: t * 2)])
+    ln = model.ln_final
+    with torch.no_grad():
+        _, cache = model.run_with_cache(ids, names_filter=["ln_final.hook_normalized"])
+    normalized = cache["ln_final.hook_normalized"] / 2
+    bias = ln.bias if getattr(ln, "bias", None) is not None else 0
+    torch.testing.assert_close(doubled, model.unembed(normalized * ln.weight + bias), rtol=1e-5, atol=1e-5)
 
 
 def test_head_results_only_when_asked():

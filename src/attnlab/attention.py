@@ -6,8 +6,8 @@ Design choices:
   multi-head layer both call. Every other path (torch's fused SDPA, the KV-cached decode, the chunked
   path) is tested against them.
 - `chunked_attention` walks the keys in blocks with an online softmax (scores and masks from the same
-  functions, one block at a time), so memory grows linearly in T in the forward and backward passes,
-  and it can still hand back the patterns of chosen heads for inspection.
+  functions, one block at a time), so memory grows linearly in T in the forward and backward passes.
+  It returns outputs only: patterns of long inputs come from one place, inspection.capture.
 - Boolean masks follow torch: True means "may attend". Additive masks are added to the scores.
 - `causal=True` with T queries and S ≥ T keys means the queries are the *last* T positions (cached
   decoding): query i sees keys j ≤ i + (S − T). torch's `is_causal` aligns top-left instead, so it is only
@@ -223,34 +223,18 @@ def chunked_attention(
     mask: torch.Tensor | None = None,
     scale: float | None = None,
     block_size: int = 256,
-    return_weights: bool = False,
-    heads: list[int] | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+) -> torch.Tensor:
     """softmax(Q Kᵀ · scale + mask) V one block of `block_size` keys at a time (same arguments as
     scaled_dot_product_attention): the T × S scores never exist at once, in the forward or backward pass.
 
-    With `return_weights`, also the pattern (..., h, T, S) of the heads listed in `heads` (dim −3; default
-    all), written block by block from each row's log-sum-exp, so the only T × S tensor is the one returned,
-    for the heads asked for. These weights are for inspection: they carry no gradient.
+    It returns the output only: the one memory-light way to look at patterns is
+    attnlab.inspection.capture.capture_patterns (chosen heads, a chunk of query rows at a time).
     """
     scale = _checked_scale(q, k, causal, scale)
-    T, S = q.shape[-2], k.shape[-2]
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     k, v = expand_kv(q, k), expand_kv(q, v)
-    out, lse = _ChunkedAttention.apply(q, k, v, mask, causal, scale, block_size)
-    if not return_weights:
-        return out
-    with torch.no_grad():
-        if heads is not None:  # [..., h, T, D]: only the heads to look at
-            q, k, lse = q[..., heads, :, :], k[..., heads, :, :], lse[..., heads, :, :]
-            if mask is not None and mask.dim() >= 3 and mask.shape[-3] > 1:
-                mask = mask[..., heads, :, :]
-        lse = lse.masked_fill(torch.isneginf(lse), 0.0)
-        weights = q.new_zeros(*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]), T, S)
-        for s0, s1, i0 in _key_blocks(T, S, block_size, causal):
-            weights[..., i0:, s0:s1] = torch.exp(_block_scores(q, k, causal, mask, scale, s0, s1, i0) - lse[..., i0:, :])
-    return out, weights
+    return _ChunkedAttention.apply(q, k, v, mask, causal, scale, block_size)[0]
 
 
 class Attention(nn.Module):

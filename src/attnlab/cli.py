@@ -20,7 +20,7 @@ COMMAND_MODULES = (
     "attnlab.demo",  # demo
     "attnlab.formats.cli",  # compare
     "attnlab.training.cli",  # train, sample
-    "attnlab.inspection.cli",  # heads, experiment
+    "attnlab.inspection.cli",  # heads, experiment, attribute, patch
     "attnlab.explorer.cli",  # explore, export-html
 )
 

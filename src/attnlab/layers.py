@@ -8,8 +8,10 @@ Design choices:
 - Hook points mean what TransformerLens's mean: `hook_scale` [batch, pos, 1] is the divisor
   √(mean(x̃²) + ε) (x̃ = x − mean for LayerNorm, x for RMSNorm) and `hook_normalized` is x̃ / scale, the
   normalized input BEFORE the weight and bias. `cache.apply_ln_to_stack` divides by the cached scale.
-- With neither hooked, LayerNorm runs torch's fused `F.layer_norm` (the fast path); hooked, it runs the
-  equation step by step (the reference), and tests/test_layers.py holds the two to the same numbers.
+- The output is always the fast form (torch's fused `F.layer_norm`; RMSNorm's x·rsqrt(...)) unless a hook
+  replaces hook_scale or hook_normalized: then the output is computed from the replaced tensors, as in
+  TransformerLens. So hooks that only read (run_with_cache) never change a number, and an edit takes effect;
+  tests/test_lens.py holds the equation to the fused kernel.
 - The MLP expands d_model -> d_mlp (default 4×), applies GELU (exact or tanh) or ReLU, and projects back;
   SwiGLU (Shazeer 2020) multiplies silu(W_gate x) by W_in x. hook_pre is the pre-activation,
   hook_post what goes into W_out.
@@ -73,12 +75,16 @@ class LayerNorm(nn.Module):
         self.hook_normalized = HookPoint()  # [batch, pos, d_model]: before weight and bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
         if not (self.hook_scale.has_hooks or self.hook_normalized.has_hooks):
-            return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+            return out
         centred = x - x.mean(-1, keepdim=True)
-        scale = self.hook_scale((centred.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
-        x = self.hook_normalized(centred / scale) * self.weight
-        return x if self.bias is None else x + self.bias
+        scale = (centred.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
+        normalized = _hooked_norm(self, centred, scale)
+        if normalized is None:  # the hooks only read: keep the fused kernel's numbers
+            return out
+        normalized = normalized * self.weight
+        return normalized if self.bias is None else normalized + self.bias
 
 
 class RMSNorm(nn.Module):
@@ -94,10 +100,20 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x = x.to(torch.promote_types(dtype, torch.float32))  # half/bfloat16 up to float32; float64 stays exact
+        out = self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)).to(dtype)
         if not (self.hook_scale.has_hooks or self.hook_normalized.has_hooks):
-            return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)).to(dtype)
-        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
-        return self.weight * self.hook_normalized(x / scale).to(dtype)
+            return out
+        normalized = _hooked_norm(self, x, (x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
+        return out if normalized is None else self.weight * normalized.to(dtype)
+
+
+def _hooked_norm(norm: nn.Module, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor | None:
+    """Run hook_scale and hook_normalized (= x / scale) of a norm; the normalized input if a hook replaced
+    either, else None (the caller keeps its fast result, so reading a norm's hooks never changes a number)."""
+    hooked_scale = norm.hook_scale(scale)
+    normalized = x / hooked_scale
+    hooked = norm.hook_normalized(normalized)
+    return None if hooked is normalized and hooked_scale is scale else hooked
 
 
 def make_norm(config: ModelConfig, dim: int | None = None) -> nn.Module:

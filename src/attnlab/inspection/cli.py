@@ -1,4 +1,5 @@
-"""`attnlab heads` and `attnlab experiment`: head scores of a model, and the chapters' claims as experiments.
+"""`attnlab heads`, `experiment`, `attribute` and `patch`: head scores, the chapters' claims as experiments,
+direct logit attribution and activation patching.
 
 Design choices:
 - `heads MODEL` takes whatever `attnlab.load` takes (a native or Hugging Face directory, or "minilm"),
@@ -6,6 +7,9 @@ Design choices:
   and a grid of heat maps as PNG.
 - `experiment NAME` runs one experiment module (attnlab.inspection.experiments.NAME), which writes
   NAME.json and NAME.png into --out and returns its result; this file prints the module's table.
+- `attribute MODEL --prompt P --answer A [--wrong W]` prints every head's and MLP's direct logit attribution,
+  largest first, and writes a PNG; `patch MODEL --clean C --corrupted X --answer A --wrong W` writes the
+  patching heat maps (attnlab.inspection.attribution holds the work).
 - matplotlib and the experiment modules are imported inside the commands, not at import time.
 """
 
@@ -94,6 +98,59 @@ def run_experiment(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_attribute(args: argparse.Namespace) -> int:
+    from ..formats import load
+    from .attribution import direct_logit_attribution
+    from .experiments.common import write_json
+
+    model = load(args.model)
+    result = direct_logit_attribution(model, args.prompt, args.answer, args.wrong)
+    target = repr(args.answer) + (f" - {args.wrong!r}" if args.wrong is not None else "")
+    print(f"direct logit attribution to {target} at the last token of {result.prompt_tokens}")
+    print(f"logit{' difference' if args.wrong is not None else ''}: {result.logit:.4f} = sum of the terms "
+          f"{result.total() - result.constant:.4f} + final-norm/unembedding bias {result.constant:.4f}")
+    ranked = result.ranked()
+    print(f"{'term':>12} {'attribution':>12}")
+    for name, value in ranked[: args.top]:
+        print(f"{name:>12} {value:12.4f}")
+    if len(ranked) > args.top:
+        print(f"... {len(ranked) - args.top} more (--top N)")
+    png = Path(args.png)
+    result.plot(png, title=None)
+    print(f"wrote {png}")
+    if args.json:
+        write_json(Path(args.json), result.to_dict())
+        print(f"wrote {args.json}")
+    return 0
+
+
+def run_patch(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..formats import load
+    from .attribution import parse_sweeps, patch_sweeps
+
+    sweeps = parse_sweeps(args.sweeps)  # before loading: a typo costs nothing
+    model = load(args.model)
+    out = Path(args.out)
+    results = patch_sweeps(model, args.clean, args.corrupted, args.answer, args.wrong, sweeps, out)
+    first = next(iter(results.values()))
+    print(f"logit difference {args.answer!r} - {args.wrong!r}: clean {first.clean:.4f}, corrupted {first.corrupted:.4f}")
+    for name, result in results.items():
+        values = result.normalized()
+        flat = values.nan_to_num(float("-inf")).flatten()
+        best = flat.argsort(descending=True)[:5].tolist()
+        cells = []
+        for index in best:
+            at = [int(i) for i in torch.unravel_index(torch.tensor(index), tuple(values.shape))]
+            cells.append(", ".join(f"{a}={result.labels[a][i]}" for a, i in zip(result.axis_names, at)) + f": {float(flat[index]):.2f}")
+        print(f"\n{name} ({' x '.join(result.axis_names)}), restored fraction, top 5:")
+        print("\n".join("  " + c for c in cells))
+        print(f"wrote {out / f'patch-{name}.png'}")
+    print(f"wrote {out / 'patching.json'}")
+    return 0
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("heads", help="score every head (previous-token, induction, duplicate, copying, first-token)")
     p.add_argument("model", help="model directory (attnlab or Hugging Face format) or 'minilm'")
@@ -111,3 +168,23 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="a smaller, faster run (for tests and a first look)")
     p.add_argument("--model", default="minilm", help="coreference only: the model to inspect (default minilm)")
     p.set_defaults(func=run_experiment)
+
+    p = sub.add_parser("attribute", help="direct logit attribution of every head and MLP to an answer")
+    p.add_argument("model", help="model directory (attnlab or Hugging Face format)")
+    p.add_argument("--prompt", required=True, help="the text whose next token is explained")
+    p.add_argument("--answer", required=True, help="the answer token, with its leading space if any: ' Paris'")
+    p.add_argument("--wrong", help="a wrong answer: attribute the logit difference answer - wrong")
+    p.add_argument("--top", type=int, default=15, help="print this many terms (default 15)")
+    p.add_argument("--png", default="attribution.png", help="heat map file (default attribution.png)")
+    p.add_argument("--json", metavar="FILE", help="write every number as JSON")
+    p.set_defaults(func=run_attribute)
+
+    p = sub.add_parser("patch", help="activation patching heat maps of a clean and a corrupted prompt")
+    p.add_argument("model", help="model directory (attnlab or Hugging Face format)")
+    p.add_argument("--clean", required=True, help="the prompt the model answers correctly")
+    p.add_argument("--corrupted", required=True, help="the same number of tokens, changed so the answer changes")
+    p.add_argument("--answer", required=True, help="the clean prompt's answer token")
+    p.add_argument("--wrong", required=True, help="the corrupted prompt's answer token")
+    p.add_argument("--sweeps", default="block,heads", help="comma-separated: block, heads, heads-by-pos (default block,heads)")
+    p.add_argument("--out", default="patching", help="output directory (default ./patching)")
+    p.set_defaults(func=run_patch)

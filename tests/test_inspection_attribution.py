@@ -1,0 +1,80 @@
+"""`attnlab attribute` and `attnlab patch`: runs on a small saved model, and the one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from attnlab import Transformer
+from attnlab.cli import main
+from attnlab.config import ModelConfig
+from attnlab.formats.native import save_native
+from attnlab.inspection.attribution import direct_logit_attribution
+from attnlab.tokenizer import Tokenizer
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    tokenizer = Tokenizer.train_char("abcdefgh .")
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(d_vocab=tokenizer.vocab_size, n_ctx=32, d_model=16, n_layers=2, n_heads=2, d_mlp=32))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    model.tokenizer = tokenizer
+    return save_native(model, tmp_path_factory.mktemp("models") / "tiny")
+
+
+def test_attribution_terms_sum_to_the_logit_difference(model_dir):
+    import attnlab
+
+    model = attnlab.load(model_dir)
+    result = direct_logit_attribution(model, "abc abc ab", "c", "d")
+    with torch.no_grad():
+        logits = model(model.to_tokens("abc abc ab"))[0, -1]
+    c, d = model.to_single_token("c"), model.to_single_token("d")
+    assert result.logit == pytest.approx(float(logits[c] - logits[d]), rel=1e-5)
+    assert result.total() == pytest.approx(result.logit, rel=1e-4, abs=1e-5)
+    assert result.heads.shape == (2, 2) and result.mlps.shape == (2,)
+    assert [name for name, _ in result.ranked()][:1] and set(result.others) == {"embed", "pos_embed", "bias"}
+
+
+def test_attribute_command(model_dir, tmp_path, capsys):
+    png, out = tmp_path / "dla.png", tmp_path / "dla.json"
+    assert main(["attribute", str(model_dir), "--prompt", "abc abc ab", "--answer", "c", "--wrong", "d",
+                 "--png", str(png), "--json", str(out), "--top", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert "direct logit attribution to 'c' - 'd'" in printed and "more (--top N)" in printed
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    data = json.loads(out.read_text())
+    assert data["sum_of_terms"] == pytest.approx(data["logit"], rel=1e-4, abs=1e-5)
+
+
+def test_patch_command(model_dir, tmp_path, capsys):
+    out = tmp_path / "patching"
+    assert main(["patch", str(model_dir), "--clean", "abc abc ab", "--corrupted", "abc abd ab", "--answer", "c",
+                 "--wrong", "d", "--out", str(out), "--sweeps", "block,heads"]) == 0
+    printed = capsys.readouterr().out
+    assert "restored fraction, top 5" in printed
+    for name in ("patch-block.png", "patch-heads.png"):
+        assert (out / name).read_bytes()[:4] == b"\x89PNG"
+    data = json.loads((out / "patching.json").read_text())
+    assert data["sweeps"]["block"]["axes"] == ["activation", "layer", "pos"]
+    assert data["sweeps"]["heads"]["shape"] == [5, 2, 2]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["attribute", "{m}", "--prompt", "abc", "--answer", "ab"], "the answer 'ab' is 2 tokens"),
+    (["attribute", "{m}", "--prompt", "abc", "--answer", "c", "--wrong", "dd"], "the wrong answer 'dd' is 2 tokens"),
+    (["patch", "{m}", "--clean", "abc a", "--corrupted", "abc", "--answer", "c", "--wrong", "d"],
+     "the clean text is 5 tokens and the corrupted text 3"),
+    (["patch", "{m}", "--clean", "abc", "--corrupted", "abd", "--answer", "c", "--wrong", "d", "--sweeps", "block,hedas"],
+     "unknown sweep 'hedas'; choose from block, heads, heads-by-pos"),
+    (["attribute", "{m}", "--prompt", "xyz", "--answer", "c"], "characters this character-level model never saw"),
+])
+def test_mistakes_are_one_line(model_dir, tmp_path, capsys, argv, message):
+    assert main([a.replace("{m}", str(model_dir)) for a in argv] + (["--out", str(tmp_path / "p")] if argv[0] == "patch" else [])) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
