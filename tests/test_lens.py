@@ -24,8 +24,9 @@ STYLES = {
     "gpt2": ModelConfig(**BASE, mlp="gelu_tanh"),
     "llama": ModelConfig(**BASE, positional="rope", norm="rmsnorm", mlp="swiglu", bias=False, n_kv_heads=2,
                          tie_embeddings=False),
-    # Pythia's block without its parallel residual (not in attnlab yet): partial RoPE, LayerNorm, untied
-    "pythia": ModelConfig(**BASE, positional="rope", rotary_fraction=0.5, tie_embeddings=False, mlp="gelu"),
+    # Pythia (GPT-NeoX): attention and MLP in parallel on resid_pre, partial RoPE, LayerNorm, untied
+    "pythia": ModelConfig(**BASE, positional="rope", rotary_fraction=0.5, tie_embeddings=False, mlp="gelu",
+                          parallel_residual=True),
     "attn-only": ModelConfig(**BASE, attn_only=True),
 }
 TOL = dict(rtol=1e-9, atol=1e-9)
@@ -166,15 +167,17 @@ def test_decompositions_sum_to_the_stream(style):
     config = STYLES[style]
     model, _, _, cache = run(config)
     final = cache["resid_post", -1]  # ln_final's input
-    accumulated, labels = cache.accumulated_resid(return_labels=True, incl_mid=True)
+    parallel = config.parallel_residual
+    accumulated, labels = cache.accumulated_resid(return_labels=True, incl_mid=not parallel)
     torch.testing.assert_close(accumulated[-1], final, **TOL)
-    assert labels[-1] == "final_post" and labels[:3] == ["0_pre", "0_mid", "1_pre"]
+    assert labels[-1] == "final_post" and labels[:3] == (["0_pre", "1_pre", "2_pre"] if parallel else ["0_pre", "0_mid", "1_pre"])
     parts, labels = cache.decompose_resid(return_labels=True)
     torch.testing.assert_close(parts.sum(0), final, **TOL)
     assert labels[0] == "embed" and ("0_mlp_out" in labels) != config.attn_only
-    for layer in range(config.n_layers):  # every layer's input, and every MLP's input
+    for layer in range(config.n_layers):  # every layer's input, and every MLP's input (resid_pre if parallel)
         torch.testing.assert_close(cache.decompose_resid(layer).sum(0), cache["resid_pre", layer], **TOL)
-        torch.testing.assert_close(cache.decompose_resid(layer, mlp_input=True).sum(0), cache["resid_mid", layer], **TOL)
+        mlp_in = cache["resid_pre" if parallel else "resid_mid", layer]
+        torch.testing.assert_close(cache.decompose_resid(layer, mlp_input=True).sum(0), mlp_in, **TOL)
     heads, labels = cache.stack_head_results(return_labels=True, incl_remainder=True)
     assert heads.shape == (config.n_layers * config.n_heads + 1, B, T, config.d_model) and labels[5] == "L1H1"
     torch.testing.assert_close(heads.sum(0), final, **TOL)
@@ -183,7 +186,10 @@ def test_decompositions_sum_to_the_stream(style):
         torch.testing.assert_close(full.sum(0), final, **TOL)
         assert labels[-1] == "bias"
     full = cache.get_full_resid_decomposition(1, mlp_input=True, pos_slice=-1)  # into layer 1's MLP, last position
-    torch.testing.assert_close(full.sum(0), cache["resid_mid", 1][:, -1], **TOL)
+    torch.testing.assert_close(full.sum(0), cache["resid_pre" if parallel else "resid_mid", 1][:, -1], **TOL)
+    if parallel:
+        with pytest.raises(UserError, match="no resid_mid"):
+            cache.accumulated_resid(incl_mid=True)
 
 
 @pytest.mark.parametrize("style", ["gpt2", "llama"])

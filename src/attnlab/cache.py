@@ -10,7 +10,8 @@ Design choices (definitions from TransformerLens's ActivationCache, transformer_
   `stack_head_results` the per-head terms, `get_full_resid_decomposition` every head, every neuron (or MLP),
   the embeddings and the summed biases; each stack sums to the residual stream it decomposes (tested).
   A post-norm model (BERT) has no such sum: these views refuse it with a UserError. A model whose blocks
-  run attention and MLP in parallel (GPT-NeoX) is the same sum without resid_mid.
+  run attention and MLP in parallel (GPT-NeoX, Pythia) is the same sum without resid_mid: there the MLP
+  reads resid_pre, so "the MLP's input" (mlp_input=True) holds nothing of its own layer's attention.
 - Per-head results are computed only when asked: from hook_z and W_O when `blocks.L.attn.hook_result` is
   not cached (TransformerLens's `compute_head_results`), so the forward pass never builds them by default.
 - `apply_ln_to_stack` freezes a norm at its cached scale (`ln*.hook_scale`): each term is centred (LayerNorm
@@ -122,6 +123,10 @@ class ActivationCache(dict):
         [component, batch, pos, d_model], labels "0_pre", "0_mid", ..., "final_post"."""
         self._check_residual_sum()
         layer, n = self._layer(layer), self._cfg.n_layers
+        if incl_mid and self._cfg.parallel_residual:
+            raise UserError("this model's blocks run attention and MLP in parallel: there is no resid_mid; "
+                            "use incl_mid=False")
+        mlp_input = mlp_input and not self._cfg.parallel_residual  # a parallel MLP reads resid_pre
         parts, labels = [], []
         for l in range(layer + 1):
             if l == n:
@@ -166,7 +171,7 @@ class ActivationCache(dict):
             if incl_mlp:
                 parts.append(apply_slice(self["mlp_out", l], pos_slice, -2))
                 labels.append(f"{l}_mlp_out")
-        if mlp_input and incl_attn:
+        if mlp_input and incl_attn and not self._cfg.parallel_residual:  # a parallel MLP reads resid_pre
             parts.append(apply_slice(self["attn_out", layer], pos_slice, -2))
             labels.append(f"{layer}_attn_out")
         stack = torch.stack(parts)
@@ -230,7 +235,8 @@ class ActivationCache(dict):
         when neurons are expanded), in TransformerLens's order. Sums to the stream."""
         self._check_residual_sum()
         layer = self._layer(layer)
-        stack, labels = self.stack_head_results(layer + (1 if mlp_input else 0), pos_slice=pos_slice,
+        own_heads = mlp_input and not self._cfg.parallel_residual  # a parallel MLP reads resid_pre
+        stack, labels = self.stack_head_results(layer + (1 if own_heads else 0), pos_slice=pos_slice,
                                                 return_labels=True)
         parts = [stack]
         if not self._cfg.attn_only and layer > 0:
@@ -244,7 +250,7 @@ class ActivationCache(dict):
         embeds, names = self._embeddings(pos_slice)
         parts += [e[None] for e in embeds]
         labels += names
-        bias = self.model.accumulated_bias(layer, mlp_input, include_mlp_biases=expand_neurons)
+        bias = self.model.accumulated_bias(layer, own_heads, include_mlp_biases=expand_neurons)
         parts.append(bias.to(stack.dtype).expand(1, *stack.shape[1:]))
         labels.append("bias")
         stack = torch.cat(parts)
