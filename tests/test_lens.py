@@ -196,18 +196,20 @@ def test_decompositions_sum_to_the_stream(style):
 def test_apply_ln_to_stack_freezes_the_cached_scale(style):
     """Each term centred (LayerNorm) and divided by the stream's cached scale: the terms sum to hook_normalized."""
     config = STYLES[style]
-    model, _, _, cache = run(config)
+    model, _, logits, cache = run(config)
     parts = cache.decompose_resid()
     scaled = cache.apply_ln_to_stack(parts)
     torch.testing.assert_close(scaled, centre(parts, config) / cache["ln_final.hook_scale"], **TOL)
     torch.testing.assert_close(scaled.sum(0), cache["ln_final.hook_normalized"], **TOL)
     into_mlp = cache.decompose_resid(2, mlp_input=True, apply_ln=True)
     torch.testing.assert_close(into_mlp.sum(0), cache["normalized", 2, "ln2"], **TOL)
-    # the logit lens: the last accumulated stream normalised by its own statistics is the final normalized stream
+    # the logit lens: each accumulated stream through ln_final with its own statistics; the last gives the logits
     lens = cache.accumulated_resid(apply_ln=True)
-    torch.testing.assert_close(lens[-1], cache["ln_final.hook_normalized"], **TOL)
+    torch.testing.assert_close(lens[-1] @ model.W_U + model.b_U, logits, **TOL)
     x = centre(cache["resid_pre", 1], config)
-    torch.testing.assert_close(lens[1], x / (x.pow(2).mean(-1, keepdim=True) + model.ln_final.eps).sqrt(), **TOL)
+    ln = model.ln_final
+    bias = ln.bias if getattr(ln, "bias", None) is not None else 0
+    torch.testing.assert_close(lens[1], x / (x.pow(2).mean(-1, keepdim=True) + ln.eps).sqrt() * ln.weight + bias, **TOL)
 
 
 @pytest.mark.parametrize("style", list(STYLES))

@@ -264,7 +264,9 @@ class ActivationCache(dict):
         """Treat each term of `residual_stack` [component, batch, pos, d_model] as input to the norm before
         `layer` (ln1, or ln2 with mlp_input; ln_final for the final layer) frozen at its cached scale:
         (x − mean(x)) / scale for LayerNorm, x / scale for RMSNorm, before the norm's weight and bias.
-        recompute_ln (final layer only): normalise each term by its own statistics (the logit lens)."""
+        recompute_ln (final layer only): ln_final applied to each term with its own statistics, weight and
+        bias included (the logit lens: `accumulated_resid(apply_ln=True) @ model.W_U + model.b_U` are the
+        logits each layer would give), as TransformerLens does on raw weights."""
         cfg = self._cfg
         layer = self._layer(layer)
         if has_batch_dim and self.has_batch_dim:
@@ -273,11 +275,10 @@ class ActivationCache(dict):
                                                                           "ln2" if mlp_input else "ln1")
         if norm is None:
             return residual_stack
-        centre = cfg.norm == "layernorm"
-        if centre:
+        if recompute_ln and layer == cfg.n_layers:  # the logit lens: ln_final itself, weight and bias included
+            return norm(residual_stack)
+        if cfg.norm == "layernorm":
             residual_stack = residual_stack - residual_stack.mean(-1, keepdim=True)
-        if recompute_ln and layer == cfg.n_layers:
-            return residual_stack / (residual_stack.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()
         if layer == cfg.n_layers:
             name = "ln_final.hook_scale"
         else:
