@@ -78,3 +78,23 @@ def test_mistakes_are_one_line(model_dir, tmp_path, capsys, argv, message):
     assert main([a.replace("{m}", str(model_dir)) for a in argv] + (["--out", str(tmp_path / "p")] if argv[0] == "patch" else [])) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_the_worked_example_script_runs(tmp_path):
+    """docs/induction_heads.py on a tiny untrained attention-only model: it writes its pictures and numbers."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(d_vocab=16, n_ctx=16, d_model=16, n_layers=2, n_heads=2, attn_only=True,
+                                    tie_embeddings=False))
+    save_native(model, tmp_path / "model")
+    script = Path(__file__).resolve().parent.parent / "docs" / "induction_heads.py"
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "model"), "--out", str(tmp_path / "out"),
+                           "--span", "5", "--batch", "2"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    for name in ("dla.png", "patching.png", "composition.png"):
+        assert (tmp_path / "out" / name).read_bytes()[:4] == b"\x89PNG"
+    numbers = json.loads((tmp_path / "out" / "numbers.json").read_text())
+    assert len(numbers["dla_heads"]) == 2 and len(numbers["patching"]["restored"]["output"]) == 2
