@@ -44,11 +44,13 @@ def causal_attention(Q: np.ndarray, K: np.ndarray, V: np.ndarray) -> tuple[np.nd
     return weights @ V, weights
 
 
-def causal_allowed(T: int, S: int) -> np.ndarray:
-    """allowed[i, j] = (j ≤ i + S − T): the T queries are the last T of S positions (cached decoding)."""
+def causal_allowed(T: int, S: int, window: int | None = None) -> np.ndarray:
+    """allowed[i, j] = (j ≤ i + S − T): the T queries are the last T of S positions (cached decoding).
+    A sliding window W also requires i + S − T − j < W: the query and the W − 1 positions before it."""
     i = np.arange(T)[:, None]
     j = np.arange(S)[None, :]
-    return j <= i + (S - T)
+    allowed = j <= i + (S - T)
+    return allowed if window is None else allowed & (i + (S - T) - j < window)
 
 
 def attention(
@@ -60,10 +62,11 @@ def attention(
     causal: bool = False,
     allowed: np.ndarray | None = None,
     additive: np.ndarray | None = None,
+    window: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Attention(Q, K, V) = softmax(Q Kᵀ · scale + M) V for one head: Q (T, d_k), K (S, d_k), V (S, d_v).
 
-    scale defaults to 1/√d_k. M is −∞ where a key is forbidden (causal offset, `allowed` False, or an
+    scale defaults to 1/√d_k. M is −∞ where a key is forbidden (causal offset or sliding window, `allowed` False, or an
     additive −∞) and the additive mask's value elsewhere. The softmax runs over the allowed keys only;
     a row with no allowed key has weights 0 and output 0.
     """
@@ -74,7 +77,7 @@ def attention(
     scores = (Q @ K.T) * scale
     ok = np.ones((T, S), dtype=bool)
     if causal:
-        ok &= causal_allowed(T, S)
+        ok &= causal_allowed(T, S, window)
     if allowed is not None:
         ok &= np.broadcast_to(allowed, (T, S))
     if additive is not None:
@@ -148,6 +151,7 @@ def multi_head_attention(
     k_norm: np.ndarray | None = None,
     norm_eps: float = 1e-6,
     rope: tuple[np.ndarray, int, float] | None = None,
+    window: int | None = None,
 ) -> np.ndarray:
     """MultiHead(X) = Concat(head_1, …, head_h) W_Oᵀ + b_O,  head_i = Attention(X W_Q,iᵀ, X W_K,iᵀ, X W_V,iᵀ).
 
@@ -172,7 +176,7 @@ def multi_head_attention(
         if rope is not None:
             positions, rotary_dim, theta = rope
             q, k = apply_rope(q, positions, rotary_dim, theta), apply_rope(k, positions, rotary_dim, theta)
-        head, _ = attention(q, k, v, scale=scale, causal=causal, allowed=allowed)
+        head, _ = attention(q, k, v, scale=scale, causal=causal, allowed=allowed, window=window)
         heads.append(head)
     return linear(np.concatenate(heads, axis=-1), W_O, b_O)
 
@@ -365,6 +369,7 @@ def block_forward(config, state, prefix: str, x: np.ndarray, positions: np.ndarr
             b_O=state.get(a + "W_O.bias"), scale=config.scale, causal=config.causal, allowed=allowed,
             q_norm=state.get(a + "q_norm.weight"), k_norm=state.get(a + "k_norm.weight"), norm_eps=config.norm_eps,
             rope=(positions, config.rotary_dim, config.rope_theta) if config.positional == "rope" else None,
+            window=config.sliding_window,
         )
 
     mlp_fn = None

@@ -117,6 +117,33 @@ def test_masks_match_reference(rng, path, kind, causal):
 
 
 @pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("kind", ["none", "bool", "additive", "padding"])
+def test_sliding_window_matches_reference(rng, path, kind):
+    """A window smaller than the text (the queries the last T of S keys, as in cached decoding), with every mask."""
+    for _ in range(6):
+        B, H, D = (int(n) for n in rng.integers(1, 4, size=3))
+        S = int(rng.integers(3, 12))
+        T, window = int(rng.integers(1, S + 1)), int(rng.integers(1, S))
+        Q, K, V = random_qkv(rng, B, H, T, S, D)
+        mask, ref_mask = random_mask(rng, kind, B, H, T, S) if kind != "none" else (None, {})
+        expected_out, expected_weights = reference.batched_attention(Q, K, V, causal=True, window=window, **ref_mask)
+        torch_mask = None if mask is None else torch.from_numpy(mask) if mask.dtype == bool else tensor(mask)
+        out, weights = attend(tensor(Q), tensor(K), tensor(V), path, causal=True, mask=torch_mask, window=window)
+        torch.testing.assert_close(out, tensor(expected_out), **F64)
+        if weights is not None:
+            torch.testing.assert_close(weights, tensor(expected_weights), **F64)
+            band = torch.from_numpy(reference.causal_allowed(T, S, window))
+            assert (weights[..., ~band] == 0).all()  # nothing outside the band
+
+
+def test_sliding_window_band_is_the_query_and_the_keys_just_before_it():
+    # 4 queries, the last 4 of 6 positions (2..5); each sees itself and the one before
+    band = causal_mask(4, 6, window=2).int().tolist()
+    assert band == [[0, 1, 1, 0, 0, 0], [0, 0, 1, 1, 0, 0], [0, 0, 0, 1, 1, 0], [0, 0, 0, 0, 1, 1]]
+    assert torch.equal(causal_mask(5, 5, window=5), causal_mask(5, 5))  # a window as long as the text: plain causal
+
+
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("kind", ["bool", "additive"])
 def test_fully_masked_rows_give_zeros_and_finite_gradients(rng, path, kind):
     B, H, T, S, D = 2, 2, 4, 5, 3
@@ -271,6 +298,7 @@ LAYER_CONFIGS = {
     "qk-norm-rope": dict(n_heads=2, qk_norm=True, positional="rope"),
     "partial-rope": dict(n_heads=2, n_kv_heads=1, d_head=8, positional="rope", rotary_fraction=0.5, rope_theta=100.0),
     "encoder-scale": dict(n_heads=2, causal=False, attn_scale=0.3),
+    "sliding-window": dict(n_heads=2, n_kv_heads=1, positional="rope", sliding_window=2),
 }
 
 
@@ -309,6 +337,7 @@ def test_multi_head_layer_matches_reference(rng, path, name):
             causal=config.causal, allowed=allowed[b][None, :], q_norm=state.get("q_norm.weight"),
             k_norm=state.get("k_norm.weight"), norm_eps=config.norm_eps,
             rope=(positions, config.rotary_dim, config.rope_theta) if rope is not None else None,
+            window=config.sliding_window,
         )
         torch.testing.assert_close(out[b], tensor(expected), **F64)
 

@@ -319,3 +319,28 @@ def test_trace_of_a_parallel_block_has_no_resid_mid_and_sums_both_branches():
                                atol=1e-6, rtol=0)
     resid_post = cache["blocks.1.hook_resid_pre"] + cache["blocks.1.hook_attn_out"] + cache["blocks.1.hook_mlp_out"]
     torch.testing.assert_close(torch.tensor(stages["resid_post"]["values"]), resid_post[0, 5], atol=1e-5, rtol=0)
+
+
+def test_a_sliding_window_model_shows_its_band_in_the_pattern_and_the_stages():
+    """Mistral-style window of 4 on a 44-token text: the pattern is a band, and the stages' causal mask is that band."""
+    import attnlab
+    from explorer_models import char_tokenizer
+
+    tok = char_tokenizer()
+    torch.manual_seed(3)
+    model = attnlab.Transformer(attnlab.ModelConfig(
+        d_vocab=tok.vocab_size, n_layers=1, n_heads=2, d_model=32, n_ctx=64, positional="rope", norm="rmsnorm",
+        sliding_window=4)).eval()
+    model.tokenizer = tok
+    T = len(TEXT)
+    band = np.tril(np.ones((T, T), dtype=bool)) & ~np.tril(np.ones((T, T), dtype=bool), -4)
+    with TestClient(create_app({"mistral": model})) as client:
+        assert client.get("/api/models").json()[0]["sliding_window"] == 4
+        data = post(client, "/api/pattern", model="mistral", text=TEXT, layer=0, head=1)
+        stages = post(client, "/api/stages", model="mistral", text=TEXT, layer=0, head=1, mask="causal")
+    pattern = np.array(data["pattern"])
+    assert data["sliding_window"] == 4
+    assert np.all(pattern[~band] == 0) and np.all(pattern[band] > 0)
+    np.testing.assert_allclose(pattern.sum(-1), 1, atol=1e-5)
+    np.testing.assert_allclose(np.array(stages["softmax"]), pattern, atol=1e-5)
+    assert all((v is None) == (not band[i, j]) for i, row in enumerate(stages["masked"]) for j, v in enumerate(row))

@@ -113,6 +113,36 @@ def test_compiled_decode_step_gives_the_full_forward_logits_and_padded_rows_gene
         assert batch[row, width:].tolist() == alone[0, len(prompt) :].tolist()
 
 
+def test_compiled_decode_step_keeps_to_a_sliding_window_shorter_than_the_text():
+    """The compiled step attends to the whole buffer, its query at a slot tensor: the window becomes a key mask."""
+    model = build(dict(LLAMA, n_layers=1, sliding_window=3))
+    B, T, P = 2, 11, 5
+    ids = torch.randint(0, LLAMA["d_vocab"], (B, T))
+    full = model(ids)
+    assert not torch.allclose(full, build_like(model, sliding_window=None)(ids))  # the window changes the logits
+    step = compiled_decode_one_token("aot_eager")
+    cache = KVCache.for_model(model, B, CACHE_ROUND, values_position_minor=True)
+    torch.testing.assert_close(prefill(model, ids[:, :P], cache), full[:, P - 1], **F64)
+    key_mask = torch.zeros(B, CACHE_ROUND, dtype=torch.bool)
+    key_mask[:, :P] = True
+    slot, positions = torch.tensor([P]), torch.full((B, 1), P)
+    with torch.no_grad():
+        for t in range(P, T):
+            key_mask.index_fill_(1, slot, True)
+            torch.testing.assert_close(step(model, ids[:, t : t + 1], cache, slot, positions, key_mask), full[:, t], **F64)
+            slot += 1
+            positions += 1
+    assert generate(model, ids[:, :P], 6, temperature=0, compile="aot_eager").tolist() == \
+        generate(model, ids[:, :P], 6, temperature=0).tolist()
+
+
+def build_like(model: Transformer, **changes) -> Transformer:
+    """The same weights under a changed config."""
+    other = Transformer(model.config.replace(**changes)).to(model.dtype).eval()
+    other.load_state_dict(model.state_dict())
+    return other
+
+
 # chunked attention -----------------------------------------------------------------------------------------
 def qkv(B, H, T, S, D, H_kv=None, grad=True):
     make = lambda *shape: torch.randn(*shape, dtype=torch.float64, requires_grad=grad)  # noqa: E731
@@ -129,14 +159,18 @@ MASKS = {
 
 
 @pytest.mark.parametrize("mask_name", list(MASKS))
-@pytest.mark.parametrize("causal, T, S, H_kv", [(True, 13, 13, None), (True, 5, 23, None), (False, 9, 17, None),
-                                                (True, 6, 20, 2), (False, 1, 30, None)])
-def test_chunked_attention_equals_the_explicit_path_with_its_gradients(mask_name, causal, T, S, H_kv):
+@pytest.mark.parametrize("causal, T, S, H_kv, window", [
+    (True, 13, 13, None, None), (True, 5, 23, None, None), (False, 9, 17, None, None), (True, 6, 20, 2, None),
+    (False, 1, 30, None, None),
+    # sliding windows shorter than the keys: the band crosses block edges, one key wide at the least
+    (True, 13, 13, 2, 3), (True, 5, 23, None, 6), (True, 6, 20, None, 1),
+])
+def test_chunked_attention_equals_the_explicit_path_with_its_gradients(mask_name, causal, T, S, H_kv, window):
     B, H, D = 2, 4, 8
     q, k, v = qkv(B, H, T, S, D, H_kv)
     mask = MASKS[mask_name](B, H, T, S)
-    out = scaled_dot_product_attention(q, k, v, causal=causal, mask=mask, return_weights=True)[0]
-    chunked = chunked_attention(q, k, v, causal=causal, mask=mask, block_size=4)
+    out = scaled_dot_product_attention(q, k, v, causal=causal, mask=mask, return_weights=True, window=window)[0]
+    chunked = chunked_attention(q, k, v, causal=causal, mask=mask, block_size=4, window=window)
     torch.testing.assert_close(chunked, out, **F64)
     d_out = torch.randn_like(out)
     expected = torch.autograd.grad(out, (q, k, v), d_out)

@@ -58,7 +58,7 @@ def test_unsupported_model_type_lists_the_supported_ones(tmp_path):
     with pytest.raises(UserError) as info:
         attnlab.load(tmp_path)
     assert "'t5' is not supported" in one_line(info)
-    for supported in ("gpt2", "gpt_neox", "llama", "qwen2", "bert"):
+    for supported in ("gpt2", "gpt_neox", "llama", "qwen2", "qwen3", "mistral", "bert"):
         assert supported in str(info.value)
 
 
@@ -162,8 +162,11 @@ def test_index_naming_a_missing_shard(tmp_path):
      "rope_type 'llama3' needs a number 'low_freq_factor'"),
     ({"model_type": "gpt_neox", "vocab_size": 10, "hidden_size": 24, "intermediate_size": 8, "num_hidden_layers": 1,
       "num_attention_heads": 2, "max_position_embeddings": 8, "rotary_pct": 0.25}, "rotates 3 dims; RoPE needs a positive, even"),
-    ({"model_type": "qwen2", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1,
-      "num_attention_heads": 2, "max_position_embeddings": 8, "layer_types": ["sliding_attention"]}, "sliding-window"),
+    ({"model_type": "qwen2", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 2,
+      "num_attention_heads": 2, "max_position_embeddings": 8, "sliding_window": 4,
+      "layer_types": ["full_attention", "sliding_attention"]}, "sliding-window attention on some layers only"),
+    ({"model_type": "mistral", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1,
+      "num_attention_heads": 2, "max_position_embeddings": 8, "sliding_window": 0}, "'sliding_window' must be a positive"),
     ({"model_type": "bert", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1,
       "num_attention_heads": 2, "max_position_embeddings": 8, "position_embedding_type": "relative_key"},
      "position_embedding_type 'relative_key'"),

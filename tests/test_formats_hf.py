@@ -54,6 +54,19 @@ CASES = {
         vocab_size=81, hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_attention_heads=3,
         num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=True,
         rope_parameters={"rope_type": "linear", "rope_theta": 100000.0, "factor": 4.0}, **SPECIAL)),
+    # Qwen3: RMSNorm on each head's q and k, head_dim stated apart from hidden_size / heads.
+    "qwen3-qk-norm-head-dim": lambda: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
+        vocab_size=85, hidden_size=40, intermediate_size=60, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=14, max_position_embeddings=64, tie_word_embeddings=False, **SPECIAL)),
+    # Mistral with a window of 5, shorter than every text below (11 tokens compared, 5 + 15 generated).
+    "mistral-sliding-window": lambda: transformers.MistralForCausalLM(transformers.MistralConfig(
+        vocab_size=93, hidden_size=48, intermediate_size=72, num_hidden_layers=2, num_attention_heads=6,
+        num_key_value_heads=2, max_position_embeddings=64, sliding_window=5, **SPECIAL)),
+    # Qwen3 with every layer windowed (use_sliding_window, max_window_layers=0) and attention biases.
+    "qwen3-sliding-window-attention-bias": lambda: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
+        vocab_size=77, hidden_size=32, intermediate_size=44, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, max_position_embeddings=64, use_sliding_window=True, sliding_window=4,
+        max_window_layers=0, attention_bias=True, tie_word_embeddings=True, **SPECIAL)),
     # Pythia's layout: parallel attention and MLP, a quarter of each head rotated, fused per-head QKV, untied head.
     "gpt_neox-parallel-partial-rotary": lambda: transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(
         vocab_size=87, hidden_size=48, num_hidden_layers=2, num_attention_heads=3, intermediate_size=70,
@@ -131,7 +144,7 @@ def test_sharded_checkpoint_loads_like_a_single_file(seed, tmp_path):
 
 
 @pytest.mark.parametrize("case", ["gpt2", "llama-gqa-untied", "qwen2-gqa-tied", "gpt_neox-parallel-partial-rotary",
-                                  "bert"])
+                                  "qwen3-qk-norm-head-dim", "bert"])
 def test_run_with_cache_has_the_standard_hook_names(case, seed, tmp_path):
     build_hf(case, tmp_path)
     model = attnlab.load(tmp_path)
@@ -191,6 +204,12 @@ ATTNLAB_MODELS = {
     "llama3-rope-scaling": dict(n_layers=2, n_heads=4, n_kv_heads=2, d_model=64, d_mlp=80, n_ctx=16384, positional="rope",
                                 norm="rmsnorm", mlp="swiglu", bias=False, rope_scaling="llama3", rope_scaling_factor=8.0,
                                 rope_original_n_ctx=2048),
+    "qwen3-style": dict(n_layers=2, n_heads=4, n_kv_heads=2, d_model=40, d_head=10, d_mlp=50, n_ctx=32,
+                        positional="rope", norm="rmsnorm", mlp="swiglu", bias=False, qk_norm=True, tie_embeddings=False),
+    "mistral-style-window": dict(n_layers=2, n_heads=4, n_kv_heads=1, d_model=32, d_mlp=48, n_ctx=32, positional="rope",
+                                 norm="rmsnorm", mlp="swiglu", bias=False, sliding_window=6, tie_embeddings=False),
+    "qwen2-style-window": dict(n_layers=2, n_heads=2, d_model=32, d_mlp=40, n_ctx=32, positional="rope", norm="rmsnorm",
+                               mlp="swiglu", bias=False, qkv_bias=True, sliding_window=3),
     "gpt_neox-parallel": dict(n_layers=2, n_heads=3, d_model=48, d_mlp=60, n_ctx=32, positional="rope",
                               rotary_fraction=0.25, parallel_residual=True, tie_embeddings=False, rope_theta=700.0),
     "gpt_neox-sequential-no-bias-tied": dict(n_layers=2, n_heads=2, d_model=32, n_ctx=32, positional="rope",
@@ -259,6 +278,10 @@ def test_encoder_saved_as_hf_loads_in_bert_model(seed, tmp_path):
     (dict(attn_only=True), "attn_only=True"),
     (dict(norm_placement="post"), "norm_placement='post'"),
     (dict(n_kv_heads=1), "n_kv_heads=1"),
+    (dict(sliding_window=4), "sliding_window=4"),
+    (dict(positional="rope", norm="rmsnorm", mlp="swiglu", qk_norm=True, bias=True), "Qwen3"),
+    (dict(positional="rope", norm="rmsnorm", mlp="swiglu", sliding_window=4, bias=True), "Mistral"),
+    (dict(positional="rope", parallel_residual=True, norm="rmsnorm", mlp="swiglu"), "parallel_residual=True"),
 ])
 def test_models_hf_cannot_express_say_which_setting(overrides, setting, tmp_path):
     model = attnlab.Transformer(attnlab.ModelConfig(d_vocab=20, n_layers=1, n_heads=2, d_model=16, n_ctx=8, **overrides))
@@ -279,6 +302,7 @@ def test_written_config_sets_special_ids_explicitly(tmp_path):
 
 @pytest.mark.parametrize("case", ["gpt2-untied-gelu", "llama-tied-attention-bias", "qwen2-gqa-tied",
                                   "llama3.2-style-rope-scaling-tied", "smollm2-style-linear-rope",
+                                  "qwen3-qk-norm-head-dim", "mistral-sliding-window",
                                   "gpt_neox-parallel-partial-rotary", "gpt_neox-sequential-no-attention-bias", "bert"])
 def test_loaded_checkpoint_written_back_is_the_same_model_for_transformers(case, seed, tmp_path):
     original = build_hf(case, tmp_path / "original")

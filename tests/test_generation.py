@@ -22,6 +22,8 @@ CONFIGS = {
     "rope-gqa-swiglu": dict(positional="rope", n_kv_heads=2, mlp="swiglu", bias=False, tie_embeddings=False),
     "none-multi-query": dict(positional="none", n_kv_heads=1),
     "post-norm-attn-only": dict(norm_placement="post", attn_only=True),
+    # a window of 3, shorter than the prompt and the text: prefill, decode steps and the pattern keep to the band
+    "sliding-window-rope-gqa": dict(positional="rope", n_kv_heads=2, sliding_window=3),
 }
 F64 = dict(rtol=1e-9, atol=1e-9)
 

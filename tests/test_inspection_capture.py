@@ -46,6 +46,7 @@ def test_unknown_names_in_the_filter_are_an_error():
         ("llama-tiny", {}),  # RoPE + grouped-query
         ("llama-tiny", {"positional": "none", "qk_norm": True}),  # QK-norm after hook_q
         ("llama-tiny", {"qk_norm": True}),  # QK-norm then RoPE
+        ("llama-tiny", {"sliding_window": 9}),  # a band shorter than the text, across query chunks
         ("bert-mini", {"d_mlp": 64}),  # bidirectional
     ],
 )

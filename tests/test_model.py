@@ -31,6 +31,7 @@ DECODERS = {
                       qkv_bias=True, qk_norm=True, rope_theta=1e6),
     "neox-like": dict(positional="rope", rotary_fraction=0.25, parallel_residual=True, d_model=32, n_heads=2,
                       tie_embeddings=False),
+    "sliding-window-gqa": dict(positional="rope", n_heads=4, n_kv_heads=2, sliding_window=3, norm="rmsnorm"),
     "sinusoidal-post-norm": dict(positional="sinusoidal", norm_placement="post", mlp="relu", final_norm=False),
     "none-attn-only": dict(positional="none", attn_only=True, n_heads=4, n_kv_heads=1),
     "d-head-scale": dict(d_head=5, n_heads=3, attn_scale=0.5, d_mlp=24, tie_embeddings=False),

@@ -181,3 +181,17 @@ def test_bad_train_input_is_one_line(tmp_path, capsys, argv, message):
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     code, err = run_cli(["train", *tiny_flags(tmp_path), *argv], capsys)
     assert code == 2 and message in _one_line_error(err)
+
+
+def test_sliding_window_and_rope_scaling_train_from_the_command_line(tmp_path, capsys):
+    """--sliding-window and --rope-scaling reach the model, its checkpoint, and a band in its patterns."""
+    flags = [*tiny_flags(tmp_path, max_iters=2), "--pos", "rope", "--sliding-window", "3", "--rope-scaling", "linear",
+             "--rope-scaling-factor", "2"]
+    assert run_cli(["train", *flags], capsys)[0] == 0
+    model = attnlab.load(tmp_path / "run")
+    assert (model.config.sliding_window, model.config.rope_scaling, model.config.rope_scaling_factor) == (3, "linear", 2.0)
+    _, cache = model.run_with_cache(torch.arange(8)[None] % model.config.d_vocab)
+    pattern = cache["blocks.0.attn.hook_pattern"][0]  # [head, query_pos, key_pos]
+    assert (pattern.tril(-3) == 0).all() and (pattern.diagonal(-2, -2, -1) > 0).all()
+    code, err = run_cli(["train", *tiny_flags(tmp_path / "bad"), "--sliding-window", "0"], capsys)
+    assert code == 2 and "sliding_window must be a positive integer" in _one_line_error(err)

@@ -12,6 +12,10 @@ Design choices:
 - `causal=True` with T queries and S ≥ T keys means the queries are the *last* T positions (cached
   decoding): query i sees keys j ≤ i + (S − T). torch's `is_causal` aligns top-left instead, so it is only
   used when T == S.
+- A sliding window W (Mistral; Beltagy et al. 2020) narrows the causal band: query i sees keys
+  i + (S − T) − W < j ≤ i + (S − T), itself and the W − 1 before it, as transformers counts it. It is part of
+  the causal mask (`causal_mask(..., window=W)`), so every path (explicit, fused, chunked, cached) gets it
+  from the same place; the fused kernel then takes an explicit mask instead of `is_causal`.
 - A fully masked row (e.g. a padding query) gives zeros, never NaN.
 - The multi-head layer takes the fused path unless someone hooks the scores or the pattern, which are the
   only activations the fused kernel never materialises; hooks elsewhere keep it fused.
@@ -30,11 +34,15 @@ from .hooks import HookPoint
 from .layers import Linear
 
 
-def causal_mask(T: int, S: int, device: torch.device | str | None = None, diagonal: int | None = None) -> torch.Tensor:
-    """Boolean (T, S) mask, True where query i (the (S−T+i)-th position) may see key j: j ≤ i + S − T.
+def causal_mask(T: int, S: int, device: torch.device | str | None = None, diagonal: int | None = None,
+                window: int | None = None) -> torch.Tensor:
+    """Boolean (T, S) mask, True where query i (the (S−T+i)-th position) may see key j: j ≤ i + S − T, and with
+    a sliding `window` W also j > i + S − T − W (the query and the W − 1 keys before it).
 
     `diagonal` replaces S − T when the (T, S) block sits inside a larger matrix (the chunked path)."""
-    return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=S - T if diagonal is None else diagonal)
+    diagonal = S - T if diagonal is None else diagonal
+    allowed = torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=diagonal)
+    return allowed if window is None else allowed.triu(diagonal=diagonal - window + 1)
 
 
 def attention_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
@@ -43,13 +51,14 @@ def attention_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Te
 
 
 def apply_mask(scores: torch.Tensor, *, causal: bool = False, mask: torch.Tensor | None = None,
-               diagonal: int | None = None) -> torch.Tensor:
-    """Set forbidden scores to −∞ (causal: above the shifted diagonal; boolean mask: where False), or add an additive mask.
+               diagonal: int | None = None, window: int | None = None) -> torch.Tensor:
+    """Set forbidden scores to −∞ (causal: above the shifted diagonal, and below the band of a sliding `window`;
+    boolean mask: where False), or add an additive mask.
 
     `diagonal`: for a block of a larger score matrix, its causal diagonal (see causal_mask)."""
     T, S = scores.shape[-2:]
     if causal:
-        scores = scores.masked_fill(~causal_mask(T, S, scores.device, diagonal), float("-inf"))
+        scores = scores.masked_fill(~causal_mask(T, S, scores.device, diagonal, window), float("-inf"))
     if mask is not None:
         if mask.dtype == torch.bool:
             scores = scores.masked_fill(~mask, float("-inf"))
@@ -79,9 +88,14 @@ def expand_kv(q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
 
 
 def _fused_mask(
-    T: int, S: int, causal: bool, mask: torch.Tensor | None, device: torch.device
+    T: int, S: int, causal: bool, mask: torch.Tensor | None, device: torch.device, window: int | None = None
 ) -> tuple[torch.Tensor | None, bool]:
-    """The attn_mask / is_causal pair for torch's SDPA that means the same as (causal, mask) here."""
+    """The attn_mask / is_causal pair for torch's SDPA that means the same as (causal, mask, window) here."""
+    if causal and window is not None and window < S:  # the band hides keys: is_causal cannot say so
+        allowed = causal_mask(T, S, device, window=window)
+        if mask is None:
+            return allowed, False
+        return (mask & allowed if mask.dtype == torch.bool else mask.masked_fill(~allowed, float("-inf"))), False
     if mask is None:
         if not causal or T == 1:  # a single (last) query sees every key
             return None, False
@@ -114,31 +128,34 @@ def scaled_dot_product_attention(
     scale: float | None = None,
     return_weights: bool = False,
     dropout_p: float = 0.0,
+    window: int | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """softmax(Q Kᵀ · scale + mask) V for q (..., T, d_k), k (..., S, d_k), v (..., S, d_v).
 
     Returns the output (..., T, d_v), or `(output, weights)` with weights (..., T, S) when
     `return_weights`. Without weights it runs torch's fused kernel; with them, the explicit equation.
     Key/value tensors with fewer heads (dim −3) than q are shared across query heads (grouped-query).
+    `window` (with causal): each query sees itself and the window − 1 keys before it.
     """
     scale = _checked_scale(q, k, causal, scale)
     T, S = q.shape[-2], k.shape[-2]
     if T == 1 and not return_weights and dropout_p == 0 and torch.compiler.is_compiling():
         # one query (a decode step) in a compiled graph: the explicit equation, which inductor fuses into a
         # few loops, instead of the fused kernel's per-call setup (benchmarks/README.md, "Generation speed")
-        return scaled_dot_product_attention(q, k, v, causal=causal, mask=mask, scale=scale, return_weights=True)[0]
+        return scaled_dot_product_attention(q, k, v, causal=causal, mask=mask, scale=scale, return_weights=True,
+                                            window=window)[0]
     if not return_weights:
-        attn_mask, is_causal = _fused_mask(T, S, causal, mask, q.device)
+        attn_mask, is_causal = _fused_mask(T, S, causal, mask, q.device, window)
         gqa = q.dim() >= 3 and k.shape[-3] != q.shape[-3]
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=gqa
         )
-        if mask is not None:  # rows with no visible key: zeros, whatever the kernel did
+        if mask is not None:  # rows with no visible key: zeros, whatever the kernel did (a window alone leaves none)
             visible = (attn_mask if attn_mask.dtype == torch.bool else ~torch.isneginf(attn_mask)).any(-1, keepdim=True)
             out = out.masked_fill(~visible, 0.0)
         return out
     k, v = expand_kv(q, k), expand_kv(q, v)
-    weights = attention_pattern(apply_mask(attention_scores(q, k, scale), causal=causal, mask=mask))
+    weights = attention_pattern(apply_mask(attention_scores(q, k, scale), causal=causal, mask=mask, window=window))
     dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
     return torch.matmul(dropped, v), weights
 
@@ -151,14 +168,14 @@ def _key_blocks(T: int, S: int, block_size: int, causal: bool):
 
 
 def _block_scores(q: torch.Tensor, k: torch.Tensor, causal: bool, mask: torch.Tensor | None, scale: float,
-                  s0: int, s1: int, i0: int) -> torch.Tensor:
+                  s0: int, s1: int, i0: int, window: int | None = None) -> torch.Tensor:
     """Masked scores of queries i0.. against keys s0..s1: the explicit path's equation on one block."""
     T, S = q.shape[-2], k.shape[-2]
     if mask is not None:  # mask broadcasts to (..., T, S): slice the axes it really has
         mask = mask[..., s0:s1] if mask.shape[-1] == S else mask
         mask = mask[..., i0:, :] if mask.dim() >= 2 and mask.shape[-2] == T else mask
     scores = attention_scores(q[..., i0:, :], k[..., s0:s1, :], scale)  # [..., T - i0, s1 - s0]
-    return apply_mask(scores, causal=causal, mask=mask, diagonal=S - T + i0 - s0)
+    return apply_mask(scores, causal=causal, mask=mask, diagonal=S - T + i0 - s0, window=window)
 
 
 class _ChunkedAttention(torch.autograd.Function):
@@ -172,14 +189,14 @@ class _ChunkedAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, mask, causal: bool, scale: float, block_size: int):
+    def forward(ctx, q, k, v, mask, causal: bool, scale: float, block_size: int, window: int | None):
         T, S = q.shape[-2], k.shape[-2]
         batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
         acc = q.new_zeros(*batch, T, v.shape[-1])  # Σ exp(score − m) · v
         m = q.new_full((*batch, T, 1), float("-inf"))  # running max of the scores
         l = q.new_zeros(*batch, T, 1)  # Σ exp(score − m)
         for s0, s1, i0 in _key_blocks(T, S, block_size, causal):
-            scores = _block_scores(q, k, causal, mask, scale, s0, s1, i0)
+            scores = _block_scores(q, k, causal, mask, scale, s0, s1, i0, window)
             m_new = torch.maximum(m[..., i0:, :], scores.amax(-1, keepdim=True))
             m_safe = m_new.masked_fill(torch.isneginf(m_new), 0.0)  # rows with no visible key so far
             p = torch.exp(scores - m_safe)
@@ -191,7 +208,7 @@ class _ChunkedAttention(torch.autograd.Function):
         out = torch.where(visible, acc / l.clamp_min(torch.finfo(l.dtype).tiny), 0.0)
         lse = torch.where(visible, m + torch.log(l), float("-inf"))  # log Σ_j exp(score_j)  [..., T, 1]
         ctx.save_for_backward(q, k, v, mask, out, lse)
-        ctx.causal, ctx.scale, ctx.block_size = causal, scale, block_size
+        ctx.causal, ctx.scale, ctx.block_size, ctx.window = causal, scale, block_size, window
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -204,14 +221,14 @@ class _ChunkedAttention(torch.autograd.Function):
         d_q = torch.zeros_like(out[..., :1]).expand(*out.shape[:-1], q.shape[-1]).clone()
         d_k, d_v = [], []
         for s0, s1, i0 in _key_blocks(T, S, ctx.block_size, ctx.causal):
-            p = torch.exp(_block_scores(q, k, ctx.causal, mask, ctx.scale, s0, s1, i0) - lse[..., i0:, :])
+            p = torch.exp(_block_scores(q, k, ctx.causal, mask, ctx.scale, s0, s1, i0, ctx.window) - lse[..., i0:, :])
             d_o = d_out[..., i0:, :]
             d_v.append(torch.matmul(p.transpose(-2, -1), d_o))
             d_scores = p * (torch.matmul(d_o, v[..., s0:s1, :].transpose(-2, -1)) - delta[..., i0:, :])
             d_q[..., i0:, :] += torch.matmul(d_scores, k[..., s0:s1, :]) * ctx.scale
             d_k.append(torch.matmul(d_scores.transpose(-2, -1), q[..., i0:, :]) * ctx.scale)
         d_k, d_v = torch.cat(d_k, dim=-2), torch.cat(d_v, dim=-2)
-        return d_q.sum_to_size(q.shape), d_k.sum_to_size(k.shape), d_v.sum_to_size(v.shape), None, None, None, None
+        return d_q.sum_to_size(q.shape), d_k.sum_to_size(k.shape), d_v.sum_to_size(v.shape), None, None, None, None, None
 
 
 def chunked_attention(
@@ -223,6 +240,7 @@ def chunked_attention(
     mask: torch.Tensor | None = None,
     scale: float | None = None,
     block_size: int = 256,
+    window: int | None = None,
 ) -> torch.Tensor:
     """softmax(Q Kᵀ · scale + mask) V one block of `block_size` keys at a time (same arguments as
     scaled_dot_product_attention): the T × S scores never exist at once, in the forward or backward pass.
@@ -234,7 +252,7 @@ def chunked_attention(
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     k, v = expand_kv(q, k), expand_kv(q, v)
-    return _ChunkedAttention.apply(q, k, v, mask, causal, scale, block_size)[0]
+    return _ChunkedAttention.apply(q, k, v, mask, causal, scale, block_size, window)[0]
 
 
 class Attention(nn.Module):
@@ -276,7 +294,7 @@ class Attention(nn.Module):
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
         mask: torch.Tensor | None = None,
         kv_cache=None,
-        start_pos: int = 0,
+        start_pos: int | torch.Tensor = 0,
     ) -> torch.Tensor:
         from .positions import apply_rope
 
@@ -295,14 +313,18 @@ class Attention(nn.Module):
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer, start_pos, k, v)  # [B, Hkv, S, D], S = start_pos + T
         dropout_p = cfg.dropout if self.training else 0.0
+        # The compiled decode step (start_pos a tensor) sees the whole cache buffer, its query at slot start_pos
+        # rather than last: Transformer.forward puts its window into the key mask instead.
+        window = None if isinstance(start_pos, torch.Tensor) else cfg.sliding_window
         if self.needs_pattern:
             scores = self.hook_attn_scores(
-                apply_mask(attention_scores(q, expand_kv(q, k), cfg.scale), causal=cfg.causal, mask=mask)
+                apply_mask(attention_scores(q, expand_kv(q, k), cfg.scale), causal=cfg.causal, mask=mask, window=window)
             )
             pattern = self.hook_pattern(attention_pattern(scores))
             z = torch.matmul(F.dropout(pattern, dropout_p, self.training), expand_kv(q, v))
         else:
-            z = scaled_dot_product_attention(q, k, v, causal=cfg.causal, mask=mask, scale=cfg.scale, dropout_p=dropout_p)
+            z = scaled_dot_product_attention(q, k, v, causal=cfg.causal, mask=mask, scale=cfg.scale, dropout_p=dropout_p,
+                                             window=window)
         z = self.hook_z(z.transpose(1, 2))  # [B, T, H, D]
         if self.hook_result.has_hooks:  # each head's share of attn_out: attn_out = Σ_h result_h + b_O
             W_O = self.W_O.weight.to(z.dtype).view(-1, H, D)  # [d_model, H, D]

@@ -55,6 +55,7 @@ class ModelConfig:
     attn_only: bool = False  # no MLPs at all: attention-only models for circuit studies
     bias: bool = True  # biases in the linear layers and LayerNorms (nanoGPT's --bias)
     qkv_bias: bool | None = None  # biases on W_Q, W_K, W_V only; default: same as `bias` (Qwen2: True alone)
+    sliding_window: int | None = None  # causal only: each query sees itself and the W − 1 keys before it (Mistral)
     qk_norm: bool = False  # RMSNorm on each head's q and k before the scores (Qwen3, OLMo-2)
     tie_embeddings: bool = True  # LM head shares its weight with the token embedding
     n_token_types: int = 0  # token-type (segment) embeddings: BERT uses 2; 0 = none
@@ -117,6 +118,10 @@ class ModelConfig:
             raise UserError(f"rope_original_n_ctx must be a positive integer (or None for n_ctx), got {self.rope_original_n_ctx!r}")
         if self.positional == "sinusoidal" and self.d_model % 2:
             raise UserError(f"sinusoidal positions need an even d_model, got {self.d_model}")
+        if self.sliding_window is not None and (not isinstance(self.sliding_window, int) or isinstance(self.sliding_window, bool)
+                                                or self.sliding_window <= 0 or not self.causal):
+            raise UserError(f"sliding_window must be a positive integer on a causal model (or None: every earlier key); "
+                            f"got {self.sliding_window!r} with causal={self.causal}")
         if self.parallel_residual and (self.norm_placement != "pre" or self.attn_only):
             raise UserError(
                 "parallel_residual needs pre-norm blocks with an MLP (attention and MLP both read resid_pre); "

@@ -194,6 +194,11 @@ class Transformer(HookedModule, TransformerLensViews):
         mask = None
         if attention_mask is not None:
             mask = attention_mask.to(torch.bool)[:, None, None, :]  # [batch, 1, 1, key_pos]
+        if self.config.sliding_window is not None and isinstance(start_pos, torch.Tensor):
+            # the compiled decode step attends to every slot of the cache (attnlab.generation): its sliding
+            # window, slots start_pos − W + 1 ... start_pos, is a key mask (attention applies it otherwise)
+            in_window = torch.arange(kv_cache.max_len, device=ids.device) > start_pos - self.config.sliding_window
+            mask = in_window[None, None, None, :] if mask is None else mask & in_window
         for block in self.blocks[:stop_at_layer]:
             resid = block(resid, rope=rope, mask=mask, kv_cache=kv_cache, start_pos=start_pos)
         if stop_at_layer is not None:

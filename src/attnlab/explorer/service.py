@@ -186,6 +186,7 @@ class Explorer:
         return {
             "name": entry.name,
             "causal": cfg.causal,
+            "sliding_window": cfg.sliding_window,  # a causal query sees itself and the W − 1 keys before it
             "n_layers": cfg.n_layers,
             "n_heads": cfg.n_heads,
             "n_kv_heads": cfg.kv_heads,
@@ -298,6 +299,7 @@ class Explorer:
         out = {
             "layer": layer, "head": head, "tokens": tokens,
             "scale": entry.model.config.scale, "causal": entry.model.config.causal,
+            "sliding_window": entry.model.config.sliding_window,
             "raw": encode_matrix(raw, encoding), "pattern": encode_matrix(pattern, encoding),
         }
         T = len(tokens)
@@ -305,12 +307,14 @@ class Explorer:
         return out
 
     def stages(self, name: str, text: str, layer: int, head: int, mask: str, variant: Variant = PLAIN) -> dict[str, Any]:
-        """The four stages of the equation for one head, with the mask asked for ("causal" or "none")."""
+        """The four stages of the equation for one head, with the mask asked for ("causal", which keeps a sliding
+        window's band as the model does, or "none")."""
         entry, tokens, raw, pattern = self.head_matrices(name, text, layer, head, variant)
         cfg = entry.model.config
         scaled = raw * cfg.scale
-        masked = apply_mask(scaled, causal=mask == "causal")
+        masked = apply_mask(scaled, causal=mask == "causal", window=cfg.sliding_window if mask == "causal" else None)
         return {"layer": layer, "head": head, "tokens": tokens, "scale": cfg.scale, "causal": cfg.causal,
+                "sliding_window": cfg.sliding_window,
                 "pattern": encode_matrix(pattern, "json"), "mask": mask, "raw": encode_matrix(raw, "json"),
                 "scaled": encode_matrix(scaled, "json"), "masked": encode_matrix(masked, "json"),
                 "softmax": encode_matrix(attention_pattern(masked), "json")}
@@ -335,6 +339,7 @@ class Explorer:
         return {
             "layer": layer, "head": head, "tokens": tokens,
             "scale": entry.model.config.scale, "causal": entry.model.config.causal,
+            "sliding_window": entry.model.config.sliding_window,
             "keys": ((k - k_mean) @ k_basis.T).tolist(),  # [key_pos, 2]
             "queries": (q @ k_basis.T).tolist(),  # [query_pos, 2]
             "values": ((v - v_mean) @ v_basis.T).tolist(),  # [key_pos, 2]
@@ -517,7 +522,8 @@ def block_stages(entry: ModelEntry, qkv: tuple[torch.Tensor, ...], cache, layer:
     raw = attention_scores(q, k, cfg.scale)  # [head, query_pos, key_pos]
     stages.append(stage("scores", "scores", "s = q kᵀ / √d_head", None, raw, raw[:, t], ["head", "query_pos", "key_pos"]))
     masked = cache[p + "attn.hook_attn_scores"][0]  # the model's own masked scores: apply_mask(raw) in the layer
-    stages.append(stage("masked", "mask", "s ← −∞ above the diagonal" if cfg.causal else "no mask (encoder: every key visible)",
+    band = f" and more than {cfg.sliding_window - 1} keys back (sliding window {cfg.sliding_window})" if cfg.sliding_window else ""
+    stages.append(stage("masked", "mask", f"s ← −∞ above the diagonal{band}" if cfg.causal else "no mask (encoder: every key visible)",
                         p + "attn.hook_attn_scores", masked, masked[:, t], ["head", "query_pos", "key_pos"]))
     pattern = cache[p + "attn.hook_pattern"][0]
     stages.append(stage("pattern", "softmax", "a = softmax(s)", p + "attn.hook_pattern", pattern, pattern[:, t], ["head", "query_pos", "key_pos"]))

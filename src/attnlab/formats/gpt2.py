@@ -39,7 +39,8 @@ def config_from_hf(hf: dict, source: str) -> ModelConfig:
 
 def config_to_hf(cfg: ModelConfig) -> dict:
     check_writable(cfg, "GPT-2", positional="learned", norm="layernorm", norm_placement="pre", final_norm=True,
-                   embed_norm=False, n_token_types=0, attn_only=False, qk_norm=False, parallel_residual=False)
+                   embed_norm=False, n_token_types=0, attn_only=False, qk_norm=False, parallel_residual=False,
+                   sliding_window=None)
     check_plain_heads(cfg, "GPT-2", scales=(1.0,))
     return {
         "architectures": ["GPT2LMHeadModel"],

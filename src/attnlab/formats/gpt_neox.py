@@ -47,7 +47,7 @@ def config_from_hf(hf: dict, source: str) -> ModelConfig:
 
 def config_to_hf(cfg: ModelConfig) -> dict:
     check_writable(cfg, "GPT-NeoX", positional="rope", norm="layernorm", norm_placement="pre", final_norm=True,
-                   embed_norm=False, n_token_types=0, attn_only=False, qk_norm=False)
+                   embed_norm=False, n_token_types=0, attn_only=False, qk_norm=False, sliding_window=None)
     check_plain_heads(cfg, "GPT-NeoX")
     rope = rope_to_hf(cfg)
     return {

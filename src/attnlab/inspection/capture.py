@@ -77,14 +77,16 @@ def capture_patterns(
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # [batch, heads, pos, d_head]
         k = expand_kv(q, k)[:, head_index]
         q = q[:, head_index]
-        patterns[layer] = _chunked_pattern(q, k, cfg.scale, cfg.causal, mask, query_chunk)
+        patterns[layer] = _chunked_pattern(q, k, cfg.scale, cfg.causal, mask, query_chunk, cfg.sliding_window)
     return patterns
 
 
 def _chunked_pattern(
-    q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool, mask: torch.Tensor | None, query_chunk: int | None
+    q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool, mask: torch.Tensor | None, query_chunk: int | None,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """softmax(q kᵀ · scale + mask) for q [B, h, T, D], k [B, h, S, D], query_chunk rows at a time -> [B, h, T, S]."""
+    """softmax(q kᵀ · scale + mask) for q [B, h, T, D], k [B, h, S, D], query_chunk rows at a time -> [B, h, T, S]
+    (a sliding window keeps its band: the chunk's causal offset is the one the band is measured from)."""
     B, h, T, _ = q.shape
     S = k.shape[-2]
     chunk = query_chunk or T
@@ -94,5 +96,5 @@ def _chunked_pattern(
         end = b + (S - T) if causal else S  # causal: rows [a, b) see keys up to their own position only
         part_mask = mask[..., :end] if mask is not None else None
         scores = attention_scores(q[:, :, a:b], k[:, :, :end], scale)  # [B, h, b − a, end]
-        out[:, :, a:b, :end] = attention_pattern(apply_mask(scores, causal=causal, mask=part_mask))
+        out[:, :, a:b, :end] = attention_pattern(apply_mask(scores, causal=causal, mask=part_mask, window=window))
     return out

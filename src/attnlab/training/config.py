@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import MLPS, NORMS, POSITIONS, PRESETS, ModelConfig
+from ..config import MLPS, NORMS, POSITIONS, PRESETS, ROPE_SCALINGS, ModelConfig
 from ..errors import UserError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -54,6 +54,10 @@ class TrainConfig:
     mlp: str = _opt("gelu", "MLP activation", MLPS, "model")
     bias: bool = _opt(True, "biases in linear layers and norms", group="model")
     attn_only: bool = _opt(False, "no MLPs (attention-only models for circuit studies)", group="model")
+    sliding_window: int | None = _opt(None, "each token attends to itself and the N - 1 before it (Mistral); default: all",
+                                      group="model")
+    rope_scaling: str = _opt("none", "RoPE context extension (with --pos rope): linear or llama3", ROPE_SCALINGS, "model")
+    rope_scaling_factor: float = _opt(1.0, "factor of --rope-scaling", group="model")
     dropout: float = _opt(0.0, "dropout on embeddings, attention weights and residual branches", group="model")
     # optimisation
     batch_size: int = _opt(12, "sequences per micro-batch, per process")
@@ -116,7 +120,8 @@ class TrainConfig:
 MODEL_FIELDS = {
     "n_layer": "n_layers", "n_head": "n_heads", "n_embd": "d_model", "block_size": "n_ctx",
     "n_kv_head": "n_kv_heads", "pos": "positional", "norm": "norm", "mlp": "mlp", "bias": "bias",
-    "attn_only": "attn_only", "dropout": "dropout",
+    "attn_only": "attn_only", "dropout": "dropout", "sliding_window": "sliding_window",
+    "rope_scaling": "rope_scaling", "rope_scaling_factor": "rope_scaling_factor",
 }
 FLAG_OF_MODEL_FIELD = {target: name for name, target in MODEL_FIELDS.items()}  # the way back
 

@@ -197,7 +197,8 @@
     const d = state.dict, data = d.data, scale = data.scale * d.mult;
     if (d.queryToken !== null && data.raw) {
       const i = d.queryToken;
-      return softmaxRow(Array.from(data.raw[i], (s) => s * scale), (j) => !data.causal || j <= i);
+      const w = data.sliding_window;  // a sliding window: the query and the w − 1 keys before it
+      return softmaxRow(Array.from(data.raw[i], (s) => s * scale), (j) => !data.causal || (j <= i && (w == null || j > i - w)));
     }
     const scores = data.keys.map((k) => scale * (d.query[0] * k[0] + d.query[1] * k[1]));
     return softmaxRow(scores, () => true);
@@ -305,7 +306,7 @@
     }
     $("dict-note").textContent = d.queryToken !== null
       ? `query of token ${d.queryToken} “${show(data.tokens[d.queryToken])}”: the model's own scores q·k, ×${scale.toPrecision(3)}, softmax` +
-        (data.causal ? " (causal: later tokens masked)" : "") + (d.mult === 1 ? " = the model's attention pattern" : "")
+        (data.causal ? " (causal: later tokens masked" + (data.sliding_window ? `, and those more than ${data.sliding_window - 1} back` : "") + ")" : "") + (d.mult === 1 ? " = the model's attention pattern" : "")
       : (d.mode === "toy" && d.toyAt !== null && d.toyAt !== undefined ? `query placed on the key of “${data.tokens[d.toyAt]}”: ` : "dragged query: ") +
         "scores from the 2-D points, q₂·k₂ × scale" + (d.mode === "real" ? " (an approximation: the real q and k have more dimensions)" : "");
     chips($("dict-tokens"), data.tokens, d.queryToken, attendAs);
