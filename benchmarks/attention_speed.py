@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/attention_speed.py --max-t 2048       # a quick look
     .venv/bin/python benchmarks/attention_speed.py --min-t 16384 --paths fused chunked --out /tmp/t16k   # one T
     python benchmarks/attention_speed.py --device cuda --dtype bfloat16 --out /tmp/gpu   # on a GPU: flash kernels
+    .venv/bin/python benchmarks/attention_speed.py --window 256 --out /tmp/window   # attnlab's paths with a sliding window
 
 Design choices:
 - One head shape for all: batch 1, 8 heads, d_head 64, float32, causal self-attention (T = S), dropout 0
@@ -21,6 +22,8 @@ Design choices:
 - `--device cuda`: times end with a synchronize, and peak memory is CUDA's allocator peak above what was
   allocated before the run (in this process: the allocator keeps statistics). torch's flash kernel on a GPU
   takes only half precision, so `--dtype bfloat16` (or float16) is the GPU run that compares against it.
+- `--window W`: attnlab's three paths attend with a sliding window of W keys (Mistral), the baseline stays
+  plain causal SDPA, so the ratios say what the window costs or saves against full causal attention.
 - The explicit path's memory grows as T²: it runs only where its peak, extrapolated from the largest T
   measured (×4 per doubling), fits under --max-gib and the memory available now; the table says where
   it stops and what the next T would have needed.
@@ -50,14 +53,14 @@ PATHS = ("sdpa", "fused", "chunked", "explicit")
 PASSES = ("forward", "forward+backward")
 
 
-def attend(path: str, q, k, v):
+def attend(path: str, q, k, v, window: int | None = None):
     if path == "sdpa":
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     if path == "fused":
-        return scaled_dot_product_attention(q, k, v, causal=True)
+        return scaled_dot_product_attention(q, k, v, causal=True, window=window)
     if path == "chunked":
-        return chunked_attention(q, k, v, causal=True)
-    return scaled_dot_product_attention(q, k, v, causal=True, return_weights=True)[0]
+        return chunked_attention(q, k, v, causal=True, window=window)
+    return scaled_dot_product_attention(q, k, v, causal=True, return_weights=True, window=window)[0]
 
 
 def inputs(T: int, grad: bool, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
@@ -65,12 +68,12 @@ def inputs(T: int, grad: bool, device: torch.device | str = "cpu", dtype: torch.
     return [torch.randn(B, H, T, D, generator=g).to(device, dtype).requires_grad_(grad) for _ in range(3)]
 
 
-def run_once(path: str, pass_: str, q, k, v) -> None:
+def run_once(path: str, pass_: str, q, k, v, window: int | None = None) -> None:
     if pass_ == "forward":
         with torch.no_grad():
-            attend(path, q, k, v)
+            attend(path, q, k, v, window)
     else:
-        attend(path, q, k, v).sum().backward()
+        attend(path, q, k, v, window).sum().backward()
 
 
 def rss_bytes(field: str) -> int:
@@ -82,15 +85,16 @@ def rss_bytes(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
-def measure_cuda_memory(path: str, pass_: str, T: int, device: torch.device, dtype: torch.dtype) -> float | None:
+def measure_cuda_memory(path: str, pass_: str, T: int, device: torch.device, dtype: torch.dtype,
+                        window: int | None = None) -> float | None:
     """Bytes of CUDA memory at the allocator's peak during one run, above what was allocated before it."""
     q, k, v = inputs(T, pass_ != "forward", device, dtype)
-    run_once(path, pass_, *inputs(64, pass_ != "forward", device, dtype))
+    run_once(path, pass_, *inputs(64, pass_ != "forward", device, dtype), window)
     synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
     try:
-        run_once(path, pass_, q, k, v)
+        run_once(path, pass_, q, k, v, window)
         synchronize(device)
     except torch.OutOfMemoryError:
         print(f"  {path} {pass_} T={T}: out of GPU memory", flush=True)
@@ -98,20 +102,20 @@ def measure_cuda_memory(path: str, pass_: str, T: int, device: torch.device, dty
     return torch.cuda.max_memory_allocated(device) - before
 
 
-def measure_memory(path: str, pass_: str, T: int, dtype: torch.dtype) -> float:
+def measure_memory(path: str, pass_: str, T: int, dtype: torch.dtype, window: int | None = None) -> float:
     """(In a subprocess) bytes of peak resident memory above the inputs, for one run."""
     q, k, v = inputs(T, pass_ != "forward", dtype=dtype)
-    run_once(path, pass_, *inputs(64, pass_ != "forward", dtype=dtype))  # thread pools and kernels: not the run's memory
+    run_once(path, pass_, *inputs(64, pass_ != "forward", dtype=dtype), window)  # thread pools and kernels: not the run's memory
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset the peak (VmHWM) to the current resident size
     before = rss_bytes("VmRSS")
-    run_once(path, pass_, q, k, v)
+    run_once(path, pass_, q, k, v, window)
     return rss_bytes("VmHWM") - before
 
 
-def memory_in_subprocess(path: str, pass_: str, T: int, dtype: str) -> float | None:
+def memory_in_subprocess(path: str, pass_: str, T: int, dtype: str, window: int | None = None) -> float | None:
     cmd = [sys.executable, __file__, "--memory-probe", path, pass_, str(T), "--threads", str(torch.get_num_threads()),
-           "--dtype", dtype]
+           "--dtype", dtype, *(["--window", str(window)] if window else [])]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         print(f"  memory probe {path} {pass_} T={T} failed: {done.stderr.strip().splitlines()[-1:]}", flush=True)
@@ -130,7 +134,7 @@ def available_bytes(device: torch.device) -> int:
 
 
 def time_paths(paths: list[str], pass_: str, T: int, repeats: int, clock: str, device: torch.device,
-               dtype: torch.dtype) -> dict[str, float]:
+               dtype: torch.dtype, window: int | None = None) -> dict[str, float]:
     """Median seconds per path; the paths take turns within each round, in reverse order every other round
     so that none always runs right after the same other one (after one warm-up round while runs are short,
     or on a GPU, which compiles and tunes kernels on first use: long CPU runs need none)."""
@@ -138,14 +142,14 @@ def time_paths(paths: list[str], pass_: str, T: int, repeats: int, clock: str, d
     tick = CLOCKS[clock]
     if T <= 4096 or device.type == "cuda":
         for path in paths:
-            run_once(path, pass_, q, k, v)
+            run_once(path, pass_, q, k, v, window)
     times: dict[str, list[float]] = {p: [] for p in paths}
     for r in range(repeats):
         for path in paths if r % 2 == 0 else paths[::-1]:
             q.grad = k.grad = v.grad = None
             synchronize(device)
             start = tick()
-            run_once(path, pass_, q, k, v)
+            run_once(path, pass_, q, k, v, window)
             synchronize(device)
             times[path].append(tick() - start)
     return {p: statistics.median(t) for p, t in times.items()}
@@ -171,7 +175,8 @@ def plot(results: dict, out: Path) -> list[Path]:
             ax.set_yscale("log")
             ax.set_xlabel("sequence length T (= S)")
             ax.set_ylabel(ylabel)
-            ax.set_title(f"{pass_}, B={B}, {H} heads, d_head {D}, {results.get('dtype', 'float32')}, causal")
+            window = f", window {results['window']}" if results.get("window") else ""
+            ax.set_title(f"{pass_}, B={B}, {H} heads, d_head {D}, {results.get('dtype', 'float32')}, causal{window}")
             ax.grid(True, which="both", alpha=0.3)
             ax.legend()
         fig.suptitle(results["machine"], fontsize=8)
@@ -198,20 +203,23 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--dtype", choices=list(DTYPES), default="float32",
                         help="of q, k, v; on a GPU torch's flash kernel needs bfloat16 or float16")
+    parser.add_argument("--window", type=int, default=None, help="sliding window of attnlab's paths (default: none)")
     parser.add_argument("--memory-probe", nargs=3, metavar=("PATH", "PASS", "T"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.memory_probe:
         path, pass_, T = args.memory_probe
-        print(measure_memory(path, pass_, int(T), DTYPES[args.dtype]))
+        print(measure_memory(path, pass_, int(T), DTYPES[args.dtype], args.window))
         return
 
     device, dtype = benchmark_device(args.device), DTYPES[args.dtype]
     machine = machine_line(device)
+    window = f", attnlab's paths with a sliding window of {args.window}" if args.window else ""
     print(f"# Attention speed\n{machine}, clock: {args.clock}\nB={B}, heads={H}, d_head={D}, {args.dtype}, causal, "
-          "dropout 0", flush=True)
+          f"dropout 0{window}", flush=True)
     results: dict = {"machine": f"{machine}, clock: {args.clock}", "device": device.type, "dtype": args.dtype,
+                     "window": args.window,
                      "rows": [], "explicit_stops": {}}
     explicit_peak: dict[str, tuple[int, float]] = {}
     T = args.min_t
@@ -228,13 +236,13 @@ def main() -> None:
                     results["explicit_stops"].setdefault(pass_, {"T": T, "predicted_gib": predicted / 2**30,
                                                                   "budget_gib": budget / 2**30})
             if device.type == "cuda":
-                memory = {p: measure_cuda_memory(p, pass_, T, device, dtype) for p in paths}
+                memory = {p: measure_cuda_memory(p, pass_, T, device, dtype, args.window) for p in paths}
             else:
-                memory = {p: memory_in_subprocess(p, pass_, T, args.dtype) for p in paths}
+                memory = {p: memory_in_subprocess(p, pass_, T, args.dtype, args.window) for p in paths}
             if memory.get("explicit") is not None:
                 explicit_peak[pass_] = (T, memory["explicit"])
             repeats = args.repeats if T < 8192 or device.type == "cuda" else args.long_repeats
-            times = time_paths(paths, pass_, T, repeats, args.clock, device, dtype)
+            times = time_paths(paths, pass_, T, repeats, args.clock, device, dtype, args.window)
             row["time"][pass_], row["memory"][pass_] = times, memory
             base = times["sdpa"]
             cells = "  ".join(

@@ -21,12 +21,14 @@ def run_script(name: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(BENCHMARKS / name), *args], capture_output=True, text=True, timeout=600)
 
 
-def test_attention_sweep_writes_its_table_json_and_plots(tmp_path):
+@pytest.mark.parametrize("window", [None, 16])
+def test_attention_sweep_writes_its_table_json_and_plots(tmp_path, window):
     done = run_script("attention_speed.py", "--min-t", "64", "--max-t", "64", "--paths", "chunked",
-                      "--repeats", "1", "--threads", "1", "--out", str(tmp_path))  # a memory probe is a process: 4 here
+                      "--repeats", "1", "--threads", "1", "--out", str(tmp_path),  # a memory probe is a process: 4 here
+                      *(["--window", str(window)] if window else []))
     assert done.returncode == 0, done.stderr
     results = json.loads((tmp_path / "attention_speed.json").read_text())
-    assert results["device"] == "cpu" and results["dtype"] == "float32"
+    assert results["device"] == "cpu" and results["dtype"] == "float32" and results["window"] == window
     assert [row["T"] for row in results["rows"]] == [64]
     for row in results["rows"]:
         for pass_ in ("forward", "forward+backward"):
