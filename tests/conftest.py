@@ -8,6 +8,8 @@ Design choices:
 - One torch thread per test process: the tests' tensors are tiny, `make test` runs two xdist workers on
   two cores, and the machine is shared; with two threads each, OpenMP's waiting made a tiny forward
   pass 20x slower here.
+- No test reaches the real Hugging Face Hub: HF_HUB_OFFLINE=1 is set before anything imports
+  huggingface_hub (the download tests set their own environment for a loopback stand-in, hub_server.py).
 - tests/ is put on sys.path so test modules can `import reference` (the NumPy oracle) however
   pytest was started.
 """
@@ -24,6 +26,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
+os.environ["HF_HUB_OFFLINE"] = "1"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 settings.register_profile(

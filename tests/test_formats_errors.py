@@ -204,7 +204,7 @@ def test_compare_command_exits_1_when_the_numbers_differ(tmp_path, capsys, monke
     from attnlab.formats import compare as compare_module
 
     bad = compare_module.Comparison(tokens=3, embed=0.0, resid=[0.1], pattern=[0.2], output=1.0, output_scale=2.0)
-    monkeypatch.setattr(compare_module, "compare", lambda path, text=None: bad)
+    monkeypatch.setattr(compare_module, "compare", lambda path, text=None, revision=None: bad)
     assert main(["compare", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert "MISMATCH" in out and "2.000e-01" in out

@@ -1,9 +1,9 @@
 """`attnlab explore` (the local web explorer) and `attnlab export-html` (its views in one HTML file).
 
 Design choices:
-- Models come only from the command line: directories `attnlab.load` accepts (or its bundled names,
-  such as minilm). With none given, the newest run under ./runs (written by `attnlab train`) and the
-  bundled MiniLM are served, whichever exist.
+- Models come only from the command line: whatever `attnlab.load` accepts (directories, bundled names
+  such as minilm, Hugging Face Hub names such as gpt2, with --revision). With none given, the newest run
+  under ./runs (written by `attnlab train`) and the bundled MiniLM are served, whichever exist.
 - The server binds 127.0.0.1 unless --host says otherwise. The socket is bound here, before uvicorn
   starts, so a port in use is one clear line (and exit 2) rather than a log of tracebacks; on a local
   host, requests for any other Host header are refused (DNS rebinding).
@@ -41,8 +41,9 @@ def newest_run(root: Path = Path("runs")) -> Path | None:
     return max(found, key=written)
 
 
-def load_models(specs: list[str], runs: dict | None = None) -> dict[str, object]:
-    """name -> model for each MODEL argument; names are directory names, made unique with a suffix.
+def load_models(specs: list[str], runs: dict | None = None, revision: str | None = None) -> dict[str, object]:
+    """name -> model for each MODEL argument; names are directory names (a Hub name's last part), made unique
+    with a suffix; `revision` applies to every one (they must all be Hub names then).
 
     runs: when given, filled with name -> service.Run for each directory that holds training snapshots
     (`attnlab train --snapshots N`), which the page's step slider scrubs through."""
@@ -50,7 +51,7 @@ def load_models(specs: list[str], runs: dict | None = None) -> dict[str, object]
 
     models: dict[str, object] = {}
     for spec in specs:
-        model = attnlab.load(spec)
+        model = attnlab.load(spec, revision=revision)
         if model.tokenizer is None:
             raise UserError(f"{spec}: has no tokenizer.json; the explorer needs one to turn text into tokens")
         name = Path(spec).name or spec
@@ -114,8 +115,10 @@ def url_of(host: str, port: int) -> str:
 def run_explore(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port must be between 0 and 65535, got {args.port}")
+    if args.revision is not None and not args.models:
+        raise UserError("--revision picks a version of the Hub models given; name one (attnlab explore gpt2 --revision main)")
     runs: dict = {}
-    models = load_models(args.models, runs) if args.models else default_models(runs)
+    models = load_models(args.models, runs, args.revision) if args.models else default_models(runs)
     return serve(models, args.host, args.port, args.max_tokens, runs)
 
 
@@ -144,7 +147,7 @@ def run_export(args: argparse.Namespace) -> int:
 
     if Path(args.output).is_dir():  # checked first: the export takes a while, and the rename would fail at the end
         raise UserError(f"-o {args.output} is a directory; name the HTML file to write, e.g. -o {Path(args.output) / 'view.html'}")
-    models = load_models([args.model])
+    models = load_models([args.model], revision=args.revision)
     name, model = next(iter(models.items()))
     page = export_html(model, args.text, name=name, view=args.view)
     atomic_write_text(args.output, page)
@@ -153,12 +156,15 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
+    from ..formats.cli import MODEL_HELP, add_revision_flag
+
     p = sub.add_parser("explore", help="the local web explorer: attention on real models, in the browser",
                        description="Serve the explorer's five views (soft dictionary, attention matrix, heads, "
                        "through a block, next token) for the given models.")
     p.add_argument("models", nargs="*", metavar="MODEL",
-                   help="model directories (attnlab or Hugging Face format) or bundled names (minilm); "
-                   "default: the newest run under ./runs and minilm")
+                   help="model directories (attnlab or Hugging Face format), bundled names (minilm) or Hugging Face "
+                   "Hub names (gpt2, EleutherAI/pythia-70m); default: the newest run under ./runs and minilm")
+    add_revision_flag(p, "the MODELs")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0 picks a free one)")
     p.add_argument("--max-tokens", type=int, default=MAX_TOKENS,
@@ -168,7 +174,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     e = sub.add_parser("export-html", help="the explorer's views on one text, as one self-contained HTML file",
                        description="Precompute the explorer's views of MODEL on TEXT and write them as one HTML "
                        "file that opens in any browser with no server and no network.")
-    e.add_argument("model", metavar="MODEL", help="a model directory or a bundled name (minilm)")
+    e.add_argument("model", metavar="MODEL", help=MODEL_HELP)
+    add_revision_flag(e)
     e.add_argument("--text", required=True, help="the text to show (at most 128 tokens)")
     e.add_argument("-o", "--output", required=True, metavar="FILE.html", help="where to write the page")
     e.add_argument("--view", choices=VIEWS, default="dict", help="the tab the page opens on (default dict)")

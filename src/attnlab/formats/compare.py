@@ -75,13 +75,14 @@ def load_transformers(path: str | Path, causal: bool):
 
 
 @torch.no_grad()
-def compare(path: str | Path, text: str | None = None, ids: torch.Tensor | None = None) -> Comparison:
+def compare(path: str | Path, text: str | None = None, ids: torch.Tensor | None = None,
+            revision: str | None = None) -> Comparison:
     """Run attnlab and transformers on the same input; the largest differences, layer by layer."""
     from . import load, model_dir
     from .hf import save_hf
     from .native import is_native
 
-    path = model_dir(path)
+    path = model_dir(path, revision)
     model = load(path)
     if ids is None:
         ids = sample_ids(model, text)

@@ -20,7 +20,10 @@ import importlib
 import math
 from pathlib import Path
 
+from ..errors import UserError
+
 EXPERIMENTS = ("induction", "scaling", "extrapolation", "coreference")
+DEFAULT_MODEL = "minilm"  # coreference's model: the bundled pretrained encoder
 
 
 def run_heads(args: argparse.Namespace) -> int:
@@ -28,7 +31,7 @@ def run_heads(args: argparse.Namespace) -> int:
     from .experiments.common import write_json
     from .scores import STANDOUT, head_scores
 
-    model = load(args.model)
+    model = load(args.model, revision=args.revision)
     scores = head_scores(model, n_repeats=args.repeats, batch=args.batch, seed=args.seed)
     print(f"head scores of {args.model} ({scores.notes['input']}); * = at least the standout threshold")
     for name, values in scores.scores.items():
@@ -90,7 +93,10 @@ def run_experiment(args: argparse.Namespace) -> int:
     make_out_dir(out)  # before a run of minutes, not after it
     kwargs = {"seed": args.seed, "quick": args.quick}
     if args.name == "coreference":
-        kwargs["model_name"] = args.model
+        kwargs.update(model_name=args.model, revision=args.revision)
+    elif args.revision is not None or args.model != DEFAULT_MODEL:
+        raise UserError(f"--model and --revision choose the model of the coreference experiment; {args.name} "
+                        "trains its own models, so drop them")
     result = module.run(out, **kwargs)
     print(f"experiment {args.name}{' (quick)' if args.quick else ''}, seed {args.seed}")
     print(module.table(result))
@@ -152,8 +158,11 @@ def run_patch(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
+    from ..formats.cli import MODEL_HELP, add_revision_flag
+
     p = sub.add_parser("heads", help="score every head (previous-token, induction, duplicate, copying, first-token)")
-    p.add_argument("model", help="model directory (attnlab or Hugging Face format) or 'minilm'")
+    p.add_argument("model", help=MODEL_HELP)
+    add_revision_flag(p)
     p.add_argument("--json", metavar="FILE", help="write the scores as JSON")
     p.add_argument("--png", metavar="FILE", help="draw a layer x head grid per score")
     p.add_argument("--seed", type=int, default=0, help="seed of the random tokens (default 0)")
@@ -166,7 +175,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="experiments", help="output directory (default ./experiments)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="a smaller, faster run (for tests and a first look)")
-    p.add_argument("--model", default="minilm", help="coreference only: the model to inspect (default minilm)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"coreference only: the model to inspect, {MODEL_HELP} "
+                                                           f"(default {DEFAULT_MODEL})")
+    add_revision_flag(p, "--model")
     p.set_defaults(func=run_experiment)
 
     p = sub.add_parser("attribute", help="direct logit attribution of every head and MLP to an answer")

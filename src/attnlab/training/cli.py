@@ -149,7 +149,7 @@ def run_sample(args: argparse.Namespace) -> int:
         raise UserError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
     prompt = read_prompt(args)
     device = resolve_device(args.device)
-    model = load(args.dir, device=str(device))
+    model = load(args.dir, device=str(device), revision=args.revision)
     if not model.config.causal:
         raise UserError(f"{args.dir} is an encoder (BERT-style) model; sampling needs a causal language model")
     if args.bf16_weights:
@@ -172,6 +172,7 @@ def run_sample(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
+    from ..formats.cli import MODEL_HELP, add_revision_flag
     from .config import TRAIN_PRESETS, add_flags
 
     p = sub.add_parser("train", help="train a GPT-style model on text (nanoGPT's flags; works under torchrun)",
@@ -186,7 +187,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_train)
 
     s = sub.add_parser("sample", help="generate text from a trained or loaded model, streamed as it is written")
-    s.add_argument("dir", help="a model directory: attnlab checkpoint or Hugging Face format")
+    s.add_argument("dir", metavar="MODEL", help=MODEL_HELP)
+    add_revision_flag(s)
     s.add_argument("--prompt", default=None, help="text to continue (default: a newline)")
     s.add_argument("--prompt-file", default=None, help="read the prompt from this UTF-8 file")
     s.add_argument("--max-new-tokens", type=int, default=500)

@@ -114,12 +114,13 @@ def score_heads(model, sentences=SENTENCES) -> dict:
     }
 
 
-def run(out: Path, *, seed: int = 0, quick: bool = False, model=None, model_name: str = "minilm", top: int = 8) -> dict:
+def run(out: Path, *, seed: int = 0, quick: bool = False, model=None, model_name: str = "minilm",
+        revision: str | None = None, top: int = 8) -> dict:
     """`model` overrides `model_name` (tests pass a small one). seed and quick are accepted for a uniform CLI; nothing here is random."""
     if model is None:
         from ...formats import load
 
-        model = load(model_name)
+        model = load(model_name, revision=revision)
     model.eval()
     scores = score_heads(model)
     acc = scores["accuracy"]
