@@ -7,6 +7,11 @@ qk-norm, which the explorer must apply itself when there is no RoPE hook after i
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+from contextlib import contextmanager
+
 import torch
 
 import attnlab
@@ -42,3 +47,20 @@ def small_models(seed: int = 0) -> dict[str, attnlab.Transformer]:
         model.tokenizer = tok
         models[name] = model
     return models
+
+
+@contextmanager
+def running_explorer(*args: str, **popen):
+    """Start `attnlab explore ARGS --port 0` in a new process; yield the URL it prints; stop it on exit."""
+    process = subprocess.Popen([sys.executable, "-m", "attnlab", "explore", *args, "--port", "0"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    try:
+        line = process.stdout.readline()
+        url = re.search(r"http://127\.0\.0\.1:\d+/", line)
+        assert url, (line, process.stderr.read() if process.poll() is not None else "")
+        yield url.group(0)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        process.stdout.close()
+        process.stderr.close()

@@ -87,24 +87,15 @@ def test_with_no_model_it_serves_the_newest_run_and_minilm(tmp_path, model_dir, 
 
 @pytest.mark.slow
 def test_explore_prints_its_url_and_serves_the_models_given(model_dir, tmp_path):
-    import subprocess
     import urllib.request
 
-    process = subprocess.Popen([sys.executable, "-m", "attnlab", "explore", str(model_dir), "--port", "0"], cwd=tmp_path,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        line = process.stdout.readline()
-        url = re.search(r"http://127\.0\.0\.1:\d+/", line)
-        assert url, (line, process.stderr.read() if process.poll() is not None else "")
-        with urllib.request.urlopen(url.group(0) + "api/models", timeout=60) as response:
+    from explorer_models import running_explorer
+
+    with running_explorer(str(model_dir), cwd=tmp_path) as url:
+        with urllib.request.urlopen(url + "api/models", timeout=60) as response:
             assert [m["name"] for m in json.load(response)] == ["tiny-gpt"]
-        with urllib.request.urlopen(url.group(0), timeout=60) as response:
+        with urllib.request.urlopen(url, timeout=60) as response:
             assert b"attnlab explorer" in response.read()
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-        process.stdout.close()
-        process.stderr.close()
 
 
 def test_a_missing_model_directory_is_one_line(tmp_path, capsys):

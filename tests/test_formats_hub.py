@@ -210,12 +210,11 @@ def test_every_model_command_takes_a_hub_name_and_revision():
 def test_explore_a_pythia_checkpoint_by_hub_name_and_revision(tmp_path):
     """`attnlab explore EleutherAI/pythia-70m --revision step3000` as a user with a network runs it: a
     GPT-NeoX checkpoint as transformers writes it (tiny, random) on a training-step branch of the loopback Hub."""
-    import re
     import urllib.request
 
     import transformers
 
-    from explorer_models import char_tokenizer
+    from explorer_models import char_tokenizer, running_explorer
 
     torch.manual_seed(0)
     tokenizer = char_tokenizer()
@@ -227,19 +226,9 @@ def test_explore_a_pythia_checkpoint_by_hub_name_and_revision(tmp_path):
     repo = Repo()
     repo.add_commit({p.name: p.read_bytes() for p in (tmp_path / "pythia").iterdir()}, "step3000")
     with HubServer({"EleutherAI/pythia-70m": repo}) as hub:
-        process = subprocess.Popen([sys.executable, "-m", "attnlab", "explore", "EleutherAI/pythia-70m", "--revision",
-                                    "step3000", "--port", "0"], env=environment(hub, tmp_path / "hf"), cwd=tmp_path,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            line = process.stdout.readline()
-            url = re.search(r"http://127\.0\.0\.1:\d+/", line)
-            assert url, (line, process.stderr.read() if process.poll() is not None else "")
-            with urllib.request.urlopen(url.group(0) + "api/models", timeout=60) as response:
+        with running_explorer("EleutherAI/pythia-70m", "--revision", "step3000", env=environment(hub, tmp_path / "hf"),
+                              cwd=tmp_path) as url:
+            with urllib.request.urlopen(url + "api/models", timeout=60) as response:
                 (model,) = json.load(response)
-            assert model["name"] == "pythia-70m", model
-        finally:
-            process.terminate()
-            process.wait(timeout=30)
-            process.stdout.close()
-            process.stderr.close()
+        assert model["name"] == "pythia-70m", model
     assert "model.safetensors" in hub.downloads("EleutherAI/pythia-70m")
