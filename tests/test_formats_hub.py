@@ -101,7 +101,8 @@ def run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Completed
 
 def environment(hub: HubServer, home: Path, **extra: str) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith(("HF_", "HUGGING"))}
-    env.update({"HF_ENDPOINT": hub.url, "HF_HOME": str(home), "PYTHONPATH": SRC, **extra})
+    path = os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))  # src first, then what the run was given
+    env.update({"HF_ENDPOINT": hub.url, "HF_HOME": str(home), "PYTHONPATH": path, **extra})
     return env
 
 
