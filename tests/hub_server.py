@@ -3,7 +3,7 @@
 It answers the endpoints huggingface_hub's snapshot_download and hf_hub_download call (read in
 huggingface_hub's _snapshot_download.py, file_download.py, hf_api.py and utils/_http.py), the way the Hub
 answers them:
-- GET  /api/models/{repo}/revision/{revision}        repo_info: {"id", "sha", "siblings": [{"rfilename"}]}
+- GET  /api/models/{repo}/revision/{revision}        repo_info: {"id", "sha", "siblings": [{"rfilename"}], ...}
 - GET  /api/models/{repo}/tree/{revision}[/{path}]   list_repo_tree: [{"type": "file", "path", "size", "oid"}]
 - HEAD /{repo}/resolve/{revision}/{filename}         X-Repo-Commit, ETag (X-Linked-Etag/-Size for LFS files)
 - GET  /{repo}/resolve/{revision}/{filename}         the bytes
@@ -146,7 +146,7 @@ class HubServer:
                 files = repo.commits[sha]
                 if match["kind"] == "revision":
                     info = {"id": match["repo"], "modelId": match["repo"], "sha": sha, "private": False,
-                            "gated": "manual" if repo.gated_token else False,
+                            "gated": "manual" if repo.gated_token else False, "downloads": 0, "likes": 0, "tags": [],
                             "siblings": [{"rfilename": name} for name in files]}
                     self._send(200, json.dumps(info).encode(), {"Content-Type": "application/json"}, body)
                     return
