@@ -257,12 +257,17 @@ def relu(x: np.ndarray) -> np.ndarray:
     return np.maximum(x, 0.0)
 
 
+def relu2(x: np.ndarray) -> np.ndarray:
+    """ReLU²(x) = max(0, x)² (So et al. 2021, Primer)."""
+    return np.maximum(x, 0.0) ** 2
+
+
 def silu(x: np.ndarray) -> np.ndarray:
     """SiLU(x) = x · σ(x) = x / (1 + e^(−x))."""
     return x / (1.0 + np.exp(-x))
 
 
-ACTIVATIONS = {"gelu": gelu, "gelu_tanh": gelu_tanh, "relu": relu}
+ACTIVATIONS = {"gelu": gelu, "gelu_tanh": gelu_tanh, "relu": relu, "relu2": relu2}
 
 
 def mlp(x: np.ndarray, params: dict[str, np.ndarray], kind: str = "gelu") -> np.ndarray:
@@ -323,6 +328,7 @@ def transformer_forward(
         x₀ = E[ids] (+ P[pos] learned | + PE(pos) sinusoidal) (+ token-type embedding) (then Norm if embed_norm)
         x_{l+1} = Block_l(x_l)           (pre- or post-norm; RoPE inside attention when positional == "rope")
         logits  = Norm_final(x_L) W_Uᵀ   (W_U = E when the embeddings are tied)
+        logits  = c · tanh(logits / c)   (only with a logit soft-cap c)
 
     `state` is a model's state dict as NumPy arrays; attention_mask (B, T) is 1 for real tokens.
     """
@@ -350,6 +356,8 @@ def transformer_forward(
             x = _norm_fn(config, state, "ln_final")(x)
         if config.causal:
             x = linear(x, state["unembed.weight"] if "unembed.weight" in state else state["embed.weight"])
+            if config.logit_softcap is not None:
+                x = config.logit_softcap * np.tanh(x / config.logit_softcap)
         out.append(x)
     return np.stack(out)
 

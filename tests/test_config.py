@@ -33,7 +33,7 @@ def test_heads_that_do_not_divide_d_model_are_refused_with_a_fix():
         (dict(positional="alibi"), "positional must be one of learned, sinusoidal, rope, none; got 'alibi'"),
         (dict(norm="batchnorm"), "norm must be one of layernorm, rmsnorm"),
         (dict(norm_placement="sandwich"), "norm_placement must be one of pre, post"),
-        (dict(mlp="geglu"), "mlp must be one of gelu, gelu_tanh, relu, swiglu"),
+        (dict(mlp="geglu"), "mlp must be one of gelu, gelu_tanh, relu, relu2, swiglu"),
         (dict(dropout=1.0), r"dropout must be in \[0, 1\), got 1.0"),
         (dict(dropout=-0.1), "dropout must be in"),
         (dict(rotary_fraction=0.0), r"rotary_fraction must be in \(0, 1\]"),

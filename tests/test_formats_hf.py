@@ -196,6 +196,7 @@ ATTNLAB_MODELS = {
                                            tie_embeddings=False),
     "gpt2-relu-qkv-bias-only": dict(n_layers=2, n_heads=4, d_model=32, n_ctx=32, bias=False, qkv_bias=True,
                                     mlp="relu", attn_scale=1.0),
+    "gpt2-relu2-untied": dict(n_layers=2, n_heads=4, d_model=32, n_ctx=32, mlp="relu2", tie_embeddings=False),
     "llama-gqa-tied": dict(n_layers=2, n_heads=6, n_kv_heads=2, d_model=48, d_mlp=70, n_ctx=32, positional="rope",
                            norm="rmsnorm", mlp="swiglu", bias=False, tie_embeddings=True, rope_theta=300.0),
     "qwen2-style": dict(n_layers=2, n_heads=4, n_kv_heads=2, d_model=40, d_head=12, d_mlp=50, n_ctx=32,
@@ -285,6 +286,7 @@ def test_encoder_saved_as_hf_loads_in_bert_model(seed, tmp_path):
     (dict(positional="rope", norm="rmsnorm", mlp="swiglu", qk_norm=True, bias=True), "Qwen3"),
     (dict(positional="rope", norm="rmsnorm", mlp="swiglu", sliding_window=4, bias=True), "Mistral"),
     (dict(positional="rope", parallel_residual=True, norm="rmsnorm", mlp="swiglu"), "parallel_residual=True"),
+    (dict(logit_softcap=30.0), "logit_softcap=30.0"),
 ])
 def test_models_hf_cannot_express_say_which_setting(overrides, setting, tmp_path):
     model = attnlab.Transformer(attnlab.ModelConfig(d_vocab=20, n_layers=1, n_heads=2, d_model=16, n_ctx=8, **overrides))

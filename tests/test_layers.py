@@ -68,7 +68,7 @@ def test_make_norm_follows_the_config():
     assert isinstance(norm, RMSNorm) and norm.weight.shape == (7,) and norm.eps == 1e-3
 
 
-@pytest.mark.parametrize("kind", ["gelu", "gelu_tanh", "relu", "swiglu"])
+@pytest.mark.parametrize("kind", ["gelu", "gelu_tanh", "relu", "relu2", "swiglu"])
 @pytest.mark.parametrize("bias", [True, False])
 def test_mlp_matches_reference(rng, kind, bias):
     d_model = int(rng.integers(2, 12))

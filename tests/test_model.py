@@ -35,6 +35,9 @@ DECODERS = {
     "sinusoidal-post-norm": dict(positional="sinusoidal", norm_placement="post", mlp="relu", final_norm=False),
     "none-attn-only": dict(positional="none", attn_only=True, n_heads=4, n_kv_heads=1),
     "d-head-scale": dict(d_head=5, n_heads=3, attn_scale=0.5, d_mlp=24, tie_embeddings=False),
+    # the speedrun's parts (modded-nanogpt): ReLU², QK-norm, untied head, logit soft-cap
+    "speedrun-like": dict(positional="rope", norm="rmsnorm", mlp="relu2", qk_norm=True, bias=False,
+                          tie_embeddings=False, logit_softcap=2.0),
 }
 ENCODERS = {
     "bert-like": dict(causal=False, norm_placement="post", final_norm=False, embed_norm=True, n_token_types=2,
@@ -201,6 +204,35 @@ def test_tied_and_untied_heads():
     assert untied.num_params() == tied.num_params() + 11 * 16  # a tied head is counted once
     assert tied.num_params(non_embedding=True) == tied.num_params() - 11 * 16 - 16 * 16
     assert Transformer(ModelConfig(**SMALL, causal=False)).unembed is None
+
+
+def test_logit_softcap_is_c_tanh_of_the_uncapped_logits(rng):
+    capped = random_model(ModelConfig(**SMALL, logit_softcap=0.2))
+    plain = random_model(ModelConfig(**SMALL))
+    plain.load_state_dict(capped.state_dict())
+    ids = torch.from_numpy(rng.integers(0, 11, size=(2, 7)))
+    logits = plain(ids)
+    assert logits.abs().max() > 0.4  # the cap has something to do
+    torch.testing.assert_close(capped(ids), 0.2 * torch.tanh(logits / 0.2), rtol=1e-12, atol=1e-12)
+    assert capped(ids).abs().max() < 0.2
+    with pytest.raises(UserError, match="logit_softcap must be a positive number"):
+        ModelConfig(**SMALL, logit_softcap=0.0)
+
+
+def test_zero_init_projections_start_every_block_as_the_identity_and_still_learn():
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(**SMALL, zero_init_projections=True, bias=False))
+    for block in model.blocks:
+        assert not block.attn.W_O.weight.any() and not block.mlp.W_out.weight.any()
+        assert block.attn.W_Q.weight.std() > 0.01  # the rest keeps the normal init
+    ids = torch.randint(0, 11, (2, 6))
+    _, cache = model.run_with_cache(ids)
+    torch.testing.assert_close(cache["blocks.1.hook_resid_post"], cache["blocks.0.hook_resid_pre"], rtol=0, atol=0)
+    model.loss(ids, torch.randint(0, 11, (2, 6))).backward()
+    assert all(block.attn.W_O.weight.grad.abs().sum() > 0 and block.mlp.W_out.weight.grad.abs().sum() > 0
+               for block in model.blocks)  # a zero matrix still receives a gradient
+    default = Transformer(ModelConfig(**SMALL))
+    assert default.blocks[0].attn.W_O.weight.std() > 0
 
 
 def test_stop_at_layer_returns_the_residual_stream_before_that_block(rng):

@@ -28,7 +28,8 @@ def test_every_field_has_a_flag_and_nothing_else_does():
     fields = {"--" + f.name.replace("_", "-") for f in dataclasses.fields(TrainConfig)}
     assert fields <= flags
     negations = {"--no-" + f.name.replace("_", "-") for f in dataclasses.fields(TrainConfig) if f.type == "bool"}
-    assert negations == {"--no-bias", "--no-attn-only", "--no-compile"}
+    assert negations == {"--no-bias", "--no-attn-only", "--no-compile", "--no-qk-norm", "--no-tie-embeddings",
+                         "--no-zero-init-projections"}
     assert flags - fields - negations == {"--help", "--preset", "--config", "--resume", "--overwrite", "--quiet"}
 
 
@@ -41,6 +42,16 @@ def test_nanogpt_flags_parse_into_the_model_config():
     assert (model.n_layers, model.n_heads, model.d_model, model.n_ctx, model.n_kv_heads) == (2, 4, 32, 16, 2)
     assert (model.positional, model.norm, model.mlp, model.bias, model.dropout) == ("rope", "rmsnorm", "swiglu", False, 0.1)
     assert cfg.learning_rate == 3e-4 and cfg.batch_size == TrainConfig().batch_size  # untyped flags keep defaults
+
+
+def test_speedrun_flags_parse_into_the_model_and_training_configs():
+    args = parse_train("--mlp relu2 --qk-norm --no-tie-embeddings --logit-softcap 15 --zero-init-projections "
+                       "--optimizer muon --schedule wsd --cooldown-fraction 0.5 --max-time 60 --target-loss 1.886".split())
+    cfg = build_config(overrides={f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)})
+    model = cfg.model_config(d_vocab=50)
+    assert (model.mlp, model.qk_norm, model.tie_embeddings, model.logit_softcap, model.zero_init_projections) == (
+        "relu2", True, False, 15.0, True)
+    assert (cfg.optimizer, cfg.schedule, cfg.cooldown_fraction, cfg.max_time, cfg.target_loss) == ("muon", "wsd", 0.5, 60.0, 1.886)
 
 
 def test_model_field_map_targets_model_config():
@@ -89,7 +100,9 @@ def test_n_embd_not_divisible_by_n_head_names_the_flags():
 
 
 @pytest.mark.parametrize("bad", [dict(batch_size=0), dict(max_iters=-1), dict(beta2=1.0), dict(tokenizer="words"),
-                                 dict(dtype="int8"), dict(learning_rate=-1.0)])
+                                 dict(dtype="int8"), dict(learning_rate=-1.0), dict(max_time=0.0),
+                                 dict(cooldown_fraction=1.5), dict(optimizer="sgd"), dict(schedule="step"),
+                                 dict(logit_softcap=-1.0)])
 def test_bad_values_are_user_errors(bad):
     with pytest.raises(UserError):
         TrainConfig(**bad)

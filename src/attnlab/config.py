@@ -23,7 +23,7 @@ POSITIONS = ("learned", "sinusoidal", "rope", "none")
 ROPE_SCALINGS = ("none", "linear", "llama3")
 NORMS = ("layernorm", "rmsnorm")
 NORM_PLACEMENTS = ("pre", "post")
-MLPS = ("gelu", "gelu_tanh", "relu", "swiglu")
+MLPS = ("gelu", "gelu_tanh", "relu", "relu2", "swiglu")
 
 
 @dataclass(frozen=True)
@@ -51,13 +51,15 @@ class ModelConfig:
     parallel_residual: bool = False  # attention and MLP both read resid_pre and add to it (GPT-J, GPT-NeoX/Pythia)
     final_norm: bool = True  # a norm after the last block (pre-norm models need it; BERT has none)
     embed_norm: bool = False  # a norm right after the embeddings (BERT's embeddings.LayerNorm)
-    mlp: str = "gelu"  # gelu (exact erf) | gelu_tanh (GPT-2's gelu_new) | relu | swiglu (LLaMA)
+    mlp: str = "gelu"  # gelu (exact erf) | gelu_tanh (GPT-2's gelu_new) | relu | relu2 (ReLU², Primer) | swiglu (LLaMA)
     attn_only: bool = False  # no MLPs at all: attention-only models for circuit studies
     bias: bool = True  # biases in the linear layers and LayerNorms (nanoGPT's --bias)
     qkv_bias: bool | None = None  # biases on W_Q, W_K, W_V only; default: same as `bias` (Qwen2: True alone)
     sliding_window: int | None = None  # causal only: each query sees itself and the W − 1 keys before it (Mistral)
     qk_norm: bool = False  # RMSNorm on each head's q and k before the scores (Qwen3, OLMo-2)
     tie_embeddings: bool = True  # LM head shares its weight with the token embedding
+    logit_softcap: float | None = None  # logits = c·tanh(logits / c) (Gemma 2, modded-nanogpt); None = no cap
+    zero_init_projections: bool = False  # W_O and W_out start at zero, so every block starts as the identity
     n_token_types: int = 0  # token-type (segment) embeddings: BERT uses 2; 0 = none
     dropout: float = 0.0  # on embeddings, attention weights and residual branches while training
     attn_scale: float | None = None  # multiplier of q.k; default 1/sqrt(d_head), the chapter's 1/sqrt(d_k)
@@ -127,6 +129,8 @@ class ModelConfig:
                 "parallel_residual needs pre-norm blocks with an MLP (attention and MLP both read resid_pre); "
                 f"got norm_placement={self.norm_placement!r}, attn_only={self.attn_only}"
             )
+        if self.logit_softcap is not None and not self.logit_softcap > 0:
+            raise UserError(f"logit_softcap must be a positive number (or None for no cap), got {self.logit_softcap}")
         if self.n_token_types < 0:
             raise UserError(f"n_token_types must be >= 0, got {self.n_token_types}")
 

@@ -12,7 +12,8 @@ Design choices:
   replaces hook_scale or hook_normalized: then the output is computed from the replaced tensors, as in
   TransformerLens. So hooks that only read (run_with_cache) never change a number, and an edit takes effect;
   tests/test_lens.py holds the equation to the fused kernel.
-- The MLP expands d_model -> d_mlp (default 4×), applies GELU (exact or tanh) or ReLU, and projects back;
+- The MLP expands d_model -> d_mlp (default 4×), applies GELU (exact or tanh), ReLU or ReLU² (relu(x)²,
+  So et al. 2021's Primer; a record of the modded-nanogpt speedrun), and projects back;
   SwiGLU (Shazeer 2020) multiplies silu(W_gate x) by W_in x. hook_pre is the pre-activation,
   hook_post what goes into W_out.
 """
@@ -127,6 +128,7 @@ _ACTIVATIONS = {
     "gelu": F.gelu,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "relu": F.relu,
+    "relu2": lambda x: F.relu(x).square(),
     "swiglu": F.silu,  # the gate's nonlinearity
 }
 

@@ -12,6 +12,9 @@ Design choices:
 - TransformerLens's views of the weights (W_Q ... W_U, QK/OV circuits) and its token helpers (to_tokens, ...)
   come from attnlab.lens, mixed in, so this file stays the forward pass.
 - A causal model returns logits (B, T, d_vocab); an encoder returns the last hidden states (B, T, d_model).
+  `logit_softcap` c bounds the logits smoothly to (−c, c): c·tanh(logits / c) (Gemma 2; modded-nanogpt).
+- `zero_init_projections` starts W_O and W_out at zero (modded-nanogpt, after Kaplan's "zero-init the last
+  layer of each residual branch"): every block starts as the identity, and the gradient still reaches them.
 - `attention_mask` (B, S) marks real tokens (1) and padding (0); positions may be given per row so that
   left-padded batches generate correctly.
 """
@@ -111,9 +114,11 @@ class Transformer(HookedModule, TransformerLensViews):
     def _init_residual_projections(self) -> None:
         std = self.config.init_std / math.sqrt(2 * self.config.n_layers)
         for block in self.blocks:
-            nn.init.normal_(block.attn.W_O.weight, 0.0, std)
-            if block.mlp is not None:
-                nn.init.normal_(block.mlp.W_out.weight, 0.0, std)
+            for projection in [block.attn.W_O] + ([block.mlp.W_out] if block.mlp is not None else []):
+                if self.config.zero_init_projections:
+                    nn.init.zeros_(projection.weight)
+                else:
+                    nn.init.normal_(projection.weight, 0.0, std)
 
     @property
     def device(self) -> torch.device:
@@ -205,7 +210,13 @@ class Transformer(HookedModule, TransformerLensViews):
             return resid
         if self.ln_final is not None:
             resid = self.ln_final(resid)
-        return self.unembed(resid) if self.unembed is not None else resid
+        if self.unembed is None:
+            return resid
+        logits = self.unembed(resid)
+        if self.config.logit_softcap is not None:
+            cap = self.config.logit_softcap
+            logits = cap * torch.tanh(logits / cap)
+        return logits
 
     def loss(self, ids: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
         """Mean next-token cross-entropy of a causal model: logits at position t predict targets[t]."""

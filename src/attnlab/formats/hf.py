@@ -96,8 +96,9 @@ def architectures() -> dict[str, Architecture]:
 
 # Helpers the architecture modules share ----------------------------------------------------------------
 
-_ACTIVATIONS_FROM_HF = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
-_ACTIVATIONS_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu"}
+_ACTIVATIONS_FROM_HF = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu",
+                        "relu2": "relu2"}
+_ACTIVATIONS_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu", "relu2": "relu2"}
 
 
 def activation_from_hf(name: str, source: str) -> str:
@@ -348,6 +349,9 @@ def architecture_to_write(cfg: ModelConfig) -> Architecture:
     """GPT-2 for learned positions; for RoPE, GPT-NeoX with LayerNorm and a plain MLP, else LLaMA (Qwen2/3,
     Mistral); BERT for encoders; a setting none of them has is named by the writer's check."""
     archs = architectures()
+    if cfg.logit_softcap is not None:
+        raise UserError(f"cannot save as Hugging Face format: logit_softcap={cfg.logit_softcap} (GPT-2 and LLaMA have "
+                        "no logit cap, so transformers would compute other logits); save with format='attnlab' instead")
     if not cfg.causal:
         return archs["bert"]
     if cfg.positional == "rope":

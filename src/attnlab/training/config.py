@@ -28,6 +28,8 @@ from ..errors import UserError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 TOKENIZERS = ("char", "bpe")
+OPTIMIZERS = ("adamw", "muon")
+SCHEDULES = ("cosine", "wsd")
 
 
 def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None, group: str = "training") -> Any:
@@ -59,7 +61,16 @@ class TrainConfig:
     rope_scaling: str = _opt("none", "RoPE context extension (with --pos rope): linear or llama3", ROPE_SCALINGS, "model")
     rope_scaling_factor: float = _opt(1.0, "factor of --rope-scaling", group="model")
     dropout: float = _opt(0.0, "dropout on embeddings, attention weights and residual branches", group="model")
+    qk_norm: bool = _opt(False, "RMSNorm on each head's queries and keys before the scores", group="model")
+    tie_embeddings: bool = _opt(True, "the LM head shares the token embedding's weight", group="model")
+    logit_softcap: float | None = _opt(None, "cap the logits smoothly at +-X: X*tanh(logits/X) (default: no cap)", group="model")
+    zero_init_projections: bool = _opt(False, "W_O and W_out start at zero: every block starts as the identity", group="model")
     # optimisation
+    optimizer: str = _opt("adamw", "adamw for every weight, or muon for the blocks' matrices and adamw for the rest", OPTIMIZERS)
+    schedule: str = _opt("cosine", "learning rate after warm-up: cosine decay, or wsd (stable, then a linear cool-down)", SCHEDULES)
+    cooldown_fraction: float = _opt(0.4, "with --schedule wsd: the last fraction of the run, decaying linearly to min_lr")
+    max_time: float | None = _opt(None, "stop after this many seconds of training, the schedule running on elapsed time "
+                                        "instead of steps (default: none; --max-iters still caps the steps)")
     batch_size: int = _opt(12, "sequences per micro-batch, per process")
     gradient_accumulation_steps: int = _opt(1, "micro-batches per optimizer step, over all processes together")
     max_iters: int = _opt(2000, "optimizer steps in total")
@@ -73,6 +84,7 @@ class TrainConfig:
     grad_clip: float = _opt(1.0, "clip the gradient norm to this (0 = off)")
     eval_interval: int = _opt(250, "evaluate train/val loss and save a checkpoint every this many steps")
     eval_iters: int = _opt(20, "batches per evaluation")
+    target_loss: float | None = _opt(None, "record the elapsed time at which the val loss first reaches this (default: none)")
     seed: int = _opt(1337, "seed of the initial weights, the batches and dropout")
     device: str = _opt("auto", "auto (cuda if available, else cpu), cpu, cuda, cuda:N or mps", group="system")
     dtype: str = _opt("auto", "autocast dtype: auto = bfloat16 on a GPU that has it, else float32", DTYPES, "system")
@@ -89,6 +101,10 @@ class TrainConfig:
                 raise UserError(f"--{flag_name(name)} must be >= 0, got {getattr(self, name)}")
         if self.lr_decay_iters is not None and self.lr_decay_iters <= 0:
             raise UserError(f"--lr-decay-iters must be a positive integer, got {self.lr_decay_iters}")
+        if self.max_time is not None and not self.max_time > 0:
+            raise UserError(f"--max-time must be a positive number of seconds, got {self.max_time}")
+        if not 0 <= self.cooldown_fraction <= 1:
+            raise UserError(f"--cooldown-fraction must be in [0, 1], got {self.cooldown_fraction}")
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise UserError(f"--{name} must be in [0, 1), got {getattr(self, name)}")
@@ -106,7 +122,7 @@ class TrainConfig:
         return self.lr_decay_iters if self.lr_decay_iters is not None else self.max_iters
 
     def model_config(self, d_vocab: int) -> ModelConfig:
-        """The ModelConfig these flags describe (tied LM head, pre-norm, as nanoGPT)."""
+        """The ModelConfig these flags describe (pre-norm, as nanoGPT)."""
         return ModelConfig(d_vocab=d_vocab, **{target: getattr(self, name) for name, target in MODEL_FIELDS.items()})
 
     def replace(self, **changes: Any) -> "TrainConfig":
@@ -122,6 +138,8 @@ MODEL_FIELDS = {
     "n_kv_head": "n_kv_heads", "pos": "positional", "norm": "norm", "mlp": "mlp", "bias": "bias",
     "attn_only": "attn_only", "dropout": "dropout", "sliding_window": "sliding_window",
     "rope_scaling": "rope_scaling", "rope_scaling_factor": "rope_scaling_factor",
+    "qk_norm": "qk_norm", "tie_embeddings": "tie_embeddings",
+    "logit_softcap": "logit_softcap", "zero_init_projections": "zero_init_projections",
 }
 FLAG_OF_MODEL_FIELD = {target: name for name, target in MODEL_FIELDS.items()}  # the way back
 
@@ -143,6 +161,11 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
     "cpu": {**_from_model_preset("nano"), "pos": "rope", "norm": "rmsnorm", "mlp": "gelu", "bias": False,
             "batch_size": 12, "max_iters": 2000, "learning_rate": 2e-3, "min_lr": 2e-4, "beta2": 0.99,
             "warmup_iters": 100, "eval_interval": 250, "eval_iters": 20},
+    # The CPU speedrun (benchmarks/README.md, "Speedrun"): nanoGPT's CPU loss in a third of its time.
+    "speedrun": {**_from_model_preset("nano"), "pos": "rope", "norm": "rmsnorm", "bias": False, "mlp": "relu2",
+                 "qk_norm": True, "tie_embeddings": False, "zero_init_projections": True, "logit_softcap": 30.0,
+                 "batch_size": 24, "max_iters": 300, "schedule": "wsd", "learning_rate": 3e-3, "min_lr": 0.0,
+                 "warmup_iters": 30, "eval_interval": 300, "eval_iters": 20, "target_loss": 1.886},
     # nanoGPT's shakespeare_char GPU run.
     "shakespeare": {**_from_model_preset("shakespeare"), "batch_size": 64, "max_iters": 5000,
                     "lr_decay_iters": 5000, "dropout": 0.2, "learning_rate": 1e-3, "min_lr": 1e-4, "beta2": 0.99,

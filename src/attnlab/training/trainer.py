@@ -65,14 +65,23 @@ def no_checkpoint_error(out: Path) -> UserError:
                      "check --out, or run without --resume to start fresh")
 
 
-def learning_rate_at(it: int, cfg: TrainConfig) -> float:
-    """Linear warmup over warmup_iters, then cosine decay from learning_rate to min_lr at decay_iters."""
+def learning_rate_at(it: int, cfg: TrainConfig, elapsed_s: float = 0.0) -> float:
+    """Linear warmup over warmup_iters, then, as the run goes from 0 to 1 of its decay, cosine decay from
+    learning_rate to min_lr, or wsd: flat at learning_rate, then a straight line down to min_lr over the last
+    cooldown_fraction (Hägele et al. 2024; the modded-nanogpt speedrun's schedule). The run's progress is
+    counted in steps after warm-up up to decay_iters; with --max-time it is the larger of that and the share
+    of the time budget spent, so a run ends fully decayed whichever limit it reaches first."""
     if it < cfg.warmup_iters:
         return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)
-    if it >= cfg.decay_iters:
-        return cfg.min_lr
-    ratio = (it - cfg.warmup_iters) / max(1, cfg.decay_iters - cfg.warmup_iters)
-    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - cfg.min_lr)
+    progress = (it - cfg.warmup_iters) / max(1, cfg.decay_iters - cfg.warmup_iters)
+    if cfg.max_time is not None:
+        progress = max(progress, elapsed_s / cfg.max_time)
+    progress = min(progress, 1.0)
+    if cfg.schedule == "wsd":
+        stable = 1.0 - cfg.cooldown_fraction
+        down = 0.0 if progress <= stable else (progress - stable) / cfg.cooldown_fraction
+        return cfg.learning_rate + down * (cfg.min_lr - cfg.learning_rate)
+    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.learning_rate - cfg.min_lr)
 
 
 def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -80,15 +89,56 @@ def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices and embeddings (dim >= 2) only; fused where this torch has it."""
+class Optimizers:
+    """Several optimizers stepped as one: Muon for the blocks' weight matrices and AdamW for the rest. It has
+    the parts of torch.optim.Optimizer the loop uses (param_groups, step, zero_grad, state_dict)."""
+
+    def __init__(self, *optimizers: torch.optim.Optimizer) -> None:
+        self.optimizers = optimizers
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return [group for optimizer in self.optimizers for group in optimizer.param_groups]
+
+    def step(self) -> None:
+        for optimizer in self.optimizers:
+            optimizer.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizers": [optimizer.state_dict() for optimizer in self.optimizers]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for optimizer, saved in zip(self.optimizers, state["optimizers"], strict=True):
+            optimizer.load_state_dict(saved)
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer | Optimizers:
+    """AdamW with weight decay on matrices and embeddings (dim >= 2) only; fused where this torch has it.
+
+    --optimizer muon: torch.optim.Muon (Jordan et al. 2024: momentum, orthogonalised by Newton-Schulz) for the
+    blocks' weight matrices, AdamW for embeddings, head, norms and biases, as the modded-nanogpt speedrun does.
+    Muon's step is scaled to AdamW's size (`match_rms_adamw`, Liu et al. 2025), so one --learning-rate serves
+    both."""
     params = [p for p in model.parameters() if p.requires_grad]
+    muon = []
+    if cfg.optimizer == "muon":
+        block_matrices = {id(p) for block in model.blocks for p in block.parameters() if p.dim() == 2}
+        muon = [p for p in params if id(p) in block_matrices]
+        params = [p for p in params if id(p) not in block_matrices]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
     fused = device.type in ("cuda", "cpu")  # torch >= 2.4 has fused AdamW on both
-    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), fused=fused)
+    adamw = torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), fused=fused)
+    if not muon:
+        return adamw
+    return Optimizers(torch.optim.Muon(muon, lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
+                                       adjust_lr_fn="match_rms_adamw"), adamw)
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
@@ -162,6 +212,7 @@ class TrainResult:
     losses: dict[int, float] = field(default_factory=dict)  # step -> training loss, this session's steps
     train_loss: float | None = None  # at the last evaluation
     val_loss: float | None = None
+    val_loss_full: float | None = None  # at the end: every validation token, once (Trainer.full_val_loss)
     tokens_per_s: float = 0.0
     elapsed_s: float = 0.0  # wall time of the run, evaluations included, over every session
     interrupted: bool = False
@@ -208,6 +259,15 @@ class Trainer:
         if cfg.compile:  # one graph for embedding, blocks, head and loss; compiled on the first step
             self.loss_fn = torch.compile(self.forward_loss, backend=COMPILE_BACKEND)
         self.stop_requested = False
+        self.session_start: float | None = None  # perf_counter() when run() began
+
+    def elapsed_s(self) -> float:
+        """Wall time of the run so far, over every session of it (what --max-time counts)."""
+        now = time.perf_counter() - self.session_start if self.session_start is not None else 0.0
+        return self.elapsed_before + now
+
+    def time_is_up(self) -> bool:
+        return self.cfg.max_time is not None and self.elapsed_s() >= self.cfg.max_time
 
     # Setup ------------------------------------------------------------------------------------------
     def _check_out_dir(self, resume: bool, overwrite: bool) -> dict[str, Any] | None:
@@ -225,6 +285,9 @@ class Trainer:
             if state["iter"] >= self.cfg.max_iters:
                 raise UserError(f"--resume: the checkpoint in {self.out} is at step {state['iter']} and --max-iters is "
                                 f"{self.cfg.max_iters}; raise --max-iters to train further")
+            if self.cfg.max_time is not None and state["elapsed_s"] >= self.cfg.max_time:
+                raise UserError(f"--resume: the run in {self.out} has trained {state['elapsed_s']:.1f} s and --max-time is "
+                                f"{self.cfg.max_time:g}; raise --max-time to train further")
             return state
         if state_path.is_file() and not overwrite:
             raise UserError(f"{self.out} already holds a training checkpoint; continue it with --resume, "
@@ -295,7 +358,7 @@ class Trainer:
         """One optimizer step at step `it`; returns the mean training loss over the global batch."""
         cfg, world = self.cfg, self.dist.world
         torch.manual_seed(_step_seed(cfg.seed, it, self.dist.rank))  # this step's dropout masks
-        lr = learning_rate_at(it, cfg)
+        lr = learning_rate_at(it, cfg, self.elapsed_s())
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         total = torch.zeros((), device=self.device)
@@ -352,6 +415,13 @@ class Trainer:
         self.raw_model.train()
         return losses
 
+    def full_val_loss(self, batch_size: int = 64) -> float:
+        """The loss over the whole validation split, every token once (whole_split_loss)."""
+        with self._autocast():
+            loss = whole_split_loss(self.raw_model, self.data.split("val"), self.cfg.block_size, batch_size)
+        self.raw_model.train()
+        return loss
+
     # Files ------------------------------------------------------------------------------------------
     def save_checkpoint(self, elapsed_s: float) -> None:
         """train_state.pt for --resume, then the native checkpoint for sampling; each file atomic. Rank 0 only."""
@@ -361,9 +431,10 @@ class Trainer:
                 "elapsed_s": elapsed_s,
                 "model": self.raw_model.state_dict(),
                 "optimizer": self.optimizer.state_dict(),
-                "scheduler": {"name": "warmup_cosine", "iter": self.iter, "warmup_iters": self.cfg.warmup_iters,
-                              "decay_iters": self.cfg.decay_iters, "learning_rate": self.cfg.learning_rate,
-                              "min_lr": self.cfg.min_lr},
+                "scheduler": {"name": f"warmup_{self.cfg.schedule}", "iter": self.iter, "elapsed_s": elapsed_s,
+                              "warmup_iters": self.cfg.warmup_iters, "decay_iters": self.cfg.decay_iters,
+                              "max_time": self.cfg.max_time, "cooldown_fraction": self.cfg.cooldown_fraction,
+                              "learning_rate": self.cfg.learning_rate, "min_lr": self.cfg.min_lr},
                 "grad_scaler": self.scaler.state_dict() if self.scaler is not None else {},
                 "model_config": self.model_config.to_dict(),
                 "train_config": self.cfg.to_dict(),
@@ -408,14 +479,16 @@ class Trainer:
         bar = tqdm(total=cfg.max_iters, initial=self.iter, disable=not (self.progress and self.dist.is_main),
                    unit="it", dynamic_ncols=True, file=sys.stderr, desc="train")
         tokens_per_step = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
-        start, cpu_start = time.perf_counter(), time.process_time()
+        self.session_start, cpu_start = time.perf_counter(), time.process_time()
         step_time, steps = 0.0, 0
         snapshot_at = set(snapshot_steps(cfg.max_iters, cfg.snapshots)) if self.dist.is_main else set()
         if self.iter in snapshot_at:  # step 0: the initial weights
             save_snapshot(self.raw_model, self.out, self.iter)
         self.raw_model.train()
+        reached = first_reaching(read_metrics(self.out), cfg.target_loss) if self.dist.is_main else None
+        last = self.iter >= cfg.max_iters or self.time_is_up()
         try:
-            while self.iter < cfg.max_iters:
+            while not last:
                 if self.stop_requested:
                     result.interrupted = True
                     break
@@ -432,35 +505,46 @@ class Trainer:
                     save_snapshot(self.raw_model, self.out, self.iter)
                 tokens_per_s = steps * tokens_per_step / step_time
                 bar.update(1)
-                if steps % 10 == 1 or self.iter == cfg.max_iters:
-                    bar.set_postfix(loss=f"{loss:.4f}", lr=f"{learning_rate_at(self.iter - 1, cfg):.2e}",
-                                    tok_s=f"{tokens_per_s:,.0f}", refresh=False)
-                if self.iter % cfg.eval_interval == 0 or self.iter == cfg.max_iters:
+                last = self.iter == cfg.max_iters or self.time_is_up()
+                lr = learning_rate_at(self.iter - 1, cfg, self.elapsed_s())
+                if steps % 10 == 1 or last:
+                    bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
+                if self.iter % cfg.eval_interval == 0 or last:
                     losses = self.evaluate()
-                    elapsed = self.elapsed_before + time.perf_counter() - start
+                    if last and self.dist.is_main:  # the run's result: every validation token, once
+                        losses["val_full"] = self.full_val_loss()
+                    elapsed = self.elapsed_s()
                     result.train_loss, result.val_loss = losses["train"], losses["val"]
+                    result.val_loss_full = losses.get("val_full")
                     if not all(math.isfinite(v) for v in losses.values()):
                         raise UserError(f"the evaluation loss became {losses} at step {self.iter}; stopped without "
                                         f"saving, and {self._kept()}; lower --learning-rate, then --resume")
-                    self._log_metrics({"iter": self.iter, "train_loss": losses["train"], "val_loss": losses["val"],
-                                       "lr": learning_rate_at(self.iter - 1, cfg), "tokens_per_s": tokens_per_s,
-                                       "tokens": self.iter * tokens_per_step, "elapsed_s": elapsed,
-                                       # CPU seconds of this process (all its threads), this session: on a
-                                       # crowded machine it says what the run cost when the wall time cannot
-                                       "cpu_s": time.process_time() - cpu_start})
+                    record = {"iter": self.iter, "train_loss": losses["train"], "val_loss": losses["val"],
+                              "lr": lr, "tokens_per_s": tokens_per_s, "tokens": self.iter * tokens_per_step,
+                              "elapsed_s": elapsed,
+                              # CPU seconds of this process (all its threads), this session: on a
+                              # crowded machine it says what the run cost when the wall time cannot
+                              "cpu_s": time.process_time() - cpu_start}
+                    if "val_full" in losses:
+                        record["val_loss_full"] = losses["val_full"]
+                    if reached is None and first_reaching([record], cfg.target_loss) is not None:
+                        reached = record  # the first evaluation at or below --target-loss, with its time
+                        record.update(target_loss=cfg.target_loss, target_reached_s=elapsed)
+                    self._log_metrics(record)
                     self.save_checkpoint(elapsed)
                     if self.progress and self.dist.is_main:
-                        bar.write(f"step {self.iter}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}",
+                        full = f", whole val split {losses['val_full']:.4f}" if "val_full" in losses else ""
+                        bar.write(f"step {self.iter}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}{full}",
                                   file=sys.stderr)
             if result.interrupted and self.last_saved != self.iter:
-                self.save_checkpoint(self.elapsed_before + time.perf_counter() - start)
+                self.save_checkpoint(self.elapsed_s())
         finally:
             bar.close()
             if previous_handler is not None:
                 signal.signal(signal.SIGINT, previous_handler)
         result.iters = self.iter
         result.tokens_per_s = steps * tokens_per_step / step_time if step_time else 0.0
-        result.elapsed_s = self.elapsed_before + time.perf_counter() - start
+        result.elapsed_s = self.elapsed_s()
         if self.dist.is_main:
             write_loss_plot(self.out)
             write_report(self, result)
@@ -477,6 +561,36 @@ def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, pr
 
             if dist.is_initialized():
                 dist.destroy_process_group()
+
+
+@torch.no_grad()
+def whole_split_loss(model: torch.nn.Module, tokens, block_size: int, batch_size: int = 64) -> float:
+    """Mean next-token loss over a whole token split, every token scored once (all but the first, which
+    nothing precedes): the split cut into consecutive block_size windows, the last one shorter. Unlike the
+    eval_iters random batches of Trainer.evaluate (standard error ~0.01 at nanoGPT's 20 x 12 x 64), it has no
+    sampling noise. Leaves the model in eval mode."""
+    val = torch.from_numpy(tokens.astype("int64"))
+    device = next(model.parameters()).device
+    T, n = block_size, len(val) - 1  # n tokens to predict
+    rows = n // T
+    x, y = val[: rows * T].view(rows, T), val[1 : rows * T + 1].view(rows, T)  # (windows, T), y shifted by one
+    batches = [(x[i:i + batch_size], y[i:i + batch_size]) for i in range(0, rows, batch_size)]
+    if n % T:  # the last, shorter window
+        batches.append((val[rows * T:-1][None], val[rows * T + 1:][None]))
+    model.eval()
+    total = torch.zeros((), dtype=torch.float64)
+    for x, y in batches:
+        logits = model(x.to(device))
+        total += F.cross_entropy(logits.flatten(0, 1).float(), y.to(device).flatten(), reduction="sum").double().cpu()
+    return float(total) / n
+
+
+def first_reaching(records: list[dict[str, Any]], target: float | None) -> dict[str, Any] | None:
+    """The first evaluation record whose val loss (the eval_iters estimate, or at the end the whole split) is
+    at most `target`; None if none is, or no target was set."""
+    if target is None:
+        return None
+    return next((r for r in records if min(r["val_loss"], r.get("val_loss_full", math.inf)) <= target), None)
 
 
 def read_metrics(out: str | Path) -> list[dict[str, Any]]:
@@ -528,14 +642,20 @@ def write_report(trainer: Trainer, result: TrainResult) -> None:
     cfg = trainer.cfg
     config_rows = "\n".join(f"| `{flag_name(k)}` | {v} |" for k, v in cfg.to_dict().items())
     fmt = lambda v: f"{v:.4f}" if v is not None else "n/a"  # noqa: E731
+    reached_row = ""
+    if cfg.target_loss is not None:
+        first = first_reaching(read_metrics(trainer.out), cfg.target_loss)
+        when = f"step {first['iter']}, {first['elapsed_s']:.1f} s" if first is not None else "not reached"
+        reached_row = f"| first evaluation with val loss <= {cfg.target_loss:g} | {when} |\n"
     text = f"""# Training report: {trainer.out}
 
 | | |
 | --- | --- |
 | steps | {result.iters} of {cfg.max_iters}{' (interrupted)' if result.interrupted else ''} |
 | final train loss | {fmt(result.train_loss)} |
-| final val loss | {fmt(result.val_loss)} |
-| tokens/s (training steps, this session) | {result.tokens_per_s:,.0f} |
+| final val loss (eval_iters batches) | {fmt(result.val_loss)} |
+| final val loss, whole split (every token once) | {fmt(result.val_loss_full)} |
+{reached_row}| tokens/s (training steps, this session) | {result.tokens_per_s:,.0f} |
 | wall time (evaluations included) | {result.elapsed_s:.1f} s |
 | parameters | {trainer.raw_model.num_params():,} |
 | tokenizer | {trainer.tokenizer.kind}, {trainer.tokenizer.vocab_size} tokens |
