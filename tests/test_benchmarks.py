@@ -52,3 +52,9 @@ def test_a_device_the_benchmarks_do_not_run_on_is_one_line(name):
     done = run_script("attention_speed.py", "--device", name)
     lines = done.stderr.strip().splitlines()
     assert done.returncode != 0 and len(lines) == 1 and "the benchmarks run on cpu or cuda" in lines[0], done.stderr
+
+
+def test_speedrun_without_a_prepared_nanogpt_is_one_line(tmp_path):
+    done = run_script("speedrun.py", "--nanogpt", str(tmp_path), "--data", str(tmp_path / "input.txt"))
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode != 0 and len(lines) == 1 and "no data/shakespeare_char/val.bin" in lines[0], done.stderr

@@ -164,8 +164,9 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
     # The CPU speedrun (benchmarks/README.md, "Speedrun"): nanoGPT's CPU loss in a third of its time.
     "speedrun": {**_from_model_preset("nano"), "pos": "rope", "norm": "rmsnorm", "bias": False, "mlp": "relu2",
                  "qk_norm": True, "tie_embeddings": False, "zero_init_projections": True, "logit_softcap": 30.0,
-                 "batch_size": 24, "max_iters": 300, "schedule": "wsd", "learning_rate": 3e-3, "min_lr": 0.0,
-                 "warmup_iters": 30, "eval_interval": 300, "eval_iters": 20, "target_loss": 1.886},
+                 "optimizer": "muon", "batch_size": 12, "max_iters": 300, "schedule": "wsd", "cooldown_fraction": 0.4,
+                 "learning_rate": 3e-3, "min_lr": 0.0, "warmup_iters": 30, "eval_interval": 300, "eval_iters": 20,
+                 "target_loss": 1.886},
     # nanoGPT's shakespeare_char GPU run.
     "shakespeare": {**_from_model_preset("shakespeare"), "batch_size": 64, "max_iters": 5000,
                     "lr_decay_iters": 5000, "dropout": 0.2, "learning_rate": 1e-3, "min_lr": 1e-4, "beta2": 0.99,
