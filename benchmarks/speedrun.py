@@ -109,9 +109,12 @@ def run_pair(args: argparse.Namespace, seed: int, order: tuple[str, str]) -> dic
     start = {"nanogpt": lambda: start_nanogpt(args.nanogpt, seed, args.out),
              "attnlab": lambda: start_attnlab(args.data, seed, args.out, args.attnlab_flags.split())}
     times = {}
-    if args.concurrent:
+    if args.concurrent:  # each process is waited for in its own thread, so each wall time ends at its own exit
+        from concurrent.futures import ThreadPoolExecutor
+
         running = {name: start[name]() for name in order}
-        times = {name: timed.wait() for name, timed in running.items()}
+        with ThreadPoolExecutor(len(running)) as pool:
+            times = dict(zip(running, pool.map(Timed.wait, running.values())))
     else:
         for name in order:
             times[name] = start[name]().wait()
