@@ -64,3 +64,19 @@ def running_explorer(*args: str, **popen):
         process.wait(timeout=30)
         process.stdout.close()
         process.stderr.close()
+
+
+def snapshot_run(model: attnlab.Transformer, path, start_step: int | None = 10):
+    """A 'training run' of `model` in `path`: snapshots at steps 0, 10, 20 whose queries are the model's scaled by
+    0.5, 1 and 1.5 (so every head's pattern sharpens along the slider); the model itself is left as it was."""
+    from attnlab.explorer.service import Run
+    from attnlab.training.snapshots import list_snapshots, save_snapshot
+
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    for step, factor in ((0, 0.5), (10, 1.0), (20, 1.5)):
+        with torch.no_grad():
+            for layer, block in enumerate(model.blocks):
+                block.attn.W_Q.weight.copy_(original[f"blocks.{layer}.attn.W_Q.weight"] * factor)
+        save_snapshot(model, path, step)
+    model.load_state_dict(original)
+    return Run(path, list_snapshots(path), start_step=start_step)

@@ -12,10 +12,9 @@ import torch.nn.functional as F
 from fastapi.testclient import TestClient
 
 from attnlab.explorer.app import create_app
-from attnlab.explorer.service import Run
 from attnlab.inspection.interventions import ablate_head
-from attnlab.training.snapshots import list_snapshots, load_snapshot, save_snapshot
-from explorer_models import TEXT, small_models
+from attnlab.training.snapshots import load_snapshot
+from explorer_models import TEXT, small_models, snapshot_run
 
 
 @pytest.fixture(scope="module")
@@ -25,17 +24,7 @@ def models():
 
 @pytest.fixture(scope="module")
 def run(models, tmp_path_factory):
-    """A 'run' of the gpt model with three snapshots: the weights scaled by 0.5, 1 and 1.5."""
-    path = tmp_path_factory.mktemp("run")
-    model = models["gpt"]
-    original = {k: v.clone() for k, v in model.state_dict().items()}
-    for step, factor in ((0, 0.5), (10, 1.0), (20, 1.5)):
-        with torch.no_grad():
-            for layer, block in enumerate(model.blocks):
-                block.attn.W_Q.weight.copy_(original[f"blocks.{layer}.attn.W_Q.weight"] * factor)
-        save_snapshot(model, path, step)
-    model.load_state_dict(original)
-    return Run(path, list_snapshots(path), start_step=10)
+    return snapshot_run(models["gpt"], tmp_path_factory.mktemp("run"))
 
 
 @pytest.fixture(scope="module")
@@ -151,3 +140,21 @@ def test_the_pattern_reports_what_the_text_cost(client):
     data = post(client, "/api/pattern", model="llama", text=TEXT, layer=0, head=0)
     T = len(TEXT)
     assert data["cost"]["entries_per_head"] == T * T and data["cost"]["server_ms"] > 0
+
+
+def test_minilm_knocking_out_the_heads_where_it_lands_on_cat_turns_its_hidden_state():
+    """The chapter's coreference example: layer 5's heads 4 and 11 send "it" to "cat"; without them "it"'s last
+    hidden state turns (cosine 0.86 measured), while a control head of the same layer that ignores "cat" (head 2,
+    weight 0.04) leaves it nearly where it was (0.996)."""
+    import attnlab
+
+    model = attnlab.load("minilm")
+    text = "The cat sat on the mat because it was tired."
+    with TestClient(create_app({"minilm": model})) as c:
+        tokens = post(c, "/api/run", model="minilm", text=text)["tokens"]
+        it, cat = tokens.index("it"), tokens.index("cat")
+        pattern = post(c, "/api/pattern", model="minilm", text=text, layer=5, head=11)["pattern"]
+        assert pattern[it][cat] > 0.5
+        knocked = post(c, "/api/knockout", model="minilm", text=text, ablate=[[5, 4], [5, 11]])["cosine"][it]
+        control = post(c, "/api/knockout", model="minilm", text=text, ablate=[[5, 2]])["cosine"][it]
+    assert knocked < 0.9 and control > 0.99, (knocked, control)

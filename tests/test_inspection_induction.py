@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 import attnlab
 from attnlab.cli import main
@@ -54,3 +55,41 @@ def test_quick_induction_run_and_ablation_of_the_induction_heads(tmp_path, capsy
     # Control: ablating the layer-0 head that looks back least keeps most of the gain.
     control = int(scores.scores["previous_token"][0].argmin())
     assert icl_gain(model, data, [ablate_head(0, control)]) > 0.8 * gain
+
+    # The explorer's knockout shows the same thing on one text: with the induction heads out, the loss on
+    # the repeated part rises back towards the first copy's, which barely moves.
+    from attnlab.explorer.service import Explorer, Variant
+
+    text = result["example_text"]
+    knock = Explorer({"2L": model}).knockout("2L", text, Variant(tuple(induction_heads)))
+    before, after = torch.tensor(knock["loss_before"]), torch.tensor(knock["loss_after"])
+    late = slice(len(before) // 2, None)  # past the first copy: the span is repeating
+    assert after[late].mean() > before[late].mean() + 1.0, (before, after)
+    # ... and the run is there to scrub through: snapshots and losses beside the model, its tokenizer one character per id
+    from attnlab.training.snapshots import list_snapshots
+
+    assert list(list_snapshots(tmp_path / "induction-2L")) == [s["step"] for s in result["snapshots"]["2L"]]
+    assert len(model.tokenizer.encode(text)) == len(text) == QUICK.n_ctx
+
+
+def test_explore_opens_the_explorer_on_the_phase_change(tmp_path, monkeypatch):
+    """--explore serves the two models, the 2L run's slider at the step where its induction score rises most."""
+    from attnlab.explorer import cli as explorer_cli
+    from attnlab.inspection import cli as inspection_cli
+
+    served = []
+    monkeypatch.setattr(explorer_cli, "serve", lambda models, host, port, max_tokens, runs: served.append((models, port, runs)) or 0)
+    result = {"phase_change_2L": {"steps": {"induction_rise": 20}}, "example_text": "abcabc", "models": {"2L": "m2", "1L": "m1"}}
+    (tmp_path / "induction-2L" / "snapshots").mkdir(parents=True)
+    for step in (0, 20, 40):
+        (tmp_path / "induction-2L" / "snapshots" / f"step-{step:06d}.safetensors").write_bytes(b"")
+    assert inspection_cli.explore_induction(result, tmp_path, 8123) == 0
+    models, port, runs = served[0]
+    assert list(models) == ["induction-2L", "induction-1L"] and port == 8123
+    assert runs["induction-2L"].start_step == 20 and list(runs["induction-2L"].snapshots) == [0, 20, 40]
+    assert runs["induction-2L"].example == "abcabc"
+
+
+def test_explore_is_for_the_induction_experiment_only(capsys):
+    assert main(["experiment", "scaling", "--explore"]) == 2
+    assert "--explore" in capsys.readouterr().err

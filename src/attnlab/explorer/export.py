@@ -10,6 +10,8 @@ Design choices:
   the next-token distribution at the page's default controls (causal models), and the block trace of
   every token in every layer, or of the last token only when that would be more than MAX_TRACES.
   Interactions that need new numbers (another text, sampling) say that they need `attnlab explore`.
+- With `ablate` (heads to knock out), every view's data is the ablated model's, as the page asks for it with
+  those heads off, plus the knockout bar's comparison and the intact next-token distribution.
 - Texts are capped at EXPORT_MAX_TOKENS tokens to keep the file small enough to share; floats in the
   JSON are rounded to 5 significant digits (the views print at most 4–6).
 """
@@ -24,7 +26,7 @@ from urllib.parse import quote
 
 from ..errors import UserError
 from . import STATIC, VIEWS
-from .service import Explorer
+from .service import Explorer, Variant
 
 EXPORT_MAX_TOKENS = 128
 MAX_TRACES = 128  # traces of every (layer, token) up to this many, else the last token of each layer
@@ -70,33 +72,43 @@ class _ExportExplorer(Explorer):
         return self._last[1]
 
 
-def export_data(model, text: str, name: str = "model") -> dict[str, Any]:
-    """The responses the page asks for on `text`, computed once: {models, text, responses}."""
+def export_data(model, text: str, name: str = "model", ablate=(), ablation: str = "zero") -> dict[str, Any]:
+    """The responses the page asks for on `text`, computed once: {models, text, responses}; with `ablate`
+    ((layer, head) pairs), those of the model with those heads knocked out, as the page asks for them."""
     explorer = _ExportExplorer({name: model}, max_tokens=EXPORT_MAX_TOKENS)
     cfg = model.config
     responses: dict[str, Any] = {}
-    base = {"model": name, "text": text}
+    variant = Variant(tuple((int(layer), int(head)) for layer, head in ablate), ablation)
+    plain = {"model": name, "text": text}
+    base = {**plain, "ablate": [list(h) for h in variant.ablate], "ablation": ablation} if variant.ablate else plain
 
     def put(path: str, extra: dict[str, Any], value: dict[str, Any]) -> None:
         responses[request_key(path, {**base, **extra})] = _round(value)
 
-    run = explorer.run(name, text)
+    run = explorer.run(name, text, variant)
     put("/api/run", {}, run)
     T = len(run["tokens"])
     for layer in range(cfg.n_layers):
         for head in range(cfg.n_heads):
             where = {"layer": layer, "head": head}
-            put("/api/pattern", {**where, "encoding": "f32"}, explorer.pattern(name, text, layer, head, "f32"))
-            put("/api/projection", where, explorer.projection(name, text, layer, head))
+            put("/api/pattern", {**where, "encoding": "f32"}, explorer.pattern(name, text, layer, head, "f32", variant))
+            put("/api/projection", where, explorer.projection(name, text, layer, head, variant))
         tokens = range(T) if cfg.n_layers * T <= MAX_TRACES else [T - 1]
         for token in tokens:
-            put("/api/trace", {"layer": layer, "token": token}, explorer.trace(name, text, layer, token))
-    put("/api/heads", {}, explorer.heads(name, text))
+            put("/api/trace", {"layer": layer, "token": token}, explorer.trace(name, text, layer, token, variant))
+    put("/api/heads", {}, explorer.heads(name, text, variant=variant))
     # app.js asks for this with GET and no body, by a path built with encodeURIComponent (quote's safe set)
     responses[f"/api/models/{quote(name, safe=SAFE_IN_URI)}/head-scores"] = _round(explorer.head_scores(name))
-    if cfg.causal:  # app.js's defaults: temperature 1, no top-k, no top-p, 10 candidates
-        put("/api/next", {"temperature": 1, "top_k": None, "top_p": None, "k": 10}, explorer.next_token(name, text, k=10))
-    return {"models": explorer.list_models(), "text": text, "responses": responses}
+    defaults = {"temperature": 1, "top_k": None, "top_p": None}  # app.js's next-token controls as the page opens
+    if cfg.causal:
+        put("/api/next", {**defaults, "k": 10}, explorer.next_token(name, text, k=10, variant=variant))
+    if variant.ablate:  # the knockout bar, and the next-token view's before / after columns
+        put("/api/knockout", {}, explorer.knockout(name, text, variant))
+        if cfg.causal:
+            put("/api/next", {**defaults, "k": 50}, explorer.next_token(name, text, k=50, variant=variant))
+            responses[request_key("/api/next", {**plain, **defaults, "k": 50})] = _round(explorer.next_token(name, text, k=50))
+    return {"models": explorer.list_models(), "text": text, "responses": responses,
+            "ablate": [list(h) for h in variant.ablate], "ablation": ablation}
 
 
 def _inline_script(source: str) -> str:
@@ -104,11 +116,12 @@ def _inline_script(source: str) -> str:
     return source.replace("</", "<\\/")
 
 
-def export_html(model, text: str, name: str = "model", view: str = "dict") -> str:
-    """The explorer page for `text` as one HTML string: style, script and data inlined."""
+def export_html(model, text: str, name: str = "model", view: str = "dict", ablate=(), ablation: str = "zero") -> str:
+    """The explorer page for `text` as one HTML string: style, script and data inlined; `ablate`: heads to
+    show knocked out ((layer, head) pairs, `ablation` "zero" or "mean")."""
     if view not in VIEWS:
         raise UserError(f"unknown view {view!r}; choose one of {', '.join(VIEWS)}")
-    data = export_data(model, text, name)
+    data = export_data(model, text, name, ablate, ablation)
     data["view"] = view
     page = (STATIC / "index.html").read_text(encoding="utf-8")
     style = (STATIC / "style.css").read_text(encoding="utf-8")

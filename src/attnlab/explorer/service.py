@@ -45,6 +45,7 @@ from . import MAX_TOKENS
 MAX_CHARS = 20_000  # a cap on characters, checked before tokenizing
 THUMBNAIL_SIZE = 32  # heads-grid thumbnails are max-pooled down to at most this many rows and columns
 STEP_MODELS = 8  # snapshot models kept in memory per served run (least recently used go first)
+CURVE_POINTS = 26  # head scores over training at most at this many snapshots (0.4 s each for a small model)
 
 
 class UnknownModel(UserError):
@@ -74,6 +75,7 @@ class Run:
     path: Path
     snapshots: dict[int, Path]
     start_step: int | None = None
+    example: str | None = None  # a text to open the page on (e.g. the induction experiment's repeated spans)
     models: OrderedDict = field(default_factory=OrderedDict)  # step -> loaded snapshot model (an LRU)
     curves: dict[str, Any] | None = None  # /api/models/{name}/training, computed once
 
@@ -204,6 +206,7 @@ class Explorer:
             "max_tokens": self.token_limit(entry.model),
             "steps": list(entry.run.snapshots) if entry.run else [],
             "start_step": entry.run.start_step if entry.run else None,
+            "example": entry.run.example if entry.run else None,
         }
 
     def list_models(self) -> list[dict[str, Any]]:
@@ -445,8 +448,9 @@ class Explorer:
         return out
 
     def training(self, name: str) -> dict[str, Any]:
-        """A run's course: its snapshot steps, its logged losses (metrics.jsonl), and every head's scores at each
-        snapshot (attnlab.inspection's, on random repeated tokens), for the step slider and the heads' curves."""
+        """A run's course: its snapshot steps, its logged losses (metrics.jsonl), and every head's scores
+        (attnlab.inspection's, on random repeated tokens) at up to CURVE_POINTS evenly spaced snapshots
+        (`score_steps`, the start step included), for the step slider and the heads' curves."""
         entry = self.entry(name)
         run = entry.run
         if run is None or not run.snapshots:
@@ -455,15 +459,19 @@ class Explorer:
         if run.curves is None:
             from ..training.trainer import read_metrics
 
-            per_step = {step: head_scores(self.at_step(entry, step)) for step in run.snapshots}
+            steps = list(run.snapshots)
+            n = min(CURVE_POINTS, len(steps))
+            picked = sorted({steps[round(i * (len(steps) - 1) / max(1, n - 1))] for i in range(n)}
+                            | ({run.start_step} if run.start_step in run.snapshots else set()))
+            per_step = {step: head_scores(self.at_step(entry, step)) for step in picked}
             available = all(v is not None for v in per_step.values())
-            curves: dict[str, Any] = {"steps": list(run.snapshots), "start_step": run.start_step,
+            curves: dict[str, Any] = {"steps": steps, "score_steps": picked, "start_step": run.start_step,
                                       "metrics": [{k: r.get(k) for k in ("iter", "train_loss", "val_loss")} for r in read_metrics(run.path)],
                                       "available": available, "scores": {}, "thresholds": {}}
             if available:
                 first = next(iter(per_step.values()))
                 curves["thresholds"] = first["thresholds"]
-                curves["scores"] = {score: [per_step[step]["scores"][score] for step in run.snapshots] for score in first["scores"]}
+                curves["scores"] = {score: [per_step[step]["scores"][score] for step in picked] for score in first["scores"]}
             run.curves = curves
         return run.curves
 

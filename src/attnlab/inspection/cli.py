@@ -88,6 +88,8 @@ def plot_scores(scores, path: Path, title: str = "") -> None:
 def run_experiment(args: argparse.Namespace) -> int:
     from .experiments.common import make_out_dir
 
+    if args.explore and args.name != "induction":
+        raise UserError(f"--explore opens the explorer on the induction experiment's models; {args.name} has none to explore")
     module = importlib.import_module(f"attnlab.inspection.experiments.{args.name}")
     out = Path(args.out)
     make_out_dir(out)  # before a run of minutes, not after it
@@ -101,6 +103,8 @@ def run_experiment(args: argparse.Namespace) -> int:
     print(f"experiment {args.name}{' (quick)' if args.quick else ''}, seed {args.seed}")
     print(module.table(result))
     print(f"wrote {out / (args.name + '.json')} and {out / (args.name + '.png')}")
+    if args.explore:
+        return explore_induction(result, out, args.port)
     return 0
 
 
@@ -157,6 +161,20 @@ def run_patch(args: argparse.Namespace) -> int:
     return 0
 
 
+def explore_induction(result: dict, out: Path, port: int) -> int:
+    """Serve the two models in the explorer, the 2L run's step slider opened on its phase change."""
+    from ..explorer.cli import serve
+    from ..explorer.service import Run
+    from ..training.snapshots import list_snapshots
+
+    path = out / "induction-2L"
+    start = result["phase_change_2L"]["steps"]["induction_rise"]
+    runs = {"induction-2L": Run(path, list_snapshots(path), start_step=start, example=result["example_text"])}
+    print(f"opening the explorer on induction-2L at step {start}, where its induction score rises most")
+    return serve({"induction-2L": result["models"]["2L"], "induction-1L": result["models"]["1L"]}, "127.0.0.1", port,
+                 max_tokens=2048, runs=runs)
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
     from ..formats.cli import MODEL_HELP, add_revision_flag
 
@@ -178,6 +196,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"coreference only: the model to inspect, {MODEL_HELP} "
                                                            f"(default {DEFAULT_MODEL})")
     add_revision_flag(p, "--model")
+    p.add_argument("--explore", action="store_true", help="induction only: then open the explorer on the two-layer model, "
+                   "its training step slider at the phase change")
+    p.add_argument("--port", type=int, default=8000, help="with --explore: the explorer's port (default 8000)")
     p.set_defaults(func=run_experiment)
 
     p = sub.add_parser("attribute", help="direct logit attribution of every head and MLP to an answer")

@@ -9,6 +9,14 @@
 //   precomputed responses and `api` answers from it instead of the network.
 // - The only arithmetic done here is what the interactions need: a softmax of the real scores under a
 //   different scale or mask, and the 2-D scores of a dragged query. Everything else is the model's.
+// - Experiments: knocked-out heads (state.ablate) and a training step (state.step) ride along in every
+//   request body, so every view shows that model and the cache keys them apart. The knockout bar compares
+//   against the same request without `ablate`.
+// - The matrix is painted once into an offscreen canvas, one pixel per cell, and drawn scaled: zoom and pan
+//   redraw one image, not T² rectangles (2,048 tokens: 4.2M cells).
+// - "save PNG / save SVG" turn the shown view into a standalone SVG (its SVG drawings inlined with their
+//   computed styles, canvases as embedded PNGs, text as text), and that SVG into a PNG; the matrix's PNG
+//   is its canvas itself.
 "use strict";
 
 (function () {
@@ -24,6 +32,8 @@
     heads: { threshold: 0.05, selected: null },
     block: { token: null, stage: 0 },  // token null: the last one
     next: { temperature: 1, topK: 0, topP: 1, appended: "" },
+    ablate: [], ablation: "zero", step: null, clickMode: "open", training: null, knock: null,
+    timings: {},
   };
 
   // ---------------------------------------------------------------------------------------------
@@ -56,7 +66,8 @@
   function decodeMatrix(m) {
     // {shape, f32: base64} -> array of Float32Array rows; nested lists pass through.
     if (!m || !m.f32) return m;
-    const bytes = Uint8Array.from(atob(m.f32), (c) => c.charCodeAt(0));
+    const text = atob(m.f32), bytes = new Uint8Array(text.length);
+    for (let i = 0; i < text.length; i++) bytes[i] = text.charCodeAt(i); // a plain loop: 16 MB at 2,048 tokens
     const flat = new Float32Array(bytes.buffer);
     const [rows, cols] = m.shape;
     const out = [];
@@ -64,7 +75,17 @@
     return out;
   }
 
-  const body = (extra) => Object.assign({ model: state.model, text: state.text }, extra || {});
+  function body(extra) {
+    // the model, the text, and the experiment: knocked-out heads and a training step, only when set (so an
+    // exported page's precomputed keys, made without them, still match)
+    const b = { model: state.model, text: state.text };
+    if (state.ablate.length) { b.ablate = state.ablate.map((h) => h.slice()); b.ablation = state.ablation; }
+    if (state.step !== null) b.step = state.step;
+    return Object.assign(b, extra || {});
+  }
+  const plainBody = (extra) => { const b = body(extra); delete b.ablate; delete b.ablation; return b; };
+  const headName = (h) => `L${h[0]}H${h[1]}`;
+  const isOff = (l, hd) => state.ablate.some((h) => h[0] === l && h[1] === hd);
 
   function setStatus(message, isError) {
     const el = $("status");
@@ -362,89 +383,202 @@
     // the stage shown: raw q·kᵀ -> ×scale -> mask (−∞ as null) -> softmax, for the mask chosen here
     const m = state.matrix, T = m.raw.length, S = m.raw[0].length, scale = m.data.scale;
     const visible = (i, j) => m.mask === "none" || j <= i + S - T;
+    if (T > 512 && m.stage === "softmax" && m.mask === (state.info.causal ? "causal" : "none")) {
+      return { rows: m.pattern, visible, model: true }; // a long text: the model's own pattern, not recomputed here
+    }
     const rows = [];
     for (let i = 0; i < T; i++) {
-      const raw = Array.from(m.raw[i]);
-      if (m.stage === "raw") rows.push(raw);
-      else if (m.stage === "scaled") rows.push(raw.map((x) => x * scale));
-      else if (m.stage === "masked") rows.push(raw.map((x, j) => (visible(i, j) ? x * scale : null)));
-      else rows.push(softmaxRow(raw.map((x) => x * scale), (j) => visible(i, j)));
+      const raw = m.raw[i];
+      if (m.stage === "raw") rows.push(Array.from(raw));
+      else if (m.stage === "scaled") rows.push(Array.from(raw, (x) => x * scale));
+      else if (m.stage === "masked") rows.push(Array.from(raw, (x, j) => (visible(i, j) ? x * scale : null)));
+      else rows.push(softmaxRow(Array.from(raw, (x) => x * scale), (j) => visible(i, j)));
     }
     return { rows, visible };
   }
 
   function drawMatrix() {
+    // values of the chosen stage -> one pixel per cell in an offscreen image -> painted at the zoom and pan
+    const t0 = performance.now();
     const m = state.matrix, tokens = m.data.tokens, T = tokens.length;
-    const { rows, visible } = matrixValues();
+    const { rows, visible, model } = matrixValues();
     m.shown = rows;
-    const canvas = $("matrix-canvas");
-    const cell = Math.max(1, Math.min(30, Math.floor(620 / T)));
-    const labels = cell >= 9;
-    const margin = labels ? Math.min(110, 8 + 7 * Math.max(...tokens.map((t) => show(t).length))) : 4;
-    m.geometry = { cell, margin };
-    const ratio = window.devicePixelRatio || 1;
-    const size = margin + cell * T + 4;
-    canvas.width = size * ratio; canvas.height = size * ratio;
-    canvas.style.width = size + "px"; canvas.style.height = size + "px";
-    const ctx = canvas.getContext("2d");
-    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
-    ctx.fillStyle = "#fff";
-    ctx.fillRect(0, 0, size, size);
     let maxAbs = 0;
     for (const row of rows) for (const x of row) if (x !== null && Math.abs(x) > maxAbs) maxAbs = Math.abs(x);
+    const image = document.createElement("canvas");
+    image.width = T; image.height = T;
+    const ictx = image.getContext("2d");
+    const pixels = ictx.createImageData(T, T);
+    const dark = m.stage === "masked" || m.stage === "softmax", px = pixels.data;
+    // a long text spreads its weights thin (1/T each): there full blue is the 99th percentile of the visible
+    // weights (a sample of them), else all but a few cells would be white
+    let top = maxAbs;
+    if (T > 128 && m.stage === "softmax") {
+      const sample = [];
+      for (let k = 0; k < 20000; k++) { const i = Math.floor(Math.random() * T), j = Math.floor(Math.random() * T); if (visible(i, j)) sample.push(rows[i][j]); }
+      sample.sort((a, b) => a - b);
+      top = Math.max(1e-9, sample[Math.floor(0.99 * (sample.length - 1))] || maxAbs);
+    }
+    m.colourTop = top;
     for (let i = 0; i < T; i++) {
+      const row = rows[i];
       for (let j = 0; j < T; j++) {
-        const x = rows[i][j];
-        if (!visible(i, j) && (m.stage === "masked" || m.stage === "softmax")) ctx.fillStyle = "#2b2b2b"; // masked: dark
-        else ctx.fillStyle = m.stage === "softmax" ? blues(x / maxAbs) : diverging(x, maxAbs);
-        ctx.fillRect(margin + j * cell, margin + i * cell, cell, cell);
+        const o = 4 * (i * T + j);
+        px[o + 3] = 255;
+        if (dark && !visible(i, j)) { px[o] = px[o + 1] = px[o + 2] = 43; continue; } // masked: dark
+        const x = row[j];
+        if (x === null || !isFinite(x)) { px[o] = px[o + 1] = px[o + 2] = 43; continue; }
+        const t = m.stage === "softmax" ? Math.min(1, Math.max(0, x / (top || 1))) : Math.max(-1, Math.min(1, x / (maxAbs || 1)));
+        if (t >= 0) { px[o] = 255 - 222 * t; px[o + 1] = 255 - 153 * t; px[o + 2] = 255 - 75 * t; } // blues / diverging, as blues()
+        else { px[o] = 255 + 30 * t; px[o + 1] = 255 + 190 * t; px[o + 2] = 255 + 190 * t; }
       }
     }
-    if (labels) {
-      ctx.fillStyle = "#222";
-      ctx.font = `${Math.min(13, cell - 1)}px sans-serif`;
-      ctx.textBaseline = "middle";
-      ctx.textAlign = "right";
-      tokens.forEach((t, i) => ctx.fillText(show(t), margin - 4, margin + (i + 0.5) * cell));
-      tokens.forEach((t, j) => {
-        ctx.save();
-        ctx.translate(margin + (j + 0.5) * cell, margin - 4);
-        ctx.rotate(-Math.PI / 2);
-        ctx.textAlign = "left";
-        ctx.fillText(show(t), 0, 0);
-        ctx.restore();
-      });
-    }
+    ictx.putImageData(pixels, 0, 0);
+    m.image = image;
+    if (m.imageFor !== m.data) { m.zoom = 1; m.panX = 0; m.panY = 0; m.imageFor = m.data; }
+    const base = Math.min(30, 620 / T);
+    const margin = Math.min(110, 8 + 7 * Math.max(...tokens.map((t) => show(t).length)));
+    const size = Math.ceil(margin + base * T + 4);
+    const canvas = $("matrix-canvas");
+    const ratio = window.devicePixelRatio || 1;
+    canvas.width = size * ratio; canvas.height = size * ratio;
+    canvas.style.width = size + "px"; canvas.style.height = size + "px";
+    m.base = base; m.margin = margin; m.size = size;
+    paintMatrix();
     const modelMask = state.info.causal ? "causal" : "none";
     let note = `layer ${state.layer} head ${state.head} · rows: queries, columns: keys · ${T}×${T}`;
-    if (m.stage === "softmax" && m.mask === modelMask) {
+    if (model) {
+      note += " · the model's hook_pattern";
+    } else if (m.stage === "softmax" && m.mask === modelMask) {
       let diff = 0;
       for (let i = 0; i < T; i++) for (let j = 0; j < T; j++) diff = Math.max(diff, Math.abs(rows[i][j] - m.pattern[i][j]));
       note += ` · max |this − the model's hook_pattern| = ${diff.toExponential(1)}`;
     } else if (m.mask !== modelMask) {
       note += ` · mask ${m.mask}: not the mask this ${state.info.causal ? "decoder" : "encoder"} was trained with`;
     }
-    note += m.stage === "softmax" ? ` · colour: white 0 → blue ${fmt(maxAbs, 3)} (the largest weight)` : ` · colour: red −${fmt(maxAbs, 3)} → white 0 → blue +${fmt(maxAbs, 3)}`;
-    $("matrix-note").textContent = note + (labels ? "" : " · hover for tokens and values");
+    note += m.stage === "softmax" ? (m.colourTop < maxAbs ? ` · colour: white 0 → blue ${fmt(m.colourTop, 3)} and above (the 99th percentile weight; the largest is ${fmt(maxAbs, 3)})`
+      : ` · colour: white 0 → blue ${fmt(maxAbs, 3)} (the largest weight)`) : ` · colour: red −${fmt(maxAbs, 3)} → white 0 → blue +${fmt(maxAbs, 3)}`;
+    $("matrix-note").textContent = note + (base >= 9 ? "" : " · hover for tokens and values, zoom in for labels");
     document.querySelectorAll("#matrix-stage button").forEach((b) => b.classList.toggle("active", b.dataset.stage === m.stage));
     document.querySelectorAll("#matrix-mask button").forEach((b) => b.classList.toggle("active", b.dataset.mask === m.mask));
+    const cost = m.data.cost;
+    const drawMs = performance.now() - t0;
+    state.timings.matrixDrawMs = drawMs;
+    if (cost) {
+      $("matrix-cost").textContent = `cost: ${T}×${T} = ${cost.entries_per_head.toLocaleString()} scores per head ` +
+        `(${(cost.bytes_per_head / 1e6).toFixed(1)} MB in float32) · server ${cost.server_ms.toFixed(0)} ms · drawn in ${drawMs.toFixed(0)} ms`;
+    }
+  }
+
+  function clampPan() {
+    const m = state.matrix, T = m.data.tokens.length, cell = m.base * m.zoom;
+    const visibleCells = (m.size - m.margin - 4) / cell;
+    m.panX = Math.max(0, Math.min(T - visibleCells, m.panX));
+    m.panY = Math.max(0, Math.min(T - visibleCells, m.panY));
+  }
+
+  function paintMatrix() {
+    // the offscreen image at the current zoom and pan, and the labels of the rows and columns in view
+    const m = state.matrix, tokens = m.data.tokens, T = tokens.length;
+    const canvas = $("matrix-canvas"), ctx = canvas.getContext("2d");
+    const ratio = window.devicePixelRatio || 1, margin = m.margin, size = m.size;
+    const cell = m.base * m.zoom;
+    m.geometry = { cell, margin, panX: m.panX, panY: m.panY };
+    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+    ctx.fillStyle = "#fff";
+    ctx.fillRect(0, 0, size, size);
+    ctx.save();
+    ctx.beginPath();
+    ctx.rect(margin, margin, size - margin - 4, size - margin - 4);
+    ctx.clip();
+    ctx.imageSmoothingEnabled = cell < 1; // shrinking a long text's matrix: average; enlarging: crisp cells
+    ctx.imageSmoothingQuality = "high";
+    ctx.drawImage(m.image, margin - m.panX * cell, margin - m.panY * cell, T * cell, T * cell);
+    ctx.restore();
+    if (cell >= 9) {
+      const first = Math.floor(m.panX), firstRow = Math.floor(m.panY), n = Math.ceil((size - margin) / cell) + 1;
+      ctx.fillStyle = "#222";
+      ctx.font = `${Math.min(13, cell - 1)}px sans-serif`;
+      ctx.textBaseline = "middle";
+      ctx.textAlign = "right";
+      for (let i = firstRow; i < Math.min(T, firstRow + n); i++) ctx.fillText(show(tokens[i]), margin - 4, margin + (i - m.panY + 0.5) * cell);
+      for (let j = first; j < Math.min(T, first + n); j++) {
+        ctx.save();
+        ctx.translate(margin + (j - m.panX + 0.5) * cell, margin - 4);
+        ctx.rotate(-Math.PI / 2);
+        ctx.textAlign = "left";
+        ctx.fillText(show(tokens[j]), 0, 0);
+        ctx.restore();
+      }
+    }
+    if (m.zoom > 1) {
+      ctx.fillStyle = "#667085";
+      ctx.font = "11px sans-serif";
+      ctx.textAlign = "left"; ctx.textBaseline = "top";
+      ctx.fillText(`×${m.zoom.toFixed(1)} · rows ${Math.floor(m.panY)}–${Math.min(T, Math.ceil(m.panY + (size - margin - 4) / cell)) - 1}`, 4, 4);
+    }
+  }
+
+  function zoomMatrix(factor, x, y) {
+    // zoom by `factor` keeping the cell under (x, y) (canvas pixels; default: the centre) where it is
+    const m = state.matrix;
+    if (!m.image) return;
+    const cx = x === undefined ? (m.size + m.margin) / 2 : x, cy = y === undefined ? (m.size + m.margin) / 2 : y;
+    const cell = m.base * m.zoom;
+    const ci = (cx - m.margin) / cell + m.panX, cj = (cy - m.margin) / cell + m.panY;
+    m.zoom = Math.max(1, Math.min(Math.max(1, 40 / m.base), m.zoom * factor)); // up to 40-pixel cells
+    const next = m.base * m.zoom;
+    m.panX = ci - (cx - m.margin) / next; m.panY = cj - (cy - m.margin) / next;
+    clampPan();
+    paintMatrix();
+  }
+
+  function matrixCell(event) {
+    const m = state.matrix, r = $("matrix-canvas").getBoundingClientRect();
+    const { cell, margin } = m.geometry;
+    const x = event.clientX - r.left, y = event.clientY - r.top;
+    return { x, y, j: Math.floor((x - margin) / cell + m.panX), i: Math.floor((y - margin) / cell + m.panY) };
   }
 
   function matrixHover(event) {
     const m = state.matrix;
     if (!m.shown) return;
     const tip = $("matrix-tip");
-    const r = event.target.getBoundingClientRect();
-    const { cell, margin } = m.geometry;
-    const j = Math.floor((event.clientX - r.left - margin) / cell), i = Math.floor((event.clientY - r.top - margin) / cell);
+    const { x, y, i, j } = matrixCell(event);
     const T = m.shown.length;
-    if (i < 0 || j < 0 || i >= T || j >= T) { tip.style.display = "none"; return; }
+    if (x < m.margin || y < m.margin || i < 0 || j < 0 || i >= T || j >= T) { tip.style.display = "none"; return; }
     const raw = m.raw[i][j];
     tip.style.display = "block";
-    tip.style.left = (event.clientX - r.left + 14) + "px";
-    tip.style.top = (event.clientY - r.top + 14) + "px";
+    tip.style.left = (x + 14) + "px";
+    tip.style.top = (y + 14) + "px";
     tip.textContent = `query ${i} “${show(m.data.tokens[i])}” → key ${j} “${show(m.data.tokens[j])}”: ${m.stage} = ${fmt(m.shown[i][j], 6)}` +
       ` (raw ${fmt(raw)}, scaled ${fmt(raw * m.data.scale)})`;
+  }
+
+  function wireMatrixZoom() {
+    const canvas = $("matrix-canvas");
+    canvas.addEventListener("wheel", (e) => {
+      e.preventDefault();
+      const { x, y } = matrixCell(e);
+      zoomMatrix(e.deltaY < 0 ? 1.25 : 0.8, x, y);
+    }, { passive: false });
+    canvas.addEventListener("pointerdown", (e) => {
+      const m = state.matrix;
+      if (!m.image) return;
+      const start = { x: e.clientX, y: e.clientY, panX: m.panX, panY: m.panY };
+      const move = (ev) => {
+        const cell = m.base * m.zoom;
+        m.panX = start.panX - (ev.clientX - start.x) / cell; m.panY = start.panY - (ev.clientY - start.y) / cell;
+        clampPan();
+        paintMatrix();
+      };
+      const up = () => { window.removeEventListener("pointermove", move); window.removeEventListener("pointerup", up); };
+      window.addEventListener("pointermove", move);
+      window.addEventListener("pointerup", up);
+    });
+    $("zoom-in").addEventListener("click", () => zoomMatrix(2));
+    $("zoom-out").addEventListener("click", () => zoomMatrix(0.5));
+    $("zoom-reset").addEventListener("click", () => { const m = state.matrix; m.zoom = 1; m.panX = 0; m.panY = 0; if (m.image) paintMatrix(); });
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -458,20 +592,26 @@
     state.heads.grid = grid;
     drawArcs();
     drawGrid();
-    if (state.heads.scoresFor !== state.model) {
+    const scoresKey = state.model + " " + state.step;
+    if (state.heads.scoresFor !== scoresKey) {
       // head scores come from attnlab.inspection, once per model (they don't depend on the text): draw the
       // grid first and add them when they arrive
-      state.heads.scoresFor = state.model;
+      // (at the chosen training step, for a run with snapshots)
+      state.heads.scoresFor = scoresKey;
       state.heads.scores = null;
-      api(`/api/models/${encodeURIComponent(state.model)}/head-scores`).then((s) => {
+      api(`/api/models/${encodeURIComponent(state.model)}/head-scores` + (state.step !== null ? `?step=${state.step}` : "")).then((s) => {
         state.heads.scores = s.available ? s : null;
         if (state.view === "heads") drawGrid();
       }).catch(() => { state.heads.scoresFor = null; });
     }
   }
 
+  const LONG_ARCS = 200; // past this many tokens the arcs show one token's strongest links, not every query's
+
   function drawArcs() {
-    const h = state.heads, P = h.pattern, tokens = state.tokens, T = tokens.length;
+    const h = state.heads, tokens = state.tokens;
+    if (tokens.length > LONG_ARCS) return drawTokenArcs();
+    const P = h.pattern, T = tokens.length;
     const el = $("arcs");
     clear(el);
     const rowH = 18, x0 = 110, top = 12;
@@ -506,6 +646,42 @@
     $("arc-threshold-out").textContent = h.threshold.toFixed(2);
   }
 
+  function drawTokenArcs() {
+    // a long text: the chosen token (the last one unless clicked) and the 12 keys it attends to most, in text
+    // order, with the gaps between them marked; click a key to follow where that token attends
+    const h = state.heads, P = h.pattern, tokens = state.tokens, T = tokens.length;
+    if (h.selected === null || h.selected >= T) h.selected = T - 1;
+    const q = h.selected;
+    const top = Array.from(P[q]).map((w, j) => [w, j]).sort((a, b) => b[0] - a[0]).slice(0, 12); // however spread out
+    const shown = Array.from(new Set([q, ...top.map(([, j]) => j)])).sort((a, b) => a - b);
+    const el = $("arcs");
+    clear(el);
+    const rowH = 20, x0 = 150, pad = 12;
+    const y = (k) => pad + rowH * (k + 0.5);
+    const row = new Map(shown.map((j, k) => [j, k]));
+    const arcs = svg("g", { id: "arc-paths" }, el);
+    for (const [w, j] of top) {
+      const attrs = { class: "arc", "stroke-width": (0.4 + 9 * w).toFixed(2), "stroke-opacity": (0.25 + 0.75 * w).toFixed(3),
+        "data-q": q, "data-k": j, "data-w": w.toFixed(5) };
+      if (j === q) { svg("circle", Object.assign(attrs, { cx: x0 + 10, cy: y(row.get(q)), r: 6, fill: "none" }), arcs); continue; }
+      const bulge = 14 + Math.min(240, 14 * Math.abs(row.get(q) - row.get(j)));
+      attrs.d = `M ${x0 + 4} ${y(row.get(q))} C ${x0 + bulge} ${y(row.get(q))}, ${x0 + bulge} ${y(row.get(j))}, ${x0 + 4} ${y(row.get(j))}`;
+      svg("path", attrs, arcs);
+      svg("circle", { cx: x0 + 4, cy: y(row.get(j)), r: 1.5 + 2 * w, class: "arc-end" }, arcs);
+    }
+    shown.forEach((j, k) => {
+      const gap = k > 0 && j - shown[k - 1] > 1 ? ` (+${j - shown[k - 1] - 1})` : "";
+      const label = svg("text", { x: x0 - 6, y: y(k) + 4, class: "arc-token" + (j === q ? " active" : ""), "data-index": j }, el);
+      label.textContent = `${gap} #${j} ${show(tokens[j]).slice(0, 12)}`;
+      label.addEventListener("click", () => { h.selected = j; drawArcs(); });
+    });
+    el.setAttribute("height", 2 * pad + rowH * shown.length);
+    el.setAttribute("width", x0 + 280);
+    $("arcs-title").textContent = `layer ${state.layer} head ${state.head} · ${T} tokens: where #${q} “${show(tokens[q])}” attends most ` +
+      `(its ${top.length} strongest links; (+n) = n tokens between) · click a token to follow it`;
+    $("arc-threshold-out").textContent = h.threshold.toFixed(2);
+  }
+
   function drawGrid() {
     const h = state.heads, grid = h.grid, container = $("heads-grid");
     clear(container);
@@ -528,7 +704,7 @@
         const c = document.createElement("canvas");
         const size = 56;
         c.width = size; c.height = size;
-        c.className = "thumb" + (l === state.layer && hd === state.head ? " current" : "");
+        c.className = "thumb" + (l === state.layer && hd === state.head ? " current" : "") + (isOff(l, hd) ? " off" : "");
         c.dataset.layer = l; c.dataset.head = hd;
         const ctx = c.getContext("2d");
         const n = thumb.length, cs = size / n;
@@ -536,13 +712,18 @@
           ctx.fillStyle = blues(thumb[i][j]);
           ctx.fillRect(j * cs, i * cs, Math.ceil(cs), Math.ceil(cs));
         }
-        if (h.selected !== null && !grid.pooled) {
+        if (h.selected !== null && !grid.pooled && h.selected < n) {
           ctx.strokeStyle = "#e4572e"; ctx.lineWidth = 1.5;
           ctx.strokeRect(0.75, h.selected * cs + 0.75, size - 1.5, cs - 1.5);
         }
-        c.title = `layer ${l} head ${hd}`;
-        c.addEventListener("click", () => openHead(l, hd));
+        if (isOff(l, hd)) { // knocked out: a red cross over the pattern it still computes (its output z is ablated)
+          ctx.strokeStyle = "#b42318"; ctx.lineWidth = 3;
+          ctx.beginPath(); ctx.moveTo(6, 6); ctx.lineTo(size - 6, size - 6); ctx.moveTo(size - 6, 6); ctx.lineTo(6, size - 6); ctx.stroke();
+        }
+        c.title = `layer ${l} head ${hd}` + (state.clickMode === "knock" ? " · click to knock out / restore" : "");
+        c.addEventListener("click", () => (state.clickMode === "knock" ? toggleHead(l, hd) : openHead(l, hd)));
         td.appendChild(c);
+        if (state.training && state.training.available) td.appendChild(sparkline(l, hd));
         if (scores) {
           const best = bestScore(scores, l, hd);
           if (best) {
@@ -572,6 +753,32 @@
       if (!best || ratio > best.ratio) best = { name, value, ratio, standout: ratio >= 1 };
     }
     return best;
+  }
+
+  function sparkline(l, hd) {
+    // this head's score over training (the score it ends highest in, relative to its threshold), step marked
+    const tr = state.training, W = 56, H = 20;
+    const final = tr.score_steps.length - 1;
+    let name = null, best = -Infinity;
+    for (const [score, perStep] of Object.entries(tr.scores)) {
+      const v = perStep[final][l][hd];
+      if (v !== null && v / (tr.thresholds[score] || 1) > best) { best = v / (tr.thresholds[score] || 1); name = score; }
+    }
+    const el = svg("svg", { width: W, height: H, class: "spark", "data-score": name });
+    if (name === null) return el;
+    const values = tr.scores[name].map((perStep) => perStep[l][hd] || 0), steps = tr.score_steps;
+    const lo = name === "copying" ? -1 : 0, last = steps[steps.length - 1] || 1;
+    const x = (step) => 1 + (W - 2) * step / last, yv = (v) => H - 1 - (H - 2) * (v - lo) / (1 - lo);
+    svg("path", { d: values.map((v, k) => `${k ? "L" : "M"}${x(steps[k]).toFixed(1)},${yv(v).toFixed(1)}`).join(" ") }, el);
+    if (state.step !== null) svg("line", { x1: x(state.step), x2: x(state.step), y1: 0, y2: H }, el);
+    const title = svg("title", {}, el);
+    title.textContent = `${name} score of layer ${l} head ${hd} over training: ` + values.map((v, k) => `${steps[k]}: ${v.toFixed(2)}`).join(", ");
+    return el;
+  }
+
+  function toggleHead(l, hd) {
+    state.ablate = isOff(l, hd) ? state.ablate.filter((h) => h[0] !== l || h[1] !== hd) : state.ablate.concat([[l, hd]]);
+    refresh();
   }
 
   function openHead(l, hd) {
@@ -714,7 +921,15 @@
       return;
     }
     n.data = await api("/api/next", nextRequest());
+    // with heads knocked out, the same request without them: the two distributions side by side
+    n.before = state.ablate.length ? await api("/api/next", plainBody(nextRequest({ k: 50 }))) : null;
+    n.afterWide = state.ablate.length ? await api("/api/next", nextRequest({ k: 50 })) : null;
     drawNext();
+  }
+
+  function probOf(list, id) {
+    const c = list.candidates.find((x) => x.id === id);
+    return c ? c.prob : null;
   }
 
   function drawNext() {
@@ -732,6 +947,16 @@
     }
     const bars = $("next-bars");
     clear(bars);
+    const compare = n.before !== null && n.before !== undefined;
+    $("next-bars-title").textContent = compare ? `after knocking out ${state.ablate.map(headName).join(", ")} (${state.ablation}) · change from before` : "";
+    $("next-before-wrap").hidden = !compare;
+    const delta = (row, now, then) => {
+      const d = document.createElement("span");
+      d.className = "delta";
+      if (then === null) d.textContent = "new";
+      else { const pp = 100 * (now - then); d.textContent = (pp >= 0 ? "+" : "−") + Math.abs(pp).toFixed(2) + " pp"; d.classList.add(pp >= 0 ? "up" : "down"); }
+      row.appendChild(d);
+    };
     data.candidates.forEach((c) => {
       const row = barRow("button", "span", show(c.piece), c.prob, (100 * c.prob).toFixed(2) + "%");
       row.type = "button";
@@ -739,8 +964,24 @@
       row.dataset.id = c.id;
       row.title = `id ${c.id} · logit ${fmt(c.logit)}`;
       row.addEventListener("click", () => appendText(c.text));
+      if (compare) delta(row, c.prob, probOf(n.before, c.id));
       bars.appendChild(row);
     });
+    const before = $("next-before");
+    clear(before);
+    if (compare) {
+      n.before.candidates.slice(0, 10).forEach((c) => {
+        const row = barRow("div", "span", show(c.piece), c.prob, (100 * c.prob).toFixed(2) + "%");
+        row.className = "next-bar before";
+        row.dataset.id = c.id;
+        const after = probOf(n.afterWide, c.id);
+        const d = document.createElement("span");
+        d.className = "delta";
+        d.textContent = after === null ? "→ <" + (100 * n.afterWide.candidates[n.afterWide.candidates.length - 1].prob).toFixed(2) + "%" : "→ " + (100 * after).toFixed(2) + "%";
+        row.appendChild(d);
+        before.appendChild(row);
+      });
+    }
   }
 
   function appendText(newText) {
@@ -762,6 +1003,244 @@
   }
 
   // ---------------------------------------------------------------------------------------------
+  // Knockout: which heads are off, and per token what changed (loss for decoders, hidden-state cosine)
+  async function loadKnockout() {
+    const bar = $("knockout");
+    bar.hidden = state.ablate.length === 0;
+    if (!state.ablate.length) { state.knock = null; return; }
+    $("knockout-list").textContent = state.ablate.map(headName).join(", ");
+    document.querySelectorAll("#ablation-mode button").forEach((b) => b.classList.toggle("active", b.dataset.ablation === state.ablation));
+    state.knock = await api("/api/knockout", body());
+    drawKnockout();
+  }
+
+  function drawKnockout() {
+    const k = state.knock, el = $("knockout-strip"), tokens = k.tokens, T = tokens.length;
+    clear(el);
+    const W = Math.min(1240, Math.max(600, document.body.clientWidth - 60)), labels = T <= 90;
+    const H = labels ? 150 : 120, left = 46, right = 12, top = 12, bottom = labels ? 48 : 22;
+    el.setAttribute("width", W); el.setAttribute("height", H);
+    // decoders: a curve through the positions; encoders: one bar per token, each in its own band
+    const band = (W - left - right) / T;
+    const x = k.loss_before ? (i) => left + (W - left - right) * (T <= 1 ? 0.5 : i / (T - 1)) : (i) => left + band * (i + 0.5);
+    const axis = (text, ax, ay, anchor) => { const t = svg("text", { x: ax, y: ay, class: "strip-axis", "text-anchor": anchor || "start" }, el); t.textContent = text; };
+    const mean = (a, from, to) => { const part = a.slice(from, to); return part.reduce((s, v) => s + v, 0) / Math.max(1, part.length); };
+    let note;
+    if (k.loss_before) {
+      // position i predicts token i + 1: the loss is drawn under the token it predicts
+      const before = k.loss_before, after = k.loss_after, n = before.length;
+      const max = Math.max(...before, ...after, 1e-6);
+      const y = (v) => top + (H - top - bottom) * (1 - v / max);
+      svg("line", { x1: left, x2: W - right, y1: y(0), y2: y(0), class: "axis" }, el);
+      for (const [values, cls] of [[before, "curve-before"], [after, "curve-after"]]) {
+        svg("path", { class: cls, d: values.map((v, i) => `${i ? "L" : "M"}${x(i + 1).toFixed(1)},${y(v).toFixed(1)}`).join(" ") }, el);
+      }
+      axis(max.toFixed(1), left - 6, top + 8, "end"); axis("0", left - 6, y(0), "end");
+      axis("loss on each next token: grey before, red after", left + 4, top + 8);
+      const half = Math.floor(n / 2);
+      note = `mean loss, first half of the text: ${mean(before, 0, half).toFixed(2)} → ${mean(after, 0, half).toFixed(2)}; ` +
+        `second half: ${mean(before, half, n).toFixed(2)} → ${mean(after, half, n).toFixed(2)} (nats per token)`;
+    } else {
+      // an encoder: how far each token's last hidden state turned, 1 − cosine, with the cosine written on it
+      const change = k.cosine.map((c) => 1 - c);
+      const max = Math.max(...change, 0.2); // a fixed floor to the scale: a change of 0.005 stays a sliver, not a full bar
+      const bw = Math.max(1, Math.min(band - 4, 80));
+      change.forEach((v, i) => {
+        const h = (H - top - bottom) * v / max;
+        const r = svg("rect", { x: x(i) - bw / 2, y: H - bottom - h, width: bw, height: h, "data-index": i,
+          class: "strip-bar" + (i === state.heads.selected ? " selected" : "") }, el);
+        svg("title", {}, r).textContent = `“${show(tokens[i])}”: cosine ${k.cosine[i].toFixed(4)}`;
+        if (labels && T <= 40) axis(k.cosine[i].toFixed(3), x(i), H - bottom - h - 3, "middle");
+      });
+      axis(`bar: 1 − cosine(last hidden state after, before), full height ${max.toFixed(3)}; number: the cosine`, left + 4, top + 2);
+      const order = k.cosine.map((c, i) => [c, i]).sort((a, b) => a[0] - b[0]).slice(0, 3);
+      note = "cosine of the last hidden state, after vs before: " + order.map(([c, i]) => `“${show(tokens[i])}” ${c.toFixed(3)}`).join(", ") +
+        (state.heads.selected !== null && state.heads.selected < T ? ` · “${show(tokens[state.heads.selected])}” ${k.cosine[state.heads.selected].toFixed(3)}` : "");
+    }
+    if (labels) tokens.forEach((t, i) => {
+      const label = svg("text", { x: x(i), y: H - bottom + 14 + (T > 45 && i % 2 ? 12 : 0), class: "strip-label", "text-anchor": "middle" }, el);
+      label.textContent = show(t).slice(0, T > 45 ? 3 : 8);
+    });
+    else axis(`position 0 … ${T - 1}`, left, H - 6);
+    $("knockout-note").textContent = note;
+  }
+
+  // ---------------------------------------------------------------------------------------------
+  // Training: the step slider, the loss curve with the step marked
+  async function loadTraining() {
+    const steps = state.info.steps || [];
+    $("training").hidden = steps.length === 0;
+    if (!steps.length) { state.training = null; state.step = null; return; }
+    if (!state.training || state.training.model !== state.model) {
+      // the slider at once; the loss curve and the heads' score curves when the server has computed them
+      const model = state.model;
+      state.training = { model, steps, start_step: state.info.start_step, metrics: [], available: false, scores: {}, score_steps: [] };
+      api(`/api/models/${encodeURIComponent(model)}/training`).then((tr) => {
+        if (!state.training || state.training.model !== model) return;
+        Object.assign(state.training, tr);
+        drawTraining();
+        if (state.view === "heads" && state.heads.grid) drawGrid();
+      }).catch((err) => setStatus(err.message, true));
+      const start = state.info.start_step !== null && steps.includes(state.info.start_step) ? state.info.start_step : steps[steps.length - 1];
+      const slider = $("step");
+      slider.max = steps.length - 1;
+      slider.value = steps.indexOf(start);
+      state.step = start;
+    }
+    drawTraining();
+  }
+
+  function drawTraining() {
+    const tr = state.training, el = $("loss-curve");
+    $("step-out").textContent = `${state.step} (${tr.steps.indexOf(state.step) + 1} of ${tr.steps.length})`;
+    clear(el);
+    const W = +el.getAttribute("width"), H = +el.getAttribute("height"), left = 34, bottom = 14;
+    const metrics = tr.metrics.filter((r) => r.val_loss !== null && r.val_loss !== undefined);
+    const lastStep = tr.steps[tr.steps.length - 1] || 1;
+    const x = (step) => left + (W - left - 6) * step / lastStep;
+    if (metrics.length) {
+      const values = metrics.map((r) => r.val_loss), lo = Math.min(...values), hi = Math.max(...values);
+      const y = (v) => 4 + (H - bottom - 8) * (hi === lo ? 0.5 : (hi - v) / (hi - lo));
+      svg("path", { class: "curve-loss", d: metrics.map((r, i) => `${i ? "L" : "M"}${x(r.iter).toFixed(1)},${y(r.val_loss).toFixed(1)}`).join(" ") }, el);
+      const t = (text, tx, ty, anchor) => { const e = svg("text", { x: tx, y: ty, class: "strip-axis", "text-anchor": anchor }, el); e.textContent = text; };
+      t(hi.toFixed(2), left - 3, 10, "end"); t(lo.toFixed(2), left - 3, H - bottom, "end");
+      t("val loss", W - 6, 10, "end"); t(`step ${lastStep}`, W - 6, H - 2, "end"); t("0", left, H - 2, "start");
+    }
+    svg("line", { x1: x(state.step), x2: x(state.step), y1: 0, y2: H - bottom + 2, class: "curve-marker", id: "step-marker" }, el);
+    $("training-note").textContent = `every view shows the model at step ${state.step}` +
+      (tr.start_step !== null && tr.start_step !== undefined ? ` · the phase change is at step ${tr.start_step}` : "");
+  }
+
+  // ---------------------------------------------------------------------------------------------
+  // Pictures to keep: the shown view as SVG (and PNG)
+  const STYLE_PROPS = ["fill", "fill-opacity", "stroke", "stroke-width", "stroke-opacity", "stroke-linecap", "stroke-dasharray",
+    "opacity", "font-family", "font-size", "font-weight", "text-anchor", "dominant-baseline"];
+
+  function inlineSvg(source, x, y) {
+    // a copy of an SVG drawing with its computed styles written on each element (no stylesheet travels with it)
+    const copy = source.cloneNode(true);
+    const from = [source, ...source.querySelectorAll("*")], to = [copy, ...copy.querySelectorAll("*")];
+    from.forEach((el, k) => {
+      const cs = getComputedStyle(el);
+      // as presentation attributes, not a style attribute (which the page's CSP refuses, even on a copy)
+      for (const p of STYLE_PROPS) { const v = cs.getPropertyValue(p); if (v) to[k].setAttribute(p, v); }
+    });
+    copy.removeAttribute("id");
+    copy.setAttribute("x", x); copy.setAttribute("y", y);
+    return copy;
+  }
+
+  function viewToSvg(root) {
+    // walk the view's boxes: backgrounds and borders as rects, canvases as images, SVGs inlined, text as text
+    const box = root.getBoundingClientRect();
+    const W = Math.ceil(Math.max(root.scrollWidth, box.width)), H = Math.ceil(Math.max(root.scrollHeight, box.height));
+    const out = document.createElementNS(SVG_NS, "svg");
+    out.setAttribute("xmlns", SVG_NS);
+    out.setAttribute("width", W); out.setAttribute("height", H); out.setAttribute("viewBox", `0 0 ${W} ${H}`);
+    svg("rect", { x: 0, y: 0, width: W, height: H, fill: "#ffffff" }, out);
+    const rel = (r) => ({ x: r.left - box.left, y: r.top - box.top, w: r.width, h: r.height });
+    const transparent = (c) => !c || c === "transparent" || c.endsWith(", 0)");
+    const walk = (el) => {
+      const cs = getComputedStyle(el);
+      if (cs.display === "none" || cs.visibility === "hidden" || el.hidden) return;
+      const r = rel(el.getBoundingClientRect());
+      if (r.w === 0 && r.h === 0) return;
+      const bg = cs.backgroundColor, border = parseFloat(cs.borderTopWidth) > 0 && !transparent(cs.borderTopColor);
+      if (!transparent(bg) || border) {
+        svg("rect", { x: r.x, y: r.y, width: r.w, height: r.h, rx: parseFloat(cs.borderTopLeftRadius) || 0,
+          fill: transparent(bg) ? "none" : bg, stroke: border ? cs.borderTopColor : "none", "stroke-width": border ? cs.borderTopWidth : 0 }, out);
+      }
+      if (el.tagName === "CANVAS") {
+        svg("image", { x: r.x, y: r.y, width: r.w, height: r.h, href: el.toDataURL("image/png"), preserveAspectRatio: "none" }, out);
+        return;
+      }
+      if (el.namespaceURI === SVG_NS) { out.appendChild(inlineSvg(el, r.x, r.y)); return; }
+      if (el.tagName === "SELECT") { text(el.options[el.selectedIndex] ? el.options[el.selectedIndex].text : "", el, r); return; }
+      if (el.tagName === "INPUT" || el.tagName === "TEXTAREA") return;
+      for (const child of el.childNodes) {
+        if (child.nodeType === 1) walk(child);
+        else if (child.nodeType === 3 && child.textContent.trim()) textNode(child, cs);
+      }
+    };
+    const text = (content, el, r) => {
+      const cs = getComputedStyle(el);
+      const t = svg("text", { x: r.x + 4, y: r.y + r.h * 0.7, fill: cs.color, "font-size": cs.fontSize, "font-family": cs.fontFamily }, out);
+      t.textContent = content;
+    };
+    const textNode = (node, cs) => {
+      // one <text> per line box: each word placed where the page laid it out
+      const range = document.createRange();
+      const words = node.textContent.split(/(\s+)/);
+      let offset = 0, line = null;
+      for (const word of words) {
+        if (word.trim()) {
+          range.setStart(node, offset); range.setEnd(node, offset + word.length);
+          const rr = range.getClientRects()[0];
+          if (rr) {
+            const r = rel(rr);
+            if (!line || Math.abs(line.y - r.y) > 2) {
+              line = { y: r.y, el: svg("text", { x: r.x, y: r.y + r.h * 0.78, fill: cs.color, "font-size": cs.fontSize, "font-family": cs.fontFamily,
+                "font-weight": cs.fontWeight, "xml:space": "preserve" }, out) };
+              line.el.textContent = word;
+            } else line.el.textContent += " " + word;
+          }
+        }
+        offset += word.length;
+      }
+    };
+    walk(root);
+    return out;
+  }
+
+  function download(blob, name) {
+    const a = document.createElement("a");
+    a.href = URL.createObjectURL(blob);
+    a.download = name;
+    document.body.appendChild(a);
+    a.click();
+    setTimeout(() => { URL.revokeObjectURL(a.href); a.remove(); }, 1000);
+  }
+
+  function fileName(ext) {
+    const what = state.view === "next" || state.view === "block" ? state.view : `${state.view}-L${state.layer}H${state.head}`;
+    return `attnlab-${state.model}-${what}${state.step !== null ? "-step" + state.step : ""}${state.ablate.length ? "-knockout" : ""}.${ext}`;
+  }
+
+  function shownRoot() {
+    // the view, with the training and knockout bars above it when they are shown
+    return [$("training"), $("knockout"), $("view-" + state.view)].filter((el) => !el.hidden);
+  }
+
+  function pictureSvg() {
+    const parts = shownRoot().map((el) => viewToSvg(el));
+    const W = Math.max(...parts.map((p) => +p.getAttribute("width"))), H = parts.reduce((a, p) => a + +p.getAttribute("height"), 0);
+    const out = document.createElementNS(SVG_NS, "svg");
+    out.setAttribute("xmlns", SVG_NS);
+    out.setAttribute("width", W); out.setAttribute("height", H); out.setAttribute("viewBox", `0 0 ${W} ${H}`);
+    let y = 0;
+    for (const p of parts) { p.setAttribute("y", y); y += +p.getAttribute("height"); out.appendChild(p); }
+    return new XMLSerializer().serializeToString(out);
+  }
+
+  async function savePicture(kind) {
+    if (kind === "svg") return download(new Blob([pictureSvg()], { type: "image/svg+xml" }), fileName("svg"));
+    if (state.view === "matrix" && $("training").hidden && $("knockout").hidden) {
+      // the canvas view: its own pixels
+      return new Promise((resolve) => $("matrix-canvas").toBlob((b) => { download(b, fileName("png")); resolve(); }, "image/png"));
+    }
+    const source = pictureSvg();
+    const image = new Image();
+    image.src = "data:image/svg+xml;base64," + btoa(unescape(encodeURIComponent(source)));
+    await image.decode();
+    const scale = 2, canvas = document.createElement("canvas");
+    canvas.width = image.width * scale; canvas.height = image.height * scale;
+    const ctx = canvas.getContext("2d");
+    ctx.scale(scale, scale);
+    ctx.drawImage(image, 0, 0);
+    return new Promise((resolve) => canvas.toBlob((b) => { download(b, fileName("png")); resolve(); }, "image/png"));
+  }
+
+  // ---------------------------------------------------------------------------------------------
   // Wiring
   const LOADERS = { dict: loadDict, matrix: loadMatrix, heads: loadHeads, block: loadBlock, next: loadNext };
 
@@ -773,8 +1252,10 @@
     document.querySelector(".head-pick").style.visibility = state.view === "block" || state.view === "next" ? "hidden" : "visible";
     document.body.dataset.loading = "1";
     try {
-      await LOADERS[state.view]();
-      setStatus(`${state.tokens.length} tokens · ${state.model}`);
+      await loadTraining();
+      await Promise.all([LOADERS[state.view](), loadKnockout()]);
+      setStatus(`${state.tokens.length} tokens · ${state.model}` + (state.step !== null ? ` · step ${state.step}` : "") +
+        (state.ablate.length ? ` · ${state.ablate.length} head${state.ablate.length > 1 ? "s" : ""} knocked out` : ""));
     } catch (err) {
       setStatus(err.message, true);
     } finally {
@@ -807,7 +1288,27 @@
   function wire() {
     $("run").addEventListener("click", () => { state.next.appended = ""; runText(); });
     $("text").addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); $("run").click(); } });
-    $("model").addEventListener("change", () => { state.model = $("model").value; state.matrix.mask = null; runText(); });
+    $("model").addEventListener("change", () => {
+      state.model = $("model").value; state.matrix.mask = null;
+      state.ablate = []; state.step = null; state.training = null;
+      runText();
+    });
+    wireMatrixZoom();
+    $("step").addEventListener("input", () => {
+      if (!state.training) return;
+      state.step = state.training.steps[Number($("step").value)];
+      drawTraining();
+    });
+    $("step").addEventListener("change", () => { if (state.training) { state.step = state.training.steps[Number($("step").value)]; refresh(); } });
+    document.querySelectorAll("#click-mode button").forEach((b) => b.addEventListener("click", () => {
+      state.clickMode = b.dataset.click;
+      document.querySelectorAll("#click-mode button").forEach((x) => x.classList.toggle("active", x === b));
+      if (state.heads.grid) drawGrid();
+    }));
+    document.querySelectorAll("#ablation-mode button").forEach((b) => b.addEventListener("click", () => { state.ablation = b.dataset.ablation; refresh(); }));
+    $("knockout-clear").addEventListener("click", () => { state.ablate = []; refresh(); });
+    $("save-png").addEventListener("click", () => guarded(() => savePicture("png")));
+    $("save-svg").addEventListener("click", () => guarded(() => savePicture("svg")));
     $("layer").addEventListener("change", () => { state.layer = Number($("layer").value); refresh(); });
     $("head").addEventListener("change", () => { state.head = Number($("head").value); refresh(); });
     document.querySelectorAll("#tabs button[data-view]").forEach((b) => b.addEventListener("click", () => { state.view = b.dataset.view; refresh(); }));
@@ -864,17 +1365,19 @@
       select.appendChild(o);
     }
     state.model = state.models[0].name;
+    if (!EXPORT && state.models[0].example) $("text").value = state.models[0].example; // e.g. the induction experiment's repeated spans
     if (EXPORT) {
       $("text").value = EXPORT.text;
       $("text").readOnly = true;
       $("run").disabled = true;
       $("run").title = "an exported page shows its own text only";
       state.view = EXPORT.view || "dict";
+      if (EXPORT.ablate && EXPORT.ablate.length) { state.ablate = EXPORT.ablate; state.ablation = EXPORT.ablation || "zero"; }
     }
     await runText();
   }
 
   // A small handle for tests and the curious: the current state and the numbers each view shows.
-  window.attnlab = { state, matrixValues: () => state.matrix.shown, dictWeights: () => state.dict.weights, refresh };
+  window.attnlab = { state, matrixValues: () => state.matrix.shown, dictWeights: () => state.dict.weights, refresh, pictureSvg };
   document.addEventListener("DOMContentLoaded", start);
 })();

@@ -28,6 +28,11 @@ The phase change is located, for the two-layer model, as the snapshot interval w
 moves most: the induction score rises most, the ICL score falls most, and the loss gap to the one-layer
 model (2L loss − 1L loss) falls most, i.e. the bump in the loss curve that only the two-layer model has.
 The experiment reports those three places and whether they coincide; it asserts nothing.
+
+For the explorer (`attnlab experiment induction --explore`), each model is saved with a character tokenizer
+that names its 128 token ids by 128 distinct letters, digits and symbols (`induction_tokenizer`), and the
+two-layer model's snapshots go beside it as a training run (float16 weights in induction-2L/snapshots,
+their losses in metrics.jsonl), so the step slider scrubs through its phase change.
 """
 
 from __future__ import annotations
@@ -81,6 +86,41 @@ def model_config(setup: InductionSetup, n_layers: int) -> ModelConfig:
 def icl_positions(n_ctx: int) -> tuple[int, int]:
     """Olsson et al.'s tokens 50 and 500 of a 512-token context, scaled to n_ctx."""
     return round(50 / 512 * n_ctx), min(n_ctx - 1, round(500 / 512 * n_ctx))
+
+
+# one printable character per token id (no spaces: every character is one token, in sorted order)
+ALPHABET = ("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789αβγδεζηθικλμνξοπρστυφχψω"
+            "ΓΔΘΛΞΠΣΦΨΩбгдёжзийлпфцчшщъыьэюя!#$%&*+<=>?")
+
+
+def induction_tokenizer(d_vocab: int):
+    """A character tokenizer whose ids 0..d_vocab-1 are d_vocab distinct printable characters."""
+    from ...tokenizer import Tokenizer
+
+    assert len(set(ALPHABET)) == len(ALPHABET) >= d_vocab
+    return Tokenizer.train_char("".join(sorted(ALPHABET)[:d_vocab]))
+
+
+def example_text(setup: InductionSetup, seed: int) -> str:
+    """One held-out sequence of repeated spans, written in the tokenizer's characters."""
+    return induction_tokenizer(setup.d_vocab).decode(setup.data(1, seed=seed)[0, : setup.n_ctx].tolist())
+
+
+def save_run(model, snapshots: list[dict], path: Path) -> None:
+    """The model and its snapshots as a training run the explorer reads: weights, snapshots, metrics.jsonl."""
+    import json
+
+    from ...formats.native import atomic_write_text, save_native
+    from ...training.snapshots import save_snapshot
+
+    save_native(model, path)
+    final = copy.deepcopy(model.state_dict())
+    for snap in snapshots:
+        model.load_state_dict(snap["state_dict"])
+        save_snapshot(model, path, snap["step"])
+    model.load_state_dict(final)
+    atomic_write_text(path / "metrics.jsonl", "".join(json.dumps({"iter": s["step"], "train_loss": s["loss"], "val_loss": s["loss"]}) + "\n"
+                                                      for s in snapshots))
 
 
 def train_with_snapshots(setup: InductionSetup, n_layers: int, data, eval_data, seed: int, progress: str | None = None):
@@ -166,12 +206,17 @@ def _run(out: Path, *, seed: int, quick: bool, progress: bool) -> dict:
         "snapshots": {name: [{k: v for k, v in s.items() if k != "state_dict"} for s in snaps] for name, snaps in runs.items()},
         "final": final,
         "phase_change_2L": phase,
+        "example_text": example_text(setup, seed + 20_000),  # a held-out text for the explorer (one character per token)
     }
     write_outputs(out, "induction", result, plot)
     from ...formats.native import save_native
 
-    for name, model in models.items():  # the trained models, for `attnlab heads` and the ablation test
-        save_native(model, out / f"induction-{name}")
+    for name, model in models.items():  # the trained models, for `attnlab heads`, the ablation test and the explorer
+        model.tokenizer = induction_tokenizer(setup.d_vocab)
+        if name == "2L":
+            save_run(model, runs[name], out / f"induction-{name}")
+        else:
+            save_native(model, out / f"induction-{name}")
     result["models"] = models
     result["snapshot_weights"] = {name: [s["state_dict"] for s in snaps] for name, snaps in runs.items()}
     return result
