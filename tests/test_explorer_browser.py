@@ -326,6 +326,7 @@ def test_knocking_out_heads_changes_the_distributions_and_the_loss_strip(server,
     assert page.evaluate("window.attnlab.state.next.before.candidates.slice(0, 10).map((c) => c.prob)") == pytest.approx(plain)
     assert ablated != pytest.approx(plain, abs=1e-4)
     assert page.locator("#next-bars .delta").count() == 10 and page.locator("#next-before .next-bar").count() == 10
+    assert page.locator("#dla rect").count() == 2 * 4 + 2 and "who wrote" in page.inner_text("#dla-title")
     shot(page, "knockout-next-token")
     page.click("#ablation-mode button[data-ablation=mean]")
     settle(page, "next")

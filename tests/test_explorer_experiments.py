@@ -158,3 +158,21 @@ def test_minilm_knocking_out_the_heads_where_it_lands_on_cat_turns_its_hidden_st
         knocked = post(c, "/api/knockout", model="minilm", text=text, ablate=[[5, 4], [5, 11]])["cosine"][it]
         control = post(c, "/api/knockout", model="minilm", text=text, ablate=[[5, 2]])["cosine"][it]
     assert knocked < 0.9 and control > 0.99, (knocked, control)
+
+
+def test_attribution_is_the_inspection_direct_logit_attribution_with_the_knockout(client, models):
+    """The next-token view's "who wrote this prediction": attnlab.inspection.attribution's numbers, ablation included."""
+    from attnlab.inspection.attribution import direct_logit_attribution
+
+    model = models["gpt"]
+    top = post(client, "/api/next", model="gpt", text=TEXT, k=1)["candidates"][0]
+    data = post(client, "/api/attribution", model="gpt", text=TEXT, token=top["id"])
+    expected = direct_logit_attribution(model, TEXT, model.tokenizer.decode([top["id"]]))
+    torch.testing.assert_close(torch.tensor(data["heads"]), expected.heads, rtol=0, atol=1e-5)
+    assert data["logit"] == pytest.approx(top["logit"], abs=1e-4) and data["sum_of_terms"] == pytest.approx(data["logit"], abs=1e-3)
+    knocked = post(client, "/api/attribution", model="gpt", text=TEXT, token=top["id"], ablate=[[1, 2]])
+    ablated = post(client, "/api/next", model="gpt", text=TEXT, k=100, ablate=[[1, 2]])["candidates"]
+    assert knocked["heads"][1][2] == pytest.approx(0, abs=1e-6)  # a knocked-out head writes nothing
+    assert knocked["logit"] == pytest.approx(next(c["logit"] for c in ablated if c["id"] == top["id"]), abs=1e-4)
+    assert client.post("/api/attribution", json={"model": "gpt", "text": TEXT, "token": 10**6}).status_code == 422
+    assert client.post("/api/attribution", json={"model": "bert", "text": TEXT, "token": 1}).status_code == 422

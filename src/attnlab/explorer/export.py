@@ -101,7 +101,10 @@ def export_data(model, text: str, name: str = "model", ablate=(), ablation: str 
     responses[f"/api/models/{quote(name, safe=SAFE_IN_URI)}/head-scores"] = _round(explorer.head_scores(name))
     defaults = {"temperature": 1, "top_k": None, "top_p": None}  # app.js's next-token controls as the page opens
     if cfg.causal:
-        put("/api/next", {**defaults, "k": 10}, explorer.next_token(name, text, k=10, variant=variant))
+        nxt = explorer.next_token(name, text, k=10, variant=variant)
+        put("/api/next", {**defaults, "k": 10}, nxt)
+        top = nxt["candidates"][0]["id"]  # the next-token view's "who wrote this prediction", of its top candidate
+        put("/api/attribution", {"token": top}, explorer.attribution(name, text, top, variant))
     if variant.ablate:  # the knockout bar, and the next-token view's before / after columns
         put("/api/knockout", {}, explorer.knockout(name, text, variant))
         if cfg.causal:

@@ -47,6 +47,10 @@ class TraceRequest(TextRequest):
     token: int = Field(ge=0, description="position of the token to follow, from 0")
 
 
+class AttributionRequest(TextRequest):
+    token: int = Field(ge=0, description="the id of the predicted token whose logit is attributed")
+
+
 class NextTokenRequest(TextRequest):
     temperature: float = Field(1.0, ge=0.0, le=100.0, description="divides the logits; 0 is greedy")
     top_k: int | None = Field(None, ge=1, description="keep only the k most likely tokens")

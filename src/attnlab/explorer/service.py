@@ -419,6 +419,21 @@ class Explorer:
         return {"tokens": tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
                 "candidates": candidates, "kept": int((probs[0] > 0).sum()), "chosen": chosen}
 
+    def attribution(self, name: str, text: str, token: int, variant: Variant = PLAIN) -> dict[str, Any]:
+        """Who wrote this prediction: each head's, each MLP's and the embeddings' direct contribution to the logit
+        of token id `token` at the text's last position: attnlab.inspection.attribution's direct logit
+        attribution, run with this variant's knocked-out heads."""
+        from ..inspection.attribution import direct_logit_attribution
+
+        entry = self.entry(name, variant)
+        self.encode(entry, text)  # the text's limits, checked as every view checks them
+        if not 0 <= token < entry.model.config.d_vocab:
+            raise UserError(f"token id {token} is out of range: model {name!r} has {entry.model.config.d_vocab} tokens")
+        answer = entry.model.tokenizer.decode([token])
+        with entry.lock, torch.no_grad(), entry.model.hooks(entry.hooks):
+            result = direct_logit_attribution(entry.model, text, answer)
+        return {"token": token, **result.to_dict()}
+
     def knockout(self, name: str, text: str, variant: Variant) -> dict[str, Any]:
         """The model with `variant.ablate` knocked out against the same model without: per token, the
         next-token loss (decoders) and the cosine similarity of the last hidden state, before and after.

@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 
-from ..schemas import HeadRequest, NextTokenRequest, PatternRequest, StagesRequest, TextRequest, TraceRequest
+from ..schemas import AttributionRequest, HeadRequest, NextTokenRequest, PatternRequest, StagesRequest, TextRequest, TraceRequest
 from ..service import Explorer
 
 router = APIRouter(prefix="/api", tags=["explorer"])
@@ -67,6 +67,12 @@ def head_scores(name: str, step: int | None = None, explorer: Explorer = Depends
             responses={404: ERRORS[404], 422: {"description": "the model has no training snapshots"}})
 def training(name: str, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
     return explorer.training(name)
+
+
+@router.post("/attribution", summary="Who wrote this prediction: each head's and MLP's direct contribution to a next token's logit",
+             responses=ERRORS)
+def attribution(body: AttributionRequest, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
+    return explorer.attribution(body.model, body.text, body.token, body.variant())
 
 
 @router.post("/knockout", summary="Knock out heads: per-token loss and last-hidden-state cosine, with and without them", responses=ERRORS)

@@ -925,6 +925,40 @@
     n.before = state.ablate.length ? await api("/api/next", plainBody(nextRequest({ k: 50 }))) : null;
     n.afterWide = state.ablate.length ? await api("/api/next", nextRequest({ k: 50 })) : null;
     drawNext();
+    await loadAttribution();
+  }
+
+  async function loadAttribution() {
+    // who wrote the most likely next token: each head's and MLP's direct contribution to its logit
+    const n = state.next, top = n.data.candidates[0], el = $("dla");
+    clear(el);
+    try {
+      n.dla = await api("/api/attribution", body({ token: top.id }));
+    } catch (err) {
+      n.dla = null;
+      $("dla-title").textContent = "who wrote this prediction: " + err.message;
+      return;
+    }
+    const d = n.dla, L = d.heads.length, H = d.heads[0].length, cell = Math.max(14, Math.min(36, Math.floor(300 / H)));
+    const left = 50, top0 = 18, rows = L, hasMlp = d.mlps !== null;
+    const values = d.heads.flat().concat(hasMlp ? d.mlps : []), maxAbs = Math.max(...values.map(Math.abs), 1e-9);
+    el.setAttribute("width", left + cell * (H + (hasMlp ? 1.5 : 0)) + 10);
+    el.setAttribute("height", top0 + cell * rows + 8);
+    for (let h = 0; h < H; h++) { const t = svg("text", { x: left + (h + 0.5) * cell, y: 12, "text-anchor": "middle" }, el); t.textContent = `H${h}`; }
+    if (hasMlp) { const t = svg("text", { x: left + (H + 1) * cell, y: 12, "text-anchor": "middle" }, el); t.textContent = "MLP"; }
+    for (let l = 0; l < L; l++) {
+      const t = svg("text", { x: left - 6, y: top0 + (l + 0.6) * cell, "text-anchor": "end" }, el); t.textContent = `L${l}`;
+      const cellAt = (x, v, what) => {
+        const r = svg("rect", { x, y: top0 + l * cell, width: cell - 2, height: cell - 2, fill: diverging(v, maxAbs), "data-value": v.toFixed(4) }, el);
+        svg("title", {}, r).textContent = `${what}: ${v >= 0 ? "+" : ""}${v.toFixed(3)} to the logit of “${show(d.answer)}”`;
+      };
+      for (let h = 0; h < H; h++) cellAt(left + h * cell, d.heads[l][h], `L${l}H${h}`);
+      if (hasMlp) cellAt(left + (H + 0.5) * cell, d.mlps[l], `L${l} MLP`);
+    }
+    const best = d.heads.flatMap((row, l) => row.map((v, h) => [v, `L${l}H${h}`])).concat(hasMlp ? d.mlps.map((v, l) => [v, `L${l} MLP`]) : [])
+      .sort((a, b) => b[0] - a[0]).slice(0, 3);
+    $("dla-title").textContent = `who wrote “${show(d.answer)}” (logit ${d.logit.toFixed(2)}): direct contributions, blue adds, red subtracts; ` +
+      `most: ${best.map(([v, name]) => `${name} ${v >= 0 ? "+" : ""}${v.toFixed(2)}`).join(", ")}`;
   }
 
   function probOf(list, id) {
@@ -1018,7 +1052,7 @@
     const k = state.knock, el = $("knockout-strip"), tokens = k.tokens, T = tokens.length;
     clear(el);
     const W = Math.min(1240, Math.max(600, document.body.clientWidth - 60)), labels = T <= 90;
-    const H = labels ? 150 : 120, left = 46, right = 12, top = 12, bottom = labels ? 48 : 22;
+    const H = labels ? 160 : 130, left = 46, right = 12, top = 24, bottom = labels ? 48 : 22; // the caption sits above the plot
     el.setAttribute("width", W); el.setAttribute("height", H);
     // decoders: a curve through the positions; encoders: one bar per token, each in its own band
     const band = (W - left - right) / T;
@@ -1036,7 +1070,7 @@
         svg("path", { class: cls, d: values.map((v, i) => `${i ? "L" : "M"}${x(i + 1).toFixed(1)},${y(v).toFixed(1)}`).join(" ") }, el);
       }
       axis(max.toFixed(1), left - 6, top + 8, "end"); axis("0", left - 6, y(0), "end");
-      axis("loss on each next token: grey before, red after", left + 4, top + 8);
+      axis("loss on each next token: grey before, red after", left + 4, 12);
       const half = Math.floor(n / 2);
       note = `mean loss, first half of the text: ${mean(before, 0, half).toFixed(2)} → ${mean(after, 0, half).toFixed(2)}; ` +
         `second half: ${mean(before, half, n).toFixed(2)} → ${mean(after, half, n).toFixed(2)} (nats per token)`;
@@ -1052,7 +1086,7 @@
         svg("title", {}, r).textContent = `“${show(tokens[i])}”: cosine ${k.cosine[i].toFixed(4)}`;
         if (labels && T <= 40) axis(k.cosine[i].toFixed(3), x(i), H - bottom - h - 3, "middle");
       });
-      axis(`bar: 1 − cosine(last hidden state after, before), full height ${max.toFixed(3)}; number: the cosine`, left + 4, top + 2);
+      axis(`bar: 1 − cosine(last hidden state after, before), full height ${max.toFixed(3)}; number: the cosine`, left + 4, 12);
       const order = k.cosine.map((c, i) => [c, i]).sort((a, b) => a[0] - b[0]).slice(0, 3);
       note = "cosine of the last hidden state, after vs before: " + order.map(([c, i]) => `“${show(tokens[i])}” ${c.toFixed(3)}`).join(", ") +
         (state.heads.selected !== null && state.heads.selected < T ? ` · “${show(tokens[state.heads.selected])}” ${k.cosine[state.heads.selected].toFixed(3)}` : "");
