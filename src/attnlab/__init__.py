@@ -13,13 +13,14 @@ from .config import PRESETS, ModelConfig, preset
 from .errors import UserError
 from .cache import ActivationCache
 from .hooks import HookPoint
+from .layers import quantize
 from .model import Transformer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ActivationCache", "HookPoint", "ModelConfig", "PRESETS", "Transformer", "UserError",
-    "load", "preset", "save", "scaled_dot_product_attention", "show",
+    "load", "preset", "quantize", "save", "scaled_dot_product_attention", "show",
 ]
 
 

@@ -9,6 +9,11 @@ Design choices (after gpt-fast):
   boolean key mask (B, max_len) hides the slots not yet written and the left padding. A single query may
   see every key it is shown, so causality needs nothing else (attnlab.attention's causal offset for
   T < S). Only the decode step is compiled: prefill runs once per call, compiling it would not pay.
+- The default decode step (`KernelDecoder`, no compilation) walks the model's weights itself and calls
+  attnlab.kernels' C loops for the products and the attention: no graph to build, so no set-up per process,
+  and about 20 calls per layer instead of the ~100 PyTorch operations of the module path, whose per-call
+  overhead was most of a step on a small model. A hooked model, a post-norm one, another dtype or device, or a
+  machine without a C compiler takes the module path, which computes the same equation.
 - The buffer length is rounded up to a multiple of 64 so that nearby lengths share one compiled graph.
 - Sampling never reads a tensor on the host: greedy is an argmax; otherwise the token is the argmax of
   p_i / E_i with E_i ~ Exp(1), which picks i with probability p_i (the "exponential race" of gpt-fast)
@@ -27,7 +32,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
+from . import kernels
 from .errors import UserError
 
 CACHE_ROUND = 64  # cache lengths are rounded up to this, so nearby lengths share a compiled decode step
@@ -156,6 +163,105 @@ def decode_one_token(model, token: torch.Tensor, cache: KVCache, slot: torch.Ten
                  check_inputs=False)[:, -1]  # no host read per token: `generate` checked the lengths up front
 
 
+class KernelDecoder:
+    """`decode_one_token` through attnlab.kernels, for float32 (or int8-weight) models on a CPU, eager.
+
+    The same equations as the modules, in order, on preallocated buffers: norm; q, k, v products; RoPE; the new
+    key and value written to the cache and attended to (one C call); the output product added to the residual in
+    place; norm; MLP; the LM head. Norms and activations are PyTorch's (one operation each). The cache must be
+    position-major (`KVCache(values_position_minor=False)`). Returns a buffer that the next call overwrites.
+    """
+
+    def __init__(self, model, cache: KVCache) -> None:
+        cfg = model.config
+        B, H, Hkv, D = cache.k[0].shape[0], cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        self.model, self.cache = model, cache
+        self.q, self.z = torch.empty(B, H, D), torch.empty(B, H, D)  # [batch, head, d_head]
+        self.k, self.v = torch.empty(B, Hkv, D), torch.empty(B, Hkv, D)  # [batch, kv_head, d_head]
+        self.scores = torch.empty(B, H, cache.max_len)  # [batch, head, key slot]: the kernel's scratch
+        self.pre = torch.empty(B, cfg.mlp_dim)  # [batch, d_mlp]
+        self.gate = torch.empty(B, cfg.mlp_dim) if cfg.mlp == "swiglu" else None
+        self.logits = torch.empty(B, cfg.d_vocab)
+
+    @staticmethod
+    def unsupported(model) -> str | None:
+        """Why `model` must take the module path (None: this decoder computes what the modules would)."""
+        from .layers import Int8Linear, Linear
+
+        if not kernels.available():
+            return "attnlab's C kernels are not built on this machine (no C compiler, or ATTNLAB_KERNELS=0)"
+        if model.device.type != "cpu" or model.dtype != torch.float32:
+            return "the kernels run float32 on a CPU"
+        if model.config.norm_placement != "pre":
+            return "post-norm blocks take the module path"
+        if any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()):
+            return "a hook is attached: the module path runs it"
+        for m in model.modules():
+            if isinstance(m, Linear) and m.weight.dtype != torch.float32:
+                return "Linear weights stored as another dtype take the module path"
+            if not isinstance(m, (Linear, Int8Linear)) and isinstance(m, torch.nn.Linear):
+                return "a Linear the kernels do not know"
+        return None
+
+    def _product(self, linear, x: torch.Tensor, out: torch.Tensor, accumulate: bool = False) -> None:
+        """out (=, or += when accumulate) linear(x), x (B, d_in) and out (B, d_out) contiguous."""
+        if x.shape[0] <= kernels.MAX_ROWS or linear.weight.dtype == torch.int8:
+            kernels.linear(x, linear.weight, linear.bias, getattr(linear, "scale", None), out, accumulate)
+        elif accumulate:
+            out.add_(F.linear(x, linear.weight, linear.bias))
+        else:
+            torch.addmm(linear.bias, x, linear.weight.t(), out=out) if linear.bias is not None else \
+                torch.mm(x, linear.weight.t(), out=out)
+
+    @staticmethod
+    def _norm(norm, x: torch.Tensor) -> torch.Tensor:
+        if norm.__class__.__name__ == "RMSNorm":
+            return F.rms_norm(x, norm.weight.shape, norm.weight, norm.eps)
+        return F.layer_norm(x, norm.weight.shape, norm.weight, norm.bias, norm.eps)
+
+    @torch.no_grad()
+    def __call__(self, token: torch.Tensor, slot: int, positions: torch.Tensor,
+                 key_mask: torch.Tensor | None) -> torch.Tensor:
+        """token (B, 1) at cache slot `slot` and `positions` (B, 1); key_mask (B, max_len), True where a key may be
+        seen (its own slot set), or None for every slot up to `slot`. Returns the next logits (B, V)."""
+        model, cfg = self.model, self.model.config
+        B = token.shape[0]
+        x = model.embed_tokens(token, positions, None).view(B, cfg.d_model).contiguous()  # the residual stream
+        rope = None
+        if model.rotary is not None:
+            cos, sin = model.rotary(positions, x.dtype)  # (B, 1, 1, rotary_dim)
+            rope = cos.view(B, -1), sin.view(B, -1)
+        v, z = self.v, self.z
+        for layer, block in enumerate(model.blocks):
+            attn = block.attn
+            h = self._norm(block.ln1, x)
+            self._product(attn.W_Q, h, self.q.view(B, -1))
+            self._product(attn.W_K, h, self.k.view(B, -1))
+            self._product(attn.W_V, h, v.view(B, -1))
+            q, k = self.q, self.k
+            if attn.q_norm is not None:
+                q, k = self._norm(attn.q_norm, q), self._norm(attn.k_norm, k)
+            if rope is not None:
+                kernels.rope_(q, *rope)
+                kernels.rope_(k, *rope)
+            kernels.attend(q, k, v, self.cache.k[layer], self.cache.v[layer], slot, cfg.scale, key_mask,
+                           self.scores, z)
+            self._product(attn.W_O, z.view(B, -1), x, accumulate=True)  # resid_mid = resid_pre + attn_out
+            if block.mlp is not None:
+                mlp, h = block.mlp, self._norm(block.ln2, x)
+                self._product(mlp.W_in, h, self.pre)
+                if mlp.gated:
+                    self._product(mlp.W_gate, h, self.gate)
+                    post = F.silu(self.gate).mul_(self.pre)
+                else:
+                    post = mlp.act(self.pre)
+                self._product(mlp.W_out, post, x, accumulate=True)  # resid_post = resid_mid + mlp_out
+        if model.ln_final is not None:
+            x = self._norm(model.ln_final, x)
+        self._product(model.unembed, x, self.logits)
+        return self.logits
+
+
 def compiled_decode_one_token(backend: str = "inductor") -> Callable[..., torch.Tensor]:
     """`decode_one_token` through torch.compile (one graph, static shapes). The compiled code is cached on the
     function, so every call to this returns a wrapper that reuses it: one compilation per model shape.
@@ -167,14 +273,15 @@ def compiled_decode_one_token(backend: str = "inductor") -> Callable[..., torch.
 def generate(model, ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, seed: int | None = None, attention_mask: torch.Tensor | None = None,
              eos_token_id: int | None = None, on_token: Callable[[torch.Tensor], None] | None = None,
-             compile: bool | str = False) -> torch.Tensor:
+             compile: bool | str = False, use_kernels: bool = True) -> torch.Tensor:
     """The prompt followed by `max_new_tokens` new tokens: (B, T) -> (B, T + new).
 
     attention_mask (B, T): 1 for real prompt tokens, 0 for left padding. `on_token` receives each new
     token column (B, 1) as it is chosen (for streaming). Stops early once every row has produced
     `eos_token_id`, padding the rest with it. `compile=True` runs the decode step through torch.compile
     (or a backend's name: compile="aot_eager"): the first call with a new shape compiles for a while (tens
-    of seconds on a CPU), later calls reuse it.
+    of seconds on a CPU), later calls reuse it. Otherwise the decode step is `KernelDecoder` where it applies
+    (`use_kernels=False`: always the modules, eager).
     """
     if ids.dim() == 1:
         ids = ids.unsqueeze(0)
@@ -203,6 +310,9 @@ def generate(model, ids: torch.Tensor, max_new_tokens: int, temperature: float =
     # Eager steps attend to the slots written so far (no mask without padding): static shapes only pay
     # when compiled, and cost an eager step its masking (benchmarks/README.md, "Generation speed").
     step = compiled_decode_one_token(compile if isinstance(compile, str) else "inductor") if compile else None
+    fast = None
+    if not compile and use_kernels and KernelDecoder.unsupported(model) is None:
+        fast = KernelDecoder(model, cache)
     try:
         logits = prefill(model, ids, cache, positions, attention_mask)
         slot = torch.tensor([T], device=device)  # the cache slot the next token is written to
@@ -227,6 +337,9 @@ def generate(model, ids: torch.Tensor, max_new_tokens: int, temperature: float =
             if step is not None:
                 key_mask.index_fill_(1, slot, True)
                 logits = step(model, token, cache, slot, position, key_mask).float()
+            elif fast is not None:
+                key_mask[:, T + i] = True
+                logits = fast(token, T + i, position, key_mask if attention_mask is not None else None)
             else:
                 pos = T + i
                 key_mask[:, pos] = True

@@ -84,6 +84,7 @@ class Transformer(HookedModule, TransformerLensViews):
         super().__init__()
         self.config = config
         self.tokenizer = None  # set by attnlab.load / training when a tokenizer.json comes with the model
+        self.quantization: str | None = None  # "int8" once attnlab.layers.quantize has run (saved with the model)
         with torch.device(device) if device is not None else contextlib.nullcontext():
             self.embed = nn.Embedding(config.d_vocab, config.d_model)
             self.pos_embed = nn.Embedding(config.n_ctx, config.d_model) if config.positional == "learned" else None

@@ -368,6 +368,10 @@ def save_hf(model, path: str | Path) -> Path:
     """Write config.json, model.safetensors (+ tokenizer.json, generation_config.json) for transformers."""
     from safetensors.torch import save_file
 
+    if getattr(model, "quantization", None):
+        raise UserError(f"this model is quantized ({model.quantization}), which Hugging Face's format does not hold; "
+                        "save it with format=\"attnlab\", or save the float model before quantizing")
+
     from ..model import Transformer
 
     cfg = model.config

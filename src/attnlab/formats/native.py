@@ -6,6 +6,9 @@ Design choices:
 - Every file is written atomically (to a temporary name in the same directory, fsynced, then renamed),
   so a kill at any moment leaves either the old file or the new one, never half of one.
 - A tied LM head is stored once (as the embedding) and re-tied on load.
+- A quantized model (`attnlab.quantize`) says so in config.json ("quantization": "int8") and stores its int8
+  weights and their scales as they are; the loader quantizes the empty model the same way before filling it.
+  Its LM head is its own int8 tensor even when tied (the embedding keeps its float rows).
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 def state_dict_for_saving(model) -> dict[str, torch.Tensor]:
     """The model's tensors, contiguous, with a tied LM head stored only once."""
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    if model.unembed is not None and model.config.tie_embeddings:
+    if model.unembed is not None and model.unembed.weight is model.embed.weight:
         state.pop("unembed.weight", None)
     return state
 
@@ -61,6 +64,8 @@ def save_native(model, path: str | Path) -> Path:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     config = {"format": FORMAT, "version": VERSION, "model": model.config.to_dict()}
+    if getattr(model, "quantization", None):
+        config["quantization"] = model.quantization
     atomic_write(path / "model.safetensors", lambda tmp: save_file(state_dict_for_saving(model), tmp, metadata={"format": "pt"}))
     if model.tokenizer is not None:
         atomic_write(path / "tokenizer.json", model.tokenizer.save)
@@ -94,7 +99,7 @@ def read_safetensors(file: str | Path) -> dict[str, torch.Tensor]:
 def load_state(model, state: dict[str, torch.Tensor], source: str | Path) -> None:
     """Copy `state` into the model, failing on any missing, unexpected or mis-shaped key, named."""
     expected = {k: v for k, v in model.state_dict().items()}
-    if model.unembed is not None and model.config.tie_embeddings:
+    if model.unembed is not None and model.unembed.weight is model.embed.weight:
         expected.pop("unembed.weight", None)
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
@@ -148,6 +153,10 @@ def load_native(path: str | Path, device: str | torch.device = "cpu"):
         raise UserError(f"{path}: written by a newer attnlab (format version {meta['version']}); upgrade attnlab")
     config = ModelConfig.from_dict(meta["model"])
     model = empty_model(config, device)
+    if meta.get("quantization"):
+        from ..layers import quantize
+
+        quantize(model, meta["quantization"])
     load_state(model, read_safetensors(path / "model.safetensors"), path / "model.safetensors")
     attach_tokenizer(model, path)
     return model.eval()

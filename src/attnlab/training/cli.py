@@ -156,6 +156,10 @@ def run_sample(args: argparse.Namespace) -> int:
         from ..layers import store_weights_as
 
         store_weights_as(model, torch.bfloat16)
+    if args.quantize:
+        from ..layers import quantize
+
+        quantize(model, args.quantize)
     ids = torch.tensor([encode_prompt(model, prompt)], device=device)
     for i in range(args.num_samples):
         if i:
@@ -202,4 +206,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="decode through torch.compile: tens of seconds to compile first, then ~2x faster on a CPU")
     s.add_argument("--bf16-weights", action="store_true",
                    help="store the weight matrices in bfloat16 (half the bytes per token), compute in float32")
+    s.add_argument("--quantize", choices=["int8"], default=None,
+                   help="int8: weight matrices in 8 bits with a scale per row (a quarter of the bytes), compute in float32")
     s.set_defaults(func=run_sample)

@@ -1,0 +1,162 @@
+"""attnlab's C kernels for decoding on a CPU (decode.c), compiled at first use and cached per machine.
+
+Design choices:
+- Plain C, no torch headers: one `cc -O3 -march=native -fopenmp` of decode.c takes about a second, where a
+  torch C++ extension takes a minute; loaded with ctypes, a call costs ~1 µs. The shared library is cached under
+  ~/.cache/attnlab/kernels (or $ATTNLAB_CACHE/kernels), named by a hash of the source, the flags, the compiler
+  and the CPU, so the build is paid once per machine, never once per process, and a new CPU or a new
+  decode.c builds anew. Written to a temporary name, then renamed: a parallel build never leaves a torn file.
+- OpenMP links to libgomp.so.1, which torch's wheel has already loaded under that name: the kernels share
+  torch's thread pool and its `torch.set_num_threads`.
+- No compiler, a compiler that fails, a non-CPU tensor or ATTNLAB_KERNELS=0: `available()` is False and every
+  caller takes its PyTorch path, which computes the same equation (tests/test_kernels.py holds them together).
+- Only the forward computation, for inference: the functions here take no gradients (callers check).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("decode.c")
+FLAG_SETS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-fopenmp"], ["-O3"])  # best first
+MAX_ROWS = 8  # up to this many rows the kernels' product beats BLAS (a decode step of up to 8 sequences)
+
+_i64, _int, _ptr, _float = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
+SIGNATURES = {
+    "attnlab_linear_f32": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int, _int],
+    "attnlab_linear_i8": [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int, _int],
+    "attnlab_rope": [_ptr, _ptr, _ptr, _i64, _i64, _i64, _i64],
+    "attnlab_attend": [_ptr] * 6 + [_i64, _ptr, _ptr] + [_i64] * 6 + [_float, _int],
+}
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("ATTNLAB_CACHE")
+    return (Path(root) if root else Path.home() / ".cache" / "attnlab") / "kernels"
+
+
+def _cpu_id() -> str:
+    """The CPU's model and feature flags: -march=native code is only valid on the CPU it was built for."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        return "\n".join(line for line in text.splitlines() if line.startswith(("model name", "flags", "Features")))[:8192]
+    except OSError:
+        return platform.processor() + platform.machine()
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
+def build(verbose: bool = False) -> Path | None:
+    """The cached shared library for this machine, compiling decode.c first if needed; None when no flag set compiles."""
+    compiler = _compiler()
+    if compiler is None:
+        return None
+    source = SOURCE.read_bytes()
+    for flags in FLAG_SETS:
+        key = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(), compiler.encode(), _cpu_id().encode()]))
+        target = cache_dir() / f"decode-{key.hexdigest()[:16]}.so"
+        if target.is_file():
+            return target
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".decode-", suffix=".so", dir=target.parent)
+        os.close(fd)
+        try:
+            result = subprocess.run([compiler, *flags, "-shared", "-fPIC", str(SOURCE), "-o", tmp, "-lm"],
+                                    capture_output=True, text=True, timeout=300)
+            if result.returncode == 0:
+                os.replace(tmp, target)
+                return target
+            if verbose:
+                print(f"attnlab kernels: {compiler} {' '.join(flags)} failed:\n{result.stderr}")
+        except (OSError, subprocess.SubprocessError):
+            pass
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return None
+
+
+@cache
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels, or None (no compiler, build failed, or ATTNLAB_KERNELS=0): callers fall back to PyTorch."""
+    if os.environ.get("ATTNLAB_KERNELS", "1") == "0":
+        return None
+    try:
+        path = build()
+        if path is None:
+            return None
+        lib = ctypes.CDLL(str(path))
+        for name, argtypes in SIGNATURES.items():
+            getattr(lib, name).argtypes = argtypes
+            getattr(lib, name).restype = None
+    except OSError:
+        return None
+    return lib
+
+
+def available() -> bool:
+    return library() is not None
+
+
+def usable(*tensors: torch.Tensor) -> bool:
+    """True when the kernels can stand in for PyTorch here: built, every tensor on the CPU, and no gradient wanted
+    (the kernels have no backward)."""
+    grad = torch.is_grad_enabled()
+    if not all(t.device.type == "cpu" and not (grad and t.requires_grad) for t in tensors):
+        return False
+    return library() is not None
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, scale: torch.Tensor | None = None,
+           out: torch.Tensor | None = None, accumulate: bool = False) -> torch.Tensor:
+    """x Wᵀ (· scale) + b for x (..., d_in) float32 and W (d_out, d_in) float32, or int8 with one float32 scale per
+    output feature. `out` (..., d_out), contiguous: written (or added to, accumulate=True) in place. Callers check
+    `usable`."""
+    x, weight = x.contiguous(), weight.contiguous()
+    d_in, d_out = x.shape[-1], weight.shape[0]
+    rows = x.numel() // d_in
+    if out is None:
+        out = torch.empty(*x.shape[:-1], d_out, dtype=torch.float32)
+    bias_ptr = bias.data_ptr() if bias is not None else None
+    threads = torch.get_num_threads()
+    if weight.dtype == torch.int8:
+        library().attnlab_linear_i8(x.data_ptr(), weight.data_ptr(), scale.data_ptr(), bias_ptr, out.data_ptr(),
+                                    rows, d_in, d_out, int(accumulate), threads)
+    else:
+        library().attnlab_linear_f32(x.data_ptr(), weight.data_ptr(), bias_ptr, out.data_ptr(), rows, d_in, d_out,
+                                     int(accumulate), threads)
+    return out
+
+
+def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x (rows, heads, d_head) in place by the angles cos, sin (rows, rotary_dim) of each row's one position."""
+    rows, heads, d_head = x.shape
+    library().attnlab_rope(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), rows, heads, d_head, cos.shape[-1])
+    return x
+
+
+def attend(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+           slot: int, scale: float, key_mask: torch.Tensor | None, scores: torch.Tensor,
+           out: torch.Tensor) -> torch.Tensor:
+    """Write k_new, v_new (rows, kv_heads, d_head) at cache slot `slot` of k_cache, v_cache (rows, kv_heads, max_len,
+    d_head), then out (rows, heads, d_head) = softmax(q Kᵀ · scale) V over slots [0, slot] that key_mask
+    (rows, ≥ slot + 1) bool allows (None: all). `scores` is scratch of rows · heads · max_len floats."""
+    rows, heads, d_head = q.shape
+    kv_heads, max_len = k_cache.shape[1], k_cache.shape[2]
+    mask_ptr, mask_stride = (key_mask.data_ptr(), key_mask.stride(0)) if key_mask is not None else (None, 0)
+    library().attnlab_attend(q.data_ptr(), k_new.data_ptr(), v_new.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+                             mask_ptr, mask_stride, scores.data_ptr(), out.data_ptr(), rows, heads, kv_heads, d_head,
+                             max_len, slot, scale, torch.get_num_threads())
+    return out

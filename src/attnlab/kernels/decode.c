@@ -1,0 +1,179 @@
+/* attnlab's CPU kernels for one decoding step: the few-row products and the single query's attention.
+ *
+ * Plain C with `#pragma omp simd` reductions, compiled at first use with -O3 -march=native (see
+ * attnlab/kernels/__init__.py): the compiler vectorises the loops for whatever the machine has (AVX-512,
+ * AVX2, NEON), and the same source compiles to scalar code anywhere else. Threads: OpenMP, the runtime
+ * torch itself runs on, split over output features. Every function here is tested against the PyTorch
+ * equation it replaces (tests/test_kernels.py).
+ *
+ * Why: a decode step reads every weight once to multiply it by one row, so it runs at the speed weights
+ * stream from memory. BLAS's one-row product reached 6-7 GB/s here; these loops stream each weight row
+ * once, four rows at a time (four independent sums hide the add latency), like llama.cpp's ggml_vec_dot.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#define ROWS_AT_ONCE 4 /* output features computed together: four independent sums per pass over x */
+
+/* y[r, o] (=, or += when accumulate) sum_i x[r, i] w[o, i] + b[o], for r < rows, o < d_out. */
+void attnlab_linear_f32(const float *x, const float *w, const float *b, float *y, int64_t rows, int64_t d_in,
+                        int64_t d_out, int accumulate, int threads) {
+  int64_t blocks = (d_out + ROWS_AT_ONCE - 1) / ROWS_AT_ONCE;
+#pragma omp parallel for num_threads(threads) schedule(static) if (d_in * d_out > 32768)
+  for (int64_t blk = 0; blk < blocks; blk++) {
+    int64_t o = blk * ROWS_AT_ONCE;
+    if (o + ROWS_AT_ONCE <= d_out) {
+      const float *w0 = w + o * d_in, *w1 = w0 + d_in, *w2 = w1 + d_in, *w3 = w2 + d_in;
+      for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * d_in;
+        float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+        for (int64_t i = 0; i < d_in; i++) {
+          s0 += xr[i] * w0[i];
+          s1 += xr[i] * w1[i];
+          s2 += xr[i] * w2[i];
+          s3 += xr[i] * w3[i];
+        }
+        float s[ROWS_AT_ONCE] = {s0, s1, s2, s3};
+        for (int j = 0; j < ROWS_AT_ONCE; j++) {
+          float v = s[j] + (b ? b[o + j] : 0.0f);
+          y[r * d_out + o + j] = accumulate ? y[r * d_out + o + j] + v : v;
+        }
+      }
+    } else {
+      for (; o < d_out; o++)
+        for (int64_t r = 0; r < rows; r++) {
+          const float *xr = x + r * d_in, *wo = w + o * d_in;
+          float s = 0;
+#pragma omp simd reduction(+ : s)
+          for (int64_t i = 0; i < d_in; i++) s += xr[i] * wo[i];
+          float v = s + (b ? b[o] : 0.0f);
+          y[r * d_out + o] = accumulate ? y[r * d_out + o] + v : v;
+        }
+    }
+  }
+}
+
+/* sum_i x[i] q[i] for int8 q, widened to float in registers. The portable loop below vectorises, but
+ * gcc widens int8 -> float through several shuffles; with AVX-512 or AVX2 one sign-extending load per
+ * 16 (8) weights and four independent sums run ~1.5x faster (measured: benchmarks/README.md). */
+static inline float dot_i8(const float *x, const int8_t *q, int64_t n) {
+  int64_t i = 0;
+  float s = 0;
+#if defined(__AVX512F__)
+  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+  for (; i + 64 <= n; i += 64) {
+    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + i)))), a0);
+    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + i + 16)))), a1);
+    a2 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 32), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + i + 32)))), a2);
+    a3 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 48), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + i + 48)))), a3);
+  }
+  s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+  for (; i + 32 <= n; i += 32) {
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i)))), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i + 8)))), a1);
+    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i + 16)))), a2);
+    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i + 24)))), a3);
+  }
+  __m256 a = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  s = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+#endif
+#pragma omp simd reduction(+ : s)
+  for (int64_t j = i; j < n; j++) s += x[j] * (float)q[j];
+  return s;
+}
+
+/* The same product with int8 weights and one scale per output feature (weight-only quantization; the
+ * activations stay float32): y[r, o] = scale[o] sum_i x[r, i] q[o, i] + b[o]. */
+void attnlab_linear_i8(const float *x, const int8_t *q, const float *scale, const float *b, float *y, int64_t rows,
+                       int64_t d_in, int64_t d_out, int accumulate, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (d_in * d_out > 131072)
+  for (int64_t o = 0; o < d_out; o++)
+    for (int64_t r = 0; r < rows; r++) {
+      float v = dot_i8(x + r * d_in, q + o * d_in, d_in) * scale[o] + (b ? b[o] : 0.0f);
+      y[r * d_out + o] = accumulate ? y[r * d_out + o] + v : v;
+    }
+}
+
+/* RoPE on a single position per row, in place (LLaMA's rotate-half pairing, attnlab.positions.apply_rope):
+ * x [rows, heads, d_head]; cos, sin [rows, rotary_dim], the angles of each row's position. For i < rotary_dim / 2:
+ * (x_i, x_{i+h}) -> (x_i cos_i - x_{i+h} sin_i, x_{i+h} cos_{i+h} + x_i sin_{i+h}), h = rotary_dim / 2. */
+void attnlab_rope(float *x, const float *cos_, const float *sin_, int64_t rows, int64_t heads, int64_t d_head,
+                  int64_t rotary_dim) {
+  int64_t half = rotary_dim / 2;
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t h = 0; h < heads; h++) {
+      float *v = x + (r * heads + h) * d_head;
+      const float *c = cos_ + r * rotary_dim, *s = sin_ + r * rotary_dim;
+#pragma omp simd
+      for (int64_t i = 0; i < half; i++) {
+        float a = v[i], b = v[i + half];
+        v[i] = a * c[i] - b * s[i];
+        v[i + half] = b * c[i + half] + a * s[i + half];
+      }
+    }
+}
+
+/* One query per row attends to the cached keys and values (the chapter's softmax(q K^T scale + mask) V):
+ * first the new key and value are written to cache slot `slot`, then query head h of row r reads key/value
+ * head h / (heads / kv_heads) (grouped-query attention) at slots [0, slot], those with key_mask[r, s] set
+ * (key_mask NULL: all). q, out [rows, heads, d_head]; k_new, v_new [rows, kv_heads, d_head]; k_cache, v_cache
+ * [rows, kv_heads, max_len, d_head]; key_mask [rows, mask_stride] bytes; scores: room for rows * heads * max_len
+ * floats. A row that may see no key gets zeros, as attnlab.attention does. */
+void attnlab_attend(const float *q, const float *k_new, const float *v_new, float *k_cache, float *v_cache,
+                    const uint8_t *key_mask, int64_t mask_stride, float *scores, float *out, int64_t rows,
+                    int64_t heads, int64_t kv_heads, int64_t d_head, int64_t max_len, int64_t slot, float scale,
+                    int threads) {
+  int64_t group = heads / kv_heads, n = slot + 1;
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t g = 0; g < kv_heads; g++) {
+      int64_t at = ((r * kv_heads + g) * max_len + slot) * d_head;
+      memcpy(k_cache + at, k_new + (r * kv_heads + g) * d_head, d_head * sizeof(float));
+      memcpy(v_cache + at, v_new + (r * kv_heads + g) * d_head, d_head * sizeof(float));
+    }
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows * heads * n * d_head > 65536)
+  for (int64_t rh = 0; rh < rows * heads; rh++) {
+    int64_t r = rh / heads, h = rh % heads;
+    const float *qv = q + rh * d_head;
+    const float *kb = k_cache + (r * kv_heads + h / group) * max_len * d_head;
+    const float *vb = v_cache + (r * kv_heads + h / group) * max_len * d_head;
+    const uint8_t *mask = key_mask ? key_mask + r * mask_stride : NULL;
+    float *p = scores + rh * max_len, *o = out + rh * d_head;
+    float top = -INFINITY;
+    for (int64_t s = 0; s < n; s++) {
+      if (mask && !mask[s]) {
+        p[s] = -INFINITY;
+        continue;
+      }
+      const float *kv = kb + s * d_head;
+      float dot = 0;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t i = 0; i < d_head; i++) dot += qv[i] * kv[i];
+      p[s] = dot * scale;
+      top = p[s] > top ? p[s] : top;
+    }
+    for (int64_t i = 0; i < d_head; i++) o[i] = 0.0f;
+    if (top == -INFINITY) continue; /* no visible key */
+    float total = 0;
+    for (int64_t s = 0; s < n; s++) {
+      p[s] = p[s] == -INFINITY ? 0.0f : expf(p[s] - top);
+      total += p[s];
+    }
+    for (int64_t s = 0; s < n; s++) {
+      if (p[s] == 0.0f) continue;
+      float w = p[s] / total;
+      const float *vv = vb + s * d_head;
+#pragma omp simd
+      for (int64_t i = 0; i < d_head; i++) o[i] += w * vv[i];
+    }
+  }
+}

@@ -1,0 +1,210 @@
+"""attnlab.kernels (the C decode kernels), the kernel decode step and int8 weights, each against the PyTorch
+equation it stands in for.
+
+Tolerances: float32 products and attention agree with torch to 1e-5 relative (different summation orders);
+greedy tokens of the kernel step equal the module path's exactly; an int8 model's logits stay within 5 % of the
+float model's spread (per-row int8 steps of max|w| / 127 on N(0, 0.3) weights).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attnlab
+from attnlab import kernels
+from attnlab.attention import scaled_dot_product_attention
+from attnlab.config import ModelConfig
+from attnlab.errors import UserError
+from attnlab.generation import KVCache, KernelDecoder, generate
+from attnlab.layers import Int8Linear, Linear, quantize
+from attnlab.positions import Rotary, apply_rope
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="no C compiler: the kernels fall back to PyTorch")
+F32 = dict(rtol=1e-5, atol=1e-5)
+BASE = dict(d_vocab=29, n_ctx=64, d_model=32, n_layers=2, n_heads=4, d_mlp=48)
+CONFIGS = {
+    "gpt2": dict(mlp="gelu_tanh"),
+    "llama-gqa": dict(positional="rope", n_kv_heads=2, norm="rmsnorm", mlp="swiglu", bias=False, tie_embeddings=False),
+    "qwen-qk-norm-partial-rope": dict(positional="rope", rotary_fraction=0.5, qk_norm=True, norm="rmsnorm",
+                                      qkv_bias=True, bias=False, n_kv_heads=1),
+    "sinusoidal-attn-only": dict(positional="sinusoidal", attn_only=True),
+}
+
+
+def build(overrides: dict) -> attnlab.Transformer:
+    model = attnlab.Transformer(ModelConfig(**{**BASE, **overrides})).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    return model
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize("d_in, d_out", [(7, 5), (64, 36), (129, 67)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_kernels_equal_f_linear(seed, rows, d_in, d_out, bias):
+    x, w = torch.randn(rows, d_in), torch.randn(d_out, d_in)
+    b = torch.randn(d_out) if bias else None
+    torch.testing.assert_close(kernels.linear(x, w, b), F.linear(x, w, b), **F32)
+    out = torch.randn(rows, d_out)
+    expected = out + F.linear(x, w, b)
+    torch.testing.assert_close(kernels.linear(x, w, b, out=out, accumulate=True), expected, **F32)
+    q = Int8Linear.from_float(w, b)  # int8: the same product with the weight its int8 values stand for
+    torch.testing.assert_close(kernels.linear(x, q.weight, q.bias, q.scale), F.linear(x, q.dequantized(), b), **F32)
+
+
+def test_linear_modules_take_the_kernel_on_few_rows_and_agree_with_f_linear(seed, monkeypatch):
+    calls = []
+    monkeypatch.setattr(kernels, "linear", lambda *a, **k: calls.append(1) or kernels_linear(*a, **k))
+    layer, x = Linear(24, 10), torch.randn(2, 3, 24)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x[:, :2]), F.linear(x[:, :2], layer.weight, layer.bias), **F32)  # 4 rows
+        assert len(calls) == 1
+        layer(torch.randn(3, 3, 24))  # 9 rows: BLAS
+        assert len(calls) == 1
+    layer(x[:, :1])  # gradients wanted: the kernel has no backward
+    assert len(calls) == 1
+
+
+kernels_linear = kernels.linear
+
+
+def test_int8_linear_rounds_each_row_to_127_steps_of_its_largest_weight(seed):
+    w = torch.randn(6, 40)
+    q = Int8Linear.from_float(w)
+    assert q.weight.dtype == torch.int8 and q.weight.abs().max() == 127
+    torch.testing.assert_close(q.scale, w.abs().amax(1) / 127)
+    assert ((q.dequantized() - w).abs() <= q.scale[:, None] / 2 + 1e-7).all()  # round to nearest step
+    x = torch.randn(20, 40)  # 20 rows: the PyTorch path
+    torch.testing.assert_close(q(x), F.linear(x, q.dequantized()), **F32)
+
+
+def test_rope_kernel_equals_apply_rope(seed):
+    for d_head, rotary_dim in ((16, 16), (16, 8)):
+        x, positions = torch.randn(3, 5, d_head), torch.randint(0, 100, (3, 1))
+        cos, sin = Rotary(rotary_dim)(positions)  # (3, 1, 1, rotary_dim)
+        expected = apply_rope(x.unsqueeze(1), cos, sin).squeeze(1)  # [batch, pos=1, head, d_head]
+        torch.testing.assert_close(kernels.rope_(x.clone(), cos.view(3, -1), sin.view(3, -1)), expected, **F32)
+
+
+@pytest.mark.parametrize("heads, kv_heads", [(4, 4), (4, 2), (6, 1)])
+def test_attend_kernel_writes_the_cache_and_equals_the_chapters_equation(seed, heads, kv_heads):
+    B, D, max_len, slot = 3, 8, 16, 9
+    k_cache, v_cache = torch.randn(B, kv_heads, max_len, D), torch.randn(B, kv_heads, max_len, D)
+    q, k_new, v_new = torch.randn(B, heads, D), torch.randn(B, kv_heads, D), torch.randn(B, kv_heads, D)
+    mask = torch.rand(B, max_len) < 0.7
+    mask[:, slot] = True
+    mask[2, : slot + 1] = False  # a row that may see no key: zeros
+    out, scores = torch.empty(B, heads, D), torch.empty(B, heads, max_len)
+    kernels.attend(q, k_new, v_new, k_cache, v_cache, slot, 0.3, mask, scores, out)
+    assert torch.equal(k_cache[:, :, slot], k_new) and torch.equal(v_cache[:, :, slot], v_new)
+    keys, values = k_cache[:, :, : slot + 1], v_cache[:, :, : slot + 1]
+    expected = scaled_dot_product_attention(q.unsqueeze(2), keys, values, mask=mask[:, None, None, : slot + 1],
+                                            scale=0.3, return_weights=True)[0].squeeze(2)
+    torch.testing.assert_close(out, expected, **F32)
+    assert (out[2] == 0).all()
+    kernels.attend(q, k_new, v_new, k_cache, v_cache, slot, 0.3, None, scores, out)  # no mask: every slot
+    expected = scaled_dot_product_attention(q.unsqueeze(2), keys, values, scale=0.3, return_weights=True)[0]
+    torch.testing.assert_close(out, expected.squeeze(2), **F32)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_kernel_decode_step_gives_the_module_paths_logits(seed, name):
+    model = build(CONFIGS[name])
+    assert KernelDecoder.unsupported(model) is None
+    B, T, max_len = 2, 12, 20
+    ids = torch.randint(0, BASE["d_vocab"], (B, T))
+    full = model(ids)
+    cache = KVCache.for_model(model, B, max_len)
+    model(ids[:, :4], kv_cache=cache, start_pos=0)
+    step = KernelDecoder(model, cache)
+    for t in range(4, T):
+        logits = step(ids[:, t : t + 1], t, torch.full((B, 1), t), None)
+        torch.testing.assert_close(logits, full[:, t], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_default_generation_takes_the_kernels_and_picks_the_module_paths_tokens(name, monkeypatch):
+    model = build(CONFIGS[name])
+    prompts = [[3, 1, 4, 1, 5], [9, 2], [6, 5, 3, 5]]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    reference = generate(model, ids, 12, temperature=0, attention_mask=mask, use_kernels=False)
+    steps = []
+    monkeypatch.setattr(KernelDecoder, "__call__", lambda self, *a: steps.append(1) or kernel_call(self, *a))
+    assert torch.equal(generate(model, ids, 12, temperature=0, attention_mask=mask), reference)
+    assert len(steps) == 11  # every decode step went through the kernels
+    assert torch.equal(generate(model, ids[:1], 12, temperature=0), generate(model, ids[:1], 12, temperature=0, use_kernels=False))
+
+
+kernel_call = KernelDecoder.__call__
+
+
+def test_hooked_post_norm_and_narrow_models_take_the_module_path():
+    model = build(CONFIGS["gpt2"])
+    seen = []
+    with model.hooks([("blocks.0.hook_resid_pre", lambda x, hook: seen.append(x.shape[1]))]):
+        assert "hook" in KernelDecoder.unsupported(model)
+        generate(model, torch.tensor([[1, 2, 3]]), 4, temperature=0)
+    assert seen == [3, 1, 1, 1]  # the prompt, then every decode step ran the hook
+    assert KernelDecoder.unsupported(model) is None
+    assert "post-norm" in KernelDecoder.unsupported(build(dict(norm_placement="post")))
+    assert "float32" in KernelDecoder.unsupported(build({}).double())
+    assert KernelDecoder.unsupported(attnlab.layers.store_weights_as(build({}), torch.bfloat16)) is not None
+
+
+def test_without_a_compiler_generation_falls_back_to_pytorch(tmp_path):
+    """No compiler (CC names none) and an empty cache: no kernels, and generate still runs the same model."""
+    code = ("import torch, attnlab; from attnlab import kernels; assert not kernels.available(); "
+            "m = attnlab.Transformer(attnlab.preset('nano', d_vocab=11)).eval(); "
+            "print(m.generate(torch.tensor([[1, 2]]), 3, temperature=0).shape)")
+    env = {**os.environ, "CC": str(tmp_path / "no-such-compiler"), "ATTNLAB_CACHE": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "torch.Size([1, 5])"
+
+
+def test_the_kernel_library_is_built_once_and_cached_by_source_and_machine(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
+    first = kernels.build()
+    assert first is not None and first.parent == tmp_path / "kernels"
+    mtime = first.stat().st_mtime_ns
+    assert kernels.build() == first and first.stat().st_mtime_ns == mtime  # cached: not rebuilt
+    assert [p.name for p in first.parent.iterdir()] == [first.name]  # no temporary file left behind
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama-gqa"])
+def test_an_int8_model_stays_close_to_float_and_every_path_agrees(seed, name):
+    model = build(CONFIGS[name])
+    ids = torch.randint(0, BASE["d_vocab"], (2, 10))
+    with torch.no_grad():
+        reference = model(ids)
+        quantize(model, "int8")
+        logits = model(ids)
+    assert all(not isinstance(m, torch.nn.Linear) for m in model.modules())
+    assert (logits - reference).abs().max() <= 0.05 * reference.std()
+    kernel = generate(model, ids, 8, temperature=0)
+    assert torch.equal(kernel, generate(model, ids, 8, temperature=0, use_kernels=False))
+    assert torch.equal(kernel, generate(model, ids, 8, temperature=0, compile="aot_eager"))
+
+
+def test_a_quantized_model_saves_and_loads_as_int8(seed, tmp_path):
+    model = quantize(build(dict(CONFIGS["gpt2"], tie_embeddings=True)), "int8")
+    attnlab.save(model, tmp_path / "q")
+    loaded = attnlab.load(tmp_path / "q")
+    assert loaded.quantization == "int8" and loaded.unembed.weight.dtype == torch.int8
+    assert loaded.embed.weight.dtype == torch.float32  # the tied embedding keeps its float rows
+    ids = torch.randint(0, BASE["d_vocab"], (1, 6))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids), model(ids))
+    with pytest.raises(UserError, match="quantized"):
+        attnlab.save(model, tmp_path / "hf", format="hf")
+    with pytest.raises(UserError, match="choose one of int8"):
+        quantize(build({}), "int4")
