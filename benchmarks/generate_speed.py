@@ -1,7 +1,8 @@
-"""Generation speed: attnlab's generate against Hugging Face transformers' generate on the same weights.
+"""Generation speed: attnlab's generate against Hugging Face transformers' and llama.cpp on the same weights.
 
     .venv/bin/python benchmarks/generate_speed.py                 # both architectures, B = 1, 8, 32
     .venv/bin/python benchmarks/generate_speed.py --arch gpt2 --new-tokens 100 --batches 1   # quick look
+    .venv/bin/python benchmarks/generate_speed.py --llama-cpp DIR --gguf-py SRC/gguf-py --only llama-cpp ttft
 
 Design choices:
 - The model is nanoGPT's shakespeare_char shape (6 layers, d_model 384, 6 heads, 65 tokens), GPT-2-style
@@ -22,21 +23,30 @@ Design choices:
   (max |difference| relative to the logits' spread, top-1 agreement) and the greedy tokens it shares.
 - Weights are drawn from N(0, 0.1) rather than GPT-2's N(0, 0.02) so that greedy choices are not
   near-ties, where two correct implementations may legitimately pick different tokens.
+- llama.cpp (`--llama-cpp DIR`, see _llama_cpp.py): the issue's two LLaMA-style models written as GGUF, float32
+  and Q8_0, `llama-bench -p 0 -n N` against attnlab's default path (float32 and int8), alternating run by run
+  within each of --repeats rounds, from one token and an empty cache as llama-bench does; medians and ratios.
+- Time to first token: a fresh Python process per measurement (imports, load, first and second token), with
+  empty caches (cold: the kernels compile, inductor compiles) and then with the caches of the first run (warm).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import benchmark_device, copy_bandwidth, machine_line, median_time  # noqa: E402
+from _llama_cpp import bench, find_tools, import_gguf, quantize_q8_0, write_gguf  # noqa: E402
 
 import attnlab  # noqa: E402
 from attnlab.generation import KVCache, filter_logits, generate, prefill, sample_next  # noqa: E402
@@ -134,9 +144,13 @@ def run_arch(arch: str, args, bandwidth: float) -> list[str]:
 
     reference = hf_generate(theirs, ids, new)
     hf_s = median_time(lambda: hf_generate(theirs, ids, new), reps, **timed)
+    ours_int8 = attnlab.quantize(copy.deepcopy(ours), "int8")
     variants = {
         "KV cache, eager (foundation loop)": lambda: generate_foundation(ours, ids, new),
-        "+ static decode step (slot tensor, key mask)": lambda: generate(ours, ids, new, temperature=0),
+        "+ static decode step (slot tensor, key mask), modules": lambda: generate(ours, ids, new, temperature=0,
+                                                                                  use_kernels=False),
+        "C kernels, eager (KernelDecoder: the default generate())": lambda: generate(ours, ids, new, temperature=0),
+        "+ int8 weights (quantize(model, \"int8\"), kernels)": lambda: generate(ours_int8, ids, new, temperature=0),
         "+ torch.compile of the decode step": lambda: generate(ours, ids, new, temperature=0, compile=True),
         "+ bf16 weights (compiled)": lambda: generate(ours_bf16, ids, new, temperature=0, compile=True),
         "+ bf16 weights, float32 activations (compiled)": lambda: generate(ours_bf16w, ids, new, temperature=0, compile=True),
@@ -153,27 +167,32 @@ def run_arch(arch: str, args, bandwidth: float) -> list[str]:
     for name, fn in variants.items():
         out = fn()  # warm-up (compiles), and the tokens to compare
         seconds = median_time(fn, reps, warmup=0, **timed)
-        limit = limit_bf16w if "float32 activations" in name else limit_bf16 if "bf16" in name else limit_fp32
+        limit = (limit_bf16w if "float32 activations" in name else limit_bf16 if "bf16" in name
+                 else bandwidth / weight_bytes(ours_int8) if "int8" in name else limit_fp32)
         same = shared_prefix(out, reference) - PROMPT
         agree = "yes" if same == new else f"first {same} of {new}"
         lines.append(f"| {name} | {new / seconds:.0f} | {hf_s / seconds:.2f} | {new / seconds / limit:.0%} | {agree} |")
         print(lines[-1], flush=True)
-    for label, narrow in (("bf16", ours_bf16), ("bf16 weights, float32 activations", ours_bf16w)):
+    for label, narrow in (("bf16", ours_bf16), ("bf16 weights, float32 activations", ours_bf16w),
+                          ("int8 weights, float32 activations", ours_int8)):
         acc = bf16_accuracy(ours, narrow, reference)
-        narrow_tokens = generate(narrow, ids, new, temperature=0, compile=True)
+        narrow_tokens = generate(narrow, ids, new, temperature=0, compile=narrow is not ours_int8)
         lines.append(f"\n{label} accuracy: teacher-forced logits differ by at most {acc['max_rel']:.3f} × their std, "
                      f"top-1 agrees at {acc['top1']:.1%} of {reference.shape[-1]} positions; greedy shares its first "
                      f"{shared_prefix(narrow_tokens, reference) - PROMPT} of {new} tokens with float32")
 
     if args.batches:
-        lines.append(f"\n| batch (left-padded prompts of 8..16, compiled, {new} new tokens) | tokens/s | transformers tokens/s | × transformers |")
-        lines.append("|---|---:|---:|---:|")
+        lines.append(f"\n| batch (left-padded prompts of 8..16, {new} new tokens) | default (kernels) tokens/s | "
+                     "compiled | transformers | default × transformers | compiled × transformers |")
+        lines.append("|---|---:|---:|---:|---:|---:|")
         for B in args.batches:
             bids, mask = padded_batch(B, torch.Generator().manual_seed(B), device)
-            ours_s = median_time(lambda: generate(ours, bids, new, temperature=0, attention_mask=mask, compile=True), reps,
-                                 **timed)
+            compiled_s = median_time(lambda: generate(ours, bids, new, temperature=0, attention_mask=mask, compile=True),
+                                     reps, **timed)
+            ours_s = median_time(lambda: generate(ours, bids, new, temperature=0, attention_mask=mask), reps, **timed)
             theirs_s = median_time(lambda: hf_generate(theirs, bids, new, mask), reps, warmup=0, **timed)
-            lines.append(f"| B={B} | {B * new / ours_s:.0f} | {B * new / theirs_s:.0f} | {theirs_s / ours_s:.2f} |")
+            lines.append(f"| B={B} | {B * new / ours_s:.0f} | {B * new / compiled_s:.0f} | {B * new / theirs_s:.0f} | "
+                         f"{theirs_s / ours_s:.2f} | {theirs_s / compiled_s:.2f} |")
             print(lines[-1], flush=True)
 
     # Sampling cost per token, B=1: the exponential race (no host read) against torch.multinomial.
@@ -184,6 +203,132 @@ def run_arch(arch: str, args, bandwidth: float) -> list[str]:
                                  for _ in range(1000)], reps, **timed) / 1000
     lines.append(f"\nsampling (temperature 0.8, top-k 50, top-p 0.95), per token: exponential race {race * 1e6:.0f} µs, "
                  f"torch.multinomial {multi * 1e6:.0f} µs")
+    return lines
+
+
+LLAMA_CPP_MODELS = {  # the issue's two models: label -> (LLaMA-style config, new tokens)
+    "6 layers x 384, vocab 65 (the LLaMA-style model above)": (ARCHS["llama"], 500),
+    "SmolLM2-135M shape (30 x 576, 9 heads / 3 kv, vocab 49,152, tied)": (
+        dict(n_layers=30, d_model=576, n_heads=9, n_kv_heads=3, d_mlp=1536, d_vocab=49152, n_ctx=2048,
+             positional="rope", rope_theta=100000.0, norm="rmsnorm", mlp="swiglu", bias=False, tie_embeddings=True),
+        128),
+}
+
+
+def run_llama_cpp(args, tools, gguf) -> list[str]:
+    """llama.cpp F32 and Q8_0 against attnlab's default path (float32 and int8), compiled path and transformers, on
+    the same random weights, alternating within each round; medians over --repeats rounds."""
+    from transformers import AutoModelForCausalLM
+
+    threads = torch.get_num_threads()
+    lines = [f"\n## Side by side with llama.cpp: B=1, greedy, {threads} threads; llama-bench -p 0 -n N -t {threads}, "
+             f"median of {args.repeats} alternating rounds (tokens/s)",
+             "| model | llama.cpp F32 | llama.cpp Q8_0 | attnlab `generate()` (default, float32) | × F32 | "
+             "attnlab int8 (default) | × Q8_0 | attnlab `compile=True` | transformers | greedy = transformers |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for label, (overrides, new) in LLAMA_CPP_MODELS.items():
+        new = args.llama_new_tokens or new
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp = Path(tmp)
+            torch.manual_seed(0)
+            model = attnlab.Transformer(attnlab.ModelConfig(**overrides)).eval()
+            if model.num_params() < 50e6:  # confident greedy choices on the small model (see the docstring)
+                with torch.no_grad():
+                    for p in model.parameters():
+                        if p.dim() > 1:
+                            p.normal_(0.0, 0.1)
+            f32 = write_gguf(model, tmp / "f32.gguf", gguf)
+            q8 = quantize_q8_0(tools, f32, tmp / "q8_0.gguf")
+            attnlab.save(model, tmp / "hf", format="hf")
+            theirs = AutoModelForCausalLM.from_pretrained(tmp / "hf").eval()
+            int8 = attnlab.quantize(copy.deepcopy(model), "int8")
+            ids = torch.randint(0, model.config.d_vocab, (1, 1), generator=torch.Generator().manual_seed(1))
+            runs = {  # llama-bench starts from one token and an empty cache: so do these
+                "f32": lambda: bench(tools, f32, new, threads, 1)["tokens_per_s"],
+                "ours": lambda: new / median_time(lambda: generate(model, ids, new, temperature=0), 1, warmup=0),
+                "q8": lambda: bench(tools, q8, new, threads, 1)["tokens_per_s"],
+                "int8": lambda: new / median_time(lambda: generate(int8, ids, new, temperature=0), 1, warmup=0),
+                "hf": lambda: new / median_time(lambda: hf_generate(theirs, ids, new), 1, warmup=0),
+            }
+            if args.llama_compile:
+                runs["compiled"] = lambda: new / median_time(lambda: generate(model, ids, new, temperature=0,
+                                                                               compile=True), 1, warmup=0)
+                generate(model, ids, new, temperature=0, compile=True)  # compiles
+            generate(model, ids, new, temperature=0)
+            generate(int8, ids, new, temperature=0)
+            rates = {name: [] for name in runs}
+            for _ in range(args.repeats):
+                for name, run in runs.items():
+                    rates[name].append(run())
+            med = {name: statistics.median(values) for name, values in rates.items()}
+            same = shared_prefix(generate(model, ids, new, temperature=0), hf_generate(theirs, ids, new)) - 1
+            compiled = f"{med['compiled']:.1f}" if "compiled" in med else "-"
+            lines.append(f"| {label}, {new} tokens | {med['f32']:.1f} | {med['q8']:.1f} | **{med['ours']:.1f}** | "
+                         f"**{med['ours'] / med['f32']:.2f}** | **{med['int8']:.1f}** | **{med['int8'] / med['q8']:.2f}** | "
+                         f"{compiled} | {med['hf']:.1f} | {'yes' if same == new else f'first {same} of {new}'} |")
+            print(lines[-1], flush=True)
+            print("   rounds: " + "; ".join(f"{k} " + " ".join(f"{v:.1f}" for v in vals) for k, vals in rates.items()),
+                  flush=True)
+    return lines
+
+
+TTFT_CHILD = """
+import sys, time
+import torch, attnlab
+model = attnlab.load(sys.argv[1])
+if sys.argv[2] == "int8":
+    attnlab.quantize(model, "int8")
+ids = torch.randint(0, model.config.d_vocab, (1, 16), generator=torch.Generator().manual_seed(0))
+seen = []
+def on_token(token):
+    seen.append(time.time())
+    if len(seen) == 2:
+        print(*seen, flush=True)
+        import os; os._exit(0)
+model.generate(ids, 8, temperature=0, compile=sys.argv[2] == "compile", on_token=on_token)
+"""
+
+
+def time_to_first_token(model_dir: Path, mode: str, env: dict[str, str]) -> tuple[float, float]:
+    """Seconds from starting a fresh Python process (which imports torch and attnlab, loads the model and, for
+    mode "compile", compiles) to its first and its second generated token (the second is the first decode step)."""
+    start = time.time()
+    result = subprocess.run([sys.executable, "-c", TTFT_CHILD, str(model_dir), mode], env={**os.environ, **env},
+                            capture_output=True, text=True, check=True)
+    first, second = map(float, result.stdout.split()[-2:])
+    return first - start, second - start
+
+
+def run_ttft(args, tools) -> list[str]:
+    """Time to first token in a fresh process, cold (empty kernel / inductor caches) and warm, for the 6 x 384
+    LLaMA-style model; and llama-bench's whole process for one token, which loads its model the same way."""
+    lines = ["\n## Time to first token in a fresh process (6 x 384 LLaMA-style model, 16-token prompt; seconds from "
+             "process start to the first / second generated token)", "| path | cold caches | warm caches |",
+             "|---|---:|---:|"]
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        torch.manual_seed(0)
+        model = attnlab.Transformer(attnlab.ModelConfig(**ARCHS["llama"])).eval()
+        attnlab.save(model, tmp / "model")
+        modes = ["default", "int8"] + (["compile"] if args.ttft_compile else [])
+        for mode in modes:
+            cold_env = {"ATTNLAB_CACHE": str(tmp / f"cold-{mode}"), "TORCHINDUCTOR_CACHE_DIR": str(tmp / f"inductor-{mode}")}
+            cold = time_to_first_token(tmp / "model", mode, cold_env)
+            warm = statistics.median(time_to_first_token(tmp / "model", mode, cold_env)[1] for _ in range(3))
+            name = {"default": "`generate()` (kernels, float32)", "int8": "int8 (kernels)", "compile": "`compile=True`"}[mode]
+            lines.append(f"| attnlab {name} | {cold[0]:.2f} / {cold[1]:.2f} | first decoded token {warm:.2f} |")
+            print(lines[-1], flush=True)
+        if tools is not None:
+            gguf = import_gguf(args.gguf_py)
+            f32 = write_gguf(model, tmp / "f32.gguf", gguf)
+            start = time.time()
+            subprocess.run([str(tools["bench"]), "-m", str(f32), "-p", "0", "-n", "1", "-r", "1", "--no-warmup"],
+                           check=True, capture_output=True)
+            lines.append(f"| llama-bench, whole process (load, one token, exit) | | {time.time() - start:.2f} |")
+            print(lines[-1], flush=True)
+        python_only = time.time()
+        subprocess.run([sys.executable, "-c", "import torch, attnlab"], check=True)
+        lines.append(f"| (of which `import torch, attnlab` alone) | | {time.time() - python_only:.2f} |")
     return lines
 
 
@@ -198,6 +343,14 @@ def main() -> None:
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="cpu: this process's CPU time (use with --threads 1 on a crowded machine)")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--llama-cpp", default=None, metavar="DIR",
+                        help="folder with llama-bench and llama-quantize (or $ATTNLAB_LLAMA_CPP): adds the side-by-side table")
+    parser.add_argument("--gguf-py", default=None, metavar="DIR", help="llama.cpp's gguf-py folder (or $ATTNLAB_GGUF_PY)")
+    parser.add_argument("--llama-new-tokens", type=int, default=None, help="override the side-by-side token counts")
+    parser.add_argument("--llama-compile", action="store_true", help="add compile=True to the side-by-side table")
+    parser.add_argument("--only", choices=["variants", "llama-cpp", "ttft"], nargs="+",
+                        default=["variants", "llama-cpp", "ttft"], help="which sections to run")
+    parser.add_argument("--ttft-compile", action="store_true", help="time to first token with compile=True too (slow)")
     args = parser.parse_args()
     args.device = benchmark_device(args.device)
     if args.threads:
@@ -205,8 +358,13 @@ def main() -> None:
     print(f"# Generation speed\n{machine_line(args.device)}, clock: {args.clock}", flush=True)
     bandwidth = statistics.median(copy_bandwidth(clock=args.clock, device=args.device) for _ in range(3))
     print(f"copy bandwidth (256 MB, read + write): {bandwidth / 1e9:.1f} GB/s", flush=True)
+    tools = find_tools(args.llama_cpp)
+    if tools is not None and "llama-cpp" in args.only:
+        print("\n".join(run_llama_cpp(args, tools, import_gguf(args.gguf_py))), flush=True)
+    if "ttft" in args.only:
+        print("\n".join(run_ttft(args, tools)), flush=True)
     batches = args.batches
-    for arch in args.arch:
+    for arch in args.arch if "variants" in args.only else []:
         args.batches = batches if arch == args.batch_arch else []
         print("\n".join(run_arch(arch, args, bandwidth)), flush=True)
     print(f"\nend: {machine_line(args.device)}")

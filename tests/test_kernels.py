@@ -22,7 +22,7 @@ from attnlab.attention import scaled_dot_product_attention
 from attnlab.config import ModelConfig
 from attnlab.errors import UserError
 from attnlab.generation import KVCache, KernelDecoder, generate
-from attnlab.layers import Int8Linear, Linear, quantize
+from attnlab.layers import _ACTIVATIONS, Int8Linear, LayerNorm, Linear, RMSNorm, quantize
 from attnlab.positions import Rotary, apply_rope
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="no C compiler: the kernels fall back to PyTorch")
@@ -90,7 +90,28 @@ def test_rope_kernel_equals_apply_rope(seed):
         x, positions = torch.randn(3, 5, d_head), torch.randint(0, 100, (3, 1))
         cos, sin = Rotary(rotary_dim)(positions)  # (3, 1, 1, rotary_dim)
         expected = apply_rope(x.unsqueeze(1), cos, sin).squeeze(1)  # [batch, pos=1, head, d_head]
-        torch.testing.assert_close(kernels.rope_(x.clone(), cos.view(3, -1), sin.view(3, -1)), expected, **F32)
+        rotated = x.clone()
+        kernels.rope_call(rotated, cos.view(3, -1).contiguous(), sin.view(3, -1).contiguous())()
+        torch.testing.assert_close(rotated, expected, **F32)
+
+
+def test_norm_and_activation_kernels_equal_the_modules(seed):
+    x = torch.randn(3, 20) * 3
+    for norm in (LayerNorm(20), LayerNorm(20, bias=False), RMSNorm(20)):
+        with torch.no_grad():
+            for p in norm.parameters():
+                p.normal_()
+            out = torch.empty_like(x)
+            kernels.norm_call(norm, x, out)()
+            torch.testing.assert_close(out, norm(x), **F32)
+    for name, kind in kernels.ACTIVATIONS.items():
+        y = x.clone()
+        kernels.prepare("attnlab_activate", y, y.numel(), kind)()
+        torch.testing.assert_close(y, _ACTIVATIONS[name](x), **F32)
+    gate, up = torch.randn(3, 20), torch.randn(3, 20)
+    expected = F.silu(gate) * up
+    kernels.prepare("attnlab_silu_mul", gate, up, gate.numel())()
+    torch.testing.assert_close(gate, expected, **F32)
 
 
 @pytest.mark.parametrize("heads, kv_heads", [(4, 4), (4, 2), (6, 1)])
@@ -101,15 +122,15 @@ def test_attend_kernel_writes_the_cache_and_equals_the_chapters_equation(seed, h
     mask = torch.rand(B, max_len) < 0.7
     mask[:, slot] = True
     mask[2, : slot + 1] = False  # a row that may see no key: zeros
-    out, scores = torch.empty(B, heads, D), torch.empty(B, heads, max_len)
-    kernels.attend(q, k_new, v_new, k_cache, v_cache, slot, 0.3, mask, scores, out)
+    out, scores, at = torch.empty(B, heads, D), torch.empty(B, heads, max_len), torch.tensor([slot])
+    kernels.attend_call(q, k_new, v_new, k_cache, v_cache, at, 0.3, mask, scores, out)()
     assert torch.equal(k_cache[:, :, slot], k_new) and torch.equal(v_cache[:, :, slot], v_new)
     keys, values = k_cache[:, :, : slot + 1], v_cache[:, :, : slot + 1]
     expected = scaled_dot_product_attention(q.unsqueeze(2), keys, values, mask=mask[:, None, None, : slot + 1],
                                             scale=0.3, return_weights=True)[0].squeeze(2)
     torch.testing.assert_close(out, expected, **F32)
     assert (out[2] == 0).all()
-    kernels.attend(q, k_new, v_new, k_cache, v_cache, slot, 0.3, None, scores, out)  # no mask: every slot
+    kernels.attend_call(q, k_new, v_new, k_cache, v_cache, at, 0.3, None, scores, out)()  # no mask: every slot
     expected = scaled_dot_product_attention(q.unsqueeze(2), keys, values, scale=0.3, return_weights=True)[0]
     torch.testing.assert_close(out, expected.squeeze(2), **F32)
 
@@ -125,7 +146,7 @@ def test_kernel_decode_step_gives_the_module_paths_logits(seed, name):
     model(ids[:, :4], kv_cache=cache, start_pos=0)
     step = KernelDecoder(model, cache)
     for t in range(4, T):
-        logits = step(ids[:, t : t + 1], t, torch.full((B, 1), t), None)
+        logits = step(ids[:, t : t + 1], t, torch.full((B, 1), t))
         torch.testing.assert_close(logits, full[:, t], rtol=1e-4, atol=1e-4)
 
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
 from . import kernels
 from .errors import UserError
@@ -166,22 +165,60 @@ def decode_one_token(model, token: torch.Tensor, cache: KVCache, slot: torch.Ten
 class KernelDecoder:
     """`decode_one_token` through attnlab.kernels, for float32 (or int8-weight) models on a CPU, eager.
 
-    The same equations as the modules, in order, on preallocated buffers: norm; q, k, v products; RoPE; the new
-    key and value written to the cache and attended to (one C call); the output product added to the residual in
-    place; norm; MLP; the LM head. Norms and activations are PyTorch's (one operation each). The cache must be
-    position-major (`KVCache(values_position_minor=False)`). Returns a buffer that the next call overwrites.
+    At construction the step is written down once as a list of prepared C calls on preallocated buffers, in the
+    modules' order: per block, norm; q, k, v products; qk-norm; RoPE; the new key and value written to the cache
+    and attended to; the output product added to the residual in place; norm; MLP; and at the end the final norm
+    and the LM head. A step then embeds the token (PyTorch), copies its RoPE angles and cache slot into the
+    buffers the calls read, and runs the list: ~12 C calls per block, no PyTorch operation. The cache must be
+    position-major (`KVCache(values_position_minor=False)`), and `key_mask` the tensor every step marks.
+    Returns a buffer that the next call overwrites. Batches of more than kernels.MAX_ROWS rows with float32
+    weights multiply through BLAS (torch.addmm into the same buffers).
     """
 
-    def __init__(self, model, cache: KVCache) -> None:
+    def __init__(self, model, cache: KVCache, key_mask: torch.Tensor | None = None) -> None:
         cfg = model.config
         B, H, Hkv, D = cache.k[0].shape[0], cfg.n_heads, cfg.kv_heads, cfg.head_dim
-        self.model, self.cache = model, cache
-        self.q, self.z = torch.empty(B, H, D), torch.empty(B, H, D)  # [batch, head, d_head]
-        self.k, self.v = torch.empty(B, Hkv, D), torch.empty(B, Hkv, D)  # [batch, kv_head, d_head]
-        self.scores = torch.empty(B, H, cache.max_len)  # [batch, head, key slot]: the kernel's scratch
-        self.pre = torch.empty(B, cfg.mlp_dim)  # [batch, d_mlp]
-        self.gate = torch.empty(B, cfg.mlp_dim) if cfg.mlp == "swiglu" else None
-        self.logits = torch.empty(B, cfg.d_vocab)
+        self.model = model
+        new = lambda *shape: torch.zeros(*shape)  # noqa: E731
+        self.x, self.h = new(B, cfg.d_model), new(B, cfg.d_model)  # residual stream, its norm  [batch, d_model]
+        self.q, self.z = new(B, H, D), new(B, H, D)  # [batch, head, d_head]
+        self.k, self.v = new(B, Hkv, D), new(B, Hkv, D)  # [batch, kv_head, d_head]
+        self.scores = new(B, H, cache.max_len)  # [batch, head, key slot]: the attention kernel's scratch
+        self.pre, self.gate = new(B, cfg.mlp_dim), new(B, cfg.mlp_dim)  # [batch, d_mlp]
+        self.logits = new(B, cfg.d_vocab)
+        self.cos, self.sin = new(B, cfg.rotary_dim), new(B, cfg.rotary_dim)  # this step's RoPE angles
+        self.slot = torch.zeros(1, dtype=torch.int64)  # the cache slot this step writes
+        self.key_mask = key_mask  # kept alive: the attention calls read it
+        x, h, q, k, v, z = self.x, self.h, self.q, self.k, self.v, self.z
+        product = self._product
+        steps = []
+        for layer, block in enumerate(model.blocks):
+            attn = block.attn
+            steps.append(kernels.norm_call(block.ln1, x, h))
+            steps += [product(attn.W_Q, h, q), product(attn.W_K, h, k), product(attn.W_V, h, v)]
+            if attn.q_norm is not None:  # in place: each head's q and k over its d_head
+                steps += [kernels.norm_call(attn.q_norm, q, q), kernels.norm_call(attn.k_norm, k, k)]
+            if model.rotary is not None:
+                steps += [kernels.rope_call(q, self.cos, self.sin), kernels.rope_call(k, self.cos, self.sin)]
+            steps.append(kernels.attend_call(q, k, v, cache.k[layer], cache.v[layer], self.slot, cfg.scale, key_mask,
+                                             self.scores, z))
+            steps.append(product(attn.W_O, z, x, accumulate=True))  # resid_mid = resid_pre + attn_out
+            if block.mlp is not None:
+                mlp = block.mlp
+                steps += [kernels.norm_call(block.ln2, x, h), product(mlp.W_in, h, self.pre)]
+                if mlp.gated:
+                    steps += [product(mlp.W_gate, h, self.gate),
+                              kernels.prepare("attnlab_silu_mul", self.gate, self.pre, self.pre.numel())]
+                    post = self.gate
+                else:
+                    steps.append(kernels.prepare("attnlab_activate", self.pre, self.pre.numel(),
+                                                 kernels.ACTIVATIONS[cfg.mlp]))
+                    post = self.pre
+                steps.append(product(mlp.W_out, post, x, accumulate=True))  # resid_post = resid_mid + mlp_out
+        if model.ln_final is not None:
+            steps.append(kernels.norm_call(model.ln_final, x, h))
+        steps.append(product(model.unembed, h if model.ln_final is not None else x, self.logits))
+        self.steps = steps
 
     @staticmethod
     def unsupported(model) -> str | None:
@@ -203,62 +240,33 @@ class KernelDecoder:
                 return "a Linear the kernels do not know"
         return None
 
-    def _product(self, linear, x: torch.Tensor, out: torch.Tensor, accumulate: bool = False) -> None:
-        """out (=, or += when accumulate) linear(x), x (B, d_in) and out (B, d_out) contiguous."""
-        if x.shape[0] <= kernels.MAX_ROWS or linear.weight.dtype == torch.int8:
-            kernels.linear(x, linear.weight, linear.bias, getattr(linear, "scale", None), out, accumulate)
-        elif accumulate:
-            out.add_(F.linear(x, linear.weight, linear.bias))
-        else:
-            torch.addmm(linear.bias, x, linear.weight.t(), out=out) if linear.bias is not None else \
-                torch.mm(x, linear.weight.t(), out=out)
-
     @staticmethod
-    def _norm(norm, x: torch.Tensor) -> torch.Tensor:
-        if norm.__class__.__name__ == "RMSNorm":
-            return F.rms_norm(x, norm.weight.shape, norm.weight, norm.eps)
-        return F.layer_norm(x, norm.weight.shape, norm.weight, norm.bias, norm.eps)
+    def _product(linear, x: torch.Tensor, out: torch.Tensor, accumulate: bool = False) -> Callable[[], object]:
+        """out (=, or += when accumulate) linear(x), prepared; x (B, ...) and out (B, ...) contiguous buffers."""
+        B = x.shape[0]
+        x2, out2, w = x.view(B, -1), out.view(B, -1), linear.weight  # [batch, d_in], [batch, d_out]
+        if B <= kernels.MAX_ROWS or w.dtype == torch.int8:
+            return kernels.linear_call(x2, w, linear.bias, getattr(linear, "scale", None), out2, accumulate)
+        if accumulate:  # many rows: BLAS, added to the residual in place
+            if linear.bias is None:
+                return lambda: out2.addmm_(x2, w.t())
+            return lambda: out2.addmm_(x2, w.t()).add_(linear.bias)
+        if linear.bias is None:
+            return lambda: torch.mm(x2, w.t(), out=out2)
+        return lambda: torch.addmm(linear.bias, x2, w.t(), out=out2)
 
     @torch.no_grad()
-    def __call__(self, token: torch.Tensor, slot: int, positions: torch.Tensor,
-                 key_mask: torch.Tensor | None) -> torch.Tensor:
-        """token (B, 1) at cache slot `slot` and `positions` (B, 1); key_mask (B, max_len), True where a key may be
-        seen (its own slot set), or None for every slot up to `slot`. Returns the next logits (B, V)."""
-        model, cfg = self.model, self.model.config
-        B = token.shape[0]
-        x = model.embed_tokens(token, positions, None).view(B, cfg.d_model).contiguous()  # the residual stream
-        rope = None
+    def __call__(self, token: torch.Tensor, slot: int, positions: torch.Tensor) -> torch.Tensor:
+        """token (B, 1) at cache slot `slot` and `positions` (B, 1). Returns the next logits (B, V), in a buffer."""
+        model = self.model
+        self.x.copy_(model.embed_tokens(token, positions, None).view(self.x.shape))
         if model.rotary is not None:
-            cos, sin = model.rotary(positions, x.dtype)  # (B, 1, 1, rotary_dim)
-            rope = cos.view(B, -1), sin.view(B, -1)
-        v, z = self.v, self.z
-        for layer, block in enumerate(model.blocks):
-            attn = block.attn
-            h = self._norm(block.ln1, x)
-            self._product(attn.W_Q, h, self.q.view(B, -1))
-            self._product(attn.W_K, h, self.k.view(B, -1))
-            self._product(attn.W_V, h, v.view(B, -1))
-            q, k = self.q, self.k
-            if attn.q_norm is not None:
-                q, k = self._norm(attn.q_norm, q), self._norm(attn.k_norm, k)
-            if rope is not None:
-                kernels.rope_(q, *rope)
-                kernels.rope_(k, *rope)
-            kernels.attend(q, k, v, self.cache.k[layer], self.cache.v[layer], slot, cfg.scale, key_mask,
-                           self.scores, z)
-            self._product(attn.W_O, z.view(B, -1), x, accumulate=True)  # resid_mid = resid_pre + attn_out
-            if block.mlp is not None:
-                mlp, h = block.mlp, self._norm(block.ln2, x)
-                self._product(mlp.W_in, h, self.pre)
-                if mlp.gated:
-                    self._product(mlp.W_gate, h, self.gate)
-                    post = F.silu(self.gate).mul_(self.pre)
-                else:
-                    post = mlp.act(self.pre)
-                self._product(mlp.W_out, post, x, accumulate=True)  # resid_post = resid_mid + mlp_out
-        if model.ln_final is not None:
-            x = self._norm(model.ln_final, x)
-        self._product(model.unembed, x, self.logits)
+            cos, sin = model.rotary(positions)  # (B, 1, 1, rotary_dim)
+            self.cos.copy_(cos.view(self.cos.shape))
+            self.sin.copy_(sin.view(self.sin.shape))
+        self.slot.fill_(slot)
+        for step in self.steps:
+            step()
         return self.logits
 
 
@@ -312,7 +320,7 @@ def generate(model, ids: torch.Tensor, max_new_tokens: int, temperature: float =
     step = compiled_decode_one_token(compile if isinstance(compile, str) else "inductor") if compile else None
     fast = None
     if not compile and use_kernels and KernelDecoder.unsupported(model) is None:
-        fast = KernelDecoder(model, cache)
+        fast = KernelDecoder(model, cache, key_mask if attention_mask is not None else None)
     try:
         logits = prefill(model, ids, cache, positions, attention_mask)
         slot = torch.tensor([T], device=device)  # the cache slot the next token is written to
@@ -339,7 +347,7 @@ def generate(model, ids: torch.Tensor, max_new_tokens: int, temperature: float =
                 logits = step(model, token, cache, slot, position, key_mask).float()
             elif fast is not None:
                 key_mask[:, T + i] = True
-                logits = fast(token, T + i, position, key_mask if attention_mask is not None else None)
+                logits = fast(token, T + i, position)
             else:
                 pos = T + i
                 key_mask[:, pos] = True

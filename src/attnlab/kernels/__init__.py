@@ -16,6 +16,7 @@ Design choices:
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -23,6 +24,7 @@ import shutil
 import subprocess
 import tempfile
 from functools import cache
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -36,8 +38,13 @@ SIGNATURES = {
     "attnlab_linear_f32": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int, _int],
     "attnlab_linear_i8": [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int, _int],
     "attnlab_rope": [_ptr, _ptr, _ptr, _i64, _i64, _i64, _i64],
-    "attnlab_attend": [_ptr] * 6 + [_i64, _ptr, _ptr] + [_i64] * 6 + [_float, _int],
+    "attnlab_attend": [_ptr] * 6 + [_i64, _ptr, _ptr] + [_i64] * 5 + [_ptr, _float, _int],
+    "attnlab_rms_norm": [_ptr, _ptr, _ptr, _i64, _i64, _float],
+    "attnlab_layer_norm": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _float],
+    "attnlab_activate": [_ptr, _i64, _int],
+    "attnlab_silu_mul": [_ptr, _ptr, _i64],
 }
+ACTIVATIONS = {"gelu": 0, "gelu_tanh": 1, "relu": 2}  # attnlab_activate's kinds
 
 
 def cache_dir() -> Path:
@@ -119,44 +126,64 @@ def usable(*tensors: torch.Tensor) -> bool:
     return library() is not None
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, scale: torch.Tensor | None = None,
-           out: torch.Tensor | None = None, accumulate: bool = False) -> torch.Tensor:
-    """x Wᵀ (· scale) + b for x (..., d_in) float32 and W (d_out, d_in) float32, or int8 with one float32 scale per
-    output feature. `out` (..., d_out), contiguous: written (or added to, accumulate=True) in place. Callers check
-    `usable`."""
-    x, weight = x.contiguous(), weight.contiguous()
-    d_in, d_out = x.shape[-1], weight.shape[0]
-    rows = x.numel() // d_in
-    if out is None:
-        out = torch.empty(*x.shape[:-1], d_out, dtype=torch.float32)
-    bias_ptr = bias.data_ptr() if bias is not None else None
+def prepare(name: str, *args) -> Callable[[], None]:
+    """The kernel `name` with its arguments bound: tensors by address, None as NULL. Calling it runs the kernel;
+    a decode step is a list of these, prepared once (the tensors must outlive it and never move)."""
+    values = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
+    return functools.partial(getattr(library(), name), *values)
+
+
+def linear_call(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, scale: torch.Tensor | None,
+                out: torch.Tensor, accumulate: bool = False) -> Callable[[], None]:
+    """out (=, or += when accumulate) x Wᵀ (· scale) + b, prepared: x (rows, d_in) float32 and W (d_out, d_in)
+    float32, or int8 with one float32 scale per output feature; all contiguous."""
+    rows, (d_out, d_in) = x.numel() // x.shape[-1], weight.shape
+    # the C code trusts these shapes: check them once here, where the call is prepared
+    assert x.shape[-1] == d_in and out.numel() == rows * d_out and x.is_contiguous() and out.is_contiguous()
+    assert weight.is_contiguous() and x.dtype == out.dtype == torch.float32
     threads = torch.get_num_threads()
     if weight.dtype == torch.int8:
-        library().attnlab_linear_i8(x.data_ptr(), weight.data_ptr(), scale.data_ptr(), bias_ptr, out.data_ptr(),
-                                    rows, d_in, d_out, int(accumulate), threads)
-    else:
-        library().attnlab_linear_f32(x.data_ptr(), weight.data_ptr(), bias_ptr, out.data_ptr(), rows, d_in, d_out,
-                                     int(accumulate), threads)
+        return prepare("attnlab_linear_i8", x, weight, scale, bias, out, rows, d_in, d_out, int(accumulate), threads)
+    return prepare("attnlab_linear_f32", x, weight, bias, out, rows, d_in, d_out, int(accumulate), threads)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, scale: torch.Tensor | None = None,
+           out: torch.Tensor | None = None, accumulate: bool = False) -> torch.Tensor:
+    """x Wᵀ (· scale) + b for x (..., d_in), as `linear_call`; returns `out` (..., d_out), a new tensor by default.
+    Callers check `usable`."""
+    x, weight = x.contiguous(), weight.contiguous()
+    if out is None:
+        out = torch.empty(*x.shape[:-1], weight.shape[0], dtype=torch.float32)
+    linear_call(x, weight, bias, scale, out, accumulate)()
     return out
 
 
-def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rope_call(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> Callable[[], None]:
     """Rotate x (rows, heads, d_head) in place by the angles cos, sin (rows, rotary_dim) of each row's one position."""
     rows, heads, d_head = x.shape
-    library().attnlab_rope(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), rows, heads, d_head, cos.shape[-1])
-    return x
+    return prepare("attnlab_rope", x, cos, sin, rows, heads, d_head, cos.shape[-1])
 
 
-def attend(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-           slot: int, scale: float, key_mask: torch.Tensor | None, scores: torch.Tensor,
-           out: torch.Tensor) -> torch.Tensor:
-    """Write k_new, v_new (rows, kv_heads, d_head) at cache slot `slot` of k_cache, v_cache (rows, kv_heads, max_len,
-    d_head), then out (rows, heads, d_head) = softmax(q Kᵀ · scale) V over slots [0, slot] that key_mask
-    (rows, ≥ slot + 1) bool allows (None: all). `scores` is scratch of rows · heads · max_len floats."""
+def attend_call(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, slot: torch.Tensor, scale: float, key_mask: torch.Tensor | None,
+                scores: torch.Tensor, out: torch.Tensor) -> Callable[[], None]:
+    """Write k_new, v_new (rows, kv_heads, d_head) at cache slot `slot` (a one-element int64 tensor, read at each
+    call) of k_cache, v_cache (rows, kv_heads, max_len, d_head), then out (rows, heads, d_head) = softmax(q Kᵀ ·
+    scale) V over slots [0, slot] that key_mask (rows, max_len) bool allows (None: all). `scores` is scratch of
+    rows · heads · max_len floats."""
     rows, heads, d_head = q.shape
     kv_heads, max_len = k_cache.shape[1], k_cache.shape[2]
-    mask_ptr, mask_stride = (key_mask.data_ptr(), key_mask.stride(0)) if key_mask is not None else (None, 0)
-    library().attnlab_attend(q.data_ptr(), k_new.data_ptr(), v_new.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-                             mask_ptr, mask_stride, scores.data_ptr(), out.data_ptr(), rows, heads, kv_heads, d_head,
-                             max_len, slot, scale, torch.get_num_threads())
-    return out
+    stride = key_mask.stride(0) if key_mask is not None else 0
+    return prepare("attnlab_attend", q, k_new, v_new, k_cache, v_cache, key_mask, stride, scores, out, rows, heads,
+                   kv_heads, d_head, max_len, slot, scale, torch.get_num_threads())
+
+
+def norm_call(norm, x: torch.Tensor, out: torch.Tensor) -> Callable[[], None]:
+    """out = norm(x) for an attnlab LayerNorm or RMSNorm over the last dim of x (rows, d)."""
+    from ..layers import LayerNorm
+
+    d = x.shape[-1]
+    rows = x.numel() // d
+    if isinstance(norm, LayerNorm):
+        return prepare("attnlab_layer_norm", x, norm.weight, norm.bias, out, rows, d, norm.eps)
+    return prepare("attnlab_rms_norm", x, norm.weight, out, rows, d, norm.eps)

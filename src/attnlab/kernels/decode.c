@@ -126,14 +126,14 @@ void attnlab_rope(float *x, const float *cos_, const float *sin_, int64_t rows, 
 /* One query per row attends to the cached keys and values (the chapter's softmax(q K^T scale + mask) V):
  * first the new key and value are written to cache slot `slot`, then query head h of row r reads key/value
  * head h / (heads / kv_heads) (grouped-query attention) at slots [0, slot], those with key_mask[r, s] set
- * (key_mask NULL: all). q, out [rows, heads, d_head]; k_new, v_new [rows, kv_heads, d_head]; k_cache, v_cache
+ * (key_mask NULL: all); the slot is read from *slot_at, so a prepared call serves every step. q, out [rows, heads, d_head]; k_new, v_new [rows, kv_heads, d_head]; k_cache, v_cache
  * [rows, kv_heads, max_len, d_head]; key_mask [rows, mask_stride] bytes; scores: room for rows * heads * max_len
  * floats. A row that may see no key gets zeros, as attnlab.attention does. */
 void attnlab_attend(const float *q, const float *k_new, const float *v_new, float *k_cache, float *v_cache,
                     const uint8_t *key_mask, int64_t mask_stride, float *scores, float *out, int64_t rows,
-                    int64_t heads, int64_t kv_heads, int64_t d_head, int64_t max_len, int64_t slot, float scale,
-                    int threads) {
-  int64_t group = heads / kv_heads, n = slot + 1;
+                    int64_t heads, int64_t kv_heads, int64_t d_head, int64_t max_len, const int64_t *slot_at,
+                    float scale, int threads) {
+  int64_t slot = *slot_at, group = heads / kv_heads, n = slot + 1;
   for (int64_t r = 0; r < rows; r++)
     for (int64_t g = 0; g < kv_heads; g++) {
       int64_t at = ((r * kv_heads + g) * max_len + slot) * d_head;
@@ -176,4 +176,52 @@ void attnlab_attend(const float *q, const float *k_new, const float *v_new, floa
       for (int64_t i = 0; i < d_head; i++) o[i] += w * vv[i];
     }
   }
+}
+
+/* RMSNorm (Zhang & Sennrich 2019): out = x / sqrt(mean(x^2) + eps) * w, each of `rows` rows of d. */
+void attnlab_rms_norm(const float *x, const float *w, float *out, int64_t rows, int64_t d, float eps) {
+  for (int64_t r = 0; r < rows; r++) {
+    const float *xr = x + r * d;
+    float *o = out + r * d;
+    float squares = 0;
+#pragma omp simd reduction(+ : squares)
+    for (int64_t i = 0; i < d; i++) squares += xr[i] * xr[i];
+    float inv = 1.0f / sqrtf(squares / (float)d + eps);
+#pragma omp simd
+    for (int64_t i = 0; i < d; i++) o[i] = xr[i] * inv * w[i];
+  }
+}
+
+/* LayerNorm (Ba et al. 2016): out = (x - mean) / sqrt(var + eps) * w + b (b may be NULL), each row of d. */
+void attnlab_layer_norm(const float *x, const float *w, const float *b, float *out, int64_t rows, int64_t d, float eps) {
+  for (int64_t r = 0; r < rows; r++) {
+    const float *xr = x + r * d;
+    float *o = out + r * d;
+    float sum = 0, squares = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < d; i++) sum += xr[i];
+    float mean = sum / (float)d;
+#pragma omp simd reduction(+ : squares)
+    for (int64_t i = 0; i < d; i++) squares += (xr[i] - mean) * (xr[i] - mean);
+    float inv = 1.0f / sqrtf(squares / (float)d + eps);
+    for (int64_t i = 0; i < d; i++) o[i] = (xr[i] - mean) * inv * w[i] + (b ? b[i] : 0.0f);
+  }
+}
+
+/* The MLP's nonlinearity, in place on n values: 0 GELU (exact, erf), 1 GELU (tanh approximation, GPT-2), 2 ReLU. */
+void attnlab_activate(float *x, int64_t n, int kind) {
+  for (int64_t i = 0; i < n; i++) {
+    float v = x[i];
+    if (kind == 0)
+      x[i] = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+    else if (kind == 1)
+      x[i] = 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
+    else
+      x[i] = v > 0 ? v : 0.0f;
+  }
+}
+
+/* SwiGLU's product (Shazeer 2020), in place: gate = silu(gate) * up = gate / (1 + exp(-gate)) * up, n values. */
+void attnlab_silu_mul(float *gate, const float *up, int64_t n) {
+  for (int64_t i = 0; i < n; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
