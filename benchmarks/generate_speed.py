@@ -302,9 +302,9 @@ def time_to_first_token(model_dir: Path, mode: str, env: dict[str, str]) -> tupl
 def run_ttft(args, tools) -> list[str]:
     """Time to first token in a fresh process, cold (empty kernel / inductor caches) and warm, for the 6 x 384
     LLaMA-style model; and llama-bench's whole process for one token, which loads its model the same way."""
-    lines = ["\n## Time to first token in a fresh process (6 x 384 LLaMA-style model, 16-token prompt; seconds from "
-             "process start to the first / second generated token)", "| path | cold caches | warm caches |",
-             "|---|---:|---:|"]
+    lines = ["\n## Time to first token in a fresh process (6 x 384 LLaMA-style model, 16-token prompt): seconds from "
+             "process start (imports and load included) to the first generated token / the second (the first decode "
+             "step); warm: median of 3", "| path | cold caches | warm caches |", "|---|---:|---:|"]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         torch.manual_seed(0)
@@ -312,11 +312,12 @@ def run_ttft(args, tools) -> list[str]:
         attnlab.save(model, tmp / "model")
         modes = ["default", "int8"] + (["compile"] if args.ttft_compile else [])
         for mode in modes:
-            cold_env = {"ATTNLAB_CACHE": str(tmp / f"cold-{mode}"), "TORCHINDUCTOR_CACHE_DIR": str(tmp / f"inductor-{mode}")}
-            cold = time_to_first_token(tmp / "model", mode, cold_env)
-            warm = statistics.median(time_to_first_token(tmp / "model", mode, cold_env)[1] for _ in range(3))
+            env = {"ATTNLAB_CACHE": str(tmp / f"cold-{mode}"), "TORCHINDUCTOR_CACHE_DIR": str(tmp / f"inductor-{mode}")}
+            cold = time_to_first_token(tmp / "model", mode, env)
+            warm = [time_to_first_token(tmp / "model", mode, env) for _ in range(3)]
+            warm = [statistics.median(times) for times in zip(*warm)]
             name = {"default": "`generate()` (kernels, float32)", "int8": "int8 (kernels)", "compile": "`compile=True`"}[mode]
-            lines.append(f"| attnlab {name} | {cold[0]:.2f} / {cold[1]:.2f} | first decoded token {warm:.2f} |")
+            lines.append(f"| attnlab {name} | {cold[0]:.2f} / {cold[1]:.2f} | {warm[0]:.2f} / {warm[1]:.2f} |")
             print(lines[-1], flush=True)
         if tools is not None:
             gguf = import_gguf(args.gguf_py)
@@ -324,7 +325,7 @@ def run_ttft(args, tools) -> list[str]:
             start = time.time()
             subprocess.run([str(tools["bench"]), "-m", str(f32), "-p", "0", "-n", "1", "-r", "1", "--no-warmup"],
                            check=True, capture_output=True)
-            lines.append(f"| llama-bench, whole process (load, one token, exit) | | {time.time() - start:.2f} |")
+            lines.append(f"| llama-bench -n 1 --no-warmup, the whole process (load, one token, exit) | | {time.time() - start:.2f} |")
             print(lines[-1], flush=True)
         python_only = time.time()
         subprocess.run([sys.executable, "-c", "import torch, attnlab"], check=True)
@@ -353,12 +354,12 @@ def main() -> None:
     parser.add_argument("--ttft-compile", action="store_true", help="time to first token with compile=True too (slow)")
     args = parser.parse_args()
     args.device = benchmark_device(args.device)
+    tools = find_tools(args.llama_cpp)
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"# Generation speed\n{machine_line(args.device)}, clock: {args.clock}", flush=True)
     bandwidth = statistics.median(copy_bandwidth(clock=args.clock, device=args.device) for _ in range(3))
     print(f"copy bandwidth (256 MB, read + write): {bandwidth / 1e9:.1f} GB/s", flush=True)
-    tools = find_tools(args.llama_cpp)
     if tools is not None and "llama-cpp" in args.only:
         print("\n".join(run_llama_cpp(args, tools, import_gguf(args.gguf_py))), flush=True)
     if "ttft" in args.only:

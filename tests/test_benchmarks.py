@@ -58,3 +58,9 @@ def test_speedrun_without_a_prepared_nanogpt_is_one_line(tmp_path):
     done = run_script("speedrun.py", "--nanogpt", str(tmp_path), "--data", str(tmp_path / "input.txt"))
     lines = done.stderr.strip().splitlines()
     assert done.returncode != 0 and len(lines) == 1 and "no data/shakespeare_char/val.bin" in lines[0], done.stderr
+
+
+def test_a_llama_cpp_folder_without_its_tools_is_one_line(tmp_path):
+    done = run_script("generate_speed.py", "--llama-cpp", str(tmp_path), "--only", "llama-cpp")
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode != 0 and len(lines) == 1 and "llama-bench" in lines[0], done.stderr
