@@ -34,6 +34,8 @@ CONFIGS = {
     "qwen-qk-norm-partial-rope": dict(positional="rope", rotary_fraction=0.5, qk_norm=True, norm="rmsnorm",
                                       qkv_bias=True, bias=False, n_kv_heads=1),
     "sinusoidal-attn-only": dict(positional="sinusoidal", attn_only=True),
+    "pythia-parallel-llama3-rope": dict(parallel_residual=True, positional="rope", rotary_fraction=0.25, mlp="gelu",
+                                        rope_scaling="llama3", rope_scaling_factor=8.0, rope_original_n_ctx=16),
 }
 
 

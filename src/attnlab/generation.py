@@ -166,7 +166,7 @@ class KernelDecoder:
     """`decode_one_token` through attnlab.kernels, for float32 (or int8-weight) models on a CPU, eager.
 
     At construction the step is written down once as a list of prepared C calls on preallocated buffers, in the
-    modules' order: per block, norm; q, k, v products; qk-norm; RoPE; the new key and value written to the cache
+    modules' order: per block, norm (both norms first in a parallel block); q, k, v products; qk-norm; RoPE; the new key and value written to the cache
     and attended to; the output product added to the residual in place; norm; MLP; and at the end the final norm
     and the LM head. A step then embeds the token (PyTorch), copies its RoPE angles and cache slot into the
     buffers the calls read, and runs the list: ~12 C calls per block, no PyTorch operation. The cache must be
@@ -192,9 +192,12 @@ class KernelDecoder:
         x, h, q, k, v, z = self.x, self.h, self.q, self.k, self.v, self.z
         product = self._product
         steps = []
+        self.h_mlp = new(B, cfg.d_model) if cfg.parallel_residual else h  # a parallel MLP reads ln2(resid_pre)
         for layer, block in enumerate(model.blocks):
             attn = block.attn
             steps.append(kernels.norm_call(block.ln1, x, h))
+            if block.parallel:
+                steps.append(kernels.norm_call(block.ln2, x, self.h_mlp))
             steps += [product(attn.W_Q, h, q), product(attn.W_K, h, k), product(attn.W_V, h, v)]
             if attn.q_norm is not None:  # in place: each head's q and k over its d_head
                 steps += [kernels.norm_call(attn.q_norm, q, q), kernels.norm_call(attn.k_norm, k, k)]
@@ -204,10 +207,12 @@ class KernelDecoder:
                                              self.scores, z))
             steps.append(product(attn.W_O, z, x, accumulate=True))  # resid_mid = resid_pre + attn_out
             if block.mlp is not None:
-                mlp = block.mlp
-                steps += [kernels.norm_call(block.ln2, x, h), product(mlp.W_in, h, self.pre)]
+                mlp, h_mlp = block.mlp, self.h_mlp
+                if not block.parallel:
+                    steps.append(kernels.norm_call(block.ln2, x, h_mlp))
+                steps.append(product(mlp.W_in, h_mlp, self.pre))
                 if mlp.gated:
-                    steps += [product(mlp.W_gate, h, self.gate),
+                    steps += [product(mlp.W_gate, h_mlp, self.gate),
                               kernels.prepare("attnlab_silu_mul", self.gate, self.pre, self.pre.numel())]
                     post = self.gate
                 else:
