@@ -226,8 +226,9 @@ def run_llama_cpp(args, tools, gguf) -> list[str]:
              "| model | llama.cpp F32 | llama.cpp Q8_0 | attnlab `generate()` (default, float32) | × F32 | "
              "attnlab int8 (default) | × Q8_0 | attnlab `compile=True` | transformers | greedy = transformers |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for label, (overrides, new) in LLAMA_CPP_MODELS.items():
-        new = args.llama_new_tokens or new
+    for index, (label, (overrides, new)) in enumerate(LLAMA_CPP_MODELS.items()):
+        if args.llama_new_tokens:
+            new = args.llama_new_tokens[min(index, len(args.llama_new_tokens) - 1)]
         with tempfile.TemporaryDirectory() as tmp:
             tmp = Path(tmp)
             torch.manual_seed(0)
@@ -347,7 +348,8 @@ def main() -> None:
     parser.add_argument("--llama-cpp", default=None, metavar="DIR",
                         help="folder with llama-bench and llama-quantize (or $ATTNLAB_LLAMA_CPP): adds the side-by-side table")
     parser.add_argument("--gguf-py", default=None, metavar="DIR", help="llama.cpp's gguf-py folder (or $ATTNLAB_GGUF_PY)")
-    parser.add_argument("--llama-new-tokens", type=int, default=None, help="override the side-by-side token counts")
+    parser.add_argument("--llama-new-tokens", type=int, nargs="+", default=None,
+                        help="override the side-by-side token counts (one per model, in the table's order)")
     parser.add_argument("--llama-compile", action="store_true", help="add compile=True to the side-by-side table")
     parser.add_argument("--only", choices=["variants", "llama-cpp", "ttft"], nargs="+",
                         default=["variants", "llama-cpp", "ttft"], help="which sections to run")

@@ -52,6 +52,20 @@ def test_sample_compiled_and_with_bf16_weights(run_dir, capsys, monkeypatch):
     assert code == 0 and out.startswith("the cat") and len(out.rstrip("\n")) > len("the cat")
 
 
+def test_sample_with_int8_weights_is_the_quantized_models_generation(run_dir, capsys, monkeypatch):
+    import attnlab.layers
+
+    quantized = []
+    real = attnlab.layers.quantize
+    monkeypatch.setattr(attnlab.layers, "quantize", lambda m, scheme: quantized.append(scheme) or real(m, scheme))
+    argv = [str(run_dir), "--prompt", "the cat", "--max-new-tokens", "12", "--temperature", "0", "--quantize", "int8"]
+    code, out, _ = sample(argv, capsys)
+    assert quantized == ["int8"]
+    model = attnlab.quantize(attnlab.load(run_dir), "int8")
+    ids = torch.tensor([model.tokenizer.encode("the cat")])
+    assert code == 0 and out.rstrip("\n") == model.tokenizer.decode(model.generate(ids, 12, temperature=0)[0].tolist())
+
+
 def test_stream_equals_plain_generate(run_dir):
     model = attnlab.load(run_dir)
     ids = torch.tensor([model.tokenizer.encode("a dog")])  # 5 + 10 tokens fit n_ctx=16: one window
