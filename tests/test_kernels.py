@@ -179,6 +179,7 @@ def test_hooked_post_norm_and_narrow_models_take_the_module_path():
     assert seen == [3, 1, 1, 1]  # the prompt, then every decode step ran the hook
     assert KernelDecoder.unsupported(model) is None
     assert "post-norm" in KernelDecoder.unsupported(build(dict(norm_placement="post")))
+    assert "sliding" in KernelDecoder.unsupported(build(dict(sliding_window=4)))
     assert "float32" in KernelDecoder.unsupported(build({}).double())
     assert KernelDecoder.unsupported(attnlab.layers.store_weights_as(build({}), torch.bfloat16)) is not None
 

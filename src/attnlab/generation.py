@@ -236,6 +236,8 @@ class KernelDecoder:
             return "the kernels run float32 on a CPU"
         if model.config.norm_placement != "pre":
             return "post-norm blocks take the module path"
+        if model.config.sliding_window is not None:
+            return "a sliding attention window takes the module path (the attention kernel sees every earlier key)"
         if any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()):
             return "a hook is attached: the module path runs it"
         for m in model.modules():
