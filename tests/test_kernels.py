@@ -180,6 +180,8 @@ def test_hooked_post_norm_and_narrow_models_take_the_module_path():
     assert KernelDecoder.unsupported(model) is None
     assert "post-norm" in KernelDecoder.unsupported(build(dict(norm_placement="post")))
     assert "sliding" in KernelDecoder.unsupported(build(dict(sliding_window=4)))
+    assert "relu2" in KernelDecoder.unsupported(build(dict(mlp="relu2")))
+    assert "soft-capped" in KernelDecoder.unsupported(build(dict(logit_softcap=30.0)))
     assert "float32" in KernelDecoder.unsupported(build({}).double())
     assert KernelDecoder.unsupported(attnlab.layers.store_weights_as(build({}), torch.bfloat16)) is not None
 

@@ -236,6 +236,10 @@ class KernelDecoder:
             return "the kernels run float32 on a CPU"
         if model.config.norm_placement != "pre":
             return "post-norm blocks take the module path"
+        if model.config.mlp not in kernels.ACTIVATIONS and model.config.mlp != "swiglu":
+            return f"the {model.config.mlp} MLP takes the module path"
+        if model.config.logit_softcap is not None:
+            return "soft-capped logits take the module path"
         if model.config.sliding_window is not None:
             return "a sliding attention window takes the module path (the attention kernel sees every earlier key)"
         if any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()):
