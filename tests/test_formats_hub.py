@@ -180,8 +180,10 @@ def test_a_token_from_the_environment_opens_a_gated_repository_and_is_never_prin
     (["org/nothere"], {}, "org/nothere: neither a local model directory nor a Hugging Face Hub repository"),
     (["org/tiny", "--revision", "step9"], {}, "org/tiny: no revision 'step9' on the Hub"),
     (["org/pickled"], {}, "org/pickled: only pickled weights (pytorch_model.bin), no model.safetensors; attnlab never unpickles"),
-    (["org/tiny"], {"HF_HUB_OFFLINE": "1"}, "org/tiny: not in the Hugging Face cache"),
-], ids=["gated", "gated-wrong-token", "no-such-repo", "no-such-revision", "pickled", "offline-not-cached"])
+    (["org/tiny"], {"HF_HUB_OFFLINE": "1"}, "org/tiny: no such local directory, not in the Hugging Face cache"),
+    (["org/tiny"], {"HF_HOME": "/dev/null"}, "org/tiny: cannot write the Hugging Face cache"),
+], ids=["gated", "gated-wrong-token", "no-such-repo", "no-such-revision", "pickled", "offline-not-cached",
+        "cache-not-writable"])
 def test_hub_errors_are_one_line(hub, tmp_path, args, extra, message):
     start = len(hub.requests)
     line = cli_error(hub, tmp_path, ["sample", *args], **extra)

@@ -130,10 +130,15 @@ def explain(exc: Exception, repo_id: str, revision: str | None, label: str) -> s
         return f"{label}: no model.safetensors (nor {INDEX}) in the repository; it has no weights attnlab can read"
     if isinstance(exc, (LocalEntryNotFoundError, OfflineModeIsEnabled)):
         if constants.HF_HUB_OFFLINE:
-            return (f"{label}: not in the Hugging Face cache ({constants.HF_HUB_CACHE}), and HF_HUB_OFFLINE=1 "
-                    "forbids downloading it; run once with a network (HF_HUB_OFFLINE unset) or pass a local directory")
-        return (f"{label}: cannot reach the Hugging Face Hub ({constants.ENDPOINT}) and the model is not in the "
-                f"cache ({constants.HF_HUB_CACHE}); check the network, or pass a local directory")
+            return (f"{label}: no such local directory, not in the Hugging Face cache ({constants.HF_HUB_CACHE}), and "
+                    "HF_HUB_OFFLINE=1 forbids downloading it; run once with a network (HF_HUB_OFFLINE unset) or pass "
+                    "a local directory")
+        return (f"{label}: no such local directory, and the Hugging Face Hub ({constants.ENDPOINT}) cannot be reached "
+                f"to fetch it (nor is it in the cache, {constants.HF_HUB_CACHE}); check the network, or pass a local "
+                "directory")
+    if isinstance(exc, OSError) and exc.errno is not None:  # the file system's refusal, not the Hub's
+        return (f"{label}: cannot write the Hugging Face cache ({exc.filename or constants.HF_HUB_CACHE}: "
+                f"{exc.strerror}); set HF_HOME to a folder you can write")
     if isinstance(exc, HfHubHTTPError):
         status = getattr(getattr(exc, "response", None), "status_code", "an error")
         return f"{label}: the Hugging Face Hub ({constants.ENDPOINT}) answered {status}; try again later"
