@@ -2,7 +2,8 @@
 
 Three architectures cover the explorer's branches: a GPT-style decoder (learned positions, pre-norm),
 a LLaMA-style decoder (RoPE, grouped-query, qk-norm, SwiGLU) and a BERT-style post-norm encoder (with
-qk-norm, which the explorer must apply itself when there is no RoPE hook after it).
+qk-norm, which the explorer must apply itself when there is no RoPE hook after it). `serve(app)` runs
+an app on a loopback port, for the tests that need a real server.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import threading
+import time
 from contextlib import contextmanager
 
 import torch
@@ -18,6 +21,7 @@ import attnlab
 from attnlab.tokenizer import Tokenizer
 
 TEXT = "The cat sat on the mat because it was tired."
+LOCAL = "http://127.0.0.1:8000"  # a TestClient's base_url: the explorer refuses any Host but a loopback name
 PRINTABLE = "".join(chr(i) for i in range(32, 127)) + "\n"
 
 
@@ -80,3 +84,25 @@ def snapshot_run(model: attnlab.Transformer, path, start_step: int | None = 10):
         save_snapshot(model, path, step)
     model.load_state_dict(original)
     return Run(path, list_snapshots(path), start_step=start_step)
+
+
+@contextmanager
+def serve(app):
+    """uvicorn serving `app` in a thread of this process on 127.0.0.1 and a free port: the page's URL."""
+    import uvicorn
+
+    from attnlab.explorer.cli import bind
+
+    sock = bind("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the explorer's server did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import attnlab
-from explorer_models import TEXT, small_models, snapshot_run
+from explorer_models import TEXT, serve, small_models, snapshot_run
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -28,24 +27,24 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    import uvicorn
-
     from attnlab.explorer.app import create_app
-    from attnlab.explorer.cli import bind
 
     models = {"minilm": attnlab.load("minilm"), **small_models()}
     runs = {"gpt": snapshot_run(models["gpt"], tmp_path_factory.mktemp("run"))}  # the step slider's snapshots
-    sock = bind("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(create_app(models, max_tokens=2048, runs=runs), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the explorer's server did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}/"
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serve(create_app(models, max_tokens=2048, runs=runs)) as url:
+        yield url
+
+
+TOKEN = "c" * 48
+
+
+@pytest.fixture(scope="module")
+def token_server():
+    """The app as `attnlab explore --host 0.0.0.0` builds it (any Host, a token), served on loopback only."""
+    from attnlab.explorer.app import create_app
+
+    with serve(create_app({"gpt": small_models()["gpt"]}, hosts=["0.0.0.0"], token=TOKEN)) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -160,6 +159,19 @@ def test_every_view_renders_on_minilm_with_no_console_errors(server, page):
 
     show(page, "next")
     assert "encoder" in page.inner_text("#next-note")
+
+
+def test_the_page_sends_the_token_its_url_carries(token_server, page):
+    """--host 0.0.0.0: the page opened from the printed URL (…/?token=...) works; without the token it says why."""
+    open_page(page, token_server + f"?token={TOKEN}", text=TEXT)
+    assert len(page.evaluate("window.attnlab.state.tokens")) == len(TEXT)
+    show(page, "matrix")
+    assert "error" not in (page.get_attribute("#status", "class") or ""), page.inner_text("#status")
+
+    page.expected_errors.append("status of 403")  # the browser logs the refused request itself
+    page.goto(token_server)
+    wait_until(page, "document.getElementById('status').classList.contains('error')")
+    assert "token" in page.inner_text("#status")
 
 
 def test_dragging_the_query_changes_the_weights(server, page):

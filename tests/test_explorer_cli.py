@@ -177,3 +177,46 @@ def test_show_returns_an_iframe_without_ipython(monkeypatch):
     assert "<script" not in frame.split("srcdoc=", 1)[1].split('"', 2)[1][:200]  # the page is escaped inside srcdoc
     with pytest.raises(attnlab.UserError, match="unknown view"):
         attnlab.show(small_models()["bert"], "hi", view="nope")
+
+
+@pytest.mark.parametrize("host, token_needed", [("0.0.0.0", True), ("192.168.1.5", True), ("127.0.0.1", False),
+                                               ("localhost", False), ("::1", False)])
+def test_a_host_beyond_this_machine_warns_and_requires_the_printed_token(model_dir, monkeypatch, capsys, host, token_needed):
+    """Like Jupyter: listening on the network prints a warning and a URL carrying a token; the API needs that token."""
+    import uvicorn
+    from fastapi.testclient import TestClient
+
+    from attnlab.explorer import cli
+
+    served = {}
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets: served.update(app=self.config.app))
+    real_bind = cli.bind
+    monkeypatch.setattr(cli, "bind", lambda _host, port: real_bind("127.0.0.1", port))  # tests never listen beyond loopback
+    assert main(["explore", str(model_dir), "--host", host, "--port", "0"]) == 0
+    out = capsys.readouterr().out
+    url = re.search(r"at (http://\S+)", out).group(1)
+    app = served["app"]
+    name = "[::1]" if host == "::1" else host
+    client = TestClient(app, base_url=f"http://{name}:8000")
+    if not token_needed:
+        assert "warning" not in out and "token" not in url
+        assert client.get("/api/models").status_code == 200
+        return
+    assert "warning" in out and "other machines" in out
+    token = re.search(r"\?token=([0-9a-f]+)$", url).group(1)
+    assert len(token) >= 32
+    assert client.get("/api/models").status_code == 403
+    assert client.get(f"/api/models?token={token}").status_code == 200
+    assert client.get("/api/models", headers={"Authorization": f"token {token}"}).status_code == 200
+    if host == "0.0.0.0":  # any Host (the token is the defence there), and a fresh token each start
+        assert client.get(f"/api/models?token={token}", headers={"Host": "my-laptop.lan:8000"}).status_code == 200
+        assert main(["explore", str(model_dir), "--host", host, "--port", "0"]) == 0
+        assert token not in capsys.readouterr().out
+    else:  # a named address: its own name and the loopback names, nothing else (DNS rebinding)
+        assert client.get(f"/api/models?token={token}", headers={"Host": "attacker.example"}).status_code == 400
+
+
+def test_a_queue_under_one_is_one_line(model_dir, capsys):
+    assert main(["explore", str(model_dir), "--queue", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--queue must be at least 1, got 0" in err

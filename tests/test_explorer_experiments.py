@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from attnlab.explorer.app import create_app
 from attnlab.inspection.interventions import ablate_head
 from attnlab.training.snapshots import load_snapshot
-from explorer_models import TEXT, small_models, snapshot_run
+from explorer_models import LOCAL, TEXT, small_models, snapshot_run
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def run(models, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(models, run):
-    with TestClient(create_app(models, max_tokens=512, runs={"gpt": run})) as c:
+    with TestClient(create_app(models, max_tokens=512, runs={"gpt": run}), base_url=LOCAL) as c:
         yield c
 
 

@@ -5,7 +5,7 @@
 - `static/` holds the page: plain JavaScript drawing with SVG and Canvas, no build step and no network,
   so it ships inside the package and runs offline.
 
-Only constants live here, so that the command line can name the views and limits without importing FastAPI or torch.
+Only constants live here, so that the command line can name the views, limits and defaults without importing FastAPI or torch.
 """
 
 from pathlib import Path
@@ -13,3 +13,4 @@ from pathlib import Path
 STATIC = Path(__file__).resolve().parent / "static"  # index.html, app.js, style.css
 VIEWS = ("dict", "matrix", "heads", "block", "next")  # the page's tabs (data-view in index.html)
 MAX_TOKENS = 2048  # the default cap on a text's length, in tokens (explore --max-tokens changes it)
+QUEUE = 16  # requests to the API computed or waiting at once (work_queue.WorkQueue); the page sends at most 3 at once

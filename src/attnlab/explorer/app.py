@@ -8,8 +8,14 @@ Design choices:
   has its own models and tests can build as many apps as they like.
 - Errors: an unknown model is 404, a text over the limit 413, any other mistake in a request
   (a layer, head or token index out of range, a bad mask name) 422; the body is {"detail": message}.
-- No CORS middleware: the page is served from the same origin, and no other site should be able to read
-  the API. With `allowed_hosts`, requests for any other Host are refused (DNS-rebinding protection).
+- Guarded and queued as a whole, so a route added later is too: `security.Guard` (Host, Origin,
+  Content-Type, token, the security headers, never a CORS header) and `work_queue.WorkQueue` (one
+  computation at a time, a bounded number waiting, 503 with Retry-After beyond) wrap the app as
+  middleware, and a request body over MAX_BODY_BYTES is refused with 413 before it is read whole.
+- The OpenAPI document is this server's: `describe_statuses` declares on every operation each status the
+  middleware can answer (400, 403, 413, 415, 503), and `describe_models` narrows model names, layer,
+  head and token ranges to the models served, so a client generating requests from the document (such as
+  schemathesis, tests/test_explorer_fuzz.py) reaches real models.
 """
 
 from __future__ import annotations
@@ -21,13 +27,25 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from ..errors import UserError
-from .service import MAX_TOKENS, Explorer, Run, TextTooLong, UnknownModel
+from . import QUEUE
+from .security import LOOPBACK_HOSTS, Guard
+from .service import MAX_CHARS, MAX_TOKENS, Explorer, Run, TextTooLong, UnknownModel
+from .work_queue import QUEUE_PREFIX, WorkQueue
+
+# A request body's limit: the longest text JSON-escaped (12 bytes, \uXXXX\uXXXX, for a character outside the
+# BMP) and room for the other fields.
+MAX_BODY_BYTES = 12 * MAX_CHARS + 64 * 1024
 
 
-def create_app(models: dict[str, Any], *, max_tokens: int = MAX_TOKENS,
-               allowed_hosts: Iterable[str] | None = None, runs: dict[str, Run] | None = None) -> FastAPI:
+def create_app(models: dict[str, Any], *, max_tokens: int = MAX_TOKENS, runs: dict[str, Run] | None = None,
+               hosts: Iterable[str] = LOOPBACK_HOSTS, token: str | None = None, queue: int = QUEUE) -> FastAPI:
     """The explorer app serving `models` (name -> attnlab Transformer with a tokenizer); `runs`: the training
-    runs (snapshots) some of them come from, by the same names."""
+    runs (snapshots) some of them come from, by the same names.
+
+    hosts: the names a request's Host may carry besides the loopback names ("0.0.0.0": any, for a server
+    listening on every interface that relies on its token). token: required on every request but the
+    page's own files, when given. queue: requests under /api/ admitted at once (running and waiting).
+    """
     from .routers import api, page
 
     app = FastAPI(
@@ -38,10 +56,8 @@ def create_app(models: dict[str, Any], *, max_tokens: int = MAX_TOKENS,
         redoc_url=None,
     )
     app.state.explorer = Explorer(models, max_tokens=max_tokens, runs=runs)
-    if allowed_hosts is not None:
-        from starlette.middleware.trustedhost import TrustedHostMiddleware
-
-        app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
+    app.add_middleware(WorkQueue, capacity=queue)
+    app.add_middleware(Guard, hosts=hosts, token=token, max_body=MAX_BODY_BYTES)  # added last, so it runs first
     app.include_router(api.router)
     app.include_router(page.router)
     page.mount_static(app)
@@ -55,7 +71,79 @@ def create_app(models: dict[str, Any], *, max_tokens: int = MAX_TOKENS,
         status = 404 if isinstance(exc, UnknownModel) else 413 if isinstance(exc, TextTooLong) else 422
         return JSONResponse({"detail": str(exc)}, status_code=status)
 
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = describe_statuses(describe_models(generate(), app.state.explorer))
+        return app.openapi_schema
+
+    app.openapi = openapi
     return app
+
+
+MESSAGE = {"title": "Message", "type": "object", "required": ["detail"], "properties": {"detail": {"type": "string"}}}
+# What the middleware (security.Guard, work_queue.WorkQueue, the body limit) may answer, on any operation.
+GUARD_STATUSES = {
+    "400": "the Host header is not this server's name (DNS rebinding)",
+    "403": "a cross-origin request, or no token where the server requires one",
+    "413": "the request body is over the size limit (or, where there is a text, the text over the token limit)",
+    "415": "a request body that is not sent as application/json",
+    "503": "the queue of model work is full: retry after Retry-After seconds",
+}
+
+
+def describe_statuses(spec: dict[str, Any]) -> dict[str, Any]:
+    """Declare on every operation each status the server can answer, with the body it carries.
+
+    The middleware's refusals and the service's 404/413/422 carry {"detail": message}, a string; a 422 from
+    FastAPI's request validation carries its list of errors instead, so a declared 422 is either.
+    """
+    schemas = spec.setdefault("components", {}).setdefault("schemas", {})
+    schemas["Message"] = MESSAGE
+    message = {"$ref": "#/components/schemas/Message"}
+    validation = {"anyOf": [{"$ref": "#/components/schemas/HTTPValidationError"}, message]} if "HTTPValidationError" in schemas else message
+    for path, methods in spec.get("paths", {}).items():
+        for op in methods.values():
+            responses = op.setdefault("responses", {})
+            for status, description in GUARD_STATUSES.items():
+                if (status == "415" and "requestBody" not in op) or (status == "503" and not path.startswith(QUEUE_PREFIX)):
+                    continue
+                responses.setdefault(status, {"description": description})
+            for status, response in responses.items():
+                if status.startswith("2"):
+                    continue
+                content = response.setdefault("content", {}).setdefault("application/json", {})
+                content["schema"] = validation if status == "422" else message
+            if "503" in responses:
+                responses["503"]["headers"] = {"Retry-After": {"description": "seconds to wait before retrying",
+                                                               "schema": {"type": "integer"}}}
+    return spec
+
+
+def describe_models(spec: dict[str, Any], explorer: Explorer) -> dict[str, Any]:
+    """The document's request fields narrowed to the models served: `model` (and a path's model `name`) is
+    one of their names; `layer`, `head` and `token` are at most the largest index any of them has."""
+    entries = explorer.entries.values()
+    largest = {
+        "layer": max(e.model.config.n_layers for e in entries) - 1,
+        "head": max(e.model.config.n_heads for e in entries) - 1,
+        "token": max(explorer.token_limit(e.model) for e in entries) - 1,
+    }
+    names = list(explorer.entries)
+    for schema in spec.get("components", {}).get("schemas", {}).values():
+        properties = schema.get("properties", {})
+        if "model" in properties:
+            properties["model"]["enum"] = names
+        for field, top in largest.items():
+            if properties.get(field, {}).get("type") == "integer":
+                properties[field]["maximum"] = top
+    for methods in spec.get("paths", {}).values():
+        for op in methods.values():
+            for param in op.get("parameters", []):
+                if param.get("in") == "path" and param["name"] == "name":
+                    param["schema"]["enum"] = names
+    return spec
 
 
 def _version() -> str:
@@ -82,7 +170,7 @@ def render_api_docs(spec: dict[str, Any]) -> str:
     title = escape(spec.get("info", {}).get("title", "API"))
     return (
         f"<!doctype html><meta charset=utf-8><title>{title} API</title>"
-        "<style>body{font:14px system-ui;margin:2em}td{border-top:1px solid #ddd;padding:.4em;vertical-align:top}</style>"
+        '<link rel="stylesheet" href="/static/docs.css">'  # a file, not inline: the CSP allows only this origin's styles
         f"<h1>{title} API</h1><p>Machine-readable: <a href=/openapi.json>/openapi.json</a></p>"
         f"<table><tr><th>route</th><th>what</th><th>inputs</th></tr>{''.join(rows)}</table>"
     )

@@ -5,8 +5,10 @@ Design choices:
   such as minilm, Hugging Face Hub names such as gpt2, with --revision). With none given, the newest run
   under ./runs (written by `attnlab train`) and the bundled MiniLM are served, whichever exist.
 - The server binds 127.0.0.1 unless --host says otherwise. The socket is bound here, before uvicorn
-  starts, so a port in use is one clear line (and exit 2) rather than a log of tracebacks; on a local
-  host, requests for any other Host header are refused (DNS rebinding).
+  starts, so a port in use is one clear line (and exit 2) rather than a log of tracebacks. Requests for
+  any other Host header are refused (DNS rebinding); see security.py.
+- A --host beyond this machine (0.0.0.0, a LAN address) prints a warning and, as Jupyter does, makes a
+  token that the printed URL carries: without it every API call is refused (403).
 - FastAPI, uvicorn and torch-heavy modules are imported inside the commands, not when the CLI starts.
 """
 
@@ -18,9 +20,8 @@ import socket
 from pathlib import Path
 
 from ..errors import UserError
-from . import MAX_TOKENS, VIEWS
+from . import MAX_TOKENS, QUEUE, VIEWS
 
-LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 DEFAULT_MODEL = "minilm"  # the bundled pretrained encoder (attnlab.load's name for it)
 
 
@@ -108,8 +109,9 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def url_of(host: str, port: int) -> str:
-    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+def url_of(host: str, port: int, token: str | None = None) -> str:
+    url = f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+    return url + (f"?token={token}" if token else "")
 
 
 def run_explore(args: argparse.Namespace) -> int:
@@ -117,25 +119,29 @@ def run_explore(args: argparse.Namespace) -> int:
         raise UserError(f"--port must be between 0 and 65535, got {args.port}")
     if args.revision is not None and not args.models:
         raise UserError("--revision picks a version of the Hub models given; name one (attnlab explore gpt2 --revision main)")
+    if args.queue < 1:
+        raise UserError(f"--queue must be at least 1, got {args.queue}")
     runs: dict = {}
     models = load_models(args.models, runs, args.revision) if args.models else default_models(runs)
-    return serve(models, args.host, args.port, args.max_tokens, runs)
+    return serve(models, args.host, args.port, args.max_tokens, runs, queue=args.queue)
 
 
-def serve(models: dict[str, object], host: str, port: int, max_tokens: int, runs: dict | None = None) -> int:
+def serve(models: dict[str, object], host: str, port: int, max_tokens: int, runs: dict | None = None,
+          queue: int = QUEUE) -> int:
     """Serve the explorer on host:port until Ctrl-C (`attnlab explore`, `attnlab experiment induction --explore`)."""
     import uvicorn
 
     from .app import create_app
+    from .security import is_loopback, new_token
 
-    local = host in LOCAL_HOSTS
-    allowed = [host, *LOCAL_HOSTS] if local else None
-    app = create_app(models, max_tokens=max_tokens, allowed_hosts=allowed, runs=runs)
+    token = None if is_loopback(host) else new_token()
+    app = create_app(models, max_tokens=max_tokens, runs=runs, hosts=[host], token=token, queue=queue)
     sock = bind(host, port)
     port = sock.getsockname()[1]
-    if not local:
-        print(f"attnlab explore: warning: listening on {host}: other machines on your network can reach it")
-    print(f"attnlab explorer: {', '.join(models)} at {url_of(host, port)}  (Ctrl-C to stop)", flush=True)
+    if token:
+        print(f"attnlab explore: warning: listening on {host}: other machines on your network can reach it; "
+              "every request needs the token in the URL below (keep it to yourself)")
+    print(f"attnlab explorer: {', '.join(models)} at {url_of(host, port, token)}  (Ctrl-C to stop)", flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     server.run(sockets=[sock])
     return 0
@@ -165,10 +171,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="model directories (attnlab or Hugging Face format), bundled names (minilm) or Hugging Face "
                    "Hub names (gpt2, EleutherAI/pythia-70m); default: the newest run under ./runs and minilm")
     add_revision_flag(p, "the MODELs")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only; "
+                   "any other address requires the token printed with the URL)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0 picks a free one)")
     p.add_argument("--max-tokens", type=int, default=MAX_TOKENS,
                    help=f"longest text the explorer accepts, in tokens (default {MAX_TOKENS})")
+    p.add_argument("--queue", type=int, default=QUEUE, metavar="N",
+                   help=f"requests computed or waiting at once; more get 503 and retry (default {QUEUE})")
     p.set_defaults(func=run_explore)
 
     e = sub.add_parser("export-html", help="the explorer's views on one text, as one self-contained HTML file",

@@ -1,10 +1,14 @@
-"""Request bodies of the explorer's JSON API; FastAPI validates them (422 naming the field) and documents them."""
+"""Request bodies of the explorer's JSON API; FastAPI validates them (422 naming the field) and documents them.
+
+Validation is strict (pydantic's strict mode): a field takes exactly the JSON type the document declares,
+so `"head": false` or `"layer": "1"` is refused rather than read as 0 or 1 (schemathesis found the first).
+"""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from .service import MAX_CHARS, Variant
 
@@ -14,6 +18,8 @@ TEXT_EXAMPLE = "The cat sat on the mat because it was tired."
 
 
 class TextRequest(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     model: str = Field(description="a model name from GET /api/models", examples=["minilm"])
     text: str = Field(max_length=MAX_CHARS, description=f"the input text (at most {MAX_CHARS} characters, and the model's token limit)",
                       examples=[TEXT_EXAMPLE])

@@ -21,6 +21,8 @@
 
 (function () {
   const EXPORT = window.ATTNLAB_EXPORT || null;
+  // A server listening beyond this machine needs the token its URL carries (/?token=...), sent with every call.
+  const TOKEN = EXPORT ? null : new URLSearchParams(window.location.search).get("token");
   const $ = (id) => document.getElementById(id);
   const SVG_NS = "http://www.w3.org/2000/svg";
 
@@ -51,9 +53,15 @@
         "run `attnlab explore` for everything else");
     }
     if (body && state.responses.has(key)) return state.responses.get(key);
-    const response = await fetch(path, body ? {
-      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
-    } : {});
+    const headers = TOKEN ? { Authorization: "token " + TOKEN } : {};
+    const init = body ? { method: "POST", headers: Object.assign({ "Content-Type": "application/json" }, headers), body: JSON.stringify(body) }
+      : { headers };
+    let response = await fetch(path, init);
+    // a full queue answers 503 at once with Retry-After: wait that long and ask again (a few times)
+    for (let tries = 0; response.status === 503 && response.headers.has("Retry-After") && tries < 5; tries++) {
+      await new Promise((resolve) => setTimeout(resolve, 1000 * (Number(response.headers.get("Retry-After")) || 1)));
+      response = await fetch(path, init);
+    }
     const data = await response.json();
     if (!response.ok) {
       const detail = Array.isArray(data.detail) ? data.detail.map((d) => (d.loc || []).slice(1).join(".") + ": " + d.msg).join("; ") : data.detail;

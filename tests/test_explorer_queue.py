@@ -1,0 +1,126 @@
+"""The bounded queue in front of model work (work_queue.py): capacity admitted, the excess 503 at once, nothing lost.
+
+The model is held at a gate (a forward pre-hook that waits), so what the queue does is seen without timing
+anything: the refusals come back while every admitted request is still held, which is what "at once"
+means; and once the gate opens every admitted request gets its own, correct answer.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from urllib.parse import urlsplit
+
+import pytest
+import torch
+
+from attnlab.explorer.app import create_app
+from explorer_models import TEXT, serve, small_models
+
+CAPACITY = 4
+
+
+def post(url: str, path: str, body: dict) -> tuple[int, dict, dict]:
+    parts = urlsplit(url)
+    assert parts.hostname == "127.0.0.1"  # loopback only
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=120)
+    try:
+        connection.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, json.loads(response.read())
+    finally:
+        connection.close()
+
+
+def wait_for(condition, what: str, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds  # a hard deadline against a hang, not a measurement
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def gated():
+    """(model, gate): the gpt test model, whose every forward pass waits while `gate` is clear (it starts open);
+    `gate.reached` is set when a pass has reached it."""
+    model = small_models()["gpt"]
+    gate = threading.Event()
+    gate.set()
+    gate.reached = threading.Event()
+
+    def hold(module, args):
+        gate.reached.set()
+        gate.wait(120)
+
+    handle = model.blocks[0].register_forward_pre_hook(hold)
+    yield model, gate
+    gate.set()
+    handle.remove()
+
+
+@pytest.mark.parametrize("load", [1, 2])  # at the queue's capacity, and at twice it
+def test_the_excess_over_capacity_gets_503_at_once_and_the_rest_succeed(gated, load):
+    model, gate = gated
+    heads = [(layer, head) for layer in range(2) for head in range(4)][: load * CAPACITY]
+    with torch.no_grad():
+        _, cache = model.run_with_cache(torch.tensor([model.tokenizer.encode(TEXT)]))
+    results: dict[tuple[int, int], tuple[int, dict, dict]] = {}
+    gate.clear()
+    with serve(create_app({"gpt": model}, queue=CAPACITY)) as url:
+        def ask(layer, head):
+            results[layer, head] = post(url, "/api/pattern", {"model": "gpt", "text": TEXT, "layer": layer, "head": head})
+
+        threads = [threading.Thread(target=ask, args=job) for job in heads]
+        for t in threads:
+            t.start()
+        excess = len(heads) - CAPACITY
+        wait_for(lambda: len(results) >= excess, f"{excess} refusals")
+        time.sleep(0.2)  # room for a wrong extra answer to arrive while the gate is still closed
+        early = dict(results)  # everything answered while every admitted request is held at the gate
+        gate.set()
+        for t in threads:
+            t.join(timeout=120)
+
+    assert len(early) == excess
+    for status, headers, body in early.values():
+        assert status == 503 and headers["retry-after"] == "1" and "busy" in body["detail"]
+    served = {job: r for job, r in results.items() if job not in early}
+    assert len(served) == CAPACITY and len(results) == len(heads)
+    for (layer, head), (status, _, body) in served.items():
+        assert status == 200
+        expected = cache[f"blocks.{layer}.attn.hook_pattern"][0, head]
+        torch.testing.assert_close(torch.tensor(body["pattern"]), expected, atol=1e-6, rtol=0)
+
+
+def test_the_queue_frees_its_places_once_the_work_is_done(gated):
+    """After a burst has been refused and served, the next burst at capacity is admitted whole (no leaked slot)."""
+    model, _ = gated
+    with serve(create_app({"gpt": model}, queue=1)) as url:
+        for _ in range(3):
+            assert post(url, "/api/run", {"model": "gpt", "text": TEXT})[0] == 200
+        assert post(url, "/api/run", {"model": "nope", "text": TEXT})[0] == 404  # a refusal frees its place too
+        assert post(url, "/api/run", {"model": "gpt", "text": TEXT})[0] == 200
+
+
+def test_the_page_and_its_files_are_not_queued(gated):
+    """Only /api/ is model work: with the queue full, the page still loads (and then waits its turn)."""
+    model, gate = gated
+    gate.clear()
+    with serve(create_app({"gpt": model}, queue=1)) as url:
+        held = threading.Thread(target=post, args=(url, "/api/pattern", {"model": "gpt", "text": TEXT, "layer": 0, "head": 0}))
+        held.start()
+        wait_for(gate.reached.is_set, "the request to reach the model")
+        parts = urlsplit(url)
+
+        def get(path):
+            connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+            connection.request("GET", path)
+            return connection.getresponse().status
+
+        assert get("/api/models") == 503
+        assert get("/") == 200 and get("/static/app.js") == 200
+        gate.set()
+        held.join(timeout=120)
+        assert get("/api/models") == 200
