@@ -99,10 +99,15 @@ def describe_statuses(spec: dict[str, Any]) -> dict[str, Any]:
     The middleware's refusals and the service's 404/413/422 carry {"detail": message}, a string; a 422 from
     FastAPI's request validation carries its list of errors instead, so a declared 422 is either.
     """
+    from fastapi.openapi.utils import validation_error_definition, validation_error_response_definition
+
     schemas = spec.setdefault("components", {}).setdefault("schemas", {})
     schemas["Message"] = MESSAGE
+    # FastAPI adds these only where a route declares no 422 of its own; every body can fail validation
+    schemas.setdefault("ValidationError", validation_error_definition)
+    schemas.setdefault("HTTPValidationError", validation_error_response_definition)
     message = {"$ref": "#/components/schemas/Message"}
-    validation = {"anyOf": [{"$ref": "#/components/schemas/HTTPValidationError"}, message]} if "HTTPValidationError" in schemas else message
+    validation = {"anyOf": [{"$ref": "#/components/schemas/HTTPValidationError"}, message]}
     for path, methods in spec.get("paths", {}).items():
         for op in methods.values():
             responses = op.setdefault("responses", {})

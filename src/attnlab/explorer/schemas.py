@@ -6,15 +6,17 @@ so `"head": false` or `"layer": "1"` is refused rather than read as 0 or 1 (sche
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, Strict, StrictInt
 
 from .service import MAX_CHARS, Variant
 
 MAX_ABLATED = 4096  # a bound on the list's length before the model's own (n_layers x n_heads) is checked
 
 TEXT_EXAMPLE = "The cat sat on the mat because it was tired."
+# a [layer, head] pair: a JSON array may be the tuple (not strict), its two numbers must be integers (strict)
+Pair = Annotated[tuple[StrictInt, StrictInt], Strict(False)]
 
 
 class TextRequest(BaseModel):
@@ -23,7 +25,7 @@ class TextRequest(BaseModel):
     model: str = Field(description="a model name from GET /api/models", examples=["minilm"])
     text: str = Field(max_length=MAX_CHARS, description=f"the input text (at most {MAX_CHARS} characters, and the model's token limit)",
                       examples=[TEXT_EXAMPLE])
-    ablate: list[tuple[int, int]] = Field(default_factory=list, max_length=MAX_ABLATED,
+    ablate: list[Pair] = Field(default_factory=list, max_length=MAX_ABLATED,
                                           description="heads to knock out, as [layer, head] pairs (each once, in range); "
                                           "every number then comes from the ablated model", examples=[[[5, 4], [5, 11]]])
     ablation: Literal["zero", "mean"] = Field("zero", description="knock a head out by zeroing its output z, or by "
