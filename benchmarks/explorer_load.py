@@ -1,0 +1,261 @@
+"""Load test of the explorer's bounded queue: fixed concurrency and request count, a hard deadline, loopback only.
+
+    .venv/bin/python benchmarks/explorer_load.py [--model minilm] [--queue 4] [--requests 200] [--rounds 3]
+
+Starts `attnlab explore MODEL --port 0 --queue C` (127.0.0.1, a process of its own, so its memory is its
+own) and runs, round after round, three phases in turn:
+- anchor: 2C clients fetching /static/style.css, an HTTP round trip with no model work (the baseline the
+  refusals are compared with);
+- at capacity: C clients, each sending its next request when the last is answered: every request must
+  succeed (200);
+- at twice capacity: 2C clients: the excess is refused at once (503 with Retry-After) and every other
+  request succeeds; nothing else may happen.
+Each client keeps one connection (HTTP keep-alive, as a browser does); the requests rotate through the
+pattern, heads, projection and trace views (and next token for a causal model) on a different text each
+time, so nothing can be answered from a cache. The server's resident memory (VmRSS) is read after a
+warm-up and at the end: the two must be within 10 %. A deadline (--deadline, default 600 s) bounds the
+whole run; past it the script stops with exit 1.
+
+Prints the machine, a table (medians over rounds of p50 and p99 latencies) and the promises kept or
+broken; --json writes every number. Exit 1 when a promise is broken.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+TEXT = "The cat sat on the mat because it was tired"
+
+
+@dataclass
+class Phase:
+    name: str
+    clients: int
+    requests: int
+    seconds: float = 0.0
+    statuses: dict[str, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    ok_ms: list[float] = field(default_factory=list)
+    busy_ms: list[float] = field(default_factory=list)
+    busy_without_retry_after: int = 0
+
+    def summary(self) -> dict:
+        def pct(xs, q):
+            return round(statistics.quantiles(xs, n=100, method="inclusive")[q - 1], 2) if len(xs) >= 2 else (round(xs[0], 2) if xs else None)
+
+        return {"phase": self.name, "clients": self.clients, "requests": self.requests, "seconds": round(self.seconds, 3),
+                "statuses": self.statuses, "errors": len(self.errors),
+                "ok_p50_ms": pct(self.ok_ms, 50), "ok_p99_ms": pct(self.ok_ms, 99),
+                "busy_p50_ms": pct(self.busy_ms, 50), "busy_p99_ms": pct(self.busy_ms, 99),
+                "busy_max_ms": round(max(self.busy_ms), 2) if self.busy_ms else None,
+                "busy_without_retry_after": self.busy_without_retry_after}
+
+
+def start_server(model: str, queue: int, deadline: float) -> tuple[subprocess.Popen, str]:
+    command = [sys.executable, "-m", "attnlab", "explore", model, "--port", "0", "--queue", str(queue)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while True:
+        line = process.stdout.readline()
+        if not line:
+            raise SystemExit(f"the explorer did not start: {process.stderr.read().strip()}")
+        found = re.search(r"at (http://127\.0\.0\.1:\d+/)", line)
+        if found:
+            return process, found.group(1)
+        if time.monotonic() > deadline:
+            process.kill()
+            raise SystemExit("the explorer did not start before the deadline")
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+def request_bodies(url: str) -> tuple[str, list[tuple[str, dict]]]:
+    """The served model's name and the views' request bodies (all but the model and the text)."""
+    connection = http.client.HTTPConnection(*address(url), timeout=60)
+    connection.request("GET", "/api/models")
+    models = json.loads(connection.getresponse().read())
+    connection.close()
+    info = models[0]
+    layer, head = info["n_layers"] - 1, 0
+    views = [("/api/pattern", {"layer": layer, "head": head, "encoding": "f32"}), ("/api/heads", {}),
+             ("/api/projection", {"layer": layer, "head": head}), ("/api/trace", {"layer": layer, "token": 0})]
+    if info["causal"]:
+        views.append(("/api/next", {"k": 10}))
+    return info["name"], views
+
+
+def address(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    if parts.hostname != "127.0.0.1":
+        raise SystemExit(f"loopback only: {url}")
+    return parts.hostname, parts.port
+
+
+def run_phase(url: str, phase: Phase, work, deadline: float, counter: list[int]) -> Phase:
+    """`phase.clients` threads, each with one keep-alive connection, share `phase.requests` requests."""
+    host, port = address(url)
+    lock = threading.Lock()
+    taken = [0]
+    barrier = threading.Barrier(phase.clients)
+
+    def client() -> None:
+        connection = http.client.HTTPConnection(host, port, timeout=max(1.0, deadline - time.monotonic()))
+        barrier.wait()
+        while True:
+            with lock:
+                if taken[0] >= phase.requests or time.monotonic() > deadline:
+                    break
+                taken[0] += 1
+                counter[0] += 1
+                n = counter[0]
+            method, path, body = work(n)
+            start = time.perf_counter()
+            try:
+                if body is None:
+                    connection.request(method, path)
+                else:
+                    connection.request(method, path, json.dumps(body), {"Content-Type": "application/json"})
+                response = connection.getresponse()
+                response.read()
+                ms = (time.perf_counter() - start) * 1e3
+            except (OSError, http.client.HTTPException) as exc:
+                with lock:
+                    phase.errors.append(f"{type(exc).__name__}: {exc}")
+                connection.close()
+                connection = http.client.HTTPConnection(host, port, timeout=max(1.0, deadline - time.monotonic()))
+                continue
+            with lock:
+                key = str(response.status)
+                phase.statuses[key] = phase.statuses.get(key, 0) + 1
+                if response.status == 200:
+                    phase.ok_ms.append(ms)
+                elif response.status == 503:
+                    phase.busy_ms.append(ms)
+                    phase.busy_without_retry_after += response.getheader("Retry-After") is None
+        connection.close()
+
+    threads = [threading.Thread(target=client) for _ in range(phase.clients)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()) + 5)
+    phase.seconds = time.perf_counter() - start
+    if time.monotonic() > deadline:
+        raise SystemExit(f"the hard deadline passed during {phase.name}: stopping")
+    return phase
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="minilm", help="a model directory or bundled name (default minilm)")
+    parser.add_argument("--queue", type=int, default=4, help="the queue's capacity C (default 4)")
+    parser.add_argument("--requests", type=int, default=200, help="requests per phase and round (default 200)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the three phases (default 3)")
+    parser.add_argument("--deadline", type=float, default=600, help="hard limit on the whole run, seconds (default 600)")
+    parser.add_argument("--json", help="write every number here")
+    parser.add_argument("--no-machine", action="store_true", help="skip the matmul and copy measurements (tests)")
+    args = parser.parse_args(argv)
+    deadline = time.monotonic() + args.deadline
+
+    machine = {}
+    if not args.no_machine:
+        from _common import copy_bandwidth, machine_line
+        from train_speed import measure_matmul_peak
+
+        machine = {"machine": machine_line(), "matmul_gflops": round(measure_matmul_peak() / 1e9, 1),
+                   "copy_gbs": round(copy_bandwidth() / 1e9, 1)}
+        print(f"# Explorer load\n{machine['machine']}\nmatmul {machine['matmul_gflops']} GFLOP/s, copy {machine['copy_gbs']} GB/s")
+
+    process, url = start_server(args.model, args.queue, deadline)
+    try:
+        name, views = request_bodies(url)
+
+        def model_work(n: int):
+            path, extra = views[n % len(views)]
+            return "POST", path, {"model": name, "text": f"{TEXT} ({n}).", **extra}
+
+        def anchor_work(n: int):
+            return "GET", "/static/style.css", None
+
+        counter = [0]
+        C = args.queue
+        run_phase(url, Phase("warm-up", C, 4 * len(views) * C), model_work, deadline, counter)
+        rss_before = rss_bytes(process.pid)
+        rounds = []
+        for r in range(args.rounds):
+            phases = [run_phase(url, Phase("anchor", 2 * C, args.requests), anchor_work, deadline, counter),
+                      run_phase(url, Phase("capacity", C, args.requests), model_work, deadline, counter),
+                      run_phase(url, Phase("twice", 2 * C, args.requests), model_work, deadline, counter)]
+            rounds.append([p.summary() for p in phases])
+            print(f"round {r + 1}: " + "; ".join(f"{p.name} {p.statuses} {len(p.errors)} errors" for p in phases), flush=True)
+        rss_after = rss_bytes(process.pid)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+    def median(phase: str, key: str):
+        values = [s[key] for rnd in rounds for s in rnd if s["phase"] == phase and s[key] is not None]
+        return round(statistics.median(values), 2) if values else None
+
+    by_phase = {p: [s for rnd in rounds for s in rnd if s["phase"] == p] for p in ("anchor", "capacity", "twice")}
+    statuses: dict[str, dict[str, int]] = {p: {} for p in by_phase}
+    for p, summaries in by_phase.items():
+        for s in summaries:
+            for k, v in s["statuses"].items():
+                statuses[p][k] = statuses[p].get(k, 0) + v
+    errors = {p: sum(s["errors"] for s in summaries) for p, summaries in by_phase.items()}
+    busy_max = max((s["busy_max_ms"] for s in by_phase["twice"] if s["busy_max_ms"] is not None), default=None)
+    promises = {
+        "capacity: every request 200": set(statuses["capacity"]) == {"200"} and errors["capacity"] == 0,
+        "twice: only 200 and 503, some of each": set(statuses["twice"]) == {"200", "503"} and errors["twice"] == 0,
+        "twice: every 503 has Retry-After": all(s["busy_without_retry_after"] == 0 for s in by_phase["twice"]),
+        "twice: every 503 within 50 ms": busy_max is not None and busy_max < 50,
+        "memory: RSS after within 10% of before": abs(rss_after - rss_before) <= 0.1 * rss_before,
+    }
+    table = [("anchor: GET /static/style.css", "anchor", "ok"), ("at capacity", "capacity", "ok"),
+             ("at twice capacity: served", "twice", "ok"), ("at twice capacity: refused (503)", "twice", "busy")]
+    print(f"\nmodel {name}, queue capacity C={C}, {args.requests} requests per phase, {args.rounds} rounds "
+          f"(medians over rounds)\n")
+    print("| phase | clients | responses | p50 ms | p99 ms |")
+    print("| --- | ---: | --- | ---: | ---: |")
+    for label, phase, kind in table:
+        clients = C if phase == "capacity" else 2 * C
+        counts = ", ".join(f"{v} × {k}" for k, v in sorted(statuses[phase].items()))
+        if kind == "busy":
+            counts = f"{statuses[phase].get('503', 0)} × 503"
+        elif phase == "twice":
+            counts = f"{statuses[phase].get('200', 0)} × 200"
+        print(f"| {label} | {clients} | {counts} | {median(phase, kind + '_p50_ms')} | {median(phase, kind + '_p99_ms')} |")
+    print(f"\nslowest 503: {busy_max} ms; anchor p50 {median('anchor', 'ok_p50_ms')} ms; server RSS {rss_before / 2**20:.1f} MiB "
+          f"after warm-up, {rss_after / 2**20:.1f} MiB at the end ({(rss_after / rss_before - 1) * 100:+.1f}%)")
+    for promise, kept in promises.items():
+        print(f"{'kept  ' if kept else 'BROKEN'} {promise}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            **machine, "model": name, "queue": C, "requests": args.requests, "rounds": rounds, "statuses": statuses,
+            "errors": errors, "rss_before": rss_before, "rss_after": rss_after, "busy_max_ms": busy_max,
+            "promises": promises}, indent=1))
+    return 0 if all(promises.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
