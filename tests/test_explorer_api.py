@@ -328,7 +328,7 @@ def test_a_sliding_window_model_shows_its_band_in_the_pattern_and_the_stages():
     model.tokenizer = tok
     T = len(TEXT)
     band = np.tril(np.ones((T, T), dtype=bool)) & ~np.tril(np.ones((T, T), dtype=bool), -4)
-    with TestClient(create_app({"mistral": model})) as client:
+    with TestClient(create_app({"mistral": model}), base_url=LOCAL) as client:
         assert client.get("/api/models").json()[0]["sliding_window"] == 4
         data = post(client, "/api/pattern", model="mistral", text=TEXT, layer=0, head=1)
         stages = post(client, "/api/stages", model="mistral", text=TEXT, layer=0, head=1, mask="causal")
