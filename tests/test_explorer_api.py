@@ -220,6 +220,11 @@ def test_next_token_is_the_distribution_sampling_draws_from(client, models):
     ("/api/run", {"model": "gpt", "text": ""}, 422, ["no tokens"]),
     ("/api/next", {"model": "bert", "text": "hi"}, 422, ["encoder", "next token"]),
     ("/api/next", {"model": "gpt", "text": "hi", "top_p": 0}, 422, ["top_p", "greater than 0"]),
+    # strict types (schemathesis found the first): a boolean or a string is not a number
+    ("/api/pattern", {"model": "gpt", "text": "hi", "layer": 0, "head": False}, 422, ["head", "valid integer"]),
+    ("/api/trace", {"model": "gpt", "text": "hi", "layer": "1", "token": 0}, 422, ["layer", "valid integer"]),
+    ("/api/next", {"model": "gpt", "text": "hi", "sample": "yes"}, 422, ["sample", "valid boolean"]),
+    ("/api/pattern", {"model": "gpt", "text": "hi", "layer": 0, "head": 0, "ablate": [[True, 1]]}, 422, ["ablate", "valid integer"]),
 ])
 def test_bad_requests_get_a_4xx_with_a_message(client, path, body, status, words):
     response = client.post(path, json=body)

@@ -13,8 +13,8 @@ defences, which this follows (jupyter_server's `check_host`, `check_origin`, tok
   that a browser marks `Sec-Fetch-Site: cross-site`: a page elsewhere cannot make the server work for it.
 - Bodies: a request body must be sent as application/json (415 otherwise), so a cross-site form or a
   `text/plain` "simple request" (which needs no CORS preflight) is never parsed as JSON. A body over
-  `max_body` bytes is 413, in JSON like every refusal: at once when its Content-Length says so, else
-  as soon as the bytes received pass the limit (never read whole into memory first).
+  `max_body` bytes is 413, in JSON like every refusal, as soon as the bytes received pass the limit
+  (whatever its Content-Length claims; it is never read whole into memory first).
 - Token: when the server listens beyond this machine it requires a token, as Jupyter does. The page's URL
   carries it (`/?token=...`); the page sends it back as `Authorization: token ...` (a query parameter
   `?token=` is accepted too, for curl). Every request but the page and its static files needs it (403
@@ -141,9 +141,6 @@ class Guard:
                          "(…/?token=...), or send the header 'Authorization: token ...'")
         if self.has_body(headers) and headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
             return 415, "send the request body as JSON, with the header 'Content-Type: application/json'"
-        length = headers.get("content-length", "")
-        if self.max_body is not None and length.isdigit() and int(length) > self.max_body:
-            return 413, f"the request body is {int(length):,} bytes; the explorer's limit is {self.max_body:,} bytes"
         return None
 
     @staticmethod
