@@ -150,7 +150,7 @@ def test_minilm_knocking_out_the_heads_where_it_lands_on_cat_turns_its_hidden_st
 
     model = attnlab.load("minilm")
     text = "The cat sat on the mat because it was tired."
-    with TestClient(create_app({"minilm": model})) as c:
+    with TestClient(create_app({"minilm": model}), base_url=LOCAL) as c:
         tokens = post(c, "/api/run", model="minilm", text=text)["tokens"]
         it, cat = tokens.index("it"), tokens.index("cat")
         pattern = post(c, "/api/pattern", model="minilm", text=text, layer=5, head=11)["pattern"]
