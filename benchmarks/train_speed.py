@@ -192,7 +192,7 @@ def run(name: str, rounds: int, steps: int, peaks: dict[torch.dtype, float], roo
     some_trainer = next(v for v in variants.values() if isinstance(v, Trainer))
     per_token = flops_per_token(some_trainer)
     cfg = some_trainer.cfg
-    tokens_per_step = cfg.batch_size * cfg.block_size * cfg.gradient_accumulation_steps
+    tokens_per_step = cfg.batch_size * cfg.block_size * some_trainer.accum_total
     for variant in variants.values():  # warm-up (compilation happens here)
         for it in range(2):
             variant.train_step(it)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
@@ -12,12 +11,12 @@ import pytest
 import torch
 
 import attnlab
-from attnlab.cli import main
 from attnlab.errors import UserError
 from attnlab.training import trainer as trainer_module
 from attnlab.training.config import TrainConfig
 from attnlab.training.trainer import Trainer, learning_rate_at, make_optimizer, train
-from training_tiny import tiny_config, tiny_flags
+from training_tiny import one_line_error as _one_line_error
+from training_tiny import run_cli, tiny_config, tiny_flags
 
 
 def test_warmup_then_cosine_to_min_lr():
@@ -44,9 +43,10 @@ def test_run_writes_checkpoint_metrics_plot_and_report(tmp_path):
     cfg = tiny_config(tmp_path, max_iters=40, lr_decay_iters=40, eval_interval=20)
     result = train(cfg, progress=False)
     run = tmp_path / "run"
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "train_state.pt", "tokens.bin",
-                 "metrics.jsonl", "loss.png", "report.md"):
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokens.bin", "metrics.jsonl", "loss.png",
+                 "report.md", "checkpoints/step-0000040/train_state.pt", "checkpoints/step-0000040/manifest.json"):
         assert (run / name).is_file(), name
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-0000020", "step-0000040"]
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["iter"] for r in records] == [20, 40]
     assert {"iter", "train_loss", "val_loss", "lr", "tokens_per_s", "elapsed_s"} <= set(records[0])
@@ -55,7 +55,7 @@ def test_run_writes_checkpoint_metrics_plot_and_report(tmp_path):
     report = (run / "report.md").read_text()
     assert "final val loss" in report and torch.__version__ in report
     model = attnlab.load(run)  # the native checkpoint is what sampling and the explorer read
-    state = torch.load(run / "train_state.pt", weights_only=True)
+    state = torch.load(run / "checkpoints/step-0000040/train_state.pt", weights_only=True)
     torch.testing.assert_close(model.state_dict()["embed.weight"], state["model"]["embed.weight"], rtol=0, atol=0)
     assert model.tokenizer.kind == "char"
 
@@ -79,7 +79,7 @@ def test_ctrl_c_saves_and_resume_is_exact(tmp_path, monkeypatch):
     _interrupt_at(monkeypatch, 2)
     first = train(tiny_config(tmp_path / "b", **changes), progress=False)
     assert first.interrupted and first.iters == 3  # the step running at Ctrl-C finishes, then it saves
-    assert torch.load(tmp_path / "b" / "run" / "train_state.pt", weights_only=True)["iter"] == 3
+    assert torch.load(tmp_path / "b" / "run" / "checkpoints/step-0000003/train_state.pt", weights_only=True)["iter"] == 3
     monkeypatch.undo()
     rest = train(tiny_config(tmp_path / "b", **changes), resume=True, progress=False)
     assert sorted(rest.losses) == list(range(4, 9))
@@ -119,39 +119,10 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch
     monkeypatch.setattr(trainer_module, "next_token_loss", poisoned)
     with pytest.raises(UserError, match=r"loss became nan at step 5; stopped, and the last good checkpoint \(step 3\)"):
         train(tiny_config(tmp_path), progress=False)
-    state = torch.load(tmp_path / "run" / "train_state.pt", weights_only=True)
-    assert state["iter"] == 3
+    state = torch.load(tmp_path / "run" / "checkpoints/step-0000003/train_state.pt", weights_only=True)
+    assert state["iter"] == 3 and not (tmp_path / "run" / "checkpoints/step-0000006").exists()
     assert all(torch.isfinite(t).all() for t in state["model"].values())
     assert all(torch.isfinite(t).all() for t in attnlab.load(tmp_path / "run").state_dict().values())
-
-
-def run_cli(argv, capsys) -> tuple[int, str]:
-    code = main(argv)
-    err = capsys.readouterr().err
-    return code, err
-
-
-def _one_line_error(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
-
-
-def test_full_disk_is_one_line_and_keeps_the_checkpoint(tmp_path, monkeypatch, capsys):
-    assert run_cli(["train", *tiny_flags(tmp_path, max_iters=3)], capsys)[0] == 0
-    before = (tmp_path / "run" / "train_state.pt").read_bytes()
-
-    def full(*args, **kwargs):
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(torch, "save", full)
-    code, err = run_cli(["train", "--out", str(tmp_path / "run"), "--resume", "--max-iters", "6", "--quiet"], capsys)
-    assert code == 2 and "disk is full" in _one_line_error(err)
-    assert (tmp_path / "run" / "train_state.pt").read_bytes() == before
-    assert not [p for p in (tmp_path / "run").iterdir() if p.name.endswith(".tmp")]  # no torn temporaries left
-    monkeypatch.undo()
-    assert torch.load(tmp_path / "run" / "train_state.pt", weights_only=True)["iter"] == 3
-    attnlab.load(tmp_path / "run")
 
 
 def test_resume_errors(tmp_path, capsys):
@@ -164,9 +135,9 @@ def test_resume_errors(tmp_path, capsys):
     assert code == 2 and "raise --max-iters" in _one_line_error(err)
     code, err = run_cli(["train", *tiny_flags(tmp_path, max_iters=3)], capsys)  # a fresh run would overwrite it
     assert code == 2 and "--overwrite" in _one_line_error(err)
-    (tmp_path / "run" / "train_state.pt").write_bytes(b"torn")
+    (tmp_path / "run" / "checkpoints" / "step-0000003" / "train_state.pt").write_bytes(b"torn")
     code, err = run_cli(["train", "--out", str(tmp_path / "run"), "--resume", "--max-iters", "6"], capsys)
-    assert code == 2 and "not a readable checkpoint" in _one_line_error(err)
+    assert code == 2 and "no complete checkpoint" in _one_line_error(err)
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -40,5 +40,21 @@ def tiny_flags(tmp_path: Path, **changes) -> list[str]:
     for name in ("data", "out", "n_layer", "n_head", "n_embd", "block_size", "batch_size", "max_iters",
                  "lr_decay_iters", "warmup_iters", "eval_interval", "eval_iters", "learning_rate", "min_lr", "seed",
                  "device", "gradient_accumulation_steps"):
-        flags += ["--" + name.replace("_", "-"), str(getattr(cfg, name))]
+        if getattr(cfg, name) is not None:
+            flags += ["--" + name.replace("_", "-"), str(getattr(cfg, name))]
     return flags + ["--quiet"]
+
+
+def run_cli(argv, capsys) -> tuple[int, str]:
+    """Run `attnlab ARGV` in this process; its exit code and stderr."""
+    from attnlab.cli import main
+
+    code = main(argv)
+    return code, capsys.readouterr().err
+
+
+def one_line_error(err: str) -> str:
+    """The one line a refused command printed (asserting it is one line and no traceback)."""
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]

@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"attnlab {args.command}: error: no such file or directory: {exc.filename}", file=sys.stderr)
         return 2
     except OSError as exc:  # the file system refused (permissions, a file where a folder should be, ...)
-        if exc.errno == errno.ENOSPC:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):  # no space, over quota, over the file size limit
             print(f"attnlab {args.command}: error: the disk is full ({exc.filename or 'while writing'}); "
                   "free some space and run again (the last good checkpoint is kept)", file=sys.stderr)
         else:

@@ -3,8 +3,12 @@
 Design choices:
 - config.json holds {"format": "attnlab", "version": 1, "model": ModelConfig fields}; nothing is ever
   unpickled: weights are safetensors, the tokenizer is JSON.
-- Every file is written atomically (to a temporary name in the same directory, fsynced, then renamed),
-  so a kill at any moment leaves either the old file or the new one, never half of one.
+- Every file is written atomically (to a temporary name in the same directory, fsynced, renamed, then
+  the directory fsynced so the rename itself survives a power cut), so a kill at any moment leaves either
+  the old file or the new one, never half of one.
+- A directory may carry `manifest.json` (every file's size and SHA-256, written last: training
+  checkpoints do, see attnlab.training.checkpoint). Loading verifies it when it is there, so a truncated or
+  bit-flipped file is refused with one line naming it instead of loading silently.
 - A tied LM head is stored once (as the embedding) and re-tied on load.
 - A quantized model (`attnlab.quantize`) says so in config.json ("quantization": "int8") and stores its int8
   weights and their scales as they are; the loader quantizes the empty model the same way before filling it.
@@ -13,9 +17,12 @@ Design choices:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,23 +34,46 @@ from ..errors import UserError
 FORMAT = "attnlab"
 VERSION = 1
 META_BUILD_ABOVE = 100_000_000  # parameters above which loaders skip the random init (see empty_model)
+MANIFEST = "manifest.json"
+CHECKPOINTS = "checkpoints"  # a training run's folder of checkpoints, step-NNNNNNN/ each (attnlab.training.checkpoint)
+_CHECKPOINT_NAME = re.compile(r"step-(\d{7,})")
+
+
+def fsync_file(path: str | Path) -> None:
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Make a directory's entries (a rename, a new file) durable; a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # Windows: directories cannot be opened, and renames there are durable by themselves
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems refuse fsync on a directory; their renames are as durable as they get
+        pass
+    finally:
+        os.close(fd)
 
 
 def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
-    """Call write(tmp_path), fsync, then rename onto `path`: readers see the old file or the new, never a torn one."""
+    """Call write(tmp_path), fsync, rename onto `path`, fsync the folder: readers see the old file or the
+    new, never a torn one, and the rename survives a power cut."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
         write(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
+        fsync_file(tmp)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    fsync_dir(path.parent)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -71,6 +101,79 @@ def save_native(model, path: str | Path) -> Path:
         atomic_write(path / "tokenizer.json", model.tokenizer.save)
     atomic_write_text(path / "config.json", json.dumps(config, indent=2) + "\n")
     return path
+
+
+def file_digest(file: str | Path) -> dict:
+    """{"bytes": size, "sha256": hex digest} of a file, read in 1 MiB blocks."""
+    digest, size = hashlib.sha256(), 0
+    with open(file, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+            size += len(block)
+    return {"bytes": size, "sha256": digest.hexdigest()}
+
+
+def write_manifest(path: str | Path, extra: dict | None = None) -> None:
+    """manifest.json listing every other file of the directory `path` with its size and SHA-256, written
+    atomically and last: a directory whose manifest verifies holds exactly what was written."""
+    path = Path(path)
+    files = {p.name: file_digest(p) for p in sorted(path.iterdir()) if p.is_file() and p.name != MANIFEST}
+    atomic_write_text(path / MANIFEST, json.dumps({"format": FORMAT, "version": VERSION, **(extra or {}),
+                                                   "files": files}, indent=1) + "\n")
+
+
+def verify_manifest(path: str | Path) -> dict | None:
+    """Check every file manifest.json lists (size, then SHA-256); None when there is no manifest. A file
+    that is missing, of another size or another digest is a UserError naming it."""
+    path = Path(path)
+    file = path / MANIFEST
+    if not file.is_file():
+        return None
+    try:
+        manifest = json.loads(file.read_text(encoding="utf-8"))
+        files = manifest["files"]
+        listed = {str(name): (int(entry["bytes"]), str(entry["sha256"])) for name, entry in files.items()}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise UserError(f"{file}: not a readable manifest ({exc!r}); the checkpoint is damaged") from None
+    for name, (size, sha256) in listed.items():
+        target = path / name
+        if Path(name).name != name or not target.is_file():
+            raise UserError(f"{target}: missing, but {file} lists it; the checkpoint is incomplete")
+        actual = target.stat().st_size
+        if actual != size:
+            raise UserError(f"{target}: {actual} bytes, but {file} says {size}; the file is truncated or damaged")
+        if file_digest(target)["sha256"] != sha256:
+            raise UserError(f"{target}: its SHA-256 differs from {file}'s; the file is damaged (a flipped bit)")
+    return manifest
+
+
+def checkpoint_dirs(run: str | Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every committed checkpoint of a training run, newest first (hidden temporaries,
+    which an interrupted save leaves, excluded)."""
+    root = Path(run) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _CHECKPOINT_NAME.fullmatch(p.name)) and p.is_dir()]
+    return sorted(found, reverse=True)
+
+
+def newest_checkpoint(run: str | Path) -> Path | None:
+    """The newest checkpoint folder of a training run whose manifest verifies, if any: what loading a run
+    folder reads, so it never depends on the model files linked into the run folder being up to date."""
+    damaged = []
+    for _, folder in checkpoint_dirs(run):
+        try:
+            if verify_manifest(folder) is not None:
+                break
+            damaged.append(f"{folder}: no {MANIFEST}")
+        except UserError as exc:
+            damaged.append(str(exc))
+    else:
+        return None
+    if damaged:
+        warnings.warn(f"skipped a damaged checkpoint ({damaged[0]}); loading the previous complete one, {folder}",
+                      stacklevel=3)
+    return folder
 
 
 def is_native(path: str | Path) -> bool:
@@ -151,6 +254,7 @@ def load_native(path: str | Path, device: str | torch.device = "cpu"):
         raise UserError(f"{path / 'config.json'}: cannot read it ({exc})") from None
     if meta.get("version", VERSION) > VERSION:
         raise UserError(f"{path}: written by a newer attnlab (format version {meta['version']}); upgrade attnlab")
+    verify_manifest(path)
     config = ModelConfig.from_dict(meta["model"])
     model = empty_model(config, device)
     if meta.get("quantization"):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
@@ -25,18 +24,18 @@ from ..errors import UserError
 
 # train ------------------------------------------------------------------------------------------------
 def run_train(args: argparse.Namespace) -> int:
+    from .checkpoint import find_checkpoint
     from .config import TrainConfig, build_config
-    from .trainer import STATE_FILE, no_checkpoint_error, train
+    from .trainer import train
 
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)}
     cfg = build_config(args.preset, args.config, overrides)
+    checkpoint = None
     if args.resume:
-        saved = Path(cfg.out) / "train.json"
-        if not saved.is_file() or not (Path(cfg.out) / STATE_FILE).is_file():
-            raise no_checkpoint_error(Path(cfg.out))
-        base = json.loads(saved.read_text())["config"]
-        cfg = build_config(args.preset, args.config, overrides, base=base)
-    result = train(cfg, resume=args.resume, overwrite=args.overwrite, progress=not args.quiet)
+        checkpoint = find_checkpoint(cfg.out, required=args.resume != "auto", announce=_is_main_process())
+        if checkpoint is not None:
+            cfg = build_config(args.preset, args.config, overrides, base=checkpoint.train_config)
+    result = train(cfg, resume=args.resume, overwrite=args.overwrite, progress=not args.quiet, checkpoint=checkpoint)
     if not _is_main_process():
         return 0
     if result.interrupted:
@@ -47,6 +46,12 @@ def run_train(args: argparse.Namespace) -> int:
     print(f"trained {result.iters} steps in {result.elapsed_s:.1f} s ({result.tokens_per_s:,.0f} tokens/s): {losses}")
     print(f"checkpoint, metrics.jsonl, loss.png and report.md in {result.out}; sample it: attnlab sample {result.out}")
     return 0
+
+
+def _resume_mode(value: str) -> str:
+    if value != "auto":
+        raise argparse.ArgumentTypeError(f"--resume takes no value or 'auto', not {value!r}")
+    return value
 
 
 def _is_main_process() -> bool:
@@ -184,7 +189,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                                    "corpus. Flags take nanoGPT's names; precedence: defaults < --preset < --config < flags.")
     p.add_argument("--preset", choices=list(TRAIN_PRESETS), default=None, help="a named starting configuration")
     p.add_argument("--config", metavar="FILE", default=None, help="TOML or JSON file with the same keys as the flags")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out exactly where it stopped")
+    p.add_argument("--resume", nargs="?", const=True, default=False, type=_resume_mode, metavar="auto",
+                   help="continue the run in --out exactly where it stopped; --resume auto: continue if --out holds "
+                        "a checkpoint, else start fresh (for restarts under torchrun --max-restarts)")
     p.add_argument("--overwrite", action="store_true", help="start over even if --out holds a checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_flags(p)

@@ -72,7 +72,8 @@ class TrainConfig:
     max_time: float | None = _opt(None, "stop after this many seconds of training, the schedule running on elapsed time "
                                         "instead of steps (default: none; --max-iters still caps the steps)")
     batch_size: int = _opt(12, "sequences per micro-batch, per process")
-    gradient_accumulation_steps: int = _opt(1, "micro-batches per optimizer step, over all processes together")
+    gradient_accumulation_steps: int | None = _opt(
+        None, "micro-batches per optimizer step, over all processes together (default: one per process)")
     max_iters: int = _opt(2000, "optimizer steps in total")
     learning_rate: float = _opt(1e-3, "peak learning rate")
     min_lr: float = _opt(1e-4, "learning rate at the end of the cosine decay")
@@ -94,6 +95,8 @@ class TrainConfig:
         for name in ("vocab_size", "n_layer", "n_head", "n_embd", "block_size", "batch_size",
                      "gradient_accumulation_steps", "max_iters", "eval_interval", "eval_iters"):
             value = getattr(self, name)
+            if value is None and name == "gradient_accumulation_steps":
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise UserError(f"--{flag_name(name)} must be a positive integer, got {value!r}")
         for name in ("snapshots", "warmup_iters", "seed", "learning_rate", "min_lr", "weight_decay", "grad_clip"):

@@ -9,15 +9,17 @@ Design choices:
   bit for bit as if never stopped, and a run with N processes sees exactly the batch of one process.
 - Evaluation uses the same fixed eval_iters batches every time (seeded once per split), so successive
   evaluations differ only by what the model learned, not by which batches were drawn.
-- A checkpoint is two atomic writes: `train_state.pt` (model, optimizer, step, configs; written with
-  torch.save of tensors and plain values and read back with torch.load(weights_only=True), so nothing
-  arbitrary is ever unpickled) is what --resume reads; `config.json`/`model.safetensors`/`tokenizer.json`
-  are the native checkpoint that `attnlab sample`, `attnlab.load` and the explorer read. A kill at any
-  moment leaves the previous good file of each.
+- A checkpoint is one folder that commits whole or not at all (attnlab.training.checkpoint): `train_state.pt`
+  (model, optimizer, step, configs; torch.save of tensors and plain values, read back with
+  torch.load(weights_only=True), so nothing arbitrary is ever unpickled) is what --resume reads; the native
+  model files beside it are what `attnlab sample`, `attnlab.load` and the explorer read, linked into --out.
+  `--resume auto` resumes when there is a checkpoint and starts fresh when there is none (an elastic job's
+  restart); a damaged newest checkpoint falls back to the one before.
 - Ctrl-C sets a flag (a second Ctrl-C interrupts at once); the loop sees it between steps, saves, and
   returns. A non-finite loss stops the run before the optimizer step, so the last checkpoint stays good.
 - Distributed: under torchrun (RANK/WORLD_SIZE set) the model is wrapped in DistributedDataParallel, with
-  gloo on CPU and nccl on GPU; every rank draws the same global batch and keeps its own rows; accumulation
+  gloo on CPU and nccl on GPU; every rank draws the same global batch and keeps its own rows (without
+  --gradient-accumulation-steps, one micro-batch per process per step); accumulation
   micro-steps skip the gradient all-reduce (`no_sync`) except the last; only rank 0 writes files.
 - bf16 autocast on GPUs that have it (`--dtype auto`); float32 on CPU, where this 2-core AVX2 machine has
   no bf16 matrix units and autocast only adds casts (benchmarks/README.md).
@@ -50,19 +52,15 @@ from ..errors import UserError
 from ..formats.native import atomic_write, atomic_write_text, save_native
 from ..model import Transformer
 from ..tokenizer import Tokenizer
+from .checkpoint import (STATE_FILE, TRAIN_JSON, Checkpoint, find_checkpoint, has_checkpoint, remove_checkpoints,
+                         write_checkpoint, write_state)
 from .config import FLAG_OF_MODEL_FIELD, TrainConfig, flag_name
 from .data import TokenData, prepare_data
 from .snapshots import list_snapshots, save_snapshot, snapshot_steps
 
-STATE_FILE = "train_state.pt"
 METRICS_FILE = "metrics.jsonl"
 COMPILE_BACKEND = "inductor"  # what --compile uses (tests swap in "aot_eager", which traces the same graph quickly)
 _EVAL_SEED_OFFSET = 7919  # eval batches come from their own seed, apart from every training step's
-
-
-def no_checkpoint_error(out: Path) -> UserError:
-    return UserError(f"--resume: no checkpoint in {out} ({STATE_FILE} is missing); "
-                     "check --out, or run without --resume to start fresh")
 
 
 def learning_rate_at(it: int, cfg: TrainConfig, elapsed_s: float = 0.0) -> float:
@@ -199,10 +197,31 @@ def setup_distributed(device_name: str) -> tuple[Distributed, torch.device]:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = resolve_device(device_name, local_rank)
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", **_restart_store(world))
     if device.type == "cuda":
         torch.cuda.set_device(device)
     return Distributed(dist.get_rank(), local_rank, dist.get_world_size()), device
+
+
+def _restart_store(world: int) -> dict[str, Any]:
+    """Under torchrun --max-restarts, the store of each start's process group, kept apart from the others'.
+
+    torchrun shares its rendezvous store with the workers (TORCHELASTIC_USE_AGENT_STORE) and torch builds
+    the process group on it without a per-start prefix, so a restarted gloo group can read a dead worker's
+    address and fail to connect (pytorch/pytorch#135712; here two runs of three starts each lost a start
+    so). Prefixing the keys with the restart count keeps each start's group to itself. Elsewhere torch's
+    own env:// set-up is used."""
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or restart == "0":
+        return {}
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                          timeout=timedelta(minutes=10))
+    return {"store": dist.PrefixStore(f"attnlab/start_{restart}", store), "rank": int(os.environ["RANK"]),
+            "world_size": world}
 
 
 @dataclass
@@ -221,19 +240,24 @@ class TrainResult:
 class Trainer:
     """One training run: builds the data, model and optimizer from a TrainConfig, then `run()`s it."""
 
-    def __init__(self, cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, progress: bool = True) -> None:
+    def __init__(self, cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = False, progress: bool = True,
+                 checkpoint: Checkpoint | None = None) -> None:
+        """resume: True (a checkpoint must be there) or "auto" (resume if there is one, else start fresh);
+        checkpoint: the one to resume from when the caller has found it already (the command line has)."""
         self.cfg, self.progress = cfg, progress
         self.out = Path(cfg.out)
         self.dist, self.device = setup_distributed(cfg.device)
-        if cfg.gradient_accumulation_steps % self.dist.world:
+        self.accum_total = cfg.gradient_accumulation_steps or self.dist.world  # micro-batches per step, all ranks
+        if self.accum_total % self.dist.world:
             raise UserError(
                 f"--gradient-accumulation-steps ({cfg.gradient_accumulation_steps}) counts micro-batches over all "
-                f"{self.dist.world} processes, so it must be a multiple of {self.dist.world}"
+                f"{self.dist.world} processes, so it must be a multiple of {self.dist.world} (or leave it out: "
+                "one micro-batch per process)"
             )
-        self.accum = cfg.gradient_accumulation_steps // self.dist.world  # micro-batches per process
+        self.accum = self.accum_total // self.dist.world  # micro-batches per process
         self.dtype = resolve_dtype(cfg.dtype, self.device)
-        state = self._check_out_dir(resume, overwrite)
-        self.tokenizer, self.data = self._prepare_data(state)
+        checkpoint, state = self._check_out_dir(resume, overwrite, checkpoint)
+        self.tokenizer, self.data = self._prepare_data(checkpoint)
         self.data.check_block_size(cfg.block_size)
         self.model_config = cfg.model_config(d_vocab=self.tokenizer.vocab_size)
         if state is not None:
@@ -270,40 +294,43 @@ class Trainer:
         return self.cfg.max_time is not None and self.elapsed_s() >= self.cfg.max_time
 
     # Setup ------------------------------------------------------------------------------------------
-    def _check_out_dir(self, resume: bool, overwrite: bool) -> dict[str, Any] | None:
+    def _check_out_dir(self, resume: bool | str, overwrite: bool,
+                       checkpoint: Checkpoint | None) -> tuple[Checkpoint | None, dict | None]:
         if self.out.exists() and not self.out.is_dir():
             raise UserError(f"--out {self.out}: a file, not a folder; give a directory for the run")
-        state_path = self.out / STATE_FILE
-        if resume:
-            if not state_path.is_file():
-                raise no_checkpoint_error(self.out)
+        if resume and checkpoint is None:
+            checkpoint = find_checkpoint(self.out, required=resume != "auto", announce=self.dist.is_main)
+        if checkpoint is not None:
+            state_path = checkpoint.path / STATE_FILE
             try:
                 state = torch.load(state_path, map_location="cpu", weights_only=True)
             except Exception as exc:  # torch raises several types for a torn or foreign file
                 raise UserError(f"--resume: {state_path} is not a readable checkpoint ({str(exc).splitlines()[0]}); "
                                 "it may be corrupt: start fresh with --overwrite") from None
-            if state["iter"] >= self.cfg.max_iters:
+            if state["iter"] >= self.cfg.max_iters and resume != "auto":
                 raise UserError(f"--resume: the checkpoint in {self.out} is at step {state['iter']} and --max-iters is "
                                 f"{self.cfg.max_iters}; raise --max-iters to train further")
             if self.cfg.max_time is not None and state["elapsed_s"] >= self.cfg.max_time:
                 raise UserError(f"--resume: the run in {self.out} has trained {state['elapsed_s']:.1f} s and --max-time is "
                                 f"{self.cfg.max_time:g}; raise --max-time to train further")
-            return state
-        if state_path.is_file() and not overwrite:
+            return checkpoint, state
+        if has_checkpoint(self.out) and not overwrite and resume != "auto":
             raise UserError(f"{self.out} already holds a training checkpoint; continue it with --resume, "
                             "start over with --overwrite, or choose another --out")
         if self.dist.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
-            for name in (STATE_FILE, METRICS_FILE):
-                (self.out / name).unlink(missing_ok=True)
+            if overwrite:
+                remove_checkpoints(self.out)
+            (self.out / METRICS_FILE).unlink(missing_ok=True)
             for path in list_snapshots(self.out).values():  # a fresh run's slider must not show an older run
                 path.unlink()
-        return None
+        self._barrier()  # no rank looks at the folder before rank 0 has cleared it
+        return None, None
 
-    def _prepare_data(self, state: dict[str, Any] | None) -> tuple[Tokenizer, TokenData]:
+    def _prepare_data(self, checkpoint: Checkpoint | None) -> tuple[Tokenizer, TokenData]:
         cfg = self.cfg
         saved_tokenizer = self.out / "tokenizer.json"
-        tokenizer = Tokenizer.from_file(saved_tokenizer) if state is not None else None
+        tokenizer = Tokenizer.from_file(checkpoint.path / "tokenizer.json") if checkpoint is not None else None
         if self.dist.is_main:
             tokenizer, data = prepare_data(cfg.data, cfg.tokenizer, cfg.vocab_size, self.out, tokenizer)
             atomic_write(saved_tokenizer, tokenizer.save)
@@ -349,8 +376,8 @@ class Trainer:
         """This rank's (x, y) micro-batches of step `it`, gathered one at a time as the step asks for them."""
         cfg, rank, world = self.cfg, self.dist.rank, self.dist.world
         generator = torch.Generator().manual_seed(_step_seed(cfg.seed, it, -1))  # same windows on every rank
-        offsets = self.data.sample_offsets("train", cfg.gradient_accumulation_steps * cfg.batch_size, cfg.block_size, generator)
-        offsets = offsets.view(cfg.gradient_accumulation_steps, cfg.batch_size)[rank::world]  # (accum, B): this rank's rows
+        offsets = self.data.sample_offsets("train", self.accum_total * cfg.batch_size, cfg.block_size, generator)
+        offsets = offsets.view(self.accum_total, cfg.batch_size)[rank::world]  # (accum, B): this rank's rows
         for rows in offsets:
             yield self._batches("train", rows)
 
@@ -424,7 +451,8 @@ class Trainer:
 
     # Files ------------------------------------------------------------------------------------------
     def save_checkpoint(self, elapsed_s: float) -> None:
-        """train_state.pt for --resume, then the native checkpoint for sampling; each file atomic. Rank 0 only."""
+        """One checkpoint folder (train_state.pt for --resume, the native model for sampling, train.json),
+        committed whole by attnlab.training.checkpoint.write_checkpoint. Rank 0 only."""
         if self.dist.is_main:
             state = {
                 "iter": self.iter,  # the data position and RNG state: step `iter` is seeded from (seed, iter)
@@ -439,9 +467,13 @@ class Trainer:
                 "model_config": self.model_config.to_dict(),
                 "train_config": self.cfg.to_dict(),
             }
-            atomic_write(self.out / STATE_FILE, lambda tmp: torch.save(state, tmp))
-            save_native(self.raw_model, self.out)
-            atomic_write_text(self.out / "train.json", json.dumps({"iter": self.iter, "config": self.cfg.to_dict()}, indent=2) + "\n")
+
+            def write(folder: Path) -> None:
+                write_state(folder / STATE_FILE, state)
+                save_native(self.raw_model, folder)
+                (folder / TRAIN_JSON).write_text(json.dumps({"iter": self.iter, "config": self.cfg.to_dict()}, indent=2) + "\n")
+
+            write_checkpoint(self.out, self.iter, write)
         self.last_saved = self.iter
 
     def _log_metrics(self, record: dict[str, Any]) -> None:
@@ -478,7 +510,7 @@ class Trainer:
 
         bar = tqdm(total=cfg.max_iters, initial=self.iter, disable=not (self.progress and self.dist.is_main),
                    unit="it", dynamic_ncols=True, file=sys.stderr, desc="train")
-        tokens_per_step = cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
+        tokens_per_step = self.accum_total * cfg.batch_size * cfg.block_size
         self.session_start, cpu_start = time.perf_counter(), time.process_time()
         step_time, steps = 0.0, 0
         snapshot_at = set(snapshot_steps(cfg.max_iters, cfg.snapshots)) if self.dist.is_main else set()
@@ -551,10 +583,11 @@ class Trainer:
         return result
 
 
-def train(cfg: TrainConfig, *, resume: bool = False, overwrite: bool = False, progress: bool = True) -> TrainResult:
+def train(cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = False, progress: bool = True,
+          checkpoint: Checkpoint | None = None) -> TrainResult:
     """Train as `cfg` says, into cfg.out; see Trainer. Under torchrun, leaves the process group when done."""
     try:
-        return Trainer(cfg, resume=resume, overwrite=overwrite, progress=progress).run()
+        return Trainer(cfg, resume=resume, overwrite=overwrite, progress=progress, checkpoint=checkpoint).run()
     finally:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             import torch.distributed as dist

@@ -1,0 +1,222 @@
+"""Checkpoints are complete or absent: one folder per checkpoint with a manifest written last, verified on
+every load; a damaged newest one falls back to the one before; a full disk, an I/O error or a read-only
+folder is one line and leaves the last checkpoint byte for byte as it was. (The kill test is
+test_training_crash.py.)"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import attnlab
+from attnlab.errors import UserError
+from attnlab.formats.native import file_digest
+from attnlab.training import checkpoint as checkpoint_module
+from attnlab.training.trainer import train
+from training_tiny import one_line_error, run_cli, tiny_config, tiny_flags
+
+SRC = Path(attnlab.__file__).resolve().parents[1]
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder` (relative path -> bytes): what 'unchanged byte for byte' compares."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def checkpoint_files(run: Path) -> dict[str, bytes]:
+    """The checkpoints and the model files linked into the run folder (metrics and plots may change)."""
+    files = snapshot(run / "checkpoints")
+    files.update({name: (run / name).read_bytes() for name in checkpoint_module.PUBLISHED})
+    return files
+
+
+def hidden_leftovers(run: Path) -> list[Path]:
+    return [p for p in run.rglob(".*") if p.name.endswith(".tmp")]
+
+
+def test_a_checkpoint_is_one_folder_whose_manifest_lists_every_file(tmp_path):
+    train(tiny_config(tmp_path, max_iters=9, lr_decay_iters=9), progress=False)  # saves at 3, 6, 9
+    run = tmp_path / "run"
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-0000006", "step-0000009"]  # KEEP = 2
+    newest = run / "checkpoints" / "step-0000009"
+    manifest = json.loads((newest / "manifest.json").read_text())
+    assert manifest["step"] == 9
+    assert set(manifest["files"]) == {"train_state.pt", "config.json", "model.safetensors", "tokenizer.json", "train.json"}
+    for name, entry in manifest["files"].items():
+        assert file_digest(newest / name) == entry, name
+    for name in checkpoint_module.PUBLISHED:  # the run folder's model is the newest checkpoint's, not a copy
+        assert (run / name).stat().st_ino == (newest / name).stat().st_ino, name
+    assert not hidden_leftovers(run)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "delete", "manifest"])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one_saying_so(tmp_path, capsys, damage):
+    assert run_cli(["train", *tiny_flags(tmp_path, max_iters=6)], capsys)[0] == 0  # saves at 3 and 6
+    newest = tmp_path / "run" / "checkpoints" / "step-0000006"
+    victim = newest / ("manifest.json" if damage == "manifest" else "model.safetensors")
+    data = bytearray(victim.read_bytes())
+    if damage == "truncate":
+        victim.write_bytes(data[: len(data) // 2])
+    elif damage == "flip":
+        data[-5] ^= 0x01  # one bit of one weight: the file still parses, only the digest knows
+        victim.write_bytes(bytes(data))
+    else:
+        victim.unlink()
+    code, err = run_cli(["train", "--out", str(tmp_path / "run"), "--resume", "--max-iters", "9", "--quiet"], capsys)
+    assert code == 0, err
+    warning = [line for line in err.splitlines() if line.strip()]
+    assert len(warning) == 1 and "skipping a damaged checkpoint" in warning[0] and "step 3" in warning[0], err
+    assert str(newest) in warning[0]
+    metrics = [json.loads(line)["iter"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert metrics == [3, 6, 9]  # step 6 was trained again from step 3, and logged once
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step-0000006", "step-0000009"]
+    checkpoint_module.find_checkpoint(tmp_path / "run", required=True)  # all damage is gone: rewritten
+
+
+def test_no_complete_checkpoint_stops_with_one_line_naming_the_file(tmp_path, capsys):
+    assert run_cli(["train", *tiny_flags(tmp_path, max_iters=3)], capsys)[0] == 0
+    weights = tmp_path / "run" / "checkpoints" / "step-0000003" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1])
+    before = snapshot(tmp_path / "run" / "checkpoints")
+    for resume in (["--resume"], ["--resume", "auto"]):  # auto must not start over on top of a damaged run
+        code, err = run_cli(["train", "--out", str(tmp_path / "run"), *resume, "--max-iters", "6"], capsys)
+        line = one_line_error(err)
+        assert code == 2 and "no complete checkpoint" in line and str(weights) in line and "truncated" in line
+    assert snapshot(tmp_path / "run" / "checkpoints") == before
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_loading_a_damaged_checkpoint_folder_names_the_file(tmp_path, capsys, damage):
+    train(tiny_config(tmp_path, max_iters=3), progress=False)
+    folder = tmp_path / "run" / "checkpoints" / "step-0000003"
+    attnlab.load(folder)  # a checkpoint folder is a model directory
+    weights = folder / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    if damage == "flip":
+        data[-1] ^= 0x80
+    weights.write_bytes(bytes(data) if damage == "flip" else bytes(data[:-8]))
+    with pytest.raises(UserError, match="model.safetensors: .*(truncated|SHA-256)"):
+        attnlab.load(folder)
+    code, err = run_cli(["sample", str(folder), "--max-new-tokens", "3"], capsys)
+    assert code == 2 and str(weights) in one_line_error(err)
+
+
+def test_resume_auto_starts_fresh_then_resumes_then_has_nothing_left_to_do(tmp_path, capsys):
+    flags = tiny_flags(tmp_path, max_iters=3)
+    assert run_cli(["train", *flags, "--resume", "auto"], capsys)[0] == 0  # nothing there: a fresh run
+    code, err = run_cli(["train", *flags, "--resume", "auto"], capsys)  # done already: nothing to do
+    assert code == 0 and "Traceback" not in err
+    assert run_cli(["train", *tiny_flags(tmp_path, max_iters=6), "--resume", "auto"], capsys)[0] == 0
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step-0000003", "step-0000006"]
+    with pytest.raises(SystemExit):  # argparse's usage line and exit 2
+        run_cli(["train", *flags, "--resume", "sometimes"], capsys)
+    assert "--resume takes no value or 'auto'" in capsys.readouterr().err
+
+
+def test_leftovers_of_an_interrupted_save_are_ignored_then_cleaned(tmp_path, capsys):
+    assert run_cli(["train", *tiny_flags(tmp_path, max_iters=3)], capsys)[0] == 0
+    run = tmp_path / "run"
+    torn = run / "checkpoints" / ".step-0000006.abcd.tmp"  # what a kill inside a save leaves
+    torn.mkdir()
+    (torn / "train_state.pt").write_bytes(b"half")
+    (run / ".model.safetensors.abcd.tmp").write_bytes(b"half a link")
+    assert checkpoint_module.find_checkpoint(run, required=True).step == 3
+    assert run_cli(["train", "--out", str(run), "--resume", "--max-iters", "6", "--quiet"], capsys)[0] == 0
+    assert not hidden_leftovers(run)
+
+
+def test_runs_from_before_checkpoint_folders_still_resume(tmp_path, capsys):
+    """train_state.pt and train.json in the run folder itself, as attnlab wrote them before."""
+    train(tiny_config(tmp_path, max_iters=3), progress=False)
+    run = tmp_path / "run"
+    folder = run / "checkpoints" / "step-0000003"
+    for name in ("train_state.pt", "train.json"):
+        (folder / name).rename(run / name)
+    (folder / "manifest.json").unlink()
+    folder.rename(run / "old-layout")
+    (run / "checkpoints").rmdir()
+    assert run_cli(["train", "--out", str(run), "--resume", "--max-iters", "6", "--quiet"], capsys)[0] == 0
+    assert checkpoint_module.find_checkpoint(run, required=True).step == 6
+    assert not (run / "train_state.pt").exists()
+
+
+# Refusals of the file system -------------------------------------------------------------------------
+
+def _resume_refused(tmp_path, capsys, expect: str) -> None:
+    code, err = run_cli(["train", "--out", str(tmp_path / "run"), "--resume", "--max-iters", "6", "--quiet"], capsys)
+    assert code == 2 and expect in one_line_error(err)
+
+
+@pytest.fixture
+def trained(tmp_path, capsys):
+    """A finished 3-step run and the bytes of its checkpoint, to compare after a refused save."""
+    assert run_cli(["train", *tiny_flags(tmp_path, max_iters=3)], capsys)[0] == 0
+    return checkpoint_files(tmp_path / "run")
+
+
+def test_full_disk_is_one_line_and_keeps_the_checkpoint(tmp_path, monkeypatch, capsys, trained):
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full)
+    _resume_refused(tmp_path, capsys, "disk is full")
+    monkeypatch.undo()
+    assert checkpoint_files(tmp_path / "run") == trained
+    assert not hidden_leftovers(tmp_path / "run")
+    assert checkpoint_module.find_checkpoint(tmp_path / "run", required=True).step == 3
+
+
+def test_io_error_on_write_is_one_line_and_keeps_the_checkpoint(tmp_path, monkeypatch, capsys, trained):
+    def failing(path):
+        raise OSError(errno.EIO, "Input/output error", str(path))
+
+    monkeypatch.setattr(checkpoint_module, "fsync_file", failing)  # where a failing disk reports itself
+    _resume_refused(tmp_path, capsys, "Input/output error")
+    assert checkpoint_files(tmp_path / "run") == trained
+    assert not hidden_leftovers(tmp_path / "run")
+
+
+def test_file_size_limit_in_a_real_process_is_one_line_and_keeps_the_checkpoint(tmp_path, trained):
+    """RLIMIT_FSIZE makes the kernel refuse the write (EFBIG), as a full disk does (ENOSPC)."""
+    limit = len(trained["step-0000003/model.safetensors"]) // 2
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "attnlab", "train", "--out", str(tmp_path / "run"), "--resume",
+                           "--max-iters", "6", "--quiet"], env=env, capture_output=True, text=True, timeout=300,
+                          preexec_fn=limited)
+    assert done.returncode == 2 and "disk is full" in one_line_error(done.stderr)
+    assert checkpoint_files(tmp_path / "run") == trained
+    assert not hidden_leftovers(tmp_path / "run")
+
+
+def test_read_only_output_folder_is_one_line_and_keeps_the_checkpoint(tmp_path, capsys, trained):
+    run = tmp_path / "run"
+    if os.geteuid() == 0:  # root writes through permissions: make the folder read-only for real
+        if subprocess.run(["mount", "--bind", "-o", "ro", str(run), str(run)], capture_output=True).returncode:
+            pytest.skip("running as root without the right to mount a read-only folder")
+        undo = ["umount", str(run)]
+    else:
+        folders = [run, *[p for p in run.rglob("*") if p.is_dir()]]
+        for folder in folders:
+            folder.chmod(0o555)
+        undo = None
+    try:
+        _resume_refused(tmp_path, capsys, "Read-only file system" if undo else "Permission denied")
+    finally:
+        if undo:
+            subprocess.run(undo, check=True)
+        else:
+            for folder in folders:
+                folder.chmod(0o755)
+    assert checkpoint_files(run) == trained
