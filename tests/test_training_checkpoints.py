@@ -220,3 +220,59 @@ def test_read_only_output_folder_is_one_line_and_keeps_the_checkpoint(tmp_path, 
             for folder in folders:
                 folder.chmod(0o755)
     assert checkpoint_files(run) == trained
+
+
+# A kill at every point of a save ------------------------------------------------------------------------
+
+def _save_killed_at(trainer, event: int) -> bool:
+    """Save in a forked child that dies (os._exit: no cleanup runs, as under SIGKILL) just before its
+    `event`-th file-system change (fsync, rename, replace, link, unlink, rmdir); True if the save finished."""
+    pid = os.fork()
+    if pid == 0:  # the child: count commits, die at the chosen one
+        count = [0]
+        for name in ("fsync", "rename", "replace", "link", "unlink", "rmdir"):
+            def commit(*args, _original=getattr(os, name), **kwargs):
+                count[0] += 1
+                if count[0] == event:
+                    os._exit(137)
+                return _original(*args, **kwargs)
+            setattr(os, name, commit)
+        trainer.save_checkpoint(0.0)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_kill_at_every_point_of_a_save_leaves_the_previous_or_the_new_checkpoint_complete(tmp_path):
+    import shutil
+
+    from attnlab.formats.native import checkpoint_dirs, verify_manifest
+    from attnlab.training.trainer import Trainer
+
+    trainer = Trainer(tiny_config(tmp_path, max_iters=6, lr_decay_iters=6), progress=False)
+    trainer.run()  # checkpoints at steps 3 and 6
+    trainer.iter = 9  # the next save
+    event, outcomes = 0, set()
+    while True:
+        event += 1
+        run = tmp_path / f"killed-at-{event}"
+        shutil.copytree(tmp_path / "run", run)
+        trainer.out = run
+        finished = _save_killed_at(trainer, event)
+        for _, folder in checkpoint_dirs(run):  # zero unreadable checkpoints
+            assert verify_manifest(folder) is not None, (event, folder)
+            torch.load(folder / "train_state.pt", weights_only=True)
+        step = checkpoint_module.find_checkpoint(run, required=True, announce=False).step
+        assert step in (6, 9), (event, step)
+        outcomes.add(step)
+        attnlab.load(run)  # the run folder loads: its newest complete checkpoint
+        if finished:
+            break
+        trainer.iter = 12  # the next save cleans what the killed one left
+        trainer.save_checkpoint(0.0)
+        assert not hidden_leftovers(run), (event, hidden_leftovers(run))
+        assert checkpoint_module.find_checkpoint(run, required=True, announce=False).step == 12
+        trainer.iter = 9
+        shutil.rmtree(run)
+    assert event > 20 and outcomes == {6, 9}  # every change a save makes was a kill point; both outcomes seen
