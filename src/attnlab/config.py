@@ -74,6 +74,9 @@ class ModelConfig:
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise UserError(f"{name} must be a positive integer, got {value!r}")
+        self._check_types()
+        if self.init_std < 0:
+            raise UserError(f"init_std must be >= 0, got {self.init_std}")
         if self.d_head is None and self.d_model % self.n_heads:
             near = [h for h in range(1, self.d_model + 1) if self.d_model % h == 0]
             near = sorted(near, key=lambda h: abs(h - self.n_heads))[:2]
@@ -133,6 +136,32 @@ class ModelConfig:
             raise UserError(f"logit_softcap must be a positive number (or None for no cap), got {self.logit_softcap}")
         if self.n_token_types < 0:
             raise UserError(f"n_token_types must be >= 0, got {self.n_token_types}")
+
+    def _check_types(self) -> None:
+        """Each field holds what its annotation says (an integer, a finite number, true/false, a string, or
+        None where allowed): a config read from a file is untrusted, and a string where a number goes must
+        fail here, with the field's name, not inside torch while the model is built."""
+        described = {"bool": "true or false", "int": "an integer", "float": "a finite number", "str": "a string"}
+        checked = {"d_vocab", "n_ctx", "d_model", "n_layers", "n_heads", "d_head", "d_mlp", "n_kv_heads",
+                   "rope_original_n_ctx"}  # these have their own checks, with their own messages
+        for f in dataclasses.fields(self):
+            if f.name in checked:
+                continue
+            value, kinds = getattr(self, f.name), str(f.type).replace(" ", "").split("|")
+            kind = next((k for k in described if k in kinds), None)
+            if kind is None or (value is None and "None" in kinds):
+                continue
+            if kind == "bool":
+                ok = isinstance(value, bool)
+            elif kind == "int":
+                ok = isinstance(value, int) and not isinstance(value, bool)
+            elif kind == "float":
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            else:
+                ok = isinstance(value, str)
+            if not ok:
+                allowed = described[kind] + (" (or null)" if "None" in kinds else "")
+                raise UserError(f"{f.name} must be {allowed}, got {value!r}")
 
     # Derived sizes: read these, not the optional fields.
     @property

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from .errors import UserError
+from .errors import UserError, first_line
 
 _UNKNOWN_CHAR = "\x00"  # declared but never in a char vocabulary: an unseen character fails loudly
 
@@ -60,7 +60,7 @@ class Tokenizer:
         try:
             backend = Backend.from_file(str(path))
         except Exception as exc:  # the library raises a bare Exception on malformed JSON
-            raise UserError(f"{path}: not a valid tokenizer.json ({str(exc).splitlines()[0]})") from None
+            raise UserError(f"{path}: not a valid tokenizer.json ({first_line(exc)})") from None
         model = backend.get_vocab_size() and backend.model
         kind = "char" if type(model).__name__ == "WordLevel" and model.unk_token == _UNKNOWN_CHAR else "hf"
         # Some tokenizer.json files store fixed padding/truncation (MiniLM pads to 128); transformers' tokenizer

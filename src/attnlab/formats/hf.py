@@ -31,8 +31,9 @@ from pathlib import Path
 import torch
 
 from ..config import ModelConfig
-from ..errors import UserError
-from .native import atomic_write, atomic_write_text, attach_tokenizer, empty_model, state_dict_for_saving
+from ..errors import UserError, first_line
+from .native import (atomic_write, atomic_write_text, attach_tokenizer, check_dtype, check_fits, empty_model,
+                     state_dict_for_saving, warn_non_finite)
 
 INDEX = "model.safetensors.index.json"
 SPECIAL_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
@@ -220,7 +221,7 @@ def read_config(path: Path, name: str = "config.json") -> dict:
     except FileNotFoundError:
         raise UserError(f"{path}: no {name}; a model directory needs one") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"{file}: not readable JSON ({exc})") from None
+        raise UserError(f"{file}: not readable JSON ({first_line(exc)})") from None
     if not isinstance(data, dict):
         raise UserError(f"{file}: expected a JSON object, got {type(data).__name__}")
     return data
@@ -237,7 +238,7 @@ def is_hf(path: str | Path) -> bool:
 def architecture_for(hf: dict, source: str) -> Architecture:
     model_type = hf.get("model_type")
     archs = architectures()
-    if model_type not in archs:
+    if not isinstance(model_type, str) or model_type not in archs:
         raise UserError(f"{source}: model_type {model_type!r} is not supported; attnlab reads {', '.join(archs)}")
     return archs[model_type]
 
@@ -270,7 +271,8 @@ def open_safetensors(file: Path):
     try:
         return safe_open(str(file), framework="pt", device="cpu")
     except (SafetensorError, OSError, ValueError) as exc:
-        raise UserError(f"{file}: not a readable safetensors file ({exc}); the file may be truncated or corrupt") from None
+        raise UserError(f"{file}: not a readable safetensors file ({first_line(exc)}); the file may be truncated or "
+                        "corrupt") from None
 
 
 def _strip(key: str, arch: Architecture) -> str:
@@ -286,7 +288,12 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu"):
     hf = read_config(path)
     source = str(path / "config.json")
     arch = architecture_for(hf, source)
-    config = arch.config_from_hf(hf, source)
+    try:
+        config = arch.config_from_hf(hf, source)
+    except (TypeError, ValueError, ArithmeticError, AttributeError, KeyError) as exc:
+        if isinstance(exc, UserError):
+            raise
+        raise UserError(f"{source}: a setting has a value of the wrong type ({first_line(exc)})") from None
     extra = {**config.extra, "hf_model_type": hf["model_type"]}
     if (path / "generation_config.json").is_file():
         extra["generation_config"] = read_config(path, "generation_config.json")
@@ -294,7 +301,8 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu"):
 
     # Where each checkpoint tensor lives, by its name with the class prefix removed.
     handles, found = {}, {}
-    for file in weight_files(path):
+    files = weight_files(path)
+    for file in files:
         handles[file] = handle = open_safetensors(file)
         for key in handle.keys():
             found[_strip(key, arch)] = (key, file)
@@ -315,22 +323,27 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu"):
             + f", which {source} implies; the weights do not match the config"
         )
 
+    check_fits(config, files, source)
     model = empty_model(config, device)
     params = model.state_dict()
     shapes = {name: tuple(t.shape) for name, t in params.items()}
     for w in table:
         key, file = found[w.hf]
+        check_dtype(key, handles[file].get_slice(key).get_dtype(), file)
         actual = tuple(handles[file].get_slice(key).get_shape())
         if actual != w.hf_shape(shapes):
             raise UserError(
                 f"{file}: weight {key!r} has shape {actual} but {source} implies {w.hf_shape(shapes)}; "
                 "the config does not match the weights"
             )
-    covered = set()
+    covered, non_finite = set(), {}
     with torch.no_grad():
         for w in table:
             key, file = found[w.hf]
-            for name, part in zip(w.ours, w.to_ours(handles[file].get_tensor(key), shapes)):
+            tensor = read_tensor(handles[file], key, file)
+            if not torch.isfinite(tensor).all():
+                non_finite[key] = tensor
+            for name, part in zip(w.ours, w.to_ours(tensor, shapes)):
                 params[name].copy_(part)
                 covered.add(name)
         for name, tensor in params.items():
@@ -339,8 +352,19 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu"):
             # A bias attnlab's config has but this architecture's does not (see the module docstring).
             assert name.endswith(".bias"), f"{name} has no entry in the {hf['model_type']} table"
             tensor.zero_()
+    warn_non_finite(non_finite, path)
     attach_tokenizer(model, path)
     return model.eval()
+
+
+def read_tensor(handle, key: str, file: Path) -> torch.Tensor:
+    from safetensors import SafetensorError
+
+    try:
+        return handle.get_tensor(key)
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise UserError(f"{file}: cannot read weight {key!r} ({first_line(exc)}); the file may be truncated or "
+                        "corrupt") from None
 
 
 # Writing -------------------------------------------------------------------------------------------------

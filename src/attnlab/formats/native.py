@@ -13,6 +13,9 @@ Design choices:
 - A quantized model (`attnlab.quantize`) says so in config.json ("quantization": "int8") and stores its int8
   weights and their scales as they are; the loader quantizes the empty model the same way before filling it.
   Its LM head is its own int8 tensor even when tied (the embedding keeps its float rows).
+- Files are untrusted input (for every format, shared with attnlab.formats.hf): a config whose sizes
+  need more weights than the files can hold is refused before anything is allocated (`check_fits`), a
+  tensor that is not floating point is refused by name, a NaN or infinite weight is a warning naming it.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from pathlib import Path
 import torch
 
 from ..config import ModelConfig
-from ..errors import UserError
+from ..errors import UserError, first_line
 
 FORMAT = "attnlab"
 VERSION = 1
@@ -196,7 +199,46 @@ def read_safetensors(file: str | Path) -> dict[str, torch.Tensor]:
     except (SafetensorError, OSError, ValueError) as exc:
         if isinstance(exc, FileNotFoundError):
             raise UserError(f"{file}: missing; a checkpoint directory needs its weights file") from None
-        raise UserError(f"{file}: not a readable safetensors file ({exc}); the file may be truncated or corrupt") from None
+        raise UserError(f"{file}: not a readable safetensors file ({first_line(exc)}); the file may be truncated or "
+                        "corrupt") from None
+
+
+def stored_elements_at_least(config: ModelConfig) -> int:
+    """A lower bound on the number of weights a checkpoint of `config` stores: the token embedding, each
+    block's W_Q and W_O, and its MLP's two matrices (every format stores at least these)."""
+    d, width = config.d_model, config.n_heads * config.head_dim
+    per_block = 2 * d * width + (0 if config.attn_only else 2 * d * config.mlp_dim)
+    learned = config.n_ctx * d if config.positional == "learned" else 0
+    return config.d_vocab * d + learned + config.n_token_types * d + config.n_layers * per_block
+
+
+def check_fits(config: ModelConfig, files: list[Path], source: str | Path) -> None:
+    """Refuse a config whose weights cannot be in `files` (fewer bytes than half a byte per weight), before
+    any of them is allocated: a config.json claiming d_model = 10^9 must not ask for terabytes first."""
+    available = sum(file.stat().st_size for file in files)
+    needed = stored_elements_at_least(config)
+    if needed > 2 * available:
+        raise UserError(f"{source}: the config needs at least {needed:,} weights, but the weight files hold "
+                        f"{available:,} bytes; the config does not match the weights (or claims absurd sizes)")
+
+
+def check_dtype(key: str, tensor_dtype: torch.dtype | str, source: str | Path) -> None:
+    """Weights must be floating point: an integer or boolean tensor is not a weight (and would be cast silently)."""
+    floating = (tensor_dtype.is_floating_point if isinstance(tensor_dtype, torch.dtype)
+                else str(tensor_dtype).startswith(("F", "BF")))  # safetensors' names: F16, BF16, F32, F8_E4M3, ...
+    if not floating:
+        raise UserError(f"{source}: weight {key!r} has dtype {tensor_dtype}, not a floating-point type; "
+                        "the file is not a model checkpoint (or is damaged)")
+
+
+def warn_non_finite(tensors: dict[str, torch.Tensor], source: str | Path) -> None:
+    """A warning naming the first tensor (by its name in the file) holding NaN or infinity: a diverged or
+    damaged checkpoint still loads, for inspection, but not silently."""
+    bad = [name for name, tensor in tensors.items() if not torch.isfinite(tensor).all()]
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        warnings.warn(f"{source}: weight {bad[0]!r}{more} holds NaN or infinite values; outputs will be NaN",
+                      stacklevel=3)
 
 
 def load_state(model, state: dict[str, torch.Tensor], source: str | Path) -> None:
@@ -211,6 +253,11 @@ def load_state(model, state: dict[str, torch.Tensor], source: str | Path) -> Non
     if unexpected:
         raise UserError(f"{source}: unexpected weight {unexpected[0]!r}" + (f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""))
     for key, tensor in state.items():
+        if expected[key].dtype.is_floating_point:
+            check_dtype(key, tensor.dtype, source)
+        elif tensor.dtype != expected[key].dtype:  # a quantized model's int8 weights stay int8
+            raise UserError(f"{source}: weight {key!r} has dtype {tensor.dtype}, but this quantized model stores "
+                            f"it as {expected[key].dtype}; the file is damaged or not this model's")
         if tuple(tensor.shape) != tuple(expected[key].shape):
             raise UserError(
                 f"{source}: weight {key!r} has shape {tuple(tensor.shape)} but the config expects "
@@ -248,22 +295,44 @@ def empty_model(config: ModelConfig, device: str | torch.device = "cpu"):
 
 def load_native(path: str | Path, device: str | torch.device = "cpu"):
     path = Path(path)
+    source = path / "config.json"
     try:
-        meta = json.loads((path / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UserError(f"{path / 'config.json'}: cannot read it ({exc})") from None
-    if meta.get("version", VERSION) > VERSION:
-        raise UserError(f"{path}: written by a newer attnlab (format version {meta['version']}); upgrade attnlab")
+        meta = json.loads(source.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"{source}: cannot read it ({first_line(exc)})") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("model"), dict):
+        raise UserError(f"{source}: an attnlab config.json is an object with a \"model\" object; this one is not")
+    version = meta.get("version", VERSION)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise UserError(f"{source}: \"version\" must be an integer, got {version!r}")
+    if version > VERSION:
+        raise UserError(f"{path}: written by a newer attnlab (format version {version}); upgrade attnlab")
     verify_manifest(path)
-    config = ModelConfig.from_dict(meta["model"])
+    config = model_config_from(meta["model"], source)
+    weights = path / "model.safetensors"
+    if not weights.is_file():
+        raise UserError(f"{weights}: missing; a checkpoint directory needs its weights file")
+    state = read_safetensors(weights)  # what the file holds (memory bounded by its size)
+    check_fits(config, [weights], source)
     model = empty_model(config, device)
     if meta.get("quantization"):
         from ..layers import quantize
 
         quantize(model, meta["quantization"])
-    load_state(model, read_safetensors(path / "model.safetensors"), path / "model.safetensors")
+    load_state(model, state, weights)
+    warn_non_finite(state, weights)
     attach_tokenizer(model, path)
     return model.eval()
+
+
+def model_config_from(values: dict, source: str | Path) -> ModelConfig:
+    """ModelConfig from a file's values; a value of the wrong type is a UserError naming the file."""
+    try:
+        return ModelConfig.from_dict(values)
+    except UserError as exc:
+        raise UserError(f"{source}: {exc}") from None
+    except (TypeError, ValueError, ArithmeticError, AttributeError) as exc:  # e.g. a string where a number goes
+        raise UserError(f"{source}: a model setting has a value of the wrong type ({first_line(exc)})") from None
 
 
 def attach_tokenizer(model, path: str | Path) -> None:
