@@ -1,7 +1,7 @@
 """The worked example of docs/induction-heads.md: find the induction heads of a two-layer attention-only model
 by direct logit attribution and by head patching, and see the K-composition that links them.
 
-    attnlab experiment induction --out runs/induction          # trains the 1- and 2-layer models (~2 min)
+    attnlab experiment induction --out runs/induction          # trains the 1- and 2-layer models (under a minute)
     python docs/induction_heads.py runs/induction/induction-2L --out docs/induction-heads
 
 Writes dla.png, patching.png, composition.png and numbers.json into --out and prints the numbers.
@@ -35,7 +35,7 @@ def heat_map(values: torch.Tensor, path: Path, title: str, xlabel: str = "head",
     image = ax.imshow(values.numpy(), cmap="RdBu", vmin=-limit, vmax=limit, aspect="auto")
     for (i, j), v in zip(torch.cartesian_prod(torch.arange(values.shape[0]), torch.arange(values.shape[1])).tolist(),
                          values.flatten().tolist()):
-        ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=8)
+        ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=8, color="white" if abs(v) > 0.6 * limit else "black")
     ax.set_xticks(range(values.shape[1]))
     ax.set_yticks(range(values.shape[0]), yticks or [str(i) for i in range(values.shape[0])])
     ax.set_xlabel(xlabel)

@@ -55,6 +55,15 @@ def test_extrapolation_quick(tmp_path, capsys):
             assert 0 < rows[name][f"loss_{f}x"] < 10
     # every model learned something at the training length (uniform guessing is log 64 = 4.16)
     assert all(r["loss_1x"] < math.log(64) for r in rows.values())
+    # ... trained by the Trainer (one training loop): each model a run directory that loads as trained
+    from attnlab.inspection.experiments.common import SyntheticText, per_token_loss
+    from attnlab.inspection.experiments.extrapolation import QUICK
+
+    model = attnlab.load(tmp_path / "extrapolation-rope")
+    assert model.config.positional == "rope" and model.config.mlp_dim == 2 * QUICK.d_model
+    assert (tmp_path / "extrapolation-rope" / "metrics.jsonl").is_file()
+    evals = SyntheticText(d_vocab=QUICK.d_vocab).sample(QUICK.n_eval, QUICK.n_ctx + 1, seed=10_001)
+    assert float(per_token_loss(model, evals).mean()) == pytest.approx(rows["rope"]["loss_1x"], rel=1e-5)
 
 
 def test_coreference_scoring_on_hand_built_patterns():

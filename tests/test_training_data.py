@@ -105,3 +105,19 @@ def test_corpus_shorter_than_one_block(tmp_path):
         data.check_block_size(64)
     data.check_block_size(11)
     assert isinstance(data, TokenData)
+
+
+def test_window_stride_starts_every_window_at_a_sequence(tmp_path):
+    """--window-stride N: windows start only at multiples of N tokens (in the val split too, from the stream's start)."""
+    tokens = np.arange(10_000, dtype=np.uint16)
+    path = tmp_path / "tokens.bin"
+    tokens.tofile(path)
+    data = TokenData(path, "uint16", len(tokens))
+    g = torch.Generator().manual_seed(0)
+    for split, base in (("train", 0), ("val", data.n_train)):
+        offsets = data.sample_offsets(split, 200, 48, g, stride=49)
+        x, _ = data.get_batch(split, offsets, 48)
+        assert (x[:, 0] % 49 == 0).all() and x[:, -1].max() < 10_000
+        assert len(set((offsets + base).tolist())) > 1
+    with pytest.raises(UserError, match="window-stride 2000"):
+        data.sample_offsets("val", 1, 48, g, stride=2000)

@@ -43,6 +43,8 @@ class TrainConfig:
     tokenizer: str = _opt("char", "character tokens, or byte-level BPE trained on the data", TOKENIZERS, "data")
     vocab_size: int = _opt(2048, "BPE vocabulary size (with --tokenizer bpe)", group="data")
     out: str = _opt("runs/train", "directory for the checkpoint, metrics.jsonl, loss.png and report.md", group="data")
+    window_stride: int = _opt(1, "start training windows only at multiples of this many tokens (data made of "
+                              "sequences of that length, e.g. the induction experiment's)", group="data")
     snapshots: int = _opt(0, "keep this many evenly spaced float16 copies of the weights (step 0 to the end) in OUT/snapshots, "
                           "for the explorer's step slider", group="data")
     # model (nanoGPT's names; MODEL_FIELDS maps them onto ModelConfig)
@@ -51,6 +53,7 @@ class TrainConfig:
     n_embd: int = _opt(128, "width of the residual stream (d_model)", group="model")
     block_size: int = _opt(64, "context length trained on (n_ctx)", group="model")
     n_kv_head: int | None = _opt(None, "key/value heads: 1 = multi-query, < n_head = grouped-query", group="model")
+    d_mlp: int | None = _opt(None, "hidden width of the MLP (default 4 x n_embd)", group="model")
     pos: str = _opt("learned", "position encoding", POSITIONS, "model")
     norm: str = _opt("layernorm", "normalisation", NORMS, "model")
     mlp: str = _opt("gelu", "MLP activation", MLPS, "model")
@@ -93,7 +96,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_layer", "n_head", "n_embd", "block_size", "batch_size",
-                     "gradient_accumulation_steps", "max_iters", "eval_interval", "eval_iters"):
+                     "gradient_accumulation_steps", "max_iters", "eval_interval", "eval_iters", "window_stride"):
             value = getattr(self, name)
             if value is None and name == "gradient_accumulation_steps":
                 continue
@@ -138,7 +141,7 @@ class TrainConfig:
 # nanoGPT's name -> ModelConfig field
 MODEL_FIELDS = {
     "n_layer": "n_layers", "n_head": "n_heads", "n_embd": "d_model", "block_size": "n_ctx",
-    "n_kv_head": "n_kv_heads", "pos": "positional", "norm": "norm", "mlp": "mlp", "bias": "bias",
+    "n_kv_head": "n_kv_heads", "d_mlp": "d_mlp", "pos": "positional", "norm": "norm", "mlp": "mlp", "bias": "bias",
     "attn_only": "attn_only", "dropout": "dropout", "sliding_window": "sliding_window",
     "rope_scaling": "rope_scaling", "rope_scaling_factor": "rope_scaling_factor",
     "qk_norm": "qk_norm", "tie_embeddings": "tie_embeddings",

@@ -150,8 +150,18 @@ class TokenData:
         window = torch.from_numpy(self.split(split)[index].astype(np.int64))
         return window[:, :-1], window[:, 1:]
 
-    def sample_offsets(self, split: str, n_rows: int, block_size: int, generator: torch.Generator) -> torch.Tensor:
-        return torch.randint(len(self.split(split)) - block_size, (n_rows,), generator=generator)
+    def sample_offsets(self, split: str, n_rows: int, block_size: int, generator: torch.Generator,
+                       stride: int = 1) -> torch.Tensor:
+        """Random window starts in `split`; with stride > 1 only at multiples of `stride` tokens from the start
+        of the stream (data packed as sequences of `stride` tokens: each window starts a sequence)."""
+        if stride == 1:
+            return torch.randint(len(self.split(split)) - block_size, (n_rows,), generator=generator)
+        first = 0 if split == "train" else -self.n_train % stride  # the first sequence start in the split
+        starts = (len(self.split(split)) - block_size - first + stride - 1) // stride
+        if starts <= 0:
+            raise UserError(f"the {split} split has no window of {block_size} + 1 tokens starting at a multiple of "
+                            f"--window-stride {stride}; use more data or a smaller --block-size")
+        return first + torch.randint(starts, (n_rows,), generator=generator) * stride
 
 
 def prepare_data(data: str | None, tokenizer_kind: str, vocab_size: int, out: Path,

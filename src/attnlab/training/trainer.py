@@ -376,7 +376,8 @@ class Trainer:
         """This rank's (x, y) micro-batches of step `it`, gathered one at a time as the step asks for them."""
         cfg, rank, world = self.cfg, self.dist.rank, self.dist.world
         generator = torch.Generator().manual_seed(_step_seed(cfg.seed, it, -1))  # same windows on every rank
-        offsets = self.data.sample_offsets("train", self.accum_total * cfg.batch_size, cfg.block_size, generator)
+        offsets = self.data.sample_offsets("train", self.accum_total * cfg.batch_size, cfg.block_size, generator,
+                                           cfg.window_stride)
         offsets = offsets.view(self.accum_total, cfg.batch_size)[rank::world]  # (accum, B): this rank's rows
         for rows in offsets:
             yield self._batches("train", rows)
@@ -427,7 +428,8 @@ class Trainer:
         losses = {}
         for index, split in enumerate(("train", "val")):
             generator = torch.Generator().manual_seed(cfg.seed + _EVAL_SEED_OFFSET + index)
-            offsets = self.data.sample_offsets(split, cfg.eval_iters * cfg.batch_size, cfg.block_size, generator)
+            offsets = self.data.sample_offsets(split, cfg.eval_iters * cfg.batch_size, cfg.block_size, generator,
+                                               cfg.window_stride)
             offsets = offsets.view(cfg.eval_iters, cfg.batch_size)
             total = torch.zeros((), device=self.device, dtype=torch.float64)
             for k in range(self.dist.rank, cfg.eval_iters, self.dist.world):

@@ -1,12 +1,13 @@
-"""What the experiments share: synthetic text where induction pays, a small training loop, and output files.
+"""What the experiments share: synthetic text where induction pays, training it with the Trainer, output files.
 
 Design choices:
 - The text is synthetic, so the experiments need no download and no data file, and the payoff of
   induction is known. `repeated_spans`: a random prefix, then a span of random length repeated (the
   induction experiment). `SyntheticText`: a fixed random bigram "language" with, chunk by chunk, either
   fresh bigram text or a copy of an earlier span of the same sequence (the extrapolation experiment).
-- Training is a plain AdamW loop in this process (no checkpoints, no CLI), seeded, with linear warm-up;
-  `on_eval(step, tokens_seen)` is called on a fixed schedule so experiments can take snapshots.
+- One training loop: `train_run` trains with attnlab.training.Trainer (`attnlab train`'s loop), each model
+  a run directory (checkpoint, tokenizer, metrics, optional snapshots) that `attnlab.load`, `attnlab
+  attribute`/`patch` and the explorer read. The synthetic token ids go in as text, one character per id.
 - Tiny models train on one thread (`threads(1)`): at this size a second thread costs more in
   synchronisation than it gains, badly so on a busy machine (5x slower measured on 2 loaded cores).
 - Every experiment writes `<name>.json` (atomically) and `<name>.png` into --out and prints a table.
@@ -97,42 +98,50 @@ def threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def train(
-    model,
-    data: torch.Tensor,
-    *,
-    steps: int,
-    batch: int,
-    lr: float = 1e-3,
-    warmup: int = 20,
-    seed: int = 0,
-    eval_every: int = 0,
-    on_eval: Callable[[int, int], None] | None = None,
-    progress: str | None = None,
-) -> None:
-    """AdamW on next-token loss over random rows of `data` (N, T+1); calls on_eval(step, tokens_seen) at 0, every eval_every, and the end."""
-    from tqdm import tqdm
+# one printable character per token id (no spaces: every character is one token, in sorted order)
+ALPHABET = ("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789αβγδεζηθικλμνξοπρστυφχψω"
+            "ΓΔΘΛΞΠΣΦΨΩбгдёжзийлпфцчшщъыьэюя!#$%&*+<=>?")
 
-    g = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
+
+def token_tokenizer(d_vocab: int):
+    """A character tokenizer whose ids 0..d_vocab-1 are d_vocab distinct printable characters: synthetic
+    token ids written as text, for the Trainer (which reads text) and the explorer (which shows it)."""
+    from ...tokenizer import Tokenizer
+
+    assert len(set(ALPHABET)) == len(ALPHABET) >= d_vocab
+    return Tokenizer.train_char("".join(sorted(ALPHABET)[:d_vocab]))
+
+
+def train_run(data: torch.Tensor, d_vocab: int, out: Path, *, steps: int, batch: int, lr: float, seed: int,
+              progress: bool = False, **flags):
+    """Train a model on the sequences `data` (N, T+1) of token ids below d_vocab with the training package's
+    Trainer (the loop of `attnlab train`), into the run directory `out`; return the trained model (eval mode).
+
+    The sequences are written end to end as text, one character per id (`token_tokenizer`), into
+    out/data.txt; the run's character tokenizer, trained on that text, gives back the same ids (checked), and
+    windows start only at sequence starts (--window-stride T + 1). The Trainer keeps the first 90% of the
+    sequences for training and the rest for its val loss. The experiments' recipe: AdamW with betas 0.9,
+    0.98 and no weight decay, a 20-step warm-up to a constant learning rate (min_lr = lr), clipping at 1.
+    `flags` are further TrainConfig fields (the model's shape, snapshots, eval_interval)."""
+    from ...training.config import TrainConfig
+    from ...training.trainer import Trainer
+
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = token_tokenizer(d_vocab)
+    data_file = out / "data.txt"
+    atomic_write_text(data_file, tokenizer.decode(data.flatten().tolist()))
     T = data.shape[1] - 1
-    model.train()
-    for step in tqdm(range(steps + 1), desc=progress, disable=progress is None, leave=False):
-        if on_eval is not None and (step == steps or (eval_every and step % eval_every == 0)):
-            model.eval()
-            on_eval(step, step * batch * T)
-            model.train()
-        if step == steps:
-            break
-        for group in optimizer.param_groups:
-            group["lr"] = lr * min(1.0, (step + 1) / max(1, warmup))
-        rows = data[torch.randint(len(data), (batch,), generator=g)]
-        loss = model.loss(rows[:, :-1], rows[:, 1:])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-    model.eval()
+    cfg = TrainConfig(**{
+        "data": str(data_file), "tokenizer": "char", "out": str(out), "window_stride": T + 1, "block_size": T,
+        "batch_size": batch, "max_iters": steps, "learning_rate": lr, "min_lr": lr, "warmup_iters": 20,
+        "weight_decay": 0.0, "beta1": 0.9, "beta2": 0.98, "grad_clip": 1.0, "eval_interval": steps,
+        "eval_iters": 4, "seed": seed, "device": "cpu", "dtype": "float32", **flags,
+    })
+    trainer = Trainer(cfg, overwrite=True, progress=progress)
+    ids = list(range(d_vocab))
+    assert trainer.tokenizer.encode(tokenizer.decode(ids)) == ids, "every token id must occur in the data"
+    trainer.run()
+    return trainer.raw_model.eval()
 
 
 def per_token_loss(model, data: torch.Tensor, batch: int = 256) -> torch.Tensor:

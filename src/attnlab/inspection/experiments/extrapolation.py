@@ -11,19 +11,18 @@ Design choices:
   as in training, so the second number is where extrapolation shows.
 - Learned positions have a table of n_ctx = L rows and cannot go past it: reported as n/a, not as a
   number. The other encodings are computed on the fly and run at any length.
+- Trained by the training package's Trainer (`common.train_run`: AdamW, constant learning rate after a short
+  warm-up), each model a run directory OUT/extrapolation-POSITIONAL that `attnlab.load` reads.
 - Reported as measured, whatever it shows.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
-
-from ...config import ModelConfig
-from ...model import Transformer
-from .common import SyntheticText, format_table, new_figure, per_token_loss, save_figure, threads, train, write_outputs
+from .common import SyntheticText, format_table, new_figure, per_token_loss, save_figure, threads, train_run, write_outputs
 
 POSITIONALS = ("learned", "sinusoidal", "rope", "none")
 FACTORS = (1, 2, 4)
@@ -59,14 +58,11 @@ def _run(out: Path, *, seed: int, quick: bool, progress: bool) -> dict:
     evals = {f: text.sample(setup.n_eval, f * setup.n_ctx + 1, seed=seed + 10_000 + f) for f in FACTORS}
     rows = []
     for positional in POSITIONALS:
-        torch.manual_seed(seed)
-        config = ModelConfig(
-            d_vocab=setup.d_vocab, n_ctx=setup.n_ctx, d_model=setup.d_model, n_layers=setup.n_layers,
-            n_heads=setup.n_heads, d_mlp=2 * setup.d_model, positional=positional,
-        )
-        model = Transformer(config)
-        train(model, data, steps=setup.steps, batch=setup.batch, lr=setup.lr, seed=seed,
-              progress=f"extrapolation {positional}" if progress else None)
+        if progress:
+            print(f"training the {positional} model", file=sys.stderr)
+        model = train_run(data, setup.d_vocab, out / f"extrapolation-{positional}", steps=setup.steps,
+                          batch=setup.batch, lr=setup.lr, seed=seed, progress=progress, n_layer=setup.n_layers,
+                          n_head=setup.n_heads, n_embd=setup.d_model, d_mlp=2 * setup.d_model, pos=positional)
         row = {"positional": positional}
         for f in FACTORS:
             if f > 1 and positional == "learned":

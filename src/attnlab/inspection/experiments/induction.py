@@ -18,7 +18,19 @@ Why these settings (measured, 2L model, 600 steps of batch 32, lr 3e-3, d_model 
   step 600 (seeds 0 and 1; best induction score 0.09 at step 600). Without it the phase change comes at
   step 200-250 for seeds 0, 1 and 2, and the full run's 1000 steps, snapshot every 10, resolve it.
 
-What is measured at every snapshot (weights are kept in memory at each one):
+How it is trained: by the training package's Trainer, the one training loop (`attnlab train`'s), with the
+experiment's settings as TrainConfig flags (`common.train_run`). The token sequences are written as text,
+one character per token id: `common.token_tokenizer` names the 128 ids by 128 distinct letters, digits and
+symbols, and the run's character tokenizer, trained on that text, gives back the same ids. The Trainer's
+windows start only at sequence starts (`--window-stride n_ctx + 1`): windows at any offset were measured
+to delay the phase change past the quick run's 600 steps (best induction score 0.09 at step 600), as a
+random prefix does (below).
+Each model is a run directory, `OUT/induction-1L` and `OUT/induction-2L`: checkpoint, tokenizer, float16
+weight snapshots and a train/val loss (metrics.jsonl) every eval_every steps. `attnlab attribute`, `attnlab
+patch` and the explorer load them; with `attnlab experiment induction --explore` the explorer's step slider
+scrubs through the two-layer model's phase change, opened at the step where its induction score rises most.
+
+What is measured at every snapshot (read back from the run's snapshots after training):
 - loss: mean next-token loss on held-out sequences;
 - in-context-learning (ICL) score: loss at a late token minus loss at an early one, Olsson et al.'s
   token 500 minus token 50 of 512, scaled to the context length (negative = later tokens are easier);
@@ -28,25 +40,19 @@ The phase change is located, for the two-layer model, as the snapshot interval w
 moves most: the induction score rises most, the ICL score falls most, and the loss gap to the one-layer
 model (2L loss − 1L loss) falls most, i.e. the bump in the loss curve that only the two-layer model has.
 The experiment reports those three places and whether they coincide; it asserts nothing.
-
-For the explorer (`attnlab experiment induction --explore`), each model is saved with a character tokenizer
-that names its 128 token ids by 128 distinct letters, digits and symbols (`induction_tokenizer`), and the
-two-layer model's snapshots go beside it as a training run (float16 weights in induction-2L/snapshots,
-their losses in metrics.jsonl), so the step slider scrubs through its phase change.
 """
 
 from __future__ import annotations
 
-import copy
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-from ...config import ModelConfig
-from ...model import Transformer
 from ..scores import head_scores
-from .common import format_table, new_figure, per_token_loss, repeated_spans, save_figure, threads, train, write_outputs
+from .common import (format_table, new_figure, per_token_loss, repeated_spans, save_figure, threads, token_tokenizer,
+                     train_run, write_outputs)
 
 
 @dataclass(frozen=True)
@@ -75,79 +81,46 @@ FULL = InductionSetup()
 QUICK = InductionSetup(steps=600, eval_every=50, n_eval=128)
 
 
-def model_config(setup: InductionSetup, n_layers: int) -> ModelConfig:
-    return ModelConfig(
-        d_vocab=setup.d_vocab, n_ctx=setup.n_ctx, d_model=setup.d_model, n_layers=n_layers,
-        n_heads=setup.n_heads, attn_only=True, positional="learned",
-        tie_embeddings=False,  # tied, the induction circuit did not form in 600 steps (module docstring)
-    )
-
-
 def icl_positions(n_ctx: int) -> tuple[int, int]:
     """Olsson et al.'s tokens 50 and 500 of a 512-token context, scaled to n_ctx."""
     return round(50 / 512 * n_ctx), min(n_ctx - 1, round(500 / 512 * n_ctx))
 
 
-# one printable character per token id (no spaces: every character is one token, in sorted order)
-ALPHABET = ("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789αβγδεζηθικλμνξοπρστυφχψω"
-            "ΓΔΘΛΞΠΣΦΨΩбгдёжзийлпфцчшщъыьэюя!#$%&*+<=>?")
-
-
-def induction_tokenizer(d_vocab: int):
-    """A character tokenizer whose ids 0..d_vocab-1 are d_vocab distinct printable characters."""
-    from ...tokenizer import Tokenizer
-
-    assert len(set(ALPHABET)) == len(ALPHABET) >= d_vocab
-    return Tokenizer.train_char("".join(sorted(ALPHABET)[:d_vocab]))
-
-
 def example_text(setup: InductionSetup, seed: int) -> str:
     """One held-out sequence of repeated spans, written in the tokenizer's characters."""
-    return induction_tokenizer(setup.d_vocab).decode(setup.data(1, seed=seed)[0, : setup.n_ctx].tolist())
+    return token_tokenizer(setup.d_vocab).decode(setup.data(1, seed=seed)[0, : setup.n_ctx].tolist())
 
 
-def save_run(model, snapshots: list[dict], path: Path) -> None:
-    """The model and its snapshots as a training run the explorer reads: weights, snapshots, metrics.jsonl."""
-    import json
+def train_with_snapshots(setup: InductionSetup, n_layers: int, data, eval_data, seed: int, out: Path,
+                         progress: bool = False):
+    """Train one model with the Trainer into the run directory `out` (`common.train_run`), a float16
+    snapshot and a train/val loss (the explorer's loss curve) every eval_every steps; then measure every
+    snapshot. Returns (model, snapshots)."""
+    from ...training.snapshots import list_snapshots, load_snapshot
 
-    from ...formats.native import atomic_write_text, save_native
-    from ...training.snapshots import save_snapshot
-
-    save_native(model, path)
-    final = copy.deepcopy(model.state_dict())
-    for snap in snapshots:
-        model.load_state_dict(snap["state_dict"])
-        save_snapshot(model, path, snap["step"])
-    model.load_state_dict(final)
-    atomic_write_text(path / "metrics.jsonl", "".join(json.dumps({"iter": s["step"], "train_loss": s["loss"], "val_loss": s["loss"]}) + "\n"
-                                                      for s in snapshots))
-
-
-def train_with_snapshots(setup: InductionSetup, n_layers: int, data, eval_data, seed: int, progress: str | None = None):
-    """Train one model; return (model, snapshots) where each snapshot has the measurements and the weights."""
-    torch.manual_seed(seed)
-    model = Transformer(model_config(setup, n_layers))
+    model = train_run(
+        data, setup.d_vocab, out, steps=setup.steps, batch=setup.batch, lr=setup.lr, seed=seed, progress=progress,
+        n_layer=n_layers, n_head=setup.n_heads, n_embd=setup.d_model, pos="learned", attn_only=True,
+        tie_embeddings=False,  # tied, the induction circuit did not form in 600 steps (module docstring)
+        snapshots=setup.steps // setup.eval_every + 1, eval_interval=setup.eval_every,
+    )
     early, late = icl_positions(setup.n_ctx)
     snapshots: list[dict] = []
-
-    def snapshot(step: int, tokens: int) -> None:
-        loss = per_token_loss(model, eval_data)
-        scores = head_scores(model, seed=seed)
+    for step, path in list_snapshots(out).items():
+        snap = load_snapshot(model, path)
+        loss = per_token_loss(snap, eval_data)
+        scores = head_scores(snap, seed=seed)
         prev, ind = scores.scores["previous_token"], scores.scores["induction"]
         snapshots.append({
             "step": step,
-            "tokens": tokens,
+            "tokens": step * setup.batch * setup.n_ctx,
             "loss": float(loss.mean()),
             "icl_score": float(loss[late] - loss[early]),
             "best_previous_token": float(prev.max()),
             "best_previous_token_head": _argmax_head(prev),
             "best_induction": float(ind.max()),
             "best_induction_head": _argmax_head(ind),
-            "state_dict": copy.deepcopy(model.state_dict()),
         })
-
-    train(model, data, steps=setup.steps, batch=setup.batch, lr=setup.lr, seed=seed, eval_every=setup.eval_every,
-          on_eval=snapshot, progress=progress)
     return model, snapshots
 
 
@@ -191,34 +164,26 @@ def _run(out: Path, *, seed: int, quick: bool, progress: bool) -> dict:
     models, runs = {}, {}
     for n_layers in (1, 2):
         name = f"{n_layers}L"
-        models[name], runs[name] = train_with_snapshots(
-            setup, n_layers, data, eval_data, seed, progress=f"induction {name}" if progress else None
-        )
+        if progress:
+            print(f"training the {name} model", file=sys.stderr)
+        models[name], runs[name] = train_with_snapshots(setup, n_layers, data, eval_data, seed,
+                                                        out / f"induction-{name}", progress=progress)
     phase = locate_phase_change(runs["2L"], runs["1L"])
-    final = {name: {k: v for k, v in snaps[-1].items() if k != "state_dict"} for name, snaps in runs.items()}
     result = {
         "experiment": "induction",
         "quick": quick,
         "seed": seed,
         "setup": asdict(setup),
         "data": f"repeated_spans: a span of {setup.min_span}-{setup.max_span} distinct random tokens repeated to the end",
+        "training": "attnlab.training.Trainer (the runs are in induction-1L/ and induction-2L/, with their snapshots)",
         "icl_positions": icl_positions(setup.n_ctx),
-        "snapshots": {name: [{k: v for k, v in s.items() if k != "state_dict"} for s in snaps] for name, snaps in runs.items()},
-        "final": final,
+        "snapshots": runs,
+        "final": {name: snaps[-1] for name, snaps in runs.items()},
         "phase_change_2L": phase,
         "example_text": example_text(setup, seed + 20_000),  # a held-out text for the explorer (one character per token)
     }
     write_outputs(out, "induction", result, plot)
-    from ...formats.native import save_native
-
-    for name, model in models.items():  # the trained models, for `attnlab heads`, the ablation test and the explorer
-        model.tokenizer = induction_tokenizer(setup.d_vocab)
-        if name == "2L":
-            save_run(model, runs[name], out / f"induction-{name}")
-        else:
-            save_native(model, out / f"induction-{name}")
     result["models"] = models
-    result["snapshot_weights"] = {name: [s["state_dict"] for s in snaps] for name, snaps in runs.items()}
     return result
 
 
