@@ -17,6 +17,7 @@ format="hf", with a character tokenizer), boots TransformerLens on that director
     weight into W_U, as attnlab folds it into the token direction);
   - stacked weights W_Q W_K W_V W_O b_Q b_O W_E W_U, the QK/OV eigenvalues and norms, the Q/K/V
     composition scores;
+  - run_with_cache under a caller's hook that edits an activation (zeroing one head's z): both cache the edit;
   - patching: resid_pre by layer x position and head outputs over all positions (logit-difference metric).
 Prints one line per comparison with the relative difference; a relative difference under 1e-4 is "equal".
 """
@@ -142,6 +143,20 @@ def compare(style: str, rows: list[tuple[str, str, float]]) -> None:
             theirs = bridge.all_composition_scores(mode)
             theirs = getattr(theirs, "scores", theirs)
             row(f"all_composition_scores({mode!r})", model.all_composition_scores(mode), theirs)
+        # a caller's hook that edits an activation: both caches hold what flows on (the edited tensor)
+        def zero_head(z, hook):
+            z = z.clone()
+            z[:, :, 1] = 0.0  # [batch, pos, head, d_head]
+            return z
+
+        edit = [("blocks.0.attn.hook_z", zero_head)]
+        with torch.no_grad():
+            edited_logits, edited = model.run_with_cache(ids, fwd_hooks=edit)
+            with bridge.hooks(fwd_hooks=edit):
+                tl_edited_logits, tl_edited = bridge.run_with_cache(ids)
+        row("run_with_cache with a caller's hook zeroing L0H1's z: logits", edited_logits, tl_edited_logits)
+        row("  ... cached blocks.0.attn.hook_z (edited)", edited["blocks.0.attn.hook_z"], tl_edited["blocks.0.attn.hook_z"])
+        row("  ... cached blocks.1.hook_resid_pre", edited["resid_pre", 1], tl_edited["blocks.1.hook_resid_pre"])
         # patching
         corrupted = ids.clone()
         corrupted[:, 3] = (ids[:, 3] + 1) % len(CHARS)

@@ -197,6 +197,10 @@ def test_chunked_attention_refuses_what_the_explicit_path_refuses():
 @pytest.mark.parametrize("overrides", [dict(d_vocab=29, n_ctx=64, d_model=48, n_layers=2, n_heads=4, mlp="gelu_tanh"), LLAMA],
                          ids=["gpt2-style", "llama-style"])
 def test_bf16_generation_stays_close_to_float32(overrides):
+    # Seeded: the error depends on the random weights. Over seeds 0-149 (2026-12-01) the largest logit error
+    # was, of the logits' spread, median 0.035 / max 0.060 (gpt2-style) and median 0.047 / 99th percentile
+    # 0.10 / max 0.14 (llama-style: 8 of 150 seeds over 0.08); unseeded, the llama-style case flaked.
+    torch.manual_seed(0)
     full = build(overrides, torch.float32, std=0.15)
     half = build(overrides, torch.float32).to(torch.bfloat16)
     half.load_state_dict({name: t.to(torch.bfloat16) for name, t in full.state_dict().items()})

@@ -148,6 +148,31 @@ def test_zeroing_a_heads_z_is_ablating_that_head():
     torch.testing.assert_close(model(ids), clean)  # the hook is gone
 
 
+def test_run_with_cache_keeps_what_the_callers_hooks_pass_on():
+    """As TransformerLens: an activation a caller's hook edits is cached as edited (what flows on), whether
+    the hook comes with run_with_cache(fwd_hooks=...) or from an enclosing model.hooks(...)."""
+    model = build(LEARNED)
+    ids = random_ids(LEARNED)
+    name = "blocks.0.attn.hook_z"
+
+    def zero_head(z: torch.Tensor, hook) -> torch.Tensor:
+        z = z.clone()
+        z[:, :, 1] = 0.0  # [batch, pos, head, d_head]
+        return z
+
+    clean_z = model.run_with_cache(ids, names_filter=name)[1][name]
+    assert clean_z[:, :, 1].abs().sum() > 0
+    logits, cache = model.run_with_cache(ids, fwd_hooks=[(name, zero_head)])
+    with model.hooks([(name, zero_head)]):
+        _, enclosed = model.run_with_cache(ids)
+    for c in (cache, enclosed):
+        assert c[name][:, :, 1].abs().sum() == 0
+        torch.testing.assert_close(c[name][:, :, 0], clean_z[:, :, 0])
+        # and the cache stays consistent downstream: resid_mid = resid_pre + attn_out of the edited z
+        torch.testing.assert_close(c["blocks.0.hook_resid_mid"], c["blocks.0.hook_resid_pre"] + c["blocks.0.hook_attn_out"])
+    torch.testing.assert_close(logits, model.run_with_hooks(ids, fwd_hooks=[(name, zero_head)]))
+
+
 def test_replacing_the_pattern_changes_what_is_attended():
     """A uniform causal pattern in place of the learned one: z becomes the running mean of v."""
     model = build(LEARNED)

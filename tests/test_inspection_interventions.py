@@ -41,9 +41,14 @@ def test_mean_ablation_uses_the_given_mean_or_this_runs(model):
 
 def test_ablation_hooks_do_not_write_into_their_input(model):
     ids = torch.randint(50, (1, 8))
-    _, cache = model.run_with_cache(ids, names_filter="blocks.0.attn.hook_z", fwd_hooks=[ablate_head(0, 0)])
-    # the cache hook runs first and holds the original tensor: the ablation must not have zeroed it
-    assert cache["blocks.0.attn.hook_z"][:, :, 0].abs().sum() > 0
+    seen = {}
+
+    def keep(z, hook):  # runs first and keeps the tensor itself (no copy): the ablation must not zero it
+        seen["z"] = z
+
+    ablated = model.run_with_hooks(ids, fwd_hooks=[("blocks.0.attn.hook_z", keep), ablate_head(0, 0)])
+    assert seen["z"][:, :, 0].abs().sum() > 0
+    assert not torch.allclose(ablated, model(ids))
 
 
 def test_patching_the_whole_residual_reproduces_the_source_run(model):

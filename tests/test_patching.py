@@ -14,6 +14,9 @@ T = 5
 GPT2 = ModelConfig(d_vocab=13, n_ctx=16, d_model=16, n_layers=2, n_heads=4, d_mlp=24)
 LLAMA = ModelConfig(d_vocab=13, n_ctx=16, d_model=16, n_layers=2, n_heads=4, d_mlp=24, positional="rope",
                     norm="rmsnorm", mlp="swiglu", bias=False, n_kv_heads=2)
+# Pythia (GPT-NeoX): attention and MLP in parallel on resid_pre (no resid_mid), partial RoPE, untied
+PYTHIA = ModelConfig(d_vocab=13, n_ctx=16, d_model=16, n_layers=2, n_heads=4, d_mlp=24, positional="rope",
+                     rotary_fraction=0.5, parallel_residual=True, tie_embeddings=False)
 TOL = dict(rtol=1e-9, atol=1e-9)
 
 
@@ -76,7 +79,7 @@ def test_head_sweep_equals_recomputing_the_layer_by_hand():
         assert float(result[last, head]) == pytest.approx(float(metric(logits)), rel=1e-9)
 
 
-@pytest.mark.parametrize("config", [GPT2, LLAMA], ids=["gpt2", "llama-gqa"])
+@pytest.mark.parametrize("config", [GPT2, LLAMA, PYTHIA], ids=["gpt2", "llama-gqa", "pythia"])
 def test_patch_everything_gives_clean_and_nothing_gives_corrupted(config):
     model, clean, corrupted, cache, metric, clean_value = setup(config)
     with torch.no_grad():
@@ -93,7 +96,7 @@ def test_patch_everything_gives_clean_and_nothing_gives_corrupted(config):
         torch.testing.assert_close(result.values, torch.full((2,), corrupted_value, dtype=torch.float64), **TOL)
 
 
-@pytest.mark.parametrize("config", [GPT2, LLAMA], ids=["gpt2", "llama-gqa"])
+@pytest.mark.parametrize("config", [GPT2, LLAMA, PYTHIA], ids=["gpt2", "llama-gqa", "pythia"])
 def test_every_sweep_has_labelled_axes_and_a_heat_map(config, tmp_path):
     model, clean, corrupted, cache, metric, clean_value = setup(config)
     kv = config.kv_heads
@@ -103,6 +106,10 @@ def test_every_sweep_has_labelled_axes_and_a_heat_map(config, tmp_path):
         "get_act_patch_attn_head_out_by_pos": (2, T, 4), "get_act_patch_attn_head_v_by_pos": (2, T, kv),
         "get_act_patch_attn_head_pattern_by_pos": (2, 4, T),
     }
+    if config.parallel_residual:  # no resid_mid: the MLP reads resid_pre
+        with pytest.raises(UserError, match="no resid_mid to patch"):
+            patching.get_act_patch_resid_mid(model, corrupted, cache, metric)
+        del expected["get_act_patch_resid_mid"]
     for name, shape in expected.items():
         result = getattr(patching, name)(model, corrupted, cache, metric, clean_metric=clean_value)
         assert result.shape == shape, name

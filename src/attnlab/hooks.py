@@ -11,7 +11,8 @@ Design choices:
 - A hook point made with `on_demand=True` (attention's `hook_result`) is computed only when hooked, so
   `run_with_cache()` without a names_filter leaves it out, unless `model.set_use_attn_result(True)`
   (TransformerLens's switch); naming it in names_filter always caches it.
-- The cache is attnlab.cache.ActivationCache (TransformerLens's keys and residual-stream views).
+- The cache is attnlab.cache.ActivationCache (TransformerLens's keys and residual-stream views). Its hooks
+  run after every hook the caller attached, so it holds what flows on, edits included.
 """
 
 from __future__ import annotations
@@ -133,5 +134,7 @@ class HookedModule(nn.Module):
             cache[hook.name] = tensor.detach()
 
         hooks = [(name, store) for name in self.hook_dict if match(name)]
-        output = self.run_with_hooks(*args, fwd_hooks=[*hooks, *fwd_hooks], **kwargs)
+        # the caller's hooks first, so an activation one of them edits is cached as edited (what flows on),
+        # as TransformerLens caches it
+        output = self.run_with_hooks(*args, fwd_hooks=[*fwd_hooks, *hooks], **kwargs)
         return output, ActivationCache(cache, self)
