@@ -347,3 +347,25 @@ def test_tokens(capsys):
     assert result[0]["rank"] == int((logits > logits[c]).sum())
     assert result[0]["prob"] == pytest.approx(float(logits.softmax(-1)[c]))
     assert "Rank:" in printed and "Top 0th token" in printed and len(result[0]["top"]) == 3
+
+
+def test_prepend_bos_as_documented():
+    """None: the tokenizer's own rule (a LLaMA-style tokenizer adds <s>, a GPT-2-style one nothing); True: its
+    BOS first (once); False: no special tokens at all."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, pre_tokenizers, processors
+
+    vocab = {c: i for i, c in enumerate("abc")}
+    for bos, adds in (("<s>", True), ("<|endoftext|>", False)):
+        backend = Backend(models.WordLevel({**vocab, bos: 3}, unk_token=bos))
+        backend.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+        backend.decoder = decoders.Fuse()
+        backend.add_special_tokens([bos])
+        if adds:  # LLaMA's tokenizer.json: a template that puts <s> first
+            backend.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, 3)])
+        model = build(ModelConfig(**{**BASE, "d_vocab": 4}))
+        model.tokenizer = Tokenizer(backend)
+        assert model.to_tokens("cab").tolist() == [([3] if adds else []) + [2, 0, 1]]
+        assert model.to_tokens("cab", prepend_bos=True).tolist() == [[3, 2, 0, 1]]
+        assert model.to_tokens("cab", prepend_bos=False).tolist() == [[2, 0, 1]]
+        assert model.to_str_tokens("ab", prepend_bos=True) == [bos, "a", "b"]
