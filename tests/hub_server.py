@@ -5,6 +5,7 @@ huggingface_hub's _snapshot_download.py, file_download.py, hf_api.py and utils/_
 answers them:
 - GET  /api/models/{repo}/revision/{revision}        repo_info: {"id", "sha", "siblings": [{"rfilename"}], ...}
 - GET  /api/models/{repo}/tree/{revision}[/{path}]   list_repo_tree: [{"type": "file", "path", "size", "oid"}]
+- GET  /api/models/{repo}/refs                       list_repo_refs: {"branches": [{"name", "ref", "targetCommit"}], ...}
 - HEAD /{repo}/resolve/{revision}/{filename}         X-Repo-Commit, ETag (X-Linked-Etag/-Size for LFS files)
 - GET  /{repo}/resolve/{revision}/{filename}         the bytes
 - GET  /api/agent-harnesses                          an empty registry (huggingface_hub 2.x asks once a day, for its user agent)
@@ -28,6 +29,7 @@ from urllib.parse import unquote, urlsplit
 
 LFS_SUFFIXES = (".safetensors", ".bin")
 API = re.compile(r"^/api/models/(?P<repo>[^/]+(?:/[^/]+)?)/(?P<kind>revision|tree)/(?P<revision>[^/]+)(?:/(?P<path>.*))?$")
+REFS = re.compile(r"^/api/models/(?P<repo>[^/]+(?:/[^/]+)?)/refs$")
 RESOLVE = re.compile(r"^/(?P<repo>[^/]+(?:/[^/]+)?)/resolve/(?P<revision>[^/]+)/(?P<path>.+)$")
 
 
@@ -35,7 +37,8 @@ RESOLVE = re.compile(r"^/(?P<repo>[^/]+(?:/[^/]+)?)/resolve/(?P<revision>[^/]+)/
 class Repo:
     """A repository: branch or tag -> commit hash, commit hash -> {file name: bytes}."""
 
-    refs: dict[str, str] = field(default_factory=dict)
+    refs: dict[str, str] = field(default_factory=dict)  # branches
+    tags: dict[str, str] = field(default_factory=dict)
     commits: dict[str, dict[str, bytes]] = field(default_factory=dict)
     gated_token: str | None = None  # set: the repository is gated, and only this token has access
 
@@ -47,7 +50,7 @@ class Repo:
         return sha
 
     def resolve(self, revision: str) -> str | None:
-        return revision if revision in self.commits else self.refs.get(revision)
+        return revision if revision in self.commits else self.refs.get(revision, self.tags.get(revision))
 
 
 @dataclass
@@ -120,6 +123,8 @@ class HubServer:
                 server.requests.append(Request(self.command, unquote(path), self.headers.get("Authorization")))
                 if path == "/api/agent-harnesses":
                     self._send(200, b'{"standardEnvVars": [], "harnesses": {}}', {"Content-Type": "application/json"}, body)
+                elif match := REFS.match(path):
+                    self._refs(match["repo"], body)
                 elif match := API.match(path):
                     self._api(match, body)
                 elif match := RESOLVE.match(path):
@@ -127,6 +132,15 @@ class HubServer:
                 else:
                     server.unknown.append(f"{self.command} {self.path}")
                     self._send(404, b"not found", body=body)
+
+            def _refs(self, name: str, body: bool) -> None:
+                repo = server.repos.get(name)
+                if repo is None:
+                    self._error(401, "RepoNotFound", "Repository not found", body)
+                    return
+                listed = {kind: [{"name": ref, "ref": f"refs/{prefix}/{ref}", "targetCommit": sha} for ref, sha in refs.items()]
+                          for kind, prefix, refs in (("branches", "heads", repo.refs), ("tags", "tags", repo.tags))}
+                self._send(200, json.dumps({**listed, "converts": []}).encode(), {"Content-Type": "application/json"}, body)
 
             def _lookup(self, match, body: bool):
                 repo = server.repos.get(match["repo"])

@@ -370,6 +370,31 @@ def test_the_step_slider_scrubs_every_view_through_training(server, page):
     shot(page, "training-slider")
 
 
+def test_a_hub_models_revisions_join_the_curves_as_the_slider_reaches_them(page, tmp_path, monkeypatch):
+    """`explore NAME --revisions`: the slider's steps are Hub revisions, loaded when first shown, so the heads' score
+    curves cover the steps shown so far and grow as the slider moves (tests/test_formats_hub.py runs the real Hub
+    download; here a revision is read from a local snapshot instead)."""
+    from attnlab.explorer.app import create_app
+    from attnlab.explorer.service import Run
+    from attnlab.training.snapshots import load_snapshot
+
+    model = small_models()["gpt"]
+    local = snapshot_run(model, tmp_path, start_step=None)  # step 10 holds the model's own weights
+    monkeypatch.setattr(Run, "load", lambda self, base, step: load_snapshot(base, local.snapshots[step]))
+    run = Run(None, {step: f"step{step}" for step in local.snapshots}, repo_id="org/tiny", served_step=10)
+    with serve(create_app({"gpt": model}, runs={"gpt": run})) as url:
+        open_page(page, url)
+        show(page, "heads")
+        assert page.evaluate("window.attnlab.state.step") == 20  # the last revision
+        wait_until(page, "window.attnlab.state.training.score_steps.join() === '10,20'")
+        assert "Hub revision step20" in page.inner_text("#training-note")
+        page.fill("#step", "0")
+        page.dispatch_event("#step", "change")
+        settle(page, "heads")
+        wait_until(page, "window.attnlab.state.training.score_steps.join() === '0,10,20'")
+        assert "Hub revision step0" in page.inner_text("#training-note")
+
+
 @pytest.mark.parametrize("view", ["matrix", "heads", "next"])
 def test_save_png_and_svg_download_real_files(server, page, tmp_path, view):
     open_page(page, server, model="gpt", text="The cat sat on the mat")

@@ -220,3 +220,22 @@ def test_a_queue_under_one_is_one_line(model_dir, capsys):
     assert main(["explore", str(model_dir), "--queue", "0"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--queue must be at least 1, got 0" in err
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--revisions", "step10,main"], "--revisions 'main': the step slider takes training-step revisions named stepN"),
+    (["--revisions", "step10,step10"], "--revisions lists step 10 twice"),
+    (["--revisions", "step10", "--revision", "step20"], "give one of the two"),
+    (["--revisions", ","], "--revisions lists the steps to load"),
+], ids=["not-a-step", "twice", "with-revision", "empty"])
+def test_bad_revisions_are_one_line_before_anything_loads(args, words, capsys):
+    """The Hub names here are never looked up: each mistake is caught before a model loads (tested offline)."""
+    assert main(["explore", "EleutherAI/pythia-70m", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err, err
+
+
+def test_revisions_of_a_local_model_are_one_line(model_dir, capsys):
+    assert main(["explore", str(model_dir), "--revisions", "all"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "this is a local model" in err and "snapshots" in err, err

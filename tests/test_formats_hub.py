@@ -210,24 +210,34 @@ def test_every_model_command_takes_a_hub_name_and_revision():
         assert args.revision == "step3000", argv
 
 
+def tiny_pythia(folder: Path, seed: int = 0) -> dict[str, bytes]:
+    """A GPT-NeoX checkpoint as transformers writes it (tiny, random, `seed`) with a character tokenizer: its files."""
+    import transformers
+
+    from explorer_models import char_tokenizer
+
+    torch.manual_seed(seed)
+    tokenizer = char_tokenizer()
+    pythia = transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(
+        vocab_size=tokenizer.vocab_size + 4, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=64, rotary_pct=0.25, use_parallel_residual=True))
+    with torch.no_grad():  # sharper patterns than the near-uniform initialisation, so the steps differ visibly
+        for layer in pythia.gpt_neox.layers:
+            layer.attention.query_key_value.weight.mul_(8)
+    pythia.save_pretrained(folder)
+    tokenizer.save(folder / "tokenizer.json")
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
 def test_explore_a_pythia_checkpoint_by_hub_name_and_revision(tmp_path):
     """`attnlab explore EleutherAI/pythia-70m --revision step3000` as a user with a network runs it: a
     GPT-NeoX checkpoint as transformers writes it (tiny, random) on a training-step branch of the loopback Hub."""
     import urllib.request
 
-    import transformers
+    from explorer_models import running_explorer
 
-    from explorer_models import char_tokenizer, running_explorer
-
-    torch.manual_seed(0)
-    tokenizer = char_tokenizer()
-    pythia = transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(
-        vocab_size=tokenizer.vocab_size + 4, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=64, max_position_embeddings=64, rotary_pct=0.25, use_parallel_residual=True))
-    pythia.save_pretrained(tmp_path / "pythia")
-    tokenizer.save(tmp_path / "pythia" / "tokenizer.json")
     repo = Repo()
-    repo.add_commit({p.name: p.read_bytes() for p in (tmp_path / "pythia").iterdir()}, "step3000")
+    repo.add_commit(tiny_pythia(tmp_path / "pythia"), "step3000")
     with HubServer({"EleutherAI/pythia-70m": repo}) as hub:
         with running_explorer("EleutherAI/pythia-70m", "--revision", "step3000", env=environment(hub, tmp_path / "hf"),
                               cwd=tmp_path) as url:
@@ -235,3 +245,59 @@ def test_explore_a_pythia_checkpoint_by_hub_name_and_revision(tmp_path):
                 (model,) = json.load(response)
         assert model["name"] == "pythia-70m", model
     assert "model.safetensors" in hub.downloads("EleutherAI/pythia-70m")
+
+
+def test_explore_pythia_training_revisions_on_the_step_slider(tmp_path):
+    """`attnlab explore EleutherAI/pythia-70m --revisions all`: the repository's stepN branches (listed by
+    list_repo_refs) are the step slider; each step's pattern is that revision's, fetched once, when first asked for."""
+    import urllib.request
+
+    from explorer_models import TEXT, running_explorer
+
+    repo, expected = Repo(), {}
+    for step in (0, 10, 20):
+        folder = tmp_path / f"step{step}"
+        repo.add_commit(tiny_pythia(folder, seed=step), f"step{step}")
+        model = attnlab.load(folder)
+        _, cache = model.run_with_cache(torch.tensor([model.tokenizer.encode(TEXT)]), names_filter="blocks.1.attn.hook_pattern")
+        expected[step] = cache["blocks.1.attn.hook_pattern"][0, 0]
+    repo.add_commit(hf_files(small_models(seed=3)["gpt"], tmp_path / "main"), "main")  # not a step: not on the slider
+    repo.tags["v1.0"] = repo.refs["main"]
+
+    def post(url: str, path: str, body: dict) -> dict:
+        request = urllib.request.Request(url + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return json.load(response)
+
+    def weights_fetched(since: int = 0) -> int:
+        return hub.downloads("EleutherAI/pythia-70m", since).count("model.safetensors")
+
+    with HubServer({"EleutherAI/pythia-70m": repo}) as hub:
+        env = environment(hub, tmp_path / "hf", HF_HUB_DISABLE_PROGRESS_BARS="1")
+        with running_explorer("EleutherAI/pythia-70m", "--revisions", "all", env=env, cwd=tmp_path) as url:
+            with urllib.request.urlopen(url + "api/models", timeout=60) as response:
+                (model,) = json.load(response)
+            assert model["steps"] == [0, 10, 20], model
+            assert weights_fetched() == 1  # the last step, which the page opens on; the others when asked for
+            shown = {}
+            for step in (20, 0, 10, 0):
+                start, first = len(hub.requests), step != 20 and step not in shown
+                answer = post(url, "api/pattern", {"model": "pythia-70m", "text": TEXT, "layer": 1, "head": 0, "step": step})
+                shown[step] = torch.tensor(answer["pattern"])
+                torch.testing.assert_close(shown[step], expected[step], rtol=0, atol=1e-6)
+                assert weights_fetched(start) == first  # fetched the first time its step is asked for, then kept
+            assert weights_fetched() == 3  # each revision's weights once
+            assert (shown[0] - shown[20]).abs().max() > 1e-2  # the matrix changes with the step
+            with urllib.request.urlopen(url + "api/models/pythia-70m/training", timeout=120) as response:
+                training = json.load(response)
+            assert training["lazy"] and training["score_steps"] == [0, 10, 20] and training["metrics"] == []
+            assert training["revisions"] == {"0": "step0", "10": "step10", "20": "step20"}
+        # named revisions: just those steps, in step order
+        with running_explorer("EleutherAI/pythia-70m", "--revisions", "step20,step0", env=env, cwd=tmp_path) as url:
+            with urllib.request.urlopen(url + "api/models", timeout=60) as response:
+                (model,) = json.load(response)
+            assert model["steps"] == [0, 20], model
+        assert not hub.unknown, hub.unknown
+        # offline, the Hub cannot list the revisions: one line that says to name them
+        line = cli_error(hub, tmp_path, ["explore", "EleutherAI/pythia-70m", "--revisions", "all"], HF_HUB_OFFLINE="1")
+        assert "listing its revisions needs the Hugging Face Hub" in line and "--revisions step1000,step2000" in line, line

@@ -2,7 +2,8 @@
 
 Design choices:
 - Models come only from the command line: whatever `attnlab.load` accepts (directories, bundled names
-  such as minilm, Hugging Face Hub names such as gpt2, with --revision). With none given, the newest run
+  such as minilm, Hugging Face Hub names such as gpt2, with --revision; with --revisions, a Hub model's
+  training-step revisions become the step slider, as a run's snapshots do). With none given, the newest run
   under ./runs (written by `attnlab train`) and the bundled MiniLM are served, whichever exist.
 - The server binds 127.0.0.1 unless --host says otherwise. The socket is bound here, before uvicorn
   starts, so a port in use is one clear line (and exit 2) rather than a log of tracebacks. Requests for
@@ -42,17 +43,23 @@ def newest_run(root: Path = Path("runs")) -> Path | None:
     return max(found, key=written)
 
 
-def load_models(specs: list[str], runs: dict | None = None, revision: str | None = None) -> dict[str, object]:
+def load_models(specs: list[str], runs: dict | None = None, revision: str | None = None,
+                revisions: list[str] | None = None) -> dict[str, object]:
     """name -> model for each MODEL argument; names are directory names (a Hub name's last part), made unique
     with a suffix; `revision` applies to every one (they must all be Hub names then).
 
     runs: when given, filled with name -> service.Run for each directory that holds training snapshots
-    (`attnlab train --snapshots N`), which the page's step slider scrubs through."""
+    (`attnlab train --snapshots N`), which the page's step slider scrubs through.
+    revisions: training-step revisions of Hub models (["step1000", "step2000"], or ["all"]: every stepN
+    branch the Hub lists) for the same step slider; the model is served at the last of them, and the others
+    are fetched when the slider first reaches them."""
     import attnlab
 
     models: dict[str, object] = {}
     for spec in specs:
-        model = attnlab.load(spec, revision=revision)
+        steps = hub_steps(spec, revisions) if revisions else None
+        # the page opens on the last step: that revision loads now, the others when the slider reaches them
+        model = attnlab.load(spec, revision=steps[max(steps)] if steps else revision)
         if model.tokenizer is None:
             raise UserError(f"{spec}: has no tokenizer.json; the explorer needs one to turn text into tokens")
         name = Path(spec).name or spec
@@ -60,7 +67,11 @@ def load_models(specs: list[str], runs: dict | None = None, revision: str | None
         while name in models:
             name, n = f"{base}-{n}", n + 1
         models[name] = model
-        if runs is not None and Path(spec).is_dir():
+        if steps and runs is not None:
+            from .service import Run
+
+            runs[name] = Run(None, steps, repo_id=spec, served_step=max(steps))
+        elif runs is not None and Path(spec).is_dir():
             from ..training.snapshots import list_snapshots
             from .service import Run
 
@@ -68,6 +79,28 @@ def load_models(specs: list[str], runs: dict | None = None, revision: str | None
             if snapshots:
                 runs[name] = Run(Path(spec), snapshots)
     return models
+
+
+def hub_steps(spec: str, revisions: list[str]) -> dict[int, str]:
+    """step -> revision for `explore SPEC --revisions ...`: the names given (each stepN), or with "all" every
+    training-step branch the Hub lists for SPEC."""
+    from ..formats.hub import is_repo_id, step_of, step_revisions
+
+    if Path(spec).exists() or not is_repo_id(spec):
+        raise UserError(f"{spec}: --revisions picks training-step revisions of a Hugging Face Hub model, and this is "
+                        "a local model; explore a training run's directory for its snapshots instead")
+    if revisions == ["all"]:
+        return step_revisions(spec)
+    steps: dict[int, str] = {}
+    for name in revisions:
+        step = step_of(name)
+        if step is None:
+            raise UserError(f"--revisions {name!r}: the step slider takes training-step revisions named stepN "
+                            "(Pythia's: step1000,step2000), or 'all'")
+        if step in steps:
+            raise UserError(f"--revisions lists step {step} twice; list each revision once")
+        steps[step] = name
+    return dict(sorted(steps.items()))
 
 
 def default_models(runs: dict | None = None) -> dict[str, object]:
@@ -121,8 +154,15 @@ def run_explore(args: argparse.Namespace) -> int:
         raise UserError("--revision picks a version of the Hub models given; name one (attnlab explore gpt2 --revision main)")
     if args.queue < 1:
         raise UserError(f"--queue must be at least 1, got {args.queue}")
+    revisions = [r.strip() for r in args.revisions.split(",") if r.strip()] if args.revisions is not None else None
+    if revisions is not None and not args.models:
+        raise UserError("--revisions picks training steps of the Hub models given; name one "
+                        "(attnlab explore EleutherAI/pythia-70m --revisions all)")
+    if revisions is not None and (args.revision is not None or not revisions):
+        raise UserError("--revisions lists the steps to load (step1000,step2000 or all)" +
+                        ("; --revision picks one version: give one of the two" if args.revision is not None else ""))
     runs: dict = {}
-    models = load_models(args.models, runs, args.revision) if args.models else default_models(runs)
+    models = load_models(args.models, runs, args.revision, revisions) if args.models else default_models(runs)
     return serve(models, args.host, args.port, args.max_tokens, runs, queue=args.queue)
 
 
@@ -171,6 +211,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="model directories (attnlab or Hugging Face format), bundled names (minilm) or Hugging Face "
                    "Hub names (gpt2, EleutherAI/pythia-70m); default: the newest run under ./runs and minilm")
     add_revision_flag(p, "the MODELs")
+    p.add_argument("--revisions", default=None, metavar="STEPS",
+                   help="training-step revisions of Hub MODELs for the step slider: step1000,step2000,... or 'all' "
+                   "(every stepN branch, as Pythia publishes them); each is fetched when the slider first reaches it")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only; "
                    "any other address requires the token printed with the URL)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0 picks a free one)")

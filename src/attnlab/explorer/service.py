@@ -15,7 +15,8 @@ Design choices:
   n_ctx); longer is `TextTooLong` (HTTP 413). Unknown model names are `UnknownModel` (404); out-of-range
   layers, heads and token indices are UserErrors (422). Each message names the value and the limit.
 - Experiments (issue 17): a request may knock out heads (`ablate`, zero or mean ablation) and pick a
-  training step (`step`, from `attnlab train --snapshots N`). `Variant` says which; `entry(name, variant)`
+  training step (`step`, from `attnlab train --snapshots N`, or a Hub repository's stepN revisions,
+  fetched when first asked for). `Variant` says which; `entry(name, variant)`
   gives the model at that step with the interventions' `ablate_head` hooks, and every view runs through it,
   so there is one ablation (attnlab.inspection.interventions) and one forward pass per view, as before.
   The hooks are attached before the cache's, so the cache holds what the ablated model computed.
@@ -70,14 +71,38 @@ PLAIN = Variant()
 
 @dataclass
 class Run:
-    """A served model's training run: its directory, snapshots (step -> file) and the step the page opens on."""
+    """A served model's course of training: its weights at each step, from a run's snapshots (`attnlab train
+    --snapshots N`) or from a Hub repository's training-step revisions (Pythia's stepN branches), and the
+    step the page opens on."""
 
-    path: Path
-    snapshots: dict[int, Path]
+    path: Path | None  # the run's directory (its metrics.jsonl); None for a Hub repository
+    snapshots: dict[int, Path | str]  # step -> snapshot file, or the Hub revision holding that step's weights
     start_step: int | None = None
     example: str | None = None  # a text to open the page on (e.g. the induction experiment's repeated spans)
     models: OrderedDict = field(default_factory=OrderedDict)  # step -> loaded snapshot model (an LRU)
-    curves: dict[str, Any] | None = None  # /api/models/{name}/training, computed once
+    curves: dict[str, Any] | None = None  # /api/models/{name}/training, computed once (per set of scored steps)
+    repo_id: str | None = None  # the Hub repository whose revisions `snapshots` names
+    served_step: int | None = None  # the step whose weights the served model already holds (never loaded twice)
+    scores: dict[int, Any] = field(default_factory=dict)  # step -> head scores, kept when its model is dropped
+
+    def load(self, model, step: int):
+        """`model` at `step`: the snapshot file read into a copy of it, or the Hub revision loaded (fetched into the
+        Hugging Face cache on first use; the served model's tokenizer is kept)."""
+        if self.repo_id is None:
+            from ..training.snapshots import load_snapshot
+
+            return load_snapshot(model, self.snapshots[step])
+        from .. import load
+
+        revision = self.snapshots[step]
+        loaded = load(self.repo_id, revision=revision)
+        shape = ("n_layers", "n_heads", "d_model", "d_vocab")
+        if any(getattr(loaded.config, k) != getattr(model.config, k) for k in shape):
+            raise UserError(f"{self.repo_id} revision {revision!r} has another shape than the served revision "
+                            f"({', '.join(f'{k} {getattr(loaded.config, k)}' for k in shape)}); the step slider needs "
+                            "one model trained through its steps")
+        loaded.tokenizer = model.tokenizer
+        return loaded.eval()
 
 
 @dataclass
@@ -160,9 +185,7 @@ class Explorer:
             seen.add((layer, head))
 
     def at_step(self, entry: ModelEntry, step: int) -> ModelEntry:
-        """The entry for the snapshot at `step` (loaded on first use, up to STEP_MODELS kept)."""
-        from ..training.snapshots import load_snapshot
-
+        """The entry for the model at training `step` (loaded on first use, up to STEP_MODELS kept)."""
         run = entry.run
         if run is None or not run.snapshots:
             raise UserError(f"model {entry.name!r} has no training snapshots, so there is no step {step}; "
@@ -171,9 +194,11 @@ class Explorer:
             steps = list(run.snapshots)
             raise UserError(f"model {entry.name!r} has no snapshot at step {step}; its steps are "
                             f"{', '.join(map(str, steps[:12]))}{' ...' if len(steps) > 12 else ''}")
+        if step == run.served_step:
+            return entry
         with entry.lock:
             if step not in run.models:
-                run.models[step] = ModelEntry(entry.name, load_snapshot(entry.model, run.snapshots[step]), lock=entry.lock, run=run)
+                run.models[step] = ModelEntry(entry.name, run.load(entry.model, step), lock=entry.lock, run=run)
                 while len(run.models) > STEP_MODELS:
                     run.models.popitem(last=False)
             run.models.move_to_end(step)
@@ -465,23 +490,35 @@ class Explorer:
     def training(self, name: str) -> dict[str, Any]:
         """A run's course: its snapshot steps, its logged losses (metrics.jsonl), and every head's scores
         (attnlab.inspection's, on random repeated tokens) at up to CURVE_POINTS evenly spaced snapshots
-        (`score_steps`, the start step included), for the step slider and the heads' curves."""
+        (`score_steps`, the start step included), for the step slider and the heads' curves.
+
+        A Hub repository's revisions are fetched only when a request asks for their step, so their curves
+        cover the steps shown so far (`lazy`: the page asks again after each new step)."""
         entry = self.entry(name)
         run = entry.run
         if run is None or not run.snapshots:
             raise UserError(f"model {name!r} has no training snapshots; train with `attnlab train --snapshots N` "
                             "and explore the run's directory")
-        if run.curves is None:
-            from ..training.trainer import read_metrics
-
-            steps = list(run.snapshots)
+        steps = list(run.snapshots)
+        if run.repo_id is not None:
+            picked = sorted({run.served_step, *run.models, *run.scores} & set(steps))
+        else:
             n = min(CURVE_POINTS, len(steps))
             picked = sorted({steps[round(i * (len(steps) - 1) / max(1, n - 1))] for i in range(n)}
                             | ({run.start_step} if run.start_step in run.snapshots else set()))
-            per_step = {step: head_scores(self.at_step(entry, step)) for step in picked}
-            available = all(v is not None for v in per_step.values())
+        if run.curves is None or run.curves["score_steps"] != picked:
+            from ..training.trainer import read_metrics
+
+            for step in picked:
+                if step not in run.scores:
+                    run.scores[step] = head_scores(self.at_step(entry, step))
+            per_step = {step: run.scores[step] for step in picked}
+            available = bool(per_step) and all(v is not None for v in per_step.values())
             curves: dict[str, Any] = {"steps": steps, "score_steps": picked, "start_step": run.start_step,
-                                      "metrics": [{k: r.get(k) for k in ("iter", "train_loss", "val_loss")} for r in read_metrics(run.path)],
+                                      "metrics": [] if run.path is None else
+                                      [{k: r.get(k) for k in ("iter", "train_loss", "val_loss")} for r in read_metrics(run.path)],
+                                      "lazy": run.repo_id is not None,
+                                      "revisions": None if run.repo_id is None else {str(k): v for k, v in run.snapshots.items()},
                                       "available": available, "scores": {}, "thresholds": {}}
             if available:
                 first = next(iter(per_step.values()))

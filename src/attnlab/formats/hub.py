@@ -22,6 +22,10 @@ Design choices:
   `.bin` weights (refused: attnlab never unpickles), an unsupported model_type (the list comes from the
   architecture table, so new architectures appear in it by themselves). The token is never part of any
   message: the messages are built here, from the repository id and the revision only.
+- Training checkpoints as revisions (`step_revisions`): Pythia publishes its training steps as branches
+  named stepN; huggingface_hub's list_repo_refs lists a repository's branches and tags (GET
+  /api/models/{repo}/refs), and the stepN ones become the explorer's step slider. Listing needs the Hub:
+  offline, the revisions are named on the command line instead.
 - huggingface_hub reads its environment when it is imported, as in transformers: set HF_HUB_OFFLINE,
   HF_ENDPOINT and HF_HOME before the first `attnlab.load` of a Hub name.
 """
@@ -29,6 +33,7 @@ Design choices:
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from huggingface_hub import constants, get_token, hf_hub_download, list_repo_files, snapshot_download
@@ -49,6 +54,33 @@ WEIGHTS = "model.safetensors"
 # tokenizer_config.json is not read by attnlab but lets transformers open the same snapshot (attnlab compare).
 SMALL_FILES = (CONFIG, "generation_config.json", "tokenizer.json", "tokenizer_config.json", INDEX)
 PICKLES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+STEP_REVISION = re.compile(r"step(\d+)")  # Pythia's training-checkpoint branches: step0, step1, ..., step143000
+
+
+def step_of(revision: str) -> int | None:
+    """The training step a revision name stands for ("step3000" -> 3000), None for any other name."""
+    match = STEP_REVISION.fullmatch(revision)
+    return int(match.group(1)) if match else None
+
+
+def step_revisions(repo_id: str) -> dict[int, str]:
+    """step -> branch or tag name of every training-step revision (stepN) of `repo_id`, in step order, as the
+    Hub lists them (huggingface_hub's list_repo_refs); a UserError when there are none or the Hub cannot answer."""
+    from huggingface_hub import HfApi
+
+    try:
+        refs = HfApi(library_name="attnlab").list_repo_refs(repo_id)
+    except HUB_ERRORS as exc:
+        if isinstance(exc, (OfflineModeIsEnabled, LocalEntryNotFoundError)) or constants.HF_HUB_OFFLINE:
+            raise UserError(f"{repo_id}: listing its revisions needs the Hugging Face Hub ({constants.ENDPOINT}); "
+                            "name them instead (--revisions step1000,step2000)") from None
+        raise UserError(explain(exc, repo_id, None, repo_id)) from None
+    found = {step: ref.name for ref in [*refs.branches, *refs.tags] if (step := step_of(ref.name)) is not None}
+    if not found:
+        names = ", ".join(ref.name for ref in refs.branches[:5])
+        raise UserError(f"{repo_id}: no training-step revisions (branches named stepN, as Pythia's) on the Hub; "
+                        f"its branches are {names}; name revisions with --revision instead")
+    return dict(sorted(found.items()))
 
 
 def is_repo_id(name: str) -> bool:

@@ -1117,12 +1117,7 @@
       // the slider at once; the loss curve and the heads' score curves when the server has computed them
       const model = state.model;
       state.training = { model, steps, start_step: state.info.start_step, metrics: [], available: false, scores: {}, score_steps: [] };
-      api(`/api/models/${encodeURIComponent(model)}/training`).then((tr) => {
-        if (!state.training || state.training.model !== model) return;
-        Object.assign(state.training, tr);
-        drawTraining();
-        if (state.view === "heads" && state.heads.grid) drawGrid();
-      }).catch((err) => setStatus(err.message, true));
+      fetchTraining();
       const start = state.info.start_step !== null && steps.includes(state.info.start_step) ? state.info.start_step : steps[steps.length - 1];
       const slider = $("step");
       slider.max = steps.length - 1;
@@ -1130,6 +1125,19 @@
       state.step = start;
     }
     drawTraining();
+  }
+
+  function fetchTraining() {
+    // the loss curve and every head's score curve; a Hub model's revisions are fetched as the slider reaches
+    // them, so its curves cover the steps shown so far and are asked for again after each new step (`lazy`)
+    const model = state.model;
+    return api(`/api/models/${encodeURIComponent(model)}/training`).then((tr) => {
+      if (!state.training || state.training.model !== model) return;
+      if (state.training.lazy && tr.score_steps.length < state.training.score_steps.length) return; // an older answer
+      Object.assign(state.training, tr);
+      drawTraining();
+      if (state.view === "heads" && state.heads.grid) drawGrid();
+    }).catch((err) => setStatus(err.message, true));
   }
 
   function drawTraining() {
@@ -1150,6 +1158,7 @@
     }
     svg("line", { x1: x(state.step), x2: x(state.step), y1: 0, y2: H - bottom + 2, class: "curve-marker", id: "step-marker" }, el);
     $("training-note").textContent = `every view shows the model at step ${state.step}` +
+      (tr.revisions ? ` (Hub revision ${tr.revisions[state.step]}, fetched when first shown)` : "") +
       (tr.start_step !== null && tr.start_step !== undefined ? ` · the phase change is at step ${tr.start_step}` : "");
   }
 
@@ -1296,6 +1305,8 @@
     try {
       await loadTraining();
       await Promise.all([LOADERS[state.view](), loadKnockout()]);
+      const tr = state.training;
+      if (tr && tr.lazy && !tr.score_steps.includes(state.step)) fetchTraining(); // this step's scores join the curves
       setStatus(`${state.tokens.length} tokens · ${state.model}` + (state.step !== null ? ` · step ${state.step}` : "") +
         (state.ablate.length ? ` · ${state.ablate.length} head${state.ablate.length > 1 ? "s" : ""} knocked out` : ""));
     } catch (err) {
