@@ -239,3 +239,37 @@ def test_revisions_of_a_local_model_are_one_line(model_dir, capsys):
     assert main(["explore", str(model_dir), "--revisions", "all"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "this is a local model" in err and "snapshots" in err, err
+
+
+def exported(path) -> dict:
+    page = path.read_text(encoding="utf-8")
+    return json.loads(page.split("window.ATTNLAB_EXPORT = ", 1)[1].split(";</script>", 1)[0].replace("<\\/", "</"))
+
+
+def test_export_html_knocks_out_heads_from_the_command_line(model_dir, tmp_path):
+    """export-html --ablate L.H,... --ablation mean: the page holds the ablated model's responses, as attnlab.show's."""
+    out = tmp_path / "knockout.html"
+    args = ["export-html", str(model_dir), "--text", TEXT, "-o", str(out), "--view", "next", "--ablate", "1.2, 1.0"]
+    assert main([*args, "--ablation", "mean"]) == 0
+    data = exported(out)
+    assert data["ablate"] == [[1, 2], [1, 0]] and data["ablation"] == "mean" and data["view"] == "next"
+    model = attnlab.load(model_dir)
+    mean = export_data(model, TEXT, name="tiny-gpt", ablate=[(1, 2), (1, 0)], ablation="mean")
+    timeless = lambda responses: {k: {f: v for f, v in r.items() if f != "cost"} for k, r in responses.items()}  # noqa: E731
+    assert timeless(data["responses"]) == timeless(json.loads(json.dumps(mean["responses"])))  # the server's time aside
+    assert main(args) == 0  # zero ablation is the default, and another model
+    zero = exported(out)["responses"]
+    key = request_key("/api/knockout", {"model": "tiny-gpt", "text": TEXT, "ablate": [[1, 2], [1, 0]], "ablation": "zero"})
+    assert zero[key]["loss_after"] != mean["responses"][key.replace('"zero"', '"mean"')]["loss_after"]
+
+
+@pytest.mark.parametrize("heads, words", [
+    ("1-2", "--ablate '1-2': give heads as LAYER.HEAD"),
+    ("9.0", "layer 9 is out of range"),
+    ("1.2,1.2", "listed twice"),
+], ids=["spelling", "out-of-range", "twice"])
+def test_export_html_bad_heads_are_one_line(model_dir, tmp_path, capsys, heads, words):
+    out = tmp_path / "x.html"
+    assert main(["export-html", str(model_dir), "--text", TEXT, "-o", str(out), "--ablate", heads]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err and not out.exists(), err

@@ -193,12 +193,26 @@ def run_export(args: argparse.Namespace) -> int:
 
     if Path(args.output).is_dir():  # checked first: the export takes a while, and the rename would fail at the end
         raise UserError(f"-o {args.output} is a directory; name the HTML file to write, e.g. -o {Path(args.output) / 'view.html'}")
+    ablate = parse_heads(args.ablate) if args.ablate else ()
     models = load_models([args.model], revision=args.revision)
     name, model = next(iter(models.items()))
-    page = export_html(model, args.text, name=name, view=args.view)
+    page = export_html(model, args.text, name=name, view=args.view, ablate=ablate, ablation=args.ablation)
     atomic_write_text(args.output, page)
     print(f"wrote {args.output} ({len(page.encode('utf-8')) / 1e6:.1f} MB): open it in a browser, no server needed")
     return 0
+
+
+def parse_heads(spec: str) -> list[tuple[int, int]]:
+    """--ablate "1.2,1.0" -> [(1, 2), (1, 0)]: LAYER.HEAD pairs, comma-separated (range and duplicates are checked
+    against the model by the explorer, as for a request)."""
+    heads = []
+    for item in spec.split(","):
+        layer, dot, head = item.strip().partition(".")
+        if not (dot and layer.isdigit() and head.isdigit()):
+            raise UserError(f"--ablate {item.strip()!r}: give heads as LAYER.HEAD, comma-separated (--ablate 1.2,1.0 "
+                            "knocks out heads 2 and 0 of layer 1)")
+        heads.append((int(layer), int(head)))
+    return heads
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -231,4 +245,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--text", required=True, help="the text to show (at most 128 tokens)")
     e.add_argument("-o", "--output", required=True, metavar="FILE.html", help="where to write the page")
     e.add_argument("--view", choices=VIEWS, default="dict", help="the tab the page opens on (default dict)")
+    e.add_argument("--ablate", default=None, metavar="L.H,...",
+                   help="heads to show knocked out, as LAYER.HEAD pairs (1.2,1.0): every view is then the ablated "
+                   "model's, with the per-token loss strip and the next token before and after")
+    e.add_argument("--ablation", choices=("zero", "mean"), default="zero",
+                   help="knock a head out by zeroing its output, or by its mean over the text (default zero)")
     e.set_defaults(func=run_export)
