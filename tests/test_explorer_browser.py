@@ -8,6 +8,8 @@ tests fail rather than skip, so a CI run can never pass them silently.
 from __future__ import annotations
 
 import json
+import math
+import re
 import shutil
 import time
 import xml.etree.ElementTree as ET
@@ -16,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import attnlab
+from attnlab.explorer.service import Explorer
 from explorer_models import TEXT, serve, small_models, snapshot_run
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -293,7 +296,20 @@ def test_2048_tokens_draw_zoom_and_report_their_cost_and_2049_names_the_limit(se
     panned = page.evaluate("window.attnlab.state.matrix.geometry")
     assert panned["panX"] > 0 and panned["panY"] > 0
     page.mouse.move(box["x"] + 320, box["y"] + 330)
-    assert "query" in page.inner_text("#matrix-tip")
+    tip = page.inner_text("#matrix-tip")
+    # the text travelled as float16 (a causal pattern's lower triangle only); what the hover prints is the
+    # float32 truth to its 3 significant digits (within one unit of the last)
+    cell = re.search(r"query (\d+) .* key (\d+) .*: softmax = ([^ ]+) \(raw ([^,]+), scaled", tip)
+    assert cell, tip
+    i, j, weight, raw = int(cell[1]), int(cell[2]), cell[3], cell[4]
+    truth = Explorer(small_models()).pattern("llama", text, 0, 0, "json")
+    for printed, value in ((weight, truth["pattern"][i][j]), (raw, truth["raw"][i][j])):
+        if printed.startswith("<"):
+            assert abs(value) < float(printed[1:]), (printed, value)
+        else:
+            assert len(printed.replace("-", "").replace("−", "").lstrip("0.").split("e")[0].replace(".", "")) <= 3, printed
+            assert abs(float(printed.replace("−", "-")) - value) <= 10 ** (math.floor(math.log10(abs(value))) - 2), (printed, value)
+    assert "as float16" in page.inner_text("#matrix-cost")
     shot(page, "matrix-2048-zoomed")
     start = time.perf_counter()
     page.select_option("#head", "1")
@@ -301,7 +317,8 @@ def test_2048_tokens_draw_zoom_and_report_their_cost_and_2049_names_the_limit(se
     head_switch = time.perf_counter() - start
     timings = {"tokens": 2048, "first_draw_s": round(first_draw, 3), "head_switch_s": round(head_switch, 3),
                "paint_ms_in_page": round(page.evaluate("window.attnlab.state.timings.matrixDrawMs"), 1),
-               "server": page.inner_text("#matrix-cost"), "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+               "server": page.inner_text("#matrix-cost"), "encoding": "f16",
+               "load": open("/proc/loadavg").read().split()[:3], "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     OUT.mkdir(exist_ok=True)
     (OUT / "explorer-2048-timings.json").write_text(json.dumps(timings, indent=2) + "\n")
     print("explorer at 2,048 tokens:", timings)

@@ -142,6 +142,54 @@ def test_the_pattern_reports_what_the_text_cost(client):
     assert data["cost"]["entries_per_head"] == T * T and data["cost"]["server_ms"] > 0
 
 
+def decode_f16(m):
+    """What app.js's decodeMatrix does with an "f16" matrix: float16 x scale, a `lower` one's triangle filled in."""
+    import base64
+
+    import numpy as np
+
+    values = np.frombuffer(base64.b64decode(m["f16"]), dtype="<f2").astype(np.float64) * m["scale"]
+    if not m["lower"]:
+        return values.reshape(m["shape"])
+    out = np.zeros(m["shape"])
+    out[np.tril_indices(m["shape"][0])] = values
+    return out
+
+
+def shown(value: float, digits: int = 3) -> float:
+    """The number JavaScript's toPrecision(digits) prints."""
+    return float(f"{value:.{digits - 1}e}")
+
+
+@pytest.mark.parametrize("model, lower", [("llama", True), ("bert", False)])
+def test_long_texts_travel_as_float16_and_every_shown_digit_is_right(client, model, lower):
+    """encoding f16 (what the page asks for above 512 tokens): the same numbers to float16's precision, every value
+    the hover prints to 3 significant digits within one unit of its last digit of the float32 truth (below
+    `tiny`, printed as "< tiny", within tiny); a causal pattern sends its lower triangle only."""
+    import base64
+
+    import numpy as np
+
+    text = ("the cat sat on the mat. " * 25)[:511]
+    exact = post(client, "/api/pattern", model=model, text=text, layer=1, head=1, encoding="json")
+    light = post(client, "/api/pattern", model=model, text=text, layer=1, head=1, encoding="f16")
+    for key in ("raw", "pattern"):
+        truth, m = np.array(exact[key], dtype=np.float64), light[key]
+        assert m["lower"] == (lower and key == "pattern")
+        got = decode_f16(m)
+        big = np.abs(truth) >= m["tiny"]
+        assert big.mean() > 0.5, key  # most values are in float16's exact range (a weight down to ~1e-9)
+        assert np.all(np.abs(got - truth)[big] <= 2**-11 * np.abs(truth)[big]), key
+        assert np.all(np.abs(got - truth)[~big] <= m["tiny"]), key
+        for g, t in zip(got[big][::97], truth[big][::97]):  # what the hover prints, against the truth
+            assert abs(shown(g) - t) <= 10 ** (np.floor(np.log10(abs(t))) - 2), (key, g, t, shown(g))
+    T = len(text)
+    f32_bytes = 2 * 4 * T * T
+    f16_bytes = sum(len(base64.b64decode(light[k]["f16"])) for k in ("raw", "pattern"))
+    assert f16_bytes == (2 * T * T + 2 * (T * (T + 1) // 2 if lower else T * T))  # 2 bytes a number, the triangle once
+    assert f16_bytes < (0.38 if lower else 0.51) * f32_bytes
+
+
 def test_minilm_knocking_out_the_heads_where_it_lands_on_cat_turns_its_hidden_state():
     """The chapter's coreference example: layer 5's heads 4 and 11 send "it" to "cat"; without them "it"'s last
     hidden state turns (cosine 0.86 measured), while a control head of the same layer that ignores "cat" (head 2,

@@ -43,7 +43,9 @@ class HeadRequest(TextRequest):
 
 
 class PatternRequest(HeadRequest):
-    encoding: Literal["json", "f32"] = Field("json", description="matrices as nested lists, or base64 little-endian float32 with a shape")
+    encoding: Literal["json", "f32", "f16"] = Field("json", description="matrices as nested lists, base64 little-endian "
+                                                    "float32 with a shape, or base64 float16 times `scale` (a causal "
+                                                    "pattern: its lower triangle only), for long texts")
 
 
 class StagesRequest(HeadRequest):

@@ -22,6 +22,13 @@ Design choices:
   The hooks are attached before the cache's, so the cache holds what the ablated model computed.
 - Big matrices can travel as base64 float32 (`encoding="f32"`), 4 bytes a number, which the page
   decodes into a Float32Array without parsing 262,144 JSON numbers for a 512-token heatmap.
+- Long texts travel lighter (`encoding="f16"`, what the page asks for above 512 tokens): float16, 2 bytes a
+  number, times a power of two carried beside it (`scale`; llama.cpp's blocks carry their scale the same
+  way), chosen so the largest value fits float16's range; a power of two multiplies exactly, so every value
+  keeps float16's relative error of at most 2⁻¹¹, under half a unit in a third significant digit, which is
+  what the page then shows. Values below `tiny` (float16's smallest normal, scaled) are less exact, and the
+  page shows them as "< tiny". A causal model's pattern is zero above the diagonal, so only its lower
+  triangle travels (`lower`). At 2,048 tokens: 12.6 MB of numbers where float32 took 33.6 MB.
 """
 
 from __future__ import annotations
@@ -115,12 +122,28 @@ class ModelEntry:
     run: Run | None = None  # the training run it came from, when it has snapshots
 
 
-def encode_matrix(tensor: torch.Tensor, encoding: str) -> Any:
-    """A tensor as nested lists ("json") or as {"shape", "f32": base64 of little-endian float32} ("f32")."""
+F16_MAX = 65504.0  # float16's largest finite value
+F16_TINY = 2.0**-14  # float16's smallest normal value: below it, fewer significant bits
+
+
+def encode_matrix(tensor: torch.Tensor, encoding: str, lower: bool = False) -> Any:
+    """A tensor as nested lists ("json"), as {"shape", "f32": base64 of little-endian float32} ("f32"), or as
+    {"shape", "f16": base64 of little-endian float16, "scale", "tiny", "lower"} ("f16"): the numbers are
+    f16 × scale, exact to float16's precision down to `tiny`. lower (a square matrix, "f16" only): only the
+    lower triangle travels, row by row, the diagonal included (a causal pattern is zero above it)."""
     tensor = tensor.detach().float().cpu().contiguous()
     if encoding == "f32":
         data = tensor.numpy().astype("<f4").tobytes()
         return {"shape": list(tensor.shape), "f32": base64.b64encode(data).decode("ascii")}
+    if encoding == "f16":
+        finite = tensor[torch.isfinite(tensor)].abs()
+        top = float(finite.max()) if finite.numel() else 0.0
+        # the largest power of two that keeps the largest value finite in float16 (bounded: 2^±100 is a float32)
+        exponent = max(-100, min(100, math.floor(math.log2(F16_MAX / top)))) if top > 0 else 0
+        values = tensor[tuple(torch.tril_indices(*tensor.shape))] if lower else tensor.flatten()
+        data = (values * 2.0**exponent).to(torch.float16).numpy().astype("<f2").tobytes()
+        return {"shape": list(tensor.shape), "f16": base64.b64encode(data).decode("ascii"), "lower": lower,
+                "scale": 2.0**-exponent, "tiny": F16_TINY * 2.0**-exponent}
     return _finite(tensor.tolist())
 
 
@@ -328,7 +351,8 @@ class Explorer:
             "layer": layer, "head": head, "tokens": tokens,
             "scale": entry.model.config.scale, "causal": entry.model.config.causal,
             "sliding_window": entry.model.config.sliding_window,
-            "raw": encode_matrix(raw, encoding), "pattern": encode_matrix(pattern, encoding),
+            "raw": encode_matrix(raw, encoding),
+            "pattern": encode_matrix(pattern, encoding, lower=encoding == "f16" and entry.model.config.causal),
         }
         T = len(tokens)
         out["cost"] = {"entries_per_head": T * T, "bytes_per_head": 4 * T * T, "server_ms": 1000 * (time.perf_counter() - start)}

@@ -71,13 +71,40 @@
     return data;
   }
 
+  // Above this many tokens the page asks for matrices as float16 (half of float32's bytes, a causal pattern's
+  // lower triangle only), shows their values to 3 significant digits, and draws the model's own pattern
+  // rather than recomputing the softmax from the raw scores
+  const LONG_TEXT = 512;
+  const patternEncoding = () => (state.tokens && state.tokens.length > LONG_TEXT ? "f16" : "f32");
+  let HALF = null; // every float16 bit pattern's value, built once
+
+  function halfTable() {
+    if (HALF) return HALF;
+    HALF = new Float32Array(65536);
+    for (let h = 0; h < 65536; h++) {
+      const sign = h & 0x8000 ? -1 : 1, e = (h >> 10) & 0x1f, f = h & 0x3ff;
+      HALF[h] = sign * (e === 0 ? f * 2 ** -24 : e === 31 ? (f ? NaN : Infinity) : (1 + f / 1024) * 2 ** (e - 15));
+    }
+    return HALF;
+  }
+
   function decodeMatrix(m) {
-    // {shape, f32: base64} -> array of Float32Array rows; nested lists pass through.
-    if (!m || !m.f32) return m;
-    const text = atob(m.f32), bytes = new Uint8Array(text.length);
-    for (let i = 0; i < text.length; i++) bytes[i] = text.charCodeAt(i); // a plain loop: 16 MB at 2,048 tokens
-    const flat = new Float32Array(bytes.buffer);
+    // {shape, f32: base64} or {shape, f16: base64, scale, lower} -> array of Float32Array rows (a `lower` matrix
+    // holds only its lower triangle, row by row: the rest is 0); nested lists pass through.
+    if (!m || !(m.f32 || m.f16)) return m;
+    const text = atob(m.f32 || m.f16), bytes = new Uint8Array(text.length);
+    for (let i = 0; i < text.length; i++) bytes[i] = text.charCodeAt(i); // a plain loop: megabytes at 2,048 tokens
     const [rows, cols] = m.shape;
+    let flat;
+    if (m.f32) flat = new Float32Array(bytes.buffer);
+    else {
+      const half = new Uint16Array(bytes.buffer), table = halfTable(), scale = m.scale;
+      flat = new Float32Array(rows * cols);
+      for (let i = 0, k = 0; i < rows; i++) {
+        const n = m.lower ? i + 1 : cols, o = i * cols;
+        for (let j = 0; j < n; j++) flat[o + j] = table[half[k++]] * scale;
+      }
+    }
     const out = [];
     for (let i = 0; i < rows; i++) out.push(flat.subarray(i * cols, (i + 1) * cols));
     return out;
@@ -212,9 +239,11 @@
     } else {
       const [projection, pattern] = await Promise.all([
         api("/api/projection", body({ layer: state.layer, head: state.head })),
-        api("/api/pattern", body({ layer: state.layer, head: state.head, encoding: "f32" })),
+        api("/api/pattern", body({ layer: state.layer, head: state.head, encoding: patternEncoding() })),
       ]);
       d.data = Object.assign({ raw: decodeMatrix(pattern.raw) }, projection);
+      // a long text's raw scores are float16: its real tokens' weights are the model's own pattern instead
+      if (pattern.pattern.f16) d.data.pattern = decodeMatrix(pattern.pattern);
       if (d.queryToken === null || d.queryToken >= d.data.tokens.length) d.queryToken = d.data.tokens.length - 1;
       d.query = d.data.queries[d.queryToken];
     }
@@ -224,6 +253,7 @@
   function dictWeights() {
     // exact weights for a real token's query (its real scores, re-scaled); 2-D scores for a dragged one
     const d = state.dict, data = d.data, scale = data.scale * d.mult;
+    if (d.queryToken !== null && data.pattern && d.mult === 1) return Array.from(data.pattern[d.queryToken]);
     if (d.queryToken !== null && data.raw) {
       const i = d.queryToken;
       const w = data.sliding_window;  // a sliding window: the query and the w − 1 keys before it
@@ -380,7 +410,7 @@
   // View 2: the attention matrix
   async function loadMatrix() {
     const m = state.matrix;
-    m.data = await api("/api/pattern", body({ layer: state.layer, head: state.head, encoding: "f32" }));
+    m.data = await api("/api/pattern", body({ layer: state.layer, head: state.head, encoding: patternEncoding() }));
     m.raw = decodeMatrix(m.data.raw);
     m.pattern = decodeMatrix(m.data.pattern);
     if (m.mask === null) m.mask = state.info.causal ? "causal" : "none";
@@ -391,12 +421,14 @@
     // the stage shown: raw q·kᵀ -> ×scale -> mask (−∞ as null) -> softmax, for the mask chosen here
     const m = state.matrix, T = m.raw.length, S = m.raw[0].length, scale = m.data.scale;
     const visible = (i, j) => m.mask === "none" || j <= i + S - T;
-    if (T > 512 && m.stage === "softmax" && m.mask === (state.info.causal ? "causal" : "none")) {
+    if (T > LONG_TEXT && m.stage === "softmax" && m.mask === (state.info.causal ? "causal" : "none")) {
       return { rows: m.pattern, visible, model: true }; // a long text: the model's own pattern, not recomputed here
     }
     const rows = [];
+    m.maxScaled = 0; // the largest |score| shown: bounds a softmax recomputed from float16 scores (shownPrecision)
     for (let i = 0; i < T; i++) {
       const raw = m.raw[i];
+      for (let j = 0; j < S; j++) if (visible(i, j)) m.maxScaled = Math.max(m.maxScaled, Math.abs(raw[j] * scale));
       if (m.stage === "raw") rows.push(Array.from(raw));
       else if (m.stage === "scaled") rows.push(Array.from(raw, (x) => x * scale));
       else if (m.stage === "masked") rows.push(Array.from(raw, (x, j) => (visible(i, j) ? x * scale : null)));
@@ -411,6 +443,7 @@
     const m = state.matrix, tokens = m.data.tokens, T = tokens.length;
     const { rows, visible, model } = matrixValues();
     m.shown = rows;
+    m.shownModel = !!model;
     let maxAbs = 0;
     for (const row of rows) for (const x of row) if (x !== null && Math.abs(x) > maxAbs) maxAbs = Math.abs(x);
     const image = document.createElement("canvas");
@@ -473,8 +506,10 @@
     const drawMs = performance.now() - t0;
     state.timings.matrixDrawMs = drawMs;
     if (cost) {
+      const half = !!m.data.raw.f16, sent = 0.75 * ["raw", "pattern"].reduce((n, k) => n + (m.data[k].f16 || m.data[k].f32 || "").length, 0);
       $("matrix-cost").textContent = `cost: ${T}×${T} = ${cost.entries_per_head.toLocaleString()} scores per head ` +
-        `(${(cost.bytes_per_head / 1e6).toFixed(1)} MB in float32) · server ${cost.server_ms.toFixed(0)} ms · drawn in ${drawMs.toFixed(0)} ms`;
+        `(${(cost.bytes_per_head / 1e6).toFixed(1)} MB in float32) · server ${cost.server_ms.toFixed(0)} ms · ` +
+        `sent ${(sent / 1e6).toFixed(1)} MB (scores and pattern${half ? ", as float16: values to 3 digits" : ""}) · drawn in ${drawMs.toFixed(0)} ms`;
     }
   }
 
@@ -548,6 +583,24 @@
     return { x, y, j: Math.floor((x - margin) / cell + m.panX), i: Math.floor((y - margin) / cell + m.panY) };
   }
 
+  function shownPrecision() {
+    // the significant digits the hover shows, each one correct, and the magnitude below which a value is only
+    // shown as "< tiny": float32 is exact to 6 digits; float16 (a long text) has a relative error of at most
+    // 2^-11, under half a unit in the third digit, down to its `tiny`; a softmax recomputed here from float16
+    // scores (another mask) moves each score by at most 2^-11 of the largest |score| M, so each weight by a
+    // factor of at most e^(2·2^-11·M): fewer digits, and "≈" when even the first is not sure
+    const m = state.matrix;
+    if (!m.data.raw.f16) return { digits: 6, rawDigits: 4, tiny: 0, rawTiny: 0 };
+    const rawTiny = m.data.raw.tiny, factor = m.stage === "raw" ? 1 : m.data.scale;
+    if (m.shownModel) return { digits: 3, rawDigits: 3, tiny: m.data.pattern.tiny, rawTiny };
+    if (m.stage !== "softmax") return { digits: 3, rawDigits: 3, tiny: rawTiny * factor, rawTiny };
+    const error = 2 * Math.expm1(2 * 2 ** -11 * m.maxScaled);
+    return { digits: Math.max(1, Math.min(3, Math.floor(-Math.log10(error)))), rawDigits: 3, tiny: 0, rawTiny, rough: error > 0.1 };
+  }
+
+  const fmtCell = (x, digits, tiny) => (x !== null && x !== undefined && x !== 0 && Math.abs(x) < tiny
+    ? (x < 0 ? "> −" : "< ") + tiny.toPrecision(2) : fmt(x, digits));
+
   function matrixHover(event) {
     const m = state.matrix;
     if (!m.shown) return;
@@ -559,8 +612,10 @@
     tip.style.display = "block";
     tip.style.left = (x + 14) + "px";
     tip.style.top = (y + 14) + "px";
-    tip.textContent = `query ${i} “${show(m.data.tokens[i])}” → key ${j} “${show(m.data.tokens[j])}”: ${m.stage} = ${fmt(m.shown[i][j], 6)}` +
-      ` (raw ${fmt(raw)}, scaled ${fmt(raw * m.data.scale)})`;
+    const p = shownPrecision();
+    tip.textContent = `query ${i} “${show(m.data.tokens[i])}” → key ${j} “${show(m.data.tokens[j])}”: ${m.stage} = ` +
+      `${p.rough ? "≈" : ""}${fmtCell(m.shown[i][j], p.digits, p.tiny)}` +
+      ` (raw ${fmtCell(raw, p.rawDigits, p.rawTiny)}, scaled ${fmtCell(raw * m.data.scale, p.rawDigits, p.rawTiny * m.data.scale)})`;
   }
 
   function wireMatrixZoom() {
@@ -593,7 +648,7 @@
   // View 3: heads (arcs and the grid of thumbnails)
   async function loadHeads() {
     const [pattern, grid] = await Promise.all([
-      api("/api/pattern", body({ layer: state.layer, head: state.head, encoding: "f32" })),
+      api("/api/pattern", body({ layer: state.layer, head: state.head, encoding: patternEncoding() })),
       api("/api/heads", body()),
     ]);
     state.heads.pattern = decodeMatrix(pattern.pattern);
