@@ -64,3 +64,16 @@ def test_a_llama_cpp_folder_without_its_tools_is_one_line(tmp_path):
     done = run_script("generate_speed.py", "--llama-cpp", str(tmp_path), "--only", "llama-cpp")
     lines = done.stderr.strip().splitlines()
     assert done.returncode != 0 and len(lines) == 1 and "llama-bench" in lines[0], done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_explorer_long_text_benchmark_runs_both_encodings(tmp_path):
+    """benchmarks/explorer_long_text.py, small (a 600-token text, one round): both encodings reach the page, and
+    float16 with a causal pattern's triangle is under 40 % of float32's bytes (the times are reported, not checked)."""
+    out = tmp_path / "long.json"
+    result = run_script("explorer_long_text.py", "--rounds", "1", "--tokens", "600", "--no-machine", "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    medians = json.loads(out.read_text())["medians"]
+    assert medians["f16"]["bytes"] < 0.4 * medians["f32"]["bytes"], medians
+    assert "| f16 / f32 |" in result.stdout
