@@ -100,12 +100,18 @@ def test_patch_everything_gives_clean_and_nothing_gives_corrupted(config):
 def test_every_sweep_has_labelled_axes_and_a_heat_map(config, tmp_path):
     model, clean, corrupted, cache, metric, clean_value = setup(config)
     kv = config.kv_heads
-    expected = {
-        "get_act_patch_resid_mid": (2, T), "get_act_patch_mlp_out": (2, T),
-        "get_act_patch_attn_head_k_all_pos": (2, kv), "get_act_patch_attn_head_pattern_all_pos": (2, 4),
-        "get_act_patch_attn_head_out_by_pos": (2, T, 4), "get_act_patch_attn_head_v_by_pos": (2, T, kv),
+    expected = {  # every sweep of the module (checked below), with its [layer, ...] shape
+        "get_act_patch_resid_pre": (2, T), "get_act_patch_resid_mid": (2, T),
+        "get_act_patch_attn_out": (2, T), "get_act_patch_mlp_out": (2, T),
+        "get_act_patch_attn_head_out_all_pos": (2, 4), "get_act_patch_attn_head_q_all_pos": (2, 4),
+        "get_act_patch_attn_head_k_all_pos": (2, kv), "get_act_patch_attn_head_v_all_pos": (2, kv),
+        "get_act_patch_attn_head_pattern_all_pos": (2, 4),
+        "get_act_patch_attn_head_out_by_pos": (2, T, 4), "get_act_patch_attn_head_q_by_pos": (2, T, 4),
+        "get_act_patch_attn_head_k_by_pos": (2, T, kv), "get_act_patch_attn_head_v_by_pos": (2, T, kv),
         "get_act_patch_attn_head_pattern_by_pos": (2, 4, T),
     }
+    sweeps = {n for n in dir(patching) if n.startswith("get_act_patch_") and not n.endswith("_every")}
+    assert sweeps == set(expected)
     if config.parallel_residual:  # no resid_mid: the MLP reads resid_pre
         with pytest.raises(UserError, match="no resid_mid to patch"):
             patching.get_act_patch_resid_mid(model, corrupted, cache, metric)

@@ -38,7 +38,7 @@ class ExtrapolationSetup:
     steps: int = 1200
     batch: int = 32
     lr: float = 3e-3
-    n_train: int = 3000
+    n_train: int = 3000  # sequences: the first 90% train, the rest the Trainer's val loss
     n_eval: int = 128
 
 

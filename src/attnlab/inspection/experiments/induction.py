@@ -68,7 +68,7 @@ class InductionSetup:
     batch: int = 32
     lr: float = 3e-3
     eval_every: int = 10
-    n_train: int = 4000  # training sequences (sampled with replacement each step)
+    n_train: int = 4000  # sequences: the first 90% train (drawn with replacement), the rest the Trainer's val loss
     n_eval: int = 200  # held-out sequences for the loss and ICL score
 
     def data(self, n: int, seed: int) -> torch.Tensor:
