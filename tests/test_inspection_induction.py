@@ -90,21 +90,23 @@ def test_quick_induction_run_and_ablation_of_the_induction_heads(tmp_path, capsy
 
 
 def test_explore_opens_the_explorer_on_the_phase_change(tmp_path, monkeypatch):
-    """--explore serves the two models, the 2L run's slider at the step where its induction score rises most."""
+    """--explore serves the two models, both runs' sliders at the step where the 2L model's induction score rises most."""
     from attnlab.explorer import cli as explorer_cli
     from attnlab.inspection import cli as inspection_cli
 
     served = []
     monkeypatch.setattr(explorer_cli, "serve", lambda models, host, port, max_tokens, runs: served.append((models, port, runs)) or 0)
     result = {"phase_change_2L": {"steps": {"induction_rise": 20}}, "example_text": "abcabc", "models": {"2L": "m2", "1L": "m1"}}
-    (tmp_path / "induction-2L" / "snapshots").mkdir(parents=True)
-    for step in (0, 20, 40):
-        (tmp_path / "induction-2L" / "snapshots" / f"step-{step:06d}.safetensors").write_bytes(b"")
+    for name in ("induction-2L", "induction-1L"):
+        (tmp_path / name / "snapshots").mkdir(parents=True)
+        for step in (0, 20, 40):
+            (tmp_path / name / "snapshots" / f"step-{step:06d}.safetensors").write_bytes(b"")
     assert inspection_cli.explore_induction(result, tmp_path, 8123) == 0
     models, port, runs = served[0]
     assert list(models) == ["induction-2L", "induction-1L"] and port == 8123
     assert runs["induction-2L"].start_step == 20 and list(runs["induction-2L"].snapshots) == [0, 20, 40]
     assert runs["induction-2L"].example == "abcabc"
+    assert runs["induction-1L"].start_step == 20 and list(runs["induction-1L"].snapshots) == [0, 20, 40]
 
 
 def test_explore_is_for_the_induction_experiment_only(capsys):

@@ -162,14 +162,15 @@ def run_patch(args: argparse.Namespace) -> int:
 
 
 def explore_induction(result: dict, out: Path, port: int) -> int:
-    """Serve the two models in the explorer, the 2L run's step slider opened on its phase change."""
+    """Serve the two models in the explorer, both runs' step sliders opened on the 2L model's phase change
+    (the 1L model at the same step, for comparison: it never grows an induction head)."""
     from ..explorer.cli import serve
     from ..explorer.service import Run
     from ..training.snapshots import list_snapshots
 
-    path = out / "induction-2L"
     start = result["phase_change_2L"]["steps"]["induction_rise"]
-    runs = {"induction-2L": Run(path, list_snapshots(path), start_step=start, example=result["example_text"])}
+    runs = {name: Run(out / name, list_snapshots(out / name), start_step=start, example=result["example_text"])
+            for name in ("induction-2L", "induction-1L")}
     print(f"opening the explorer on induction-2L at step {start}, where its induction score rises most")
     return serve({"induction-2L": result["models"]["2L"], "induction-1L": result["models"]["1L"]}, "127.0.0.1", port,
                  max_tokens=2048, runs=runs)

@@ -27,8 +27,8 @@ to delay the phase change past the quick run's 600 steps (best induction score 0
 random prefix does (below).
 Each model is a run directory, `OUT/induction-1L` and `OUT/induction-2L`: checkpoint, tokenizer, float16
 weight snapshots and a train/val loss (metrics.jsonl) every eval_every steps. `attnlab attribute`, `attnlab
-patch` and the explorer load them; with `attnlab experiment induction --explore` the explorer's step slider
-scrubs through the two-layer model's phase change, opened at the step where its induction score rises most.
+patch` and the explorer load them; with `attnlab experiment induction --explore` the explorer's step sliders
+scrub through both runs, opened at the step where the two-layer model's induction score rises most.
 
 What is measured at every snapshot (read back from the run's snapshots after training):
 - loss: mean next-token loss on held-out sequences;
