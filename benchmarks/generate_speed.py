@@ -222,7 +222,7 @@ def run_llama_cpp(args, tools, gguf) -> list[str]:
 
     threads = torch.get_num_threads()
     lines = [f"\n## Side by side with llama.cpp: B=1, greedy, {threads} threads; llama-bench -p 0 -n N -t {threads}, "
-             f"median of {args.repeats} alternating rounds (tokens/s)",
+             f"median of {args.repeats} alternating rounds (tokens/s; clock: {args.clock})",
              "| model | llama.cpp F32 | llama.cpp Q8_0 | attnlab `generate()` (default, float32) | × F32 | "
              "attnlab int8 (default) | × Q8_0 | attnlab `compile=True` | transformers | greedy = transformers |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
@@ -244,16 +244,17 @@ def run_llama_cpp(args, tools, gguf) -> list[str]:
             theirs = AutoModelForCausalLM.from_pretrained(tmp / "hf").eval()
             int8 = attnlab.quantize(copy.deepcopy(model), "int8")
             ids = torch.randint(0, model.config.d_vocab, (1, 1), generator=torch.Generator().manual_seed(1))
+            once = dict(repeats=1, warmup=0, clock=args.clock)
             runs = {  # llama-bench starts from one token and an empty cache: so do these
-                "f32": lambda: bench(tools, f32, new, threads, 1)["tokens_per_s"],
-                "ours": lambda: new / median_time(lambda: generate(model, ids, new, temperature=0), 1, warmup=0),
-                "q8": lambda: bench(tools, q8, new, threads, 1)["tokens_per_s"],
-                "int8": lambda: new / median_time(lambda: generate(int8, ids, new, temperature=0), 1, warmup=0),
-                "hf": lambda: new / median_time(lambda: hf_generate(theirs, ids, new), 1, warmup=0),
+                "f32": lambda: bench(tools, f32, new, threads, 1, args.clock)["tokens_per_s"],
+                "ours": lambda: new / median_time(lambda: generate(model, ids, new, temperature=0), **once),
+                "q8": lambda: bench(tools, q8, new, threads, 1, args.clock)["tokens_per_s"],
+                "int8": lambda: new / median_time(lambda: generate(int8, ids, new, temperature=0), **once),
+                "hf": lambda: new / median_time(lambda: hf_generate(theirs, ids, new), **once),
             }
             if args.llama_compile:
                 runs["compiled"] = lambda: new / median_time(lambda: generate(model, ids, new, temperature=0,
-                                                                               compile=True), 1, warmup=0)
+                                                                               compile=True), **once)
                 generate(model, ids, new, temperature=0, compile=True)  # compiles
             generate(model, ids, new, temperature=0)
             generate(int8, ids, new, temperature=0)
