@@ -65,13 +65,14 @@ def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
 
 
-def build(verbose: bool = False) -> Path | None:
-    """The cached shared library for this machine, compiling decode.c first if needed; None when no flag set compiles."""
+def build(verbose: bool = False, flag_sets: tuple[list[str], ...] = FLAG_SETS) -> Path | None:
+    """The cached shared library for this machine, compiling decode.c first if needed with the first of `flag_sets`
+    that compiles; None when none does."""
     compiler = _compiler()
     if compiler is None:
         return None
     source = SOURCE.read_bytes()
-    for flags in FLAG_SETS:
+    for flags in flag_sets:
         key = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(), compiler.encode(), _cpu_id().encode()]))
         target = cache_dir() / f"decode-{key.hexdigest()[:16]}.so"
         if target.is_file():
@@ -102,14 +103,17 @@ def library() -> ctypes.CDLL | None:
         return None
     try:
         path = build()
-        if path is None:
-            return None
-        lib = ctypes.CDLL(str(path))
-        for name, argtypes in SIGNATURES.items():
-            getattr(lib, name).argtypes = argtypes
-            getattr(lib, name).restype = None
+        return None if path is None else load(path)
     except OSError:
         return None
+
+
+def load(path: Path) -> ctypes.CDLL:
+    """The kernels of the shared library at `path`, their argument types declared."""
+    lib = ctypes.CDLL(str(path))
+    for name, argtypes in SIGNATURES.items():
+        getattr(lib, name).argtypes = argtypes
+        getattr(lib, name).restype = None
     return lib
 
 

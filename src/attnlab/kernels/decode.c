@@ -2,7 +2,9 @@
  *
  * Plain C with `#pragma omp simd` reductions, compiled at first use with -O3 -march=native (see
  * attnlab/kernels/__init__.py): the compiler vectorises the loops for whatever the machine has (AVX-512,
- * AVX2, NEON), and the same source compiles to scalar code anywhere else. Threads: OpenMP, the runtime
+ * AVX2, NEON), and the same source compiles to scalar code anywhere else. The two products also have an AVX-512
+ * form written with intrinsics (`#if AVX512`), where that measured faster; the portable loop stays the fallback,
+ * and tests/test_kernels.py builds and checks both. Threads: OpenMP, the runtime
  * torch itself runs on, split over output features. Every function here is tested against the PyTorch
  * equation it replaces (tests/test_kernels.py).
  *
@@ -19,8 +21,37 @@
 #endif
 
 #define ROWS_AT_ONCE 4 /* output features computed together: four independent sums per pass over x */
+/* Bytes of int8 weights asked for ahead of the pass that reads them (see attnlab_linear_i8). The float32 loop
+ * computes little per byte and gained nothing from it (benchmarks/README.md, issue 14). */
+#define PREFETCH_AHEAD 8192
 
-/* y[r, o] (=, or += when accumulate) sum_i x[r, i] w[o, i] + b[o], for r < rows, o < d_out. */
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define AVX512 1
+/* 16 int8 weights widened to float: one sign-extending load (int8 -> int32) and a conversion */
+static inline __m512 widen16(const int8_t *q) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
+}
+static inline __m512 widen16_masked(const int8_t *q, __mmask16 m) { /* the first popcount(m) of them, zeros after */
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, q)));
+}
+
+/* The sums of a, b, c and d's sixteen lanes, in that order: three shuffle-and-add rounds for all four, where four
+ * separate reductions take four rounds each. */
+static inline __m128 sum4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+  __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
+  __m512 s = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+  s = _mm512_add_ps(s, _mm512_permute_ps(s, 0x4E)); /* 128-bit lane k now holds four partial sums of a, b, c, d's k */
+  s = _mm512_add_ps(s, _mm512_permute_ps(s, 0xB1));
+  return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), s));
+}
+#else
+#define AVX512 0
+#endif
+
+
+/* y[r, o] (=, or += when accumulate) sum_i x[r, i] w[o, i] + b[o], for r < rows, o < d_out. With AVX-512 the
+ * four sums are reduced together (sum4), ~5 % faster than the compiler's four reductions on the 135M shape. */
 void attnlab_linear_f32(const float *x, const float *w, const float *b, float *y, int64_t rows, int64_t d_in,
                         int64_t d_out, int accumulate, int threads) {
   int64_t blocks = (d_out + ROWS_AT_ONCE - 1) / ROWS_AT_ONCE;
@@ -31,6 +62,27 @@ void attnlab_linear_f32(const float *x, const float *w, const float *b, float *y
       const float *w0 = w + o * d_in, *w1 = w0 + d_in, *w2 = w1 + d_in, *w3 = w2 + d_in;
       for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * d_in;
+#if AVX512
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        int64_t i = 0;
+        for (; i + 16 <= d_in; i += 16) {
+          __m512 xv = _mm512_loadu_ps(xr + i);
+          a0 = _mm512_fmadd_ps(xv, _mm512_loadu_ps(w0 + i), a0);
+          a1 = _mm512_fmadd_ps(xv, _mm512_loadu_ps(w1 + i), a1);
+          a2 = _mm512_fmadd_ps(xv, _mm512_loadu_ps(w2 + i), a2);
+          a3 = _mm512_fmadd_ps(xv, _mm512_loadu_ps(w3 + i), a3);
+        }
+        if (i < d_in) {
+          __mmask16 m = (__mmask16)((1u << (d_in - i)) - 1);
+          __m512 xv = _mm512_maskz_loadu_ps(m, xr + i);
+          a0 = _mm512_fmadd_ps(xv, _mm512_maskz_loadu_ps(m, w0 + i), a0);
+          a1 = _mm512_fmadd_ps(xv, _mm512_maskz_loadu_ps(m, w1 + i), a1);
+          a2 = _mm512_fmadd_ps(xv, _mm512_maskz_loadu_ps(m, w2 + i), a2);
+          a3 = _mm512_fmadd_ps(xv, _mm512_maskz_loadu_ps(m, w3 + i), a3);
+        }
+        float s[ROWS_AT_ONCE];
+        _mm_storeu_ps(s, sum4(a0, a1, a2, a3));
+#else
         float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
 #pragma omp simd reduction(+ : s0, s1, s2, s3)
         for (int64_t i = 0; i < d_in; i++) {
@@ -40,6 +92,7 @@ void attnlab_linear_f32(const float *x, const float *w, const float *b, float *y
           s3 += xr[i] * w3[i];
         }
         float s[ROWS_AT_ONCE] = {s0, s1, s2, s3};
+#endif
         for (int j = 0; j < ROWS_AT_ONCE; j++) {
           float v = s[j] + (b ? b[o + j] : 0.0f);
           y[r * d_out + o + j] = accumulate ? y[r * d_out + o + j] + v : v;
@@ -92,27 +145,6 @@ static inline float dot_i8(const float *x, const int8_t *q, int64_t n) {
   return s;
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-#define I8_ROWS_AT_ONCE 4
-/* 16 int8 weights widened to float: one sign-extending load (int8 -> int32) and a conversion */
-static inline __m512 widen16(const int8_t *q) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
-}
-static inline __m512 widen16_masked(const int8_t *q, __mmask16 m) { /* the first popcount(m) of them, zeros after */
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, q)));
-}
-
-/* The sums of a, b, c and d's sixteen lanes, in that order: three shuffle-and-add rounds for all four, where four
- * separate reductions take four rounds each. */
-static inline __m128 sum4(__m512 a, __m512 b, __m512 c, __m512 d) {
-  __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
-  __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
-  __m512 s = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
-  s = _mm512_add_ps(s, _mm512_permute_ps(s, 0x4E)); /* 128-bit lane k now holds four partial sums of a, b, c, d's k */
-  s = _mm512_add_ps(s, _mm512_permute_ps(s, 0xB1));
-  return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), s));
-}
-#endif
 
 /* The same product with int8 weights and one scale per output feature (weight-only quantization; the
  * activations stay float32): y[r, o] = scale[o] sum_i x[r, i] q[o, i] + b[o].
@@ -122,14 +154,13 @@ static inline __m128 sum4(__m512 a, __m512 b, __m512 c, __m512 d) {
  * bytes further on: widening int8 costs enough instructions that, without it, the core computed and then
  * waited for memory in turn (6.7 GB/s streamed, one thread, where it reads 14 GB/s and computes 17 from cache);
  * prefetched, the two overlap (12-14 GB/s streamed, 33 computed: benchmarks/README.md, issue 14). */
-#define PREFETCH_AHEAD 8192
 void attnlab_linear_i8(const float *x, const int8_t *q, const float *scale, const float *b, float *y, int64_t rows,
                        int64_t d_in, int64_t d_out, int accumulate, int threads) {
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-  int64_t blocks = (d_out + I8_ROWS_AT_ONCE - 1) / I8_ROWS_AT_ONCE;
+#if AVX512
+  int64_t blocks = (d_out + ROWS_AT_ONCE - 1) / ROWS_AT_ONCE;
 #pragma omp parallel for num_threads(threads) schedule(static) if (d_in * d_out > 65536)
   for (int64_t blk = 0; blk < blocks; blk++) {
-    int64_t o = blk * I8_ROWS_AT_ONCE, n = d_out - o < I8_ROWS_AT_ONCE ? d_out - o : I8_ROWS_AT_ONCE;
+    int64_t o = blk * ROWS_AT_ONCE, n = d_out - o < ROWS_AT_ONCE ? d_out - o : ROWS_AT_ONCE;
     /* a last block of fewer than four rows repeats its first row in the missing ones and stores only n sums */
     const int8_t *q0 = q + o * d_in, *q1 = q0 + (n > 1) * d_in, *q2 = q0 + (n > 2) * 2 * d_in, *q3 = q0 + (n > 3) * 3 * d_in;
     for (int64_t r = 0; r < rows; r++) {
@@ -137,7 +168,7 @@ void attnlab_linear_i8(const float *x, const int8_t *q, const float *scale, cons
       __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
       int64_t i = 0;
       for (; i + 16 <= d_in; i += 16) {
-        if (r == 0) _mm_prefetch((const char *)q0 + I8_ROWS_AT_ONCE * i + PREFETCH_AHEAD, _MM_HINT_T0);
+        if (r == 0) _mm_prefetch((const char *)q0 + ROWS_AT_ONCE * i + PREFETCH_AHEAD, _MM_HINT_T0);
         __m512 xv = _mm512_loadu_ps(xr + i);
         a0 = _mm512_fmadd_ps(xv, widen16(q0 + i), a0);
         a1 = _mm512_fmadd_ps(xv, widen16(q1 + i), a1);
@@ -152,7 +183,7 @@ void attnlab_linear_i8(const float *x, const int8_t *q, const float *scale, cons
         a2 = _mm512_fmadd_ps(xv, widen16_masked(q2 + i, m), a2);
         a3 = _mm512_fmadd_ps(xv, widen16_masked(q3 + i, m), a3);
       }
-      float sums[I8_ROWS_AT_ONCE];
+      float sums[ROWS_AT_ONCE];
       _mm_storeu_ps(sums, sum4(a0, a1, a2, a3));
       for (int64_t j = 0; j < n; j++) {
         float v = sums[j] * scale[o + j] + (b ? b[o + j] : 0.0f);
