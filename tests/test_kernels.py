@@ -262,3 +262,22 @@ def test_a_quantized_model_saves_and_loads_as_int8(seed, tmp_path):
         attnlab.save(model, tmp_path / "hf", format="hf")
     with pytest.raises(UserError, match="choose one of int8"):
         quantize(build({}), "int4")
+
+
+def test_the_decode_step_moves_the_weights_it_reads_into_huge_pages_and_nothing_else_changes(seed, tmp_path,
+                                                                                             monkeypatch):
+    monkeypatch.setattr(kernels, "HUGE_PAGES_FROM", 0)  # the test model is small: move it anyway
+    model = build(dict(CONFIGS["llama-gqa"], tie_embeddings=True))
+    ids = torch.randint(0, BASE["d_vocab"], (2, 5))
+    reference = generate(model, ids, 6, temperature=0, use_kernels=False)
+    weights = [linear.weight for linear in KernelDecoder.linears_in_step_order(model)]
+    before = {id(w): (w.data_ptr(), w.detach().clone()) for w in weights}
+    assert torch.equal(generate(model, ids, 6, temperature=0), reference)
+    addresses = [w.data_ptr() for w in weights]
+    assert all(w.data_ptr() != before[id(w)][0] and torch.equal(w, before[id(w)][1]) for w in weights)
+    assert model.unembed.weight is model.embed.weight and model.embed.weight.requires_grad  # still tied, trainable
+    assert addresses[1] - addresses[0] == -(-weights[0].nbytes // 64) * 64  # one after the other, as the step reads
+    assert torch.equal(generate(model, ids, 6, temperature=0), reference)
+    assert [w.data_ptr() for w in weights] == addresses  # moved once
+    attnlab.save(model, tmp_path / "m")
+    assert torch.equal(generate(attnlab.load(tmp_path / "m"), ids, 6, temperature=0, use_kernels=False), reference)

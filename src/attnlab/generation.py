@@ -190,6 +190,8 @@ class KernelDecoder:
         self.slot = torch.zeros(1, dtype=torch.int64)  # the cache slot this step writes
         self.key_mask = key_mask  # kept alive: the attention calls read it
         x, h, q, k, v, z = self.x, self.h, self.q, self.k, self.v, self.z
+        # before any call is prepared (they bind addresses): the weights into 2 MB pages, in the order read
+        kernels.place_in_huge_pages([linear.weight for linear in self.linears_in_step_order(model)])
         product = self._product
         steps = []
         self.h_mlp = new(B, cfg.d_model) if cfg.parallel_residual else h  # a parallel MLP reads ln2(resid_pre)
@@ -224,6 +226,17 @@ class KernelDecoder:
             steps.append(kernels.norm_call(model.ln_final, x, h))
         steps.append(product(model.unembed, h if model.ln_final is not None else x, self.logits))
         self.steps = steps
+
+    @staticmethod
+    def linears_in_step_order(model) -> list:
+        """The Linear (or Int8Linear) modules a step multiplies by, in the order it does."""
+        linears = []
+        for block in model.blocks:
+            attn, mlp = block.attn, block.mlp
+            linears += [attn.W_Q, attn.W_K, attn.W_V, attn.W_O]
+            if mlp is not None:
+                linears += [mlp.W_in] + ([mlp.W_gate] if mlp.gated else []) + [mlp.W_out]
+        return linears + [model.unembed]
 
     @staticmethod
     def unsupported(model) -> str | None:
