@@ -121,8 +121,18 @@ def test_rope_kernel_equals_apply_rope(seed):
         cos, sin = Rotary(rotary_dim)(positions)  # (3, 1, 1, rotary_dim)
         expected = apply_rope(x.unsqueeze(1), cos, sin).squeeze(1)  # [batch, pos=1, head, d_head]
         rotated = x.clone()
-        kernels.rope_call(rotated, cos.view(3, -1).contiguous(), sin.view(3, -1).contiguous())()
+        cos_table, sin_table = (t.view(100, -1).contiguous() for t in Rotary(rotary_dim)(torch.arange(100)[None]))
+        kernels.rope_call(rotated, cos_table, sin_table, positions.view(-1))()
         torch.testing.assert_close(rotated, expected, **F32)
+
+
+def test_embed_kernel_looks_up_tokens_and_learned_positions(seed):
+    table, positions_table = torch.randn(11, 6), torch.randn(9, 6)
+    ids, positions, out = torch.tensor([3, 10, 0]), torch.tensor([8, 0, 4]), torch.empty(3, 6)
+    kernels.embed_call(ids, table, positions, None, out)()
+    assert torch.equal(out, table[ids])
+    kernels.embed_call(ids, table, positions, positions_table, out)()
+    assert torch.equal(out, table[ids] + positions_table[positions])
 
 
 def test_norm_and_activation_kernels_equal_the_modules(seed):

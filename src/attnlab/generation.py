@@ -168,8 +168,9 @@ class KernelDecoder:
     At construction the step is written down once as a list of prepared C calls on preallocated buffers, in the
     modules' order: per block, norm (both norms first in a parallel block); q, k, v products; qk-norm; RoPE; the new key and value written to the cache
     and attended to; the output product added to the residual in place; norm; MLP; and at the end the final norm
-    and the LM head. A step then embeds the token (PyTorch), copies its RoPE angles and cache slot into the
-    buffers the calls read, and runs the list: ~12 C calls per block, no PyTorch operation. The cache must be
+    and the LM head. A step then copies its tokens, positions and cache slot into the buffers the calls read
+    and runs the list, which begins with the embedding lookup (PyTorch's embed_tokens for sinusoids, token types or an
+    embedding norm) and reads RoPE's angles from a table made once: ~12 C calls per block, three PyTorch copies. The cache must be
     position-major (`KVCache(values_position_minor=False)`), and `key_mask` the tensor every step marks.
     Returns a buffer that the next call overwrites. Batches of more than kernels.MAX_ROWS rows with float32
     weights multiply through BLAS (torch.addmm into the same buffers).
@@ -186,14 +187,24 @@ class KernelDecoder:
         self.scores = new(B, H, cache.max_len)  # [batch, head, key slot]: the attention kernel's scratch
         self.pre, self.gate = new(B, cfg.mlp_dim), new(B, cfg.mlp_dim)  # [batch, d_mlp]
         self.logits = new(B, cfg.d_vocab)
-        self.cos, self.sin = new(B, cfg.rotary_dim), new(B, cfg.rotary_dim)  # this step's RoPE angles
+        self.ids = torch.zeros(B, dtype=torch.int64)  # this step's tokens
+        self.position = torch.zeros(B, dtype=torch.int64)  # and their positions
         self.slot = torch.zeros(1, dtype=torch.int64)  # the cache slot this step writes
+        if model.rotary is not None:  # the angles of every position the cache can hold: [position, rotary_dim]
+            cos, sin = model.rotary(torch.arange(cache.max_len).unsqueeze(0))  # (1, max_len, 1, rotary_dim)
+            self.cos, self.sin = cos.view(cache.max_len, -1).contiguous(), sin.view(cache.max_len, -1).contiguous()
         self.key_mask = key_mask  # kept alive: the attention calls read it
         x, h, q, k, v, z = self.x, self.h, self.q, self.k, self.v, self.z
         # before any call is prepared (they bind addresses): the weights into 2 MB pages, in the order read
         kernels.place_in_huge_pages([linear.weight for linear in self.linears_in_step_order(model)])
         product = self._product
         steps = []
+        # the embedding in C when it is a lookup (+ learned positions); sinusoids, token types, a norm: PyTorch
+        self.embed_in_c = (cfg.positional in ("rope", "none", "learned") and model.token_type_embed is None
+                           and model.ln_embed is None)
+        if self.embed_in_c:
+            table = model.pos_embed.weight if cfg.positional == "learned" else None
+            steps.append(kernels.embed_call(self.ids, model.embed.weight, self.position, table, x))
         self.h_mlp = new(B, cfg.d_model) if cfg.parallel_residual else h  # a parallel MLP reads ln2(resid_pre)
         for layer, block in enumerate(model.blocks):
             attn = block.attn
@@ -204,7 +215,8 @@ class KernelDecoder:
             if attn.q_norm is not None:  # in place: each head's q and k over its d_head
                 steps += [kernels.norm_call(attn.q_norm, q, q), kernels.norm_call(attn.k_norm, k, k)]
             if model.rotary is not None:
-                steps += [kernels.rope_call(q, self.cos, self.sin), kernels.rope_call(k, self.cos, self.sin)]
+                steps += [kernels.rope_call(q, self.cos, self.sin, self.position),
+                          kernels.rope_call(k, self.cos, self.sin, self.position)]
             steps.append(kernels.attend_call(q, k, v, cache.k[layer], cache.v[layer], self.slot, cfg.scale, key_mask,
                                              self.scores, z))
             steps.append(product(attn.W_O, z, x, accumulate=True))  # resid_mid = resid_pre + attn_out
@@ -282,12 +294,10 @@ class KernelDecoder:
     @torch.no_grad()
     def __call__(self, token: torch.Tensor, slot: int, positions: torch.Tensor) -> torch.Tensor:
         """token (B, 1) at cache slot `slot` and `positions` (B, 1). Returns the next logits (B, V), in a buffer."""
-        model = self.model
-        self.x.copy_(model.embed_tokens(token, positions, None).view(self.x.shape))
-        if model.rotary is not None:
-            cos, sin = model.rotary(positions)  # (B, 1, 1, rotary_dim)
-            self.cos.copy_(cos.view(self.cos.shape))
-            self.sin.copy_(sin.view(self.sin.shape))
+        self.ids.copy_(token.view(-1))
+        self.position.copy_(positions.view(-1))
+        if not self.embed_in_c:
+            self.x.copy_(self.model.embed_tokens(token, positions, None).view(self.x.shape))
         self.slot.fill_(slot)
         for step in self.steps:
             step()

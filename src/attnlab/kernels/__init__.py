@@ -44,7 +44,8 @@ _i64, _int, _ptr, _float = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes
 SIGNATURES = {
     "attnlab_linear_f32": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int, _int],
     "attnlab_linear_i8": [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int, _int],
-    "attnlab_rope": [_ptr, _ptr, _ptr, _i64, _i64, _i64, _i64],
+    "attnlab_rope": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64],
+    "attnlab_embed": [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64],
     "attnlab_attend": [_ptr] * 6 + [_i64, _ptr, _ptr] + [_i64] * 5 + [_ptr, _float, _int],
     "attnlab_rms_norm": [_ptr, _ptr, _ptr, _i64, _i64, _float],
     "attnlab_layer_norm": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _float],
@@ -169,10 +170,21 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return out
 
 
-def rope_call(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> Callable[[], None]:
-    """Rotate x (rows, heads, d_head) in place by the angles cos, sin (rows, rotary_dim) of each row's one position."""
+def rope_call(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor) -> Callable[[], None]:
+    """Rotate x (rows, heads, d_head) in place by the angles cos, sin (n, rotary_dim) of positions 0..n-1, read at
+    each row's position (positions: rows int64, read at each call; every one below n)."""
     rows, heads, d_head = x.shape
-    return prepare("attnlab_rope", x, cos, sin, rows, heads, d_head, cos.shape[-1])
+    assert cos.is_contiguous() and sin.is_contiguous() and positions.dtype == torch.int64 and positions.numel() == rows
+    return prepare("attnlab_rope", x, cos, sin, positions, rows, heads, d_head, cos.shape[-1])
+
+
+def embed_call(ids: torch.Tensor, table: torch.Tensor, positions: torch.Tensor, positions_table: torch.Tensor | None,
+               out: torch.Tensor) -> Callable[[], None]:
+    """out (rows, d) = table[ids] (+ positions_table[positions]); ids, positions: rows int64, read at each call."""
+    rows, d = out.shape
+    assert ids.dtype == positions.dtype == torch.int64 and ids.numel() == positions.numel() == rows
+    assert table.is_contiguous() and table.shape[1] == d and (positions_table is None or positions_table.is_contiguous())
+    return prepare("attnlab_embed", ids, table, positions, positions_table, out, rows, d)
 
 
 def attend_call(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor,

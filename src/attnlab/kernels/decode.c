@@ -202,15 +202,16 @@ void attnlab_linear_i8(const float *x, const int8_t *q, const float *scale, cons
 }
 
 /* RoPE on a single position per row, in place (LLaMA's rotate-half pairing, attnlab.positions.apply_rope):
- * x [rows, heads, d_head]; cos, sin [rows, rotary_dim], the angles of each row's position. For i < rotary_dim / 2:
- * (x_i, x_{i+h}) -> (x_i cos_i - x_{i+h} sin_i, x_{i+h} cos_{i+h} + x_i sin_{i+h}), h = rotary_dim / 2. */
-void attnlab_rope(float *x, const float *cos_, const float *sin_, int64_t rows, int64_t heads, int64_t d_head,
-                  int64_t rotary_dim) {
+ * x [rows, heads, d_head]; cos, sin [n, rotary_dim], the angles of positions 0..n-1, read at row r's
+ * positions[r]. For i < rotary_dim / 2, with c, s that position's angles and h = rotary_dim / 2:
+ * (x_i, x_{i+h}) -> (x_i c_i - x_{i+h} s_i, x_{i+h} c_{i+h} + x_i s_{i+h}). */
+void attnlab_rope(float *x, const float *cos_, const float *sin_, const int64_t *positions, int64_t rows,
+                  int64_t heads, int64_t d_head, int64_t rotary_dim) {
   int64_t half = rotary_dim / 2;
   for (int64_t r = 0; r < rows; r++)
     for (int64_t h = 0; h < heads; h++) {
       float *v = x + (r * heads + h) * d_head;
-      const float *c = cos_ + r * rotary_dim, *s = sin_ + r * rotary_dim;
+      const float *c = cos_ + positions[r] * rotary_dim, *s = sin_ + positions[r] * rotary_dim;
 #pragma omp simd
       for (int64_t i = 0; i < half; i++) {
         float a = v[i], b = v[i + half];
@@ -218,6 +219,21 @@ void attnlab_rope(float *x, const float *cos_, const float *sin_, int64_t rows, 
         v[i + half] = b * c[i + half] + a * s[i + half];
       }
     }
+}
+
+/* The residual stream's start for one token per row: out[r] = table[ids[r]] (+ positions_table[positions[r]] when
+ * that is not NULL: learned absolute positions), d values per row (attnlab.Transformer.embed_tokens). */
+void attnlab_embed(const int64_t *ids, const float *table, const int64_t *positions, const float *positions_table,
+                   float *out, int64_t rows, int64_t d) {
+  for (int64_t r = 0; r < rows; r++) {
+    const float *e = table + ids[r] * d, *p = positions_table ? positions_table + positions[r] * d : NULL;
+    float *o = out + r * d;
+    if (p) {
+#pragma omp simd
+      for (int64_t i = 0; i < d; i++) o[i] = e[i] + p[i];
+    } else
+      memcpy(o, e, d * sizeof(float));
+  }
 }
 
 /* One query per row attends to the cached keys and values (the chapter's softmax(q K^T scale + mask) V):
