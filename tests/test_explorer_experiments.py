@@ -188,6 +188,11 @@ def test_long_texts_travel_as_float16_and_every_shown_digit_is_right(client, mod
     f16_bytes = sum(len(base64.b64decode(light[k]["f16"])) for k in ("raw", "pattern"))
     assert f16_bytes == (2 * T * T + 2 * (T * (T + 1) // 2 if lower else T * T))  # 2 bytes a number, the triangle once
     assert f16_bytes < (0.38 if lower else 0.51) * f32_bytes
+    # a masked score (−∞) keeps the scale of the finite ones
+    from attnlab.explorer.service import encode_matrix
+
+    masked = torch.tensor([[1.5, -float("inf")], [3.0, -2.0]])
+    np.testing.assert_array_equal(decode_f16(encode_matrix(masked, "f16")), masked.numpy())
 
 
 def test_minilm_knocking_out_the_heads_where_it_lands_on_cat_turns_its_hidden_state():
