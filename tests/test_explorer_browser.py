@@ -346,6 +346,12 @@ def test_knocking_out_heads_changes_the_distributions_and_the_loss_strip(server,
     settle(page, "heads")
     assert page.locator("canvas.thumb.off").count() == 2
     assert page.inner_text("#knockout-list") == "L1H2, L1H0"
+    page.click("canvas.thumb[data-layer='1'][data-head='0']")  # a second click turns a head back on
+    settle(page, "heads")
+    assert page.locator("canvas.thumb.off").count() == 1 and page.inner_text("#knockout-list") == "L1H2"
+    page.click("canvas.thumb[data-layer='1'][data-head='0']")
+    settle(page, "heads")
+    assert page.inner_text("#knockout-list") == "L1H2, L1H0"
     after = page.locator("#knockout-strip path.curve-after").get_attribute("d")
     before = page.locator("#knockout-strip path.curve-before").get_attribute("d")
     assert after and before and after != before  # the loss rose (or fell) somewhere along the text
@@ -365,6 +371,35 @@ def test_knocking_out_heads_changes_the_distributions_and_the_loss_strip(server,
     settle(page, "next")
     assert page.is_hidden("#knockout")
     assert page.evaluate("window.attnlab.state.next.data.candidates.map((c) => c.prob)") == pytest.approx(plain)
+
+
+def test_the_knockout_shown_is_the_one_for_the_heads_listed_however_fast_they_are_clicked(server, page):
+    """An answer for three knocked-out heads held back until the fourth has been clicked: the page still ends on
+    the four's strip (each refresh waits for the last, one more runs after it), never on the late answer."""
+    open_page(page, server, model="gpt", text="The cat sat on the mat because it")
+    show(page, "heads")
+    held = []
+
+    def hold_three(route):
+        ablate = json.loads(route.request.post_data or "{}").get("ablate", [])
+        held.append(route) if len(ablate) == 3 and not held else route.continue_()
+
+    page.route("**/api/knockout", hold_three)
+    page.click("#click-mode button[data-click=knock]")
+    for head in range(2):
+        page.click(f"canvas.thumb[data-layer='1'][data-head='{head}']")
+        settle(page, "heads")
+    page.click("canvas.thumb[data-layer='1'][data-head='2']")
+    page.wait_for_timeout(300)
+    page.click("canvas.thumb[data-layer='1'][data-head='3']")
+    page.wait_for_timeout(500)  # the fourth head's requests, if the page sends them now, are answered meanwhile
+    assert len(held) == 1
+    held[0].continue_()
+    settle(page, "heads")
+    wait_until(page, "window.attnlab.state.knock.ablate.length === 4")
+    page.wait_for_timeout(300)
+    assert page.evaluate("window.attnlab.state.knock.ablate") == [[1, 0], [1, 1], [1, 2], [1, 3]]
+    assert page.inner_text("#knockout-list") == "L1H0, L1H1, L1H2, L1H3"
 
 
 def test_the_step_slider_scrubs_every_view_through_training(server, page):

@@ -1209,7 +1209,8 @@
       svg("path", { class: "curve-loss", d: metrics.map((r, i) => `${i ? "L" : "M"}${x(r.iter).toFixed(1)},${y(r.val_loss).toFixed(1)}`).join(" ") }, el);
       const t = (text, tx, ty, anchor) => { const e = svg("text", { x: tx, y: ty, class: "strip-axis", "text-anchor": anchor }, el); e.textContent = text; };
       t(hi.toFixed(2), left - 3, 10, "end"); t(lo.toFixed(2), left - 3, H - bottom, "end");
-      t("val loss", W - 6, 10, "end"); t(`step ${lastStep}`, W - 6, H - 2, "end"); t("0", left, H - 2, "start");
+      // the title under the plot, where the step marker (down to H − bottom + 2) never crosses it
+      t("val loss", (left + W - 6) / 2, H - 2, "middle"); t(`step ${lastStep}`, W - 6, H - 2, "end"); t("0", left, H - 2, "start");
     }
     svg("line", { x1: x(state.step), x2: x(state.step), y1: 0, y2: H - bottom + 2, class: "curve-marker", id: "step-marker" }, el);
     $("training-note").textContent = `every view shows the model at step ${state.step}` +
@@ -1350,13 +1351,32 @@
   // Wiring
   const LOADERS = { dict: loadDict, matrix: loadMatrix, heads: loadHeads, block: loadBlock, next: loadNext };
 
-  async function refresh() {
-    if (!state.info) return;
+  let refreshing = null, refreshAgain = false;
+
+  function refresh() {
+    // one refresh at a time: a click while one runs asks for one more after it (with the state as it is then),
+    // so answers never land out of order (a slow answer for three knocked-out heads drawn after the one for
+    // four) and the page is marked loading until the last has drawn
+    if (!state.info) return Promise.resolve();
+    if (refreshing) { refreshAgain = true; return refreshing; }
+    document.body.dataset.loading = "1";
+    refreshing = (async () => {
+      try {
+        do { refreshAgain = false; await refreshOnce(); } while (refreshAgain);
+      } finally {
+        refreshing = null;
+        delete document.body.dataset.loading;
+        document.body.dataset.ready = state.view;
+      }
+    })();
+    return refreshing;
+  }
+
+  async function refreshOnce() {
     document.querySelectorAll("#tabs button[data-view]").forEach((b) => b.classList.toggle("active", b.dataset.view === state.view));
     document.querySelectorAll(".view").forEach((v) => v.classList.toggle("active", v.id === "view-" + state.view));
     $("picker").style.visibility = state.view === "next" ? "hidden" : "visible";
     document.querySelector(".head-pick").style.visibility = state.view === "block" || state.view === "next" ? "hidden" : "visible";
-    document.body.dataset.loading = "1";
     try {
       await loadTraining();
       await Promise.all([LOADERS[state.view](), loadKnockout()]);
@@ -1366,9 +1386,6 @@
         (state.ablate.length ? ` · ${state.ablate.length} head${state.ablate.length > 1 ? "s" : ""} knocked out` : ""));
     } catch (err) {
       setStatus(err.message, true);
-    } finally {
-      delete document.body.dataset.loading;
-      document.body.dataset.ready = state.view;
     }
   }
 
