@@ -126,6 +126,70 @@ def test_the_page_and_its_files_are_not_queued(gated):
         assert get("/api/models") == 200
 
 
+def test_answers_are_encoded_in_the_routes_thread_not_in_the_event_loop(monkeypatch):
+    """Encoding a large answer to JSON (~10 ms for every head's pattern) happens where the model work ran,
+    so the event loop, which answers the queue's 503s, is never held by it (routers/api.py)."""
+    import asyncio
+
+    from fastapi.testclient import TestClient
+    from starlette.responses import JSONResponse
+
+    from explorer_models import LOCAL
+
+    where = {}
+    render = JSONResponse.render
+
+    def recording(self, content):
+        try:
+            asyncio.get_running_loop()
+            in_loop = True
+        except RuntimeError:
+            in_loop = False
+        if isinstance(content, dict) and "detail" not in content:
+            where.setdefault(in_loop, []).append(sorted(content)[:3])
+        return render(self, content)
+
+    monkeypatch.setattr(JSONResponse, "render", recording)
+    with TestClient(create_app(small_models()), base_url=LOCAL) as client:
+        for path in ("/api/heads", "/api/pattern", "/api/trace"):
+            body = {"model": "gpt", "text": TEXT, "layer": 1, "head": 0, "token": 0}
+            assert client.post(path, json=body).status_code == 200
+    assert len(where.get(False, [])) == 3 and not where.get(True), where
+
+
+def test_the_servers_connections_send_at_once_without_waiting_for_an_ack():
+    """TCP_NODELAY on every connection the explorer's socket accepts, as uvicorn's asyncio loop serves them.
+
+    With Nagle's algorithm on, an answer written in two parts (headers, then body) held its second part until
+    the client acknowledged the first, and Linux clients delay that ACK by 40 ms: every request, a 503
+    included, took 45 ms on an idle loopback instead of about 1 ms (benchmarks/README.md). asyncio turns Nagle
+    off only on sockets created as IPPROTO_TCP, so this is a property of `bind`."""
+    import asyncio
+    import socket
+
+    from attnlab.explorer.cli import bind
+
+    async def accept_one() -> int:
+        sock = bind("127.0.0.1", 0)
+        seen = asyncio.get_running_loop().create_future()
+
+        class Probe(asyncio.Protocol):
+            def connection_made(self, transport):
+                accepted = transport.get_extra_info("socket")
+                seen.set_result(accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+                transport.close()
+
+        server = await asyncio.get_running_loop().create_server(Probe, sock=sock)
+        _, writer = await asyncio.open_connection("127.0.0.1", sock.getsockname()[1])
+        try:
+            return await asyncio.wait_for(seen, 60)
+        finally:
+            writer.close()
+            server.close()
+
+    assert asyncio.run(accept_one()) != 0
+
+
 @pytest.mark.slow
 def test_the_load_benchmark_holds_at_capacity_and_at_twice_it(tmp_path):
     """benchmarks/explorer_load.py, small: a real server process, fixed clients and counts, a hard deadline.

@@ -81,6 +81,31 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one_saying_so(tm
     checkpoint_module.find_checkpoint(tmp_path / "run", required=True)  # all damage is gone: rewritten
 
 
+def test_a_save_makes_each_file_durable_then_the_manifest_then_one_rename_then_syncs_the_folder(tmp_path, monkeypatch):
+    """The order of a save's commits (what makes it survive a power cut, which no kill test can show): every
+    file fsynced, then the manifest, the hidden folder fsynced, one rename to the final name, and the
+    checkpoints/ folder fsynced after that rename, so the rename itself is on disk."""
+    events = []
+    for name in ("fsync_file", "fsync_dir", "write_manifest"):
+        original = getattr(checkpoint_module, name)
+        monkeypatch.setattr(checkpoint_module, name, lambda path, *a, _f=original, _n=name: (
+            events.append((_n, Path(path).name)), _f(path, *a))[1])
+    rename = os.rename
+    monkeypatch.setattr(os, "rename", lambda a, b: (events.append(("rename", Path(b).name)), rename(a, b))[1])
+
+    def write(folder: Path) -> None:
+        (folder / "train_state.pt").write_bytes(b"state")
+        (folder / "config.json").write_text("{}")
+
+    final = checkpoint_module.write_checkpoint(tmp_path / "run", 7, write)
+    tmp = next(name for kind, name in events if kind == "write_manifest")
+    start = events.index(("fsync_dir", "run"))  # checkpoints/ was made: its parent synced first
+    saved = events[start + 1:events.index(("rename", final.name)) + 2]
+    assert sorted(saved[:2]) == [("fsync_file", "config.json"), ("fsync_file", "train_state.pt")]
+    assert saved[2:] == [("write_manifest", tmp), ("fsync_dir", tmp), ("rename", final.name), ("fsync_dir", "checkpoints")]
+    assert checkpoint_module.verify_manifest(final)["step"] == 7
+
+
 def test_no_complete_checkpoint_stops_with_one_line_naming_the_file(tmp_path, capsys):
     assert run_cli(["train", *tiny_flags(tmp_path, max_iters=3)], capsys)[0] == 0
     weights = tmp_path / "run" / "checkpoints" / "step-0000003" / "model.safetensors"
@@ -109,16 +134,51 @@ def test_loading_a_damaged_checkpoint_folder_names_the_file(tmp_path, capsys, da
     assert code == 2 and str(weights) in one_line_error(err)
 
 
+def _steps_logged(run: Path) -> list[int]:
+    return [json.loads(line)["iter"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
 def test_resume_auto_starts_fresh_then_resumes_then_has_nothing_left_to_do(tmp_path, capsys):
     flags = tiny_flags(tmp_path, max_iters=3)
+    run = tmp_path / "run"
     assert run_cli(["train", *flags, "--resume", "auto"], capsys)[0] == 0  # nothing there: a fresh run
-    code, err = run_cli(["train", *flags, "--resume", "auto"], capsys)  # done already: nothing to do
-    assert code == 0 and "Traceback" not in err
+    assert _steps_logged(run) == [3]
+    first = checkpoint_files(run)
+    report = (run / "report.md").read_bytes()
+    from attnlab.cli import main
+
+    code = main(["train", *flags, "--resume", "auto"])  # done already: one line, exit 0, nothing trained
+    printed = capsys.readouterr()
+    assert code == 0 and not printed.err.strip(), printed.err
+    assert printed.out.strip() == f"the run in {run} is complete: it is at step 3 and --max-iters is 3; nothing to train"
+    assert checkpoint_files(run) == first and (run / "report.md").read_bytes() == report  # nothing rewritten
     assert run_cli(["train", *tiny_flags(tmp_path, max_iters=6), "--resume", "auto"], capsys)[0] == 0
-    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step-0000003", "step-0000006"]
+    assert _steps_logged(run) == [3, 6]
+    assert snapshot(run / "checkpoints" / "step-0000003") == {  # resumed at 3, not started over (which rewrites it)
+        name[len("step-0000003/"):]: data for name, data in first.items() if name.startswith("step-0000003/")}
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-0000003", "step-0000006"]
     with pytest.raises(SystemExit):  # argparse's usage line and exit 2
         run_cli(["train", *flags, "--resume", "sometimes"], capsys)
     assert "--resume takes no value or 'auto'" in capsys.readouterr().err
+
+
+def test_resume_auto_on_a_spent_time_budget_says_the_run_is_complete(tmp_path, capsys):
+    """A restart after a --max-time run ended (an elastic job's last restart) trains nothing and exits 0;
+    plain --resume keeps its one-line error, since there it is the user asking for more training."""
+    from attnlab.cli import main
+
+    flags = tiny_flags(tmp_path, max_iters=10**6, lr_decay_iters=10**6, eval_interval=10**6)
+    assert run_cli(["train", *flags, "--max-time", "0.5"], capsys)[0] == 0
+    run = tmp_path / "run"
+    first = checkpoint_files(run)
+    assert main(["train", *flags, "--max-time", "0.5", "--resume", "auto"]) == 0
+    printed = capsys.readouterr()
+    assert not printed.err.strip(), printed.err
+    assert printed.out.startswith(f"the run in {run} is complete: it has trained ") and printed.out.count("\n") == 1
+    assert "--max-time is 0.5; nothing to train" in printed.out
+    assert checkpoint_files(run) == first
+    code, err = run_cli(["train", *flags, "--max-time", "0.5", "--resume"], capsys)
+    assert code == 2 and "raise --max-time" in one_line_error(err)
 
 
 def test_leftovers_of_an_interrupted_save_are_ignored_then_cleaned(tmp_path, capsys):

@@ -5,8 +5,8 @@ there in the environment of the processes it kills, so attnlab itself carries no
 ATTNLAB_CRASH_OUT in the environment this file does nothing.
 
 Every call that commits something to the file system (os.fsync, os.rename, os.replace, os.link) is an
-event; one on a path of a checkpoint save (under OUT/checkpoints/, or a model file being linked into OUT)
-is a save event. Environment:
+event; one made inside a checkpoint save (attnlab.training.checkpoint.write_checkpoint on the call's
+stack: its files, the folder's rename, the links into OUT, the pruning) is a save event. Environment:
 - ATTNLAB_CRASH_OUT: the run folder.
 - ATTNLAB_CRASH_LOG: a file that gets a line per kill (what was under way, inside a save or not) and a
   "first event" line with the time (when the data is ready and training starts).
@@ -20,6 +20,7 @@ is a save event. Environment:
 import json
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -42,16 +43,22 @@ def _path_of(arg) -> str:
     return os.fsdecode(os.fspath(arg)) if isinstance(arg, (str, bytes, os.PathLike)) else ""
 
 
-_LINKS = (".model.safetensors.", ".config.json.", ".tokenizer.json.")
+def _saving(frame) -> bool:
+    """Whether `frame`'s stack is inside a checkpoint save: attnlab.training.checkpoint.write_checkpoint is
+    on it. The stack, not the paths: the start-up write of tokenizer.json into OUT looks like a save's link
+    of it (same folder, same temporary name), and a hidden folder a killed save left stays until the next
+    save, so neither a path nor the folder's contents can tell."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "write_checkpoint" and code.co_filename.endswith(os.path.join("training", "checkpoint.py")):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _saving_now() -> bool:
-    """Whether a save is under way: its hidden temporary folder or a temporary link exists."""
-    try:
-        return any(n.endswith(".tmp") for n in os.listdir(os.path.join(_OUT, "checkpoints"))) or any(
-            n.startswith(_LINKS) for n in os.listdir(_OUT))
-    except OSError:
-        return False
+    """Whether the main thread is inside a save (asked from the timer's thread)."""
+    return _saving(sys._current_frames().get(threading.main_thread().ident))
 
 
 def _listdir(folder: str) -> list[str]:
@@ -59,13 +66,6 @@ def _listdir(folder: str) -> list[str]:
         return os.listdir(folder)
     except OSError:
         return []
-
-
-def _in_save(path: str) -> bool:
-    out = os.path.realpath(_OUT)
-    path = os.path.realpath(path) if path else ""
-    return path.startswith(os.path.join(out, "checkpoints")) or (
-        os.path.dirname(path) == out and os.path.basename(path).startswith(_LINKS))
 
 
 def _log(line: str) -> None:
@@ -109,7 +109,7 @@ def _install(plan: dict) -> None:
                 _log(f"first event at {time.time():.6f}")
                 if after:
                     _arm_timer(after)
-            if kill_at and _in_save(_path_of(args[0]) if args else ""):
+            if kill_at and _saving(sys._getframe(1)):
                 state["save_events"] += 1
                 if state["save_events"] == kill_at:
                     _kill(f"kill inside a save, before os.{name}({_path_of(args[0])})")

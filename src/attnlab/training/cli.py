@@ -38,6 +38,9 @@ def run_train(args: argparse.Namespace) -> int:
     result = train(cfg, resume=args.resume, overwrite=args.overwrite, progress=not args.quiet, checkpoint=checkpoint)
     if not _is_main_process():
         return 0
+    if result.complete:
+        print(result.complete)
+        return 0
     if result.interrupted:
         print(f"interrupted at step {result.iters}; the checkpoint is saved in {result.out}; "
               f"continue with: attnlab train --out {result.out} --resume", file=sys.stderr)

@@ -14,7 +14,8 @@ Design choices:
   torch.load(weights_only=True), so nothing arbitrary is ever unpickled) is what --resume reads; the native
   model files beside it are what `attnlab sample`, `attnlab.load` and the explorer read, linked into --out.
   `--resume auto` resumes when there is a checkpoint and starts fresh when there is none (an elastic job's
-  restart); a damaged newest checkpoint falls back to the one before.
+  restart), and on a finished run (--max-iters or --max-time reached) says so in one line and trains
+  nothing (a restart after the end is not a mistake); a damaged newest checkpoint falls back to the one before.
 - Ctrl-C sets a flag (a second Ctrl-C interrupts at once); the loop sees it between steps, saves, and
   returns. A non-finite loss stops the run before the optimizer step, so the last checkpoint stays good.
 - Distributed: under torchrun (RANK/WORLD_SIZE set) the model is wrapped in DistributedDataParallel, with
@@ -224,6 +225,15 @@ def _restart_store(world: int) -> dict[str, Any]:
             "world_size": world}
 
 
+class RunComplete(Exception):
+    """--resume auto found the run finished already (its --max-iters or --max-time reached): not a mistake but
+    what a job restarted after its end meets, so `train` reports it and trains nothing."""
+
+    def __init__(self, out: Path, step: int, why: str) -> None:
+        super().__init__(f"the run in {out} is complete: it {why}; nothing to train")
+        self.out, self.step = out, step
+
+
 @dataclass
 class TrainResult:
     out: Path
@@ -235,6 +245,7 @@ class TrainResult:
     tokens_per_s: float = 0.0
     elapsed_s: float = 0.0  # wall time of the run, evaluations included, over every session
     interrupted: bool = False
+    complete: str | None = None  # --resume auto on a finished run: why there was nothing to train
 
 
 class Trainer:
@@ -307,12 +318,12 @@ class Trainer:
             except Exception as exc:  # torch raises several types for a torn or foreign file
                 raise UserError(f"--resume: {state_path} is not a readable checkpoint ({str(exc).splitlines()[0]}); "
                                 "it may be corrupt: start fresh with --overwrite") from None
-            if state["iter"] >= self.cfg.max_iters and resume != "auto":
-                raise UserError(f"--resume: the checkpoint in {self.out} is at step {state['iter']} and --max-iters is "
-                                f"{self.cfg.max_iters}; raise --max-iters to train further")
-            if self.cfg.max_time is not None and state["elapsed_s"] >= self.cfg.max_time:
-                raise UserError(f"--resume: the run in {self.out} has trained {state['elapsed_s']:.1f} s and --max-time is "
-                                f"{self.cfg.max_time:g}; raise --max-time to train further")
+            done = self._finished_at(state)
+            if done is not None and resume == "auto":  # an elastic restart after the end: nothing to do
+                raise RunComplete(self.out, state["iter"], done)
+            if done is not None:
+                raise UserError(f"--resume: the run in {self.out} {done}; raise "
+                                f"{'--max-iters' if 'step' in done else '--max-time'} to train further")
             return checkpoint, state
         if has_checkpoint(self.out) and not overwrite and resume != "auto":
             raise UserError(f"{self.out} already holds a training checkpoint; continue it with --resume, "
@@ -326,6 +337,14 @@ class Trainer:
                 path.unlink()
         self._barrier()  # no rank looks at the folder before rank 0 has cleared it
         return None, None
+
+    def _finished_at(self, state: dict[str, Any]) -> str | None:
+        """Why a checkpoint's run is over (its step count or time budget reached), or None if it is not."""
+        if state["iter"] >= self.cfg.max_iters:
+            return f"is at step {state['iter']} and --max-iters is {self.cfg.max_iters}"
+        if self.cfg.max_time is not None and state["elapsed_s"] >= self.cfg.max_time:
+            return f"has trained {state['elapsed_s']:.1f} s and --max-time is {self.cfg.max_time:g}"
+        return None
 
     def _prepare_data(self, checkpoint: Checkpoint | None) -> tuple[Tokenizer, TokenData]:
         cfg = self.cfg
@@ -590,6 +609,10 @@ def train(cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = Fal
     """Train as `cfg` says, into cfg.out; see Trainer. Under torchrun, leaves the process group when done."""
     try:
         return Trainer(cfg, resume=resume, overwrite=overwrite, progress=progress, checkpoint=checkpoint).run()
+    except RunComplete as done:
+        records = read_metrics(done.out)
+        return TrainResult(out=done.out, iters=done.step, complete=str(done),
+                           val_loss=records[-1]["val_loss"] if records else None)
     finally:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             import torch.distributed as dist

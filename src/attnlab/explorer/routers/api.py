@@ -1,7 +1,10 @@
 """The JSON API under /api: one route per view, each a thin call into `Explorer` (see service.py).
 
 Routes are plain `def`s: FastAPI runs them in its thread pool, so a long forward pass never blocks the
-event loop, and the per-model lock in the service keeps concurrent passes on one model apart.
+event loop, and the per-model lock in the service keeps concurrent passes on one model apart. Each route
+also encodes its answer there (`answer`): returned as a dict, FastAPI would encode it after the route, in the
+event loop, and a 150 kB answer (every head's pattern, a block's trace) takes ~10 ms of json.dumps, during
+which the queue could not refuse anyone (work_queue.py answers its 503s from the event loop).
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
 
 from ..schemas import AttributionRequest, HeadRequest, NextTokenRequest, PatternRequest, StagesRequest, TextRequest, TraceRequest
 from ..service import Explorer
@@ -27,65 +31,71 @@ def get_explorer(request: Request) -> Explorer:
     return request.app.state.explorer
 
 
+def answer(content: Any) -> Any:
+    """The JSON response, encoded here in the route's thread (module docstring). The routes keep their
+    declared return type, which is what the OpenAPI document describes."""
+    return JSONResponse(content)
+
+
 @router.get("/models", summary="List the models this explorer serves")
 def list_models(explorer: Explorer = Depends(get_explorer)) -> list[dict[str, Any]]:
-    return explorer.list_models()
+    return answer(explorer.list_models())
 
 
 @router.post("/run", summary="Tokenize a text for a model", responses=ERRORS)
 def run(body: TextRequest, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
-    return explorer.run(body.model, body.text, body.variant())
+    return answer(explorer.run(body.model, body.text, body.variant()))
 
 
 @router.post("/pattern", summary="One head's raw scores q·kᵀ, the scale, and its attention pattern", responses=ERRORS)
 def pattern(body: PatternRequest, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
-    return explorer.pattern(body.model, body.text, body.layer, body.head, body.encoding, body.variant())
+    return answer(explorer.pattern(body.model, body.text, body.layer, body.head, body.encoding, body.variant()))
 
 
 @router.post("/stages", summary="One head's raw scores -> scaled -> masked -> softmax, with a chosen mask", responses=ERRORS)
 def stages(body: StagesRequest, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
-    return explorer.stages(body.model, body.text, body.layer, body.head, body.mask, body.variant())
+    return answer(explorer.stages(body.model, body.text, body.layer, body.head, body.mask, body.variant()))
 
 
 @router.post("/projection", summary="One head's keys, queries and values projected to 2-D (the soft dictionary)", responses=ERRORS)
 def projection(body: HeadRequest, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
-    return explorer.projection(body.model, body.text, body.layer, body.head, body.variant())
+    return answer(explorer.projection(body.model, body.text, body.layer, body.head, body.variant()))
 
 
 @router.post("/heads", summary="Thumbnails of every layer's and head's pattern, with head scores when available", responses=ERRORS)
 def heads(body: TextRequest, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
-    return explorer.heads(body.model, body.text, variant=body.variant())
+    return answer(explorer.heads(body.model, body.text, variant=body.variant()))
 
 
 @router.get("/models/{name}/head-scores", summary="Head scores (previous-token, induction, ...) of every head, when attnlab.inspection is installed",
             responses={404: ERRORS[404], 422: {"description": "a step without a snapshot"}})
 def head_scores(name: str, step: int | None = None, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
-    return explorer.head_scores(name, step)
+    return answer(explorer.head_scores(name, step))
 
 
 @router.get("/models/{name}/training", summary="A run's snapshot steps, logged losses and every head's scores at each snapshot",
             responses={404: ERRORS[404], 422: {"description": "the model has no training snapshots"}})
 def training(name: str, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
-    return explorer.training(name)
+    return answer(explorer.training(name))
 
 
 @router.post("/attribution", summary="Who wrote this prediction: each head's and MLP's direct contribution to a next token's logit",
              responses=ERRORS)
 def attribution(body: AttributionRequest, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
-    return explorer.attribution(body.model, body.text, body.token, body.variant())
+    return answer(explorer.attribution(body.model, body.text, body.token, body.variant()))
 
 
 @router.post("/knockout", summary="Knock out heads: per-token loss and last-hidden-state cosine, with and without them", responses=ERRORS)
 def knockout(body: TextRequest, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
-    return explorer.knockout(body.model, body.text, body.variant())
+    return answer(explorer.knockout(body.model, body.text, body.variant()))
 
 
 @router.post("/trace", summary="One token through one block, stage by stage (from run_with_cache)", responses=ERRORS)
 def trace(body: TraceRequest, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
-    return explorer.trace(body.model, body.text, body.layer, body.token, body.variant())
+    return answer(explorer.trace(body.model, body.text, body.layer, body.token, body.variant()))
 
 
 @router.post("/next", summary="Next-token probabilities after temperature, top-k and top-p; optionally a draw", responses=ERRORS)
 def next_token(body: NextTokenRequest, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
-    return explorer.next_token(body.model, body.text, body.temperature, body.top_k, body.top_p, body.k, body.sample, body.seed,
-                               body.variant())
+    return answer(explorer.next_token(body.model, body.text, body.temperature, body.top_k, body.top_p, body.k,
+                                      body.sample, body.seed, body.variant()))
