@@ -273,8 +273,9 @@ def run_break(item: Break, timeout: float) -> tuple[bool, str, float]:
             except subprocess.TimeoutExpired:
                 code, tail = -1, ["timed out"]
             summary = next((line for line in reversed(tail) if " passed" in line or " failed" in line or "error" in line),
-                           tail[-1] if tail else "")
-            outcomes.append((code, summary.strip("= ")))
+                           tail[-1] if tail else "").strip("= ")
+            why = next((line[1:].strip() for line in tail if line.startswith("E ") and line[1:].strip()), "")
+            outcomes.append((code, summary + (f": {why[:110]}" if why and code == 1 else "")))
     seen = all(code == 1 for code, _ in outcomes)
     return seen, "; ".join(summary for _, summary in outcomes), time.perf_counter() - start
 
@@ -298,6 +299,7 @@ def main() -> int:
         seen, what, seconds = run_break(item, args.timeout)
         unseen += not seen
         tests = ", ".join(f"`{t.split('::')[-1] if '::' in t else t}`" for t in item.tests)
+        what = what.replace("|", "\\|")
         print(f"| {item.promise} | {tests} | {item.how} | {'yes' if seen else 'NOT SEEN'} ({what}; {seconds:.0f} s) |",
               flush=True)
     return 1 if unseen else 0
