@@ -190,7 +190,7 @@ BREAKS = [
           [f"{QT}::test_the_servers_connections_send_at_once_without_waiting_for_an_ack"]),
     Break("encode-in-thread", "the 503 within 50 ms: the event loop is never held by encoding a large answer",
           "routes return dicts, which FastAPI encodes in the event loop", "src/attnlab/explorer/routers/api.py",
-          [("    return JSONResponse(content)", "    return content")],
+          [('    return Response(to_json(content), media_type="application/json")', "    return content")],
           [f"{QT}::test_answers_are_encoded_in_the_routes_thread_not_in_the_event_loop"]),
     Break("load-rss", "load test: resident memory after within 10 % of before",
           "each model request leaks 1 MiB", QUEUE,

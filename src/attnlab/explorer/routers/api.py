@@ -3,7 +3,7 @@
 Routes are plain `def`s: FastAPI runs them in its thread pool, so a long forward pass never blocks the
 event loop, and the per-model lock in the service keeps concurrent passes on one model apart. Each route
 also encodes its answer there (`answer`): returned as a dict, FastAPI would encode it after the route, in the
-event loop, and a 150 kB answer (every head's pattern, a block's trace) takes ~10 ms of json.dumps, during
+event loop, and a 150 kB answer (every head's pattern, a block's trace) takes milliseconds to encode, during
 which the queue could not refuse anyone (work_queue.py answers its 503s from the event loop).
 """
 
@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
+from pydantic_core import to_json
 
 from ..schemas import AttributionRequest, HeadRequest, NextTokenRequest, PatternRequest, StagesRequest, TextRequest, TraceRequest
 from ..service import Explorer
@@ -32,9 +33,10 @@ def get_explorer(request: Request) -> Explorer:
 
 
 def answer(content: Any) -> Any:
-    """The JSON response, encoded here in the route's thread (module docstring). The routes keep their
-    declared return type, which is what the OpenAPI document describes."""
-    return JSONResponse(content)
+    """The JSON response, encoded here in the route's thread (module docstring) by the encoder FastAPI itself
+    uses for a returned value (pydantic's: a NaN or infinity becomes null, as before). The routes keep
+    their declared return type, which is what the OpenAPI document describes."""
+    return Response(to_json(content), media_type="application/json")
 
 
 @router.get("/models", summary="List the models this explorer serves")
