@@ -159,6 +159,21 @@ def test_answers_are_encoded_in_the_routes_thread_not_in_the_event_loop(monkeypa
     assert encoded_in_loop == [False, False]
 
 
+def test_a_nan_in_an_answer_is_sent_as_null_as_fastapi_sends_it(gated):
+    """The routes encode their answers themselves (above) but as FastAPI did: valid JSON, a NaN as null (a
+    tiny top_p makes every probability 0/0), never a bare NaN token that a browser's JSON.parse refuses."""
+    from fastapi.testclient import TestClient
+
+    from explorer_models import LOCAL
+
+    model, _ = gated
+    with TestClient(create_app({"gpt": model}), base_url=LOCAL) as client:
+        response = client.post("/api/next", json={"model": "gpt", "text": TEXT, "top_p": 5e-324})
+    assert response.status_code == 200
+    assert b"NaN" not in response.content
+    json.loads(response.content, parse_constant=lambda name: pytest.fail(f"{name} in the answer"))
+
+
 def test_the_servers_connections_send_at_once_without_waiting_for_an_ack():
     """TCP_NODELAY on every connection the explorer's socket accepts, as uvicorn's asyncio loop serves them.
 

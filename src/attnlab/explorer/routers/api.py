@@ -13,7 +13,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
-from pydantic_core import to_json
+from pydantic import TypeAdapter
 
 from ..schemas import AttributionRequest, HeadRequest, NextTokenRequest, PatternRequest, StagesRequest, TextRequest, TraceRequest
 from ..service import Explorer
@@ -32,11 +32,13 @@ def get_explorer(request: Request) -> Explorer:
     return request.app.state.explorer
 
 
+ENCODER = TypeAdapter(Any)  # what FastAPI encodes a returned value with: a NaN or infinity becomes null
+
+
 def answer(content: Any) -> Any:
-    """The JSON response, encoded here in the route's thread (module docstring) by the encoder FastAPI itself
-    uses for a returned value (pydantic's: a NaN or infinity becomes null, as before). The routes keep
-    their declared return type, which is what the OpenAPI document describes."""
-    return Response(to_json(content), media_type="application/json")
+    """The JSON response, encoded here in the route's thread (module docstring), byte for byte as FastAPI
+    would have. The routes keep their declared return type, which is what the OpenAPI document describes."""
+    return Response(ENCODER.dump_json(content), media_type="application/json")
 
 
 @router.get("/models", summary="List the models this explorer serves")
