@@ -92,7 +92,7 @@ BREAKS = [
           [f"{CKT}::test_resume_auto_starts_fresh_then_resumes_then_has_nothing_left_to_do"]),
     Break("auto-complete", "--resume auto on a finished run (--max-iters or --max-time reached): one line, exit 0",
           "a finished run under --resume auto is an error again", TR,
-          [('            if done is not None and resume == "auto":', "            if False:")],
+          [('            if finished is not None and resume == "auto":', "            if False:")],
           [f"{CKT} -k resume_auto"]),
     Break("microbatch", "torchrun without --gradient-accumulation-steps: one micro-batch per process",
           "the default is one micro-batch in all", TR,

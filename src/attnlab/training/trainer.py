@@ -318,12 +318,12 @@ class Trainer:
             except Exception as exc:  # torch raises several types for a torn or foreign file
                 raise UserError(f"--resume: {state_path} is not a readable checkpoint ({str(exc).splitlines()[0]}); "
                                 "it may be corrupt: start fresh with --overwrite") from None
-            done = self._finished_at(state)
-            if done is not None and resume == "auto":  # an elastic restart after the end: nothing to do
-                raise RunComplete(self.out, state["iter"], done)
-            if done is not None:
-                raise UserError(f"--resume: the run in {self.out} {done}; raise "
-                                f"{'--max-iters' if 'step' in done else '--max-time'} to train further")
+            finished = self._finished_at(state)
+            if finished is not None and resume == "auto":  # an elastic restart after the end: nothing to do
+                raise RunComplete(self.out, state["iter"], finished[0])
+            if finished is not None:
+                why, flag = finished
+                raise UserError(f"--resume: the run in {self.out} {why}; raise {flag} to train further")
             return checkpoint, state
         if has_checkpoint(self.out) and not overwrite and resume != "auto":
             raise UserError(f"{self.out} already holds a training checkpoint; continue it with --resume, "
@@ -338,12 +338,13 @@ class Trainer:
         self._barrier()  # no rank looks at the folder before rank 0 has cleared it
         return None, None
 
-    def _finished_at(self, state: dict[str, Any]) -> str | None:
-        """Why a checkpoint's run is over (its step count or time budget reached), or None if it is not."""
+    def _finished_at(self, state: dict[str, Any]) -> tuple[str, str] | None:
+        """Why a checkpoint's run is over (its step count or time budget reached) and the flag that would
+        take it further, or None if it is not over."""
         if state["iter"] >= self.cfg.max_iters:
-            return f"is at step {state['iter']} and --max-iters is {self.cfg.max_iters}"
+            return f"is at step {state['iter']} and --max-iters is {self.cfg.max_iters}", "--max-iters"
         if self.cfg.max_time is not None and state["elapsed_s"] >= self.cfg.max_time:
-            return f"has trained {state['elapsed_s']:.1f} s and --max-time is {self.cfg.max_time:g}"
+            return f"has trained {state['elapsed_s']:.1f} s and --max-time is {self.cfg.max_time:g}", "--max-time"
         return None
 
     def _prepare_data(self, checkpoint: Checkpoint | None) -> tuple[Tokenizer, TokenData]:
