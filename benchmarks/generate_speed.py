@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/generate_speed.py                 # both architectures, B = 1, 8, 32
     .venv/bin/python benchmarks/generate_speed.py --arch gpt2 --new-tokens 100 --only variants   # quick look
-    .venv/bin/python benchmarks/generate_speed.py --llama-cpp DIR --gguf-py SRC/gguf-py --only llama-cpp ttft
+    .venv/bin/python benchmarks/generate_speed.py --llama-cpp DIR --gguf-py SRC/gguf-py --only llama-cpp ttft batches
 
 Design choices:
 - The model is nanoGPT's shakespeare_char shape (6 layers, d_model 384, 6 heads, 65 tokens), GPT-2-style
@@ -26,6 +26,9 @@ Design choices:
 - llama.cpp (`--llama-cpp DIR`, see _llama_cpp.py): the issue's two LLaMA-style models written as GGUF, float32
   and Q8_0, `llama-bench -p 0 -n N` against attnlab's default path (float32 and int8), alternating run by run
   within each of --repeats rounds, from one token and an empty cache as llama-bench does; medians and ratios.
+- Batches (`--only batches`, B = --batches): left-padded prompts of 8..16 tokens on the --batch-arch model, the
+  default path, compile=True and transformers alternating within each round; greedy tokens checked against
+  transformers'.
 - Time to first token: a fresh Python process per measurement (imports, load, first and second token), with
   empty caches (cold: the kernels compile, inductor compiles) and then with the caches of the first run (warm).
 """
