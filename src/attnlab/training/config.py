@@ -70,6 +70,7 @@ class TrainConfig:
     zero_init_projections: bool = _opt(False, "W_O and W_out start at zero: every block starts as the identity", group="model")
     # optimisation
     optimizer: str = _opt("adamw", "adamw for every weight, or muon for the blocks' matrices and adamw for the rest", OPTIMIZERS)
+    muon_ns_steps: int = _opt(5, "with --optimizer muon: Newton-Schulz iterations that orthogonalise each update")
     schedule: str = _opt("cosine", "learning rate after warm-up: cosine decay, or wsd (stable, then a linear cool-down)", SCHEDULES)
     cooldown_fraction: float = _opt(0.4, "with --schedule wsd: the last fraction of the run, decaying linearly to min_lr")
     max_time: float | None = _opt(None, "stop after this many seconds of training, the schedule running on elapsed time "
@@ -96,7 +97,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_layer", "n_head", "n_embd", "block_size", "batch_size",
-                     "gradient_accumulation_steps", "max_iters", "eval_interval", "eval_iters", "window_stride"):
+                     "gradient_accumulation_steps", "max_iters", "eval_interval", "eval_iters", "window_stride",
+                     "muon_ns_steps"):
             value = getattr(self, name)
             if value is None and name == "gradient_accumulation_steps":
                 continue

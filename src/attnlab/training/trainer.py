@@ -137,7 +137,7 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devic
     if not muon:
         return adamw
     return Optimizers(torch.optim.Muon(muon, lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
-                                       adjust_lr_fn="match_rms_adamw"), adamw)
+                                       ns_steps=cfg.muon_ns_steps, adjust_lr_fn="match_rms_adamw"), adamw)
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
