@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 import attnlab
 from attnlab.cli import main
+from attnlab.errors import UserError
 from attnlab.training.config import TRAIN_PRESETS, TrainConfig, build_config
 from attnlab.training.trainer import Optimizers, Trainer, learning_rate_at, make_optimizer, train
 from training_tiny import tiny_config, tiny_flags
@@ -72,6 +73,11 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_rest(tmp_path):
     in_adamw = {id(p) for g in adamw.param_groups for p in g["params"]}
     assert in_adamw == {id(p) for p in model.parameters()} - expected
     assert id(model.embed.weight) in in_adamw and id(model.unembed.weight) in in_adamw
+    assert muon.param_groups[0]["ns_steps"] == 5  # torch's default, unless --muon-ns-steps says otherwise
+    fewer = make_optimizer(model, TrainConfig(optimizer="muon", muon_ns_steps=4), torch.device("cpu"))
+    assert fewer.optimizers[0].param_groups[0]["ns_steps"] == 4
+    with pytest.raises(UserError, match="--muon-ns-steps must be a positive integer"):
+        TrainConfig(optimizer="muon", muon_ns_steps=0)
     # a Muon run trains, saves both optimizers' state and resumes exactly
     changes = dict(optimizer="muon", max_iters=6, lr_decay_iters=6, eval_interval=3)
     whole = train(tiny_config(tmp_path / "a", **changes), progress=False)

@@ -2,9 +2,10 @@
 
 Design choices:
 - Three acts: (1) the chapter's "A B C" walk-through on an untrained one-head model, to show what a causal
-  pattern is (lower-triangular, rows summing to 1); (2) training a small modern model (RoPE, RMSNorm, the
-  "demo" preset of attnlab.training.config) on the built-in corpus, Python's bundled documentation, into
-  runs/demo with a progress bar, a couple of minutes on two CPU cores; (3) a sample streamed from it, then
+  pattern is (lower-triangular, rows summing to 1); (2) training a small modern model with the speedrun's
+  recipe (the "demo" preset of attnlab.training.config: RoPE, RMSNorm, Muon, ReLU², QK-norm, ...) on the
+  built-in corpus, Python's bundled documentation, into runs/demo with a progress bar, about a minute on two
+  CPU cores; (3) a sample streamed from it, then
   the explorer serving it (unless --no-explore).
 - The demo reuses `attnlab train` and `attnlab sample` rather than having its own loop: it is the
   same code a user runs next. Ctrl-C during training keeps what was learned and moves on to the sample.
@@ -46,7 +47,7 @@ def run_demo(args: argparse.Namespace) -> int:
         overrides.update(max_iters=args.max_iters, lr_decay_iters=args.max_iters,
                          eval_interval=min(args.max_iters, 100), warmup_iters=min(50, args.max_iters // 10))
     cfg = build_config("demo", overrides=overrides)
-    print(f"\ntraining a {cfg.n_layer}-layer, {cfg.n_embd}-wide model ({cfg.pos}, {cfg.norm}) on {BUILTIN_NAME} "
+    print(f"\ntraining a {cfg.n_layer}-layer, {cfg.n_embd}-wide model ({cfg.pos}, {cfg.norm}, {cfg.optimizer}, {cfg.mlp}) on {BUILTIN_NAME} "
           f"for {cfg.max_iters} steps into {cfg.out} (Ctrl-C stops early and keeps the checkpoint)", flush=True)
     result = train(cfg, overwrite=True)
     print(f"val loss {result.val_loss:.3f} after {result.iters} steps, {result.elapsed_s:.0f} s; "

@@ -159,6 +159,13 @@ def _from_model_preset(name: str) -> dict[str, Any]:
     return {FLAG_OF_MODEL_FIELD[k]: v for k, v in fields.items()}
 
 
+# The speedrun's recipe (modded-nanogpt's parts at CPU size; what each bought: benchmarks/README.md, "CPU speedrun").
+SPEEDRUN_RECIPE: dict[str, Any] = {
+    "pos": "rope", "norm": "rmsnorm", "bias": False, "mlp": "relu2", "qk_norm": True, "tie_embeddings": False,
+    "zero_init_projections": True, "logit_softcap": 30.0, "optimizer": "muon", "muon_ns_steps": 4, "schedule": "wsd",
+    "cooldown_fraction": 0.4, "learning_rate": 3e-3, "min_lr": 0.0,
+}
+
 # Named starting points; every value can still be overridden by --config and by flags.
 TRAIN_PRESETS: dict[str, dict[str, Any]] = {
     # nanoGPT's CPU run (README: "baby GPT on a MacBook"): the defaults above, spelled out.
@@ -169,12 +176,9 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
     "cpu": {**_from_model_preset("nano"), "pos": "rope", "norm": "rmsnorm", "mlp": "gelu", "bias": False,
             "batch_size": 12, "max_iters": 2000, "learning_rate": 2e-3, "min_lr": 2e-4, "beta2": 0.99,
             "warmup_iters": 100, "eval_interval": 250, "eval_iters": 20},
-    # The CPU speedrun (benchmarks/README.md, "Speedrun"): nanoGPT's CPU loss in a third of its time.
-    "speedrun": {**_from_model_preset("nano"), "pos": "rope", "norm": "rmsnorm", "bias": False, "mlp": "relu2",
-                 "qk_norm": True, "tie_embeddings": False, "zero_init_projections": True, "logit_softcap": 30.0,
-                 "optimizer": "muon", "batch_size": 12, "max_iters": 300, "schedule": "wsd", "cooldown_fraction": 0.4,
-                 "learning_rate": 3e-3, "min_lr": 0.0, "warmup_iters": 30, "eval_interval": 300, "eval_iters": 20,
-                 "target_loss": 1.886},
+    # The CPU speedrun (benchmarks/README.md, "CPU speedrun"): nanoGPT's CPU loss in a third of its time.
+    "speedrun": {**_from_model_preset("nano"), **SPEEDRUN_RECIPE, "batch_size": 12, "max_iters": 280,
+                 "warmup_iters": 28, "eval_interval": 280, "eval_iters": 20, "target_loss": 1.886},
     # nanoGPT's shakespeare_char GPU run.
     "shakespeare": {**_from_model_preset("shakespeare"), "batch_size": 64, "max_iters": 5000,
                     "lr_decay_iters": 5000, "dropout": 0.2, "learning_rate": 1e-3, "min_lr": 1e-4, "beta2": 0.99,
@@ -182,10 +186,9 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
     # An attention-only model for induction-head studies.
     "attn-only-2l": {**_from_model_preset("attn-only-2l"), "batch_size": 16, "max_iters": 2000,
                      "learning_rate": 1e-3, "eval_interval": 250},
-    # `attnlab demo`: a couple of minutes on two CPU cores.
-    "demo": {**_from_model_preset("nano"), "pos": "rope", "norm": "rmsnorm", "bias": False, "block_size": 128,
-             "batch_size": 12, "max_iters": 600, "learning_rate": 2e-3, "min_lr": 2e-4, "warmup_iters": 50,
-             "eval_interval": 100, "eval_iters": 10, "out": "runs/demo"},
+    # `attnlab demo`: the speedrun's recipe on the built-in corpus, about a minute on two CPU cores.
+    "demo": {**_from_model_preset("nano"), **SPEEDRUN_RECIPE, "block_size": 128, "batch_size": 12, "max_iters": 300,
+             "warmup_iters": 30, "eval_interval": 100, "eval_iters": 10, "out": "runs/demo"},
 }
 
 
