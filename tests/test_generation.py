@@ -144,6 +144,9 @@ def test_top_k_and_top_p_restrict_the_support():
     kept = torch.isfinite(filter_logits(logits, 1.0, top_k=3, top_p=None))[0]
     assert set(kept.nonzero()[:, 0].tolist()) == set(order[:3].tolist())
     assert torch.isfinite(filter_logits(logits, 1.0, top_p=1e-6)).sum() == 1  # a tiny nucleus keeps the top id
+    for tiny in (5e-324, 0.0):  # below float32's smallest number: still the top id, never an empty nucleus (NaN)
+        kept = torch.isfinite(filter_logits(logits, 1.0, top_p=tiny))[0]
+        assert kept.sum() == 1 and kept[logits[0].argmax()]
     assert torch.equal(sample_next(logits, temperature=0), order[:1].view(1, 1))
 
 

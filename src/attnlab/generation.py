@@ -106,6 +106,7 @@ def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | N
         sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
         probs = torch.softmax(sorted_logits, dim=-1)
         drop = probs.cumsum(dim=-1) - probs >= top_p  # keep the smallest set whose mass reaches top_p
+        drop[..., 0] = False  # and always the most likely id (a top_p below float32's smallest number is 0 here)
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
     return logits
