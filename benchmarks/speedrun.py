@@ -61,6 +61,9 @@ with torch.no_grad():
 print(json.dumps({'iter': ckpt['iter_num'], 'val_loss_full': total / n}))"""
 
 
+GOAL_LOSS, WORST_LOSS = 1.886, 1.90  # issue 13: nanoGPT's own 20-batch estimate, and the bound on any seed
+
+
 class Timed:
     """One whole process, started now: `wait()` gives its wall seconds (start to exit) and CPU seconds (its own
     user + system time, from wait4), which on a crowded machine says what it cost when the wall time cannot."""
@@ -122,6 +125,34 @@ def run_pair(args: argparse.Namespace, seed: int, order: tuple[str, str]) -> dic
             "attnlab": {**times["attnlab"], **score_attnlab(seed, args.out)}}
 
 
+def markdown_table(rows: list[dict], mean: dict, machine: str, args: argparse.Namespace) -> str:
+    """The run as a table for benchmarks/README.md: every seed, the mean, the goal's verdict, and the conditions."""
+    lines = [f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {machine}, "
+             f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset (torch default)')}, "
+             f"{'both programs at once' if args.concurrent else 'one program at a time, alternating'}"
+             f"{', attnlab flags: ' + args.attnlab_flags if args.attnlab_flags else ''}", "",
+             "| seed | first | load | nanoGPT val, whole split | nanoGPT wall s (CPU s) | attnlab val, whole split "
+             "| attnlab wall s (CPU s) | steps | wall ratio | CPU ratio |",
+             "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        n, a = r["nanogpt"], r["attnlab"]
+        lines.append(f"| {r['seed']} | {r['first']} | {r['load_before']:.1f} -> {r['load_after']:.1f} | "
+                     f"{n['val_loss_full']:.4f} | {n['wall_s']:.1f} ({n['cpu_s']:.1f}) | {a['val_loss_full']:.4f} | "
+                     f"{a['wall_s']:.1f} ({a['cpu_s']:.1f}) | {a['iter']} | {a['wall_s'] / n['wall_s']:.3f} | "
+                     f"{a['cpu_s'] / n['cpu_s']:.3f} |")
+    n, a = mean["nanogpt"], mean["attnlab"]
+    lines.append(f"| mean | | | {n['val_loss_full']:.4f} | {n['wall_s']:.1f} ({n['cpu_s']:.1f}) | "
+                 f"**{a['val_loss_full']:.4f}** | {a['wall_s']:.1f} ({a['cpu_s']:.1f}) | | "
+                 f"**{a['wall_s'] / n['wall_s']:.3f}** | {a['cpu_s'] / n['cpu_s']:.3f} |")
+    worst = max(r["attnlab"]["val_loss_full"] for r in rows)
+    first = rows[0]
+    holds = (first["attnlab"]["val_loss_full"] <= GOAL_LOSS and first["attnlab"]["wall_s"] <= first["nanogpt"]["wall_s"] / 3
+             and a["val_loss_full"] <= GOAL_LOSS and a["wall_s"] <= n["wall_s"] / 3 and worst <= WORST_LOSS)
+    lines += ["", f"Goal (first seed and the mean: val <= {GOAL_LOSS}, wall <= 1/3 of nanoGPT's; no seed above "
+              f"{WORST_LOSS}): {'met' if holds else 'NOT met'} (worst seed {worst:.4f})."]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nanogpt", required=True, type=Path, help="a nanoGPT clone with shakespeare_char prepared")
@@ -154,6 +185,10 @@ def main() -> None:
     print(f"mean over {len(rows)} seeds: nanoGPT {mean['nanogpt']['val_loss_full']:.4f} in "
           f"{mean['nanogpt']['wall_s']:.1f} s | attnlab {mean['attnlab']['val_loss_full']:.4f} in "
           f"{mean['attnlab']['wall_s']:.1f} s | wall ratio {mean['attnlab']['wall_s'] / mean['nanogpt']['wall_s']:.3f}")
+    table = markdown_table(rows, mean, f"{machine_line()}; matmul {peak / 1e9:.1f} GFLOP/s, copy "
+                           f"{copy_bandwidth() / 1e9:.1f} GB/s", args)
+    print("\n" + table)
+    (args.out / "speedrun.md").write_text(table)
     (args.out / "speedrun.json").write_text(json.dumps({"machine": machine_line(), "matmul_flops": peak,
                                                         "rows": rows, "mean": mean}, indent=1) + "\n")
 

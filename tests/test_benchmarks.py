@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -77,3 +78,28 @@ def test_explorer_long_text_benchmark_runs_both_encodings(tmp_path):
     medians = json.loads(out.read_text())["medians"]
     assert medians["f16"]["bytes"] < 0.4 * medians["f32"]["bytes"], medians
     assert "| f16 / f32 |" in result.stdout
+
+
+def test_speedrun_table_states_every_seed_the_mean_and_the_goal():
+    sys.path.insert(0, str(BENCHMARKS))
+    from speedrun import markdown_table
+
+    def row(seed, nano_wall, ours_wall, ours_val):
+        return {"seed": seed, "first": "nanogpt", "load_before": 0.5, "load_after": 1.5,
+                "nanogpt": {"wall_s": nano_wall, "cpu_s": 2 * nano_wall, "iter": 2000, "val_loss_full": 1.898},
+                "attnlab": {"wall_s": ours_wall, "cpu_s": 2 * ours_wall, "iter": 300, "val_loss_full": ours_val}}
+
+    def mean(rows):
+        return {name: {key: sum(r[name][key] for r in rows) / len(rows) for key in ("wall_s", "cpu_s", "val_loss_full")}
+                for name in ("nanogpt", "attnlab")}
+
+    args = SimpleNamespace(concurrent=False, attnlab_flags="")
+    rows = [row(1337, 60.0, 18.0, 1.874), row(2, 60.0, 18.0, 1.863), row(3, 60.0, 18.0, 1.857)]
+    table = markdown_table(rows, mean(rows), "a machine", args)
+    assert "| 1337 | nanogpt | 0.5 -> 1.5 | 1.8980 | 60.0 (120.0) | 1.8740 | 18.0 (36.0) | 300 | 0.300 | 0.300 |" in table
+    assert "| mean | | | 1.8980 | 60.0 (120.0) | **1.8647** | 18.0 (36.0) | | **0.300** | 0.300 |" in table
+    assert ": met (worst seed 1.8740)" in table and "a machine" in table
+    # each condition of the goal on its own: the first seed's time, the first seed's loss, any seed above 1.90
+    for rows in ([row(1337, 60.0, 21.0, 1.874), *rows[1:]], [row(1337, 60.0, 18.0, 1.887), *rows[1:]],
+                 [*rows[:2], row(3, 60.0, 18.0, 1.901)]):
+        assert "NOT met" in markdown_table(rows, mean(rows), "a machine", args)
