@@ -70,10 +70,12 @@ def product_tolerance(d_in: int) -> dict:
     return dict(rtol=1e-5, atol=1e-5 * max(1.0, (d_in / 64) ** 0.5))
 
 
-@pytest.fixture(scope="module")
-def portable_library(tmp_path_factory):
-    """decode.c built without -march=native: the portable loops that replace the AVX-512 forms elsewhere."""
-    path = kernels.build(flag_sets=(kernels.FLAG_SETS[1],))
+@pytest.fixture(scope="module", params=["portable", "avx2"])
+def portable_library(request):
+    """decode.c built without -march=native: the portable loops that replace the AVX-512 forms elsewhere, and the
+    AVX2 forms (an AVX2-only CPU's build, which an AVX-512 CPU runs too)."""
+    flags = kernels.FLAG_SETS[1] + (["-mavx2", "-mfma"] if request.param == "avx2" else [])
+    path = kernels.build(flag_sets=(flags,))
     assert path is not None
     return kernels.load(path)
 

@@ -113,21 +113,13 @@ void attnlab_linear_f32(const float *x, const float *w, const float *b, float *y
 }
 
 /* sum_i x[i] q[i] for int8 q, widened to float in registers. The portable loop below vectorises, but
- * gcc widens int8 -> float through several shuffles; with AVX-512 or AVX2 one sign-extending load per
- * 16 (8) weights and four independent sums run ~1.5x faster (measured: benchmarks/README.md). */
+ * gcc widens int8 -> float through several shuffles; with AVX2 one sign-extending load per 8 weights and four
+ * independent sums run ~1.5x faster (measured: benchmarks/README.md). With AVX-512 attnlab_linear_i8 below does
+ * not call this at all. */
 static inline float dot_i8(const float *x, const int8_t *q, int64_t n) {
   int64_t i = 0;
   float s = 0;
-#if defined(__AVX512F__)
-  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
-  for (; i + 64 <= n; i += 64) {
-    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + i)))), a0);
-    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + i + 16)))), a1);
-    a2 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 32), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + i + 32)))), a2);
-    a3 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 48), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + i + 48)))), a3);
-  }
-  s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-#elif defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__)
   __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
   for (; i + 32 <= n; i += 32) {
     a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i)))), a0);
