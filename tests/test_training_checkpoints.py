@@ -134,6 +134,18 @@ def test_loading_a_damaged_checkpoint_folder_names_the_file(tmp_path, capsys, da
     assert code == 2 and str(weights) in one_line_error(err)
 
 
+def test_loading_a_run_hashes_each_checkpoint_file_once(tmp_path, monkeypatch):
+    """Choosing the newest complete checkpoint verifies it; loading it then does not hash the same bytes again."""
+    from attnlab.formats import native
+
+    train(tiny_config(tmp_path, max_iters=3), progress=False)
+    hashed = []
+    monkeypatch.setattr(native, "file_digest", lambda file: hashed.append(Path(file).name) or file_digest(file))
+    monkeypatch.setattr(native, "_verified", {})
+    attnlab.load(tmp_path / "run")
+    assert hashed and sorted(hashed) == sorted(set(hashed))
+
+
 def _steps_logged(run: Path) -> list[int]:
     return [json.loads(line)["iter"] for line in (run / "metrics.jsonl").read_text().splitlines()]
 

@@ -125,9 +125,21 @@ def write_manifest(path: str | Path, extra: dict | None = None) -> None:
                                                    "files": files}, indent=1) + "\n")
 
 
+# Folders whose manifest verified in this process, with the (size, mtime, inode) of every file it lists then:
+# loading a run folder verifies its newest checkpoint to choose it and then loads it, and the second check of
+# unchanged files would hash every byte again. Any write to a listed file changes its mtime, so it is hashed anew.
+_verified: dict[Path, tuple] = {}
+
+
+def _stamp(path: Path, names) -> tuple:
+    stats = [(path / name).stat() for name in names]
+    return tuple((name, st.st_size, st.st_mtime_ns, st.st_ino) for name, st in zip(names, stats))
+
+
 def verify_manifest(path: str | Path) -> dict | None:
     """Check every file manifest.json lists (size, then SHA-256); None when there is no manifest. A file
-    that is missing, of another size or another digest is a UserError naming it."""
+    that is missing, of another size or another digest is a UserError naming it. Files unchanged since they
+    last verified in this process are not hashed again."""
     path = Path(path)
     file = path / MANIFEST
     if not file.is_file():
@@ -145,8 +157,14 @@ def verify_manifest(path: str | Path) -> dict | None:
         actual = target.stat().st_size
         if actual != size:
             raise UserError(f"{target}: {actual} bytes, but {file} says {size}; the file is truncated or damaged")
+    stamp = _stamp(path, [MANIFEST, *listed])
+    if _verified.get(path.resolve()) == stamp:
+        return manifest
+    for name, (size, sha256) in listed.items():
+        target = path / name
         if file_digest(target)["sha256"] != sha256:
             raise UserError(f"{target}: its SHA-256 differs from {file}'s; the file is damaged (a flipped bit)")
+    _verified[path.resolve()] = stamp
     return manifest
 
 
