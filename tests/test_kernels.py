@@ -91,6 +91,12 @@ def test_the_portable_products_equal_f_linear(seed, portable_library, monkeypatc
         torch.testing.assert_close(kernels.linear(x, q.weight, q.bias, q.scale), F.linear(x, q.dequantized(), b), **tol)
 
 
+def test_a_wrong_input_width_is_torchs_shape_error_not_an_assertion():
+    for layer in (Linear(24, 10), Int8Linear.from_float(torch.randn(10, 24), None)):
+        with torch.no_grad(), pytest.raises(RuntimeError, match="cannot be multiplied"):
+            layer(torch.randn(2, 23))
+
+
 def test_linear_modules_take_the_kernel_on_few_rows_and_agree_with_f_linear(seed, monkeypatch):
     calls = []
     monkeypatch.setattr(kernels, "linear", lambda *a, **k: calls.append(1) or kernels_linear(*a, **k))

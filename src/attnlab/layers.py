@@ -40,6 +40,11 @@ def few_rows(x: torch.Tensor) -> bool:
     return x.shape[:-1].numel() <= MATVEC_MAX_ROWS
 
 
+def kernel_rows(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Few rows of the width the weight takes: a wrong width goes on to F.linear, whose error names both shapes."""
+    return few_rows(x) and x.shape[-1] == weight.shape[-1]
+
+
 class Linear(nn.Linear):
     """nn.Linear (y = x Wᵀ + b), with two fast paths for a few rows (decoding a batch of up to MATVEC_MAX_ROWS
     sequences), whose weights come from main memory at every token: eager, float32 on a CPU, the C kernel of
@@ -54,7 +59,7 @@ class Linear(nn.Linear):
         if torch.compiler.is_compiling():
             weight = self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype)
             return matvec(x, weight, self.bias) if few_rows(x) else F.linear(x, weight, self.bias)
-        if x.dtype == self.weight.dtype == torch.float32 and few_rows(x) and kernels.usable(x, self.weight):
+        if x.dtype == self.weight.dtype == torch.float32 and kernel_rows(x, self.weight) and kernels.usable(x, self.weight):
             return kernels.linear(x, self.weight, self.bias)
         weight = self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype)
         return F.linear(x, weight, self.bias)
@@ -94,7 +99,7 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
             y = matvec(x, self.weight.to(x.dtype)) if few_rows(x) else F.linear(x, self.weight.to(x.dtype))
-        elif x.dtype == torch.float32 and few_rows(x) and kernels.usable(x, self.weight):
+        elif x.dtype == torch.float32 and kernel_rows(x, self.weight) and kernels.usable(x, self.weight):
             return kernels.linear(x, self.weight, self.bias, self.scale)
         else:
             y = F.linear(x, self.weight.to(x.dtype))
