@@ -39,6 +39,9 @@ def test_attribution_terms_sum_to_the_logit_difference(model_dir):
     assert result.total() == pytest.approx(result.logit, rel=1e-4, abs=1e-5)
     assert result.heads.shape == (2, 2) and result.mlps.shape == (2,)
     assert [name for name, _ in result.ranked()][:1] and set(result.others) == {"embed", "pos_embed", "bias"}
+    by_id = direct_logit_attribution(model, "abc abc ab", c, d)  # token ids: the same numbers, the same labels
+    assert by_id.logit == result.logit and torch.equal(by_id.heads, result.heads)
+    assert (by_id.answer, by_id.wrong) == ("c", "d")
 
 
 def test_attribute_command(model_dir, tmp_path, capsys):

@@ -480,9 +480,8 @@ class Explorer:
         self.encode(entry, text)  # the text's limits, checked as every view checks them
         if not 0 <= token < entry.model.config.d_vocab:
             raise UserError(f"token id {token} is out of range: model {name!r} has {entry.model.config.d_vocab} tokens")
-        answer = entry.model.tokenizer.decode([token])
         with entry.lock, torch.no_grad(), entry.model.hooks(entry.hooks):
-            result = direct_logit_attribution(entry.model, text, answer)
+            result = direct_logit_attribution(entry.model, text, token)  # the id itself: no decode-encode round trip
         return {"token": token, **result.to_dict()}
 
     def knockout(self, name: str, text: str, variant: Variant) -> dict[str, Any]:

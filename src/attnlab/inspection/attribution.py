@@ -78,13 +78,15 @@ class Attribution:
         save_figure(fig, path)
 
 
-def direct_logit_attribution(model, prompt: str, answer: str, wrong: str | None = None) -> Attribution:
+def direct_logit_attribution(model, prompt: str, answer: str | int, wrong: str | int | None = None) -> Attribution:
     """Each head's, each MLP's and the embeddings' direct contribution to the answer's logit (minus wrong's)
-    at the prompt's last position."""
+    at the prompt's last position. An answer is a one-token text or a token id (which need not decode to text
+    that encodes back to it: part of a UTF-8 character, a special token)."""
     if not model.config.causal:
         raise UserError("direct logit attribution needs a causal language model (this one is an encoder)")
-    answer_id = check_one_token(model, answer)
-    wrong_id = check_one_token(model, wrong, what="the wrong answer") if wrong is not None else None
+    answer_id = answer if isinstance(answer, int) else check_one_token(model, answer)
+    wrong_id = wrong if isinstance(wrong, int) or wrong is None else check_one_token(model, wrong, what="the wrong answer")
+    answer, wrong = (model.tokenizer.decode([t]) if isinstance(t, int) else t for t in (answer, wrong))
     ids = model.to_tokens(prompt)
     with torch.no_grad():
         logits, cache = model.run_with_cache(ids)
