@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import attnlab
-from attnlab import kernels
+from attnlab import generation, kernels
 from attnlab.attention import scaled_dot_product_attention
 from attnlab.config import ModelConfig
 from attnlab.errors import UserError
@@ -89,6 +89,23 @@ def test_the_portable_products_equal_f_linear(seed, portable_library, monkeypatc
         torch.testing.assert_close(kernels.linear(x, w, b), F.linear(x, w, b), **tol)
         q = Int8Linear.from_float(w, b)
         torch.testing.assert_close(kernels.linear(x, q.weight, q.bias, q.scale), F.linear(x, q.dequantized(), b), **tol)
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_the_portable_step_program_gives_the_module_paths_logits(seed, portable_library, monkeypatch, int8):
+    model = build(CONFIGS["llama-gqa"])
+    if int8:
+        quantize(model, "int8")
+    B, T = 2, 9
+    ids = torch.randint(0, BASE["d_vocab"], (B, T))
+    full = model(ids)
+    monkeypatch.setattr(kernels, "library", lambda: portable_library)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    cache = KVCache.for_model(model, B, 16)
+    model(ids[:, :3], kv_cache=cache, start_pos=0)
+    step = KernelDecoder(model, cache)
+    for t in range(3, T):
+        torch.testing.assert_close(step(ids[:, t : t + 1], t, torch.full((B, 1), t)), full[:, t], rtol=1e-4, atol=1e-4)
 
 
 def test_a_wrong_input_width_is_torchs_shape_error_not_an_assertion():
@@ -183,8 +200,10 @@ def test_attend_kernel_writes_the_cache_and_equals_the_chapters_equation(seed, h
     torch.testing.assert_close(out, expected.squeeze(2), **F32)
 
 
+@pytest.mark.parametrize("threads", [1, 2])  # two: the step program's threads share every product and wait
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_kernel_decode_step_gives_the_module_paths_logits(seed, name):
+def test_kernel_decode_step_gives_the_module_paths_logits(seed, name, threads, monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
     model = build(CONFIGS[name])
     assert KernelDecoder.unsupported(model) is None
     B, T, max_len = 2, 12, 20
@@ -214,6 +233,22 @@ def test_default_generation_takes_the_kernels_and_picks_the_module_paths_tokens(
 
 
 kernel_call = KernelDecoder.__call__
+
+
+@pytest.mark.parametrize("name", ["gpt2", "pythia-parallel-llama3-rope"])
+def test_a_short_prompt_goes_through_the_decode_step_and_picks_the_module_paths_tokens(name, monkeypatch):
+    model = build(CONFIGS[name])
+    ids, mask = torch.tensor([[0, 7, 2], [5, 3, 8], [0, 0, 4]]), torch.tensor([[0, 1, 1], [1, 1, 1], [0, 0, 1]])
+    assert ids.shape[1] <= generation.PREFILL_IN_STEPS
+    reference = generate(model, ids, 10, temperature=0, attention_mask=mask, use_kernels=False)
+    one = torch.tensor([[6]])
+    reference_one = generate(model, one, 10, temperature=0, use_kernels=False)
+    steps = []
+    monkeypatch.setattr(KernelDecoder, "__call__", lambda self, *a: steps.append(1) or kernel_call(self, *a))
+    monkeypatch.setattr(generation, "prefill", None)  # the module path's prefill is not called
+    assert torch.equal(generate(model, ids, 10, temperature=0, attention_mask=mask), reference)
+    assert len(steps) == 3 + 9  # the prompt's three tokens, then every new token but the last
+    assert torch.equal(generate(model, one, 10, temperature=0), reference_one)
 
 
 def test_hooked_post_norm_and_narrow_models_take_the_module_path():

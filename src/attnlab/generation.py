@@ -3,7 +3,8 @@
 Design choices (after gpt-fast):
 - `KVCache` is static: one preallocated buffer per layer for keys and values, written in place, so a
   decode step allocates nothing that grows with the sequence.
-- `prefill` runs the whole prompt once and fills the cache; `decode_one_token` feeds back a single token.
+- `prefill` runs the whole prompt once and fills the cache; `decode_one_token` feeds back a single token. A
+  prompt of up to PREFILL_IN_STEPS tokens goes through the kernel decode step instead, a token at a time.
 - The compiled decode step has the same shapes at every step, so `torch.compile` traces it once: its cache slot is
   a tensor (not a Python int the graph would specialise on), it attends to the *whole* buffer, and a
   boolean key mask (B, max_len) hides the slots not yet written and the left padding. A single query may
@@ -34,10 +35,15 @@ from collections.abc import Callable
 import torch
 
 from . import kernels
+from .kernels import independent
 from .errors import UserError
 
 CACHE_ROUND = 64  # cache lengths are rounded up to this, so nearby lengths share a compiled decode step
 EOS_CHECK_EVERY = 16  # tokens between reads of the "every row has ended" flag
+# prompts of up to this many tokens go through KernelDecoder one token at a time: the module path's prefill costs
+# 3-10 decode steps at any length (its ~100 PyTorch calls per layer), so below ~4 tokens steps are quicker
+# (measured on the 6 x 384 and 135M shapes, float32 and int8: benchmarks/README.md, issue 14)
+PREFILL_IN_STEPS = 4
 
 
 class KVCache:
@@ -209,14 +215,17 @@ class KernelDecoder:
         self.h_mlp = new(B, cfg.d_model) if cfg.parallel_residual else h  # a parallel MLP reads ln2(resid_pre)
         for layer, block in enumerate(model.blocks):
             attn = block.attn
-            steps.append(kernels.norm_call(block.ln1, x, h))
-            if block.parallel:
+            if block.parallel:  # both norms read the residual stream: neither waits for the other
+                steps.append(independent(kernels.norm_call(block.ln1, x, h)))
                 steps.append(kernels.norm_call(block.ln2, x, self.h_mlp))
-            steps += [product(attn.W_Q, h, q), product(attn.W_K, h, k), product(attn.W_V, h, v)]
+            else:
+                steps.append(kernels.norm_call(block.ln1, x, h))
+            steps += [independent(product(attn.W_Q, h, q)), independent(product(attn.W_K, h, k)),
+                      product(attn.W_V, h, v)]
             if attn.q_norm is not None:  # in place: each head's q and k over its d_head
-                steps += [kernels.norm_call(attn.q_norm, q, q), kernels.norm_call(attn.k_norm, k, k)]
+                steps += [independent(kernels.norm_call(attn.q_norm, q, q)), kernels.norm_call(attn.k_norm, k, k)]
             if model.rotary is not None:
-                steps += [kernels.rope_call(q, self.cos, self.sin, self.position),
+                steps += [independent(kernels.rope_call(q, self.cos, self.sin, self.position)),
                           kernels.rope_call(k, self.cos, self.sin, self.position)]
             steps.append(kernels.attend_call(q, k, v, cache.k[layer], cache.v[layer], self.slot, cfg.scale, key_mask,
                                              self.scores, z))
@@ -227,6 +236,7 @@ class KernelDecoder:
                     steps.append(kernels.norm_call(block.ln2, x, h_mlp))
                 steps.append(product(mlp.W_in, h_mlp, self.pre))
                 if mlp.gated:
+                    steps[-1] = independent(steps[-1])  # W_in and W_gate both read h_mlp
                     steps += [product(mlp.W_gate, h_mlp, self.gate),
                               kernels.prepare("attnlab_silu_mul", self.gate, self.pre, self.pre.numel())]
                     post = self.gate
@@ -239,6 +249,7 @@ class KernelDecoder:
             steps.append(kernels.norm_call(model.ln_final, x, h))
         steps.append(product(model.unembed, h if model.ln_final is not None else x, self.logits))
         self.steps = steps
+        self.run = kernels.program(steps)  # consecutive kernel calls: one C call, one parallel region
 
     @staticmethod
     def linears_in_step_order(model) -> list:
@@ -300,8 +311,8 @@ class KernelDecoder:
         if not self.embed_in_c:
             self.x.copy_(self.model.embed_tokens(token, positions, None).view(self.x.shape))
         self.slot.fill_(slot)
-        for step in self.steps:
-            step()
+        for run in self.run:
+            run()
         return self.logits
 
 
@@ -360,7 +371,11 @@ def generate(model, ids: torch.Tensor, max_new_tokens: int, temperature: float =
     if not compile and use_kernels and KernelDecoder.unsupported(model) is None:
         fast = KernelDecoder(model, cache, key_mask if attention_mask is not None else None)
     try:
-        logits = prefill(model, ids, cache, positions, attention_mask)
+        if fast is not None and T <= PREFILL_IN_STEPS:  # a short prompt: through the decode step, token by token
+            for t in range(T):
+                logits = fast(ids[:, t : t + 1], t, positions[:, t : t + 1])
+        else:
+            logits = prefill(model, ids, cache, positions, attention_mask)
         slot = torch.tensor([T], device=device)  # the cache slot the next token is written to
         position = positions[:, -1:] + 1  # [batch, 1]
         done = torch.zeros(B, 1, dtype=torch.bool, device=device)

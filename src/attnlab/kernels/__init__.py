@@ -51,7 +51,16 @@ SIGNATURES = {
     "attnlab_layer_norm": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _float],
     "attnlab_activate": [_ptr, _i64, _int],
     "attnlab_silu_mul": [_ptr, _ptr, _i64],
+    "attnlab_run": [_ptr, _i64, _int],
 }
+# the kernels a step program (attnlab_run) can hold, in the order of decode.c's op kinds
+PROGRAM_KERNELS = ("attnlab_linear_f32", "attnlab_linear_i8", "attnlab_rope", "attnlab_embed", "attnlab_attend",
+                   "attnlab_rms_norm", "attnlab_layer_norm", "attnlab_activate", "attnlab_silu_mul")
+
+
+class Op(ctypes.Structure):
+    """decode.c's attnlab_op: one kernel call of a step program."""
+    _fields_ = [("kind", ctypes.c_int64), ("wait", ctypes.c_int64), ("a", ctypes.c_int64 * 17), ("f", ctypes.c_double)]
 ACTIVATIONS = {"gelu": 0, "gelu_tanh": 1, "relu": 2}  # attnlab_activate's kinds
 
 
@@ -138,11 +147,67 @@ def usable(*tensors: torch.Tensor) -> bool:
     return library() is not None
 
 
-def prepare(name: str, *args) -> Callable[[], None]:
-    """The kernel `name` with its arguments bound: tensors by address, None as NULL. Calling it runs the kernel;
-    a decode step is a list of these, prepared once (the tensors must outlive it and never move)."""
-    values = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
-    return functools.partial(getattr(library(), name), *values)
+class Call:
+    """The kernel `name` with its arguments bound: tensors by address, None as NULL (the tensors must outlive it
+    and never move). Calling it runs the kernel; a decode step is a list of these, prepared once, and `program`
+    runs such a list as one. `wait` False: the next call neither reads what this one writes nor writes what it
+    reads, so in a program the threads go on to it without waiting for each other."""
+
+    def __init__(self, name: str, *args) -> None:
+        self.name = name
+        self.values = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
+        self.wait = True
+        self._run = functools.partial(getattr(library(), name), *self.values)
+
+    def __call__(self) -> None:
+        self._run()
+
+    def op(self) -> Op:
+        """This call as one op of a step program: its arguments in order, the float one in `f`."""
+        op = Op(kind=PROGRAM_KERNELS.index(self.name), wait=int(self.wait))
+        for i, (value, kind) in enumerate(zip(self.values, SIGNATURES[self.name])):
+            if kind is _float:
+                op.f = value
+            else:
+                op.a[i] = int(value or 0)
+        return op
+
+
+prepare = Call
+
+
+def independent(call: Call) -> Call:
+    """`call`, marked as not needing the threads to wait for each other before the next call (see Call)."""
+    call.wait = False
+    return call
+
+
+class Program:
+    """Calls run as one: a single C call that opens one OpenMP parallel region for all of them (decode.c,
+    attnlab_run), instead of one Python call and one region each."""
+
+    def __init__(self, calls: list[Call], threads: int) -> None:
+        self.ops = (Op * len(calls))(*(call.op() for call in calls))
+        self._run = functools.partial(library().attnlab_run, self.ops, len(calls), threads)
+
+    def __call__(self) -> None:
+        self._run()
+
+
+def program(steps: list[Callable[[], object]]) -> list[Callable[[], object]]:
+    """`steps` with each run of consecutive kernel calls made one Program; other steps (PyTorch calls) stay
+    between them, run in order."""
+    out, run = [], []
+    for step in [*steps, None]:
+        if isinstance(step, Call) and step.name in PROGRAM_KERNELS:
+            run.append(step)
+            continue
+        if run:  # (a program's end waits for every thread: what follows may read anything it wrote)
+            out.append(Program(run, torch.get_num_threads()))
+            run = []
+        if step is not None:
+            out.append(step)
+    return out
 
 
 def linear_call(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, scale: torch.Tensor | None,

@@ -14,6 +14,9 @@
  */
 #include <math.h>
 #include <stdint.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 #if defined(__AVX2__) || defined(__AVX512F__)
@@ -52,10 +55,10 @@ static inline __m128 sum4(__m512 a, __m512 b, __m512 c, __m512 d) {
 
 /* y[r, o] (=, or += when accumulate) sum_i x[r, i] w[o, i] + b[o], for r < rows, o < d_out. With AVX-512 the
  * four sums are reduced together (sum4), ~5 % faster than the compiler's four reductions on the 135M shape. */
-void attnlab_linear_f32(const float *x, const float *w, const float *b, float *y, int64_t rows, int64_t d_in,
-                        int64_t d_out, int accumulate, int threads) {
+static void linear_f32(const float *x, const float *w, const float *b, float *y, int64_t rows, int64_t d_in,
+                       int64_t d_out, int accumulate) {
   int64_t blocks = (d_out + ROWS_AT_ONCE - 1) / ROWS_AT_ONCE;
-#pragma omp parallel for num_threads(threads) schedule(static) if (d_in * d_out > 32768)
+#pragma omp for schedule(static) nowait
   for (int64_t blk = 0; blk < blocks; blk++) {
     int64_t o = blk * ROWS_AT_ONCE;
     if (o + ROWS_AT_ONCE <= d_out) {
@@ -112,6 +115,12 @@ void attnlab_linear_f32(const float *x, const float *w, const float *b, float *y
   }
 }
 
+void attnlab_linear_f32(const float *x, const float *w, const float *b, float *y, int64_t rows, int64_t d_in,
+                        int64_t d_out, int accumulate, int threads) {
+#pragma omp parallel num_threads(threads) if (d_in * d_out > 32768)
+  linear_f32(x, w, b, y, rows, d_in, d_out, accumulate);
+}
+
 /* sum_i x[i] q[i] for int8 q, widened to float in registers. The portable loop below vectorises, but
  * gcc widens int8 -> float through several shuffles; with AVX2 one sign-extending load per 8 weights and four
  * independent sums run ~1.5x faster (measured: benchmarks/README.md). With AVX-512 attnlab_linear_i8 below does
@@ -146,11 +155,11 @@ static inline float dot_i8(const float *x, const int8_t *q, int64_t n) {
  * bytes further on: widening int8 costs enough instructions that, without it, the core computed and then
  * waited for memory in turn (6.7 GB/s streamed, one thread, where it reads 14 GB/s and computes 17 from cache);
  * prefetched, the two overlap (12-14 GB/s streamed, 33 computed: benchmarks/README.md, issue 14). */
-void attnlab_linear_i8(const float *x, const int8_t *q, const float *scale, const float *b, float *y, int64_t rows,
-                       int64_t d_in, int64_t d_out, int accumulate, int threads) {
+static void linear_i8(const float *x, const int8_t *q, const float *scale, const float *b, float *y, int64_t rows,
+                      int64_t d_in, int64_t d_out, int accumulate) {
 #if AVX512
   int64_t blocks = (d_out + ROWS_AT_ONCE - 1) / ROWS_AT_ONCE;
-#pragma omp parallel for num_threads(threads) schedule(static) if (d_in * d_out > 65536)
+#pragma omp for schedule(static) nowait
   for (int64_t blk = 0; blk < blocks; blk++) {
     int64_t o = blk * ROWS_AT_ONCE, n = d_out - o < ROWS_AT_ONCE ? d_out - o : ROWS_AT_ONCE;
     /* a last block of fewer than four rows repeats its first row in the missing ones and stores only n sums */
@@ -184,13 +193,20 @@ void attnlab_linear_i8(const float *x, const int8_t *q, const float *scale, cons
     }
   }
 #else
-#pragma omp parallel for num_threads(threads) schedule(static) if (d_in * d_out > 65536)
+#pragma omp for schedule(static) nowait
   for (int64_t o = 0; o < d_out; o++)
     for (int64_t r = 0; r < rows; r++) {
       float v = dot_i8(x + r * d_in, q + o * d_in, d_in) * scale[o] + (b ? b[o] : 0.0f);
       y[r * d_out + o] = accumulate ? y[r * d_out + o] + v : v;
     }
 #endif
+}
+
+/* attnlab_linear_i8's loop on one thread or, when the product is large enough to pay for it, on `threads` */
+void attnlab_linear_i8(const float *x, const int8_t *q, const float *scale, const float *b, float *y, int64_t rows,
+                       int64_t d_in, int64_t d_out, int accumulate, int threads) {
+#pragma omp parallel num_threads(threads) if (d_in * d_out > 65536)
+  linear_i8(x, q, scale, b, y, rows, d_in, d_out, accumulate);
 }
 
 /* RoPE on a single position per row, in place (LLaMA's rotate-half pairing, attnlab.positions.apply_rope):
@@ -234,18 +250,19 @@ void attnlab_embed(const int64_t *ids, const float *table, const int64_t *positi
  * (key_mask NULL: all); the slot is read from *slot_at, so a prepared call serves every step. q, out [rows, heads, d_head]; k_new, v_new [rows, kv_heads, d_head]; k_cache, v_cache
  * [rows, kv_heads, max_len, d_head]; key_mask [rows, mask_stride] bytes; scores: room for rows * heads * max_len
  * floats. A row that may see no key gets zeros, as attnlab.attention does. */
-void attnlab_attend(const float *q, const float *k_new, const float *v_new, float *k_cache, float *v_cache,
-                    const uint8_t *key_mask, int64_t mask_stride, float *scores, float *out, int64_t rows,
-                    int64_t heads, int64_t kv_heads, int64_t d_head, int64_t max_len, const int64_t *slot_at,
-                    float scale, int threads) {
+static void attend(const float *q, const float *k_new, const float *v_new, float *k_cache, float *v_cache,
+                   const uint8_t *key_mask, int64_t mask_stride, float *scores, float *out, int64_t rows,
+                   int64_t heads, int64_t kv_heads, int64_t d_head, int64_t max_len, const int64_t *slot_at,
+                   float scale) {
   int64_t slot = *slot_at, group = heads / kv_heads, n = slot + 1;
+#pragma omp single /* one thread writes the new key and value; the others wait for them at its end */
   for (int64_t r = 0; r < rows; r++)
     for (int64_t g = 0; g < kv_heads; g++) {
       int64_t at = ((r * kv_heads + g) * max_len + slot) * d_head;
       memcpy(k_cache + at, k_new + (r * kv_heads + g) * d_head, d_head * sizeof(float));
       memcpy(v_cache + at, v_new + (r * kv_heads + g) * d_head, d_head * sizeof(float));
     }
-#pragma omp parallel for num_threads(threads) schedule(static) if (rows * heads * n * d_head > 65536)
+#pragma omp for schedule(static) nowait
   for (int64_t rh = 0; rh < rows * heads; rh++) {
     int64_t r = rh / heads, h = rh % heads;
     const float *qv = q + rh * d_head;
@@ -281,6 +298,15 @@ void attnlab_attend(const float *q, const float *k_new, const float *v_new, floa
       for (int64_t i = 0; i < d_head; i++) o[i] += w * vv[i];
     }
   }
+}
+
+void attnlab_attend(const float *q, const float *k_new, const float *v_new, float *k_cache, float *v_cache,
+                    const uint8_t *key_mask, int64_t mask_stride, float *scores, float *out, int64_t rows,
+                    int64_t heads, int64_t kv_heads, int64_t d_head, int64_t max_len, const int64_t *slot_at,
+                    float scale, int threads) {
+#pragma omp parallel num_threads(threads) if (rows * heads * (*slot_at + 1) * d_head > 65536)
+  attend(q, k_new, v_new, k_cache, v_cache, key_mask, mask_stride, scores, out, rows, heads, kv_heads, d_head,
+         max_len, slot_at, scale);
 }
 
 /* RMSNorm (Zhang & Sennrich 2019): out = x / sqrt(mean(x^2) + eps) * w, each of `rows` rows of d. */
@@ -329,4 +355,94 @@ void attnlab_activate(float *x, int64_t n, int kind) {
 /* SwiGLU's product (Shazeer 2020), in place: gate = silu(gate) * up = gate / (1 + exp(-gate)) * up, n values. */
 void attnlab_silu_mul(float *gate, const float *up, int64_t n) {
   for (int64_t i = 0; i < n; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
+
+/* A whole decode step in one parallel region.
+ *
+ * Called kernel by kernel, a step of the 135M shape opened ~210 OpenMP parallel regions (one per product) and made
+ * ~390 calls from Python: between products both threads went to sleep and woke again, and the step took 1.3-1.5x
+ * the time of its products alone (benchmarks/README.md, issue 14). Here the step is a program, an array of
+ * attnlab_op, and `attnlab_run` opens one region for all of it: every thread walks the program, takes its share
+ * of each product and attention (`omp for`), one thread takes each small serial kernel (`omp single`), and they
+ * wait for each other (`omp barrier`) only after an op whose output the next reads (`wait`). Threads stay hot for
+ * the whole step, as in llama.cpp's thread pool (ggml_graph_compute: one barrier per graph node).
+ *
+ * An op's `a` holds the kernel's arguments in the order of its attnlab_* function above (addresses and integers
+ * as 64-bit values; the float argument, where there is one, in `f`, its slot in `a` unused; the `threads`
+ * argument unused: the program's own count applies). Kinds in this order: attnlab.kernels.PROGRAM_KERNELS. */
+typedef struct {
+  int64_t kind, wait;
+  int64_t a[17];
+  double f;
+} attnlab_op;
+
+#define ARG(i, type) ((type)(intptr_t)op->a[i])
+
+/* [lo, hi): this thread's share of n elementwise values, in whole cache lines */
+static void share(int64_t n, int64_t *lo, int64_t *hi) {
+#ifdef _OPENMP
+  int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+  int64_t t = 0, nt = 1;
+#endif
+  int64_t chunk = ((n + nt - 1) / nt + 15) / 16 * 16;
+  *lo = t * chunk < n ? t * chunk : n;
+  *hi = *lo + chunk < n ? *lo + chunk : n;
+}
+
+static void run_op(const attnlab_op *op) {
+  int64_t lo, hi;
+  switch (op->kind) {
+  case 0:
+    linear_f32(ARG(0, const float *), ARG(1, const float *), ARG(2, const float *), ARG(3, float *), op->a[4],
+               op->a[5], op->a[6], (int)op->a[7]);
+    break;
+  case 1:
+    linear_i8(ARG(0, const float *), ARG(1, const int8_t *), ARG(2, const float *), ARG(3, const float *),
+              ARG(4, float *), op->a[5], op->a[6], op->a[7], (int)op->a[8]);
+    break;
+  case 2:
+#pragma omp single nowait
+    attnlab_rope(ARG(0, float *), ARG(1, const float *), ARG(2, const float *), ARG(3, const int64_t *), op->a[4],
+                 op->a[5], op->a[6], op->a[7]);
+    break;
+  case 3:
+#pragma omp single nowait
+    attnlab_embed(ARG(0, const int64_t *), ARG(1, const float *), ARG(2, const int64_t *), ARG(3, const float *),
+                  ARG(4, float *), op->a[5], op->a[6]);
+    break;
+  case 4:
+    attend(ARG(0, const float *), ARG(1, const float *), ARG(2, const float *), ARG(3, float *), ARG(4, float *),
+           ARG(5, const uint8_t *), op->a[6], ARG(7, float *), ARG(8, float *), op->a[9], op->a[10], op->a[11],
+           op->a[12], op->a[13], ARG(14, const int64_t *), (float)op->f);
+    break;
+  case 5:
+#pragma omp single nowait
+    attnlab_rms_norm(ARG(0, const float *), ARG(1, const float *), ARG(2, float *), op->a[3], op->a[4], (float)op->f);
+    break;
+  case 6:
+#pragma omp single nowait
+    attnlab_layer_norm(ARG(0, const float *), ARG(1, const float *), ARG(2, const float *), ARG(3, float *),
+                       op->a[4], op->a[5], (float)op->f);
+    break;
+  case 7:
+    share(op->a[1], &lo, &hi);
+    attnlab_activate(ARG(0, float *) + lo, hi - lo, (int)op->a[2]);
+    break;
+  case 8:
+    share(op->a[2], &lo, &hi);
+    attnlab_silu_mul(ARG(0, float *) + lo, ARG(1, const float *) + lo, hi - lo);
+    break;
+  }
+}
+
+void attnlab_run(const attnlab_op *ops, int64_t n, int threads) {
+#pragma omp parallel num_threads(threads)
+  for (int64_t i = 0; i < n; i++) {
+    run_op(ops + i);
+    if (ops[i].wait) {
+#pragma omp barrier
+    }
+  }
 }
