@@ -179,9 +179,10 @@ def test_norm_and_activation_kernels_equal_the_modules(seed):
     torch.testing.assert_close(gate, expected, **F32)
 
 
+@pytest.mark.parametrize("d_head", [8, 32, 80])  # 32, 80: AVX-512's weighted sum (64 values at a time, then 16)
 @pytest.mark.parametrize("heads, kv_heads", [(4, 4), (4, 2), (6, 1)])
-def test_attend_kernel_writes_the_cache_and_equals_the_chapters_equation(seed, heads, kv_heads):
-    B, D, max_len, slot = 3, 8, 16, 9
+def test_attend_kernel_writes_the_cache_and_equals_the_chapters_equation(seed, heads, kv_heads, d_head):
+    B, D, max_len, slot = 3, d_head, 16, 9
     k_cache, v_cache = torch.randn(B, kv_heads, max_len, D), torch.randn(B, kv_heads, max_len, D)
     q, k_new, v_new = torch.randn(B, heads, D), torch.randn(B, kv_heads, D), torch.randn(B, kv_heads, D)
     mask = torch.rand(B, max_len) < 0.7

@@ -53,8 +53,72 @@ static inline __m128 sum4(__m512 a, __m512 b, __m512 c, __m512 d) {
 #endif
 
 
-/* y[r, o] (=, or += when accumulate) sum_i x[r, i] w[o, i] + b[o], for r < rows, o < d_out. With AVX-512 the
- * four sums are reduced together (sum4), ~5 % faster than the compiler's four reductions on the 135M shape. */
+/* e^x to float32's precision (relative error ~1e-7 across float's normal range; x is first held to [-87.3, 88.3],
+ * so that e^x stays a normal float), written so that a loop of it vectorises: libm's expf is a call per value,
+ * which made the softmax and SwiGLU's SiLU most of those kernels' time. Cody and Waite's range reduction
+ * x = n ln 2 + r, |r| <= ln 2 / 2, Cephes' polynomial for e^r, and 2^n written into the exponent bits. */
+static inline float exp_(float x) {
+  x = x < -87.3f ? -87.3f : (x > 88.3f ? 88.3f : x);
+  float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* rounded to an integer: 1.5 2^23 */
+  float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  int32_t bits = ((int32_t)n + 127) << 23;
+  union { int32_t i; float f; } two_n = {.i = bits};
+  return p * two_n.f;
+}
+
+/* s[j] = sum_i x[i] w_j[i] for j < 4, over n values: one pass over x for four weight rows (four independent sums
+ * hide the add latency). With AVX-512 the four sums are reduced together (sum4), ~5 % faster than the compiler's
+ * four reductions on the 135M shape. */
+static inline void dot4(const float *x, const float *w0, const float *w1, const float *w2, const float *w3, int64_t n,
+                        float *s) {
+#if AVX512
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 xv = _mm512_loadu_ps(x + i);
+    a0 = _mm512_fmadd_ps(xv, _mm512_loadu_ps(w0 + i), a0);
+    a1 = _mm512_fmadd_ps(xv, _mm512_loadu_ps(w1 + i), a1);
+    a2 = _mm512_fmadd_ps(xv, _mm512_loadu_ps(w2 + i), a2);
+    a3 = _mm512_fmadd_ps(xv, _mm512_loadu_ps(w3 + i), a3);
+  }
+  if (i < n) {
+    __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+    __m512 xv = _mm512_maskz_loadu_ps(m, x + i);
+    a0 = _mm512_fmadd_ps(xv, _mm512_maskz_loadu_ps(m, w0 + i), a0);
+    a1 = _mm512_fmadd_ps(xv, _mm512_maskz_loadu_ps(m, w1 + i), a1);
+    a2 = _mm512_fmadd_ps(xv, _mm512_maskz_loadu_ps(m, w2 + i), a2);
+    a3 = _mm512_fmadd_ps(xv, _mm512_maskz_loadu_ps(m, w3 + i), a3);
+  }
+  _mm_storeu_ps(s, sum4(a0, a1, a2, a3));
+#else
+  float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+  for (int64_t i = 0; i < n; i++) {
+    s0 += x[i] * w0[i];
+    s1 += x[i] * w1[i];
+    s2 += x[i] * w2[i];
+    s3 += x[i] * w3[i];
+  }
+  s[0] = s0, s[1] = s1, s[2] = s2, s[3] = s3;
+#endif
+}
+
+static inline float dot(const float *x, const float *w, int64_t n) {
+  float s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; i++) s += x[i] * w[i];
+  return s;
+}
+
+/* y[r, o] (=, or += when accumulate) sum_i x[r, i] w[o, i] + b[o], for r < rows, o < d_out: four output features
+ * at a time (dot4). */
 static void linear_f32(const float *x, const float *w, const float *b, float *y, int64_t rows, int64_t d_in,
                        int64_t d_out, int accumulate) {
   int64_t blocks = (d_out + ROWS_AT_ONCE - 1) / ROWS_AT_ONCE;
@@ -64,38 +128,8 @@ static void linear_f32(const float *x, const float *w, const float *b, float *y,
     if (o + ROWS_AT_ONCE <= d_out) {
       const float *w0 = w + o * d_in, *w1 = w0 + d_in, *w2 = w1 + d_in, *w3 = w2 + d_in;
       for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * d_in;
-#if AVX512
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        int64_t i = 0;
-        for (; i + 16 <= d_in; i += 16) {
-          __m512 xv = _mm512_loadu_ps(xr + i);
-          a0 = _mm512_fmadd_ps(xv, _mm512_loadu_ps(w0 + i), a0);
-          a1 = _mm512_fmadd_ps(xv, _mm512_loadu_ps(w1 + i), a1);
-          a2 = _mm512_fmadd_ps(xv, _mm512_loadu_ps(w2 + i), a2);
-          a3 = _mm512_fmadd_ps(xv, _mm512_loadu_ps(w3 + i), a3);
-        }
-        if (i < d_in) {
-          __mmask16 m = (__mmask16)((1u << (d_in - i)) - 1);
-          __m512 xv = _mm512_maskz_loadu_ps(m, xr + i);
-          a0 = _mm512_fmadd_ps(xv, _mm512_maskz_loadu_ps(m, w0 + i), a0);
-          a1 = _mm512_fmadd_ps(xv, _mm512_maskz_loadu_ps(m, w1 + i), a1);
-          a2 = _mm512_fmadd_ps(xv, _mm512_maskz_loadu_ps(m, w2 + i), a2);
-          a3 = _mm512_fmadd_ps(xv, _mm512_maskz_loadu_ps(m, w3 + i), a3);
-        }
         float s[ROWS_AT_ONCE];
-        _mm_storeu_ps(s, sum4(a0, a1, a2, a3));
-#else
-        float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-#pragma omp simd reduction(+ : s0, s1, s2, s3)
-        for (int64_t i = 0; i < d_in; i++) {
-          s0 += xr[i] * w0[i];
-          s1 += xr[i] * w1[i];
-          s2 += xr[i] * w2[i];
-          s3 += xr[i] * w3[i];
-        }
-        float s[ROWS_AT_ONCE] = {s0, s1, s2, s3};
-#endif
+        dot4(x + r * d_in, w0, w1, w2, w3, d_in, s);
         for (int j = 0; j < ROWS_AT_ONCE; j++) {
           float v = s[j] + (b ? b[o + j] : 0.0f);
           y[r * d_out + o + j] = accumulate ? y[r * d_out + o + j] + v : v;
@@ -104,11 +138,7 @@ static void linear_f32(const float *x, const float *w, const float *b, float *y,
     } else {
       for (; o < d_out; o++)
         for (int64_t r = 0; r < rows; r++) {
-          const float *xr = x + r * d_in, *wo = w + o * d_in;
-          float s = 0;
-#pragma omp simd reduction(+ : s)
-          for (int64_t i = 0; i < d_in; i++) s += xr[i] * wo[i];
-          float v = s + (b ? b[o] : 0.0f);
+          float v = dot(x + r * d_in, w + o * d_in, d_in) + (b ? b[o] : 0.0f);
           y[r * d_out + o] = accumulate ? y[r * d_out + o] + v : v;
         }
     }
@@ -250,6 +280,42 @@ void attnlab_embed(const int64_t *ids, const float *table, const int64_t *positi
  * (key_mask NULL: all); the slot is read from *slot_at, so a prepared call serves every step. q, out [rows, heads, d_head]; k_new, v_new [rows, kv_heads, d_head]; k_cache, v_cache
  * [rows, kv_heads, max_len, d_head]; key_mask [rows, mask_stride] bytes; scores: room for rows * heads * max_len
  * floats. A row that may see no key gets zeros, as attnlab.attention does. */
+/* o[i] = inv sum_s p[s] v[s, i] for i < d, the values v [n, d] row-major: the attention's mix of values. The sums
+ * stay in registers across the keys, 64 values of o at a time (AVX-512, d a multiple of 16); adding into o in
+ * memory made each key's pass wait for the last one's stores, 40 % of the kernel's time on the 135M shape. */
+static inline void weighted_sum(const float *p, const float *v, int64_t n, int64_t d, float inv, float *o) {
+#if AVX512
+  if (d % 16 == 0) {
+    for (int64_t i0 = 0; i0 < d; i0 += 64) {
+      int64_t m = d - i0 < 64 ? (d - i0) / 16 : 4; /* vectors of 16 in this chunk */
+      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      const float *vv = v + i0;
+      for (int64_t s = 0; s < n; s++, vv += d) {
+        __m512 w = _mm512_set1_ps(p[s]);
+        a0 = _mm512_fmadd_ps(w, _mm512_loadu_ps(vv), a0);
+        if (m > 1) a1 = _mm512_fmadd_ps(w, _mm512_loadu_ps(vv + 16), a1);
+        if (m > 2) a2 = _mm512_fmadd_ps(w, _mm512_loadu_ps(vv + 32), a2);
+        if (m > 3) a3 = _mm512_fmadd_ps(w, _mm512_loadu_ps(vv + 48), a3);
+      }
+      __m512 scale = _mm512_set1_ps(inv);
+      _mm512_storeu_ps(o + i0, _mm512_mul_ps(a0, scale));
+      if (m > 1) _mm512_storeu_ps(o + i0 + 16, _mm512_mul_ps(a1, scale));
+      if (m > 2) _mm512_storeu_ps(o + i0 + 32, _mm512_mul_ps(a2, scale));
+      if (m > 3) _mm512_storeu_ps(o + i0 + 48, _mm512_mul_ps(a3, scale));
+    }
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < d; i++) o[i] = 0.0f;
+  for (int64_t s = 0; s < n; s++) {
+    const float *vv = v + s * d;
+#pragma omp simd
+    for (int64_t i = 0; i < d; i++) o[i] += p[s] * vv[i];
+  }
+#pragma omp simd
+  for (int64_t i = 0; i < d; i++) o[i] *= inv;
+}
+
 static void attend(const float *q, const float *k_new, const float *v_new, float *k_cache, float *v_cache,
                    const uint8_t *key_mask, int64_t mask_stride, float *scores, float *out, int64_t rows,
                    int64_t heads, int64_t kv_heads, int64_t d_head, int64_t max_len, const int64_t *slot_at,
@@ -270,33 +336,30 @@ static void attend(const float *q, const float *k_new, const float *v_new, float
     const float *vb = v_cache + (r * kv_heads + h / group) * max_len * d_head;
     const uint8_t *mask = key_mask ? key_mask + r * mask_stride : NULL;
     float *p = scores + rh * max_len, *o = out + rh * d_head;
-    float top = -INFINITY;
-    for (int64_t s = 0; s < n; s++) {
-      if (mask && !mask[s]) {
-        p[s] = -INFINITY;
-        continue;
-      }
-      const float *kv = kb + s * d_head;
-      float dot = 0;
-#pragma omp simd reduction(+ : dot)
-      for (int64_t i = 0; i < d_head; i++) dot += qv[i] * kv[i];
-      p[s] = dot * scale;
-      top = p[s] > top ? p[s] : top;
+    int64_t s = 0; /* q·k for every key, four keys at a time (masked ones too: they are set to -inf below) */
+    for (; s + 4 <= n; s += 4) {
+      const float *k0 = kb + s * d_head;
+      dot4(qv, k0, k0 + d_head, k0 + 2 * d_head, k0 + 3 * d_head, d_head, p + s);
     }
-    for (int64_t i = 0; i < d_head; i++) o[i] = 0.0f;
-    if (top == -INFINITY) continue; /* no visible key */
+    for (; s < n; s++) p[s] = dot(qv, kb + s * d_head, d_head);
+    float top = -INFINITY;
+#pragma omp simd
+    for (s = 0; s < n; s++) p[s] *= scale;
+    if (mask)
+      for (s = 0; s < n; s++) p[s] = mask[s] ? p[s] : -INFINITY;
+#pragma omp simd reduction(max : top)
+    for (s = 0; s < n; s++) top = p[s] > top ? p[s] : top;
+    if (top == -INFINITY) { /* no visible key */
+      for (int64_t i = 0; i < d_head; i++) o[i] = 0.0f;
+      continue;
+    }
     float total = 0;
-    for (int64_t s = 0; s < n; s++) {
-      p[s] = p[s] == -INFINITY ? 0.0f : expf(p[s] - top);
+#pragma omp simd reduction(+ : total)
+    for (s = 0; s < n; s++) {
+      p[s] = p[s] == -INFINITY ? 0.0f : exp_(p[s] - top);
       total += p[s];
     }
-    for (int64_t s = 0; s < n; s++) {
-      if (p[s] == 0.0f) continue;
-      float w = p[s] / total;
-      const float *vv = vb + s * d_head;
-#pragma omp simd
-      for (int64_t i = 0; i < d_head; i++) o[i] += w * vv[i];
-    }
+    weighted_sum(p, vb, n, d_head, 1.0f / total, o);
   }
 }
 
@@ -354,7 +417,8 @@ void attnlab_activate(float *x, int64_t n, int kind) {
 
 /* SwiGLU's product (Shazeer 2020), in place: gate = silu(gate) * up = gate / (1 + exp(-gate)) * up, n values. */
 void attnlab_silu_mul(float *gate, const float *up, int64_t n) {
-  for (int64_t i = 0; i < n; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+#pragma omp simd
+  for (int64_t i = 0; i < n; i++) gate[i] = gate[i] / (1.0f + exp_(-gate[i])) * up[i];
 }
 
 
