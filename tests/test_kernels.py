@@ -8,6 +8,7 @@ float model's spread (per-row int8 steps of max|w| / 127 on N(0, 0.3) weights: t
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -216,6 +217,20 @@ def test_kernel_decode_step_gives_the_module_paths_logits(seed, name, threads, m
     for t in range(4, T):
         logits = step(ids[:, t : t + 1], t, torch.full((B, 1), t))
         torch.testing.assert_close(logits, full[:, t], rtol=1e-4, atol=1e-4)
+
+
+def test_a_decode_step_keeps_the_buffers_it_was_prepared_with_alive(seed):
+    """The C calls hold addresses: the prepared step must keep its cache alive when the caller drops it."""
+    model = build(CONFIGS["llama-gqa"])
+    ids = torch.randint(0, BASE["d_vocab"], (1, 6))
+    full = model(ids)
+    step = KernelDecoder(model, KVCache.for_model(model, 1, 8))  # nobody else holds this cache
+    gc.collect()
+    litter = [torch.full((4096,), float("nan")) for _ in range(200)]  # would reuse a freed cache's memory
+    for t in range(6):
+        logits = step(ids[:, t : t + 1], t, torch.tensor([[t]]))
+    torch.testing.assert_close(logits, full[:, -1], rtol=1e-4, atol=1e-4)
+    del litter
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))

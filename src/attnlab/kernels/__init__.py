@@ -148,14 +148,15 @@ def usable(*tensors: torch.Tensor) -> bool:
 
 
 class Call:
-    """The kernel `name` with its arguments bound: tensors by address, None as NULL (the tensors must outlive it
-    and never move). Calling it runs the kernel; a decode step is a list of these, prepared once, and `program`
+    """The kernel `name` with its arguments bound: tensors by address (and kept alive by it: they must never move),
+    None as NULL. Calling it runs the kernel; a decode step is a list of these, prepared once, and `program`
     runs such a list as one. `wait` False: the next call neither reads what this one writes nor writes what it
     reads, so in a program the threads go on to it without waiting for each other."""
 
     def __init__(self, name: str, *args) -> None:
         self.name = name
         self.values = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
+        self.tensors = [a for a in args if isinstance(a, torch.Tensor)]  # the memory the C code reads and writes
         self.wait = True
         self._run = functools.partial(getattr(library(), name), *self.values)
 
@@ -187,6 +188,7 @@ class Program:
     attnlab_run), instead of one Python call and one region each."""
 
     def __init__(self, calls: list[Call], threads: int) -> None:
+        self.calls = calls  # which keep their tensors alive
         self.ops = (Op * len(calls))(*(call.op() for call in calls))
         self._run = functools.partial(library().attnlab_run, self.ops, len(calls), threads)
 
