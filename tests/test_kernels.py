@@ -265,6 +265,8 @@ def test_a_short_prompt_goes_through_the_decode_step_and_picks_the_module_paths_
     assert torch.equal(generate(model, ids, 10, temperature=0, attention_mask=mask), reference)
     assert len(steps) == 3 + 9  # the prompt's three tokens, then every new token but the last
     assert torch.equal(generate(model, one, 10, temperature=0), reference_one)
+    with pytest.raises(UserError, match="outside the vocabulary"):  # checked before the C lookup reads the table
+        generate(model, torch.tensor([[BASE["d_vocab"]]]), 3)
 
 
 def test_hooked_post_norm_and_narrow_models_take_the_module_path():

@@ -12,8 +12,9 @@ Design choices (after gpt-fast):
   T < S). Only the decode step is compiled: prefill runs once per call, compiling it would not pay.
 - The default decode step (`KernelDecoder`, no compilation) walks the model's weights itself and calls
   attnlab.kernels' C loops for the products and the attention: no graph to build, so no set-up per process,
-  and about 20 calls per layer instead of the ~100 PyTorch operations of the module path, whose per-call
-  overhead was most of a step on a small model. A hooked model, a post-norm one, another dtype or device, or a
+  and the whole step is one C call (one OpenMP parallel region, its threads hot from the first product to the
+  last) instead of the ~100 PyTorch operations per layer of the module path, whose per-call overhead was most of
+  a step on a small model. A hooked model, a post-norm one, another dtype or device, or a
   machine without a C compiler takes the module path, which computes the same equation.
 - The buffer length is rounded up to a multiple of 64 so that nearby lengths share one compiled graph.
 - Sampling never reads a tensor on the host: greedy is an argmax; otherwise the token is the argmax of
@@ -177,7 +178,9 @@ class KernelDecoder:
     and attended to; the output product added to the residual in place; norm; MLP; and at the end the final norm
     and the LM head. A step then copies its tokens, positions and cache slot into the buffers the calls read
     and runs the list, which begins with the embedding lookup (PyTorch's embed_tokens for sinusoids, token types or an
-    embedding norm) and reads RoPE's angles from a table made once: ~12 C calls per block, three PyTorch copies. The cache must be
+    embedding norm) and reads RoPE's angles from a table made once: ~12 kernels per block, run as one program
+    (kernels.program: one C call for the step, the threads waiting for each other only where a kernel reads what
+    the last one wrote; calls marked `independent` do not), and three PyTorch copies. The cache must be
     position-major (`KVCache(values_position_minor=False)`), and `key_mask` the tensor every step marks.
     Returns a buffer that the next call overwrites. Batches of more than kernels.MAX_ROWS rows with float32
     weights multiply through BLAS (torch.addmm into the same buffers).
@@ -279,9 +282,9 @@ class KernelDecoder:
             return "soft-capped logits take the module path"
         if model.config.sliding_window is not None:
             return "a sliding attention window takes the module path (the attention kernel sees every earlier key)"
-        if any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()):
-            return "a hook is attached: the module path runs it"
-        for m in model.modules():
+        for m in model.modules():  # one walk (2,004 modules on the 135M shape)
+            if m._forward_hooks or m._forward_pre_hooks:
+                return "a hook is attached: the module path runs it"
             if isinstance(m, Linear) and m.weight.dtype != torch.float32:
                 return "Linear weights stored as another dtype take the module path"
             if not isinstance(m, (Linear, Int8Linear)) and isinstance(m, torch.nn.Linear):
@@ -372,6 +375,7 @@ def generate(model, ids: torch.Tensor, max_new_tokens: int, temperature: float =
         fast = KernelDecoder(model, cache, key_mask if attention_mask is not None else None)
     try:
         if fast is not None and T <= PREFILL_IN_STEPS:  # a short prompt: through the decode step, token by token
+            model._check_values(ids, positions)  # as the module path's prefill does: the C lookup trusts the ids
             for t in range(T):
                 logits = fast(ids[:, t : t + 1], t, positions[:, t : t + 1])
         else:
