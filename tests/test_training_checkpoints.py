@@ -81,6 +81,29 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one_saying_so(tm
     checkpoint_module.find_checkpoint(tmp_path / "run", required=True)  # all damage is gone: rewritten
 
 
+@pytest.mark.parametrize("damage", ["flip", "delete"])
+def test_loading_a_run_and_resuming_it_skip_the_same_damaged_checkpoint_for_the_same_reason(tmp_path, damage):
+    """attnlab.load(run) and --resume choose by one walk (native.newest_complete): the same folder, the same
+    problem named, so a model loaded from a run is always the one a resume continues."""
+    from attnlab.formats.native import newest_checkpoint
+
+    train(tiny_config(tmp_path, max_iters=9, lr_decay_iters=9), progress=False)  # keeps steps 6 and 9
+    run = tmp_path / "run"
+    victim = run / "checkpoints" / "step-0000009" / "train_state.pt"
+    if damage == "flip":
+        data = bytearray(victim.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        victim.write_bytes(bytes(data))
+    else:
+        victim.unlink()
+    resumed = checkpoint_module.find_checkpoint(run, required=True, announce=False)
+    with pytest.warns(UserWarning, match="skipped a damaged checkpoint") as warned:
+        loaded = newest_checkpoint(run)
+    assert resumed.path == loaded == run / "checkpoints" / "step-0000006" and resumed.step == 6
+    assert len(resumed.skipped) == 1 and str(victim) in resumed.skipped[0]
+    assert f"({resumed.skipped[0]})" in str(warned[0].message)
+
+
 def test_a_save_makes_each_file_durable_then_the_manifest_then_one_rename_then_syncs_the_folder(tmp_path, monkeypatch):
     """The order of a save's commits (what makes it survive a power cut, which no kill test can show): every
     file fsynced, then the manifest, the hidden folder fsynced, one rename to the final name, and the

@@ -28,6 +28,7 @@ import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -40,6 +41,7 @@ META_BUILD_ABOVE = 100_000_000  # parameters above which loaders skip the random
 MANIFEST = "manifest.json"
 CHECKPOINTS = "checkpoints"  # a training run's folder of checkpoints, step-NNNNNNN/ each (attnlab.training.checkpoint)
 _CHECKPOINT_NAME = re.compile(r"step-(\d{7,})")
+T = TypeVar("T")
 
 
 def fsync_file(path: str | Path) -> None:
@@ -178,20 +180,32 @@ def checkpoint_dirs(run: str | Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
+def verified_checkpoint(folder: Path) -> Path:
+    """`folder`, when its manifest verifies; a UserError naming what is wrong with it otherwise."""
+    if verify_manifest(folder) is None:
+        raise UserError(f"{folder}: no {MANIFEST}; the checkpoint was never completed")
+    return folder
+
+
+def newest_complete(run: str | Path, check: Callable[[Path], T]) -> tuple[T | None, list[str]]:
+    """Walk a training run's checkpoints newest first: check(folder) on each until one passes (returns
+    rather than raising a UserError). Returns what it returned (None when none passed) and why each newer
+    one failed. Loading a run folder (`newest_checkpoint`) and --resume (attnlab.training.checkpoint.
+    find_checkpoint) choose their checkpoint by this one walk, with their own `check`."""
+    problems: list[str] = []
+    for _, folder in checkpoint_dirs(run):
+        try:
+            return check(folder), problems
+        except UserError as exc:
+            problems.append(str(exc))
+    return None, problems
+
+
 def newest_checkpoint(run: str | Path) -> Path | None:
     """The newest checkpoint folder of a training run whose manifest verifies, if any: what loading a run
     folder reads, so it never depends on the model files linked into the run folder being up to date."""
-    damaged = []
-    for _, folder in checkpoint_dirs(run):
-        try:
-            if verify_manifest(folder) is not None:
-                break
-            damaged.append(f"{folder}: no {MANIFEST}")
-        except UserError as exc:
-            damaged.append(str(exc))
-    else:
-        return None
-    if damaged:
+    folder, damaged = newest_complete(run, verified_checkpoint)
+    if folder is not None and damaged:
         warnings.warn(f"skipped a damaged checkpoint ({damaged[0]}); loading the previous complete one, {folder}",
                       stacklevel=3)
     return folder

@@ -21,7 +21,8 @@ Design choices:
   without a second copy on disk. Config and tokenizer are the same for the whole run, so OUT always holds
   a consistent model, at worst one checkpoint behind until the next save.
 - Finding a checkpoint (`find_checkpoint`): the newest `step-N` whose manifest verifies. A damaged newer
-  one is skipped, and the run says which and why; with none complete, --resume stops with one line.
+  one is skipped, and the run says which and why; with none complete, --resume stops with one line. The
+  walk is attnlab.formats.native.newest_complete, the one loading a run folder takes too.
 - Runs written before checkpoints had folders (train_state.pt and train.json in OUT) still resume.
 - Only rank 0 writes; every rank finds the same checkpoint from the same files.
 """
@@ -41,8 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
-from ..formats.native import (CHECKPOINTS, MANIFEST, checkpoint_dirs, fsync_dir, fsync_file, verify_manifest,
-                              write_manifest)
+from ..formats.native import (CHECKPOINTS, checkpoint_dirs, fsync_dir, fsync_file, newest_complete,
+                              verified_checkpoint, verify_manifest, write_manifest)
 
 STATE_FILE = "train_state.pt"
 TRAIN_JSON = "train.json"
@@ -83,8 +84,10 @@ def _read_train_json(folder: Path) -> dict[str, Any]:
 
 def _complete(folder: Path, legacy: bool = False) -> Checkpoint:
     """The checkpoint in `folder`, its manifest verified; a UserError names what is wrong with it."""
-    if verify_manifest(folder) is None and not legacy:
-        raise UserError(f"{folder}: no {MANIFEST}; the checkpoint was never completed")
+    if legacy:  # a run folder from before checkpoint folders: its manifest, if any, still verifies
+        verify_manifest(folder)
+    else:
+        verified_checkpoint(folder)
     if not (folder / STATE_FILE).is_file():
         raise UserError(f"{folder / STATE_FILE}: missing; the checkpoint is incomplete")
     saved = _read_train_json(folder)
@@ -100,14 +103,7 @@ def find_checkpoint(out: str | Path, *, required: bool, announce: bool = True) -
     """The newest complete checkpoint in OUT. A damaged newer one is skipped (said on stderr when
     `announce`); none complete: a UserError if there were damaged ones or `required`, else None."""
     out = Path(out)
-    problems: list[str] = []
-    found = None
-    for _, folder in checkpoint_dirs(out):
-        try:
-            found = _complete(folder)
-            break
-        except UserError as exc:
-            problems.append(str(exc))
+    found, problems = newest_complete(out, _complete)
     if found is None and (out / STATE_FILE).is_file():  # a run from before checkpoint folders
         try:
             found = _complete(out, legacy=True)
