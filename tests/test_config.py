@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Any, Optional, Union
 
 import pytest
 import torch
 
 from attnlab import PRESETS, ModelConfig, Transformer, preset
+from attnlab.config import field_types
 from attnlab.errors import UserError
 
 
@@ -118,3 +120,33 @@ def test_preset_overrides_and_unknown_names():
         preset("gpt5")
     with pytest.raises(UserError, match="divisible"):
         preset("nano", n_heads=3)
+
+
+@dataclasses.dataclass
+class _Annotated:
+    plain: int = 0
+    union: float | None = None
+    optional: Optional[str] = None  # the older spellings must read the same
+    old_union: Union[bool, None] = None
+    table: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def test_field_types_reads_the_annotations_not_their_text():
+    assert field_types(_Annotated) == {"plain": (int, False), "union": (float, True), "optional": (str, True),
+                                       "old_union": (bool, True), "table": (dict, False)}
+
+
+def test_every_model_setting_refuses_a_value_of_another_type_naming_itself():
+    """What config.json may hold: each field refuses a value of another type, with its name, and only the
+    fields whose default is None accept None (ModelConfig._check_types, read from the annotations)."""
+    for f in dataclasses.fields(ModelConfig):
+        if f.name == "extra":
+            continue
+        wrong = 1 if isinstance(f.default, str) else "x"
+        with pytest.raises(UserError, match=rf"^{f.name} must be "):
+            ModelConfig(**{f.name: wrong})
+        if f.default is None:
+            ModelConfig(**{f.name: None})
+        else:
+            with pytest.raises(UserError, match=rf"^{f.name} must be "):
+                ModelConfig(**{f.name: None})

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from attnlab.config import ModelConfig
+from attnlab.config import ModelConfig, field_types
 from attnlab.errors import UserError
 from attnlab.training.cli import add_commands
 from attnlab.training.config import MODEL_FIELDS, TRAIN_PRESETS, TrainConfig, build_config
@@ -58,6 +58,15 @@ def test_model_field_map_targets_model_config():
     names = {f.name for f in dataclasses.fields(ModelConfig)}
     assert set(MODEL_FIELDS.values()) <= names
     assert set(MODEL_FIELDS) <= {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+def test_a_model_flag_has_its_model_fields_type_and_admits_null_exactly_where_it_does():
+    """A flag's type (and whether a config file may set it to null) comes from TrainConfig's annotation, the
+    model's check from ModelConfig's, both read by one helper: the two annotations must agree, or a flag would
+    parse what the model then refuses (or a config file's null would reach the model as a refusal)."""
+    train, model = field_types(TrainConfig), field_types(ModelConfig)
+    for name, target in MODEL_FIELDS.items():
+        assert train[name] == model[target], (name, target)
 
 
 @pytest.mark.parametrize("suffix", [".toml", ".json"])

@@ -13,7 +13,10 @@ Design choices:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +27,22 @@ ROPE_SCALINGS = ("none", "linear", "llama3")
 NORMS = ("layernorm", "rmsnorm")
 NORM_PLACEMENTS = ("pre", "post")
 MLPS = ("gelu", "gelu_tanh", "relu", "relu2", "swiglu")
+
+
+@functools.cache  # the annotations of a class do not change; every ModelConfig asks
+def field_types(cls: type) -> dict[str, tuple[Any, bool]]:
+    """Each field of the dataclass `cls`: (its type, whether it admits None), from the evaluated annotations
+    (typing.get_type_hints), not their text: `int | None` -> (int, True), `str` -> (str, False),
+    `dict[str, Any]` -> (dict, False). ModelConfig checks its values by it, and the training config
+    generates its flags and checks its config files by it."""
+    hints = typing.get_type_hints(cls)
+    found = {}
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+        kinds = [t for t in typing.get_args(hint) if t is not type(None)] if union else [hint]
+        found[f.name] = (typing.get_origin(kinds[0]) or kinds[0], union and type(None) in typing.get_args(hint))
+    return found
 
 
 @dataclass(frozen=True)
@@ -141,27 +160,24 @@ class ModelConfig:
         """Each field holds what its annotation says (an integer, a finite number, true/false, a string, or
         None where allowed): a config read from a file is untrusted, and a string where a number goes must
         fail here, with the field's name, not inside torch while the model is built."""
-        described = {"bool": "true or false", "int": "an integer", "float": "a finite number", "str": "a string"}
+        described = {bool: "true or false", int: "an integer", float: "a finite number", str: "a string"}
         checked = {"d_vocab", "n_ctx", "d_model", "n_layers", "n_heads", "d_head", "d_mlp", "n_kv_heads",
                    "rope_original_n_ctx"}  # these have their own checks, with their own messages
-        for f in dataclasses.fields(self):
-            if f.name in checked:
+        for name, (kind, nullable) in field_types(type(self)).items():
+            value = getattr(self, name)
+            if name in checked or kind not in described or (value is None and nullable):
                 continue
-            value, kinds = getattr(self, f.name), str(f.type).replace(" ", "").split("|")
-            kind = next((k for k in described if k in kinds), None)
-            if kind is None or (value is None and "None" in kinds):
-                continue
-            if kind == "bool":
+            if kind is bool:
                 ok = isinstance(value, bool)
-            elif kind == "int":
+            elif kind is int:
                 ok = isinstance(value, int) and not isinstance(value, bool)
-            elif kind == "float":
+            elif kind is float:
                 ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
             else:
                 ok = isinstance(value, str)
             if not ok:
-                allowed = described[kind] + (" (or null)" if "None" in kinds else "")
-                raise UserError(f"{f.name} must be {allowed}, got {value!r}")
+                allowed = described[kind] + (" (or null)" if nullable else "")
+                raise UserError(f"{name} must be {allowed}, got {value!r}")
 
     # Derived sizes: read these, not the optional fields.
     @property

@@ -18,12 +18,11 @@ import argparse
 import dataclasses
 import difflib
 import json
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import MLPS, NORMS, POSITIONS, PRESETS, ROPE_SCALINGS, ModelConfig
+from ..config import MLPS, NORMS, POSITIONS, PRESETS, ROPE_SCALINGS, ModelConfig, field_types
 from ..errors import UserError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -196,33 +195,18 @@ def flag_name(name: str) -> str:
     return name.replace("_", "-")
 
 
-def _field_types() -> dict[str, Any]:
-    hints = typing.get_type_hints(TrainConfig)
-    types = {}
-    for f in dataclasses.fields(TrainConfig):
-        kinds = [t for t in typing.get_args(hints[f.name]) if t is not type(None)] or [hints[f.name]]
-        types[f.name] = kinds[0]
-    return types
-
-
-def _nullable_fields() -> set[str]:
-    """The fields whose type admits None (`int | None`): a config file may set only these to null."""
-    hints = typing.get_type_hints(TrainConfig)
-    return {name for name, hint in hints.items() if type(None) in typing.get_args(hint)}
-
-
 _METAVARS = {int: "N", float: "X", str: "NAME", "data": "PATH", "out": "DIR"}
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per TrainConfig field, grouped; defaults are SUPPRESS so only typed flags override."""
-    types = _field_types()
+    types = field_types(TrainConfig)
     groups: dict[str, argparse._ArgumentGroup] = {}
     for f in dataclasses.fields(TrainConfig):
         group = f.metadata["group"]
         if group not in groups:
             groups[group] = parser.add_argument_group(f"{group} options")
-        kind = types[f.name]
+        kind = types[f.name][0]
         help_text = f.metadata["help"] if "default:" in f.metadata["help"] else f"{f.metadata['help']} (default: {f.default})"
         if kind is bool:
             groups[group].add_argument(f"--{flag_name(f.name)}", action=argparse.BooleanOptionalAction,
@@ -254,17 +238,17 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 
 
 def _check_values(values: dict[str, Any], source: str) -> dict[str, Any]:
-    types, nullable = _field_types(), _nullable_fields()
+    types = field_types(TrainConfig)
     checked = {}
     for key, value in values.items():
         if key not in types:
             close = difflib.get_close_matches(key, types, n=2)
             hint = f"; did you mean {' or '.join(flag_name(c) for c in close)}?" if close else ""
             raise UserError(f"{source}: unknown key {flag_name(key)!r}{hint}")
-        kind = types[key]
+        kind, nullable = types[key]
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
-        if not (value is None and key in nullable) and not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        if not (value is None and nullable) and not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise UserError(f"{source}: {flag_name(key)} must be {kind.__name__}, got {value!r}")
         checked[key] = value
     return checked
