@@ -45,10 +45,16 @@ def test_max_time_runs_the_schedule_on_elapsed_time(schedule):
 def test_max_time_stops_the_run_fully_decayed_and_resume_continues_it(tmp_path, capsys):
     cfg = tiny_config(tmp_path, max_iters=10**6, lr_decay_iters=None, max_time=1.5, eval_interval=10**6,
                       schedule="wsd", min_lr=0.0)
-    first = train(cfg, progress=False)
+    trainer = Trainer(cfg, progress=False)
+    applied, step = [], trainer.optimizer.step  # the learning rate each optimizer step ran with
+    trainer.optimizer.step = lambda: (applied.append(trainer.optimizer.param_groups[0]["lr"]), step())[1]
+    first = trainer.run()
     assert first.elapsed_s >= 1.5 and 0 < first.iters < 10**6  # it ran until its budget, not its steps
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert len(records) == 1 and records[0]["lr"] == 0.0 and records[0]["iter"] == first.iters  # ends at min_lr
+    assert len(records) == 1 and records[0]["iter"] == first.iters == len(applied)
+    # the log reports the rate the last step ran with (set from the time that step began), not one
+    # recomputed after it, when the budget is spent and the schedule says min_lr whatever the step used
+    assert records[0]["lr"] == applied[-1] and 0.0 <= applied[-1] < cfg.learning_rate  # in the cooldown
     assert records[0]["elapsed_s"] >= 1.5
     # a larger budget continues the run where it stopped
     budget = first.elapsed_s + 1.5  # the first session's evaluation and checkpoint count towards its time too

@@ -295,6 +295,7 @@ class Trainer:
             self.loss_fn = torch.compile(self.forward_loss, backend=COMPILE_BACKEND)
         self.stop_requested = False
         self.session_start: float | None = None  # perf_counter() when run() began
+        self.lr: float | None = None  # the learning rate the last train_step gave the optimizer (what is logged)
 
     def elapsed_s(self) -> float:
         """Wall time of the run so far, over every session of it (what --max-time counts)."""
@@ -403,12 +404,14 @@ class Trainer:
             yield self._batches("train", rows)
 
     def train_step(self, it: int) -> float:
-        """One optimizer step at step `it`; returns the mean training loss over the global batch."""
+        """One optimizer step at step `it`; returns the mean training loss over the global batch. The learning
+        rate it sets is kept in `self.lr`: under --max-time it depends on the time the step starts, so the log
+        must report this value, not one recomputed later."""
         cfg, world = self.cfg, self.dist.world
         torch.manual_seed(_step_seed(cfg.seed, it, self.dist.rank))  # this step's dropout masks
-        lr = learning_rate_at(it, cfg, self.elapsed_s())
+        self.lr = learning_rate_at(it, cfg, self.elapsed_s())
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = self.lr
         total = torch.zeros((), device=self.device)
         for micro, (x, y) in enumerate(self.micro_batches(it)):
             last = micro == self.accum - 1
@@ -560,9 +563,8 @@ class Trainer:
                 tokens_per_s = steps * tokens_per_step / step_time
                 bar.update(1)
                 last = self.iter == cfg.max_iters or self.time_is_up()
-                lr = learning_rate_at(self.iter - 1, cfg, self.elapsed_s())
                 if steps % 10 == 1 or last:
-                    bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
+                    bar.set_postfix(loss=f"{loss:.4f}", lr=f"{self.lr:.2e}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
                 if self.iter % cfg.eval_interval == 0 or last:
                     losses = self.evaluate()
                     if last and self.dist.is_main:  # the run's result: every validation token, once
@@ -574,7 +576,7 @@ class Trainer:
                         raise UserError(f"the evaluation loss became {losses} at step {self.iter}; stopped without "
                                         f"saving, and {self._kept()}; lower --learning-rate, then --resume")
                     record = {"iter": self.iter, "train_loss": losses["train"], "val_loss": losses["val"],
-                              "lr": lr, "tokens_per_s": tokens_per_s, "tokens": self.iter * tokens_per_step,
+                              "lr": self.lr, "tokens_per_s": tokens_per_s, "tokens": self.iter * tokens_per_step,
                               "elapsed_s": elapsed,
                               # CPU seconds of this process (all its threads), this session: on a
                               # crowded machine it says what the run cost when the wall time cannot
