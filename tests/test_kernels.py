@@ -12,6 +12,7 @@ import gc
 import os
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 import torch
@@ -72,11 +73,13 @@ def product_tolerance(d_in: int) -> dict:
 
 
 @pytest.fixture(scope="module", params=["portable", "avx2"])
-def portable_library(request):
+def portable_library(request, tmp_path_factory):
     """decode.c built without -march=native: the portable loops that replace the AVX-512 forms elsewhere, and the
-    AVX2 forms (an AVX2-only CPU's build, which an AVX-512 CPU runs too)."""
+    AVX2 forms (an AVX2-only CPU's build, which an AVX-512 CPU runs too). Built in a temporary cache: the user's
+    (~/.cache/attnlab) is left alone."""
     flags = kernels.FLAG_SETS[1] + (["-mavx2", "-mfma"] if request.param == "avx2" else [])
-    path = kernels.build(flag_sets=(flags,))
+    with mock.patch.dict(os.environ, {"ATTNLAB_CACHE": str(tmp_path_factory.mktemp("kernels"))}):
+        path = kernels.build(flag_sets=(flags,))
     assert path is not None
     return kernels.load(path)
 
@@ -107,6 +110,20 @@ def test_the_portable_step_program_gives_the_module_paths_logits(seed, portable_
     step = KernelDecoder(model, cache)
     for t in range(3, T):
         torch.testing.assert_close(step(ids[:, t : t + 1], t, torch.full((B, 1), t)), full[:, t], rtol=1e-4, atol=1e-4)
+
+
+def test_the_attention_kernel_refuses_a_cache_layout_it_would_misread():
+    """The C loop reads the values position-major: a position-minor cache (the compiled step's) is refused where
+    the call is prepared, not misread."""
+    q, k_new, v_new = torch.randn(1, 2, 8), torch.randn(1, 1, 8), torch.randn(1, 1, 8)
+    k_cache = torch.randn(1, 1, 16, 8)
+    v_minor = torch.randn(1, 1, 8, 16).transpose(-2, -1)
+    scores, out = torch.empty(1, 2, 16), torch.empty(1, 2, 8)
+    with pytest.raises(AssertionError):
+        kernels.attend_call(q, k_new, v_new, k_cache, v_minor, torch.tensor([3]), 0.3, None, scores, out)
+    with pytest.raises(AssertionError):  # a key mask of another length than the cache
+        kernels.attend_call(q, k_new, v_new, k_cache, k_cache.clone(), torch.tensor([3]), 0.3,
+                            torch.ones(1, 8, dtype=torch.bool), scores, out)
 
 
 def test_a_wrong_input_width_is_torchs_shape_error_not_an_assertion():

@@ -38,6 +38,7 @@ import torch
 from . import kernels
 from .kernels import independent
 from .errors import UserError
+from .layers import few_rows
 
 CACHE_ROUND = 64  # cache lengths are rounded up to this, so nearby lengths share a compiled decode step
 EOS_CHECK_EVERY = 16  # tokens between reads of the "every row has ended" flag
@@ -182,7 +183,7 @@ class KernelDecoder:
     (kernels.program: one C call for the step, the threads waiting for each other only where a kernel reads what
     the last one wrote; calls marked `independent` do not), and three PyTorch copies. The cache must be
     position-major (`KVCache(values_position_minor=False)`), and `key_mask` the tensor every step marks.
-    Returns a buffer that the next call overwrites. Batches of more than kernels.MAX_ROWS rows with float32
+    Returns a buffer that the next call overwrites. Batches of more than layers.MATVEC_MAX_ROWS rows with float32
     weights multiply through BLAS (torch.addmm into the same buffers).
     """
 
@@ -296,7 +297,7 @@ class KernelDecoder:
         """out (=, or += when accumulate) linear(x), prepared; x (B, ...) and out (B, ...) contiguous buffers."""
         B = x.shape[0]
         x2, out2, w = x.view(B, -1), out.view(B, -1), linear.weight  # [batch, d_in], [batch, d_out]
-        if B <= kernels.MAX_ROWS or w.dtype == torch.int8:
+        if w.dtype == torch.int8 or few_rows(x2):  # as Linear.forward chooses (int8: always, no float copy)
             return kernels.linear_call(x2, w, linear.bias, getattr(linear, "scale", None), out2, accumulate)
         if accumulate:  # many rows: BLAS, added to the residual in place
             if linear.bias is None:

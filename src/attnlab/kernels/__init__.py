@@ -36,7 +36,6 @@ import torch
 
 SOURCE = Path(__file__).with_name("decode.c")
 FLAG_SETS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-fopenmp"], ["-O3"])  # best first
-MAX_ROWS = 8  # up to this many rows the kernels' product beats BLAS (a decode step of up to 8 sequences)
 HUGE_PAGE = 2 << 20
 HUGE_PAGES_FROM = 4 << 20  # bytes of weights from which `place_in_huge_pages` moves them (smaller ones sit in cache)
 
@@ -263,6 +262,13 @@ def attend_call(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_cac
     rows · heads · max_len floats."""
     rows, heads, d_head = q.shape
     kv_heads, max_len = k_cache.shape[1], k_cache.shape[2]
+    # the C code trusts these layouts: check them once here, where the call is prepared
+    assert all(t.is_contiguous() and t.dtype == torch.float32 for t in (q, k_new, v_new, k_cache, v_cache, scores, out))
+    assert k_new.shape == v_new.shape == (rows, kv_heads, d_head) and v_cache.shape == k_cache.shape
+    assert k_cache.shape == (rows, kv_heads, max_len, d_head) and heads % kv_heads == 0 and out.shape == q.shape
+    assert scores.numel() >= rows * heads * max_len and slot.dtype == torch.int64
+    assert key_mask is None or (key_mask.dtype == torch.bool and key_mask.stride(-1) == 1
+                                and key_mask.shape == (rows, max_len))
     stride = key_mask.stride(0) if key_mask is not None else 0
     return prepare("attnlab_attend", q, k_new, v_new, k_cache, v_cache, key_mask, stride, scores, out, rows, heads,
                    kv_heads, d_head, max_len, slot, scale, torch.get_num_threads())
