@@ -12,7 +12,7 @@ Design choices:
   of each head, so W_Q and W_K rows are permuted the way llama.cpp's convert_hf_to_gguf.py permutes them: the
   same model, as the converter would have written it.
 - No tokenizer: `tokenizer.ggml.model = "none"` with the vocabulary size; llama-bench feeds token ids.
-- llama-bench's JSON output gives the mean and spread of tokens/s over its repetitions.
+- llama-bench's JSON output gives the mean of tokens/s over its repetitions.
 """
 
 from __future__ import annotations
@@ -108,24 +108,24 @@ def quantize_q8_0(tools: dict[str, Path], source: Path, target: Path) -> Path:
 
 
 def bench(tools: dict[str, Path], model_file: Path, new_tokens: int, threads: int, repetitions: int = 3,
-          clock: str = "wall") -> dict:
-    """llama-bench's generation figure: {"tokens_per_s": mean, "stddev": ..., "build": commit}.
+          clock: str = "wall") -> float:
+    """llama-bench's generation figure, tokens/s (its mean over `repetitions`).
 
     clock "cpu": the CPU time llama-bench used for the tokens (with one thread, what an idle core would take),
-    from getrusage of the child: an N-token run less a 1-token one (both load the model and warm up once)."""
-    def run(n: int) -> tuple[dict, float]:
+    from getrusage of the child: an N-token run less a 1-token one (both load the model and warm up once). The
+    1-token run is repeated with every N-token one, not measured once: on a shared machine the load, and so the
+    cost of loading, changes from round to round."""
+    def run(n: int) -> tuple[float, float]:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         result = subprocess.run([str(tools["bench"]), "-m", str(model_file), "-p", "0", "-n", str(n),
                                  "-t", str(threads), "-r", str(repetitions), "-o", "json"],
                                 check=True, capture_output=True, text=True)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         (row,) = json.loads(result.stdout)
-        return row, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+        return row["avg_ts"], (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
 
-    row, seconds = run(new_tokens)
-    rate = row["avg_ts"]
+    rate, seconds = run(new_tokens)
     if clock == "cpu":
         _, one = run(1)
         rate = repetitions * (new_tokens - 1) / (seconds - one)
-    return {"tokens_per_s": rate, "stddev": row["stddev_ts"], "build": row.get("build_commit", "?"),
-            "type": row.get("type_k", "")}
+    return rate

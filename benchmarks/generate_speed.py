@@ -265,9 +265,9 @@ def run_llama_cpp(args, tools, gguf) -> list[str]:
             ids = torch.randint(0, model.config.d_vocab, (1, 1), generator=torch.Generator().manual_seed(1))
             once = dict(repeats=1, warmup=0, clock=args.clock)
             runs = {  # llama-bench starts from one token and an empty cache: so do these
-                "f32": lambda: bench(tools, f32, new, threads, 1, args.clock)["tokens_per_s"],
+                "f32": lambda: bench(tools, f32, new, threads, 1, args.clock),
                 "ours": lambda: new / median_time(lambda: generate(model, ids, new, temperature=0), **once),
-                "q8": lambda: bench(tools, q8, new, threads, 1, args.clock)["tokens_per_s"],
+                "q8": lambda: bench(tools, q8, new, threads, 1, args.clock),
                 "int8": lambda: new / median_time(lambda: generate(int8, ids, new, temperature=0), **once),
                 "hf": lambda: new / median_time(lambda: hf_generate(theirs, ids, new), **once),
             }
@@ -371,12 +371,17 @@ def main() -> None:
     parser.add_argument("--llama-new-tokens", type=int, nargs="+", default=None,
                         help="override the side-by-side token counts (one per model, in the table's order)")
     parser.add_argument("--llama-compile", action="store_true", help="add compile=True to the side-by-side table")
-    parser.add_argument("--only", choices=["variants", "llama-cpp", "ttft", "batches"], nargs="+",
-                        default=["variants", "llama-cpp", "ttft", "batches"], help="which sections to run")
+    sections = ["variants", "llama-cpp", "ttft", "batches"]
+    parser.add_argument("--only", choices=sections, nargs="+", default=None,
+                        help="which sections to run (default: all; llama-cpp only with --llama-cpp)")
     parser.add_argument("--ttft-compile", action="store_true", help="time to first token with compile=True too (slow)")
     args = parser.parse_args()
     args.device = benchmark_device(args.device)
     tools = find_tools(args.llama_cpp)
+    if args.only and "llama-cpp" in args.only and tools is None:
+        raise SystemExit("--only llama-cpp needs llama.cpp's tools: --llama-cpp DIR (or $ATTNLAB_LLAMA_CPP), a folder "
+                         "with llama-bench and llama-quantize (benchmarks/README.md shows how to build them)")
+    args.only = args.only or sections
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"# Generation speed\n{machine_line(args.device)}, clock: {args.clock}", flush=True)
