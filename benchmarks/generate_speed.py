@@ -25,7 +25,8 @@ Design choices:
   near-ties, where two correct implementations may legitimately pick different tokens.
 - llama.cpp (`--llama-cpp DIR`, see _llama_cpp.py): the issue's two LLaMA-style models written as GGUF, float32
   and Q8_0, `llama-bench -p 0 -n N` against attnlab's default path (float32 and int8), alternating run by run
-  within each of --repeats rounds, from one token and an empty cache as llama-bench does; medians and ratios.
+  within each of --repeats rounds, from one token and an empty cache as llama-bench does; medians and ratios;
+  attnlab's greedy tokens against transformers' on the same weights, over at least GREEDY_CHECK (500) tokens.
 - Batches (`--only batches`, B = --batches): left-padded prompts of 8..16 tokens on the --batch-arch model, the
   default path, compile=True and transformers alternating within each round; greedy tokens checked against
   transformers'.
