@@ -170,7 +170,8 @@ def run_crash_test(root: Path, kills: int, seed: int = 0, settings: dict | None 
 def run_ddp_restarts(root: Path, restarts: int, seed: int = 0, settings: dict | None = None) -> CrashReport:
     """torchrun --max-restarts=RESTARTS with two workers: on the first start rank 1 (which writes nothing)
     SIGKILLs itself at a random moment, on each later start but the last rank 0 dies inside a save; torchrun
-    restarts both each time and the run must end with the uninterrupted two-process run's losses."""
+    restarts both each time and the run must end with the uninterrupted two-process run's losses, after
+    exactly RESTARTS kills."""
     settings = {**SETTINGS, **(settings or {})}
     rng = random.Random(seed)
     data = write_text(root / "data.txt")
@@ -185,6 +186,10 @@ def run_ddp_restarts(root: Path, restarts: int, seed: int = 0, settings: dict | 
     report = CrashReport(log=_kill_lines(log), restarts=restarts)
     report.kills = len(report.log)
     report.inside_save = sum(" inside a save" in line for line in report.log)
+    # A kill that never landed (a timer past the run's end, a save event past its last save) lets the run
+    # finish in fewer starts: it would pass having shown less than it claims, so it fails here.
+    assert report.kills == len(plan), (f"{report.kills} of the {len(plan)} planned kills landed "
+                                       f"(torchrun --max-restarts={restarts}): {report.log}")
     check_checkpoints(out)
     _compare(report, root / "reference", out)
     report.seconds = time.perf_counter() - start
