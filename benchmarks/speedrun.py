@@ -16,7 +16,9 @@ Design choices:
 - Both final models are scored on the whole validation split, every token once in consecutive 64-token
   windows: attnlab reports it itself (metrics.jsonl, val_loss_full); nanoGPT's checkpoint is scored by
   nanoGPT's own model code, in its folder, after its timed run.
-- The machine line (CPU, load average, a float32 matmul GFLOP/s and a copy GB/s) is printed with the results.
+- The machine line (CPU, load average, a float32 matmul GFLOP/s and a copy GB/s) is measured once, before the
+  runs (the load average it gives is the one they started under; each seed's row has its own), and printed,
+  put in the table and saved with the results.
 """
 
 from __future__ import annotations
@@ -166,8 +168,9 @@ def main() -> None:
     if not (args.nanogpt / "data" / "shakespeare_char" / "val.bin").is_file():
         raise SystemExit(f"--nanogpt {args.nanogpt}: no data/shakespeare_char/val.bin; run its prepare.py first")
     args.out.mkdir(parents=True, exist_ok=True)
-    peak = measure_matmul_peak()
-    print(f"{machine_line()}; matmul {peak / 1e9:.1f} GFLOP/s, copy {copy_bandwidth() / 1e9:.1f} GB/s", flush=True)
+    peak, copy = measure_matmul_peak(), copy_bandwidth()  # measured once, before the runs: printed, tabled, saved
+    machine = f"{machine_line()}; matmul {peak / 1e9:.1f} GFLOP/s, copy {copy / 1e9:.1f} GB/s"
+    print(machine, flush=True)
     rows = []
     for i, seed in enumerate(args.seeds):
         order = ("nanogpt", "attnlab") if i % 2 == 0 else ("attnlab", "nanogpt")
@@ -185,12 +188,12 @@ def main() -> None:
     print(f"mean over {len(rows)} seeds: nanoGPT {mean['nanogpt']['val_loss_full']:.4f} in "
           f"{mean['nanogpt']['wall_s']:.1f} s | attnlab {mean['attnlab']['val_loss_full']:.4f} in "
           f"{mean['attnlab']['wall_s']:.1f} s | wall ratio {mean['attnlab']['wall_s'] / mean['nanogpt']['wall_s']:.3f}")
-    table = markdown_table(rows, mean, f"{machine_line()}; matmul {peak / 1e9:.1f} GFLOP/s, copy "
-                           f"{copy_bandwidth() / 1e9:.1f} GB/s", args)
+    table = markdown_table(rows, mean, machine, args)
     print("\n" + table)
     (args.out / "speedrun.md").write_text(table)
-    (args.out / "speedrun.json").write_text(json.dumps({"machine": machine_line(), "matmul_flops": peak,
-                                                        "rows": rows, "mean": mean}, indent=1) + "\n")
+    (args.out / "speedrun.json").write_text(json.dumps({"machine": machine, "matmul_flops": peak,
+                                                        "copy_bytes_per_s": copy, "rows": rows, "mean": mean},
+                                                       indent=1) + "\n")
 
 
 if __name__ == "__main__":
