@@ -30,12 +30,11 @@ import argparse
 import http.client
 import json
 import os
-import re
 import statistics
-import subprocess
 import sys
 import threading
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -76,21 +75,6 @@ class Phase:
                 "busy_p50_ms": percentile(self.busy_ms, 50), "busy_p99_ms": percentile(self.busy_ms, 99),
                 "busy_max_ms": round(max(self.busy_ms), 2) if self.busy_ms else None,
                 "busy_without_retry_after": self.busy_without_retry_after}
-
-
-def start_server(model: str, queue: int, deadline: float) -> tuple[subprocess.Popen, str]:
-    command = [sys.executable, "-m", "attnlab", "explore", model, "--port", "0", "--queue", str(queue)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    while True:
-        line = process.stdout.readline()
-        if not line:
-            raise SystemExit(f"the explorer did not start: {process.stderr.read().strip()}")
-        found = re.search(r"at (http://127\.0\.0\.1:\d+/)", line)
-        if found:
-            return process, found.group(1)
-        if time.monotonic() > deadline:
-            process.kill()
-            raise SystemExit("the explorer did not start before the deadline")
 
 
 def rss_bytes(pid: int) -> int:
@@ -207,8 +191,15 @@ def main(argv: list[str] | None = None) -> int:
                    "copy_gbs": round(copy_bandwidth() / 1e9, 1)}
         print(f"# Explorer load\n{machine['machine']}\nmatmul {machine['matmul_gflops']} GFLOP/s, copy {machine['copy_gbs']} GB/s")
 
-    process, url = start_server(args.model, args.queue, deadline)
-    try:
+    from attnlab.explorer.cli import explorer_process
+
+    with ExitStack() as stack:
+        try:
+            process, url = stack.enter_context(explorer_process(args.model, "--queue", str(args.queue)))
+        except RuntimeError as exc:  # its one line (an unknown model, ...), as the command itself prints it
+            raise SystemExit(str(exc)) from None
+        if time.monotonic() > deadline:
+            raise SystemExit("the explorer did not start before the deadline")
         name, views = request_bodies(url)
 
         def model_work(n: int):
@@ -231,9 +222,6 @@ def main(argv: list[str] | None = None) -> int:
             phases_run.append(phases)
             print(f"round {r + 1}: " + "; ".join(f"{p.name} {p.statuses} {len(p.errors)} errors" for p in phases), flush=True)
         rss_after = rss_bytes(process.pid)
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
     # Every round's latencies pooled (a 503's distribution apart from the successes'): the promise is about
     # each refusal, so its percentiles and its slowest are over all of them, not medians of rounds.

@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/explorer_long_text.py [--rounds 3] [--tokens 2048] [--json out.json]
 
 Serves a random LLaMA-style model (2 layers, 4 heads, the browser tests' shape, with a character tokenizer) with
-`attnlab explore DIR --port 0` (a process of its own, as a user runs it) and opens the page in Debian's
+`attnlab explore DIR --port 0` (a process of its own, as a user runs it: attnlab.explorer.cli.explorer_process)
+and opens the page in Debian's
 chromium through Playwright, round after round, alternating the two encodings of /api/pattern:
 - f32: every matrix as float32 (what the page asked for at any length before issue 17's last step); the page
   is the same, its request rewritten on the way out (Playwright's routing), so only the payload differs;
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from playwright.sync_api import sync_playwright
 
-    from explorer_load import start_server
+    from attnlab.explorer.cli import explorer_process
 
     machine = {}
     if not args.no_machine:
@@ -123,8 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     rounds = []
     with tempfile.TemporaryDirectory() as folder:
         write_model(Path(folder) / "llama")
-        process, url = start_server(str(Path(folder) / "llama"), 16, time.monotonic() + 300)
-        try:
+        with explorer_process(str(Path(folder) / "llama")) as (_, url):
             with sync_playwright() as p:
                 browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
                 for k in range(args.rounds):
@@ -132,9 +132,6 @@ def main(argv: list[str] | None = None) -> int:
                         rounds.append(one_round(browser, url, text, encoding))
                         print(json.dumps({key: round(v, 3) if isinstance(v, float) else v for key, v in rounds[-1].items()}))
                 browser.close()
-        finally:
-            process.terminate()
-            process.wait(timeout=30)
 
     def median(encoding: str, key: str) -> float:
         return statistics.median(r[key] for r in rounds if r["encoding"] == encoding)

@@ -2,18 +2,11 @@
 
 Three architectures cover the explorer's branches: a GPT-style decoder (learned positions, pre-norm),
 a LLaMA-style decoder (RoPE, grouped-query, qk-norm, SwiGLU) and a BERT-style post-norm encoder (with
-qk-norm, which the explorer must apply itself when there is no RoPE hook after it). `serve(app)` runs
-an app on a loopback port, for the tests that need a real server.
+qk-norm, which the explorer must apply itself when there is no RoPE hook after it). A real server for them is
+started by attnlab.explorer.cli's `serving(app)` (a thread) or `explorer_process(ARGS)` (`attnlab explore`).
 """
 
 from __future__ import annotations
-
-import re
-import subprocess
-import sys
-import threading
-import time
-from contextlib import contextmanager
 
 import torch
 
@@ -53,23 +46,6 @@ def small_models(seed: int = 0) -> dict[str, attnlab.Transformer]:
     return models
 
 
-@contextmanager
-def running_explorer(*args: str, **popen):
-    """Start `attnlab explore ARGS --port 0` in a new process; yield the URL it prints; stop it on exit."""
-    process = subprocess.Popen([sys.executable, "-m", "attnlab", "explore", *args, "--port", "0"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
-    try:
-        line = process.stdout.readline()
-        url = re.search(r"http://127\.0\.0\.1:\d+/", line)
-        assert url, (line, process.stderr.read() if process.poll() is not None else "")
-        yield url.group(0)
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-        process.stdout.close()
-        process.stderr.close()
-
-
 def snapshot_run(model: attnlab.Transformer, path, start_step: int | None = 10):
     """A 'training run' of `model` in `path`: snapshots at steps 0, 10, 20 whose queries are the model's scaled by
     0.5, 1 and 1.5 (so every head's pattern sharpens along the slider); the model itself is left as it was."""
@@ -84,25 +60,3 @@ def snapshot_run(model: attnlab.Transformer, path, start_step: int | None = 10):
         save_snapshot(model, path, step)
     model.load_state_dict(original)
     return Run(path, list_snapshots(path), start_step=start_step)
-
-
-@contextmanager
-def serve(app):
-    """uvicorn serving `app` in a thread of this process on 127.0.0.1 and a free port: the page's URL."""
-    import uvicorn
-
-    from attnlab.explorer.cli import bind
-
-    sock = bind("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the explorer's server did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)

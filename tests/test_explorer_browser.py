@@ -19,8 +19,9 @@ import pytest
 
 import attnlab
 from attnlab.explorer import VIEWS
+from attnlab.explorer.cli import serving
 from attnlab.explorer.service import Explorer
-from explorer_models import TEXT, serve, small_models, snapshot_run
+from explorer_models import TEXT, small_models, snapshot_run
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -35,7 +36,7 @@ def server(tmp_path_factory):
 
     models = {"minilm": attnlab.load("minilm"), **small_models()}
     runs = {"gpt": snapshot_run(models["gpt"], tmp_path_factory.mktemp("run"))}  # the step slider's snapshots
-    with serve(create_app(models, max_tokens=2048, runs=runs)) as url:
+    with serving(create_app(models, max_tokens=2048, runs=runs)) as url:
         yield url
 
 
@@ -47,7 +48,7 @@ def token_server():
     """The app as `attnlab explore --host 0.0.0.0` builds it (any Host, a token), served on loopback only."""
     from attnlab.explorer.app import create_app
 
-    with serve(create_app({"gpt": small_models()["gpt"]}, hosts=["0.0.0.0"], token=TOKEN)) as url:
+    with serving(create_app({"gpt": small_models()["gpt"]}, hosts=["0.0.0.0"], token=TOKEN)) as url:
         yield url
 
 
@@ -438,7 +439,7 @@ def test_a_hub_models_revisions_join_the_curves_as_the_slider_reaches_them(page,
     local = snapshot_run(model, tmp_path, start_step=None)  # step 10 holds the model's own weights
     monkeypatch.setattr(Run, "load", lambda self, base, step: load_snapshot(base, local.snapshots[step]))
     run = Run(None, {step: f"step{step}" for step in local.snapshots}, repo_id="org/tiny", served_step=10)
-    with serve(create_app({"gpt": model}, runs={"gpt": run})) as url:
+    with serving(create_app({"gpt": model}, runs={"gpt": run})) as url:
         open_page(page, url)
         show(page, "heads")
         assert page.evaluate("window.attnlab.state.step") == 20  # the last revision

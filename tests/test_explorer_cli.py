@@ -89,9 +89,9 @@ def test_with_no_model_it_serves_the_newest_run_and_minilm(tmp_path, model_dir, 
 def test_explore_prints_its_url_and_serves_the_models_given(model_dir, tmp_path):
     import urllib.request
 
-    from explorer_models import running_explorer
+    from attnlab.explorer.cli import explorer_process
 
-    with running_explorer(str(model_dir), cwd=tmp_path) as url:
+    with explorer_process(str(model_dir), cwd=tmp_path) as (_, url):
         with urllib.request.urlopen(url + "api/models", timeout=60) as response:
             assert [m["name"] for m in json.load(response)] == ["tiny-gpt"]
         with urllib.request.urlopen(url, timeout=60) as response:

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from attnlab.explorer.app import create_app
-from explorer_models import TEXT, serve, small_models
+from attnlab.explorer.cli import serving
+from explorer_models import TEXT, small_models
 
 CAPACITY = 4
 
@@ -68,7 +69,7 @@ def test_the_excess_over_capacity_gets_503_at_once_and_the_rest_succeed(gated, l
         _, cache = model.run_with_cache(torch.tensor([model.tokenizer.encode(TEXT)]))
     results: dict[tuple[int, int], tuple[int, dict, dict]] = {}
     gate.clear()
-    with serve(create_app({"gpt": model}, queue=CAPACITY)) as url:
+    with serving(create_app({"gpt": model}, queue=CAPACITY)) as url:
         def ask(layer, head):
             results[layer, head] = post(url, "/api/pattern", {"model": "gpt", "text": TEXT, "layer": layer, "head": head})
 
@@ -97,7 +98,7 @@ def test_the_excess_over_capacity_gets_503_at_once_and_the_rest_succeed(gated, l
 def test_the_queue_frees_its_places_once_the_work_is_done(gated):
     """After a burst has been refused and served, the next burst at capacity is admitted whole (no leaked slot)."""
     model, _ = gated
-    with serve(create_app({"gpt": model}, queue=1)) as url:
+    with serving(create_app({"gpt": model}, queue=1)) as url:
         for _ in range(3):
             assert post(url, "/api/run", {"model": "gpt", "text": TEXT})[0] == 200
         assert post(url, "/api/run", {"model": "nope", "text": TEXT})[0] == 404  # a refusal frees its place too
@@ -108,7 +109,7 @@ def test_the_page_and_its_files_are_not_queued(gated):
     """Only /api/ is model work: with the queue full, the page still loads (and then waits its turn)."""
     model, gate = gated
     gate.clear()
-    with serve(create_app({"gpt": model}, queue=1)) as url:
+    with serving(create_app({"gpt": model}, queue=1)) as url:
         held = threading.Thread(target=post, args=(url, "/api/pattern", {"model": "gpt", "text": TEXT, "layer": 0, "head": 0}))
         held.start()
         wait_for(gate.reached.is_set, "the request to reach the model")

@@ -234,13 +234,13 @@ def test_explore_a_pythia_checkpoint_by_hub_name_and_revision(tmp_path):
     GPT-NeoX checkpoint as transformers writes it (tiny, random) on a training-step branch of the loopback Hub."""
     import urllib.request
 
-    from explorer_models import running_explorer
+    from attnlab.explorer.cli import explorer_process
 
     repo = Repo()
     repo.add_commit(tiny_pythia(tmp_path / "pythia"), "step3000")
     with HubServer({"EleutherAI/pythia-70m": repo}) as hub:
-        with running_explorer("EleutherAI/pythia-70m", "--revision", "step3000", env=environment(hub, tmp_path / "hf"),
-                              cwd=tmp_path) as url:
+        with explorer_process("EleutherAI/pythia-70m", "--revision", "step3000", env=environment(hub, tmp_path / "hf"),
+                              cwd=tmp_path) as (_, url):
             with urllib.request.urlopen(url + "api/models", timeout=60) as response:
                 (model,) = json.load(response)
         assert model["name"] == "pythia-70m", model
@@ -252,7 +252,8 @@ def test_explore_pythia_training_revisions_on_the_step_slider(tmp_path):
     list_repo_refs) are the step slider; each step's pattern is that revision's, fetched once, when first asked for."""
     import urllib.request
 
-    from explorer_models import TEXT, running_explorer
+    from attnlab.explorer.cli import explorer_process
+    from explorer_models import TEXT
 
     repo, expected = Repo(), {}
     for step in (0, 10, 20):
@@ -274,7 +275,7 @@ def test_explore_pythia_training_revisions_on_the_step_slider(tmp_path):
 
     with HubServer({"EleutherAI/pythia-70m": repo}) as hub:
         env = environment(hub, tmp_path / "hf", HF_HUB_DISABLE_PROGRESS_BARS="1")
-        with running_explorer("EleutherAI/pythia-70m", "--revisions", "all", env=env, cwd=tmp_path) as url:
+        with explorer_process("EleutherAI/pythia-70m", "--revisions", "all", env=env, cwd=tmp_path) as (_, url):
             with urllib.request.urlopen(url + "api/models", timeout=60) as response:
                 (model,) = json.load(response)
             assert model["steps"] == [0, 10, 20], model
@@ -293,7 +294,7 @@ def test_explore_pythia_training_revisions_on_the_step_slider(tmp_path):
             assert training["lazy"] and training["score_steps"] == [0, 10, 20] and training["metrics"] == []
             assert training["revisions"] == {"0": "step0", "10": "step10", "20": "step20"}
         # named revisions: just those steps, in step order
-        with running_explorer("EleutherAI/pythia-70m", "--revisions", "step20,step0", env=env, cwd=tmp_path) as url:
+        with explorer_process("EleutherAI/pythia-70m", "--revisions", "step20,step0", env=env, cwd=tmp_path) as (_, url):
             with urllib.request.urlopen(url + "api/models", timeout=60) as response:
                 (model,) = json.load(response)
             assert model["steps"] == [0, 20], model

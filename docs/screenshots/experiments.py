@@ -8,7 +8,8 @@
 - The training slider on the same run, at the phase change (the step where the induction score rises most).
 - Knockout on MiniLM: layer 5's heads 4 and 11 ("it" lands on "cat"), and a control head (layer 5, head 2).
 The browser is Debian's chromium driven by Playwright, as in tests/test_explorer_browser.py; the server
-binds 127.0.0.1 on a free port. Each screenshot is then looked at by a person before it is committed.
+binds 127.0.0.1 on a free port (attnlab.explorer.cli.serving, as the tests start it). Each screenshot is then
+looked at by a person before it is committed.
 """
 
 from __future__ import annotations
@@ -16,25 +17,9 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-import threading
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-
-
-def serve(models, runs):
-    import uvicorn
-
-    from attnlab.explorer.app import create_app
-    from attnlab.explorer.cli import bind
-
-    sock = bind("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(create_app(models, runs=runs), log_level="warning"))
-    threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
-    while not server.started:
-        time.sleep(0.05)
-    return server, f"http://127.0.0.1:{sock.getsockname()[1]}/"
 
 
 def settle(page, view):
@@ -43,6 +28,8 @@ def settle(page, view):
 
 def main(experiments: Path) -> None:
     import attnlab
+    from attnlab.explorer.app import create_app
+    from attnlab.explorer.cli import serving
     from attnlab.explorer.service import Run
     from attnlab.training.snapshots import list_snapshots
     from playwright.sync_api import sync_playwright
@@ -52,53 +39,51 @@ def main(experiments: Path) -> None:
     start = result["phase_change_2L"]["steps"]["induction_rise"]
     models = {"induction-2L": attnlab.load(run)}
     runs = {"induction-2L": Run(run, list_snapshots(run), start_step=start, example=result["example_text"])}
-    server, url = serve(models, runs)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=["--headless", "--no-sandbox"])
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.set_default_timeout(300_000)
-        page.on("pageerror", lambda e: print("page error:", e))
-        page.goto(url)
-        settle(page, "dict")
-        # the training slider at the phase change, heads grid with each head's score over training
-        page.click("#tabs button[data-view=heads]")
-        settle(page, "heads")
-        page.screenshot(path=str(HERE / "explorer-training-slider.png"))
-        # the end of training, the four layer-1 heads knocked out
-        page.fill("#step", str(len(runs["induction-2L"].snapshots) - 1))
-        page.dispatch_event("#step", "change")
-        settle(page, "heads")
-        page.click("#click-mode button[data-click=knock]")
-        for head in range(4):
-            page.click(f"canvas.thumb[data-layer='1'][data-head='{head}']")
+        with serving(create_app(models, runs=runs)) as url:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.set_default_timeout(300_000)
+            page.on("pageerror", lambda e: print("page error:", e))
+            page.goto(url)
+            settle(page, "dict")
+            # the training slider at the phase change, heads grid with each head's score over training
+            page.click("#tabs button[data-view=heads]")
             settle(page, "heads")
-        page.screenshot(path=str(HERE / "explorer-knockout-induction.png"))
+            page.screenshot(path=str(HERE / "explorer-training-slider.png"))
+            # the end of training, the four layer-1 heads knocked out
+            page.fill("#step", str(len(runs["induction-2L"].snapshots) - 1))
+            page.dispatch_event("#step", "change")
+            settle(page, "heads")
+            page.click("#click-mode button[data-click=knock]")
+            for head in range(4):
+                page.click(f"canvas.thumb[data-layer='1'][data-head='{head}']")
+                settle(page, "heads")
+            page.screenshot(path=str(HERE / "explorer-knockout-induction.png"))
         # MiniLM (its own server and page): "it" -> "cat" heads off, then the control head
-        server.should_exit = True
-        server, url = serve({"minilm": attnlab.load("minilm")}, {})
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.goto(url)
-        settle(page, "dict")
-        page.click("#tabs button[data-view=heads]")
-        settle(page, "heads")
-        page.select_option("#layer", "5")
-        settle(page, "heads")
-        page.select_option("#head", "11")
-        settle(page, "heads")
-        tokens = page.evaluate("window.attnlab.state.tokens")
-        page.click(f"#arcs text[data-index='{tokens.index('it')}']")
-        page.click("#click-mode button[data-click=knock]")
-        for head in (4, 11):
-            page.click(f"canvas.thumb[data-layer='5'][data-head='{head}']")
+        with serving(create_app({"minilm": attnlab.load("minilm")})) as url:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(url)
+            settle(page, "dict")
+            page.click("#tabs button[data-view=heads]")
             settle(page, "heads")
-        page.screenshot(path=str(HERE / "explorer-knockout-minilm.png"))
-        page.click("#knockout-clear")
-        settle(page, "heads")
-        page.click("canvas.thumb[data-layer='5'][data-head='2']")
-        settle(page, "heads")
-        page.screenshot(path=str(HERE / "explorer-knockout-minilm-control.png"))
+            page.select_option("#layer", "5")
+            settle(page, "heads")
+            page.select_option("#head", "11")
+            settle(page, "heads")
+            tokens = page.evaluate("window.attnlab.state.tokens")
+            page.click(f"#arcs text[data-index='{tokens.index('it')}']")
+            page.click("#click-mode button[data-click=knock]")
+            for head in (4, 11):
+                page.click(f"canvas.thumb[data-layer='5'][data-head='{head}']")
+                settle(page, "heads")
+            page.screenshot(path=str(HERE / "explorer-knockout-minilm.png"))
+            page.click("#knockout-clear")
+            settle(page, "heads")
+            page.click("canvas.thumb[data-layer='5'][data-head='2']")
+            settle(page, "heads")
+            page.screenshot(path=str(HERE / "explorer-knockout-minilm-control.png"))
         browser.close()
-    server.should_exit = True
 
 
 if __name__ == "__main__":
