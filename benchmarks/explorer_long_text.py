@@ -2,9 +2,9 @@
 
     .venv/bin/python benchmarks/explorer_long_text.py [--rounds 3] [--tokens 2048] [--json out.json]
 
-Serves a random LLaMA-style model (2 layers, 4 heads, the browser tests' shape, with a character tokenizer) with
-`attnlab explore DIR --port 0` (a process of its own, as a user runs it: attnlab.explorer.cli.explorer_process)
-and opens the page in Debian's
+Serves the browser tests' random LLaMA-style model (2 layers, 4 heads, a character tokenizer: imported from
+tests/explorer_models.py) with `attnlab explore DIR --port 0` (a process of its own, as a user runs it:
+attnlab.explorer.cli.explorer_process) and opens the page in Debian's
 chromium through Playwright, round after round, alternating the two encodings of /api/pattern:
 - f32: every matrix as float32 (what the page asked for at any length before issue 17's last step); the page
   is the same, its request rewritten on the way out (Playwright's routing), so only the payload differs;
@@ -28,31 +28,11 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]  # _common, train_speed; explorer_models (the tests' models)
 
-PRINTABLE = "".join(chr(i) for i in range(32, 127)) + "\n"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
-
-
-def write_model(folder: Path) -> None:
-    """The browser tests' LLaMA-style model: random, queries and keys scaled up so that patterns are sharp."""
-    import torch
-
-    import attnlab
-    from attnlab.tokenizer import Tokenizer
-
-    torch.manual_seed(0)
-    tokenizer = Tokenizer.train_char(PRINTABLE)
-    config = attnlab.preset("llama-tiny", d_vocab=tokenizer.vocab_size, n_layers=2, n_heads=4, n_kv_heads=2,
-                            d_model=32, d_mlp=64, qk_norm=True)
-    model = attnlab.Transformer(config).eval()
-    with torch.no_grad():
-        for block in model.blocks:
-            block.attn.W_Q.weight.mul_(20)
-            block.attn.W_K.weight.mul_(20)
-    model.tokenizer = tokenizer
-    attnlab.save(model, folder)
 
 
 def one_round(browser, url: str, text: str, encoding: str) -> dict:
@@ -106,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from playwright.sync_api import sync_playwright
 
+    import attnlab
     from attnlab.explorer.cli import explorer_process
+    from explorer_models import small_models
 
     machine = {}
     if not args.no_machine:
@@ -123,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     text = ("the cat sat on the mat. " * (args.tokens // 24 + 1))[:args.tokens]
     rounds = []
     with tempfile.TemporaryDirectory() as folder:
-        write_model(Path(folder) / "llama")
+        attnlab.save(small_models()["llama"], Path(folder) / "llama")
         with explorer_process(str(Path(folder) / "llama")) as (_, url):
             with sync_playwright() as p:
                 browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
