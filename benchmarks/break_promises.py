@@ -77,9 +77,9 @@ BREAKS = [
           [('        if file_digest(target)["sha256"] != sha256:', "        if False:")],
           [f"{CKT}::test_loading_a_damaged_checkpoint_folder_names_the_file"]),
     Break("fallback", "--resume falls back to the previous complete checkpoint, saying so",
-          "a damaged newest checkpoint stops the resume", CK,
-          [("        except UserError as exc:\n            problems.append(str(exc))\n    if found is None and",
-            "        except UserError:\n            raise\n    if found is None and")],
+          "a damaged newest checkpoint stops the resume", NATIVE,  # the walk --resume and loading a run share
+          [("        except UserError as exc:\n            problems.append(str(exc))\n    return None, problems",
+            "        except UserError:\n            raise\n    return None, problems")],
           [f"{CKT}::test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one_saying_so"]),
     Break("none-complete", "no complete checkpoint: one line, never a silent fresh start",
           "--resume auto starts fresh on top of a damaged run", CK,
