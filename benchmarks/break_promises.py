@@ -242,10 +242,14 @@ def copy_tree(target: Path) -> None:
             shutil.copy2(source, target / name)
 
 
+def edits_of(item: Break) -> list[tuple[str, str, str]]:
+    """The break's edits as (file, text that must occur exactly once, what it becomes)."""
+    return [edit if len(edit) == 3 else (item.file, *edit) for edit in item.edits]
+
+
 def apply(root: Path, item: Break) -> str | None:
     """Apply the break's edits in the copy; the problem if one does not match exactly once."""
-    for edit in item.edits:
-        file, old, new = edit if len(edit) == 3 else (item.file, *edit)
+    for file, old, new in edits_of(item):
         path = root / file
         text = path.read_text(encoding="utf-8")
         if text.count(old) != 1:
