@@ -56,7 +56,7 @@ BREAKS = [
     # Training: nothing is lost ---------------------------------------------------------------------------
     Break("commit", "the files of one checkpoint commit together (complete or absent)",
           "the folder gets its final name first, its files are written into it after", CK,
-          [("        write(tmp)\n", "        os.rename(tmp, final)\n        tmp = final\n        write(tmp)\n"),
+          [("        files = ManifestFolder(tmp)\n", "        os.rename(tmp, final)\n        tmp = final\n        files = ManifestFolder(tmp)\n"),
            ("        if final.exists():  # a damaged one a resume skipped, now rewritten\n            _hide(final)\n"
             "        os.rename(tmp, final)\n", "")],
           [f"{CKT}::test_a_kill_at_every_point_of_a_save_leaves_the_previous_or_the_new_checkpoint_complete"]),

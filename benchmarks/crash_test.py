@@ -142,8 +142,8 @@ def run_crash_test(root: Path, kills: int, seed: int = 0, settings: dict | None 
     while True:
         if report.kills >= kills:
             plan = []
-        elif report.kills % 2 == 0:  # just before one of the next two saves' file-system commits (~27 a save)
-            plan = [{"save_event": rng.randint(1, 54)}]
+        elif report.kills % 2 == 0:  # just before one of the next two saves' file-system commits (17 a save)
+            plan = [{"save_event": rng.randint(1, 34)}]
         else:
             plan = [{"after": round(rng.uniform(0.0, timer_fraction * train_time), 3)}]
         done = run_killed(data, out, settings, log, plan)
@@ -180,7 +180,7 @@ def run_ddp_restarts(root: Path, restarts: int, seed: int = 0, settings: dict | 
     _, rest = reference_run(data, root / "reference", settings, root / "reference.log", ddp=restarts)
     # rank 1 writes nothing: its clock starts when the first checkpoint appears, and it dies while training
     plan = [{"rank": 1, "clock": "checkpoint", "after": round(rng.uniform(0.1, 0.6) * rest, 3)}]
-    plan += [{"rank": 0, "save_event": rng.randint(1, 27)} for _ in range(restarts - 1)]
+    plan += [{"rank": 0, "save_event": rng.randint(1, 17)} for _ in range(restarts - 1)]
     done = run_killed(data, out, settings, log, plan, ddp=restarts)
     assert done.returncode == 0, done.stderr[-3000:]
     report = CrashReport(log=_kill_lines(log), restarts=restarts)

@@ -104,29 +104,64 @@ def test_loading_a_run_and_resuming_it_skip_the_same_damaged_checkpoint_for_the_
     assert f"({resumed.skipped[0]})" in str(warned[0].message)
 
 
+def _fd_name(fd: int) -> str:
+    """The name of the file or folder an open descriptor refers to."""
+    return Path(os.readlink(f"/proc/self/fd/{fd}")).name
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="names an fsync's file through /proc")
 def test_a_save_makes_each_file_durable_then_the_manifest_then_one_rename_then_syncs_the_folder(tmp_path, monkeypatch):
     """The order of a save's commits (what makes it survive a power cut, which no kill test can show): every
-    file fsynced, then the manifest, the hidden folder fsynced, one rename to the final name, and the
-    checkpoints/ folder fsynced after that rename, so the rename itself is on disk."""
-    events = []
-    for name in ("fsync_file", "fsync_dir", "write_manifest"):
-        original = getattr(checkpoint_module, name)
-        monkeypatch.setattr(checkpoint_module, name, lambda path, *a, _f=original, _n=name: (
-            events.append((_n, Path(path).name)), _f(path, *a))[1])
-    rename = os.rename
-    monkeypatch.setattr(os, "rename", lambda a, b: (events.append(("rename", Path(b).name)), rename(a, b))[1])
+    file fsynced once, as it is written, then the manifest, the hidden folder fsynced, one rename to the
+    final name, and the checkpoints/ folder fsynced after that rename, so the rename itself is on disk. The
+    manifest's digests come from the bytes written: no file is read back to hash it."""
+    from attnlab.formats import native
 
-    def write(folder: Path) -> None:
-        (folder / "train_state.pt").write_bytes(b"state")
-        (folder / "config.json").write_text("{}")
+    events, hashed = [], []
+    fsync, rename = os.fsync, os.rename
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", _fd_name(fd))), fsync(fd))[1])
+    monkeypatch.setattr(os, "rename", lambda a, b: (events.append(("rename", Path(b).name)), rename(a, b))[1])
+    monkeypatch.setattr(native, "file_digest", lambda file: hashed.append(file) or file_digest(file))
+
+    def write(files) -> None:
+        files.write("train_state.pt", b"state")
+        files.write("config.json", "{}")
 
     final = checkpoint_module.write_checkpoint(tmp_path / "run", 7, write)
-    tmp = next(name for kind, name in events if kind == "write_manifest")
-    start = events.index(("fsync_dir", "run"))  # checkpoints/ was made: its parent synced first
+    monkeypatch.undo()
+    start = events.index(("fsync", "run"))  # checkpoints/ was made: its parent synced first
     saved = events[start + 1:events.index(("rename", final.name)) + 2]
-    assert sorted(saved[:2]) == [("fsync_file", "config.json"), ("fsync_file", "train_state.pt")]
-    assert saved[2:] == [("write_manifest", tmp), ("fsync_dir", tmp), ("rename", final.name), ("fsync_dir", "checkpoints")]
-    assert checkpoint_module.verify_manifest(final)["step"] == 7
+    tmp = saved[3][1]
+    assert tmp.startswith(".step-0000007.") and tmp.endswith(".tmp")
+    assert saved == [("fsync", "train_state.pt"), ("fsync", "config.json"), ("fsync", "manifest.json"),
+                     ("fsync", tmp), ("rename", final.name), ("fsync", "checkpoints")]
+    assert not hashed
+    manifest = checkpoint_module.verify_manifest(final)
+    assert manifest["step"] == 7 and manifest["files"] == {name: file_digest(final / name)
+                                                           for name in ("config.json", "train_state.pt")}
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="names an fsync's file through /proc")
+def test_a_training_checkpoint_fsyncs_each_file_once_and_reads_none_back(tmp_path, monkeypatch):
+    """The trainer's save writes each of its five files and the manifest once, fsynced once, hashing nothing
+    it has to read again (the hidden folder's rename is the commit; a per-file rename adds nothing)."""
+    from attnlab.formats import native
+    from attnlab.training.trainer import Trainer
+
+    trainer = Trainer(tiny_config(tmp_path, max_iters=3), progress=False)
+    synced, hashed, renamed = [], [], []
+    fsync, replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (renamed.append(Path(b).name), replace(a, b))[1])
+    monkeypatch.setattr(native, "file_digest", lambda file: hashed.append(file) or file_digest(file))
+    trainer.save_checkpoint(0.0)
+    monkeypatch.undo()
+    folder = tmp_path / "run" / "checkpoints" / "step-0000000"
+    in_folder = sorted(Path(path).name for path in synced if Path(path).parent.name.startswith(".step-0000000."))
+    assert in_folder == sorted(["train_state.pt", "model.safetensors", "tokenizer.json", "config.json", "train.json",
+                                "manifest.json"])
+    assert not hashed and renamed == list(checkpoint_module.PUBLISHED)  # only the links into OUT are swapped in
+    assert checkpoint_module.find_checkpoint(tmp_path / "run", required=True).path == folder
 
 
 def test_no_complete_checkpoint_stops_with_one_line_naming_the_file(tmp_path, capsys):
@@ -269,11 +304,17 @@ def test_full_disk_is_one_line_and_keeps_the_checkpoint(tmp_path, monkeypatch, c
     assert checkpoint_module.find_checkpoint(tmp_path / "run", required=True).step == 3
 
 
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="names an fsync's file through /proc")
 def test_io_error_on_write_is_one_line_and_keeps_the_checkpoint(tmp_path, monkeypatch, capsys, trained):
-    def failing(path):
-        raise OSError(errno.EIO, "Input/output error", str(path))
+    fsync = os.fsync
 
-    monkeypatch.setattr(checkpoint_module, "fsync_file", failing)  # where a failing disk reports itself
+    def failing(fd):  # where a failing disk reports itself: the fsync of a file of the new checkpoint
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if Path(path).parent.name.startswith(".step-"):
+            raise OSError(errno.EIO, "Input/output error", path)
+        return fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", failing)
     _resume_refused(tmp_path, capsys, "Input/output error")
     assert checkpoint_files(tmp_path / "run") == trained
     assert not hidden_leftovers(tmp_path / "run")

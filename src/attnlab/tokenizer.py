@@ -72,6 +72,10 @@ class Tokenizer:
     def save(self, path: str | Path) -> None:
         self.backend.save(str(path))
 
+    def to_json(self) -> str:
+        """The text `save` writes (tokenizer.json), for a writer that takes bytes."""
+        return self.backend.to_str(pretty=True)
+
     # Using ----------------------------------------------------------------------------------------
     @property
     def vocab_size(self) -> int:

@@ -5,7 +5,9 @@ Design choices:
   unpickled: weights are safetensors, the tokenizer is JSON.
 - Every file is written atomically (to a temporary name in the same directory, fsynced, renamed, then
   the directory fsynced so the rename itself survives a power cut), so a kill at any moment leaves either
-  the old file or the new one, never half of one.
+  the old file or the new one, never half of one. A training checkpoint's files go instead into a hidden
+  folder that no reader sees until one rename commits it whole (`ManifestFolder`): there each file is
+  written once under its own name and fsynced once, and hashed from the bytes written.
 - A directory may carry `manifest.json` (every file's size and SHA-256, written last: training
   checkpoints do, see attnlab.training.checkpoint). Loading verifies it when it is there, so a truncated or
   bit-flipped file is refused with one line naming it instead of loading silently.
@@ -93,19 +95,74 @@ def state_dict_for_saving(model) -> dict[str, torch.Tensor]:
     return state
 
 
-def save_native(model, path: str | Path) -> Path:
-    from safetensors.torch import save_file
+def _as_bytes(data: bytes | memoryview | str) -> bytes | memoryview:
+    return data.encode("utf-8") if isinstance(data, str) else data
 
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
+
+class AtomicFiles:
+    """The files of a folder that readers may look at while it is written: each one swapped in whole
+    (`atomic_write`); tensors are streamed to the file by safetensors, never held as one more copy in memory."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def write(self, name: str, data: bytes | memoryview | str) -> None:
+        atomic_write(self.folder / name, lambda tmp: Path(tmp).write_bytes(_as_bytes(data)))
+
+    def write_tensors(self, name: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+        from safetensors.torch import save_file
+
+        atomic_write(self.folder / name, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+
+
+class ManifestFolder:
+    """The files of a fresh folder that no reader sees until it is renamed into place (a training checkpoint's
+    hidden folder, attnlab.training.checkpoint.write_checkpoint), and its manifest.
+
+    Each file is written once under its own name and fsynced once; its size and SHA-256 come from the bytes
+    as they are written, so the manifest reads nothing back. A temporary name and a rename per file would add
+    nothing here: the folder's own rename is the commit, and the caller fsyncs the folder before it. Tensors
+    are serialized in memory first (one more copy of the weights, less than train_state.pt's bytes with the
+    optimizer's moments), so that the bytes hashed are the bytes written."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        self.files: dict[str, dict] = {}
+
+    def write(self, name: str, data: bytes | memoryview | str) -> None:
+        data = _as_bytes(data)
+        with open(self.folder / name, "xb") as f:  # x: a name written twice is a bug, never an overwrite
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        self.files[name] = {"bytes": memoryview(data).nbytes, "sha256": hashlib.sha256(data).hexdigest()}
+
+    def write_tensors(self, name: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+        from safetensors.torch import save
+
+        self.write(name, save(tensors, metadata=metadata))
+
+    def write_manifest(self, extra: dict | None = None) -> None:
+        """manifest.json, written last: every file written so far with its size and SHA-256, so a folder
+        whose manifest verifies holds exactly what was written."""
+        files = dict(sorted(self.files.items()))
+        self.write(MANIFEST, json.dumps({"format": FORMAT, "version": VERSION, **(extra or {}), "files": files},
+                                        indent=1) + "\n")
+
+
+def save_native(model, path: str | Path | ManifestFolder) -> Path:
+    """Write `model` as config.json, model.safetensors and tokenizer.json into the folder `path`, each file
+    atomically; or through a checkpoint's ManifestFolder, which writes each once and lists it in its manifest."""
+    files = path if isinstance(path, ManifestFolder) else AtomicFiles(path)
     config = {"format": FORMAT, "version": VERSION, "model": model.config.to_dict()}
     if getattr(model, "quantization", None):
         config["quantization"] = model.quantization
-    atomic_write(path / "model.safetensors", lambda tmp: save_file(state_dict_for_saving(model), tmp, metadata={"format": "pt"}))
+    files.write_tensors("model.safetensors", state_dict_for_saving(model), {"format": "pt"})
     if model.tokenizer is not None:
-        atomic_write(path / "tokenizer.json", model.tokenizer.save)
-    atomic_write_text(path / "config.json", json.dumps(config, indent=2) + "\n")
-    return path
+        files.write("tokenizer.json", model.tokenizer.to_json())
+    files.write("config.json", json.dumps(config, indent=2) + "\n")
+    return files.folder
 
 
 def file_digest(file: str | Path) -> dict:
@@ -116,15 +173,6 @@ def file_digest(file: str | Path) -> dict:
             digest.update(block)
             size += len(block)
     return {"bytes": size, "sha256": digest.hexdigest()}
-
-
-def write_manifest(path: str | Path, extra: dict | None = None) -> None:
-    """manifest.json listing every other file of the directory `path` with its size and SHA-256, written
-    atomically and last: a directory whose manifest verifies holds exactly what was written."""
-    path = Path(path)
-    files = {p.name: file_digest(p) for p in sorted(path.iterdir()) if p.is_file() and p.name != MANIFEST}
-    atomic_write_text(path / MANIFEST, json.dumps({"format": FORMAT, "version": VERSION, **(extra or {}),
-                                                   "files": files}, indent=1) + "\n")
 
 
 # Folders whose manifest verified in this process, with the (size, mtime, inode) of every file it lists then:

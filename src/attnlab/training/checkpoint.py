@@ -4,10 +4,12 @@ Design choices:
 - A checkpoint is a folder `OUT/checkpoints/step-NNNNNNN/`: `train_state.pt` (what --resume reads),
   the native model (`config.json`, `model.safetensors`, `tokenizer.json`: what sample, load and the
   explorer read), `train.json` (the run's config) and `manifest.json` (every other file's size and
-  SHA-256, attnlab.formats.native.write_manifest).
+  SHA-256, attnlab.formats.native.ManifestFolder.write_manifest).
 - It commits in one step. The files go into a fresh hidden folder (`.step-NNNNNNN.XXXX.tmp`), each one
-  fsynced, the manifest last; the folder is renamed to its final name (one atomic rename) and
-  `checkpoints/` is fsynced so the rename survives a power cut. This is Orbax's AtomicRenameTemporaryPath
+  written once and fsynced once, its size and SHA-256 taken from the bytes written (native.ManifestFolder:
+  nothing is read back), the manifest last; the hidden folder is fsynced (its entries), renamed to its
+  final name (one atomic rename) and `checkpoints/` is fsynced so the rename survives a power cut. No file
+  inside needs a rename of its own: no reader sees the folder before its rename. This is Orbax's AtomicRenameTemporaryPath
   (orbax/checkpoint/_src/path/atomicity.py: a `<step>.orbax-checkpoint-tmp` folder renamed when final,
   unfinished ones removed before the next save) with PyTorch DCP's rule that the metadata file is written
   last, under a temporary name then renamed (torch/distributed/checkpoint/filesystem.py,
@@ -42,8 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
-from ..formats.native import (CHECKPOINTS, checkpoint_dirs, fsync_dir, fsync_file, newest_complete,
-                              verified_checkpoint, verify_manifest, write_manifest)
+from ..formats.native import (CHECKPOINTS, ManifestFolder, checkpoint_dirs, fsync_dir, fsync_file, newest_complete,
+                              verified_checkpoint, verify_manifest)
 
 STATE_FILE = "train_state.pt"
 TRAIN_JSON = "train.json"
@@ -124,16 +126,14 @@ def find_checkpoint(out: str | Path, *, required: bool, announce: bool = True) -
     return found
 
 
-def write_state(file: str | Path, state: dict[str, Any]) -> None:
-    """torch.save `state` to `file`. torch's own file writer reports a failed write (a full disk) as a
-    RuntimeError without its cause, so the bytes are made in memory and written by Python, whose OSError
-    names it."""
+def state_bytes(state: dict[str, Any]) -> memoryview:
+    """torch.save of `state`, made in memory: torch's own file writer reports a failed write (a full disk)
+    as a RuntimeError without its cause, so the bytes are written by Python, whose OSError names it."""
     import torch
 
     buffer = io.BytesIO()
     torch.save(state, buffer)
-    with open(file, "wb") as f:
-        f.write(buffer.getbuffer())
+    return buffer.getbuffer()
 
 
 def _hide(path: Path) -> Path:
@@ -155,9 +155,10 @@ def remove_leftovers(out: Path) -> None:
             path.unlink(missing_ok=True)
 
 
-def write_checkpoint(out: str | Path, step: int, write: Callable[[Path], None]) -> Path:
-    """Commit a checkpoint of step `step`: write(folder) fills a fresh hidden folder, the manifest is added
-    last, one rename makes it real; then older ones are pruned and the model is linked into OUT."""
+def write_checkpoint(out: str | Path, step: int, write: Callable[[ManifestFolder], None]) -> Path:
+    """Commit a checkpoint of step `step`: write(files) fills a fresh hidden folder through `files` (each
+    file written and fsynced once), the manifest is added last, one rename makes it real; then older ones
+    are pruned and the model is linked into OUT."""
     out = Path(out)
     root = out / CHECKPOINTS
     if not root.is_dir():
@@ -167,11 +168,10 @@ def write_checkpoint(out: str | Path, step: int, write: Callable[[Path], None]) 
     tmp = Path(tempfile.mkdtemp(prefix=f".{checkpoint_name(step)}.", suffix=".tmp", dir=root))
     final = root / checkpoint_name(step)
     try:
-        write(tmp)
-        for file in tmp.iterdir():
-            fsync_file(file)
-        write_manifest(tmp, {"step": step})
-        fsync_dir(tmp)
+        files = ManifestFolder(tmp)
+        write(files)
+        files.write_manifest({"step": step})
+        fsync_dir(tmp)  # the files' names, before the rename that makes them visible
         if final.exists():  # a damaged one a resume skipped, now rewritten
             _hide(final)
         os.rename(tmp, final)

@@ -50,11 +50,11 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UserError
-from ..formats.native import atomic_write, atomic_write_text, save_native
+from ..formats.native import ManifestFolder, atomic_write, atomic_write_text, save_native
 from ..model import Transformer
 from ..tokenizer import Tokenizer
 from .checkpoint import (STATE_FILE, TRAIN_JSON, Checkpoint, find_checkpoint, has_checkpoint, remove_checkpoints,
-                         write_checkpoint, write_state)
+                         state_bytes, write_checkpoint)
 from .config import FLAG_OF_MODEL_FIELD, TrainConfig, flag_name
 from .data import TokenData, prepare_data
 from .snapshots import list_snapshots, save_snapshot, snapshot_steps
@@ -493,10 +493,10 @@ class Trainer:
                 "train_config": self.cfg.to_dict(),
             }
 
-            def write(folder: Path) -> None:
-                write_state(folder / STATE_FILE, state)
-                save_native(self.raw_model, folder)
-                (folder / TRAIN_JSON).write_text(json.dumps({"iter": self.iter, "config": self.cfg.to_dict()}, indent=2) + "\n")
+            def write(files: ManifestFolder) -> None:
+                files.write(STATE_FILE, state_bytes(state))
+                save_native(self.raw_model, files)
+                files.write(TRAIN_JSON, json.dumps({"iter": self.iter, "config": self.cfg.to_dict()}, indent=2) + "\n")
 
             write_checkpoint(self.out, self.iter, write)
         self.last_saved = self.iter
