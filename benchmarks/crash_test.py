@@ -16,8 +16,9 @@ then, when the run has finished, every evaluation in metrics.jsonl equals the un
 
 Under `--ddp N`, torchrun (`--max-restarts N`) runs two workers, and N times a worker dies by SIGKILL (rank
 1 at a random moment, then rank 0 inside a save); torchrun restarts both each time, they resume with
-`--resume auto`, and every evaluation must equal an uninterrupted two-process run's. Results go into
-benchmarks/README.md.
+`--resume auto`, and every evaluation must equal an uninterrupted two-process run's. In both forms a run
+that finished before all its planned kills landed fails (exit 1): it would have shown less than it claims.
+Results go into benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -214,6 +215,9 @@ def main() -> None:
         root = args.root / "single"
         root.mkdir(parents=True, exist_ok=False)
         report = run_crash_test(root, args.kills, args.seed, settings, say=print)
+        if report.kills < args.kills:  # the run finished before its next kill point: less shown than asked
+            raise SystemExit(f"only {report.kills} of the {args.kills} planned kills landed before the run finished "
+                             f"({report.restarts} starts); give it more steps (--max-iters) or fewer --kills")
         print(f"single process: {report.kills} SIGKILLs ({report.inside_save} inside a save), {report.restarts} starts, "
               f"0 unreadable checkpoints, the step never went back; final val loss {report.final_val_loss:.6f} vs "
               f"{report.reference_val_loss:.6f} uninterrupted (largest difference over every evaluation "
