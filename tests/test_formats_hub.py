@@ -193,6 +193,23 @@ def test_hub_errors_are_one_line(hub, tmp_path, args, extra, message):
         assert "HF_HUB_OFFLINE=1" in line and len(hub.requests) == start  # offline: not one request
 
 
+@pytest.mark.parametrize("name, reason", [
+    ("runs/x", "./runs is a folder here, so the name is read as a path in it"),
+    ("org/tiny", "./org is a folder here"),  # a Hub id, but the user has a folder of that name: theirs wins
+    ("runs/x/", "spelled as a path"),
+    ("./runs/x", "spelled as a path"),
+], ids=["first-part-is-a-folder", "hub-id-shadowed-by-a-folder", "trailing-separator", "dot-slash"])
+def test_a_mistyped_local_path_is_one_line_and_asks_nothing_of_the_hub(hub, tmp_path, name, reason):
+    """runs/x with ./runs there is a local path missing its last part, not the Hub's owner "runs": one line, no request."""
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "org").mkdir()
+    start = len(hub.requests)
+    line = cli_error(hub, tmp_path, ["sample", name])
+    assert line.startswith(f"attnlab sample: error: {name}: no such model directory (") and reason in line, line
+    assert "check the path" in line
+    assert hub.requests[start:] == []
+
+
 def test_unsupported_model_type_lists_the_architecture_table_before_fetching_weights(hub, tmp_path):
     start = len(hub.requests)
     line = cli_error(hub, tmp_path, ["heads", "org/t5", "--revision", "main"])

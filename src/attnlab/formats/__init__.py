@@ -69,8 +69,10 @@ def model_dir(path: str | Path, revision: str | None = None) -> Path:
         if path in BUNDLED:
             found = bundled_path(path)
         else:
-            from .hub import download, is_repo_id
+            from .hub import download, is_repo_id, local_path_reason
 
+            if reason := local_path_reason(path):  # a mistyped local path: no request to the Hub
+                raise UserError(f"{path}: no such model directory ({reason}); check the path")
             if is_repo_id(path):
                 return download(path, revision)
     if found.is_file():

@@ -1,8 +1,10 @@
 """Models by Hugging Face Hub name: `attnlab.load("gpt2")`, `attnlab.load("EleutherAI/pythia-70m", revision="step3000")`.
 
-A name that is neither an existing directory nor a bundled model is a Hub repository id. Its files are
-fetched by huggingface_hub (the library transformers uses) into the one Hugging Face cache, and the
-snapshot folder is then read like any local Hugging Face directory by attnlab.formats.hf.
+A name that is neither an existing directory nor a bundled model nor a local path by its spelling or its
+first folder (`local_path_reason`: runs/x beside ./runs is a mistyped path, refused without a request) is a
+Hub repository id. Its files are fetched by huggingface_hub (the library transformers uses) into the one
+Hugging Face cache, and the snapshot folder is then read like any local Hugging Face directory by
+attnlab.formats.hf.
 
 Design choices:
 - huggingface_hub does all the Hub work: the cache layout, HF_HOME / HF_HUB_CACHE, HF_ENDPOINT,
@@ -33,6 +35,7 @@ Design choices:
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -84,13 +87,28 @@ def step_revisions(repo_id: str) -> dict[int, str]:
 
 
 def is_repo_id(name: str) -> bool:
-    """Whether `name` is spelled like a Hub repository id ("gpt2", "EleutherAI/pythia-70m"); paths such as
-    "./runs/x", "/tmp/x" or "a/b/c" are not, so a mistyped directory is never looked up on the Hub."""
+    """Whether `name` is spelled like a Hub repository id ("gpt2", "EleutherAI/pythia-70m") and does not read as
+    a local path (`local_path_reason`), so a mistyped directory is never looked up on the Hub."""
     try:
         validate_repo_id(name)
     except HFValidationError:
         return False
-    return True
+    return local_path_reason(name) is None
+
+
+def local_path_reason(name: str) -> str | None:
+    """Why `name`, which names nothing on disk, is a local path the user mistyped rather than a Hub repository
+    id, or None when it may be a Hub id. A path: spelled as one ("./runs/x", "../x", "/tmp/x", "~/x", "runs/x/",
+    "a/b/c"), or its first part is a folder here ("runs/x" beside ./runs: owner/name on the Hub, but the user
+    meant the folder they have). "EleutherAI/pythia-70m" is a Hub id unless ./EleutherAI exists."""
+    separators = tuple(filter(None, ("/", os.sep, os.altsep)))
+    first, *rest = re.split("|".join(map(re.escape, separators)), name)
+    if name.startswith((".", "~", *separators)) or name.endswith(separators) or len(rest) > 1:
+        return "the name is spelled as a path, so it is not looked up on the Hugging Face Hub"
+    if rest and Path(first).is_dir():
+        return (f"./{first} is a folder here, so the name is read as a path in it rather than as the Hugging Face Hub "
+                f"repository {name}, which would be loaded from another folder")
+    return None
 
 
 def download(repo_id: str, revision: str | None = None) -> Path:
