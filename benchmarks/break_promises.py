@@ -174,7 +174,7 @@ BREAKS = [
           ["tests/test_explorer_fuzz.py::test_the_document_declares_every_status_the_server_can_give"]),
     Break("queue-503", "a full queue answers 503 with Retry-After at once; the rest succeed",
           "no limit: every request waits its turn", QUEUE,
-          [("            full = self.admitted >= self.capacity", "            full = False")],
+          [("        full = self.admitted >= self.capacity", "        full = False")],
           [f"{QT}::test_the_excess_over_capacity_gets_503_at_once_and_the_rest_succeed"]),
     Break("queue-free", "the queue frees its places (no leaked slot)", "a finished request keeps its place",
           QUEUE, [("            self.admitted -= 1", "            pass")],
@@ -196,9 +196,9 @@ BREAKS = [
           [f"{QT}::test_a_nan_in_an_answer_is_sent_as_null_as_fastapi_sends_it"]),
     Break("load-rss", "load test: resident memory after within 10 % of before",
           "each model request leaks 1 MiB", QUEUE,
-          [("            if not full:\n                self.admitted += 1",
-            "            if not full:\n                self.admitted += 1\n"
-            "                self.__dict__.setdefault('leak', []).append(bytearray(2**20))")],
+          [("        if not full:\n            self.admitted += 1",
+            "        if not full:\n            self.admitted += 1\n"
+            "            self.__dict__.setdefault('leak', []).append(bytearray(2**20))")],
           [f"{QT}::test_the_load_benchmark_holds_at_capacity_and_at_twice_it"]),
     Break("host", "a Host that is not a loopback name: 400 (DNS rebinding)", "no Host check", GUARD,
           [("        if not self.any_host and host_name(host) not in self.hosts:", "        if False:")],

@@ -11,14 +11,18 @@ Design choices:
 - Waiting happens in the event loop (an asyncio semaphore), not in a thread: an admitted request takes
   a thread of FastAPI's pool only when its turn comes. The semaphore belongs to the running loop and is
   made again if the loop changes (a TestClient starts one per `with` block).
-- The admission count is guarded by a threading lock and never awaits, so a full queue's 503 costs no
-  more than an HTTP round trip (benchmarks/README.md measures it).
+- The admission count is changed only by code running in the event loop, with no await between reading and
+  writing it, so asyncio's one-coroutine-at-a-time is its only lock (no threading lock: the routes' threads
+  never touch it). A full queue's 503 costs no more than an HTTP round trip (benchmarks/README.md measures it).
+- Concurrency model: one event loop serves the app at a time. uvicorn runs one loop per process (its
+  --workers are processes, each with its own WorkQueue), as the explorer and notebooks serve it; a
+  TestClient runs one loop per `with` block. The count and the semaphore are not safe for one app served by
+  two loops at once (two threads each running an event loop on it), which nothing here does.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -38,17 +42,15 @@ class WorkQueue:
         self.capacity = capacity
         self.workers = workers
         self.admitted = 0  # running + waiting
-        self.lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._running: asyncio.Semaphore | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith(QUEUE_PREFIX):
             return await self.app(scope, receive, send)
-        with self.lock:
-            full = self.admitted >= self.capacity
-            if not full:
-                self.admitted += 1
+        full = self.admitted >= self.capacity  # no await from this check to the increment: atomic in the loop
+        if not full:
+            self.admitted += 1
         if full:
             from starlette.responses import JSONResponse
 
@@ -60,8 +62,7 @@ class WorkQueue:
             async with self.running():
                 await self.app(scope, receive, send)
         finally:
-            with self.lock:
-                self.admitted -= 1
+            self.admitted -= 1
 
     def running(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()
