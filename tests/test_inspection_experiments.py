@@ -158,3 +158,21 @@ def test_repeated_spans_repeat_a_span_after_a_prefix(d_vocab):
     for row in data.tolist():
         # some period p: from some point on, every token equals the one p places back
         assert any(all(row[i] == row[i - p] for i in range(8 + p, 49)) for p in range(1, 21))
+
+
+def test_experiment_training_shows_a_progress_bar_without_a_line_per_evaluation(tmp_path, capsys):
+    """An experiment trains many small models: the Trainer's bar on stderr, not its 100 lines per model;
+    `attnlab train`'s Trainer (the default) still prints a line per evaluation."""
+    from attnlab.inspection.experiments.common import repeated_spans, train_run
+    from attnlab.training.trainer import Trainer
+    from training_tiny import tiny_config
+
+    data = repeated_spans(40, 17, 8, seed=0)
+    train_run(data, 8, tmp_path / "exp", steps=4, batch=4, lr=1e-3, seed=0, progress=True, eval_interval=2,
+              n_layer=1, n_head=2, n_embd=16)
+    err = capsys.readouterr().err
+    assert "train:" in err and "4/4" in err  # the bar
+    assert "step 2: train loss" not in err and "val loss" not in err, err
+    Trainer(tiny_config(tmp_path / "cli", max_iters=4, eval_interval=2)).run()
+    err = capsys.readouterr().err
+    assert "step 2: train loss" in err and "step 4: train loss" in err, err

@@ -252,10 +252,12 @@ class Trainer:
     """One training run: builds the data, model and optimizer from a TrainConfig, then `run()`s it."""
 
     def __init__(self, cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = False, progress: bool = True,
-                 checkpoint: Checkpoint | None = None) -> None:
+                 checkpoint: Checkpoint | None = None, evaluation_lines: bool = True) -> None:
         """resume: True (a checkpoint must be there) or "auto" (resume if there is one, else start fresh);
-        checkpoint: the one to resume from when the caller has found it already (the command line has)."""
-        self.cfg, self.progress = cfg, progress
+        checkpoint: the one to resume from when the caller has found it already (the command line has);
+        progress: the progress bar on stderr; evaluation_lines: with it, a line per evaluation (`attnlab
+        train`'s log; the experiments, which train many small models, keep the bar alone)."""
+        self.cfg, self.progress, self.evaluation_lines = cfg, progress, evaluation_lines
         self.out = Path(cfg.out)
         self.dist, self.device = setup_distributed(cfg.device)
         self.accum_total = cfg.gradient_accumulation_steps or self.dist.world  # micro-batches per step, all ranks
@@ -588,7 +590,7 @@ class Trainer:
                         record.update(target_loss=cfg.target_loss, target_reached_s=elapsed)
                     self._log_metrics(record)
                     self.save_checkpoint(elapsed)
-                    if self.progress and self.dist.is_main:
+                    if self.progress and self.evaluation_lines and self.dist.is_main:
                         full = f", whole val split {losses['val_full']:.4f}" if "val_full" in losses else ""
                         bar.write(f"step {self.iter}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}{full}",
                                   file=sys.stderr)

@@ -122,7 +122,8 @@ def train_run(data: torch.Tensor, d_vocab: int, out: Path, *, steps: int, batch:
     windows start only at sequence starts (--window-stride T + 1). The Trainer keeps the first 90% of the
     sequences for training and the rest for its val loss. The experiments' recipe: AdamW with betas 0.9,
     0.98 and no weight decay, a 20-step warm-up to a constant learning rate (min_lr = lr), clipping at 1.
-    `flags` are further TrainConfig fields (the model's shape, snapshots, eval_interval)."""
+    `flags` are further TrainConfig fields (the model's shape, snapshots, eval_interval). With `progress`, the
+    Trainer's progress bar on stderr, without its line per evaluation (metrics.jsonl has them)."""
     from ...training.config import TrainConfig
     from ...training.trainer import Trainer
 
@@ -137,7 +138,7 @@ def train_run(data: torch.Tensor, d_vocab: int, out: Path, *, steps: int, batch:
         "weight_decay": 0.0, "beta1": 0.9, "beta2": 0.98, "grad_clip": 1.0, "eval_interval": steps,
         "eval_iters": 4, "seed": seed, "device": "cpu", "dtype": "float32", **flags,
     })
-    trainer = Trainer(cfg, overwrite=True, progress=progress)
+    trainer = Trainer(cfg, overwrite=True, progress=progress, evaluation_lines=False)  # the bar, not 100 lines a model
     ids = list(range(d_vocab))
     assert trainer.tokenizer.encode(tokenizer.decode(ids)) == ids, "every token id must occur in the data"
     trainer.run()
