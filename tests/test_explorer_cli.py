@@ -263,6 +263,37 @@ def test_export_html_knocks_out_heads_from_the_command_line(model_dir, tmp_path)
     assert zero[key]["loss_after"] != mean["responses"][key.replace('"zero"', '"mean"')]["loss_after"]
 
 
+def test_export_with_ablate_runs_the_next_token_pass_once_for_the_top_10_and_top_50(monkeypatch):
+    """The ablated model's top 10 (the next-token view) and top 50 (its before / after columns) come from one
+    forward pass, the intact model's top 50 from another: 2 passes where there were 3; the top 10 is the
+    server's answer to the same request."""
+    from attnlab.explorer.service import Variant
+
+    model = small_models()["gpt"]
+    passes, per_call = [], []
+    next_token = Explorer.next_token
+
+    def counted(self, *args, **kwargs):
+        before = len(passes)
+        answer = next_token(self, *args, **kwargs)
+        per_call.append(len(passes) - before)
+        return answer
+
+    monkeypatch.setattr(Explorer, "next_token", counted)
+    handle = model.register_forward_hook(lambda *args: passes.append(1))
+    try:
+        data = export_data(model, TEXT, name="gpt", ablate=[(1, 2)])
+    finally:
+        handle.remove()
+    assert per_call == [1, 1], per_call  # the ablated top 50 (and top 10 from it), then the intact top 50
+    body = {"model": "gpt", "text": TEXT, "ablate": [[1, 2]], "ablation": "zero", "temperature": 1, "top_k": None,
+            "top_p": None}
+    server = Explorer({"gpt": model})
+    for k in (10, 50):
+        answer = next_token(server, "gpt", TEXT, k=k, variant=Variant(((1, 2),), "zero"))
+        assert data["responses"][request_key("/api/next", {**body, "k": k})] == export_round(answer), k
+
+
 @pytest.mark.parametrize("heads, words", [
     ("1-2", "--ablate '1-2': give heads as LAYER.HEAD"),
     ("9.0", "layer 9 is out of range"),

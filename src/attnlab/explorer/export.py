@@ -101,14 +101,16 @@ def export_data(model, text: str, name: str = "model", ablate=(), ablation: str 
     responses[f"/api/models/{quote(name, safe=SAFE_IN_URI)}/head-scores"] = _round(explorer.head_scores(name))
     defaults = {"temperature": 1, "top_k": None, "top_p": None}  # app.js's next-token controls as the page opens
     if cfg.causal:
-        nxt = explorer.next_token(name, text, k=10, variant=variant)
-        put("/api/next", {**defaults, "k": 10}, nxt)
+        # The page asks for the top 10; with ablate, the before / after columns ask for the top 50 too: one
+        # forward pass gives both (the top 10 are the first 10 of the top 50, which topk returns sorted).
+        nxt = explorer.next_token(name, text, k=50 if variant.ablate else 10, variant=variant)
+        put("/api/next", {**defaults, "k": 10}, {**nxt, "candidates": nxt["candidates"][:10]})
         top = nxt["candidates"][0]["id"]  # the next-token view's "who wrote this prediction", of its top candidate
         put("/api/attribution", {"token": top}, explorer.attribution(name, text, top, variant))
     if variant.ablate:  # the knockout bar, and the next-token view's before / after columns
         put("/api/knockout", {}, explorer.knockout(name, text, variant))
         if cfg.causal:
-            put("/api/next", {**defaults, "k": 50}, explorer.next_token(name, text, k=50, variant=variant))
+            put("/api/next", {**defaults, "k": 50}, nxt)
             responses[request_key("/api/next", {**plain, **defaults, "k": 50})] = _round(explorer.next_token(name, text, k=50))
     return {"models": explorer.list_models(), "text": text, "responses": responses,
             "ablate": [list(h) for h in variant.ablate], "ablation": ablation}
