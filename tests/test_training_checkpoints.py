@@ -320,6 +320,14 @@ def test_io_error_on_write_is_one_line_and_keeps_the_checkpoint(tmp_path, monkey
     assert not hidden_leftovers(tmp_path / "run")
 
 
+def _resume_in_child(tmp_path, prefix: tuple[str, ...] = (), **popen) -> subprocess.CompletedProcess:
+    """`attnlab train --resume` of the finished run, to 6 steps, in a real process (after `prefix`, a command that
+    runs it: unshare)."""
+    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([*prefix, sys.executable, "-m", "attnlab", "train", "--out", str(tmp_path / "run"), "--resume",
+                           "--max-iters", "6", "--quiet"], env=env, capture_output=True, text=True, timeout=300, **popen)
+
+
 def test_file_size_limit_in_a_real_process_is_one_line_and_keeps_the_checkpoint(tmp_path, trained):
     """RLIMIT_FSIZE makes the kernel refuse the write (EFBIG), as a full disk does (ENOSPC)."""
     limit = len(trained["step-0000003/model.safetensors"]) // 2
@@ -327,35 +335,37 @@ def test_file_size_limit_in_a_real_process_is_one_line_and_keeps_the_checkpoint(
     def limited() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "attnlab", "train", "--out", str(tmp_path / "run"), "--resume",
-                           "--max-iters", "6", "--quiet"], env=env, capture_output=True, text=True, timeout=300,
-                          preexec_fn=limited)
+    done = _resume_in_child(tmp_path, preexec_fn=limited)
     assert done.returncode == 2 and "disk is full" in one_line_error(done.stderr)
     assert checkpoint_files(tmp_path / "run") == trained
     assert not hidden_leftovers(tmp_path / "run")
 
 
+# Root writes through permissions, so the folder is made read-only for real: a read-only bind mount, made in a
+# mount namespace of the child's own (unshare), which the kernel drops with the child however the test ends
+# (Ctrl-C, a timeout, a kill), so no mount is ever left behind under /tmp/pytest-of-root.
+PRIVATE_MOUNTS = ("unshare", "--mount", "--propagation", "private", "sh", "-c", 'mount --bind -o ro "$0" "$0" && exec "$@"')
+
+
 def test_read_only_output_folder_is_one_line_and_keeps_the_checkpoint(tmp_path, capsys, trained):
     run = tmp_path / "run"
-    if os.geteuid() == 0:  # root writes through permissions: make the folder read-only for real
-        if subprocess.run(["mount", "--bind", "-o", "ro", str(run), str(run)], capture_output=True).returncode:
-            pytest.skip("running as root without the right to mount a read-only folder")
-        undo = ["umount", str(run)]
+    if os.geteuid() == 0:
+        probe = subprocess.run([*PRIVATE_MOUNTS, str(run), "true"], capture_output=True)
+        if probe.returncode:
+            pytest.skip(f"running as root without the right to mount a read-only folder: {probe.stderr.decode().strip()}")
+        done = _resume_in_child(tmp_path, (*PRIVATE_MOUNTS, str(run)))
+        assert done.returncode == 2 and "Read-only file system" in one_line_error(done.stderr), done.stderr
     else:
         folders = [run, *[p for p in run.rglob("*") if p.is_dir()]]
         for folder in folders:
             folder.chmod(0o555)
-        undo = None
-    try:
-        _resume_refused(tmp_path, capsys, "Read-only file system" if undo else "Permission denied")
-    finally:
-        if undo:
-            subprocess.run(undo, check=True)
-        else:
+        try:
+            _resume_refused(tmp_path, capsys, "Permission denied")
+        finally:
             for folder in folders:
                 folder.chmod(0o755)
     assert checkpoint_files(run) == trained
+    assert not any(str(tmp_path) in line for line in Path("/proc/self/mountinfo").read_text().splitlines())
 
 
 # A kill at every point of a save ------------------------------------------------------------------------
