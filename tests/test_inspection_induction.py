@@ -33,6 +33,14 @@ def test_quick_induction_run_and_ablation_of_the_induction_heads(tmp_path, capsy
         assert len(snaps) == setup["steps"] // setup["eval_every"] + 1
         assert snaps[-1]["loss"] < snaps[0]["loss"] - 0.5  # both learn the repeats in part
         assert snaps[-1]["icl_score"] < -0.5  # later tokens are easier than early ones
+    # Measured on the float32 weights (not on the float16 snapshot files, which move the 4th-5th digit): the
+    # last step's numbers are the final checkpoint's
+    eval_data = QUICK.data(QUICK.n_eval, seed=10_000)
+    for name in ("1L", "2L"):
+        final, measured = attnlab.load(tmp_path / f"induction-{name}"), result["final"][name]
+        assert float(per_token_loss(final, eval_data).mean()) == pytest.approx(measured["loss"], abs=2e-6, rel=0)
+        induction = head_scores(final).scores["induction"].max()
+        assert float(induction) == pytest.approx(measured["best_induction"], abs=2e-6, rel=0)
     one, two = result["final"]["1L"], result["final"]["2L"]
     # The claim: only the two-layer model grows an induction head ...
     assert two["best_induction"] > one["best_induction"] + 0.2, (one, two)

@@ -41,7 +41,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -252,12 +252,16 @@ class Trainer:
     """One training run: builds the data, model and optimizer from a TrainConfig, then `run()`s it."""
 
     def __init__(self, cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = False, progress: bool = True,
-                 checkpoint: Checkpoint | None = None, evaluation_lines: bool = True) -> None:
+                 checkpoint: Checkpoint | None = None, evaluation_lines: bool = True,
+                 on_snapshot: Callable[[int, torch.nn.Module], None] | None = None) -> None:
         """resume: True (a checkpoint must be there) or "auto" (resume if there is one, else start fresh);
         checkpoint: the one to resume from when the caller has found it already (the command line has);
         progress: the progress bar on stderr; evaluation_lines: with it, a line per evaluation (`attnlab
-        train`'s log; the experiments, which train many small models, keep the bar alone)."""
+        train`'s log; the experiments, which train many small models, keep the bar alone); on_snapshot: called
+        with (step, model) after each snapshot is written, on the model's own weights (float32 where the snapshot
+        file holds float16: the induction experiment measures there). The model is in training mode; leave it so."""
         self.cfg, self.progress, self.evaluation_lines = cfg, progress, evaluation_lines
+        self.on_snapshot = on_snapshot
         self.out = Path(cfg.out)
         self.dist, self.device = setup_distributed(cfg.device)
         self.accum_total = cfg.gradient_accumulation_steps or self.dist.world  # micro-batches per step, all ranks
@@ -526,6 +530,11 @@ class Trainer:
             raise KeyboardInterrupt
         self.stop_requested = True
 
+    def _snapshot(self) -> None:
+        save_snapshot(self.raw_model, self.out, self.iter)
+        if self.on_snapshot is not None:
+            self.on_snapshot(self.iter, self.raw_model)
+
     def run(self) -> TrainResult:
         cfg = self.cfg
         result = TrainResult(out=self.out, iters=self.iter)
@@ -542,7 +551,7 @@ class Trainer:
         step_time, steps = 0.0, 0
         snapshot_at = set(snapshot_steps(cfg.max_iters, cfg.snapshots)) if self.dist.is_main else set()
         if self.iter in snapshot_at:  # step 0: the initial weights
-            save_snapshot(self.raw_model, self.out, self.iter)
+            self._snapshot()
         self.raw_model.train()
         reached = first_reaching(read_metrics(self.out), cfg.target_loss) if self.dist.is_main else None
         last = self.iter >= cfg.max_iters or self.time_is_up()
@@ -561,7 +570,7 @@ class Trainer:
                 self.iter += 1
                 result.losses[self.iter] = loss
                 if self.iter in snapshot_at:
-                    save_snapshot(self.raw_model, self.out, self.iter)
+                    self._snapshot()
                 tokens_per_s = steps * tokens_per_step / step_time
                 bar.update(1)
                 last = self.iter == cfg.max_iters or self.time_is_up()

@@ -113,7 +113,7 @@ def token_tokenizer(d_vocab: int):
 
 
 def train_run(data: torch.Tensor, d_vocab: int, out: Path, *, steps: int, batch: int, lr: float, seed: int,
-              progress: bool = False, **flags):
+              progress: bool = False, on_snapshot=None, **flags):
     """Train a model on the sequences `data` (N, T+1) of token ids below d_vocab with the training package's
     Trainer (the loop of `attnlab train`), into the run directory `out`; return the trained model (eval mode).
 
@@ -123,7 +123,8 @@ def train_run(data: torch.Tensor, d_vocab: int, out: Path, *, steps: int, batch:
     sequences for training and the rest for its val loss. The experiments' recipe: AdamW with betas 0.9,
     0.98 and no weight decay, a 20-step warm-up to a constant learning rate (min_lr = lr), clipping at 1.
     `flags` are further TrainConfig fields (the model's shape, snapshots, eval_interval). With `progress`, the
-    Trainer's progress bar on stderr, without its line per evaluation (metrics.jsonl has them)."""
+    Trainer's progress bar on stderr, without its line per evaluation (metrics.jsonl has them). `on_snapshot`:
+    the Trainer's, called with (step, model) at every snapshot step."""
     from ...training.config import TrainConfig
     from ...training.trainer import Trainer
 
@@ -138,7 +139,8 @@ def train_run(data: torch.Tensor, d_vocab: int, out: Path, *, steps: int, batch:
         "weight_decay": 0.0, "beta1": 0.9, "beta2": 0.98, "grad_clip": 1.0, "eval_interval": steps,
         "eval_iters": 4, "seed": seed, "device": "cpu", "dtype": "float32", **flags,
     })
-    trainer = Trainer(cfg, overwrite=True, progress=progress, evaluation_lines=False)  # the bar, not 100 lines a model
+    trainer = Trainer(cfg, overwrite=True, progress=progress, evaluation_lines=False,  # the bar, not 100 lines a model
+                      on_snapshot=on_snapshot)
     ids = list(range(d_vocab))
     assert trainer.tokenizer.encode(tokenizer.decode(ids)) == ids, "every token id must occur in the data"
     trainer.run()
