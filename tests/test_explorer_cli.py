@@ -241,6 +241,14 @@ def test_revisions_of_a_local_model_are_one_line(model_dir, capsys):
     assert len(err.splitlines()) == 1 and "this is a local model" in err and "snapshots" in err, err
 
 
+def test_revisions_of_a_mistyped_local_path_say_why_it_is_not_a_hub_id(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    assert main(["explore", "runs/x", "--revisions", "all"]) == 2  # no request: the name reads as a path
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "does not exist here" in err and "./runs is a folder here" in err, err
+
+
 def exported(path) -> dict:
     page = path.read_text(encoding="utf-8")
     return json.loads(page.split("window.ATTNLAB_EXPORT = ", 1)[1].split(";</script>", 1)[0].replace("<\\/", "</"))

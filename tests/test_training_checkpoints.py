@@ -365,7 +365,6 @@ def test_read_only_output_folder_is_one_line_and_keeps_the_checkpoint(tmp_path, 
             for folder in folders:
                 folder.chmod(0o755)
     assert checkpoint_files(run) == trained
-    assert not any(str(tmp_path) in line for line in Path("/proc/self/mountinfo").read_text().splitlines())
 
 
 # A kill at every point of a save ------------------------------------------------------------------------

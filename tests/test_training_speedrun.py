@@ -42,7 +42,7 @@ def test_max_time_runs_the_schedule_on_elapsed_time(schedule):
     assert learning_rate_at(10, capped, elapsed_s=1.0) == pytest.approx(0.0)
 
 
-def test_max_time_stops_the_run_fully_decayed_and_resume_continues_it(tmp_path, capsys):
+def test_max_time_stops_the_run_in_its_cooldown_and_resume_continues_it(tmp_path, capsys):
     cfg = tiny_config(tmp_path, max_iters=10**6, lr_decay_iters=None, max_time=1.5, eval_interval=10**6,
                       schedule="wsd", min_lr=0.0)
     trainer = Trainer(cfg, progress=False)

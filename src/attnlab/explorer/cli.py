@@ -94,11 +94,15 @@ def load_models(specs: list[str], runs: dict | None = None, revision: str | None
 def hub_steps(spec: str, revisions: list[str]) -> dict[int, str]:
     """step -> revision for `explore SPEC --revisions ...`: the names given (each stepN), or with "all" every
     training-step branch the Hub lists for SPEC."""
-    from ..formats.hub import is_repo_id, step_of, step_revisions
+    from ..formats.hub import is_repo_id, local_path_reason, step_of, step_revisions
 
-    if Path(spec).exists() or not is_repo_id(spec):
+    if Path(spec).exists():
         raise UserError(f"{spec}: --revisions picks training-step revisions of a Hugging Face Hub model, and this is "
                         "a local model; explore a training run's directory for its snapshots instead")
+    if not is_repo_id(spec):
+        reason = local_path_reason(spec) or "it is not spelled as a Hub repository id (owner/name)"
+        raise UserError(f"{spec}: --revisions picks training-step revisions of a Hugging Face Hub model, and {spec} "
+                        f"does not exist here as a folder: {reason}")
     if revisions == ["all"]:
         return step_revisions(spec)
     steps: dict[int, str] = {}

@@ -12,8 +12,8 @@ Design choices:
   inside needs a rename of its own: no reader sees the folder before its rename. This is Orbax's AtomicRenameTemporaryPath
   (orbax/checkpoint/_src/path/atomicity.py: a `<step>.orbax-checkpoint-tmp` folder renamed when final,
   unfinished ones removed before the next save) with PyTorch DCP's rule that the metadata file is written
-  last, under a temporary name then renamed (torch/distributed/checkpoint/filesystem.py,
-  FileSystemWriter.finish and its `.metadata`). A kill at any moment leaves the previous checkpoint whole
+  last (torch/distributed/checkpoint/filesystem.py, FileSystemWriter.finish and its `.metadata`, which DCP
+  also renames into place; here the folder's rename is the commit, so the manifest is written in place). A kill at any moment leaves the previous checkpoint whole
   and at worst a hidden temporary folder, which the next save removes.
 - The newest KEEP complete checkpoints stay, so a damaged newest one has a fallback. An older one is
   renamed to a hidden name before it is deleted: a kill mid-delete never leaves half a checkpoint under
