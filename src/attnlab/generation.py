@@ -376,7 +376,8 @@ def generate(model, ids: torch.Tensor, max_new_tokens: int, temperature: float =
         fast = KernelDecoder(model, cache, key_mask if attention_mask is not None else None)
     try:
         if fast is not None and T <= PREFILL_IN_STEPS:  # a short prompt: through the decode step, token by token
-            model._check_values(ids, positions)  # as the module path's prefill does: the C lookup trusts the ids
+            model._check_ids(ids)  # as the module path's prefill does: the C lookup trusts the ids
+            model._check_values(ids, positions)
             for t in range(T):
                 logits = fast(ids[:, t : t + 1], t, positions[:, t : t + 1])
         else:

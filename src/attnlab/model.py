@@ -146,6 +146,14 @@ class Transformer(HookedModule, TransformerLensViews):
             x = self.ln_embed(x)
         return self.drop(x)
 
+    @staticmethod
+    def _check_ids(ids: torch.Tensor) -> None:
+        """UserError for token ids that are not integers or not there: no host read, so every forward runs it."""
+        if ids.dtype not in (torch.int64, torch.int32):
+            raise UserError(f"token ids must be integers, got dtype {ids.dtype}")
+        if ids.shape[-1] == 0:
+            raise UserError("the input has no tokens; give at least one")
+
     def _check_values(self, ids: torch.Tensor, positions: torch.Tensor) -> None:
         """UserError for a token id outside the vocabulary or a position past a learned table, in one host read."""
         cfg = self.config
@@ -184,10 +192,7 @@ class Transformer(HookedModule, TransformerLensViews):
         if ids.dim() == 1:
             ids = ids.unsqueeze(0)
         B, T = ids.shape  # batch, query positions
-        if ids.dtype not in (torch.int64, torch.int32):
-            raise UserError(f"token ids must be integers, got dtype {ids.dtype}")
-        if T == 0:
-            raise UserError("the input has no tokens; give at least one")
+        self._check_ids(ids)
         if positions is None:
             positions = torch.arange(start_pos, start_pos + T, device=ids.device).expand(B, T)
         # The decode step skips the value checks (check_inputs=False, and always when compiled): its token

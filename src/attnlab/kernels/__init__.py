@@ -149,8 +149,9 @@ def usable(*tensors: torch.Tensor) -> bool:
 class Call:
     """The kernel `name` with its arguments bound: tensors by address (and kept alive by it: they must never move),
     None as NULL. Calling it runs the kernel; a decode step is a list of these, prepared once, and `program`
-    runs such a list as one. `wait` False: the next call neither reads what this one writes nor writes what it
-    reads, so in a program the threads go on to it without waiting for each other."""
+    runs such a list as one. `wait` False: in a program the threads go on without waiting for each other, up to
+    the next call that waits; so no call in that stretch, that one included, may read what this one writes or
+    write what it reads."""
 
     def __init__(self, name: str, *args) -> None:
         self.name = name

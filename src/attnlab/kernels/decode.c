@@ -284,6 +284,7 @@ void attnlab_embed(const int64_t *ids, const float *table, const int64_t *positi
  * stay in registers across the keys, 64 values of o at a time (AVX-512, d a multiple of 16); adding into o in
  * memory made each key's pass wait for the last one's stores, 40 % of the kernel's time on the 135M shape. */
 static inline void weighted_sum(const float *p, const float *v, int64_t n, int64_t d, float inv, float *o) {
+  /* a masked key (p = 0) is multiplied, not skipped: a NaN value there makes NaN, as softmax(...) @ V does */
 #if AVX512
   if (d % 16 == 0) {
     for (int64_t i0 = 0; i0 < d; i0 += 64) {
@@ -418,7 +419,10 @@ void attnlab_activate(float *x, int64_t n, int kind) {
 /* SwiGLU's product (Shazeer 2020), in place: gate = silu(gate) * up = gate / (1 + exp(-gate)) * up, n values. */
 void attnlab_silu_mul(float *gate, const float *up, int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; i++) gate[i] = gate[i] / (1.0f + exp_(-gate[i])) * up[i];
+  for (int64_t i = 0; i < n; i++) { /* below -88, e^-gate is past float's range (exp_ holds it there): silu = -0 */
+    float g = gate[i];
+    gate[i] = (g < -88.0f ? -0.0f : g / (1.0f + exp_(-g))) * up[i];
+  }
 }
 
 
