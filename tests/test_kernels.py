@@ -39,6 +39,7 @@ CONFIGS = {
     "sinusoidal-attn-only": dict(positional="sinusoidal", attn_only=True),
     "pythia-parallel-llama3-rope": dict(parallel_residual=True, positional="rope", rotary_fraction=0.25, mlp="gelu",
                                         rope_scaling="llama3", rope_scaling_factor=8.0, rope_original_n_ctx=16),
+    "speedrun-relu2-softcap": dict(positional="rope", norm="rmsnorm", mlp="relu2", bias=False, logit_softcap=3.0),
 }
 
 
@@ -294,7 +295,7 @@ def test_a_short_prompt_goes_through_the_decode_step_and_picks_the_module_paths_
         generate(model, torch.zeros(1, 0, dtype=torch.long), 3)
 
 
-def test_hooked_post_norm_and_narrow_models_take_the_module_path():
+def test_hooked_post_norm_and_narrow_models_take_the_module_path(monkeypatch):
     model = build(CONFIGS["gpt2"])
     seen = []
     with model.hooks([("blocks.0.hook_resid_pre", lambda x, hook: seen.append(x.shape[1]))]):
@@ -304,8 +305,9 @@ def test_hooked_post_norm_and_narrow_models_take_the_module_path():
     assert KernelDecoder.unsupported(model) is None
     assert "post-norm" in KernelDecoder.unsupported(build(dict(norm_placement="post")))
     assert "sliding" in KernelDecoder.unsupported(build(dict(sliding_window=4)))
-    assert "relu2" in KernelDecoder.unsupported(build(dict(mlp="relu2")))
-    assert "soft-capped" in KernelDecoder.unsupported(build(dict(logit_softcap=30.0)))
+    with monkeypatch.context() as patch:  # an MLP the kernels would not know (every one of config.MLPS is known)
+        patch.delitem(kernels.ACTIVATIONS, "relu2")
+        assert "relu2" in KernelDecoder.unsupported(build(dict(mlp="relu2")))
     assert "float32" in KernelDecoder.unsupported(build({}).double())
     assert KernelDecoder.unsupported(attnlab.layers.store_weights_as(build({}), torch.bfloat16)) is not None
 

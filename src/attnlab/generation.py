@@ -252,6 +252,8 @@ class KernelDecoder:
         if model.ln_final is not None:
             steps.append(kernels.norm_call(model.ln_final, x, h))
         steps.append(product(model.unembed, h if model.ln_final is not None else x, self.logits))
+        if cfg.logit_softcap is not None:
+            steps.append(kernels.prepare("attnlab_softcap", self.logits, self.logits.numel(), cfg.logit_softcap))
         self.steps = steps
         self.run = kernels.program(steps)  # consecutive kernel calls: one C call, one parallel region
 
@@ -279,8 +281,6 @@ class KernelDecoder:
             return "post-norm blocks take the module path"
         if model.config.mlp not in kernels.ACTIVATIONS and model.config.mlp != "swiglu":
             return f"the {model.config.mlp} MLP takes the module path"
-        if model.config.logit_softcap is not None:
-            return "soft-capped logits take the module path"
         if model.config.sliding_window is not None:
             return "a sliding attention window takes the module path (the attention kernel sees every earlier key)"
         for m in model.modules():  # one walk (2,004 modules on the 135M shape)

@@ -403,7 +403,8 @@ void attnlab_layer_norm(const float *x, const float *w, const float *b, float *o
   }
 }
 
-/* The MLP's nonlinearity, in place on n values: 0 GELU (exact, erf), 1 GELU (tanh approximation, GPT-2), 2 ReLU. */
+/* The MLP's nonlinearity, in place on n values: 0 GELU (exact, erf), 1 GELU (tanh approximation, GPT-2), 2 ReLU,
+ * 3 ReLU² (modded-nanogpt's, the speedrun recipe's and the demo's). */
 void attnlab_activate(float *x, int64_t n, int kind) {
   for (int64_t i = 0; i < n; i++) {
     float v = x[i];
@@ -411,9 +412,16 @@ void attnlab_activate(float *x, int64_t n, int kind) {
       x[i] = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
     else if (kind == 1)
       x[i] = 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
-    else
+    else if (kind == 2)
       x[i] = v > 0 ? v : 0.0f;
+    else
+      x[i] = v > 0 ? v * v : 0.0f;
   }
+}
+
+/* Logit soft-capping (Gemma 2; modded-nanogpt), in place on n values: x = cap tanh(x / cap). */
+void attnlab_softcap(float *x, int64_t n, float cap) {
+  for (int64_t i = 0; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
 }
 
 /* SwiGLU's product (Shazeer 2020), in place: gate = silu(gate) * up = gate / (1 + exp(-gate)) * up, n values. */
@@ -501,6 +509,10 @@ static void run_op(const attnlab_op *op) {
   case 8:
     share(op->a[2], &lo, &hi);
     attnlab_silu_mul(ARG(0, float *) + lo, ARG(1, const float *) + lo, hi - lo);
+    break;
+  case 9:
+    share(op->a[1], &lo, &hi);
+    attnlab_softcap(ARG(0, float *) + lo, hi - lo, (float)op->f);
     break;
   }
 }
