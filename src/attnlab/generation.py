@@ -254,7 +254,6 @@ class KernelDecoder:
         steps.append(product(model.unembed, h if model.ln_final is not None else x, self.logits))
         if cfg.logit_softcap is not None:
             steps.append(kernels.prepare("attnlab_softcap", self.logits, self.logits.numel(), cfg.logit_softcap))
-        self.steps = steps
         self.run = kernels.program(steps)  # consecutive kernel calls: one C call, one parallel region
 
     @staticmethod

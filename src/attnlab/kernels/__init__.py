@@ -53,6 +53,7 @@ SIGNATURES = {
     "attnlab_softcap": [_ptr, _i64, _float],
     "attnlab_run": [_ptr, _i64, _int],
 }
+ACTIVATIONS = {"gelu": 0, "gelu_tanh": 1, "relu": 2, "relu2": 3}  # attnlab_activate's kinds
 # the kernels a step program (attnlab_run) can hold, in the order of decode.c's op kinds
 PROGRAM_KERNELS = ("attnlab_linear_f32", "attnlab_linear_i8", "attnlab_rope", "attnlab_embed", "attnlab_attend",
                    "attnlab_rms_norm", "attnlab_layer_norm", "attnlab_activate", "attnlab_silu_mul", "attnlab_softcap")
@@ -61,7 +62,6 @@ PROGRAM_KERNELS = ("attnlab_linear_f32", "attnlab_linear_i8", "attnlab_rope", "a
 class Op(ctypes.Structure):
     """decode.c's attnlab_op: one kernel call of a step program."""
     _fields_ = [("kind", ctypes.c_int64), ("wait", ctypes.c_int64), ("a", ctypes.c_int64 * 17), ("f", ctypes.c_double)]
-ACTIVATIONS = {"gelu": 0, "gelu_tanh": 1, "relu": 2, "relu2": 3}  # attnlab_activate's kinds
 
 
 def cache_dir() -> Path:

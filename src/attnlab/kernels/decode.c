@@ -274,12 +274,6 @@ void attnlab_embed(const int64_t *ids, const float *table, const int64_t *positi
   }
 }
 
-/* One query per row attends to the cached keys and values (the chapter's softmax(q K^T scale + mask) V):
- * first the new key and value are written to cache slot `slot`, then query head h of row r reads key/value
- * head h / (heads / kv_heads) (grouped-query attention) at slots [0, slot], those with key_mask[r, s] set
- * (key_mask NULL: all); the slot is read from *slot_at, so a prepared call serves every step. q, out [rows, heads, d_head]; k_new, v_new [rows, kv_heads, d_head]; k_cache, v_cache
- * [rows, kv_heads, max_len, d_head]; key_mask [rows, mask_stride] bytes; scores: room for rows * heads * max_len
- * floats. A row that may see no key gets zeros, as attnlab.attention does. */
 /* o[i] = inv sum_s p[s] v[s, i] for i < d, the values v [n, d] row-major: the attention's mix of values. The sums
  * stay in registers across the keys, 64 values of o at a time (AVX-512, d a multiple of 16); adding into o in
  * memory made each key's pass wait for the last one's stores, 40 % of the kernel's time on the 135M shape. */
@@ -317,6 +311,12 @@ static inline void weighted_sum(const float *p, const float *v, int64_t n, int64
   for (int64_t i = 0; i < d; i++) o[i] *= inv;
 }
 
+/* One query per row attends to the cached keys and values (the chapter's softmax(q K^T scale + mask) V):
+ * first the new key and value are written to cache slot `slot`, then query head h of row r reads key/value
+ * head h / (heads / kv_heads) (grouped-query attention) at slots [0, slot], those with key_mask[r, s] set
+ * (key_mask NULL: all); the slot is read from *slot_at, so a prepared call serves every step. q, out [rows, heads, d_head]; k_new, v_new [rows, kv_heads, d_head]; k_cache, v_cache
+ * [rows, kv_heads, max_len, d_head]; key_mask [rows, mask_stride] bytes; scores: room for rows * heads * max_len
+ * floats. A row that may see no key gets zeros, as attnlab.attention does. */
 static void attend(const float *q, const float *k_new, const float *v_new, float *k_cache, float *v_cache,
                    const uint8_t *key_mask, int64_t mask_stride, float *scores, float *out, int64_t rows,
                    int64_t heads, int64_t kv_heads, int64_t d_head, int64_t max_len, const int64_t *slot_at,
