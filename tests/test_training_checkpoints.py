@@ -11,6 +11,7 @@ import os
 import resource
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -85,7 +86,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one_saying_so(tm
 def test_loading_a_run_and_resuming_it_skip_the_same_damaged_checkpoint_for_the_same_reason(tmp_path, damage):
     """attnlab.load(run) and --resume choose by one walk (native.newest_complete): the same folder, the same
     problem named, so a model loaded from a run is always the one a resume continues."""
-    from attnlab.formats.native import newest_checkpoint
+    from attnlab.formats.native import run_model_dir
 
     train(tiny_config(tmp_path, max_iters=9, lr_decay_iters=9), progress=False)  # keeps steps 6 and 9
     run = tmp_path / "run"
@@ -98,7 +99,7 @@ def test_loading_a_run_and_resuming_it_skip_the_same_damaged_checkpoint_for_the_
         victim.unlink()
     resumed = checkpoint_module.find_checkpoint(run, required=True, announce=False)
     with pytest.warns(UserWarning, match="skipped a damaged checkpoint") as warned:
-        loaded = newest_checkpoint(run)
+        loaded = run_model_dir(run)
     assert resumed.path == loaded == run / "checkpoints" / "step-0000006" and resumed.step == 6
     assert len(resumed.skipped) == 1 and str(victim) in resumed.skipped[0]
     assert f"({resumed.skipped[0]})" in str(warned[0].message)
@@ -190,6 +191,67 @@ def test_loading_a_damaged_checkpoint_folder_names_the_file(tmp_path, capsys, da
         attnlab.load(folder)
     code, err = run_cli(["sample", str(folder), "--max-new-tokens", "3"], capsys)
     assert code == 2 and str(weights) in one_line_error(err)
+
+
+def _damage_the_only_checkpoint(run: Path, damage: str) -> Path:
+    """Damage the run's one checkpoint; returns the damaged file. In place ("flip", "truncate") the run
+    folder's hard link shares the damage; "flip-copied" is a file system without links (the run folder holds
+    a copy of the damaged bytes); "replaced" swaps a truncated file in (the run folder keeps the intact
+    bytes); "state" flips a bit of train_state.pt (the model files are untouched)."""
+    folder = run / "checkpoints" / "step-0000003"
+    victim = folder / ("train_state.pt" if damage == "state" else "model.safetensors")
+    data = bytearray(victim.read_bytes())
+    if damage == "truncate":
+        victim.write_bytes(bytes(data[: len(data) // 2]))
+    elif damage == "replaced":
+        victim.unlink()
+        victim.write_bytes(bytes(data[: len(data) // 2]))
+    else:
+        data[-5] ^= 0x01  # the file still parses: only the digest knows
+        victim.write_bytes(bytes(data))
+    if damage == "flip-copied":
+        (run / "model.safetensors").unlink()
+        (run / "model.safetensors").write_bytes(bytes(data))
+    return victim
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "flip-copied"])
+def test_a_run_whose_only_checkpoint_is_damaged_with_its_model_files_is_refused_in_one_line(tmp_path, capsys,
+                                                                                            damage):
+    """Every checkpoint fails its manifest and the run folder's weights are the damaged ones (a link to them, or
+    a copy): nothing verifies, so nothing loads; one line names the damaged file and the way out."""
+    train(tiny_config(tmp_path, max_iters=3), progress=False)
+    run = tmp_path / "run"
+    victim = _damage_the_only_checkpoint(run, damage)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a refusal, not a warning and a load
+        with pytest.raises(UserError, match="every checkpoint is damaged") as info:
+            attnlab.load(run)
+    message = str(info.value)
+    assert str(victim) in message and str(run / "model.safetensors") in message and "--overwrite" in message
+    assert ("hard link" if damage != "flip-copied" else "same bytes") in message
+    code, err = run_cli(["sample", str(run), "--max-new-tokens", "2"], capsys)
+    assert code == 2 and one_line_error(err) == f"attnlab sample: error: {message}"
+
+
+@pytest.mark.parametrize("damage", ["replaced", "state"])
+def test_a_run_whose_only_checkpoint_is_damaged_loads_its_verified_model_files_with_one_warning(tmp_path, capsys,
+                                                                                               damage):
+    """Every checkpoint fails its manifest, but the run folder's model files are the bytes the checkpoint's
+    manifest lists: they load, with one warning naming the damaged file and what was loaded instead."""
+    train(tiny_config(tmp_path, max_iters=3), progress=False)
+    run = tmp_path / "run"
+    expected = attnlab.load(run).state_dict()
+    victim = _damage_the_only_checkpoint(run, damage)
+    with pytest.warns(UserWarning) as warned:
+        model = attnlab.load(run)
+    assert len(warned) == 1, [str(w.message) for w in warned]
+    message = str(warned[0].message)
+    assert "every checkpoint" in message and str(victim) in message and f"loading the model files in {run}" in message
+    assert all(torch.equal(value, expected[name]) for name, value in model.state_dict().items())
+    code, err = run_cli(["sample", str(run), "--max-new-tokens", "2"], capsys)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 0 and lines == [f"attnlab sample: warning: {message}"], err
 
 
 def test_loading_a_run_hashes_each_checkpoint_file_once(tmp_path, monkeypatch):

