@@ -217,8 +217,8 @@ def test_next_token_is_the_distribution_sampling_draws_from(client, models):
     ("/api/run", {"model": "llama", "text": "x" * 513}, 413, ["513 tokens", "512 tokens"]),
     ("/api/run", {"model": "gpt", "text": "x" * (MAX_CHARS + 1)}, 422, [str(MAX_CHARS), "characters"]),
     ("/api/run", {"model": "gpt", "text": "é"}, 422, ["never saw", "'é'"]),
-    ("/api/run", {"model": "gpt", "text": ""}, 422, ["no tokens"]),
-    ("/api/next", {"model": "bert", "text": "hi"}, 422, ["encoder", "next token"]),
+    ("/api/run", {"model": "gpt", "text": ""}, 422, ["text", "at least 1 character"]),
+    ("/api/next", {"model": "bert", "text": "hi"}, 409, ["encoder", "next token"]),
     ("/api/next", {"model": "gpt", "text": "hi", "top_p": 0}, 422, ["top_p", "greater than 0"]),
     # strict types (schemathesis found the first): a boolean or a string is not a number
     ("/api/pattern", {"model": "gpt", "text": "hi", "layer": 0, "head": False}, 422, ["head", "valid integer"]),
@@ -343,3 +343,14 @@ def test_a_sliding_window_model_shows_its_band_in_the_pattern_and_the_stages():
     np.testing.assert_allclose(pattern.sum(-1), 1, atol=1e-5)
     np.testing.assert_allclose(np.array(stages["softmax"]), pattern, atol=1e-5)
     assert all((v is None) == (not band[i, j]) for i, row in enumerate(stages["masked"]) for j, v in enumerate(row))
+
+
+def test_an_integer_is_json_schemas_any_number_without_a_fraction(client):
+    """1.0 is the integer 1 (the document says "integer", which JSON Schema defines so); 1.5 and false are not."""
+    as_floats = post(client, "/api/pattern", model="gpt", text="hi", layer=1.0, head=2.0, ablate=[[0.0, 1.0]])
+    as_ints = post(client, "/api/pattern", model="gpt", text="hi", layer=1, head=2, ablate=[[0, 1]])
+    assert as_floats.pop("cost")["server_ms"] >= 0 and as_ints.pop("cost")["server_ms"] >= 0  # a timing: differs
+    assert as_floats == as_ints and as_floats["layer"] == 1
+    for bad in (1.5, False, "1"):
+        response = client.post("/api/pattern", json={"model": "gpt", "text": "hi", "layer": bad, "head": 0})
+        assert response.status_code == 422 and "layer" in response.text, (bad, response.text)

@@ -130,10 +130,11 @@ def test_a_step_shows_the_snapshot_and_lists_the_run(client, models, run):
 
 @pytest.mark.parametrize("model, step, words", [("gpt", 5, ["no snapshot at step 5", "0, 10, 20"]),
                                                 ("llama", 0, ["no training snapshots", "--snapshots"])])
-def test_a_step_without_a_snapshot_is_a_422_naming_the_steps(client, model, step, words):
+def test_a_step_without_a_snapshot_is_a_404_naming_the_steps(client, model, step, words):
     response = client.post("/api/run", json={"model": model, "text": TEXT, "step": step})
-    assert response.status_code == 422 and all(w in response.json()["detail"] for w in words), response.text
-    assert client.get(f"/api/models/llama/training").status_code == 422
+    assert response.status_code == 404 and all(w in response.json()["detail"] for w in words), response.text
+    assert client.get(f"/api/models/{model}/head-scores", params={"step": step}).status_code == 404
+    assert client.get("/api/models/llama/training").status_code == 404
 
 
 def test_the_pattern_reports_what_the_text_cost(client):
@@ -228,4 +229,4 @@ def test_attribution_is_the_inspection_direct_logit_attribution_with_the_knockou
     assert knocked["heads"][1][2] == pytest.approx(0, abs=1e-6)  # a knocked-out head writes nothing
     assert knocked["logit"] == pytest.approx(next(c["logit"] for c in ablated if c["id"] == top["id"]), abs=1e-4)
     assert client.post("/api/attribution", json={"model": "gpt", "text": TEXT, "token": 10**6}).status_code == 422
-    assert client.post("/api/attribution", json={"model": "bert", "text": TEXT, "token": 1}).status_code == 422
+    assert client.post("/api/attribution", json={"model": "bert", "text": TEXT, "token": 1}).status_code == 409

@@ -6,8 +6,10 @@ Design choices:
   the static page. FastAPI's Swagger and ReDoc pages load their scripts from a CDN, so they are off.
 - The `Explorer` (models and computations) lives on `app.state`, reached by a dependency, so each app
   has its own models and tests can build as many apps as they like.
-- Errors: an unknown model is 404, a text over the limit 413, any other mistake in a request
-  (a layer, head or token index out of range, a bad mask name) 422; the body is {"detail": message}.
+- Errors: an unknown model or a training step without a snapshot is 404, a next token or an attribution
+  asked of an encoder 409, a text over the limit 413, any other mistake in a request (a layer, head or token
+  index out of range, a bad mask name) 422; the body is {"detail": message}. Each route declares the
+  statuses it can answer (routers/api.py), so a client generating requests from the document knows them.
 - Guarded and queued as a whole, so a route added later is too: `security.Guard` (Host, Origin,
   Content-Type, token, the security headers, never a CORS header) and `work_queue.WorkQueue` (one
   computation at a time, a bounded number waiting, 503 with Retry-After beyond) wrap the app as
@@ -29,12 +31,13 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from ..errors import UserError
 from . import QUEUE
 from .security import LOOPBACK_HOSTS, Guard
-from .service import MAX_CHARS, MAX_TOKENS, Explorer, Run, TextTooLong, UnknownModel
+from .service import MAX_CHARS, MAX_TOKENS, Explorer, NotFound, Run, TextTooLong, Unsupported
 from .work_queue import QUEUE_PREFIX, WorkQueue
 
 # A request body's limit: the longest text JSON-escaped (12 bytes, \uXXXX\uXXXX, for a character outside the
 # BMP) and room for the other fields.
 MAX_BODY_BYTES = 12 * MAX_CHARS + 64 * 1024
+STATUSES = {NotFound: 404, Unsupported: 409, TextTooLong: 413}  # a service UserError's HTTP status (other: 422)
 
 
 def create_app(models: dict[str, Any], *, max_tokens: int = MAX_TOKENS, runs: dict[str, Run] | None = None,
@@ -68,7 +71,7 @@ def create_app(models: dict[str, Any], *, max_tokens: int = MAX_TOKENS, runs: di
 
     @app.exception_handler(UserError)
     async def user_error(request: Request, exc: UserError) -> JSONResponse:
-        status = 404 if isinstance(exc, UnknownModel) else 413 if isinstance(exc, TextTooLong) else 422
+        status = next((code for kind, code in STATUSES.items() if isinstance(exc, kind)), 422)
         return JSONResponse({"detail": str(exc)}, status_code=status)
 
     generate = app.openapi
@@ -127,28 +130,58 @@ def describe_statuses(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def describe_models(spec: dict[str, Any], explorer: Explorer) -> dict[str, Any]:
-    """The document's request fields narrowed to the models served: `model` (and a path's model `name`) is
-    one of their names; `layer`, `head` and `token` are at most the largest index any of them has."""
-    entries = explorer.entries.values()
+    """The document's request fields narrowed to the models served, so that a request it allows is one the
+    server can answer: `model` (and a path's model `name`) is one of their names; `layer`, `head` and `token`
+    (a position; an attributed token is an id, below the vocabulary size) are at most the largest index any
+    of them has; `ablate` holds distinct in-range [layer, head] pairs, at most every head once; and where
+    every model reads text one character at a time, `text` is made of the characters they all know.
+    With several models of different sizes, an index in range for the largest can still be out of range for
+    a smaller one (422): JSON Schema cannot make one field's range depend on another's value."""
+    models = [e.model for e in explorer.entries.values()]
     largest = {
-        "layer": max(e.model.config.n_layers for e in entries) - 1,
-        "head": max(e.model.config.n_heads for e in entries) - 1,
-        "token": max(explorer.token_limit(e.model) for e in entries) - 1,
+        "layer": max(m.config.n_layers for m in models) - 1,
+        "head": max(m.config.n_heads for m in models) - 1,
+        "token": max(explorer.token_limit(m) for m in models) - 1,
     }
     names = list(explorer.entries)
-    for schema in spec.get("components", {}).get("schemas", {}).values():
+    schemas = spec.get("components", {}).get("schemas", {})
+    for schema in schemas.values():
         properties = schema.get("properties", {})
         if "model" in properties:
             properties["model"]["enum"] = names
         for field, top in largest.items():
             if properties.get(field, {}).get("type") == "integer":
                 properties[field]["maximum"] = top
+        if "ablate" in properties:
+            pair = properties["ablate"]["items"]
+            pair["prefixItems"] = [{"type": "integer", "minimum": 0, "maximum": largest["layer"]},
+                                   {"type": "integer", "minimum": 0, "maximum": largest["head"]}]
+            properties["ablate"].update(uniqueItems=True, examples=[[[largest["layer"], 0]]],
+                                        maxItems=max(m.config.n_layers * m.config.n_heads for m in models))
+        if "text" in properties and (characters := known_characters(models)):
+            properties["text"]["pattern"] = "^[" + "".join(f"\\u{ord(c):04x}" for c in characters) + "]*$"
+    if "AttributionRequest" in schemas:
+        schemas["AttributionRequest"]["properties"]["token"]["maximum"] = max(m.config.d_vocab for m in models) - 1
     for methods in spec.get("paths", {}).values():
         for op in methods.values():
             for param in op.get("parameters", []):
                 if param.get("in") == "path" and param["name"] == "name":
                     param["schema"]["enum"] = names
     return spec
+
+
+def known_characters(models) -> list[str] | None:
+    """The characters every model's character-level tokenizer knows, sorted; None when a model reads text
+    another way (a BPE or WordPiece tokenizer takes any text) or one of them lies outside the BMP (a regex
+    \\uXXXX escape cannot name it)."""
+    vocabularies = []
+    for model in models:
+        tokenizer = model.tokenizer
+        if tokenizer is None or tokenizer.kind != "char":
+            return None
+        vocabularies.append({c for c in tokenizer.backend.get_vocab() if len(c) == 1})
+    known = sorted(set.intersection(*vocabularies))
+    return known if known and all(ord(c) <= 0xFFFF for c in known) else None
 
 
 def _version() -> str:

@@ -12,7 +12,8 @@ Design choices:
 - Models come only from the dict given to `Explorer` (paths named on the command line); a request names
   a model by its key, and no request value ever reaches the file system.
 - Limits: a text may have at most `max_tokens` tokens (and no more than a learned-position model's
-  n_ctx); longer is `TextTooLong` (HTTP 413). Unknown model names are `UnknownModel` (404); out-of-range
+  n_ctx); longer is `TextTooLong` (HTTP 413). Unknown model names and training steps without a snapshot are
+  `NotFound` (404); a next token or an attribution asked of an encoder is `Unsupported` (409); out-of-range
   layers, heads and token indices are UserErrors (422). Each message names the value and the limit.
 - Experiments (issue 17): a request may knock out heads (`ablate`, zero or mean ablation) and pick a
   training step (`step`, from `attnlab train --snapshots N`, or a Hub repository's stepN revisions,
@@ -56,8 +57,18 @@ STEP_MODELS = 8  # snapshot models kept in memory per served run (least recently
 CURVE_POINTS = 26  # head scores over training at most at this many snapshots (0.4 s each for a small model)
 
 
-class UnknownModel(UserError):
+class NotFound(UserError):
+    """Something a request names that this explorer does not have: a training step without a snapshot, or the
+    training record of a model served without snapshots (HTTP 404)."""
+
+
+class UnknownModel(NotFound):
     """A model name that the explorer was not started with (HTTP 404)."""
+
+
+class Unsupported(UserError):
+    """A request this model cannot answer, whatever its values: a next token or a direct logit attribution
+    from an encoder, which predicts no next token (HTTP 409)."""
 
 
 class TextTooLong(UserError):
@@ -213,11 +224,11 @@ class Explorer:
         """The entry for the model at training `step` (loaded on first use, up to STEP_MODELS kept)."""
         run = entry.run
         if run is None or not run.snapshots:
-            raise UserError(f"model {entry.name!r} has no training snapshots, so there is no step {step}; "
+            raise NotFound(f"model {entry.name!r} has no training snapshots, so there is no step {step}; "
                             "train with `attnlab train --snapshots N` and explore the run's directory")
         if step not in run.snapshots:
             steps = list(run.snapshots)
-            raise UserError(f"model {entry.name!r} has no snapshot at step {step}; its steps are "
+            raise NotFound(f"model {entry.name!r} has no snapshot at step {step}; its steps are "
                             f"{', '.join(map(str, steps[:12]))}{' ...' if len(steps) > 12 else ''}")
         if step == run.served_step:
             return entry
@@ -445,7 +456,8 @@ class Explorer:
         entry = self.entry(name, variant)
         model = entry.model
         if not model.config.causal:
-            raise UserError(f"model {name!r} is an encoder (not causal): it does not predict a next token; pick a causal model")
+            raise Unsupported(f"model {name!r} is an encoder (not causal): it does not predict a next token; "
+                              "pick a causal model")
         ids, tokens = self.encode(entry, text)
         with entry.lock, torch.no_grad():
             logits = model.run_with_hooks(ids, fwd_hooks=entry.hooks)[:, -1].float()  # [1, d_vocab]
@@ -477,6 +489,9 @@ class Explorer:
         from ..inspection.attribution import direct_logit_attribution
 
         entry = self.entry(name, variant)
+        if not entry.model.config.causal:
+            raise Unsupported(f"model {name!r} is an encoder (not causal): it predicts no next token, so no logit "
+                              "of one to attribute; pick a causal model")
         self.encode(entry, text)  # the text's limits, checked as every view checks them
         if not 0 <= token < entry.model.config.d_vocab:
             raise UserError(f"token id {token} is out of range: model {name!r} has {entry.model.config.d_vocab} tokens")
@@ -522,7 +537,7 @@ class Explorer:
         entry = self.entry(name)
         run = entry.run
         if run is None or not run.snapshots:
-            raise UserError(f"model {name!r} has no training snapshots; train with `attnlab train --snapshots N` "
+            raise NotFound(f"model {name!r} has no training snapshots; train with `attnlab train --snapshots N` "
                             "and explore the run's directory")
         steps = list(run.snapshots)
         if run.repo_id is not None:

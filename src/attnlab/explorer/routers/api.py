@@ -20,12 +20,18 @@ from ..service import Explorer
 
 router = APIRouter(prefix="/api", tags=["explorer"])
 
+NOT_FOUND = {"description": "unknown model, or a training step without a snapshot",
+             "content": {"application/json": {"example": {"detail": "unknown model 'x'; ..."}}}}
 ERRORS = {
-    404: {"description": "unknown model", "content": {"application/json": {"example": {"detail": "unknown model 'x'; ..."}}}},
+    404: NOT_FOUND,
     413: {"description": "text over the token limit", "content": {"application/json": {"example": {"detail": "the text is 600 tokens; the explorer's limit ... is 512 tokens; shorten it"}}}},
     422: {"description": "layer, head or token index out of range, a head listed twice or too many heads in "
-                         "ablate, a step without a snapshot, or an invalid field"},
+                         "ablate, or an invalid field"},
 }
+# what a causal model's views add: an encoder predicts no next token
+CAUSAL_ERRORS = {**ERRORS, 409: {"description": "the model is an encoder: it predicts no next token",
+                                 "content": {"application/json": {"example": {"detail": "model 'minilm' is an encoder "
+                                                                              "(not causal): ..."}}}}}
 
 
 def get_explorer(request: Request) -> Explorer:
@@ -72,19 +78,19 @@ def heads(body: TextRequest, explorer: Explorer = Depends(get_explorer)) -> dict
 
 
 @router.get("/models/{name}/head-scores", summary="Head scores (previous-token, induction, ...) of every head, when attnlab.inspection is installed",
-            responses={404: ERRORS[404], 422: {"description": "a step without a snapshot"}})
+            responses={404: NOT_FOUND})
 def head_scores(name: str, step: int | None = None, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
     return answer(explorer.head_scores(name, step))
 
 
 @router.get("/models/{name}/training", summary="A run's snapshot steps, logged losses and every head's scores at each snapshot",
-            responses={404: ERRORS[404], 422: {"description": "the model has no training snapshots"}})
+            responses={404: {"description": "unknown model, or a model served without training snapshots"}})
 def training(name: str, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
     return answer(explorer.training(name))
 
 
 @router.post("/attribution", summary="Who wrote this prediction: each head's and MLP's direct contribution to a next token's logit",
-             responses=ERRORS)
+             responses=CAUSAL_ERRORS)
 def attribution(body: AttributionRequest, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
     return answer(explorer.attribution(body.model, body.text, body.token, body.variant()))
 
@@ -99,7 +105,8 @@ def trace(body: TraceRequest, explorer: Explorer = Depends(get_explorer)) -> dic
     return answer(explorer.trace(body.model, body.text, body.layer, body.token, body.variant()))
 
 
-@router.post("/next", summary="Next-token probabilities after temperature, top-k and top-p; optionally a draw", responses=ERRORS)
+@router.post("/next", summary="Next-token probabilities after temperature, top-k and top-p; optionally a draw",
+             responses=CAUSAL_ERRORS)
 def next_token(body: NextTokenRequest, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
     return answer(explorer.next_token(body.model, body.text, body.temperature, body.top_k, body.top_p, body.k,
                                       body.sample, body.seed, body.variant()))
