@@ -7,6 +7,7 @@ Tolerances: float64 comparisons use 1e-9 (they differ only by summation order); 
 dozen roundings deep), and every token bf16 picks greedily is within 0.15 × that deviation of float32's best.
 The compiled decode step is traced with the "aot_eager" backend: the same captured, functionalised graph
 that inductor would turn into code (in-place cache writes included), without minutes of C++ compilation;
+one slow test runs inductor itself (a one-layer model, one step, compiled from a fresh cache), and
 benchmarks/generate_speed.py checks inductor's tokens against transformers'.
 """
 
@@ -111,6 +112,33 @@ def test_compiled_decode_step_gives_the_full_forward_logits_and_padded_rows_gene
     for row, prompt in enumerate(prompts):
         alone = generate(model, torch.tensor([prompt]), 8, temperature=0)
         assert batch[row, width:].tolist() == alone[0, len(prompt) :].tolist()
+
+
+@pytest.mark.slow
+def test_inductor_compiles_the_decode_step_into_code_that_gives_the_full_forward_logits(tmp_path, monkeypatch):
+    """The real compiler, once: inductor turns the decode step into C++ (a fresh cache, so it is compiled here
+    rather than loaded), float32 on the CPU, one step of a one-layer model; its logits are the full
+    forward pass's. It needs a C++ compiler, as `--compile` and generate(compile=True) do."""
+    import shutil
+
+    assert shutil.which("g++") or shutil.which("c++"), "inductor needs a C++ compiler: install g++"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)
+    torch._dynamo.reset()
+    model = build(dict(LLAMA, n_layers=1), dtype=torch.float32)
+    B, P = 2, 5
+    ids = torch.randint(0, LLAMA["d_vocab"], (B, P + 1))
+    with torch.no_grad():
+        full = model(ids)
+        cache = KVCache.for_model(model, B, CACHE_ROUND)
+        prefill(model, ids[:, :P], cache)
+        key_mask = torch.zeros(B, CACHE_ROUND, dtype=torch.bool)
+        key_mask[:, : P + 1] = True
+        step = compiled_decode_one_token("inductor")
+        logits = step(model, ids[:, P:], cache, torch.tensor([P]), torch.full((B, 1), P), key_mask)
+    torch._dynamo.reset()
+    assert any((tmp_path / "inductor").rglob("*.so")), "inductor wrote no compiled library"
+    torch.testing.assert_close(logits, full[:, P], rtol=1e-5, atol=1e-5)
 
 
 def test_compiled_decode_step_keeps_to_a_sliding_window_shorter_than_the_text():

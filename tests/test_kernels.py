@@ -25,7 +25,7 @@ from attnlab.attention import scaled_dot_product_attention
 from attnlab.config import ModelConfig
 from attnlab.errors import UserError
 from attnlab.generation import KVCache, KernelDecoder, generate
-from attnlab.layers import _ACTIVATIONS, Int8Linear, LayerNorm, Linear, RMSNorm, quantize
+from attnlab.layers import _ACTIVATIONS, MATVEC_MAX_ROWS, Int8Linear, LayerNorm, Linear, RMSNorm, quantize
 from attnlab.positions import Rotary, apply_rope
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="no C compiler: the kernels fall back to PyTorch")
@@ -238,6 +238,35 @@ def test_kernel_decode_step_gives_the_module_paths_logits(seed, name, threads, m
     for t in range(4, T):
         logits = step(ids[:, t : t + 1], t, torch.full((B, 1), t))
         torch.testing.assert_close(logits, full[:, t], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("B", [MATVEC_MAX_ROWS + 1, 32])  # past the few-row kernels: "B = 32" of the benchmarks
+@pytest.mark.parametrize("int8", [False, True])
+@pytest.mark.parametrize("name", ["gpt2", "llama-gqa"])  # biases (addmm) and none (mm), learned positions and RoPE
+def test_a_decode_step_of_many_rows_gives_the_float64_modules_logits(seed, name, int8, B, monkeypatch):
+    """A batch of more than MATVEC_MAX_ROWS sequences: float32 weights multiply through BLAS (torch.addmm into
+    the step's buffers, added to the residual in place), int8 weights through the int8 kernel at B rows; both
+    against the module path in float64."""
+    import copy
+
+    model = build(CONFIGS[name])
+    if int8:
+        quantize(model, "int8")
+    reference = copy.deepcopy(model).double()  # int8 weights stay int8, widened to float64 where used
+    T, P = 7, 3
+    ids = torch.randint(0, BASE["d_vocab"], (B, T))
+    with torch.no_grad():
+        full = reference(ids)
+    cache = KVCache.for_model(model, B, 12)
+    model(ids[:, :P], kv_cache=cache, start_pos=0)
+    rows = []
+    prepare = kernels.linear_call
+    monkeypatch.setattr(kernels, "linear_call", lambda x, *a, **k: rows.append(x.shape[0]) or prepare(x, *a, **k))
+    step = KernelDecoder(model, cache)
+    assert rows == ([B] * len(KernelDecoder.linears_in_step_order(model)) if int8 else [])  # float32: BLAS only
+    for t in range(P, T):
+        logits = step(ids[:, t : t + 1], t, torch.full((B, 1), t))
+        torch.testing.assert_close(logits.double(), full[:, t], rtol=1e-4, atol=1e-4)
 
 
 def test_a_decode_step_keeps_the_buffers_it_was_prepared_with_alive(seed):
