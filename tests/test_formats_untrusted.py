@@ -186,41 +186,54 @@ JSON_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st
                         st.text(max_size=8), st.lists(st.integers(-3, 3), max_size=3), st.just({}))
 
 
+def ways_to_mutate(target: str) -> tuple[str, ...]:
+    """A JSON file: a value replaced, bytes changed, truncated. model.safetensors (no JSON document): its
+    header's fields, bytes near its start, truncated."""
+    return ("header", "bytes", "truncate") if target.endswith(".safetensors") else ("value", "bytes", "truncate")
+
+
 @st.composite
 def mutations(draw):
     kind = draw(st.sampled_from(KINDS))
     target = draw(st.sampled_from(["config.json", "model.safetensors", "model.safetensors", "tokenizer.json"]))
-    how = draw(st.sampled_from(["value", "bytes", "truncate", "header"] if target == "model.safetensors"
-                               else ["value", "bytes", "truncate"]))
+    how = draw(st.sampled_from(ways_to_mutate(target)))
     return kind, target, how, draw(st.randoms(use_true_random=False)), draw(JSON_VALUES)
 
 
+def _same(a, b) -> bool:
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
 def mutate(path: Path, target: str, how: str, rng, value) -> None:
+    """Change `target` in `path` as `how` says; every way changes what a reader of the file sees (test below)."""
+    assert how in ways_to_mutate(target), (target, how)
     file = path / target
     data = bytearray(file.read_bytes())
     if how == "truncate":
         file.write_bytes(bytes(data[:rng.randrange(len(data))]))
-    elif how == "bytes":
-        for _ in range(rng.randint(1, 4)):
-            at = rng.randrange(min(len(data), 8 + 400) if target.endswith(".safetensors") else len(data))
-            data[at] = rng.randrange(256)
-        file.write_bytes(bytes(data))
+    elif how == "bytes":  # 1-4 distinct positions, each XORed with a non-zero byte
+        span = min(len(data), 8 + 400) if target.endswith(".safetensors") else len(data)
+        before = content(file)
+        while content(file) == before:  # again if JSON reads the same (a space become a tab)
+            changed = data.copy()
+            for at in rng.sample(range(span), rng.randint(1, min(4, span))):
+                changed[at] ^= rng.randrange(1, 256)
+            file.write_bytes(bytes(changed))
     elif how == "header":
         def edit(header):
             name = rng.choice(sorted(k for k in header if k != "__metadata__"))
             field = rng.choice(["dtype", "shape", "data_offsets"])
-            header[name][field] = value if rng.random() < 0.5 else (
-                [rng.randint(-1, 2**40) for _ in range(rng.randint(0, 3))] if field != "dtype"
-                else rng.choice(["F16", "BF16", "I64", "BOOL", "F8_E5M2", "U8", "X"]))
+            new = value if rng.random() < 0.5 else None
+            while new is None or _same(new, header[name][field]):  # never the value it had
+                new = ([rng.randint(-1, 2**40) for _ in range(rng.randint(0, 3))] if field != "dtype"
+                       else rng.choice(["F16", "BF16", "I64", "BOOL", "F8_E5M2", "U8", "X"]))
+            header[name][field] = new
         rewrite_header(file, edit)
-    else:  # a JSON value somewhere in the file replaced by a drawn one
-        try:
-            document = json.loads(data)
-        except ValueError:
-            return
+    else:  # a JSON value somewhere in the file replaced by a drawn one, never by the value it had
+        document = json.loads(data)
         node = document.get("model", document) if isinstance(document, dict) else document
-        if isinstance(node, dict) and node:
-            node[rng.choice(sorted(node))] = value
+        keys = sorted(k for k in node if not _same(node[k], value))
+        node[rng.choice(keys) if keys else "mutated"] = value
         file.write_text(json.dumps(document))
 
 
@@ -242,8 +255,25 @@ def load_or_one_line(path: Path) -> str:
 def test_any_mutation_of_a_real_checkpoint_loads_or_is_one_line(pristine, tmp_path, case):
     kind, target, how, rng, value = case
     path = fresh(pristine, kind, tmp_path)
+    before = content(path / target)
     mutate(path, target, how, rng, value)
+    assert content(path / target) != before, (kind, target, how, value)  # every drawn case tests something
     load_or_one_line(path)
+
+
+def content(file: Path):
+    """What a mutation must change: a JSON file's document (a rewrite that only reformats it changes nothing a
+    reader sees), a safetensors file's header document and data, any other file's bytes."""
+    data = file.read_bytes()
+    try:
+        if file.suffix == ".json":
+            return json.dumps(json.loads(data), sort_keys=True)
+        if file.suffix == ".safetensors":
+            (length,) = struct.unpack("<Q", data[:8])
+            return json.dumps(json.loads(data[8:8 + length]), sort_keys=True), data[8 + length:]
+    except (ValueError, struct.error):
+        pass  # no longer parses: its bytes
+    return data
 
 
 HOSTILE_VALUES = ["x", None, -1, float("nan"), True]  # a string, null, a negative, a non-finite, a boolean
@@ -278,8 +308,9 @@ def test_the_command_line_on_mutated_checkpoints_exits_0_or_2_with_one_line(pris
         kind = KINDS[i % 3]
         target = ["config.json", "model.safetensors", "tokenizer.json"][i % 3 if i < 6 else 1]
         path = fresh(pristine, kind, tmp_path / str(i))
-        mutate(path, target, ["value", "bytes", "truncate", "header"][i % 4] if target == "model.safetensors"
-               else ["value", "bytes", "truncate"][i % 3], rng, [10**12, -1, "x", None][i % 4])
+        before = content(path / target)
+        mutate(path, target, ways_to_mutate(target)[i % 3], rng, [10**12, -1, "x", None][i % 4])
+        assert content(path / target) != before, (i, target)
         done = subprocess.run([sys.executable, "-m", "attnlab", "sample", str(path), "--max-new-tokens", "2",
                                "--prompt", "a"], env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode in (0, 2), done.stderr
