@@ -32,6 +32,7 @@ FETCHED = {"config.json", "tokenizer.json", "tokenizer_config.json", "model.safe
 # Printed by the child: logits of IDS for each "name@revision" given, saved with torch.save.
 LOAD = """
 import sys, torch, attnlab
+torch.set_num_threads(1)  # the thread count of the test process (conftest), so the same sums in the same order
 out = {}
 for spec in sys.argv[2:]:
     name, _, revision = spec.partition("@")
