@@ -1,29 +1,84 @@
-"""`attnlab demo` (`make demo`): pattern walk-through, a short training run on the built-in corpus, a sample."""
+"""`attnlab demo` (`make demo`) as a user runs it: a process of its own, from the pattern
+walk-through through a short training run on the built-in corpus and its sample to the explorer,
+opened in chromium, then Ctrl-C.
+
+Nothing is stubbed: a test that replaced the explorer by a stand-in passed while the real demo died
+on its last step. Only the demo's own flags shorten it (--max-iters, --sample-tokens), --port 0 lets
+the explorer pick a free port (its printed URL says which), and --out keeps the run in tmp_path.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 
 import pytest
 
-from attnlab.cli import main
+from attnlab.explorer.cli import URL_LINE
+from test_explorer_browser import browser, page, settle  # noqa: F401 (chromium, a page: fixtures)
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 
-@pytest.mark.slow
-def test_demo_trains_on_the_builtin_corpus_samples_and_opens_the_explorer(tmp_path, capsys, monkeypatch):
-    from attnlab.explorer import cli as explorer_cli
+@pytest.fixture
+def demo(tmp_path):
+    """`attnlab demo` started in tmp_path: yields (the process, all it printed up to the explorer's
+    URL, the URL, the run's folder, its stderr file); a process still running at the end is
+    killed."""
+    out = tmp_path / "demo-run"
+    stderr = tmp_path / "stderr.txt"
+    with open(stderr, "w") as err:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "attnlab", "demo", "--max-iters", "2", "--sample-tokens", "20",
+             "--port", "0", "--out", str(out)],
+            stdout=subprocess.PIPE, stderr=err, text=True, cwd=tmp_path,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    printed, url = [], None
+    try:
+        for line in process.stdout:
+            printed.append(line)
+            found = URL_LINE.match(line.rstrip("\n"))
+            if found:
+                url = found.group(1)
+                break
+        if url is None:
+            process.wait(timeout=60)
+            pytest.fail(f"attnlab demo ended (exit {process.returncode}) before the explorer "
+                        f"answered:\n{''.join(printed)}\n{stderr.read_text()}")
+        yield process, "".join(printed), url, out, stderr
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        process.stdout.close()
 
-    served = []
-    monkeypatch.setattr(explorer_cli, "run_explore", lambda args: served.append(args) or 0)
-    out = tmp_path / "demo"
-    code = main(["demo", "--max-iters", "2", "--out", str(out), "--sample-tokens", "20", "--port", "0"])
-    printed = capsys.readouterr().out
-    assert code == 0
+
+def test_demo_trains_samples_and_serves_its_model_until_ctrl_c(demo, page):  # noqa: F811
+    process, printed, url, out, stderr = demo
     assert "causal attention pattern of 'A B C'" in printed
     assert "Python's bundled documentation" in printed and "val loss" in printed
     sample = printed.split("--prompt 'The '):\n\n", 1)[1]
-    assert sample.startswith("The ") and len(sample.strip()) >= 4
-    record = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
-    assert record["iter"] == 2
-    assert json.loads((out / "config.json").read_text())["model"]["positional"] == "rope"
-    assert len(served) == 1 and served[0].models == [str(out)] and served[0].host == "127.0.0.1"
+    assert sample.startswith("The ") and len(sample.split("\n\n")[0].strip()) >= 4
+    assert json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["iter"] == 2
+    model = json.loads((out / "config.json").read_text())["model"]
+    assert model["positional"] == "rope"
+
+    # the page, in chromium, shows the model the demo has just trained (named by its folder)
+    page.goto(url)
+    settle(page, "dict")
+    options = page.locator("#model option").all_inner_texts()
+    shape = f"{model['n_layers']}×{model['n_heads']} heads"
+    assert options == [f"demo-run (decoder, {shape})"], options
+    info = page.evaluate("window.attnlab.state.info")
+    assert (info["n_layers"], info["n_heads"]) == (model["n_layers"], model["n_heads"])
+    assert len(page.evaluate("window.attnlab.state.tokens")) > 1
+    assert page.locator("#dict-tokens .chip").count() > 1
+
+    process.send_signal(signal.SIGINT)  # Ctrl-C, as the demo's last line says
+    remaining, _ = process.communicate(timeout=60)
+    errors = stderr.read_text()
+    assert process.returncode in (0, 130), (process.returncode, errors)
+    assert "Traceback" not in errors + remaining, errors

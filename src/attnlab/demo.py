@@ -67,11 +67,10 @@ def run_demo(args: argparse.Namespace) -> int:
 
     if args.no_explore:
         return 0
-    from .explorer import cli as explorer_cli  # here, not at the top: it imports fastapi
+    from .explorer.cli import explore  # here, not at the top: it imports fastapi
 
     print(f"opening the explorer on {cfg.out} (Ctrl-C to stop; --no-explore skips this)", flush=True)
-    explore_args = argparse.Namespace(models=[cfg.out], host="127.0.0.1", port=args.port, max_tokens=512)
-    return explorer_cli.run_explore(explore_args)
+    return explore([str(cfg.out)], port=args.port)
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:

@@ -165,22 +165,34 @@ def url_of(host: str, port: int, token: str | None = None) -> str:
 
 
 def run_explore(args: argparse.Namespace) -> int:
-    if not 0 <= args.port <= 65535:
-        raise UserError(f"--port must be between 0 and 65535, got {args.port}")
-    if args.revision is not None and not args.models:
-        raise UserError("--revision picks a version of the Hub models given; name one (attnlab explore gpt2 --revision main)")
-    if args.queue < 1:
-        raise UserError(f"--queue must be at least 1, got {args.queue}")
-    revisions = [r.strip() for r in args.revisions.split(",") if r.strip()] if args.revisions is not None else None
-    if revisions is not None and not args.models:
+    return explore(args.models, host=args.host, port=args.port, revision=args.revision,
+                   revisions=args.revisions, max_tokens=args.max_tokens, queue=args.queue)
+
+
+def explore(models: list[str], *, host: str = "127.0.0.1", port: int = 8000,
+            revision: str | None = None, revisions: str | None = None, max_tokens: int = MAX_TOKENS,
+            queue: int = QUEUE) -> int:
+    """`attnlab explore MODELS ...`, its flags as named parameters (the demo opens the explorer
+    through this, never by building the command's arguments by hand): checks them, loads the
+    models (the newest run and minilm when `models` is empty) and serves until Ctrl-C.
+    `revisions` is the flag's text ("step1000,step2000" or "all")."""
+    if not 0 <= port <= 65535:
+        raise UserError(f"--port must be between 0 and 65535, got {port}")
+    if revision is not None and not models:
+        raise UserError("--revision picks a version of the Hub models given; name one "
+                        "(attnlab explore gpt2 --revision main)")
+    if queue < 1:
+        raise UserError(f"--queue must be at least 1, got {queue}")
+    steps = None if revisions is None else [r.strip() for r in revisions.split(",") if r.strip()]
+    if steps is not None and not models:
         raise UserError("--revisions picks training steps of the Hub models given; name one "
                         "(attnlab explore EleutherAI/pythia-70m --revisions all)")
-    if revisions is not None and (args.revision is not None or not revisions):
-        raise UserError("--revisions lists the steps to load (step1000,step2000 or all)" +
-                        ("; --revision picks one version: give one of the two" if args.revision is not None else ""))
+    if steps is not None and (revision is not None or not steps):
+        both = "; --revision picks one version: give one of the two" if revision is not None else ""
+        raise UserError("--revisions lists the steps to load (step1000,step2000 or all)" + both)
     runs: dict = {}
-    models = load_models(args.models, runs, args.revision, revisions) if args.models else default_models(runs)
-    return serve(models, args.host, args.port, args.max_tokens, runs, queue=args.queue)
+    loaded = load_models(models, runs, revision, steps) if models else default_models(runs)
+    return serve(loaded, host, port, max_tokens, runs, queue=queue)
 
 
 def serve(models: dict[str, object], host: str, port: int, max_tokens: int, runs: dict | None = None,
