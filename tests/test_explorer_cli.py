@@ -39,7 +39,7 @@ def test_a_port_in_use_is_one_clear_line(model_dir, capsys):
     assert len(err.splitlines()) == 1 and f"port {port}" in err and "in use" in err and f"--port {port + 1}" in err
 
 
-def test_bind_defaults_to_this_machine_only():
+def test_bind_defaults_to_this_machine_only(monkeypatch):
     sock = bind("127.0.0.1", 0)
     try:
         assert sock.getsockname()[0] == "127.0.0.1"
@@ -47,8 +47,11 @@ def test_bind_defaults_to_this_machine_only():
         sock.close()
     from attnlab.cli import build_parser
 
+    from attnlab.env import explorer_port
+
+    monkeypatch.delenv("ATTNLAB_PORT", raising=False)
     args = build_parser().parse_args(["explore"])
-    assert args.host == "127.0.0.1" and args.port == 8000 and args.models == []
+    assert args.host == "127.0.0.1" and explorer_port(args.port) == 8000 and args.models == []
 
 
 def test_newest_run_picks_the_most_recently_written_checkpoint(tmp_path, model_dir):

@@ -49,8 +49,8 @@ def fake_wheel(folder: Path, requirement: str = install_torch.LOCAL) -> Path:
     with zipfile.ZipFile(path, "w") as wheel:
         wheel.writestr(f"{info}/METADATA",
                        f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n")
-        wheel.writestr(f"{info}/WHEEL",
-                       "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        wheel.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\n"
+                                        "Root-Is-Purelib: true\nTag: py3-none-any\n")
         wheel.writestr(f"{info}/RECORD", "")
     return path
 

@@ -82,5 +82,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-iters", type=int, default=None, help="training steps (default: the demo preset's)")
     p.add_argument("--sample-tokens", type=int, default=300, help="length of the printed sample")
     p.add_argument("--no-explore", action="store_true", help="do not start the explorer at the end")
-    p.add_argument("--port", type=int, default=8000, help="the explorer's port (default 8000)")
+    p.add_argument("--port", type=int, default=None,
+                   help="the explorer's port (default 8000, or $ATTNLAB_PORT)")
     p.set_defaults(func=run_demo)

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..env import explorer_port
 from ..errors import UserError
 from . import MAX_TOKENS, QUEUE, VIEWS
 
@@ -169,13 +170,14 @@ def run_explore(args: argparse.Namespace) -> int:
                    revisions=args.revisions, max_tokens=args.max_tokens, queue=args.queue)
 
 
-def explore(models: list[str], *, host: str = "127.0.0.1", port: int = 8000,
+def explore(models: list[str], *, host: str = "127.0.0.1", port: int | None = None,
             revision: str | None = None, revisions: str | None = None, max_tokens: int = MAX_TOKENS,
             queue: int = QUEUE) -> int:
     """`attnlab explore MODELS ...`, its flags as named parameters (the demo opens the explorer
     through this, never by building the command's arguments by hand): checks them, loads the
     models (the newest run and minilm when `models` is empty) and serves until Ctrl-C.
-    `revisions` is the flag's text ("step1000,step2000" or "all")."""
+    `revisions` is the flag's text ("step1000,step2000" or "all"); port None: ATTNLAB_PORT or 8000."""
+    port = explorer_port(port)
     if not 0 <= port <= 65535:
         raise UserError(f"--port must be between 0 and 65535, got {port}")
     if revision is not None and not models:
@@ -309,7 +311,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    "(every stepN branch, as Pythia publishes them); each is fetched when the slider first reaches it")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only; "
                    "any other address requires the token printed with the URL)")
-    p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0 picks a free one)")
+    p.add_argument("--port", type=int, default=None,
+                   help="port to listen on (default 8000, or $ATTNLAB_PORT; 0 picks a free one)")
     p.add_argument("--max-tokens", type=int, default=MAX_TOKENS,
                    help=f"longest text the explorer accepts, in tokens (default {MAX_TOKENS})")
     p.add_argument("--queue", type=int, default=QUEUE, metavar="N",

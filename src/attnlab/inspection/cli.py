@@ -161,9 +161,10 @@ def run_patch(args: argparse.Namespace) -> int:
     return 0
 
 
-def explore_induction(result: dict, out: Path, port: int) -> int:
+def explore_induction(result: dict, out: Path, port: int | None) -> int:
     """Serve the two models in the explorer, both runs' step sliders opened on the 2L model's phase change
     (the 1L model at the same step, for comparison: it never grows an induction head)."""
+    from ..env import explorer_port
     from ..explorer.cli import serve
     from ..explorer.service import Run
     from ..training.snapshots import list_snapshots
@@ -172,8 +173,8 @@ def explore_induction(result: dict, out: Path, port: int) -> int:
     runs = {name: Run(out / name, list_snapshots(out / name), start_step=start, example=result["example_text"])
             for name in ("induction-2L", "induction-1L")}
     print(f"opening the explorer on induction-2L at step {start}, where its induction score rises most")
-    return serve({"induction-2L": result["models"]["2L"], "induction-1L": result["models"]["1L"]}, "127.0.0.1", port,
-                 max_tokens=2048, runs=runs)
+    models = {"induction-2L": result["models"]["2L"], "induction-1L": result["models"]["1L"]}
+    return serve(models, "127.0.0.1", explorer_port(port), max_tokens=2048, runs=runs)
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -199,7 +200,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_revision_flag(p, "--model")
     p.add_argument("--explore", action="store_true", help="induction only: then open the explorer on the two-layer model, "
                    "its training step slider at the phase change")
-    p.add_argument("--port", type=int, default=8000, help="with --explore: the explorer's port (default 8000)")
+    p.add_argument("--port", type=int, default=None,
+                   help="with --explore: the explorer's port (default 8000, or $ATTNLAB_PORT)")
     p.set_defaults(func=run_experiment)
 
     p = sub.add_parser("attribute", help="direct logit attribution of every head and MLP to an answer")

@@ -19,6 +19,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from ..env import capped
 from ..errors import UserError
 
 
@@ -155,6 +156,7 @@ def run_sample(args: argparse.Namespace) -> int:
         raise UserError(f"--num-samples must be a positive integer, got {args.num_samples}")
     if args.max_new_tokens < 0:
         raise UserError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    max_new_tokens = capped(args.max_new_tokens, "ATTNLAB_MAX_NEW_TOKENS", "the tokens of a sample")
     prompt = read_prompt(args)
     device = resolve_device(args.device)
     model = load(args.dir, device=str(device), revision=args.revision)
@@ -175,7 +177,7 @@ def run_sample(args: argparse.Namespace) -> int:
         stream = TextStream(model.tokenizer)
         stream.push(ids[0].tolist())
         seed = None if args.seed is None else args.seed + i
-        generate_windowed(model, ids, args.max_new_tokens, seed=seed, temperature=args.temperature,
+        generate_windowed(model, ids, max_new_tokens, seed=seed, temperature=args.temperature,
                           top_k=args.top_k, top_p=args.top_p, compile=args.compile,
                           on_token=lambda token: stream.push(token[0].tolist()))
         stream.finish()

@@ -22,8 +22,8 @@ Design choices:
   gloo on CPU and nccl on GPU; every rank draws the same global batch and keeps its own rows (without
   --gradient-accumulation-steps, one micro-batch per process per step); accumulation
   micro-steps skip the gradient all-reduce (`no_sync`) except the last; only rank 0 writes files.
-- bf16 autocast on GPUs that have it (`--dtype auto`); float32 on CPU, where this 2-core AVX2 machine has
-  no bf16 matrix units and autocast only adds casts (benchmarks/README.md).
+- bf16 autocast on GPUs that have it (`--dtype auto`); float32 on CPU: on a CPU without bf16 matrix units
+  autocast only adds casts (what it cost on the CPUs measured: benchmarks/README.md, "Training speed").
 - `--compile` compiles embedding, blocks, head and loss as one graph (`forward_loss`); compiling the blocks
   alone gained nothing on 2 CPU threads. It is off by default: its tens of seconds of compilation cancel
   the faster steps on runs of a few minutes.
@@ -42,13 +42,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from ..env import capped
 from ..errors import UserError
 from ..formats.native import ManifestFolder, atomic_write, atomic_write_text, save_native
 from ..model import Transformer
@@ -260,10 +261,15 @@ class Trainer:
         train`'s log; the experiments, which train many small models, keep the bar alone); on_snapshot: called
         with (step, model) after each snapshot is written, on the model's own weights (float32 where the snapshot
         file holds float16: the induction experiment measures there). The model is in training mode; leave it so."""
+        self.dist, self.device = setup_distributed(cfg.device)
+        # ATTNLAB_MAX_STEPS (attnlab.env): a short run of the same command, its schedule over its
+        # steps, each evaluation on at most as many batches
+        steps = capped(cfg.max_iters, "ATTNLAB_MAX_STEPS", "training steps", self.dist.is_main)
+        if steps != cfg.max_iters:
+            cfg = replace(cfg, max_iters=steps, eval_iters=min(cfg.eval_iters, steps))
         self.cfg, self.progress, self.evaluation_lines = cfg, progress, evaluation_lines
         self.on_snapshot = on_snapshot
         self.out = Path(cfg.out)
-        self.dist, self.device = setup_distributed(cfg.device)
         self.accum_total = cfg.gradient_accumulation_steps or self.dist.world  # micro-batches per step, all ranks
         if self.accum_total % self.dist.world:
             raise UserError(
