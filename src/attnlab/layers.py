@@ -51,8 +51,8 @@ class Linear(nn.Linear):
     """nn.Linear (y = x Wᵀ + b), with two fast paths for a few rows (decoding a batch of up to MATVEC_MAX_ROWS
     sequences), whose weights come from main memory at every token: eager, float32 on a CPU, the C kernel of
     attnlab.kernels, which streams each weight row once; inside a compiled graph, a row-wise multiply and sum,
-    which inductor turns into one vectorised loop. Both run 1.5-2.5x the BLAS call on this CPU
-    (benchmarks/README.md, "Generation speed"); every larger product takes F.linear, and
+    which inductor turns into one vectorised loop. Both beat the BLAS call at these sizes (how much, on
+    which CPU: benchmarks/README.md, "Generation speed"); every larger product takes F.linear, and
     tests/test_fast_paths.py and tests/test_kernels.py hold them to its numbers.
     The weight may be stored narrower than the activations (`store_weights_as`): it is widened where it is used,
     which a compiled graph fuses into the same loop."""
