@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-COPIED = ("src", "tests", "benchmarks", "pyproject.toml")
+COPIED = ("src", "tests", "benchmarks", "tools", "pyproject.toml", "README.md")
 
 
 @dataclass
@@ -253,6 +253,26 @@ BREAKS = [
           "the compiled few-row product off by 0.1 %", "src/attnlab/layers.py",
           [("    y = (x.unsqueeze(-2) * weight).sum(-1)\n", "    y = (x.unsqueeze(-2) * weight).sum(-1) * 1.001\n")],
           ["tests/test_fast_paths.py::test_inductor_compiles_the_decode_step_into_code_that_gives_the_full_forward_logits"]),
+    Break("demo-explorer", "make demo trains, samples and serves its model until Ctrl-C",
+          "the demo's last step fails (the explorer refuses its arguments)", "src/attnlab/demo.py",
+          [("    return explore([str(cfg.out)], port=args.port)", "    return explore([str(cfg.out)], port=args.port, queue=0)")],
+          ["tests/test_training_demo.py"]),
+    Break("readme-drift", "every command block of the README runs as written", "export-html loses its -o",
+          "src/attnlab/explorer/cli.py",
+          [('    e.add_argument("-o", "--output", required=True,', '    e.add_argument("--output", required=True,')],
+          ["tests/test_readme_commands.py -k the-explorer"]),
+    Break("no-compiler", "without a C compiler the kernels' tests fail, never skip", "no compiler is found",
+          "src/attnlab/kernels/__init__.py",
+          [('    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")',
+            "    return None")],
+          ["tests/test_kernels.py::test_rope_kernel_equals_apply_rope"]),
+    Break("torch-fallback", "no local torch wheel: the CPU build from PyTorch's index", "the local wheel always 'seen'",
+          "tools/install_torch.py",
+          [("    return subprocess.run(probe, capture_output=True, text=True).returncode == 0", "    return True")],
+          ["tests/test_setup.py::test_without_a_local_wheel_the_cpu_build_comes_from_pytorchs_index"]),
+    Break("cap-silent", "a cap from the environment says what it shortens", "capped silently", "src/attnlab/env.py",
+          [("    if announce:", "    if False:")],
+          ["tests/test_env.py::test_max_steps_caps_a_training_run_schedule_and_all"]),
 ]
 
 
