@@ -44,7 +44,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import CLOCKS, benchmark_device, machine_line, synchronize  # noqa: E402
 
-from attnlab.attention import chunked_attention, scaled_dot_product_attention  # noqa: E402
+from attnlab.model.attention import chunked_attention, scaled_dot_product_attention  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 B, H, D = 1, 8, 64

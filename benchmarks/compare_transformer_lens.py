@@ -34,8 +34,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 import attnlab  # noqa: E402
-from attnlab import patching  # noqa: E402
-from attnlab.config import ModelConfig  # noqa: E402
+from attnlab.inspection import patching  # noqa: E402
+from attnlab.model.config import ModelConfig  # noqa: E402
 from attnlab.tokenizer import Tokenizer  # noqa: E402
 
 CHARS = "abcdefghijklmnopqrstuvwxyz .,"

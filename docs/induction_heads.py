@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 import attnlab
-from attnlab import patching
+from attnlab.inspection import patching
 from attnlab.inspection.experiments.common import new_figure, save_figure
 
 

@@ -1,4 +1,4 @@
-"""attnlab.attention against the NumPy oracle (tests/reference.py), path against path, and its properties.
+"""attnlab.model.attention against the NumPy oracle (tests/reference.py), path against path, and its properties.
 
 Tolerances: float64 comparisons with the oracle use 1e-10 (they differ only by summation order);
 explicit vs fused in float32 must agree to a relative error of 1e-5 (‖a − b‖∞ / ‖b‖∞).
@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import reference
-from attnlab.attention import Attention, causal_mask, scaled_dot_product_attention
-from attnlab.config import ModelConfig
+from attnlab.model.attention import Attention, causal_mask, scaled_dot_product_attention
+from attnlab.model.config import ModelConfig
 
 PATHS = ("explicit", "fused")
 F64 = dict(rtol=1e-10, atol=1e-10)

@@ -1,4 +1,4 @@
-"""attnlab.config: validation messages that name the values and a fix, derived sizes, presets."""
+"""attnlab.model.config: validation messages that name the values and a fix, derived sizes, presets."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attnlab import PRESETS, ModelConfig, Transformer, preset
-from attnlab.config import field_types
+from attnlab.model.config import field_types
 from attnlab.errors import UserError
 
 

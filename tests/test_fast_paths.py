@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from attnlab import Transformer
-from attnlab.attention import chunked_attention, scaled_dot_product_attention
-from attnlab.config import ModelConfig
-from attnlab.generation import CACHE_ROUND, KVCache, compiled_decode_one_token, generate, prefill
+from attnlab.model.attention import chunked_attention, scaled_dot_product_attention
+from attnlab.model.config import ModelConfig
+from attnlab.generate.loop import CACHE_ROUND, KVCache, compiled_decode_one_token, generate, prefill
 
 F64 = dict(rtol=1e-9, atol=1e-9)
 LLAMA = dict(d_vocab=23, n_ctx=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_mlp=48, positional="rope",
@@ -40,7 +40,7 @@ def build(overrides: dict, dtype=torch.float64, std: float = 0.3) -> Transformer
 def test_weights_stored_narrower_than_the_activations_are_widened_where_used():
     import copy
 
-    from attnlab.layers import store_weights_as
+    from attnlab.model.layers import store_weights_as
 
     ids = torch.randint(0, 23, (2, 12), generator=torch.Generator().manual_seed(0))
     for overrides in (LLAMA, dict(LLAMA, positional="learned", norm="layernorm", mlp="gelu", tie_embeddings=True)):
@@ -61,7 +61,7 @@ def test_weights_stored_narrower_than_the_activations_are_widened_where_used():
 
 
 def test_linear_takes_the_matvec_form_only_compiled_on_few_rows_and_it_equals_f_linear():
-    from attnlab.layers import MATVEC_MAX_ROWS, Linear, matvec
+    from attnlab.model.layers import MATVEC_MAX_ROWS, Linear, matvec
 
     torch.manual_seed(0)
     layer = Linear(24, 40).double()

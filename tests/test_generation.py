@@ -1,4 +1,4 @@
-"""attnlab.generation: the KV cache gives the logits of a full forward pass, padding changes nothing, sampling
+"""attnlab.generate.loop: the KV cache gives the logits of a full forward pass, padding changes nothing, sampling
 draws from the distribution it says it does, and bad arguments are refused.
 
 Tolerance: cached and full logits in float64 agree to 1e-9 (the same float32 RoPE/sinusoid angles on both sides).
@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from attnlab import Transformer
-from attnlab.config import ModelConfig
+from attnlab.model.config import ModelConfig
 from attnlab.errors import UserError
-from attnlab.generation import KVCache, decode_one_token, filter_logits, generate, prefill, sample_next
+from attnlab.generate.loop import KVCache, decode_one_token, filter_logits, generate, prefill, sample_next
 
 BASE = dict(d_vocab=13, n_ctx=32, d_model=16, n_layers=2, n_heads=4, d_mlp=32)
 CONFIGS = {

@@ -1,4 +1,4 @@
-"""attnlab.hooks on the Transformer: TransformerLens's names and shapes, caching, editing, and the fused path.
+"""attnlab.lens.hooks on the Transformer: TransformerLens's names and shapes, caching, editing, and the fused path.
 
 Tolerance for "hooks never change the result" (float32, explicit vs fused attention): relative error 1e-5.
 """
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from attnlab import ActivationCache, Transformer
-from attnlab.attention import scaled_dot_product_attention
-from attnlab.config import ModelConfig
+from attnlab.model.attention import scaled_dot_product_attention
+from attnlab.model.config import ModelConfig
 from attnlab.errors import UserError
 
 B, T = 2, 5

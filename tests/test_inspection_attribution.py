@@ -9,7 +9,7 @@ import torch
 
 from attnlab import Transformer
 from attnlab.cli import main
-from attnlab.config import ModelConfig
+from attnlab.model.config import ModelConfig
 from attnlab.formats.native import save_native
 from attnlab.inspection.attribution import direct_logit_attribution
 from attnlab.tokenizer import Tokenizer

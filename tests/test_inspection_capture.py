@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import attnlab
-import attnlab.attention
+import attnlab.model.attention
 from attnlab.inspection.capture import capture_patterns
 
 
@@ -18,8 +18,8 @@ def test_run_with_cache_stores_only_the_filtered_names(monkeypatch):
     model = small("nano")
     ids = torch.randint(61, (2, 20))
     calls = []
-    real = attnlab.attention.attention_pattern
-    monkeypatch.setattr(attnlab.attention, "attention_pattern", lambda s: calls.append(s.shape) or real(s))
+    real = attnlab.model.attention.attention_pattern
+    monkeypatch.setattr(attnlab.model.attention, "attention_pattern", lambda s: calls.append(s.shape) or real(s))
     _, cache = model.run_with_cache(ids, names_filter="blocks.1.attn.hook_pattern")
     assert list(cache) == ["blocks.1.attn.hook_pattern"]
     assert cache["blocks.1.attn.hook_pattern"].shape == (2, 4, 20, 20)

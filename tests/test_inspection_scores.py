@@ -6,17 +6,7 @@ import pytest
 import torch
 
 import attnlab
-from attnlab.inspection.scores import (
-    attention_to,
-    copying_scores,
-    duplicate_token_targets,
-    first_token_targets,
-    head_scores,
-    induction_targets,
-    pattern_scores,
-    previous_token_targets,
-    repeated_random_tokens,
-)
+from attnlab.inspection.scores import attention_to, copying_scores, duplicate_token_targets, first_token_targets, head_scores, induction_targets, pattern_scores, previous_token_targets, repeated_random_tokens
 
 
 def one_hot_pattern(targets: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""attnlab.kernels (the C decode kernels), the kernel decode step and int8 weights, each against the PyTorch
+"""attnlab.generate.kernels (the C decode kernels), the kernel decode step and int8 weights, each against the PyTorch
 equation it stands in for.
 
 Tolerances: float32 products and attention agree with torch to 1e-5 relative (different summation orders);
@@ -20,13 +20,13 @@ import torch
 import torch.nn.functional as F
 
 import attnlab
-from attnlab import generation, kernels
-from attnlab.attention import scaled_dot_product_attention
-from attnlab.config import ModelConfig
+from attnlab.generate import loop as generation, kernels
+from attnlab.model.attention import scaled_dot_product_attention
+from attnlab.model.config import ModelConfig
 from attnlab.errors import UserError
-from attnlab.generation import KVCache, KernelDecoder, generate
-from attnlab.layers import _ACTIVATIONS, MATVEC_MAX_ROWS, Int8Linear, LayerNorm, Linear, RMSNorm, quantize
-from attnlab.positions import Rotary, apply_rope
+from attnlab.generate.loop import KVCache, KernelDecoder, generate
+from attnlab.model.layers import _ACTIVATIONS, MATVEC_MAX_ROWS, Int8Linear, LayerNorm, Linear, RMSNorm, quantize
+from attnlab.model.positions import Rotary, apply_rope
 
 NO_KERNELS = ("attnlab's C kernels could not be built here (no C compiler: cc, gcc or clang; "
               "or ATTNLAB_KERNELS=0): they are the default generation path, so their tests fail "
@@ -350,12 +350,12 @@ def test_hooked_post_norm_and_narrow_models_take_the_module_path(monkeypatch):
         patch.delitem(kernels.ACTIVATIONS, "relu2")
         assert "relu2" in KernelDecoder.unsupported(build(dict(mlp="relu2")))
     assert "float32" in KernelDecoder.unsupported(build({}).double())
-    assert KernelDecoder.unsupported(attnlab.layers.store_weights_as(build({}), torch.bfloat16)) is not None
+    assert KernelDecoder.unsupported(attnlab.model.layers.store_weights_as(build({}), torch.bfloat16)) is not None
 
 
 def test_without_a_compiler_generation_falls_back_to_pytorch(tmp_path):
     """No compiler (CC names none) and an empty cache: no kernels, and generate still runs the same model."""
-    code = ("import torch, attnlab; from attnlab import kernels; assert not kernels.available(); "
+    code = ("import torch, attnlab; from attnlab.generate import kernels; assert not kernels.available(); "
             "m = attnlab.Transformer(attnlab.preset('nano', d_vocab=11)).eval(); "
             "print(m.generate(torch.tensor([[1, 2]]), 3, temperature=0).shape)")
     env = {**os.environ, "CC": str(tmp_path / "no-such-compiler"), "ATTNLAB_CACHE": str(tmp_path)}

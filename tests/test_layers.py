@@ -1,4 +1,4 @@
-"""attnlab.layers: norms and MLPs against the oracle in float64 (tolerance 1e-10)."""
+"""attnlab.model.layers: norms and MLPs against the oracle in float64 (tolerance 1e-10)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import reference
-from attnlab.config import ModelConfig
-from attnlab.layers import MLP, LayerNorm, RMSNorm, make_norm
+from attnlab.model.config import ModelConfig
+from attnlab.model.layers import MLP, LayerNorm, RMSNorm, make_norm
 
 F64 = dict(rtol=1e-10, atol=1e-10)
 

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from attnlab import Transformer
-from attnlab.config import ModelConfig
+from attnlab.model.config import ModelConfig
 from attnlab.errors import UserError
-from attnlab.factored_matrix import FactoredMatrix, composition_scores
+from attnlab.lens.factored_matrix import FactoredMatrix, composition_scores
 from attnlab.tokenizer import Tokenizer
-from attnlab.utils import apply_slice, get_act_name, test_prompt
+from attnlab.lens.names import apply_slice, get_act_name, test_prompt
 
 B, T = 2, 6
 BASE = dict(d_vocab=13, n_ctx=16, d_model=16, n_layers=3, n_heads=4, d_mlp=24)

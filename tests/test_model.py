@@ -1,4 +1,4 @@
-"""attnlab.model: blocks and whole models (decoders and encoders) against the oracle, and their properties.
+"""attnlab.model.transformer: blocks and whole models (decoders and encoders) against the oracle, and their properties.
 
 Tolerances, float64: 1e-9 where every step is computed in float64; 1e-5 for sinusoidal and RoPE models,
 whose angles attnlab computes in float32 as transformers does (tests/test_positions.py checks them).
@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 import reference
 from attnlab import Transformer
-from attnlab.config import ModelConfig
+from attnlab.model.config import ModelConfig
 from attnlab.errors import UserError
-from attnlab.model import Block
+from attnlab.model.transformer import Block
 
 SMALL = dict(d_vocab=11, n_ctx=16, d_model=16, n_layers=2, n_heads=2)
 

@@ -1,4 +1,4 @@
-"""attnlab.patching: sweeps against values computed here by running the blocks by hand (no hooks), the
+"""attnlab.inspection.patching: sweeps against values computed here by running the blocks by hand (no hooks), the
 patch-everything / patch-nothing bounds, the labelled axes, the heat maps and the one-line errors."""
 
 from __future__ import annotations
@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab import Transformer, patching
-from attnlab.config import ModelConfig
+from attnlab import Transformer
+from attnlab.inspection import patching
+from attnlab.model.config import ModelConfig
 from attnlab.errors import UserError
 
 T = 5

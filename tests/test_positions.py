@@ -1,4 +1,4 @@
-"""attnlab.positions: sinusoids and RoPE against the oracle, and RoPE's defining properties.
+"""attnlab.model.positions: sinusoids and RoPE against the oracle, and RoPE's defining properties.
 
 Tolerances: apply_rope with given cos/sin is exact in float64 (1e-12). attnlab computes the angles
 themselves in float32, as transformers does, so cos/sin tables and sinusoids agree with the float64
@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 import reference
 from attnlab import Transformer
-from attnlab.config import ModelConfig
+from attnlab.model.config import ModelConfig
 from attnlab.errors import UserError
-from attnlab.positions import Rotary, apply_rope, rotate_half, sinusoidal_positions
+from attnlab.model.positions import Rotary, apply_rope, rotate_half, sinusoidal_positions
 
 F32_ANGLES = dict(rtol=0, atol=1e-5)
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from attnlab.config import ModelConfig, field_types
+from attnlab.model.config import ModelConfig, field_types
 from attnlab.errors import UserError
 from attnlab.training.cli import add_commands
 from attnlab.training.config import MODEL_FIELDS, TRAIN_PRESETS, TrainConfig, build_config

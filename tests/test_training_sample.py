@@ -38,7 +38,7 @@ def test_sample_streams_prompt_then_new_text(run_dir, capsys):
 
 
 def test_sample_compiled_and_with_bf16_weights(run_dir, capsys, monkeypatch):
-    import attnlab.generation as generation
+    import attnlab.generate.loop as generation
 
     # aot_eager traces the same decode graph as inductor without compiling C++ (tests/test_fast_paths.py)
     compiled_steps = []
@@ -53,11 +53,11 @@ def test_sample_compiled_and_with_bf16_weights(run_dir, capsys, monkeypatch):
 
 
 def test_sample_with_int8_weights_is_the_quantized_models_generation(run_dir, capsys, monkeypatch):
-    import attnlab.layers
+    import attnlab.model.layers
 
     quantized = []
-    real = attnlab.layers.quantize
-    monkeypatch.setattr(attnlab.layers, "quantize", lambda m, scheme: quantized.append(scheme) or real(m, scheme))
+    real = attnlab.model.layers.quantize
+    monkeypatch.setattr(attnlab.model.layers, "quantize", lambda m, scheme: quantized.append(scheme) or real(m, scheme))
     argv = [str(run_dir), "--prompt", "the cat", "--max-new-tokens", "12", "--temperature", "0", "--quantize", "int8"]
     code, out, _ = sample(argv, capsys)
     assert quantized == ["int8"]

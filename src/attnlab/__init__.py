@@ -5,16 +5,17 @@
     logits, cache = model.run_with_cache(ids)
     cache["blocks.0.attn.hook_pattern"]  # [batch, head, query_pos, key_pos]
 
-Heavier parts (checkpoint formats, the explorer) are imported when first used, not at import time.
+Heavier parts (checkpoint formats, the explorer) are imported when first used, not at import time, and so
+are TransformerLens's module names `utils` and `patching` (`from attnlab import utils, patching`).
 """
 
-from .attention import scaled_dot_product_attention
-from .config import PRESETS, ModelConfig, preset
 from .errors import UserError
-from .cache import ActivationCache
-from .hooks import HookPoint
-from .layers import quantize
-from .model import Transformer
+from .lens.cache import ActivationCache
+from .lens.hooks import HookPoint
+from .model.attention import scaled_dot_product_attention
+from .model.config import PRESETS, ModelConfig, preset
+from .model.layers import quantize
+from .model.transformer import Transformer
 
 __version__ = "0.1.0"
 
@@ -29,6 +30,14 @@ def __getattr__(name: str):
         from . import formats
 
         return getattr(formats, name)
+    if name == "utils":  # TransformerLens's name for its helpers module
+        from .lens import names
+
+        return names
+    if name == "patching":
+        from .inspection import patching
+
+        return patching
     if name == "show":
         from .explorer.notebook import show
 

@@ -4,7 +4,7 @@ Design choices:
 - Every number the page shows comes from one forward pass with `run_with_cache`, restricted by
   `names_filter` to the hooks a view needs, so a 512-token text never materialises a full cache of
   every layer's patterns unless the heads grid asks for them.
-- The stages of the attention equation (raw q·kᵀ, ·scale, mask, softmax) reuse attnlab.attention's
+- The stages of the attention equation (raw q·kᵀ, ·scale, mask, softmax) reuse attnlab.model.attention's
   functions on the cached q and k as the layer used them (after qk-norm and RoPE), so they agree with
   the cached pattern to float rounding; the API tests check that.
 - Hooks are attached to the model's modules, so two forward passes on one model at once would mix their
@@ -47,7 +47,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..attention import apply_mask, attention_pattern, attention_scores, expand_kv
+from ..model.attention import apply_mask, attention_pattern, attention_scores, expand_kv
 from ..errors import UserError
 from . import MAX_TOKENS
 
@@ -451,7 +451,7 @@ class Explorer:
                    top_p: float | None = None, k: int = 10, sample: bool = False, seed: int | None = None,
                    variant: Variant = PLAIN) -> dict[str, Any]:
         """The next-token distribution after temperature / top-k / top-p (what sampling draws from), its top k, and a draw."""
-        from ..generation import filter_logits, sample_next
+        from ..generate.loop import filter_logits, sample_next
 
         entry = self.entry(name, variant)
         model = entry.model

@@ -5,7 +5,7 @@ Design choices:
 - GPT-NeoX is attnlab with RoPE, LayerNorm and a plain GELU MLP, plus two settings of ModelConfig:
   `parallel_residual` (use_parallel_residual, Pythia's default: attention and MLP both read resid_pre) and
   `rotary_fraction` (rotary_pct: Pythia rotates the first quarter of each head's dims, rotate-half
-  convention within them, as attnlab.positions does). transformers computes rotary_ndims = int(d_head * pct);
+  convention within them, as attnlab.model.positions does). transformers computes rotary_ndims = int(d_head * pct);
   the fraction is stored as that count over d_head, so both sides rotate the same dims.
 - q, k and v come out of one fused `query_key_value`, interleaved per head: transformers views its output
   as [head, 3 * d_head] and chunks the last dim into q, k, v. The table marks it `heads=n_heads`, and
@@ -20,10 +20,9 @@ Design choices:
 
 from __future__ import annotations
 
-from ..config import ModelConfig
+from ..model.config import ModelConfig
 from ..errors import UserError
-from .hf import (Architecture, Weight, activation_from_hf, activation_to_hf, check_plain_heads, check_writable,
-                 rope_from_hf, rope_to_hf, sizes_from_hf, special_ids)
+from .hf import Architecture, Weight, activation_from_hf, activation_to_hf, check_plain_heads, check_writable, rope_from_hf, rope_to_hf, sizes_from_hf, special_ids
 
 
 def config_from_hf(hf: dict, source: str) -> ModelConfig:

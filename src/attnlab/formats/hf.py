@@ -30,10 +30,9 @@ from pathlib import Path
 
 import torch
 
-from ..config import ModelConfig
+from ..model.config import ModelConfig
 from ..errors import UserError, first_line
-from .native import (atomic_write, atomic_write_text, attach_tokenizer, check_dtype, check_fits, empty_model,
-                     state_dict_for_saving, warn_non_finite)
+from .native import atomic_write, atomic_write_text, attach_tokenizer, check_dtype, check_fits, empty_model, state_dict_for_saving, warn_non_finite
 
 INDEX = "model.safetensors.index.json"
 SPECIAL_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
@@ -165,7 +164,7 @@ def check_plain_heads(cfg: ModelConfig, style: str, scales: tuple[float, ...] = 
     raise UserError(f"cannot save as Hugging Face {style}: {problem}; use format='attnlab'")
 
 
-# config.json's rope_type -> ModelConfig.rope_scaling (attnlab.positions.scale_frequencies computes each)
+# config.json's rope_type -> ModelConfig.rope_scaling (attnlab.model.positions.scale_frequencies computes each)
 ROPE_TYPES = {"default": "none", "linear": "linear", "llama3": "llama3"}
 
 
@@ -396,7 +395,7 @@ def save_hf(model, path: str | Path) -> Path:
         raise UserError(f"this model is quantized ({model.quantization}), which Hugging Face's format does not hold; "
                         "save it with format=\"attnlab\", or save the float model before quantizing")
 
-    from ..model import Transformer
+    from ..model.transformer import Transformer
 
     cfg = model.config
     arch = architecture_to_write(cfg)

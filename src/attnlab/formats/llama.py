@@ -10,7 +10,7 @@ Design choices:
 - Qwen2/3 choose a window per layer (layer_types, or use_sliding_window with max_window_layers); attnlab
   has one window for every layer, so a config that windows some layers only is refused by name.
 - RoPE: transformers' llama rotates every dim of a head in the rotate-half convention, exactly as
-  attnlab.positions does. rope_type default, linear and llama3 (Llama 3.1/3.2's context extension) are read
+  attnlab.model.positions does. rope_type default, linear and llama3 (Llama 3.1/3.2's context extension) are read
   into ModelConfig.rope_scaling and written back; others (yarn, dynamic, ...) are refused by name.
   transformers' default RoPE ignores partial_rotary_factor for llama, so attnlab does too, to compute the
   same function.
@@ -23,7 +23,7 @@ Design choices:
 
 from __future__ import annotations
 
-from ..config import ModelConfig
+from ..model.config import ModelConfig
 from ..errors import UserError
 from .hf import Architecture, Weight, check_writable, rope_from_hf, rope_to_hf, sizes_from_hf, special_ids
 

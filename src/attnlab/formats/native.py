@@ -34,7 +34,7 @@ from typing import TypeVar
 
 import torch
 
-from ..config import ModelConfig
+from ..model.config import ModelConfig
 from ..errors import UserError, first_line
 
 FORMAT = "attnlab"
@@ -404,8 +404,8 @@ def empty_model(config: ModelConfig, device: str | torch.device = "cpu"):
     computed, not loaded). Small models are simply initialised: the meta path's first use imports torch's
     Python meta kernels, which costs seconds, more than their init.
     """
-    from ..model import Transformer
-    from ..positions import Rotary
+    from ..model.transformer import Transformer
+    from ..model.positions import Rotary
 
     d, n = config.d_model, config.n_layers
     rough_params = config.d_vocab * d * 2 + n * d * (4 * d + 3 * config.mlp_dim)
@@ -443,7 +443,7 @@ def load_native(path: str | Path, device: str | torch.device = "cpu"):
     check_fits(config, [weights], source)
     model = empty_model(config, device)
     if meta.get("quantization"):
-        from ..layers import quantize
+        from ..model.layers import quantize
 
         quantize(model, meta["quantization"])
     load_state(model, state, weights)

@@ -7,7 +7,7 @@ Design choices:
   carries (the final norm's bias and the unembedding bias, read along the answer direction) is reported as
   `constant`, so the terms plus the constant are exactly the model's logit (difference).
 - Contributors are ranked by absolute attribution; the PNG is a layer × head heat map beside a bar per MLP.
-- `patch_sweeps` runs the chosen sweeps of attnlab.patching on a clean/corrupted pair with the logit
+- `patch_sweeps` runs the chosen sweeps of attnlab.inspection.patching on a clean/corrupted pair with the logit
   difference as the metric and writes one PNG per sweep and one JSON with every number.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError
-from ..utils import check_one_token
+from ..lens.names import check_one_token
 
 
 @dataclass
@@ -131,7 +131,7 @@ def patch_sweeps(model, clean: str, corrupted: str, answer: str, wrong: str, swe
                  progress: bool = True) -> dict:
     """Run `sweeps` with the logit difference answer − wrong as the metric; write OUT/patch-NAME.png and
     OUT/patching.json; return {name: PatchingResult}."""
-    from .. import patching
+    from . import patching
     from .experiments.common import make_out_dir, write_json
 
     answer_id, wrong_id = check_one_token(model, answer), check_one_token(model, wrong, what="the wrong answer")

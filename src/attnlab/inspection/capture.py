@@ -4,7 +4,7 @@ Design choices:
 - `run_with_cache(names_filter=...hook_pattern)` makes the hooked layers materialise all of their heads'
   T×T patterns (and keeps them). Here we hook only the queries and keys (`hook_rot_q`/`hook_rot_k` with
   RoPE, else `hook_q`/`hook_k` plus the layer's own QK-norm), so every layer keeps torch's fused kernel,
-  and then compute the chosen heads' patterns with attnlab.attention's own `attention_scores`,
+  and then compute the chosen heads' patterns with attnlab.model.attention's own `attention_scores`,
   `apply_mask` and `attention_pattern`: the equation stays in one place.
 - Queries are processed `query_chunk` rows at a time; for a causal model the chunk [a, b) sees keys
   [0, b) only, which is exactly apply_mask's "last T of S queries" alignment, so peak memory is
@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 import torch
 
-from ..attention import apply_mask, attention_pattern, attention_scores, expand_kv
+from ..model.attention import apply_mask, attention_pattern, attention_scores, expand_kv
 from ..errors import UserError
 
 

@@ -4,7 +4,7 @@ Design choices:
 - Field names are nanoGPT's (n_layer, n_embd, block_size, learning_rate, ...), so a nanoGPT user's flags
   and config files move over unchanged; `--n-embd` is the field `n_embd` with `_` -> `-`. The flags are
   generated from the fields (`add_flags`), so the two cannot drift.
-- The model fields map onto attnlab.config.ModelConfig through MODEL_FIELDS (n_embd -> d_model, n_head ->
+- The model fields map onto attnlab.model.config.ModelConfig through MODEL_FIELDS (n_embd -> d_model, n_head ->
   n_heads, block_size -> n_ctx, pos -> positional, ...); the test suite checks that every target exists.
 - Sources are layered: defaults < `--preset NAME` < `--config FILE` (TOML or JSON, same keys, `-` or `_`)
   < flags given on the command line. Only flags the user typed override (argparse.SUPPRESS defaults).
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import MLPS, NORMS, POSITIONS, PRESETS, ROPE_SCALINGS, ModelConfig, field_types
+from ..model.config import MLPS, NORMS, POSITIONS, PRESETS, ROPE_SCALINGS, ModelConfig, field_types
 from ..errors import UserError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -152,7 +152,7 @@ FLAG_OF_MODEL_FIELD = {target: name for name, target in MODEL_FIELDS.items()}  #
 
 
 def _from_model_preset(name: str) -> dict[str, Any]:
-    """A model preset of attnlab.config.PRESETS in training-flag names (sizes live in one place)."""
+    """A model preset of attnlab.model.config.PRESETS in training-flag names (sizes live in one place)."""
     fields = {k: v for k, v in PRESETS[name].items() if k != "d_vocab"}
     assert set(fields) <= set(FLAG_OF_MODEL_FIELD), f"preset {name} has fields without a training flag"
     return {FLAG_OF_MODEL_FIELD[k]: v for k, v in fields.items()}

@@ -52,10 +52,9 @@ import torch.nn.functional as F
 from ..env import capped
 from ..errors import UserError
 from ..formats.native import ManifestFolder, atomic_write, atomic_write_text, save_native
-from ..model import Transformer
+from ..model.transformer import Transformer
 from ..tokenizer import Tokenizer
-from .checkpoint import (STATE_FILE, TRAIN_JSON, Checkpoint, find_checkpoint, has_checkpoint, remove_checkpoints,
-                         state_bytes, write_checkpoint)
+from .checkpoint import STATE_FILE, TRAIN_JSON, Checkpoint, find_checkpoint, has_checkpoint, remove_checkpoints, state_bytes, write_checkpoint
 from .config import FLAG_OF_MODEL_FIELD, TrainConfig, flag_name
 from .data import TokenData, prepare_data
 from .snapshots import list_snapshots, save_snapshot, snapshot_steps

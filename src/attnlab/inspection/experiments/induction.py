@@ -52,8 +52,7 @@ from pathlib import Path
 import torch
 
 from ..scores import head_scores
-from .common import (format_table, new_figure, per_token_loss, repeated_spans, save_figure, threads, token_tokenizer,
-                     train_run, write_outputs)
+from .common import format_table, new_figure, per_token_loss, repeated_spans, save_figure, threads, token_tokenizer, train_run, write_outputs
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ through it vanishes; with 1/√d_k the scores keep unit variance and none of tha
 
 Design choices:
 - Measured, not argued: random q, k ~ N(0, 1) (fixed seed), S keys per query, for growing d_k, with
-  scale 1/√d_k and with scale 1. The scores and weights come from attnlab.attention's own
+  scale 1/√d_k and with scale 1. The scores and weights come from attnlab.model.attention's own
   `attention_scores` and `attention_pattern`, the functions every model here runs.
 - Three numbers per setting, averaged over queries: the softmax's entropy (nats; log S is uniform), its
   largest weight, and the norm of the gradient reaching the softmax input (the scaled scores) when a
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from ...attention import attention_pattern, attention_scores
+from ...model.attention import attention_pattern, attention_scores
 from .common import format_table, new_figure, save_figure, write_outputs
 
 D_KS = (4, 8, 16, 32, 64, 128, 256, 512, 1024)

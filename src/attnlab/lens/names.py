@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .errors import UserError
+from ..errors import UserError
 
 _LAYER_TYPE_ALIAS = {"a": "attn", "m": "mlp", "b": "", "block": "", "blocks": "", "attention": "attn"}
 _ACT_NAME_ALIAS = {"attn": "pattern", "attn_logits": "attn_scores", "key": "k", "query": "q", "value": "v",

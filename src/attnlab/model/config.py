@@ -20,7 +20,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import UserError
+from ..errors import UserError
 
 POSITIONS = ("learned", "sinusoidal", "rope", "none")
 ROPE_SCALINGS = ("none", "linear", "llama3")
@@ -220,7 +220,7 @@ class ModelConfig:
 
     def num_params(self) -> int:
         """Parameter count without building the model (embeddings included, tied head counted once)."""
-        from .model import Transformer  # local: config must not import torch-heavy modules at import
+        from .transformer import Transformer  # local: config must not import torch-heavy modules at import
 
         return sum(p.numel() for p in Transformer(self, device="meta").parameters())
 

@@ -8,9 +8,9 @@ Design choices:
   Post-norm (original Transformer, BERT): resid_mid = ln1(resid_pre + attn(resid_pre)); resid_post = ln2(resid_mid + mlp(resid_mid)).
   Parallel (GPT-J, GPT-NeoX/Pythia): resid_post = resid_pre + attn(ln1(resid_pre)) + mlp(ln2(resid_pre)); as in
   TransformerLens, such a block has no resid_mid (hook_resid_mid never fires): nothing reads the stream between.
-- Hook names are TransformerLens's (see attnlab.hooks); every hook point carries its shape in a comment.
+- Hook names are TransformerLens's (see attnlab.lens.hooks); every hook point carries its shape in a comment.
 - TransformerLens's views of the weights (W_Q ... W_U, QK/OV circuits) and its token helpers (to_tokens, ...)
-  come from attnlab.lens, mixed in, so this file stays the forward pass.
+  come from attnlab.lens.weights, mixed in, so this file stays the forward pass.
 - A causal model returns logits (B, T, d_vocab); an encoder returns the last hidden states (B, T, d_model).
   `logit_softcap` c bounds the logits smoothly to (−c, c): c·tanh(logits / c) (Gemma 2; modded-nanogpt).
 - `zero_init_projections` starts W_O and W_out at zero (modded-nanogpt, after Kaplan's "zero-init the last
@@ -31,10 +31,10 @@ from torch import nn
 
 from .attention import Attention
 from .config import ModelConfig
-from .errors import UserError
-from .hooks import HookedModule, HookPoint
+from ..errors import UserError
+from ..lens.hooks import HookedModule, HookPoint
 from .layers import MLP, Linear, make_norm
-from .lens import TransformerLensViews
+from ..lens.weights import TransformerLensViews
 from .positions import Rotary, sinusoidal_positions
 
 
@@ -84,7 +84,7 @@ class Transformer(HookedModule, TransformerLensViews):
         super().__init__()
         self.config = config
         self.tokenizer = None  # set by attnlab.load / training when a tokenizer.json comes with the model
-        self.quantization: str | None = None  # "int8" once attnlab.layers.quantize has run (saved with the model)
+        self.quantization: str | None = None  # "int8" once attnlab.model.layers.quantize has run (saved with the model)
         with torch.device(device) if device is not None else contextlib.nullcontext():
             self.embed = nn.Embedding(config.d_vocab, config.d_model)
             self.pos_embed = nn.Embedding(config.n_ctx, config.d_model) if config.positional == "learned" else None
@@ -185,7 +185,7 @@ class Transformer(HookedModule, TransformerLensViews):
 
         attention_mask: (B, S) with 1 for real tokens and 0 for padding, S = start_pos + T (all keys so far).
         positions: (B, T) position of each token; default start_pos, start_pos+1, ...
-        kv_cache / start_pos: cached decoding (see attnlab.generation); the new tokens sit at start_pos.
+        kv_cache / start_pos: cached decoding (see attnlab.generate.loop); the new tokens sit at start_pos.
         stop_at_layer: return the residual stream before that block (as TransformerLens does).
         check_inputs: check token ids (and learned positions) against the model's ranges: one host read.
         """
@@ -206,7 +206,7 @@ class Transformer(HookedModule, TransformerLensViews):
         if attention_mask is not None:
             mask = attention_mask.to(torch.bool)[:, None, None, :]  # [batch, 1, 1, key_pos]
         if self.config.sliding_window is not None and isinstance(start_pos, torch.Tensor):
-            # the compiled decode step attends to every slot of the cache (attnlab.generation): its sliding
+            # the compiled decode step attends to every slot of the cache (attnlab.generate.loop): its sliding
             # window, slots start_pos − W + 1 ... start_pos, is a key mask (attention applies it otherwise)
             in_window = torch.arange(kv_cache.max_len, device=ids.device) > start_pos - self.config.sliding_window
             mask = in_window[None, None, None, :] if mask is None else mask & in_window
@@ -230,8 +230,8 @@ class Transformer(HookedModule, TransformerLensViews):
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=ignore_index)
 
     def generate(self, ids: torch.Tensor, max_new_tokens: int, **kwargs: Any) -> torch.Tensor:
-        """Prompt followed by new tokens (B, T + new), decoded with a KV cache; see attnlab.generation.generate."""
-        from .generation import generate
+        """Prompt followed by new tokens (B, T + new), decoded with a KV cache; see attnlab.generate.loop.generate."""
+        from ..generate.loop import generate
 
         return generate(self, ids, max_new_tokens, **kwargs)
 

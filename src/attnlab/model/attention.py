@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
-from .hooks import HookPoint
+from ..lens.hooks import HookPoint
 from .layers import Linear
 
 

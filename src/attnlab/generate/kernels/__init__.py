@@ -279,7 +279,7 @@ def attend_call(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_cac
 
 def norm_call(norm, x: torch.Tensor, out: torch.Tensor) -> Callable[[], None]:
     """out = norm(x) for an attnlab LayerNorm or RMSNorm over the last dim of x (rows, d)."""
-    from ..layers import LayerNorm
+    from ...model.layers import LayerNorm
 
     d = x.shape[-1]
     rows = x.numel() // d

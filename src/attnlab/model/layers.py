@@ -27,14 +27,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import kernels
+from ..generate import kernels
 from .config import ModelConfig
-from .errors import UserError
-from .hooks import HookPoint
+from ..errors import UserError
+from ..lens.hooks import HookPoint
 
 
 # up to this many rows a few-row product beat BLAS here: the compiled multiply-and-sum form (2.5x at 1 row, 1.5x at
-# 8) and the C kernel (attnlab.kernels), in Linear.forward and in the kernel decode step alike
+# 8) and the C kernel (attnlab.generate.kernels), in Linear.forward and in the kernel decode step alike
 MATVEC_MAX_ROWS = 8
 
 
@@ -50,7 +50,7 @@ def kernel_rows(x: torch.Tensor, weight: torch.Tensor) -> bool:
 class Linear(nn.Linear):
     """nn.Linear (y = x Wᵀ + b), with two fast paths for a few rows (decoding a batch of up to MATVEC_MAX_ROWS
     sequences), whose weights come from main memory at every token: eager, float32 on a CPU, the C kernel of
-    attnlab.kernels, which streams each weight row once; inside a compiled graph, a row-wise multiply and sum,
+    attnlab.generate.kernels, which streams each weight row once; inside a compiled graph, a row-wise multiply and sum,
     which inductor turns into one vectorised loop. Both beat the BLAS call at these sizes (how much, on
     which CPU: benchmarks/README.md, "Generation speed"); every larger product takes F.linear, and
     tests/test_fast_paths.py and tests/test_kernels.py hold them to its numbers.

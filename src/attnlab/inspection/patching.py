@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from .errors import UserError
-from .utils import get_act_name
+from ..errors import UserError
+from ..lens.names import get_act_name
 
 Metric = Callable[[torch.Tensor], torch.Tensor]
 
@@ -68,7 +68,7 @@ class PatchingResult:
 
     def plot(self, path: str | Path, title: str | None = None, normalize: bool | None = None) -> Path:
         """Write the heat map(s) as a PNG: one panel per leading 'activation' entry, rows and columns labelled."""
-        from .inspection.experiments.common import new_figure, save_figure
+        from .experiments.common import new_figure, save_figure
 
         normalize = self.clean is not None and self.corrupted is not None if normalize is None else normalize
         values = self.normalized() if normalize else self.values

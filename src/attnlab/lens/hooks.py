@@ -11,7 +11,7 @@ Design choices:
 - A hook point made with `on_demand=True` (attention's `hook_result`) is computed only when hooked, so
   `run_with_cache()` without a names_filter leaves it out, unless `model.set_use_attn_result(True)`
   (TransformerLens's switch); naming it in names_filter always caches it.
-- The cache is attnlab.cache.ActivationCache (TransformerLens's keys and residual-stream views). Its hooks
+- The cache is attnlab.lens.cache.ActivationCache (TransformerLens's keys and residual-stream views). Its hooks
   run after every hook the caller attached, so it holds what flows on, edits included.
 """
 
@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from .cache import ActivationCache
-from .errors import UserError
+from ..errors import UserError
 
 HookFn = Callable[[torch.Tensor, "HookPoint"], Union[torch.Tensor, None]]
 NamesFilter = Union[None, str, Iterable[str], Callable[[str], bool]]

@@ -3,7 +3,7 @@
 Design choices (definitions from TransformerLens's ActivationCache, transformer_lens/ActivationCache.py):
 - A dict of hook name -> tensor (so `for name in cache`, `cache.items()` work), whose `[...]` also takes
   TransformerLens's short keys: `cache["pattern", 0]`, `cache["q", 1, "attn"]`, `cache["resid_pre", -1]`,
-  `cache["scale"]` (via attnlab.utils.get_act_name). A missing name suggests the nearest cached ones.
+  `cache["scale"]` (via attnlab.lens.names.get_act_name). A missing name suggests the nearest cached ones.
 - The residual stream of a pre-norm model is a sum of what each part wrote into it:
       resid_final = embed + pos_embed + Σ_l (attn_out_l + mlp_out_l),   attn_out_l = Σ_h result_l,h + b_O,l
   `decompose_resid` stacks those terms, `accumulated_resid` the partial sums (resid_pre of each layer),
@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from .errors import UserError
-from .utils import apply_slice, get_act_name
+from ..errors import UserError
+from .names import apply_slice, get_act_name
 
 
 class ActivationCache(dict):

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from .errors import UserError
+from ..errors import UserError
 from .factored_matrix import FactoredMatrix, composition_scores
 
 _BOS_NAMES = ("<|begin_of_text|>", "<s>", "<|endoftext|>", "[CLS]", "<bos>")
@@ -215,6 +215,6 @@ class TransformerLensViews:
 
     def to_single_token(self, text: str) -> int:
         """The id of a text that is exactly one token (UserError naming the pieces otherwise)."""
-        from .utils import check_one_token
+        from .names import check_one_token
 
         return check_one_token(self, text, what="the text")

@@ -8,10 +8,10 @@ Design choices (after gpt-fast):
 - The compiled decode step has the same shapes at every step, so `torch.compile` traces it once: its cache slot is
   a tensor (not a Python int the graph would specialise on), it attends to the *whole* buffer, and a
   boolean key mask (B, max_len) hides the slots not yet written and the left padding. A single query may
-  see every key it is shown, so causality needs nothing else (attnlab.attention's causal offset for
+  see every key it is shown, so causality needs nothing else (attnlab.model.attention's causal offset for
   T < S). Only the decode step is compiled: prefill runs once per call, compiling it would not pay.
 - The default decode step (`KernelDecoder`, no compilation) walks the model's weights itself and calls
-  attnlab.kernels' C loops for the products and the attention: no graph to build, so no set-up per process,
+  attnlab.generate.kernels' C loops for the products and the attention: no graph to build, so no set-up per process,
   and the whole step is one C call (one OpenMP parallel region, its threads hot from the first product to the
   last) instead of the ~100 PyTorch operations per layer of the module path, whose per-call overhead was most of
   a step on a small model. A hooked model, a post-norm one, another dtype or device, or a
@@ -26,7 +26,7 @@ Design choices (after gpt-fast):
   keys stay masked, so each row generates exactly what it would alone.
 - Lower precision is the model's dtype (`model.to(torch.bfloat16)`): the cache takes the model's dtype,
   norms compute in float32, and sampling reads float32 logits. Or only the weights
-  (`attnlab.layers.store_weights_as(model, torch.bfloat16)`): half the bytes per token, float32 arithmetic.
+  (`attnlab.model.layers.store_weights_as(model, torch.bfloat16)`): half the bytes per token, float32 arithmetic.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ import torch
 
 from . import kernels
 from .kernels import independent
-from .errors import UserError
-from .layers import few_rows
+from ..errors import UserError
+from ..model.layers import few_rows
 
 CACHE_ROUND = 64  # cache lengths are rounded up to this, so nearby lengths share a compiled decode step
 EOS_CHECK_EVERY = 16  # tokens between reads of the "every row has ended" flag
@@ -172,7 +172,7 @@ def decode_one_token(model, token: torch.Tensor, cache: KVCache, slot: torch.Ten
 
 
 class KernelDecoder:
-    """`decode_one_token` through attnlab.kernels, for float32 (or int8-weight) models on a CPU, eager.
+    """`decode_one_token` through attnlab.generate.kernels, for float32 (or int8-weight) models on a CPU, eager.
 
     At construction the step is written down once as a list of prepared C calls on preallocated buffers, in the
     modules' order: per block, norm (both norms first in a parallel block); q, k, v products; qk-norm; RoPE; the new key and value written to the cache
@@ -270,7 +270,7 @@ class KernelDecoder:
     @staticmethod
     def unsupported(model) -> str | None:
         """Why `model` must take the module path (None: this decoder computes what the modules would)."""
-        from .layers import Int8Linear, Linear
+        from ..model.layers import Int8Linear, Linear
 
         if not kernels.available():
             return "attnlab's C kernels are not built on this machine (no C compiler, or ATTNLAB_KERNELS=0)"
