@@ -19,7 +19,8 @@ import torch
 from attnlab import Transformer
 from attnlab.model.attention import chunked_attention, scaled_dot_product_attention
 from attnlab.model.config import ModelConfig
-from attnlab.generate.loop import CACHE_ROUND, KVCache, compiled_decode_one_token, generate, prefill
+from attnlab.generate.kv_cache import CACHE_ROUND, KVCache
+from attnlab.generate.loop import compiled_decode_one_token, generate, prefill
 
 F64 = dict(rtol=1e-9, atol=1e-9)
 LLAMA = dict(d_vocab=23, n_ctx=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_mlp=48, positional="rope",
@@ -40,7 +41,7 @@ def build(overrides: dict, dtype=torch.float64, std: float = 0.3) -> Transformer
 def test_weights_stored_narrower_than_the_activations_are_widened_where_used():
     import copy
 
-    from attnlab.model.layers import store_weights_as
+    from attnlab.generate.fast_layers import store_weights_as
 
     ids = torch.randint(0, 23, (2, 12), generator=torch.Generator().manual_seed(0))
     for overrides in (LLAMA, dict(LLAMA, positional="learned", norm="layernorm", mlp="gelu", tie_embeddings=True)):
@@ -60,11 +61,11 @@ def test_weights_stored_narrower_than_the_activations_are_widened_where_used():
         assert torch.equal(generate(narrow, ids[:1], 6, temperature=0, compile="aot_eager"), eager)
 
 
-def test_linear_takes_the_matvec_form_only_compiled_on_few_rows_and_it_equals_f_linear():
-    from attnlab.model.layers import MATVEC_MAX_ROWS, Linear, matvec
+def test_kernel_linear_takes_the_matvec_form_only_compiled_on_few_rows_and_it_equals_f_linear():
+    from attnlab.generate.fast_layers import MATVEC_MAX_ROWS, KernelLinear, matvec
 
     torch.manual_seed(0)
-    layer = Linear(24, 40).double()
+    layer = KernelLinear(24, 40).double()
     ops = []
 
     def backend(gm, example_inputs):

@@ -12,7 +12,9 @@ import torch
 from attnlab import Transformer
 from attnlab.model.config import ModelConfig
 from attnlab.errors import UserError
-from attnlab.generate.loop import KVCache, decode_one_token, filter_logits, generate, prefill, sample_next
+from attnlab.generate.kv_cache import KVCache
+from attnlab.generate.loop import decode_one_token_at_slot, generate, prefill
+from attnlab.generate.sampling import filter_logits, sample_next
 
 BASE = dict(d_vocab=13, n_ctx=32, d_model=16, n_layers=2, n_heads=4, d_mlp=32)
 CONFIGS = {
@@ -78,7 +80,7 @@ def test_prefill_and_decode_step_give_the_logits_of_a_full_forward_pass(name, va
     for t in range(P, T):
         key_mask[:, t] = True
         slot, positions = torch.tensor([t]), torch.full((B, 1), t)
-        logits = decode_one_token(model, ids[:, t : t + 1], cache, slot, positions, key_mask)
+        logits = decode_one_token_at_slot(model, ids[:, t : t + 1], cache, slot, positions, key_mask)
         torch.testing.assert_close(logits, full[:, t], **F64)
 
 

@@ -24,8 +24,11 @@ from attnlab.generate import loop as generation, kernels
 from attnlab.model.attention import scaled_dot_product_attention
 from attnlab.model.config import ModelConfig
 from attnlab.errors import UserError
-from attnlab.generate.loop import KVCache, KernelDecoder, generate
-from attnlab.model.layers import _ACTIVATIONS, MATVEC_MAX_ROWS, Int8Linear, LayerNorm, Linear, RMSNorm, quantize
+from attnlab.generate.kv_cache import KVCache
+from attnlab.generate.kernel_decoder import KernelDecoder
+from attnlab.generate.loop import generate
+from attnlab.model.layers import _ACTIVATIONS, LayerNorm, Linear, RMSNorm
+from attnlab.generate.fast_layers import MATVEC_MAX_ROWS, KernelLinear, fast_linears, Int8Linear, quantize
 from attnlab.model.positions import Rotary, apply_rope
 
 NO_KERNELS = ("attnlab's C kernels could not be built here (no C compiler: cc, gcc or clang; "
@@ -141,15 +144,15 @@ def test_the_attention_kernel_refuses_a_cache_layout_it_would_misread():
 
 
 def test_a_wrong_input_width_is_torchs_shape_error_not_an_assertion():
-    for layer in (Linear(24, 10), Int8Linear.from_float(torch.randn(10, 24), None)):
+    for layer in (KernelLinear(24, 10), Int8Linear.from_float(torch.randn(10, 24), None)):
         with torch.no_grad(), pytest.raises(RuntimeError, match="cannot be multiplied"):
             layer(torch.randn(2, 23))
 
 
-def test_linear_modules_take_the_kernel_on_few_rows_and_agree_with_f_linear(seed, monkeypatch):
+def test_kernel_linear_modules_take_the_kernel_on_few_rows_and_agree_with_f_linear(seed, monkeypatch):
     calls = []
     monkeypatch.setattr(kernels, "linear", lambda *a, **k: calls.append(1) or kernels_linear(*a, **k))
-    layer, x = Linear(24, 10), torch.randn(2, 3, 24)
+    layer, x = KernelLinear(24, 10), torch.randn(2, 3, 24)
     with torch.no_grad():
         torch.testing.assert_close(layer(x[:, :2]), F.linear(x[:, :2], layer.weight, layer.bias), **F32)  # 4 rows
         assert len(calls) == 1
@@ -160,6 +163,22 @@ def test_linear_modules_take_the_kernel_on_few_rows_and_agree_with_f_linear(seed
 
 
 kernels_linear = kernels.linear
+
+
+def test_the_models_linear_never_takes_a_fast_path_generation_swaps_one_in_and_out(seed, monkeypatch):
+    calls = []
+    monkeypatch.setattr(kernels, "linear", lambda *a, **k: calls.append(1) or kernels_linear(*a, **k))
+    model = build({})
+    with torch.no_grad():
+        model(torch.tensor([[1, 2, 3]]))  # 3 rows: the model's own Linear is F.linear
+    assert calls == [] and not any(isinstance(m, KernelLinear) for m in model.modules())
+    with fast_linears(model):
+        assert all(type(m) is KernelLinear for m in model.modules() if isinstance(m, Linear))
+        with torch.no_grad():
+            model(torch.tensor([[1, 2, 3]]))
+    assert calls and not any(isinstance(m, KernelLinear) for m in model.modules())  # back as they were
+    generate(model, torch.tensor([[1, 2, 3]]), 2, temperature=0, use_kernels=False)  # the module path, fast
+    assert len(calls) > 1 and not any(isinstance(m, KernelLinear) for m in model.modules())
 
 
 def test_int8_linear_rounds_each_row_to_127_steps_of_its_largest_weight(seed):
@@ -350,7 +369,7 @@ def test_hooked_post_norm_and_narrow_models_take_the_module_path(monkeypatch):
         patch.delitem(kernels.ACTIVATIONS, "relu2")
         assert "relu2" in KernelDecoder.unsupported(build(dict(mlp="relu2")))
     assert "float32" in KernelDecoder.unsupported(build({}).double())
-    assert KernelDecoder.unsupported(attnlab.model.layers.store_weights_as(build({}), torch.bfloat16)) is not None
+    assert KernelDecoder.unsupported(attnlab.generate.fast_layers.store_weights_as(build({}), torch.bfloat16)) is not None
 
 
 def test_without_a_compiler_generation_falls_back_to_pytorch(tmp_path):

@@ -43,7 +43,7 @@ def test_sample_compiled_and_with_bf16_weights(run_dir, capsys, monkeypatch):
     # aot_eager traces the same decode graph as inductor without compiling C++ (tests/test_fast_paths.py)
     compiled_steps = []
     monkeypatch.setattr(generation, "compiled_decode_one_token", lambda backend: compiled_steps.append(backend) or
-                        torch.compile(generation.decode_one_token, backend="aot_eager", fullgraph=True, dynamic=False))
+                        torch.compile(generation.decode_one_token_at_slot, backend="aot_eager", fullgraph=True, dynamic=False))
     argv = [str(run_dir), "--prompt", "the cat", "--max-new-tokens", "12", "--temperature", "0"]
     plain = sample(argv, capsys)
     compiled = sample([*argv, "--compile"], capsys)
@@ -53,11 +53,11 @@ def test_sample_compiled_and_with_bf16_weights(run_dir, capsys, monkeypatch):
 
 
 def test_sample_with_int8_weights_is_the_quantized_models_generation(run_dir, capsys, monkeypatch):
-    import attnlab.model.layers
+    import attnlab.generate.fast_layers
 
     quantized = []
-    real = attnlab.model.layers.quantize
-    monkeypatch.setattr(attnlab.model.layers, "quantize", lambda m, scheme: quantized.append(scheme) or real(m, scheme))
+    real = attnlab.generate.fast_layers.quantize
+    monkeypatch.setattr(attnlab.generate.fast_layers, "quantize", lambda m, scheme: quantized.append(scheme) or real(m, scheme))
     argv = [str(run_dir), "--prompt", "the cat", "--max-new-tokens", "12", "--temperature", "0", "--quantize", "int8"]
     code, out, _ = sample(argv, capsys)
     assert quantized == ["int8"]

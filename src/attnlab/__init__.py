@@ -14,7 +14,7 @@ from .lens.cache import ActivationCache
 from .lens.hooks import HookPoint
 from .model.attention import scaled_dot_product_attention
 from .model.config import PRESETS, ModelConfig, preset
-from .model.layers import quantize
+from .generate.fast_layers import quantize
 from .model.transformer import Transformer
 
 __version__ = "0.1.0"

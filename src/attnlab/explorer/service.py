@@ -451,7 +451,7 @@ class Explorer:
                    top_p: float | None = None, k: int = 10, sample: bool = False, seed: int | None = None,
                    variant: Variant = PLAIN) -> dict[str, Any]:
         """The next-token distribution after temperature / top-k / top-p (what sampling draws from), its top k, and a draw."""
-        from ..generate.loop import filter_logits, sample_next
+        from ..generate.sampling import filter_logits, sample_next
 
         entry = self.entry(name, variant)
         model = entry.model

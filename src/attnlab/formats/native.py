@@ -443,7 +443,7 @@ def load_native(path: str | Path, device: str | torch.device = "cpu"):
     check_fits(config, [weights], source)
     model = empty_model(config, device)
     if meta.get("quantization"):
-        from ..model.layers import quantize
+        from ..generate.fast_layers import quantize
 
         quantize(model, meta["quantization"])
     load_state(model, state, weights)

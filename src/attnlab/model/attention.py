@@ -294,7 +294,7 @@ class Attention(nn.Module):
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
         mask: torch.Tensor | None = None,
         kv_cache=None,
-        start_pos: int | torch.Tensor = 0,
+        start_pos: int = 0,
     ) -> torch.Tensor:
         from .positions import apply_rope
 
@@ -313,9 +313,9 @@ class Attention(nn.Module):
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer, start_pos, k, v)  # [B, Hkv, S, D], S = start_pos + T
         dropout_p = cfg.dropout if self.training else 0.0
-        # The compiled decode step (start_pos a tensor) sees the whole cache buffer, its query at slot start_pos
-        # rather than last: Transformer.forward puts its window into the key mask instead.
-        window = None if isinstance(start_pos, torch.Tensor) else cfg.sliding_window
+        # A cache that hands back its whole buffer (the compiled decode step's) puts the query at its slot rather
+        # than last: its caller's key mask holds the window instead.
+        window = None if kv_cache is not None and kv_cache.whole_buffer else cfg.sliding_window
         if self.needs_pattern:
             scores = self.hook_attn_scores(
                 apply_mask(attention_scores(q, expand_kv(q, k), cfg.scale), causal=cfg.causal, mask=mask, window=window)

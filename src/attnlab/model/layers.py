@@ -16,9 +16,8 @@ Design choices:
   So et al. 2021's Primer; a record of the modded-nanogpt speedrun), and projects back;
   SwiGLU (Shazeer 2020) multiplies silu(W_gate x) by W_in x. hook_pre is the pre-activation,
   hook_post what goes into W_out.
-- Weights in 8 bits (`quantize(model, "int8")`): each output feature's row w is stored as q = round(w / s) in
-  int8 with s = max|w| / 127, one float32 scale per row (gpt-fast's int8 weight-only scheme; llama.cpp's Q8_0
-  keeps one scale per block of 32 instead). Activations stay float32: y = (x qᵀ) ⊙ s + b.
+- `Linear` is F.linear, nothing faster: the fast layers (the C kernels, int8 weights) live in
+  attnlab.generate.fast_layers and are swapped in by the code that wants them.
 """
 
 from __future__ import annotations
@@ -27,125 +26,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..generate import kernels
 from .config import ModelConfig
-from ..errors import UserError
 from ..lens.hooks import HookPoint
 
 
-# up to this many rows a few-row product beat BLAS here: the compiled multiply-and-sum form (2.5x at 1 row, 1.5x at
-# 8) and the C kernel (attnlab.generate.kernels), in Linear.forward and in the kernel decode step alike
-MATVEC_MAX_ROWS = 8
-
-
-def few_rows(x: torch.Tensor) -> bool:
-    return x.shape[:-1].numel() <= MATVEC_MAX_ROWS
-
-
-def kernel_rows(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Few rows of the width the weight takes: a wrong width goes on to F.linear, whose error names both shapes."""
-    return few_rows(x) and x.shape[-1] == weight.shape[-1]
-
-
 class Linear(nn.Linear):
-    """nn.Linear (y = x Wᵀ + b), with two fast paths for a few rows (decoding a batch of up to MATVEC_MAX_ROWS
-    sequences), whose weights come from main memory at every token: eager, float32 on a CPU, the C kernel of
-    attnlab.generate.kernels, which streams each weight row once; inside a compiled graph, a row-wise multiply and sum,
-    which inductor turns into one vectorised loop. Both beat the BLAS call at these sizes (how much, on
-    which CPU: benchmarks/README.md, "Generation speed"); every larger product takes F.linear, and
-    tests/test_fast_paths.py and tests/test_kernels.py hold them to its numbers.
-    The weight may be stored narrower than the activations (`store_weights_as`): it is widened where it is used,
-    which a compiled graph fuses into the same loop."""
+    """nn.Linear (y = x Wᵀ + b) whose weight may be stored narrower than the activations (`store_weights_as` of
+    attnlab.generate.fast_layers): it is widened where it is used. The fast products of a few rows (the C kernel,
+    the compiled multiply-and-sum) are generation's: attnlab.generate swaps them in (`fast_linears`)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling():
-            weight = self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype)
-            return matvec(x, weight, self.bias) if few_rows(x) else F.linear(x, weight, self.bias)
-        if x.dtype == self.weight.dtype == torch.float32 and kernel_rows(x, self.weight) and kernels.usable(x, self.weight):
-            return kernels.linear(x, self.weight, self.bias)
         weight = self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype)
         return F.linear(x, weight, self.bias)
-
-
-class Int8Linear(nn.Module):
-    """A Linear whose weight is stored in int8 with one float32 scale per output feature (`quantize`):
-    y = (x qᵀ) ⊙ scale + b, the activations in their own dtype. A few rows on a CPU take the C kernel, which
-    widens each int8 weight in registers; otherwise the int8 weight is widened and multiplied (in a compiled
-    graph, inside the same multiply-and-sum loop as Linear's)."""
-
-    def __init__(self, in_features: int, out_features: int, bias: bool = True,
-                 device: torch.device | str | None = None) -> None:
-        super().__init__()
-        self.in_features, self.out_features = in_features, out_features
-        self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=torch.int8, device=device))
-        self.register_buffer("scale", torch.ones(out_features, device=device))
-        self.bias = nn.Parameter(torch.zeros(out_features, device=device), requires_grad=False) if bias else None
-
-    @classmethod
-    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "Int8Linear":
-        """Round each row of `weight` (d_out, d_in) to int8 steps of max|row| / 127 (symmetric, so 0 stays 0)."""
-        module = cls(weight.shape[1], weight.shape[0], bias is not None, weight.device)
-        with torch.no_grad():
-            w = weight.detach().float()
-            scale = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
-            module.weight.copy_(torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
-            module.scale.copy_(scale)
-            if bias is not None:
-                module.bias.copy_(bias.detach())
-        return module
-
-    def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The weight the int8 values stand for: q ⊙ scale, (d_out, d_in)."""
-        return self.weight.to(dtype) * self.scale.to(dtype)[:, None]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling():
-            y = matvec(x, self.weight.to(x.dtype)) if few_rows(x) else F.linear(x, self.weight.to(x.dtype))
-        elif x.dtype == torch.float32 and kernel_rows(x, self.weight) and kernels.usable(x, self.weight):
-            return kernels.linear(x, self.weight, self.bias, self.scale)
-        else:
-            y = F.linear(x, self.weight.to(x.dtype))
-        y = y * self.scale.to(x.dtype)
-        return y if self.bias is None else y + self.bias.to(x.dtype)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, int8"
-
-
-QUANTIZATIONS = ("int8",)
-
-
-def quantize(model: nn.Module, scheme: str = "int8") -> nn.Module:
-    """Store every Linear's weight in 8 bits, in place, for inference (weight-only: activations, norms, embeddings
-    stay as they are). A tied LM head gets its own int8 copy; the token embedding it shares keeps its dtype, since
-    a lookup reads one row. The model remembers it (`model.quantization`), so attnlab.save writes it that way."""
-    if scheme not in QUANTIZATIONS:
-        raise UserError(f"unknown quantization {scheme!r}; choose one of {', '.join(QUANTIZATIONS)}")
-    if getattr(model, "quantization", None) == scheme:
-        return model
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(parent, name, Int8Linear.from_float(child.weight, child.bias))
-    model.quantization = scheme
-    return model
-
-
-def store_weights_as(model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """Store every Linear's weight matrix in `dtype` (bfloat16: half the bytes a decode step reads), in place,
-    for inference; activations, norms, embeddings and biases keep their dtype, so only the weights are rounded.
-    A weight shared with an embedding (a tied LM head) is left as it is, so the residual stream keeps its dtype."""
-    embedding_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    for module in model.modules():
-        if isinstance(module, Linear) and id(module.weight) not in embedding_weights:
-            module.weight = nn.Parameter(module.weight.detach().to(dtype), requires_grad=False)
-    return model
-
-
-def matvec(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x Wᵀ + b as a multiply and a sum over the input dimension: x (..., d_in), weight (d_out, d_in)."""
-    y = (x.unsqueeze(-2) * weight).sum(-1)
-    return y if bias is None else y + bias
 
 
 class LayerNorm(nn.Module):

@@ -84,7 +84,7 @@ class Transformer(HookedModule, TransformerLensViews):
         super().__init__()
         self.config = config
         self.tokenizer = None  # set by attnlab.load / training when a tokenizer.json comes with the model
-        self.quantization: str | None = None  # "int8" once attnlab.model.layers.quantize has run (saved with the model)
+        self.quantization: str | None = None  # "int8" once attnlab.generate.fast_layers.quantize has run (saved with the model)
         with torch.device(device) if device is not None else contextlib.nullcontext():
             self.embed = nn.Embedding(config.d_vocab, config.d_model)
             self.pos_embed = nn.Embedding(config.n_ctx, config.d_model) if config.positional == "learned" else None
@@ -205,11 +205,6 @@ class Transformer(HookedModule, TransformerLensViews):
         mask = None
         if attention_mask is not None:
             mask = attention_mask.to(torch.bool)[:, None, None, :]  # [batch, 1, 1, key_pos]
-        if self.config.sliding_window is not None and isinstance(start_pos, torch.Tensor):
-            # the compiled decode step attends to every slot of the cache (attnlab.generate.loop): its sliding
-            # window, slots start_pos − W + 1 ... start_pos, is a key mask (attention applies it otherwise)
-            in_window = torch.arange(kv_cache.max_len, device=ids.device) > start_pos - self.config.sliding_window
-            mask = in_window[None, None, None, :] if mask is None else mask & in_window
         for block in self.blocks[:stop_at_layer]:
             resid = block(resid, rope=rope, mask=mask, kv_cache=kv_cache, start_pos=start_pos)
         if stop_at_layer is not None:

@@ -163,11 +163,11 @@ def run_sample(args: argparse.Namespace) -> int:
     if not model.config.causal:
         raise UserError(f"{args.dir} is an encoder (BERT-style) model; sampling needs a causal language model")
     if args.bf16_weights:
-        from ..model.layers import store_weights_as
+        from ..generate.fast_layers import store_weights_as
 
         store_weights_as(model, torch.bfloat16)
     if args.quantize:
-        from ..model.layers import quantize
+        from ..generate.fast_layers import quantize
 
         quantize(model, args.quantize)
     ids = torch.tensor([encode_prompt(model, prompt)], device=device)

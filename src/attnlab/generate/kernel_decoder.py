@@ -1,0 +1,167 @@
+"""The default decode step: `KernelDecoder` walks the model's weights itself and calls attnlab's C loops
+(attnlab.generate.kernels) for the products and the attention.
+
+No graph to build, so no set-up per process, and the whole step is one C call (one OpenMP parallel region,
+its threads hot from the first product to the last) instead of the ~100 PyTorch operations per layer of the
+module path, whose per-call overhead was most of a step on a small model. A hooked model, a post-norm one,
+another dtype or device, or a machine without a C compiler takes the module path, which computes the same
+equation (`KernelDecoder.unsupported` says why).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ..model.layers import Linear
+from . import kernels
+from .fast_layers import Int8Linear, few_rows
+from .kernels import independent
+from .kv_cache import KVCache
+
+
+class KernelDecoder:
+    """`decode_one_token` through attnlab.generate.kernels, for float32 (or int8-weight) models on a CPU, eager.
+
+    At construction the step is written down once as a list of prepared C calls on preallocated buffers, in the
+    modules' order: per block, norm (both norms first in a parallel block); q, k, v products; qk-norm; RoPE; the new key and value written to the cache
+    and attended to; the output product added to the residual in place; norm; MLP; and at the end the final norm
+    and the LM head. A step then copies its tokens, positions and cache slot into the buffers the calls read
+    and runs the list, which begins with the embedding lookup (PyTorch's embed_tokens for sinusoids, token types or an
+    embedding norm) and reads RoPE's angles from a table made once: ~12 kernels per block, run as one program
+    (kernels.program: one C call for the step, the threads waiting for each other only where a kernel reads what
+    the last one wrote; calls marked `independent` do not), and three PyTorch copies. The cache must be
+    position-major (`KVCache(values_position_minor=False)`), and `key_mask` the tensor every step marks.
+    Returns a buffer that the next call overwrites. Batches of more than fast_layers.MATVEC_MAX_ROWS rows with float32
+    weights multiply through BLAS (torch.addmm into the same buffers).
+    """
+
+    def __init__(self, model, cache: KVCache, key_mask: torch.Tensor | None = None) -> None:
+        cfg = model.config
+        B, H, Hkv, D = cache.k[0].shape[0], cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        self.model = model
+        new = lambda *shape: torch.zeros(*shape)  # noqa: E731
+        self.x, self.h = new(B, cfg.d_model), new(B, cfg.d_model)  # residual stream, its norm  [batch, d_model]
+        self.q, self.z = new(B, H, D), new(B, H, D)  # [batch, head, d_head]
+        self.k, self.v = new(B, Hkv, D), new(B, Hkv, D)  # [batch, kv_head, d_head]
+        self.scores = new(B, H, cache.max_len)  # [batch, head, key slot]: the attention kernel's scratch
+        self.pre, self.gate = new(B, cfg.mlp_dim), new(B, cfg.mlp_dim)  # [batch, d_mlp]
+        self.logits = new(B, cfg.d_vocab)
+        self.ids = torch.zeros(B, dtype=torch.int64)  # this step's tokens
+        self.position = torch.zeros(B, dtype=torch.int64)  # and their positions
+        self.slot = torch.zeros(1, dtype=torch.int64)  # the cache slot this step writes
+        if model.rotary is not None:  # the angles of every position the cache can hold: [position, rotary_dim]
+            cos, sin = model.rotary(torch.arange(cache.max_len).unsqueeze(0))  # (1, max_len, 1, rotary_dim)
+            self.cos, self.sin = cos.view(cache.max_len, -1).contiguous(), sin.view(cache.max_len, -1).contiguous()
+        self.key_mask = key_mask  # kept alive: the attention calls read it
+        x, h, q, k, v, z = self.x, self.h, self.q, self.k, self.v, self.z
+        # before any call is prepared (they bind addresses): the weights into 2 MB pages, in the order read
+        kernels.place_in_huge_pages([linear.weight for linear in self.linears_in_step_order(model)])
+        product = self._product
+        steps = []
+        # the embedding in C when it is a lookup (+ learned positions); sinusoids, token types, a norm: PyTorch
+        self.embed_in_c = (cfg.positional in ("rope", "none", "learned") and model.token_type_embed is None
+                           and model.ln_embed is None)
+        if self.embed_in_c:
+            table = model.pos_embed.weight if cfg.positional == "learned" else None
+            steps.append(kernels.embed_call(self.ids, model.embed.weight, self.position, table, x))
+        self.h_mlp = new(B, cfg.d_model) if cfg.parallel_residual else h  # a parallel MLP reads ln2(resid_pre)
+        for layer, block in enumerate(model.blocks):
+            attn = block.attn
+            if block.parallel:  # both norms read the residual stream: neither waits for the other
+                steps.append(independent(kernels.norm_call(block.ln1, x, h)))
+                steps.append(kernels.norm_call(block.ln2, x, self.h_mlp))
+            else:
+                steps.append(kernels.norm_call(block.ln1, x, h))
+            steps += [independent(product(attn.W_Q, h, q)), independent(product(attn.W_K, h, k)),
+                      product(attn.W_V, h, v)]
+            if attn.q_norm is not None:  # in place: each head's q and k over its d_head
+                steps += [independent(kernels.norm_call(attn.q_norm, q, q)), kernels.norm_call(attn.k_norm, k, k)]
+            if model.rotary is not None:
+                steps += [independent(kernels.rope_call(q, self.cos, self.sin, self.position)),
+                          kernels.rope_call(k, self.cos, self.sin, self.position)]
+            steps.append(kernels.attend_call(q, k, v, cache.k[layer], cache.v[layer], self.slot, cfg.scale, key_mask,
+                                             self.scores, z))
+            steps.append(product(attn.W_O, z, x, accumulate=True))  # resid_mid = resid_pre + attn_out
+            if block.mlp is not None:
+                mlp, h_mlp = block.mlp, self.h_mlp
+                if not block.parallel:
+                    steps.append(kernels.norm_call(block.ln2, x, h_mlp))
+                steps.append(product(mlp.W_in, h_mlp, self.pre))
+                if mlp.gated:
+                    steps[-1] = independent(steps[-1])  # W_in and W_gate both read h_mlp
+                    steps += [product(mlp.W_gate, h_mlp, self.gate),
+                              kernels.prepare("attnlab_silu_mul", self.gate, self.pre, self.pre.numel())]
+                    post = self.gate
+                else:
+                    steps.append(kernels.prepare("attnlab_activate", self.pre, self.pre.numel(),
+                                                 kernels.ACTIVATIONS[cfg.mlp]))
+                    post = self.pre
+                steps.append(product(mlp.W_out, post, x, accumulate=True))  # resid_post = resid_mid + mlp_out
+        if model.ln_final is not None:
+            steps.append(kernels.norm_call(model.ln_final, x, h))
+        steps.append(product(model.unembed, h if model.ln_final is not None else x, self.logits))
+        if cfg.logit_softcap is not None:
+            steps.append(kernels.prepare("attnlab_softcap", self.logits, self.logits.numel(), cfg.logit_softcap))
+        self.run = kernels.program(steps)  # consecutive kernel calls: one C call, one parallel region
+
+    @staticmethod
+    def linears_in_step_order(model) -> list:
+        """The Linear (or Int8Linear) modules a step multiplies by, in the order it does."""
+        linears = []
+        for block in model.blocks:
+            attn, mlp = block.attn, block.mlp
+            linears += [attn.W_Q, attn.W_K, attn.W_V, attn.W_O]
+            if mlp is not None:
+                linears += [mlp.W_in] + ([mlp.W_gate] if mlp.gated else []) + [mlp.W_out]
+        return linears + [model.unembed]
+
+    @staticmethod
+    def unsupported(model) -> str | None:
+        """Why `model` must take the module path (None: this decoder computes what the modules would)."""
+        if not kernels.available():
+            return "attnlab's C kernels are not built on this machine (no C compiler, or ATTNLAB_KERNELS=0)"
+        if model.device.type != "cpu" or model.dtype != torch.float32:
+            return "the kernels run float32 on a CPU"
+        if model.config.norm_placement != "pre":
+            return "post-norm blocks take the module path"
+        if model.config.mlp not in kernels.ACTIVATIONS and model.config.mlp != "swiglu":
+            return f"the {model.config.mlp} MLP takes the module path"
+        if model.config.sliding_window is not None:
+            return "a sliding attention window takes the module path (the attention kernel sees every earlier key)"
+        for m in model.modules():  # one walk (2,004 modules on the 135M shape)
+            if m._forward_hooks or m._forward_pre_hooks:
+                return "a hook is attached: the module path runs it"
+            if isinstance(m, Linear) and m.weight.dtype != torch.float32:
+                return "Linear weights stored as another dtype take the module path"
+            if not isinstance(m, (Linear, Int8Linear)) and isinstance(m, torch.nn.Linear):
+                return "a Linear the kernels do not know"
+        return None
+
+    @staticmethod
+    def _product(linear, x: torch.Tensor, out: torch.Tensor, accumulate: bool = False) -> Callable[[], object]:
+        """out (=, or += when accumulate) linear(x), prepared; x (B, ...) and out (B, ...) contiguous buffers."""
+        B = x.shape[0]
+        x2, out2, w = x.view(B, -1), out.view(B, -1), linear.weight  # [batch, d_in], [batch, d_out]
+        if w.dtype == torch.int8 or few_rows(x2):  # as KernelLinear.forward chooses (int8: always, no float copy)
+            return kernels.linear_call(x2, w, linear.bias, getattr(linear, "scale", None), out2, accumulate)
+        if accumulate:  # many rows: BLAS, added to the residual in place
+            if linear.bias is None:
+                return lambda: out2.addmm_(x2, w.t())
+            return lambda: out2.addmm_(x2, w.t()).add_(linear.bias)
+        if linear.bias is None:
+            return lambda: torch.mm(x2, w.t(), out=out2)
+        return lambda: torch.addmm(linear.bias, x2, w.t(), out=out2)
+
+    @torch.no_grad()
+    def __call__(self, token: torch.Tensor, slot: int, positions: torch.Tensor) -> torch.Tensor:
+        """token (B, 1) at cache slot `slot` and `positions` (B, 1). Returns the next logits (B, V), in a buffer."""
+        self.ids.copy_(token.view(-1))
+        self.position.copy_(positions.view(-1))
+        if not self.embed_in_c:
+            self.x.copy_(self.model.embed_tokens(token, positions, None).view(self.x.shape))
+        self.slot.fill_(slot)
+        for run in self.run:
+            run()
+        return self.logits
