@@ -16,8 +16,8 @@ from .model.attention import scaled_dot_product_attention
 from .model.config import PRESETS, ModelConfig, preset
 from .generate.fast_layers import quantize
 from .model.transformer import Transformer
+from .version import __version__
 
-__version__ = "0.1.0"
 
 __all__ = [
     "ActivationCache", "HookPoint", "ModelConfig", "PRESETS", "Transformer", "UserError",

@@ -18,6 +18,7 @@ import sys
 import warnings
 
 from .errors import UserError
+from .version import __version__
 
 COMMAND_MODULES = (
     "attnlab.demo",  # demo
@@ -30,17 +31,11 @@ COMMAND_MODULES = (
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnlab", description="Attention, real, fast and visible.")
-    parser.add_argument("--version", action="version", version=f"attnlab {_version()}")
+    parser.add_argument("--version", action="version", version=f"attnlab {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).add_commands(sub)
     return parser
-
-
-def _version() -> str:
-    from . import __version__
-
-    return __version__
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -185,7 +185,7 @@ def known_characters(models) -> list[str] | None:
 
 
 def _version() -> str:
-    from .. import __version__
+    from ..version import __version__
 
     return __version__
 

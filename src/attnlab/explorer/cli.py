@@ -270,7 +270,7 @@ def explorer_process(*args: str, **popen) -> Iterator[tuple[subprocess.Popen, st
 
 def run_export(args: argparse.Namespace) -> int:
     from .export import export_html
-    from ..formats.native import atomic_write_text
+    from ..files import atomic_write_text
 
     if Path(args.output).is_dir():  # checked first: the export takes a while, and the rename would fail at the end
         raise UserError(f"-o {args.output} is a directory; name the HTML file to write, e.g. -o {Path(args.output) / 'view.html'}")

@@ -142,7 +142,7 @@ def export_html(model, text: str, name: str = "model", view: str = "dict", ablat
 
 
 def write_html(model, text: str, path: str | Path, name: str = "model") -> Path:
-    from ..formats.native import atomic_write_text
+    from ..files import atomic_write_text
 
     path = Path(path)
     atomic_write_text(path, export_html(model, text, name))

@@ -110,7 +110,7 @@ class Run:
             from ..training.snapshots import load_snapshot
 
             return load_snapshot(model, self.snapshots[step])
-        from .. import load
+        from ..formats import load
 
         revision = self.snapshots[step]
         loaded = load(self.repo_id, revision=revision)

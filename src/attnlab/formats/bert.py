@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from ..model.config import ModelConfig
 from ..errors import UserError
-from .hf import Architecture, Weight, activation_from_hf, activation_to_hf, check_plain_heads, check_writable, sizes_from_hf, special_ids
+from .architecture import Architecture, Weight, activation_from_hf, activation_to_hf, check_plain_heads, check_writable, sizes_from_hf, special_ids
 
 
 def config_from_hf(hf: dict, source: str) -> ModelConfig:

@@ -1,7 +1,8 @@
 """Hugging Face-format directories: config.json + model.safetensors (or shards with their index) + tokenizer.json.
 
 Design choices:
-- Each architecture (attnlab.formats.gpt2, .gpt_neox, .llama for llama and qwen2, .bert) is an `Architecture`: how
+- Each architecture (attnlab.formats.gpt2, .gpt_neox, .llama for llama and qwen2, .bert) is an `Architecture`
+  (attnlab.formats.architecture, which also holds the helpers they share): how
   its config.json maps onto ModelConfig and back, and an explicit table of weight names (`Weight`: one
   Hugging Face tensor <-> one or more attnlab tensors). Reading and writing use the same table, so the two
   directions cannot drift.
@@ -24,191 +25,27 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ..model.config import ModelConfig
 from ..errors import UserError, first_line
-from .native import atomic_write, atomic_write_text, attach_tokenizer, check_dtype, check_fits, empty_model, state_dict_for_saving, warn_non_finite
+from .architecture import Architecture, Weight
+from .bert import BERT
+from .gpt2 import GPT2
+from .gpt_neox import GPT_NEOX
+from .llama import LLAMA
+from ..files import atomic_write, atomic_write_text
+from .native import attach_tokenizer, check_dtype, check_fits, empty_model, state_dict_for_saving, warn_non_finite
 
 INDEX = "model.safetensors.index.json"
-SPECIAL_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
-
-
-@dataclass(frozen=True)
-class Weight:
-    """One Hugging Face tensor and the attnlab tensor(s) it holds (several: fused along dim 0 of nn.Linear)."""
-
-    hf: str
-    ours: tuple[str, ...]
-    conv1d: bool = False  # GPT-2's Conv1D stores (in, out), the transpose of nn.Linear's (out, in)
-    heads: int = 1  # fused per head: rows are [part 0 of head 0, part 1 of head 0, ..., part 0 of head 1, ...]
-
-    def __init__(self, hf: str, *ours: str, conv1d: bool = False, heads: int = 1) -> None:
-        object.__setattr__(self, "hf", hf)
-        object.__setattr__(self, "ours", ours)
-        object.__setattr__(self, "conv1d", conv1d)
-        object.__setattr__(self, "heads", heads)
-
-    def hf_shape(self, shapes: dict[str, tuple[int, ...]]) -> tuple[int, ...]:
-        """The shape the checkpoint must have, given the attnlab shapes."""
-        first = shapes[self.ours[0]]
-        shape = (sum(shapes[name][0] for name in self.ours), *first[1:])
-        return shape[::-1] if self.conv1d and len(shape) == 2 else shape
-
-    def to_ours(self, tensor: torch.Tensor, shapes: dict[str, tuple[int, ...]]) -> list[torch.Tensor]:
-        if self.conv1d and tensor.dim() == 2:
-            tensor = tensor.t()  # Conv1D (in, out) -> Linear (out, in)
-        sizes = [shapes[name][0] // self.heads for name in self.ours]  # rows of each part, per head
-        per_head = tensor.reshape(self.heads, sum(sizes), *tensor.shape[1:])  # [head, rows of all parts, ...]
-        return [part.reshape(-1, *tensor.shape[1:]) for part in per_head.split(sizes, dim=1)]
-
-    def to_hf(self, parts: list[torch.Tensor]) -> torch.Tensor:
-        per_head = [part.reshape(self.heads, -1, *part.shape[1:]) for part in parts]  # [head, rows, ...]
-        tensor = torch.cat(per_head, dim=1).flatten(0, 1) if len(parts) > 1 else parts[0]
-        return (tensor.t() if self.conv1d and tensor.dim() == 2 else tensor).contiguous()
-
-
-@dataclass(frozen=True)
-class Architecture:
-    model_types: tuple[str, ...]
-    read_prefixes: tuple[str, ...]  # stripped from checkpoint names (GPT2LMHeadModel saves "transformer.h.0...")
-    write_prefix: str  # added back on writing, so that the *ForCausalLM class loads every tensor
-    head_keys: tuple[str, ...]  # names that sit outside the prefix ("lm_head.weight")
-    ignored: tuple[str, ...]  # regexes of checkpoint names that are not attnlab weights (see each module)
-    config_from_hf: Callable[[dict, str], ModelConfig]
-    config_to_hf: Callable[[ModelConfig], dict]
-    weights: Callable[[dict, ModelConfig], list[Weight]]
 
 
 def architectures() -> dict[str, Architecture]:
-    """model_type -> Architecture (imported here: the architecture modules import this one)."""
-    from .bert import BERT
-    from .gpt2 import GPT2
-    from .gpt_neox import GPT_NEOX
-    from .llama import LLAMA
-
+    """model_type -> Architecture."""
     return {model_type: arch for arch in (GPT2, GPT_NEOX, LLAMA, BERT) for model_type in arch.model_types}
 
-
-# Helpers the architecture modules share ----------------------------------------------------------------
-
-_ACTIVATIONS_FROM_HF = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu",
-                        "relu2": "relu2"}
-_ACTIVATIONS_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu", "relu2": "relu2"}
-
-
-def activation_from_hf(name: str, source: str) -> str:
-    if name not in _ACTIVATIONS_FROM_HF:
-        raise UserError(f"{source}: activation {name!r} is not supported; attnlab reads {', '.join(_ACTIVATIONS_FROM_HF)}")
-    return _ACTIVATIONS_FROM_HF[name]
-
-
-def activation_to_hf(mlp: str) -> str:
-    return _ACTIVATIONS_TO_HF[mlp]
-
-
-def hf_value(hf: dict, key: str, source: str, alias: str | None = None) -> int:
-    """A required positive integer of config.json, named in the error when absent or wrong."""
-    value = hf.get(key, hf.get(alias) if alias else None)
-    if value is None:
-        raise UserError(f"{source}: missing {key!r}; a {hf.get('model_type')} config.json needs it")
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise UserError(f"{source}: {key!r} must be a positive integer, got {value!r}")
-    return value
-
-
-def sizes_from_hf(hf: dict, source: str) -> dict:
-    """ModelConfig's sizes from the names BERT, LLaMA and GPT-NeoX share (GPT-2 has its own)."""
-    return dict(
-        d_vocab=hf_value(hf, "vocab_size", source),
-        n_ctx=hf_value(hf, "max_position_embeddings", source),
-        d_model=hf_value(hf, "hidden_size", source),
-        n_layers=hf_value(hf, "num_hidden_layers", source),
-        n_heads=hf_value(hf, "num_attention_heads", source),
-        d_mlp=hf_value(hf, "intermediate_size", source),
-    )
-
-
-def special_ids(source: dict, pad_default: int | None = None) -> dict:
-    """bos/eos/pad ids, written explicitly even when None: LlamaConfig would otherwise default eos to 2."""
-    return {key: source.get(key, pad_default if key == "pad_token_id" else None) for key in SPECIAL_IDS}
-
-
-def check_writable(cfg: ModelConfig, style: str, **required) -> None:
-    for name, value in required.items():
-        if getattr(cfg, name) != value:
-            raise UserError(
-                f"cannot save as Hugging Face {style}: {name}={getattr(cfg, name)!r}, but {style} needs "
-                f"{name}={value!r}; save with format='attnlab' instead"
-            )
-
-
-def check_plain_heads(cfg: ModelConfig, style: str, scales: tuple[float, ...] = ()) -> None:
-    """What GPT-2 and BERT share: a plain MLP, one k/v head per query head, d_head = d_model / n_heads and
-    the 1/sqrt(d_head) scale (or one of `scales`); the error names the first setting that breaks it."""
-    if cfg.mlp == "swiglu":
-        problem = "mlp='swiglu' (a gated MLP, which only LLaMA style has: positional='rope', norm='rmsnorm')"
-    elif cfg.kv_heads != cfg.n_heads:
-        problem = f"n_kv_heads={cfg.n_kv_heads} (grouped-query attention, which only LLaMA style has)"
-    elif cfg.head_dim * cfg.n_heads != cfg.d_model:
-        problem = f"d_head={cfg.d_head} must be d_model / n_heads = {cfg.d_model // cfg.n_heads}"
-    elif cfg.attn_scale not in (None, cfg.head_dim**-0.5, *scales):
-        known = " or ".join(["1/sqrt(d_head)", *(f"{s:g}" for s in scales)])
-        problem = f"attn_scale={cfg.attn_scale} ({style} knows only {known})"
-    else:
-        return
-    raise UserError(f"cannot save as Hugging Face {style}: {problem}; use format='attnlab'")
-
-
-# config.json's rope_type -> ModelConfig.rope_scaling (attnlab.model.positions.scale_frequencies computes each)
-ROPE_TYPES = {"default": "none", "linear": "linear", "llama3": "llama3"}
-
-
-def rope_from_hf(hf: dict, source: str, head_dim: int, partial_default: float | None = None) -> dict:
-    """ModelConfig's RoPE fields from config.json: transformers 5 nests them under rope_parameters; 4.x had
-    rope_theta and rope_scaling at the top (GPT-NeoX: rotary_emb_base and rotary_pct). partial_default: the
-    rotary fraction when none is given, for architectures whose RoPE honours one (None: rotate every dim)."""
-    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    if not isinstance(rope, dict):
-        raise UserError(f"{source}: rope_parameters must be a JSON object, got {rope!r}")
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in ROPE_TYPES:
-        raise UserError(f"{source}: rope_type {rope_type!r} is not supported; attnlab implements {', '.join(ROPE_TYPES)}")
-    theta = rope.get("rope_theta", hf.get("rope_theta", hf.get("rotary_emb_base", 10000.0)))
-    fields: dict = {"positional": "rope", "rope_theta": float(theta), "rope_scaling": ROPE_TYPES[rope_type]}
-    if partial_default is not None:
-        fraction = rope.get("partial_rotary_factor", hf.get("rotary_pct", hf.get("partial_rotary_factor", partial_default)))
-        rotary_dim = int(head_dim * fraction)  # as transformers counts the rotated dims
-        if rotary_dim <= 0 or rotary_dim % 2:
-            raise UserError(f"{source}: partial_rotary_factor {fraction} of head size {head_dim} rotates {rotary_dim} "
-                            "dims; RoPE needs a positive, even number")
-        fields["rotary_fraction"] = rotary_dim / head_dim
-    if rope_type == "default":
-        return fields
-    for key in ("factor", *(("low_freq_factor", "high_freq_factor") if rope_type == "llama3" else ())):
-        if not isinstance(rope.get(key), (int, float)) or isinstance(rope.get(key), bool):
-            raise UserError(f"{source}: rope_type {rope_type!r} needs a number {key!r} in rope_parameters, got {rope.get(key)!r}")
-    fields["rope_scaling_factor"] = float(rope["factor"])
-    if rope_type == "llama3":
-        fields.update(rope_low_freq_factor=float(rope["low_freq_factor"]), rope_high_freq_factor=float(rope["high_freq_factor"]),
-                      rope_original_n_ctx=rope.get("original_max_position_embeddings"))
-    return fields
-
-
-def rope_to_hf(cfg: ModelConfig) -> dict:
-    """config.json's rope_parameters for cfg (transformers 5; writers copy it to rope_scaling for 4.x)."""
-    rope_type = {value: key for key, value in ROPE_TYPES.items()}[cfg.rope_scaling]
-    rope = {"rope_type": rope_type, "rope_theta": cfg.rope_theta}
-    if rope_type != "default":
-        rope["factor"] = cfg.rope_scaling_factor
-    if rope_type == "llama3":
-        rope.update(low_freq_factor=cfg.rope_low_freq_factor, high_freq_factor=cfg.rope_high_freq_factor,
-                    original_max_position_embeddings=cfg.rope_original_n_ctx or cfg.n_ctx)
-    return rope
 
 
 # Reading -------------------------------------------------------------------------------------------------

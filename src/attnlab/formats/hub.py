@@ -46,6 +46,9 @@ from huggingface_hub.utils import (
 )
 
 from ..errors import UserError
+from ..version import __version__
+from .hf import architecture_for, read_config
+from .native import is_native
 
 # huggingface_hub's failures: HTTP answers, and its cache and offline errors (LocalEntryNotFoundError and
 # OfflineModeIsEnabled are OSErrors); ValueError is its check of a repository id's characters
@@ -114,10 +117,6 @@ def local_path_reason(name: str) -> str | None:
 def download(repo_id: str, revision: str | None = None) -> Path:
     """The local snapshot folder of `repo_id` at `revision` (default: the main branch), holding the files
     attnlab reads, fetched into the Hugging Face cache if they are not there yet."""
-    from .. import __version__
-    from .hf import architecture_for, read_config
-    from .native import is_native
-
     label = repo_id if revision is None else f"{repo_id} (revision {revision!r})"
     agent = {"library_name": "attnlab", "library_version": __version__}
     try:

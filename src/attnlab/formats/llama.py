@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from ..model.config import ModelConfig
 from ..errors import UserError
-from .hf import Architecture, Weight, check_writable, rope_from_hf, rope_to_hf, sizes_from_hf, special_ids
+from .architecture import Architecture, Weight, check_writable, rope_from_hf, rope_to_hf, sizes_from_hf, special_ids
 
 
 def _biases(hf: dict) -> tuple[bool, bool, bool]:

@@ -3,9 +3,8 @@
 Design choices:
 - config.json holds {"format": "attnlab", "version": 1, "model": ModelConfig fields}; nothing is ever
   unpickled: weights are safetensors, the tokenizer is JSON.
-- Every file is written atomically (to a temporary name in the same directory, fsynced, renamed, then
-  the directory fsynced so the rename itself survives a power cut), so a kill at any moment leaves either
-  the old file or the new one, never half of one. A training checkpoint's files go instead into a hidden
+- Every file is written atomically (attnlab.files.atomic_write), so a kill at any moment leaves either the
+  old file or the new one, never half of one. A training checkpoint's files go instead into a hidden
   folder that no reader sees until one rename commits it whole (`ManifestFolder`): there each file is
   written once under its own name and fsynced once, and hashed from the bytes written.
 - A directory may carry `manifest.json` (every file's size and SHA-256, written last: training
@@ -26,7 +25,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +34,7 @@ import torch
 
 from ..model.config import ModelConfig
 from ..errors import UserError, first_line
+from ..files import atomic_write, fsync_dir, fsync_file
 
 FORMAT = "attnlab"
 VERSION = 1
@@ -45,47 +44,6 @@ MODEL_FILES = ("tokenizer.json", "model.safetensors", "config.json")  # what sav
 CHECKPOINTS = "checkpoints"  # a training run's folder of checkpoints, step-NNNNNNN/ each (attnlab.training.checkpoint)
 _CHECKPOINT_NAME = re.compile(r"step-(\d{7,})")
 T = TypeVar("T")
-
-
-def fsync_file(path: str | Path) -> None:
-    with open(path, "rb+") as f:
-        os.fsync(f.fileno())
-
-
-def fsync_dir(path: str | Path) -> None:
-    """Make a directory's entries (a rename, a new file) durable; a no-op where directories cannot be opened."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # Windows: directories cannot be opened, and renames there are durable by themselves
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # some file systems refuse fsync on a directory; their renames are as durable as they get
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
-    """Call write(tmp_path), fsync, rename onto `path`, fsync the folder: readers see the old file or the
-    new, never a torn one, and the rename survives a power cut."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        fsync_file(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    fsync_dir(path.parent)
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
 def state_dict_for_saving(model) -> dict[str, torch.Tensor]:

@@ -31,7 +31,8 @@ from torch import nn
 
 from .config import ModelConfig
 from ..lens.hooks import HookPoint
-from .layers import Linear
+from .layers import Linear, RMSNorm  # qk-norm is the one norm attention owns
+from .positions import apply_rope
 
 
 def causal_mask(T: int, S: int, device: torch.device | str | None = None, diagonal: int | None = None,
@@ -267,8 +268,6 @@ class Attention(nn.Module):
 
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
-        from .layers import RMSNorm  # qk-norm is the one norm attention owns
-
         self.config, self.layer = config, layer
         H, Hkv, D, d_model = config.n_heads, config.kv_heads, config.head_dim, config.d_model
         self.W_Q = Linear(d_model, H * D, bias=config.use_qkv_bias)
@@ -296,8 +295,6 @@ class Attention(nn.Module):
         kv_cache=None,
         start_pos: int = 0,
     ) -> torch.Tensor:
-        from .positions import apply_rope
-
         cfg = self.config
         B, T, _ = x.shape  # batch, query positions, d_model
         H, Hkv, D = cfg.n_heads, cfg.kv_heads, cfg.head_dim

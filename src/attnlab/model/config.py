@@ -218,12 +218,6 @@ class ModelConfig:
             raise UserError(f"unknown model config keys {unknown}; known keys: {sorted(names)}")
         return cls(**data)
 
-    def num_params(self) -> int:
-        """Parameter count without building the model (embeddings included, tied head counted once)."""
-        from .transformer import Transformer  # local: config must not import torch-heavy modules at import
-
-        return sum(p.numel() for p in Transformer(self, device="meta").parameters())
-
 
 PRESETS: dict[str, dict[str, Any]] = {
     # nanoGPT's CPU Shakespeare configuration (its README's "baby GPT on a MacBook").

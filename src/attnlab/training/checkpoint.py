@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
-from ..formats.native import (CHECKPOINTS, MODEL_FILES, ManifestFolder, checkpoint_dirs, fsync_dir, fsync_file,
-                              newest_complete, verified_checkpoint, verify_manifest)
+from ..formats.native import CHECKPOINTS, MODEL_FILES, ManifestFolder, checkpoint_dirs, newest_complete, verified_checkpoint, verify_manifest
+from ..files import fsync_dir, fsync_file
 
 STATE_FILE = "train_state.pt"
 TRAIN_JSON = "train.json"

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError
-from ..formats.native import atomic_write, atomic_write_text
+from ..files import atomic_write, atomic_write_text
 from ..tokenizer import Tokenizer
 
 CHUNK_BYTES = 1 << 20

@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError
-from ..formats.native import atomic_write, load_state, read_safetensors, state_dict_for_saving
+from ..files import atomic_write
+from ..formats.native import load_state, read_safetensors, state_dict_for_saving
 
 SNAPSHOT_DIR = "snapshots"
 SNAPSHOT_DTYPE = torch.float16

@@ -51,7 +51,8 @@ import torch.nn.functional as F
 
 from ..env import capped
 from ..errors import UserError
-from ..formats.native import ManifestFolder, atomic_write, atomic_write_text, save_native
+from ..formats.native import ManifestFolder, save_native
+from ..files import atomic_write, atomic_write_text
 from ..model.transformer import Transformer
 from ..tokenizer import Tokenizer
 from .checkpoint import STATE_FILE, TRAIN_JSON, Checkpoint, find_checkpoint, has_checkpoint, remove_checkpoints, state_bytes, write_checkpoint

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from ...errors import UserError
-from ...formats.native import atomic_write, atomic_write_text
+from ...files import atomic_write, atomic_write_text
 
 
 @dataclass(frozen=True)
