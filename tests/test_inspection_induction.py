@@ -82,7 +82,7 @@ def test_quick_induction_run_and_ablation_of_the_induction_heads(tmp_path, capsy
     # The run is the Trainer's (one training loop): its checkpoint, its train/val losses at every snapshot
     # step (the slider's loss curve), and the explorer's slider opened on the phase change.
     from attnlab.explorer.service import Run
-    from attnlab.training.trainer import read_metrics
+    from attnlab.training.report import read_metrics
 
     run_dir = tmp_path / "induction-2L"
     assert (run_dir / "checkpoints").is_dir() and (run_dir / "report.md").is_file()

@@ -14,7 +14,8 @@ import attnlab
 from attnlab.cli import main
 from attnlab.errors import UserError
 from attnlab.training.config import TRAIN_PRESETS, TrainConfig, build_config
-from attnlab.training.trainer import Optimizers, Trainer, learning_rate_at, make_optimizer, train
+from attnlab.training.schedule import Optimizers, learning_rate_at, make_optimizer
+from attnlab.training.trainer import Trainer, train
 from training_tiny import tiny_config, tiny_flags
 
 

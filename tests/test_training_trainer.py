@@ -14,7 +14,8 @@ import attnlab
 from attnlab.errors import UserError
 from attnlab.training import trainer as trainer_module
 from attnlab.training.config import TrainConfig
-from attnlab.training.trainer import Trainer, learning_rate_at, make_optimizer, train
+from attnlab.training.trainer import Trainer, train
+from attnlab.training.schedule import learning_rate_at, make_optimizer
 from training_tiny import one_line_error as _one_line_error
 from training_tiny import run_cli, tiny_config, tiny_flags
 

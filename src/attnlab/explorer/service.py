@@ -49,6 +49,7 @@ import torch.nn.functional as F
 
 from ..model.attention import apply_mask, attention_pattern, attention_scores, expand_kv
 from ..errors import UserError
+from ..model.transformer import next_token_loss
 from . import MAX_TOKENS
 
 MAX_CHARS = 20_000  # a cap on characters, checked before tokenizing
@@ -524,7 +525,7 @@ class Explorer:
         if cfg.causal:  # position t's loss on token t+1: [pos - 1]
             for when in ("before", "after"):
                 logits = runs[when][0][0].float()
-                out[f"loss_{when}"] = F.cross_entropy(logits[:-1], ids[0, 1:], reduction="none").tolist()
+                out[f"loss_{when}"] = next_token_loss(logits[:-1], ids[0, 1:], reduction="none").tolist()
         return out
 
     def training(self, name: str) -> dict[str, Any]:
@@ -547,7 +548,7 @@ class Explorer:
             picked = sorted({steps[round(i * (len(steps) - 1) / max(1, n - 1))] for i in range(n)}
                             | ({run.start_step} if run.start_step in run.snapshots else set()))
         if run.curves is None or run.curves["score_steps"] != picked:
-            from ..training.trainer import read_metrics
+            from ..training.report import read_metrics
 
             for step in picked:
                 if step not in run.scores:

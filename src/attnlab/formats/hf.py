@@ -31,7 +31,7 @@ import torch
 
 from ..model.config import ModelConfig
 from ..errors import UserError, first_line
-from .architecture import Architecture, Weight
+from .architecture import Architecture
 from .bert import BERT
 from .gpt2 import GPT2
 from .gpt_neox import GPT_NEOX

@@ -34,7 +34,7 @@ import torch
 
 from ..model.config import ModelConfig
 from ..errors import UserError, first_line
-from ..files import atomic_write, fsync_dir, fsync_file
+from ..files import atomic_write
 
 FORMAT = "attnlab"
 VERSION = 1

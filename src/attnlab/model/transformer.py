@@ -221,8 +221,7 @@ class Transformer(HookedModule, TransformerLensViews):
 
     def loss(self, ids: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
         """Mean next-token cross-entropy of a causal model: logits at position t predict targets[t]."""
-        logits = self(ids)
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=ignore_index)
+        return next_token_loss(self(ids), targets, ignore_index=ignore_index)
 
     def generate(self, ids: torch.Tensor, max_new_tokens: int, **kwargs: Any) -> torch.Tensor:
         """Prompt followed by new tokens (B, T + new), decoded with a KV cache; see attnlab.generate.loop.generate."""
@@ -235,3 +234,13 @@ class Transformer(HookedModule, TransformerLensViews):
         if non_embedding:
             n -= self.embed.weight.numel() + (self.pos_embed.weight.numel() if self.pos_embed is not None else 0)
         return n
+
+
+def next_token_loss(logits: torch.Tensor, targets: torch.Tensor, *, reduction: str = "mean",
+                    ignore_index: int = -100) -> torch.Tensor:
+    """The language model's loss, written once: cross-entropy of logits (..., V) against targets (...), in
+    float32, the logits at position t predicting targets[t]. reduction as F.cross_entropy's ("none": one loss
+    per target, in targets' shape)."""
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), reduction=reduction,
+                           ignore_index=ignore_index)
+    return loss.view(targets.shape) if reduction == "none" else loss

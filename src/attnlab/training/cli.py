@@ -150,7 +150,7 @@ def run_sample(args: argparse.Namespace) -> int:
     import torch
 
     from ..formats import load
-    from .trainer import resolve_device
+    from .distributed import resolve_device
 
     if args.num_samples <= 0:
         raise UserError(f"--num-samples must be a positive integer, got {args.num_samples}")

@@ -1,9 +1,9 @@
-"""The training loop: AdamW, warmup + cosine, clipping, accumulation, evaluation, checkpoints, DDP.
+"""The training loop: clipping, accumulation, evaluation, checkpoints, DDP.
 
 Design choices:
-- nanoGPT's recipe: AdamW with weight decay on matrices and embeddings only (dim >= 2; never on biases or
-  norm gains), linear warmup then cosine decay to min_lr (`learning_rate_at`), gradient clipping, gradient
-  accumulation. AdamW runs fused (one kernel for all parameters) where torch has it, else foreach.
+- nanoGPT's loop: the schedule and optimizers of attnlab.training.schedule, gradient clipping, gradient
+  accumulation; the device and process group of attnlab.training.distributed; metrics, the loss plot and
+  report.md written by attnlab.training.report.
 - The randomness of step `it` (which windows it trains on, its dropout masks) is seeded from (seed, it)
   and the rank, so a checkpoint's data position and RNG state are its step number: `--resume` continues
   bit for bit as if never stopped, and a run with N processes sees exactly the batch of one process.
@@ -22,8 +22,6 @@ Design choices:
   gloo on CPU and nccl on GPU; every rank draws the same global batch and keeps its own rows (without
   --gradient-accumulation-steps, one micro-batch per process per step); accumulation
   micro-steps skip the gradient all-reduce (`no_sync`) except the last; only rank 0 writes files.
-- bf16 autocast on GPUs that have it (`--dtype auto`); float32 on CPU: on a CPU without bf16 matrix units
-  autocast only adds casts (what it cost on the CPUs measured: benchmarks/README.md, "Training speed").
 - `--compile` compiles embedding, blocks, head and loss as one graph (`forward_loss`); compiling the blocks
   alone gained nothing on 2 CPU threads. It is off by default: its tens of seconds of compilation cancel
   the faster steps on runs of a few minutes.
@@ -35,9 +33,7 @@ import contextlib
 import json
 import math
 import os
-import platform
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -47,183 +43,28 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from ..env import capped
 from ..errors import UserError
 from ..formats.native import ManifestFolder, save_native
 from ..files import atomic_write, atomic_write_text
-from ..model.transformer import Transformer
+from ..model.transformer import Transformer, next_token_loss
 from ..tokenizer import Tokenizer
 from .checkpoint import STATE_FILE, TRAIN_JSON, Checkpoint, find_checkpoint, has_checkpoint, remove_checkpoints, state_bytes, write_checkpoint
 from .config import FLAG_OF_MODEL_FIELD, TrainConfig, flag_name
 from .data import TokenData, prepare_data
+from .distributed import resolve_dtype, setup_distributed
+from .report import METRICS_FILE, first_reaching, read_metrics, write_loss_plot, write_report
+from .schedule import learning_rate_at, make_optimizer
 from .snapshots import list_snapshots, save_snapshot, snapshot_steps
 
-METRICS_FILE = "metrics.jsonl"
 COMPILE_BACKEND = "inductor"  # what --compile uses (tests swap in "aot_eager", which traces the same graph quickly)
 _EVAL_SEED_OFFSET = 7919  # eval batches come from their own seed, apart from every training step's
-
-
-def learning_rate_at(it: int, cfg: TrainConfig, elapsed_s: float = 0.0) -> float:
-    """Linear warmup over warmup_iters, then, as the run goes from 0 to 1 of its decay, cosine decay from
-    learning_rate to min_lr, or wsd: flat at learning_rate, then a straight line down to min_lr over the last
-    cooldown_fraction (Hägele et al. 2024; the modded-nanogpt speedrun's schedule). The run's progress is
-    counted in steps after warm-up up to decay_iters; with --max-time it is the larger of that and the share
-    of the time budget spent, so a run ends fully decayed whichever limit it reaches first."""
-    if it < cfg.warmup_iters:
-        return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)
-    progress = (it - cfg.warmup_iters) / max(1, cfg.decay_iters - cfg.warmup_iters)
-    if cfg.max_time is not None:
-        progress = max(progress, elapsed_s / cfg.max_time)
-    progress = min(progress, 1.0)
-    if cfg.schedule == "wsd":
-        stable = 1.0 - cfg.cooldown_fraction
-        down = 0.0 if progress <= stable else (progress - stable) / cfg.cooldown_fraction
-        return cfg.learning_rate + down * (cfg.min_lr - cfg.learning_rate)
-    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.learning_rate - cfg.min_lr)
-
-
-def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of logits (B, T, V) against targets (B, T), in float32 (as Transformer.loss)."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-
-
-class Optimizers:
-    """Several optimizers stepped as one: Muon for the blocks' weight matrices and AdamW for the rest. It has
-    the parts of torch.optim.Optimizer the loop uses (param_groups, step, zero_grad, state_dict)."""
-
-    def __init__(self, *optimizers: torch.optim.Optimizer) -> None:
-        self.optimizers = optimizers
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return [group for optimizer in self.optimizers for group in optimizer.param_groups]
-
-    def step(self) -> None:
-        for optimizer in self.optimizers:
-            optimizer.step()
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for optimizer in self.optimizers:
-            optimizer.zero_grad(set_to_none=set_to_none)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"optimizers": [optimizer.state_dict() for optimizer in self.optimizers]}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        for optimizer, saved in zip(self.optimizers, state["optimizers"], strict=True):
-            optimizer.load_state_dict(saved)
-
-
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer | Optimizers:
-    """AdamW with weight decay on matrices and embeddings (dim >= 2) only; fused where this torch has it.
-
-    --optimizer muon: torch.optim.Muon (Jordan et al. 2024: momentum, orthogonalised by Newton-Schulz) for the
-    blocks' weight matrices, AdamW for embeddings, head, norms and biases, as the modded-nanogpt speedrun does.
-    Muon's step is scaled to AdamW's size (`match_rms_adamw`, Liu et al. 2025), so one --learning-rate serves
-    both."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    muon = []
-    if cfg.optimizer == "muon":
-        block_matrices = {id(p) for block in model.blocks for p in block.parameters() if p.dim() == 2}
-        muon = [p for p in params if id(p) in block_matrices]
-        params = [p for p in params if id(p) not in block_matrices]
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    fused = device.type in ("cuda", "cpu")  # torch >= 2.4 has fused AdamW on both
-    adamw = torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), fused=fused)
-    if not muon:
-        return adamw
-    return Optimizers(torch.optim.Muon(muon, lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
-                                       ns_steps=cfg.muon_ns_steps, adjust_lr_fn="match_rms_adamw"), adamw)
-
-
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda", local_rank)
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UserError(f"--device {name!r} is not a device; use auto, cpu, cuda, cuda:N or mps") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"--device {name}: this machine has no CUDA GPU (or torch was built without CUDA); use --device cpu")
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", local_rank)
-    return device
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        if device.type == "cuda" and torch.cuda.is_bf16_supported():
-            return torch.bfloat16
-        return torch.float32
-    if name == "float16" and device.type != "cuda":
-        raise UserError(f"--dtype float16 needs a CUDA GPU (it trains with a gradient scaler); on {device.type} use bfloat16 or float32")
-    return getattr(torch, name)
 
 
 def _step_seed(seed: int, it: int, stream: int) -> int:
     """A distinct 63-bit seed per (run seed, step, stream); stream -1 is the data, r >= 0 rank r's dropout."""
     return (seed * 1_000_003 + it * 1_009 + stream + 1) % (2**63 - 1)
-
-
-@dataclass
-class Distributed:
-    rank: int = 0
-    local_rank: int = 0
-    world: int = 1
-
-    @property
-    def enabled(self) -> bool:
-        return self.world > 1
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def setup_distributed(device_name: str) -> tuple[Distributed, torch.device]:
-    """Join the torchrun process group if there is one (gloo on CPU, nccl on GPU)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return Distributed(), resolve_device(device_name)
-    import torch.distributed as dist
-
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = resolve_device(device_name, local_rank)
-    if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", **_restart_store(world))
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    return Distributed(dist.get_rank(), local_rank, dist.get_world_size()), device
-
-
-def _restart_store(world: int) -> dict[str, Any]:
-    """Under torchrun --max-restarts, the store of each start's process group, kept apart from the others'.
-
-    torchrun shares its rendezvous store with the workers (TORCHELASTIC_USE_AGENT_STORE) and torch builds
-    the process group on it without a per-start prefix, so a restarted gloo group can read a dead worker's
-    address and fail to connect (pytorch/pytorch#135712; here two runs of three starts each lost a start
-    so). Prefixing the keys with the restart count keeps each start's group to itself. Elsewhere torch's
-    own env:// set-up is used."""
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or restart == "0":
-        return {}
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
-                          timeout=timedelta(minutes=10))
-    return {"store": dist.PrefixStore(f"attnlab/start_{restart}", store), "rank": int(os.environ["RANK"]),
-            "world_size": world}
 
 
 class RunComplete(Exception):
@@ -658,100 +499,7 @@ def whole_split_loss(model: torch.nn.Module, tokens, block_size: int, batch_size
     model.eval()
     total = torch.zeros((), dtype=torch.float64)
     for x, y in batches:
-        logits = model(x.to(device))
-        total += F.cross_entropy(logits.flatten(0, 1).float(), y.to(device).flatten(), reduction="sum").double().cpu()
+        total += next_token_loss(model(x.to(device)), y.to(device), reduction="sum").double().cpu()
     return float(total) / n
 
 
-def first_reaching(records: list[dict[str, Any]], target: float | None) -> dict[str, Any] | None:
-    """The first evaluation record whose val loss (the eval_iters estimate, or at the end the whole split) is
-    at most `target`; None if none is, or no target was set."""
-    if target is None:
-        return None
-    return next((r for r in records if min(r["val_loss"], r.get("val_loss_full", math.inf)) <= target), None)
-
-
-def read_metrics(out: str | Path) -> list[dict[str, Any]]:
-    path = Path(out) / METRICS_FILE
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def write_loss_plot(out: Path) -> None:
-    records = read_metrics(out)
-    if not records:
-        return
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = [r["iter"] for r in records]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(steps, [r["train_loss"] for r in records], marker="o", label="train")
-    ax.plot(steps, [r["val_loss"] for r in records], marker="o", label="val")
-    ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy loss (nats/token)")
-    ax.set_title(f"{out.name}: val {records[-1]['val_loss']:.3f} at step {steps[-1]}")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    atomic_write(out / "loss.png", lambda tmp: fig.savefig(tmp, format="png", dpi=100))
-    plt.close(fig)
-
-
-def _git_commit() -> str:
-    try:
-        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent,
-                              capture_output=True, text=True, timeout=5)
-        return done.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def _hardware(device: torch.device) -> str:
-    if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(device)}"
-    return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs"
-
-
-def write_report(trainer: Trainer, result: TrainResult) -> None:
-    cfg = trainer.cfg
-    config_rows = "\n".join(f"| `{flag_name(k)}` | {v} |" for k, v in cfg.to_dict().items())
-    fmt = lambda v: f"{v:.4f}" if v is not None else "n/a"  # noqa: E731
-    reached_row = ""
-    if cfg.target_loss is not None:
-        first = first_reaching(read_metrics(trainer.out), cfg.target_loss)
-        when = f"step {first['iter']}, {first['elapsed_s']:.1f} s" if first is not None else "not reached"
-        reached_row = f"| first evaluation with val loss <= {cfg.target_loss:g} | {when} |\n"
-    text = f"""# Training report: {trainer.out}
-
-| | |
-| --- | --- |
-| steps | {result.iters} of {cfg.max_iters}{' (interrupted)' if result.interrupted else ''} |
-| final train loss | {fmt(result.train_loss)} |
-| final val loss (eval_iters batches) | {fmt(result.val_loss)} |
-| final val loss, whole split (every token once) | {fmt(result.val_loss_full)} |
-{reached_row}| tokens/s (training steps, this session) | {result.tokens_per_s:,.0f} |
-| wall time (evaluations included) | {result.elapsed_s:.1f} s |
-| parameters | {trainer.raw_model.num_params():,} |
-| tokenizer | {trainer.tokenizer.kind}, {trainer.tokenizer.vocab_size} tokens |
-| tokens in corpus (train / val) | {trainer.data.n_train:,} / {len(trainer.data.tokens) - trainer.data.n_train:,} |
-| processes | {trainer.dist.world} |
-| device, dtype | {trainer.device}, {str(trainer.dtype).removeprefix('torch.')} |
-| hardware | {_hardware(trainer.device)} |
-| torch | {torch.__version__} |
-| python | {platform.python_version()} |
-| git commit | {_git_commit()} |
-| finished | {time.strftime('%Y-%m-%d %H:%M:%S %Z')} |
-
-![loss](loss.png)
-
-## Config
-
-| flag | value |
-| --- | --- |
-{config_rows}
-"""
-    atomic_write_text(trainer.out / "report.md", text)

@@ -26,6 +26,7 @@ import torch
 
 from ...errors import UserError
 from ...files import atomic_write, atomic_write_text
+from ...model.transformer import next_token_loss
 
 
 @dataclass(frozen=True)
@@ -153,8 +154,7 @@ def per_token_loss(model, data: torch.Tensor, batch: int = 256) -> torch.Tensor:
     with torch.no_grad():
         for rows in data.split(batch):
             logits = model(rows[:, :-1])
-            loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2).float(), rows[:, 1:], reduction="none")
-            total += loss.sum(0)
+            total += next_token_loss(logits, rows[:, 1:], reduction="none").sum(0)
     return total / len(data)
 
 
