@@ -16,7 +16,7 @@ def test_every_command_module_is_present():
     parser = build_parser()
     commands = set(parser._subparsers._group_actions[0].choices)
     assert {"demo", "compare", "train", "sample", "heads", "experiment", "explore", "export-html"} <= commands
-    assert len(COMMAND_MODULES) == 5
+    assert len(COMMAND_MODULES) == 6
 
 
 def test_version_and_help():

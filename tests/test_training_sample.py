@@ -10,7 +10,7 @@ import torch
 import attnlab
 from attnlab.cli import main
 from attnlab.tokenizer import Tokenizer
-from attnlab.training.cli import TextStream, generate_windowed
+from attnlab.generate.sample import TextStream, generate_windowed
 from attnlab.training.trainer import train
 from training_tiny import tiny_config
 

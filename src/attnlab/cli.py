@@ -23,7 +23,8 @@ from .version import __version__
 COMMAND_MODULES = (
     "attnlab.demo",  # demo
     "attnlab.formats.cli",  # compare
-    "attnlab.training.cli",  # train, sample
+    "attnlab.training.cli",  # train
+    "attnlab.generate.sample",  # sample
     "attnlab.inspection.cli",  # heads, experiment, attribute, patch
     "attnlab.explorer.cli",  # explore, export-html
 )

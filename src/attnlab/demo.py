@@ -37,7 +37,7 @@ def show_pattern(seed: int) -> None:
 def run_demo(args: argparse.Namespace) -> int:
     from .data import BUILTIN_NAME
     from .formats import load
-    from .training.cli import TextStream, encode_prompt, generate_windowed
+    from .generate.sample import TextStream, encode_prompt, generate_windowed
     from .training.config import build_config
     from .training.trainer import train
 
