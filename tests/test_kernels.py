@@ -222,13 +222,13 @@ def test_norm_and_activation_kernels_equal_the_modules(seed):
             torch.testing.assert_close(out, norm(x), **F32)
     for name, kind in kernels.ACTIVATIONS.items():
         y = x.clone()
-        kernels.prepare("attnlab_activate", y, y.numel(), kind)()
+        kernels.activate_call(y, kind)()
         torch.testing.assert_close(y, _ACTIVATIONS[name](x), **F32)
     # SiLU's exp over float's whole range: the vectorised exp_ holds its input to [-87.3, 88.3]
     gate = torch.cat([torch.randn(60), torch.linspace(-100, 100, 2001), torch.tensor([-1e30, -1e38, 1e30, 1e38])])
     up = torch.randn_like(gate)
     expected = F.silu(gate) * up
-    kernels.prepare("attnlab_silu_mul", gate, up, gate.numel())()
+    kernels.silu_mul_call(gate, up)()
     torch.testing.assert_close(gate, expected, rtol=1e-6, atol=1e-30)
 
 

@@ -21,7 +21,8 @@ import torch
 
 def show_pattern(seed: int) -> None:
     """The causal attention pattern of 'A B C' on a tiny untrained model: lower-triangular, rows sum to 1."""
-    from . import Transformer, preset
+    from .model.config import preset
+    from .model.transformer import Transformer
 
     torch.manual_seed(seed)
     tokens = ["A", "B", "C"]

@@ -92,18 +92,17 @@ class KernelDecoder:
                 if mlp.gated:
                     steps[-1] = independent(steps[-1])  # W_in and W_gate both read h_mlp
                     steps += [product(mlp.W_gate, h_mlp, self.gate),
-                              kernels.prepare("attnlab_silu_mul", self.gate, self.pre, self.pre.numel())]
+                              kernels.silu_mul_call(self.gate, self.pre)]
                     post = self.gate
                 else:
-                    steps.append(kernels.prepare("attnlab_activate", self.pre, self.pre.numel(),
-                                                 kernels.ACTIVATIONS[cfg.mlp]))
+                    steps.append(kernels.activate_call(self.pre, kernels.ACTIVATIONS[cfg.mlp]))
                     post = self.pre
                 steps.append(product(mlp.W_out, post, x, accumulate=True))  # resid_post = resid_mid + mlp_out
         if model.ln_final is not None:
             steps.append(kernels.norm_call(model.ln_final, x, h))
         steps.append(product(model.unembed, h if model.ln_final is not None else x, self.logits))
         if cfg.logit_softcap is not None:
-            steps.append(kernels.prepare("attnlab_softcap", self.logits, self.logits.numel(), cfg.logit_softcap))
+            steps.append(kernels.softcap_call(self.logits, cfg.logit_softcap))
         self.run = kernels.program(steps)  # consecutive kernel calls: one C call, one parallel region
 
     @staticmethod

@@ -21,6 +21,7 @@ Design choices:
 from __future__ import annotations
 
 import ctypes
+import enum
 import functools
 import hashlib
 import mmap
@@ -35,32 +36,63 @@ from pathlib import Path
 
 import torch
 
+from ...model.layers import LayerNorm
+
 SOURCE = Path(__file__).with_name("decode.c")
 FLAG_SETS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-fopenmp"], ["-O3"])  # best first
 HUGE_PAGE = 2 << 20
 HUGE_PAGES_FROM = 4 << 20  # bytes of weights from which `place_in_huge_pages` moves them (smaller ones sit in cache)
 
 _i64, _int, _ptr, _float = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
-SIGNATURES = {
-    "attnlab_linear_f32": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int, _int],
-    "attnlab_linear_i8": [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int, _int],
-    "attnlab_rope": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64],
-    "attnlab_embed": [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64],
-    "attnlab_attend": [_ptr] * 6 + [_i64, _ptr, _ptr] + [_i64] * 5 + [_ptr, _float, _int],
-    "attnlab_rms_norm": [_ptr, _ptr, _ptr, _i64, _i64, _float],
-    "attnlab_layer_norm": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _float],
-    "attnlab_activate": [_ptr, _i64, _int],
-    "attnlab_silu_mul": [_ptr, _ptr, _i64],
-    "attnlab_softcap": [_ptr, _i64, _float],
-    "attnlab_run": [_ptr, _i64, _int],
+
+
+class Op(enum.IntEnum):
+    """decode.c's attnlab_op_kind: the kernels a step program can hold, in the same order."""
+
+    LINEAR_F32 = 0
+    LINEAR_I8 = 1
+    ROPE = 2
+    EMBED = 3
+    ATTEND = 4
+    RMS_NORM = 5
+    LAYER_NORM = 6
+    ACTIVATE = 7
+    SILU_MUL = 8
+    SOFTCAP = 9
+
+
+# The one table of the C interface: each op's attnlab_* function and its parameters' types, in order. The loader
+# declares them to ctypes, a program op (OpCall) is laid out by them, and tests/test_kernels.py compares the
+# table with decode.c's enum and prototypes.
+KERNELS: dict[Op, tuple[str, list]] = {
+    Op.LINEAR_F32: ("attnlab_linear_f32", [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int, _int]),
+    Op.LINEAR_I8: ("attnlab_linear_i8", [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int, _int]),
+    Op.ROPE: ("attnlab_rope", [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64]),
+    Op.EMBED: ("attnlab_embed", [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64]),
+    Op.ATTEND: ("attnlab_attend", [_ptr] * 6 + [_i64, _ptr, _ptr] + [_i64] * 5 + [_ptr, _float, _int]),
+    Op.RMS_NORM: ("attnlab_rms_norm", [_ptr, _ptr, _ptr, _i64, _i64, _float]),
+    Op.LAYER_NORM: ("attnlab_layer_norm", [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _float]),
+    Op.ACTIVATE: ("attnlab_activate", [_ptr, _i64, _int]),
+    Op.SILU_MUL: ("attnlab_silu_mul", [_ptr, _ptr, _i64]),
+    Op.SOFTCAP: ("attnlab_softcap", [_ptr, _i64, _float]),
 }
-ACTIVATIONS = {"gelu": 0, "gelu_tanh": 1, "relu": 2, "relu2": 3}  # attnlab_activate's kinds
-# the kernels a step program (attnlab_run) can hold, in the order of decode.c's op kinds
-PROGRAM_KERNELS = ("attnlab_linear_f32", "attnlab_linear_i8", "attnlab_rope", "attnlab_embed", "attnlab_attend",
-                   "attnlab_rms_norm", "attnlab_layer_norm", "attnlab_activate", "attnlab_silu_mul", "attnlab_softcap")
+RUN = ("attnlab_run", [_ptr, _i64, _int])  # runs a program: its ops, their number, the threads
 
 
-class Op(ctypes.Structure):
+class Activation(enum.IntEnum):
+    """decode.c's attnlab_activation: the MLP nonlinearities attnlab_activate computes, in the same order."""
+
+    GELU = 0
+    GELU_TANH = 1
+    RELU = 2
+    RELU2 = 3
+
+
+ACTIVATIONS = {"gelu": Activation.GELU, "gelu_tanh": Activation.GELU_TANH, "relu": Activation.RELU,
+               "relu2": Activation.RELU2}  # ModelConfig.mlp -> attnlab_activate's kind
+
+
+class OpCall(ctypes.Structure):
     """decode.c's attnlab_op: one kernel call of a step program."""
     _fields_ = [("kind", ctypes.c_int64), ("wait", ctypes.c_int64), ("a", ctypes.c_int64 * 17), ("f", ctypes.c_double)]
 
@@ -129,7 +161,7 @@ def library() -> ctypes.CDLL | None:
 def load(path: Path) -> ctypes.CDLL:
     """The kernels of the shared library at `path`, their argument types declared."""
     lib = ctypes.CDLL(str(path))
-    for name, argtypes in SIGNATURES.items():
+    for name, argtypes in [*KERNELS.values(), RUN]:
         getattr(lib, name).argtypes = argtypes
         getattr(lib, name).restype = None
     return lib
@@ -149,34 +181,32 @@ def usable(*tensors: torch.Tensor) -> bool:
 
 
 class Call:
-    """The kernel `name` with its arguments bound: tensors by address (and kept alive by it: they must never move),
-    None as NULL. Calling it runs the kernel; a decode step is a list of these, prepared once, and `program`
-    runs such a list as one. `wait` False: in a program the threads go on without waiting for each other, up to
-    the next call that waits; so no call in that stretch, that one included, may read what this one writes or
-    write what it reads."""
+    """The kernel of op `kind` with its arguments bound: tensors by address (and kept alive by it: they must never
+    move), None as NULL. Calling it runs the kernel; a decode step is a list of these, prepared once (by the
+    *_call functions below, one per kernel, which check what the C code trusts), and `program` runs such a list
+    as one. `wait` False: in a program the threads go on without waiting for each other, up to the next call
+    that waits; so no call in that stretch, that one included, may read what this one writes or write what it
+    reads."""
 
-    def __init__(self, name: str, *args) -> None:
-        self.name = name
+    def __init__(self, kind: Op, *args) -> None:
+        self.kind = kind
         self.values = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
         self.tensors = [a for a in args if isinstance(a, torch.Tensor)]  # the memory the C code reads and writes
         self.wait = True
-        self._run = functools.partial(getattr(library(), name), *self.values)
+        self._run = functools.partial(getattr(library(), KERNELS[kind][0]), *self.values)
 
     def __call__(self) -> None:
         self._run()
 
-    def op(self) -> Op:
+    def op(self) -> OpCall:
         """This call as one op of a step program: its arguments in order, the float one in `f`."""
-        op = Op(kind=PROGRAM_KERNELS.index(self.name), wait=int(self.wait))
-        for i, (value, kind) in enumerate(zip(self.values, SIGNATURES[self.name])):
+        op = OpCall(kind=self.kind, wait=int(self.wait))
+        for i, (value, kind) in enumerate(zip(self.values, KERNELS[self.kind][1], strict=True)):
             if kind is _float:
                 op.f = value
             else:
                 op.a[i] = int(value or 0)
         return op
-
-
-prepare = Call
 
 
 def independent(call: Call) -> Call:
@@ -191,7 +221,7 @@ class Program:
 
     def __init__(self, calls: list[Call], threads: int) -> None:
         self.calls = calls  # which keep their tensors alive
-        self.ops = (Op * len(calls))(*(call.op() for call in calls))
+        self.ops = (OpCall * len(calls))(*(call.op() for call in calls))
         self._run = functools.partial(library().attnlab_run, self.ops, len(calls), threads)
 
     def __call__(self) -> None:
@@ -203,7 +233,7 @@ def program(steps: list[Callable[[], object]]) -> list[Callable[[], object]]:
     between them, run in order."""
     out, run = [], []
     for step in [*steps, None]:
-        if isinstance(step, Call) and step.name in PROGRAM_KERNELS:
+        if isinstance(step, Call):
             run.append(step)
             continue
         if run:  # (a program's end waits for every thread: what follows may read anything it wrote)
@@ -224,8 +254,8 @@ def linear_call(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     assert weight.is_contiguous() and x.dtype == out.dtype == torch.float32
     threads = torch.get_num_threads()
     if weight.dtype == torch.int8:
-        return prepare("attnlab_linear_i8", x, weight, scale, bias, out, rows, d_in, d_out, int(accumulate), threads)
-    return prepare("attnlab_linear_f32", x, weight, bias, out, rows, d_in, d_out, int(accumulate), threads)
+        return Call(Op.LINEAR_I8, x, weight, scale, bias, out, rows, d_in, d_out, int(accumulate), threads)
+    return Call(Op.LINEAR_F32, x, weight, bias, out, rows, d_in, d_out, int(accumulate), threads)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, scale: torch.Tensor | None = None,
@@ -244,7 +274,7 @@ def rope_call(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: 
     each row's position (positions: rows int64, read at each call; every one below n)."""
     rows, heads, d_head = x.shape
     assert cos.is_contiguous() and sin.is_contiguous() and positions.dtype == torch.int64 and positions.numel() == rows
-    return prepare("attnlab_rope", x, cos, sin, positions, rows, heads, d_head, cos.shape[-1])
+    return Call(Op.ROPE, x, cos, sin, positions, rows, heads, d_head, cos.shape[-1])
 
 
 def embed_call(ids: torch.Tensor, table: torch.Tensor, positions: torch.Tensor, positions_table: torch.Tensor | None,
@@ -253,7 +283,7 @@ def embed_call(ids: torch.Tensor, table: torch.Tensor, positions: torch.Tensor, 
     rows, d = out.shape
     assert ids.dtype == positions.dtype == torch.int64 and ids.numel() == positions.numel() == rows
     assert table.is_contiguous() and table.shape[1] == d and (positions_table is None or positions_table.is_contiguous())
-    return prepare("attnlab_embed", ids, table, positions, positions_table, out, rows, d)
+    return Call(Op.EMBED, ids, table, positions, positions_table, out, rows, d)
 
 
 def attend_call(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor,
@@ -273,19 +303,35 @@ def attend_call(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_cac
     assert key_mask is None or (key_mask.dtype == torch.bool and key_mask.stride(-1) == 1
                                 and key_mask.shape == (rows, max_len))
     stride = key_mask.stride(0) if key_mask is not None else 0
-    return prepare("attnlab_attend", q, k_new, v_new, k_cache, v_cache, key_mask, stride, scores, out, rows, heads,
-                   kv_heads, d_head, max_len, slot, scale, torch.get_num_threads())
+    return Call(Op.ATTEND, q, k_new, v_new, k_cache, v_cache, key_mask, stride, scores, out, rows, heads, kv_heads,
+                d_head, max_len, slot, scale, torch.get_num_threads())
 
 
 def norm_call(norm, x: torch.Tensor, out: torch.Tensor) -> Callable[[], None]:
     """out = norm(x) for an attnlab LayerNorm or RMSNorm over the last dim of x (rows, d)."""
-    from ...model.layers import LayerNorm
-
     d = x.shape[-1]
     rows = x.numel() // d
     if isinstance(norm, LayerNorm):
-        return prepare("attnlab_layer_norm", x, norm.weight, norm.bias, out, rows, d, norm.eps)
-    return prepare("attnlab_rms_norm", x, norm.weight, out, rows, d, norm.eps)
+        return Call(Op.LAYER_NORM, x, norm.weight, norm.bias, out, rows, d, norm.eps)
+    return Call(Op.RMS_NORM, x, norm.weight, out, rows, d, norm.eps)
+
+
+def activate_call(x: torch.Tensor, kind: Activation) -> Callable[[], None]:
+    """x = act(x) in place, the nonlinearity `kind`, over every value of the contiguous float32 x."""
+    assert x.is_contiguous() and x.dtype == torch.float32
+    return Call(Op.ACTIVATE, x, x.numel(), Activation(kind))
+
+
+def silu_mul_call(gate: torch.Tensor, up: torch.Tensor) -> Callable[[], None]:
+    """gate = silu(gate) ⊙ up in place (SwiGLU's product); gate and up contiguous float32 of one shape."""
+    assert gate.is_contiguous() and up.is_contiguous() and gate.shape == up.shape
+    return Call(Op.SILU_MUL, gate, up, gate.numel())
+
+
+def softcap_call(x: torch.Tensor, cap: float) -> Callable[[], None]:
+    """x = cap · tanh(x / cap) in place over every value of the contiguous float32 x."""
+    assert x.is_contiguous() and x.dtype == torch.float32
+    return Call(Op.SOFTCAP, x, x.numel(), cap)
 
 
 def place_in_huge_pages(tensors: list[torch.Tensor]) -> bool:

@@ -403,16 +403,24 @@ void attnlab_layer_norm(const float *x, const float *w, const float *b, float *o
   }
 }
 
-/* The MLP's nonlinearity, in place on n values: 0 GELU (exact, erf), 1 GELU (tanh approximation, GPT-2), 2 ReLU,
- * 3 ReLU² (modded-nanogpt's, the speedrun recipe's and the demo's). */
+/* The MLP's nonlinearities attnlab_activate knows; attnlab.generate.kernels.Activation lists the same names in
+ * the same order (tests/test_kernels.py reads this enum and compares). */
+typedef enum {
+  ACTIVATION_GELU,      /* exact, with erf */
+  ACTIVATION_GELU_TANH, /* the tanh approximation (GPT-2's gelu_new) */
+  ACTIVATION_RELU,
+  ACTIVATION_RELU2, /* ReLU² (modded-nanogpt's, the speedrun recipe's and the demo's) */
+} attnlab_activation;
+
+/* The MLP's nonlinearity `kind` (an attnlab_activation), in place on n values. */
 void attnlab_activate(float *x, int64_t n, int kind) {
   for (int64_t i = 0; i < n; i++) {
     float v = x[i];
-    if (kind == 0)
+    if (kind == ACTIVATION_GELU)
       x[i] = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
-    else if (kind == 1)
+    else if (kind == ACTIVATION_GELU_TANH)
       x[i] = 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
-    else if (kind == 2)
+    else if (kind == ACTIVATION_RELU)
       x[i] = v > 0 ? v : 0.0f;
     else
       x[i] = v > 0 ? v * v : 0.0f;
@@ -444,11 +452,28 @@ void attnlab_silu_mul(float *gate, const float *up, int64_t n) {
  * wait for each other (`omp barrier`) only after an op whose output the next reads (`wait`). Threads stay hot for
  * the whole step, as in llama.cpp's thread pool (ggml_graph_compute: one barrier per graph node).
  *
- * An op's `a` holds the kernel's arguments in the order of its attnlab_* function above (addresses and integers
- * as 64-bit values; the float argument, where there is one, in `f`, its slot in `a` unused; the `threads`
- * argument unused: the program's own count applies). Kinds in this order: attnlab.kernels.PROGRAM_KERNELS. */
+ * An op's `kind` names its kernel (attnlab_op_kind); its `a` holds the kernel's arguments in the order of its
+ * attnlab_* function above (addresses and integers as 64-bit values; the float argument, where there is one, in
+ * `f`, its slot in `a` unused; the `threads` argument unused: the program's own count applies). */
+
+/* The kernels a program can hold. attnlab.generate.kernels.Op lists the same names in the same order, each with
+ * its attnlab_* function's argument types (tests/test_kernels.py reads this enum and the functions' parameter
+ * lists, and compares them with that table). */
+typedef enum {
+  OP_LINEAR_F32,
+  OP_LINEAR_I8,
+  OP_ROPE,
+  OP_EMBED,
+  OP_ATTEND,
+  OP_RMS_NORM,
+  OP_LAYER_NORM,
+  OP_ACTIVATE,
+  OP_SILU_MUL,
+  OP_SOFTCAP,
+} attnlab_op_kind;
+
 typedef struct {
-  int64_t kind, wait;
+  int64_t kind, wait; /* kind: an attnlab_op_kind */
   int64_t a[17];
   double f;
 } attnlab_op;
@@ -470,47 +495,47 @@ static void share(int64_t n, int64_t *lo, int64_t *hi) {
 static void run_op(const attnlab_op *op) {
   int64_t lo, hi;
   switch (op->kind) {
-  case 0:
+  case OP_LINEAR_F32:
     linear_f32(ARG(0, const float *), ARG(1, const float *), ARG(2, const float *), ARG(3, float *), op->a[4],
                op->a[5], op->a[6], (int)op->a[7]);
     break;
-  case 1:
+  case OP_LINEAR_I8:
     linear_i8(ARG(0, const float *), ARG(1, const int8_t *), ARG(2, const float *), ARG(3, const float *),
               ARG(4, float *), op->a[5], op->a[6], op->a[7], (int)op->a[8]);
     break;
-  case 2:
+  case OP_ROPE:
 #pragma omp single nowait
     attnlab_rope(ARG(0, float *), ARG(1, const float *), ARG(2, const float *), ARG(3, const int64_t *), op->a[4],
                  op->a[5], op->a[6], op->a[7]);
     break;
-  case 3:
+  case OP_EMBED:
 #pragma omp single nowait
     attnlab_embed(ARG(0, const int64_t *), ARG(1, const float *), ARG(2, const int64_t *), ARG(3, const float *),
                   ARG(4, float *), op->a[5], op->a[6]);
     break;
-  case 4:
+  case OP_ATTEND:
     attend(ARG(0, const float *), ARG(1, const float *), ARG(2, const float *), ARG(3, float *), ARG(4, float *),
            ARG(5, const uint8_t *), op->a[6], ARG(7, float *), ARG(8, float *), op->a[9], op->a[10], op->a[11],
            op->a[12], op->a[13], ARG(14, const int64_t *), (float)op->f);
     break;
-  case 5:
+  case OP_RMS_NORM:
 #pragma omp single nowait
     attnlab_rms_norm(ARG(0, const float *), ARG(1, const float *), ARG(2, float *), op->a[3], op->a[4], (float)op->f);
     break;
-  case 6:
+  case OP_LAYER_NORM:
 #pragma omp single nowait
     attnlab_layer_norm(ARG(0, const float *), ARG(1, const float *), ARG(2, const float *), ARG(3, float *),
                        op->a[4], op->a[5], (float)op->f);
     break;
-  case 7:
+  case OP_ACTIVATE:
     share(op->a[1], &lo, &hi);
     attnlab_activate(ARG(0, float *) + lo, hi - lo, (int)op->a[2]);
     break;
-  case 8:
+  case OP_SILU_MUL:
     share(op->a[2], &lo, &hi);
     attnlab_silu_mul(ARG(0, float *) + lo, ARG(1, const float *) + lo, hi - lo);
     break;
-  case 9:
+  case OP_SOFTCAP:
     share(op->a[1], &lo, &hi);
     attnlab_softcap(ARG(0, float *) + lo, hi - lo, (float)op->f);
     break;
