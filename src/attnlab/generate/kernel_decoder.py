@@ -25,9 +25,9 @@ class KernelDecoder:
     """`decode_one_token` through attnlab.generate.kernels, for float32 (or int8-weight) models on a CPU, eager.
 
     At construction the step is written down once as a list of prepared C calls on preallocated buffers, in the
-    modules' order: per block, norm (both norms first in a parallel block); q, k, v products; qk-norm; RoPE; the new key and value written to the cache
-    and attended to; the output product added to the residual in place; norm; MLP; and at the end the final norm
-    and the LM head. A step then copies its tokens, positions and cache slot into the buffers the calls read
+    modules' order: the embedding; per block, norm (both norms first in a parallel block); q, k, v products;
+    qk-norm; RoPE; the new key and value written to the cache and attended to; the output product added to the
+    residual in place; norm; MLP; and at the end the final norm and the LM head. A step then copies its tokens, positions and cache slot into the buffers the calls read
     and runs the list, which begins with the embedding lookup (PyTorch's embed_tokens for sinusoids, token types or an
     embedding norm) and reads RoPE's angles from a table made once: ~12 kernels per block, run as one program
     (kernels.program: one C call for the step, the threads waiting for each other only where a kernel reads what
@@ -38,72 +38,94 @@ class KernelDecoder:
     """
 
     def __init__(self, model, cache: KVCache, key_mask: torch.Tensor | None = None) -> None:
-        cfg = model.config
-        B, H, Hkv, D = cache.k[0].shape[0], cfg.n_heads, cfg.kv_heads, cfg.head_dim
-        self.model = model
+        self.model, self.cache = model, cache
+        self.key_mask = key_mask  # kept alive: the attention calls read it
+        self._allocate(cache.k[0].shape[0])
+        # before any call is prepared (they bind addresses): the weights into 2 MB pages, in the order read
+        kernels.place_in_huge_pages([linear.weight for linear in self.linears_in_step_order(model)])
+        steps = self._embedding_steps()
+        for layer, block in enumerate(model.blocks):
+            steps += self._attention_steps(layer, block)
+            if block.mlp is not None:
+                steps += self._mlp_steps(block)
+        steps += self._head_steps()
+        self.run = kernels.program(steps)  # consecutive kernel calls: one C call, one parallel region
+
+    def _allocate(self, B: int) -> None:
+        """The buffers every call reads and writes, for a batch of B rows, and RoPE's table of angles."""
+        model, cfg, max_len = self.model, self.model.config, self.cache.max_len
+        H, Hkv, D = cfg.n_heads, cfg.kv_heads, cfg.head_dim
         new = lambda *shape: torch.zeros(*shape)  # noqa: E731
         self.x, self.h = new(B, cfg.d_model), new(B, cfg.d_model)  # residual stream, its norm  [batch, d_model]
+        self.h_mlp = new(B, cfg.d_model) if cfg.parallel_residual else self.h  # a parallel MLP reads ln2(resid_pre)
         self.q, self.z = new(B, H, D), new(B, H, D)  # [batch, head, d_head]
         self.k, self.v = new(B, Hkv, D), new(B, Hkv, D)  # [batch, kv_head, d_head]
-        self.scores = new(B, H, cache.max_len)  # [batch, head, key slot]: the attention kernel's scratch
+        self.scores = new(B, H, max_len)  # [batch, head, key slot]: the attention kernel's scratch
         self.pre, self.gate = new(B, cfg.mlp_dim), new(B, cfg.mlp_dim)  # [batch, d_mlp]
         self.logits = new(B, cfg.d_vocab)
         self.ids = torch.zeros(B, dtype=torch.int64)  # this step's tokens
         self.position = torch.zeros(B, dtype=torch.int64)  # and their positions
         self.slot = torch.zeros(1, dtype=torch.int64)  # the cache slot this step writes
         if model.rotary is not None:  # the angles of every position the cache can hold: [position, rotary_dim]
-            cos, sin = model.rotary(torch.arange(cache.max_len).unsqueeze(0))  # (1, max_len, 1, rotary_dim)
-            self.cos, self.sin = cos.view(cache.max_len, -1).contiguous(), sin.view(cache.max_len, -1).contiguous()
-        self.key_mask = key_mask  # kept alive: the attention calls read it
-        x, h, q, k, v, z = self.x, self.h, self.q, self.k, self.v, self.z
-        # before any call is prepared (they bind addresses): the weights into 2 MB pages, in the order read
-        kernels.place_in_huge_pages([linear.weight for linear in self.linears_in_step_order(model)])
-        product = self._product
-        steps = []
-        # the embedding in C when it is a lookup (+ learned positions); sinusoids, token types, a norm: PyTorch
+            cos, sin = model.rotary(torch.arange(max_len).unsqueeze(0))  # (1, max_len, 1, rotary_dim)
+            self.cos, self.sin = cos.view(max_len, -1).contiguous(), sin.view(max_len, -1).contiguous()
+
+    def _embedding_steps(self) -> list:
+        """The embedding in C when it is a lookup (+ learned positions); sinusoids, token types, a norm: PyTorch,
+        in __call__."""
+        model, cfg = self.model, self.model.config
         self.embed_in_c = (cfg.positional in ("rope", "none", "learned") and model.token_type_embed is None
                            and model.ln_embed is None)
-        if self.embed_in_c:
-            table = model.pos_embed.weight if cfg.positional == "learned" else None
-            steps.append(kernels.embed_call(self.ids, model.embed.weight, self.position, table, x))
-        self.h_mlp = new(B, cfg.d_model) if cfg.parallel_residual else h  # a parallel MLP reads ln2(resid_pre)
-        for layer, block in enumerate(model.blocks):
-            attn = block.attn
-            if block.parallel:  # both norms read the residual stream: neither waits for the other
-                steps.append(independent(kernels.norm_call(block.ln1, x, h)))
-                steps.append(kernels.norm_call(block.ln2, x, self.h_mlp))
-            else:
-                steps.append(kernels.norm_call(block.ln1, x, h))
-            steps += [independent(product(attn.W_Q, h, q)), independent(product(attn.W_K, h, k)),
-                      product(attn.W_V, h, v)]
-            if attn.q_norm is not None:  # in place: each head's q and k over its d_head
-                steps += [independent(kernels.norm_call(attn.q_norm, q, q)), kernels.norm_call(attn.k_norm, k, k)]
-            if model.rotary is not None:
-                steps += [independent(kernels.rope_call(q, self.cos, self.sin, self.position)),
-                          kernels.rope_call(k, self.cos, self.sin, self.position)]
-            steps.append(kernels.attend_call(q, k, v, cache.k[layer], cache.v[layer], self.slot, cfg.scale, key_mask,
-                                             self.scores, z))
-            steps.append(product(attn.W_O, z, x, accumulate=True))  # resid_mid = resid_pre + attn_out
-            if block.mlp is not None:
-                mlp, h_mlp = block.mlp, self.h_mlp
-                if not block.parallel:
-                    steps.append(kernels.norm_call(block.ln2, x, h_mlp))
-                steps.append(product(mlp.W_in, h_mlp, self.pre))
-                if mlp.gated:
-                    steps[-1] = independent(steps[-1])  # W_in and W_gate both read h_mlp
-                    steps += [product(mlp.W_gate, h_mlp, self.gate),
-                              kernels.silu_mul_call(self.gate, self.pre)]
-                    post = self.gate
-                else:
-                    steps.append(kernels.activate_call(self.pre, kernels.ACTIVATIONS[cfg.mlp]))
-                    post = self.pre
-                steps.append(product(mlp.W_out, post, x, accumulate=True))  # resid_post = resid_mid + mlp_out
+        if not self.embed_in_c:
+            return []
+        table = model.pos_embed.weight if cfg.positional == "learned" else None
+        return [kernels.embed_call(self.ids, model.embed.weight, self.position, table, self.x)]
+
+    def _attention_steps(self, layer: int, block) -> list:
+        """resid_mid = resid_pre + attn(ln1(resid_pre)), the new key and value written to the cache on the way."""
+        x, h, q, k, v, z, product = self.x, self.h, self.q, self.k, self.v, self.z, self._product
+        attn, steps = block.attn, []
+        if block.parallel:  # both norms read the residual stream: neither waits for the other
+            steps.append(independent(kernels.norm_call(block.ln1, x, h)))
+            steps.append(kernels.norm_call(block.ln2, x, self.h_mlp))
+        else:
+            steps.append(kernels.norm_call(block.ln1, x, h))
+        steps += [independent(product(attn.W_Q, h, q)), independent(product(attn.W_K, h, k)), product(attn.W_V, h, v)]
+        if attn.q_norm is not None:  # in place: each head's q and k over its d_head
+            steps += [independent(kernels.norm_call(attn.q_norm, q, q)), kernels.norm_call(attn.k_norm, k, k)]
+        if self.model.rotary is not None:
+            steps += [independent(kernels.rope_call(q, self.cos, self.sin, self.position)),
+                      kernels.rope_call(k, self.cos, self.sin, self.position)]
+        steps.append(kernels.attend_call(q, k, v, self.cache.k[layer], self.cache.v[layer], self.slot,
+                                         self.model.config.scale, self.key_mask, self.scores, z))
+        steps.append(product(attn.W_O, z, x, accumulate=True))  # resid_mid = resid_pre + attn_out
+        return steps
+
+    def _mlp_steps(self, block) -> list:
+        """resid_post = resid_mid + mlp(ln2(resid_mid)) (a parallel block's ln2 read resid_pre, above)."""
+        mlp, h_mlp, product, steps = block.mlp, self.h_mlp, self._product, []
+        if not block.parallel:
+            steps.append(kernels.norm_call(block.ln2, self.x, h_mlp))
+        steps.append(product(mlp.W_in, h_mlp, self.pre))
+        if mlp.gated:
+            steps[-1] = independent(steps[-1])  # W_in and W_gate both read h_mlp
+            steps += [product(mlp.W_gate, h_mlp, self.gate), kernels.silu_mul_call(self.gate, self.pre)]
+            post = self.gate
+        else:
+            steps.append(kernels.activate_call(self.pre, kernels.ACTIVATIONS[self.model.config.mlp]))
+            post = self.pre
+        steps.append(product(mlp.W_out, post, self.x, accumulate=True))  # resid_post = resid_mid + mlp_out
+        return steps
+
+    def _head_steps(self) -> list:
+        """The final norm, the LM head and the logits' soft-cap."""
+        model, steps = self.model, []
         if model.ln_final is not None:
-            steps.append(kernels.norm_call(model.ln_final, x, h))
-        steps.append(product(model.unembed, h if model.ln_final is not None else x, self.logits))
-        if cfg.logit_softcap is not None:
-            steps.append(kernels.softcap_call(self.logits, cfg.logit_softcap))
-        self.run = kernels.program(steps)  # consecutive kernel calls: one C call, one parallel region
+            steps.append(kernels.norm_call(model.ln_final, self.x, self.h))
+        steps.append(self._product(model.unembed, self.h if model.ln_final is not None else self.x, self.logits))
+        if model.config.logit_softcap is not None:
+            steps.append(kernels.softcap_call(self.logits, model.config.logit_softcap))
+        return steps
 
     @staticmethod
     def linears_in_step_order(model) -> list:
