@@ -584,10 +584,11 @@ def head_scores(entry: ModelEntry) -> dict[str, Any] | None:
 
 
 def block_stages(entry: ModelEntry, qkv: tuple[torch.Tensor, ...], cache, layer: int, token: int) -> list[dict[str, Any]]:
-    """The stages of one block for one token, in the order the block computes them (pre- or post-norm)."""
+    """The stages of one block for one token, in the order the block computes them (its ModelConfig.wiring)."""
     model = entry.model
     cfg = model.config
     block = model.blocks[layer]
+    pre_norm, parallel = cfg.wiring in ("pre", "parallel"), cfg.wiring == "parallel"
     p, t = f"blocks.{layer}.", token
     q, k, v = qkv  # [head, pos, d_head]
 
@@ -605,12 +606,12 @@ def block_stages(entry: ModelEntry, qkv: tuple[torch.Tensor, ...], cache, layer:
     stages = []
     resid_pre, resid_pre_t = vec("hook_resid_pre")
     stages.append(stage("resid_pre", "residual stream in", "x = resid_pre", p + "hook_resid_pre", resid_pre, resid_pre_t, ["pos", "d_model"]))
-    if block.pre_norm:
+    if pre_norm:
         full, row = vec("ln1.hook_normalized")
         stages.append(stage("ln1", f"{cfg.norm} 1", f"x̂ = {normalized}, before its weight", p + "ln1.hook_normalized", full, row, ["pos", "d_model"]))
     for name, label in (("q", "queries"), ("k", "keys"), ("v", "values")):
         full, row = vec(f"attn.hook_{name}")
-        eq = f"{name} = (x̂ ⊙ w + b) W_{name.upper()}" if block.pre_norm else f"{name} = x W_{name.upper()}"
+        eq = f"{name} = (x̂ ⊙ w + b) W_{name.upper()}" if pre_norm else f"{name} = x W_{name.upper()}"
         stages.append(stage(name, label, eq, p + f"attn.hook_{name}", full, row, ["pos", "head", "d_head"]))
     if cfg.positional == "rope":
         for name in ("q", "k"):
@@ -632,9 +633,9 @@ def block_stages(entry: ModelEntry, qkv: tuple[torch.Tensor, ...], cache, layer:
     stages.append(stage("z", "weighted sum", "z = a v", p + "attn.hook_z", full, row, ["pos", "head", "d_head"]))
     attn_out, attn_out_t = vec("hook_attn_out")
     stages.append(stage("attn_out", "W_O", "attn_out = concat(z) W_O", p + "hook_attn_out", attn_out, attn_out_t, ["pos", "d_model"]))
-    if block.parallel:
+    if parallel:
         pass  # the MLP reads x too: no resid_mid between the two (as in TransformerLens)
-    elif block.pre_norm:
+    elif pre_norm:
         full, row = vec("hook_resid_mid")
         stages.append(stage("resid_mid", "residual", "resid_mid = x + attn_out", p + "hook_resid_mid", full, row, ["pos", "d_model"]))
     else:
@@ -646,11 +647,11 @@ def block_stages(entry: ModelEntry, qkv: tuple[torch.Tensor, ...], cache, layer:
         stages.append({"key": "mlp", "title": "MLP", "hook": None, "shape": None, "dims": None, "values": None,
                        "equation": "skipped: attention-only model"})
         return stages
-    if block.pre_norm:
+    if pre_norm:
         full, row = vec("ln2.hook_normalized")
-        source = "x" if block.parallel else "resid_mid"
+        source = "x" if parallel else "resid_mid"
         equation = f"m̂ = {normalized.replace('x', source)}, before its weight"
-        if block.parallel:
+        if parallel:
             equation += "  (parallel block: the MLP reads resid_pre)"
         stages.append(stage("ln2", f"{cfg.norm} 2", equation, p + "ln2.hook_normalized", full, row, ["pos", "d_model"]))
     full, row = vec("mlp.hook_pre")
@@ -660,10 +661,10 @@ def block_stages(entry: ModelEntry, qkv: tuple[torch.Tensor, ...], cache, layer:
     mlp_out, mlp_out_t = vec("hook_mlp_out")
     stages.append(stage("mlp_out", "MLP out", "mlp_out = act(h) W_out", p + "hook_mlp_out", mlp_out, mlp_out_t, ["pos", "d_model"]))
     resid_post, resid_post_t = vec("hook_resid_post")
-    if block.parallel:
+    if parallel:
         stages.append(stage("resid_post", "residual", "resid_post = x + attn_out + mlp_out", p + "hook_resid_post",
                             resid_post, resid_post_t, ["pos", "d_model"]))
-    elif block.pre_norm:
+    elif pre_norm:
         stages.append(stage("resid_post", "residual", "resid_post = resid_mid + mlp_out", p + "hook_resid_post", resid_post, resid_post_t, ["pos", "d_model"]))
     else:
         resid_mid = cache[p + "hook_resid_mid"][0]

@@ -57,7 +57,7 @@ class KernelDecoder:
         H, Hkv, D = cfg.n_heads, cfg.kv_heads, cfg.head_dim
         new = lambda *shape: torch.zeros(*shape)  # noqa: E731
         self.x, self.h = new(B, cfg.d_model), new(B, cfg.d_model)  # residual stream, its norm  [batch, d_model]
-        self.h_mlp = new(B, cfg.d_model) if cfg.parallel_residual else self.h  # a parallel MLP reads ln2(resid_pre)
+        self.h_mlp = new(B, cfg.d_model) if cfg.wiring == "parallel" else self.h  # a parallel MLP reads ln2(resid_pre)
         self.q, self.z = new(B, H, D), new(B, H, D)  # [batch, head, d_head]
         self.k, self.v = new(B, Hkv, D), new(B, Hkv, D)  # [batch, kv_head, d_head]
         self.scores = new(B, H, max_len)  # [batch, head, key slot]: the attention kernel's scratch
@@ -85,7 +85,7 @@ class KernelDecoder:
         """resid_mid = resid_pre + attn(ln1(resid_pre)), the new key and value written to the cache on the way."""
         x, h, q, k, v, z, product = self.x, self.h, self.q, self.k, self.v, self.z, self._product
         attn, steps = block.attn, []
-        if block.parallel:  # both norms read the residual stream: neither waits for the other
+        if block.wiring == "parallel":  # both norms read the residual stream: neither waits for the other
             steps.append(independent(kernels.norm_call(block.ln1, x, h)))
             steps.append(kernels.norm_call(block.ln2, x, self.h_mlp))
         else:
@@ -104,7 +104,7 @@ class KernelDecoder:
     def _mlp_steps(self, block) -> list:
         """resid_post = resid_mid + mlp(ln2(resid_mid)) (a parallel block's ln2 read resid_pre, above)."""
         mlp, h_mlp, product, steps = block.mlp, self.h_mlp, self._product, []
-        if not block.parallel:
+        if block.wiring != "parallel":
             steps.append(kernels.norm_call(block.ln2, self.x, h_mlp))
         steps.append(product(mlp.W_in, h_mlp, self.pre))
         if mlp.gated:
@@ -145,7 +145,7 @@ class KernelDecoder:
             return "attnlab's C kernels are not built on this machine (no C compiler, or ATTNLAB_KERNELS=0)"
         if model.device.type != "cpu" or model.dtype != torch.float32:
             return "the kernels run float32 on a CPU"
-        if model.config.norm_placement != "pre":
+        if model.config.wiring == "post":
             return "post-norm blocks take the module path"
         if model.config.mlp not in kernels.ACTIVATIONS and model.config.mlp != "swiglu":
             return f"the {model.config.mlp} MLP takes the module path"

@@ -139,7 +139,7 @@ def generic_activation_patch(model, corrupted_tokens: torch.Tensor, clean_cache,
     ranges = {"layer": cfg.n_layers, "pos": T, "dest_pos": T, "head": n_heads}
     shape = [ranges[a] for a in index_axis_names]
     values = torch.full(shape, float("nan"), dtype=torch.float64)
-    if activation_name == "resid_mid" and cfg.parallel_residual:
+    if activation_name == "resid_mid" and cfg.wiring == "parallel":
         raise UserError("this model's blocks run attention and MLP in parallel: there is no resid_mid to patch; "
                         "patch resid_pre, attn_out or mlp_out")
     names = [get_act_name(activation_name, l) for l in range(cfg.n_layers)]

@@ -123,10 +123,10 @@ class ActivationCache(dict):
         [component, batch, pos, d_model], labels "0_pre", "0_mid", ..., "final_post"."""
         self._check_residual_sum()
         layer, n = self._layer(layer), self._cfg.n_layers
-        if incl_mid and self._cfg.parallel_residual:
+        if incl_mid and self._cfg.wiring == "parallel":
             raise UserError("this model's blocks run attention and MLP in parallel: there is no resid_mid; "
                             "use incl_mid=False")
-        mlp_input = mlp_input and not self._cfg.parallel_residual  # a parallel MLP reads resid_pre
+        mlp_input = mlp_input and self._cfg.wiring != "parallel"  # a parallel MLP reads resid_pre
         parts, labels = [], []
         for l in range(layer + 1):
             if l == n:
@@ -171,7 +171,7 @@ class ActivationCache(dict):
             if incl_mlp:
                 parts.append(apply_slice(self["mlp_out", l], pos_slice, -2))
                 labels.append(f"{l}_mlp_out")
-        if mlp_input and incl_attn and not self._cfg.parallel_residual:  # a parallel MLP reads resid_pre
+        if mlp_input and incl_attn and self._cfg.wiring != "parallel":  # a parallel MLP reads resid_pre
             parts.append(apply_slice(self["attn_out", layer], pos_slice, -2))
             labels.append(f"{layer}_attn_out")
         stack = torch.stack(parts)
@@ -235,7 +235,7 @@ class ActivationCache(dict):
         when neurons are expanded), in TransformerLens's order. Sums to the stream."""
         self._check_residual_sum()
         layer = self._layer(layer)
-        own_heads = mlp_input and not self._cfg.parallel_residual  # a parallel MLP reads resid_pre
+        own_heads = mlp_input and self._cfg.wiring != "parallel"  # a parallel MLP reads resid_pre
         stack, labels = self.stack_head_results(layer + (1 if own_heads else 0), pos_slice=pos_slice,
                                                 return_labels=True)
         parts = [stack]

@@ -193,6 +193,19 @@ class ModelConfig:
         return self.d_mlp if self.d_mlp is not None else 4 * self.d_model
 
     @property
+    def wiring(self) -> str:
+        """How each block joins its attention and MLP to the residual stream: the one description of the block
+        that Block.forward, the kernel decode program (attnlab.generate.kernel_decoder) and the explorer's
+        stages read.
+        pre (GPT-2, LLaMA): resid_mid = resid_pre + attn(ln1(resid_pre)); resid_post = resid_mid + mlp(ln2(resid_mid))
+        post (original Transformer, BERT): resid_mid = ln1(resid_pre + attn(resid_pre));
+            resid_post = ln2(resid_mid + mlp(resid_mid))
+        parallel (GPT-J, GPT-NeoX/Pythia): resid_post = resid_pre + attn(ln1(resid_pre)) + mlp(ln2(resid_pre)),
+            no resid_mid (hook_resid_mid never fires, as in TransformerLens).
+        An attention-only block (attn_only) stops at resid_mid, which is its resid_post."""
+        return "parallel" if self.parallel_residual else self.norm_placement
+
+    @property
     def use_qkv_bias(self) -> bool:
         return self.bias if self.qkv_bias is None else self.qkv_bias
 

@@ -4,10 +4,8 @@ Design choices:
 - One class reads top to bottom, as in nanoGPT: `Block` (norm, attention, residual; norm, MLP, residual)
   and `Transformer` (embeddings, blocks, head). Decoder-only language models (GPT-2, LLaMA, Qwen2) and
   BERT-style encoders are settings of `ModelConfig`, not separate code.
-- Pre-norm (GPT-2, LLaMA): resid_mid = resid_pre + attn(ln1(resid_pre)); resid_post = resid_mid + mlp(ln2(resid_mid)).
-  Post-norm (original Transformer, BERT): resid_mid = ln1(resid_pre + attn(resid_pre)); resid_post = ln2(resid_mid + mlp(resid_mid)).
-  Parallel (GPT-J, GPT-NeoX/Pythia): resid_post = resid_pre + attn(ln1(resid_pre)) + mlp(ln2(resid_pre)); as in
-  TransformerLens, such a block has no resid_mid (hook_resid_mid never fires): nothing reads the stream between.
+- A block is wired one of three ways, `ModelConfig.wiring` (pre-norm, post-norm, parallel): its docstring holds
+  the equations, and the kernel decode program and the explorer's stages read the same description.
 - Hook names are TransformerLens's (see attnlab.lens.hooks); every hook point carries its shape in a comment.
 - TransformerLens's views of the weights (W_Q ... W_U, QK/OV circuits) and its token helpers (to_tokens, ...)
   come from attnlab.lens.weights, mixed in, so this file stays the forward pass.
@@ -43,8 +41,7 @@ class Block(nn.Module):
 
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
-        self.pre_norm = config.norm_placement == "pre"
-        self.parallel = config.parallel_residual
+        self.wiring = config.wiring  # pre, post or parallel: ModelConfig.wiring
         self.ln1 = make_norm(config)
         self.attn = Attention(config, layer)
         self.ln2 = None if config.attn_only else make_norm(config)
@@ -58,11 +55,11 @@ class Block(nn.Module):
 
     def forward(self, resid_pre: torch.Tensor, **attn_kwargs: Any) -> torch.Tensor:
         resid_pre = self.hook_resid_pre(resid_pre)
-        if self.parallel:  # both branches read resid_pre (config: pre-norm, with an MLP)
+        if self.wiring == "parallel":  # both branches read resid_pre (config: pre-norm, with an MLP)
             attn_out = self.hook_attn_out(self.attn(self.ln1(resid_pre), **attn_kwargs))
             mlp_out = self.hook_mlp_out(self.mlp(self.ln2(resid_pre)))
             return self.hook_resid_post(resid_pre + self.dropout(attn_out) + self.dropout(mlp_out))
-        if self.pre_norm:
+        if self.wiring == "pre":
             attn_out = self.hook_attn_out(self.attn(self.ln1(resid_pre), **attn_kwargs))
             resid_mid = self.hook_resid_mid(resid_pre + self.dropout(attn_out))
             if self.mlp is None:
