@@ -372,7 +372,7 @@ def block_forward(config, state, prefix: str, x: np.ndarray, positions: np.ndarr
     def attn(h: np.ndarray) -> np.ndarray:
         return multi_head_attention(
             h, state[a + "W_Q.weight"], state[a + "W_K.weight"], state[a + "W_V.weight"], state[a + "W_O.weight"],
-            n_heads=config.n_heads, n_kv_heads=config.kv_heads,
+            n_heads=config.n_heads, n_kv_heads=config.n_kv_heads,
             b_Q=state.get(a + "W_Q.bias"), b_K=state.get(a + "W_K.bias"), b_V=state.get(a + "W_V.bias"),
             b_O=state.get(a + "W_O.bias"), scale=config.scale, causal=config.causal, allowed=allowed,
             q_norm=state.get(a + "q_norm.weight"), k_norm=state.get(a + "k_norm.weight"), norm_eps=config.norm_eps,

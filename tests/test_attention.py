@@ -332,7 +332,7 @@ def test_multi_head_layer_matches_reference(rng, path, name):
     for b in range(B):
         expected = reference.multi_head_attention(
             X[b], state["W_Q.weight"], state["W_K.weight"], state["W_V.weight"], state["W_O.weight"],
-            n_heads=config.n_heads, n_kv_heads=config.kv_heads, b_Q=state.get("W_Q.bias"),
+            n_heads=config.n_heads, n_kv_heads=config.n_kv_heads, b_Q=state.get("W_Q.bias"),
             b_K=state.get("W_K.bias"), b_V=state.get("W_V.bias"), b_O=state.get("W_O.bias"), scale=config.scale,
             causal=config.causal, allowed=allowed[b][None, :], q_norm=state.get("q_norm.weight"),
             k_norm=state.get("k_norm.weight"), norm_eps=config.norm_eps,

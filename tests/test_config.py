@@ -74,11 +74,11 @@ def test_the_config_is_frozen_and_replace_validates():
 
 def test_derived_sizes():
     config = ModelConfig(d_model=64, n_heads=8)
-    assert (config.head_dim, config.kv_heads, config.mlp_dim, config.use_qkv_bias) == (8, 8, 256, True)
+    assert (config.d_head, config.n_kv_heads, config.d_mlp, config.use_qkv_bias) == (8, 8, 256, True)
     assert config.scale == pytest.approx(8**-0.5)  # the chapter's 1/√d_k
     config = ModelConfig(d_model=64, n_heads=8, n_kv_heads=2, d_head=16, d_mlp=100, bias=False, qkv_bias=True,
                          positional="rope", rotary_fraction=0.25, attn_scale=0.1)
-    assert (config.head_dim, config.kv_heads, config.mlp_dim, config.use_qkv_bias) == (16, 2, 100, True)
+    assert (config.d_head, config.n_kv_heads, config.d_mlp, config.use_qkv_bias) == (16, 2, 100, True)
     assert (config.rotary_dim, config.scale) == (4, 0.1)
 
 
@@ -115,7 +115,7 @@ def test_gpt2_small_preset_has_gpt2_smalls_parameter_count():
 
 def test_preset_overrides_and_unknown_names():
     assert preset("nano", d_vocab=65).d_vocab == 65
-    assert preset("llama-tiny").kv_heads == 2
+    assert preset("llama-tiny").n_kv_heads == 2
     with pytest.raises(UserError, match="unknown preset 'gpt5'; choose one of nano"):
         preset("gpt5")
     with pytest.raises(UserError, match="divisible"):

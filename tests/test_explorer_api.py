@@ -71,7 +71,7 @@ def test_pattern_matches_run_with_cache_and_the_equation(client, models, name):
     if data["causal"]:
         scores = scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(1), float("-inf"))
     torch.testing.assert_close(torch.softmax(scores, -1).float(), expected, rtol=0, atol=1e-5)
-    assert data["scale"] == pytest.approx(model.config.head_dim ** -0.5)
+    assert data["scale"] == pytest.approx(model.config.d_head ** -0.5)
     assert not torch.allclose(pattern, pattern[:, :1].expand_as(pattern))  # not a trivial pattern
 
 
@@ -175,7 +175,7 @@ def test_trace_follows_one_token_through_the_block_with_cached_values(client, mo
         full = cache[stage["hook"]][0]
         assert stage["shape"] == list(full.shape), key
         torch.testing.assert_close(torch.tensor(stage["values"]), full[token], atol=1e-6, rtol=0)
-    assert stages["k"]["shape"] == [T, model.config.kv_heads, model.config.head_dim]
+    assert stages["k"]["shape"] == [T, model.config.n_kv_heads, model.config.d_head]
     pattern = cache[p + "attn.hook_pattern"][0, :, token]  # [head, key_pos]
     torch.testing.assert_close(torch.tensor(stages["pattern"]["values"]), pattern, atol=1e-6, rtol=0)
     masked = stages["masked"]["values"]

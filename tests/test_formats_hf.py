@@ -168,7 +168,7 @@ def test_run_with_cache_has_the_standard_hook_names(case, seed, tmp_path):
 def test_loaded_config_keeps_what_writing_back_needs(tmp_path):
     build_hf("llama-gqa-untied", tmp_path)
     config = attnlab.load(tmp_path).config
-    assert (config.n_heads, config.kv_heads, config.rope_theta, config.tie_embeddings) == (6, 2, 500.0, False)
+    assert (config.n_heads, config.n_kv_heads, config.rope_theta, config.tie_embeddings) == (6, 2, 500.0, False)
     assert config.extra["hf_model_type"] == "llama" and config.extra["eos_token_id"] is None
     assert "generation_config" in config.extra  # save_pretrained wrote one; it is written back as it was
 

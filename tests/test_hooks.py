@@ -39,7 +39,7 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every hook the issue lists, with the shape TransformerLens gives it."""
-    H, Hkv, D, d, m = config.n_heads, config.kv_heads, config.head_dim, config.d_model, config.mlp_dim
+    H, Hkv, D, d, m = config.n_heads, config.n_kv_heads, config.d_head, config.d_model, config.d_mlp
     shapes = {"hook_embed": (B, T, d), "ln_final.hook_normalized": (B, T, d)}
     if config.positional == "learned":
         shapes["hook_pos_embed"] = (B, T, d)
@@ -126,7 +126,7 @@ def test_zeroing_a_heads_z_is_ablating_that_head():
     """Replacing z of head h by zeros changes the output exactly as removing head h's columns of W_O does."""
     model = build(LEARNED)
     ids = random_ids(LEARNED)
-    layer, head, D = 1, 2, LEARNED.head_dim
+    layer, head, D = 1, 2, LEARNED.d_head
 
     def zero_head(z: torch.Tensor, hook) -> torch.Tensor:
         assert hook.name == f"blocks.{layer}.attn.hook_z"

@@ -60,7 +60,7 @@ def test_extrapolation_quick(tmp_path, capsys):
     from attnlab.inspection.experiments.extrapolation import QUICK
 
     model = attnlab.load(tmp_path / "extrapolation-rope")
-    assert model.config.positional == "rope" and model.config.mlp_dim == 2 * QUICK.d_model
+    assert model.config.positional == "rope" and model.config.d_mlp == 2 * QUICK.d_model
     assert (tmp_path / "extrapolation-rope" / "metrics.jsonl").is_file()
     evals = SyntheticText(d_vocab=QUICK.d_vocab).sample(QUICK.n_eval, QUICK.n_ctx + 1, seed=10_001)
     assert float(per_token_loss(model, evals).mean()) == pytest.approx(rows["rope"]["loss_1x"], rel=1e-5)

@@ -16,7 +16,7 @@ def model() -> attnlab.Transformer:
 def test_zero_ablation_equals_removing_the_head_from_W_O(model):
     ids = torch.randint(50, (2, 16))
     ablated = model.run_with_hooks(ids, fwd_hooks=[ablate_head(1, 2, "zero")])
-    D = model.config.head_dim
+    D = model.config.d_head
     with torch.no_grad():
         model.blocks[1].attn.W_O.weight[:, 2 * D:3 * D] = 0.0  # head 2's columns of W_O
         reference = model(ids)
@@ -26,7 +26,7 @@ def test_zero_ablation_equals_removing_the_head_from_W_O(model):
 def test_mean_ablation_uses_the_given_mean_or_this_runs(model):
     ids = torch.randint(50, (3, 16))
     mean = mean_z(model, ids, layer=0)  # [head, d_head]
-    assert mean.shape == (4, model.config.head_dim)
+    assert mean.shape == (4, model.config.d_head)
     seen = {}
 
     def look(z, hook):

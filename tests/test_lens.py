@@ -251,10 +251,10 @@ def test_views_refuse_a_post_norm_model():
 def test_stacked_weights_compute_the_cached_activations(style):
     config = STYLES[style]
     model, ids, logits, cache = run(config)
-    L, H, D, d = config.n_layers, config.n_heads, config.head_dim, config.d_model
+    L, H, D, d = config.n_layers, config.n_heads, config.d_head, config.d_model
     assert model.W_Q.shape == model.W_K.shape == model.W_V.shape == (L, H, d, D)
     assert model.W_O.shape == (L, H, D, d) and model.b_O.shape == (L, d) and model.b_Q.shape == (L, H, D)
-    group = H // config.kv_heads
+    group = H // config.n_kv_heads
     for l in range(L):
         ln = model.blocks[l].ln1
         x = cache["normalized", l, "ln1"] * ln.weight + (ln.bias if getattr(ln, "bias", None) is not None else 0)

@@ -100,7 +100,7 @@ def test_patch_everything_gives_clean_and_nothing_gives_corrupted(config):
 @pytest.mark.parametrize("config", [GPT2, LLAMA, PYTHIA], ids=["gpt2", "llama-gqa", "pythia"])
 def test_every_sweep_has_labelled_axes_and_a_heat_map(config, tmp_path):
     model, clean, corrupted, cache, metric, clean_value = setup(config)
-    kv = config.kv_heads
+    kv = config.n_kv_heads
     expected = {  # every sweep of the module (checked below), with its [layer, ...] shape
         "get_act_patch_resid_pre": (2, T), "get_act_patch_resid_mid": (2, T),
         "get_act_patch_attn_out": (2, T), "get_act_patch_mlp_out": (2, T),

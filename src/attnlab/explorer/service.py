@@ -253,10 +253,10 @@ class Explorer:
             "sliding_window": cfg.sliding_window,  # a causal query sees itself and the W − 1 keys before it
             "n_layers": cfg.n_layers,
             "n_heads": cfg.n_heads,
-            "n_kv_heads": cfg.kv_heads,
+            "n_kv_heads": cfg.n_kv_heads,
             "d_model": cfg.d_model,
-            "d_head": cfg.head_dim,
-            "d_mlp": None if cfg.attn_only else cfg.mlp_dim,
+            "d_head": cfg.d_head,
+            "d_mlp": None if cfg.attn_only else cfg.d_mlp,
             "d_vocab": cfg.d_vocab,
             "n_ctx": cfg.n_ctx,
             "positional": cfg.positional,

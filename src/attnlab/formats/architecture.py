@@ -120,11 +120,11 @@ def check_plain_heads(cfg: ModelConfig, style: str, scales: tuple[float, ...] = 
     the 1/sqrt(d_head) scale (or one of `scales`); the error names the first setting that breaks it."""
     if cfg.mlp == "swiglu":
         problem = "mlp='swiglu' (a gated MLP, which only LLaMA style has: positional='rope', norm='rmsnorm')"
-    elif cfg.kv_heads != cfg.n_heads:
+    elif cfg.n_kv_heads != cfg.n_heads:
         problem = f"n_kv_heads={cfg.n_kv_heads} (grouped-query attention, which only LLaMA style has)"
-    elif cfg.head_dim * cfg.n_heads != cfg.d_model:
+    elif cfg.d_head * cfg.n_heads != cfg.d_model:
         problem = f"d_head={cfg.d_head} must be d_model / n_heads = {cfg.d_model // cfg.n_heads}"
-    elif cfg.attn_scale not in (None, cfg.head_dim**-0.5, *scales):
+    elif cfg.attn_scale not in (None, cfg.d_head**-0.5, *scales):
         known = " or ".join(["1/sqrt(d_head)", *(f"{s:g}" for s in scales)])
         problem = f"attn_scale={cfg.attn_scale} ({style} knows only {known})"
     else:
@@ -136,7 +136,7 @@ def check_plain_heads(cfg: ModelConfig, style: str, scales: tuple[float, ...] = 
 ROPE_TYPES = {"default": "none", "linear": "linear", "llama3": "llama3"}
 
 
-def rope_from_hf(hf: dict, source: str, head_dim: int, partial_default: float | None = None) -> dict:
+def rope_from_hf(hf: dict, source: str, d_head: int, partial_default: float | None = None) -> dict:
     """ModelConfig's RoPE fields from config.json: transformers 5 nests them under rope_parameters; 4.x had
     rope_theta and rope_scaling at the top (GPT-NeoX: rotary_emb_base and rotary_pct). partial_default: the
     rotary fraction when none is given, for architectures whose RoPE honours one (None: rotate every dim)."""
@@ -150,11 +150,11 @@ def rope_from_hf(hf: dict, source: str, head_dim: int, partial_default: float | 
     fields: dict = {"positional": "rope", "rope_theta": float(theta), "rope_scaling": ROPE_TYPES[rope_type]}
     if partial_default is not None:
         fraction = rope.get("partial_rotary_factor", hf.get("rotary_pct", hf.get("partial_rotary_factor", partial_default)))
-        rotary_dim = int(head_dim * fraction)  # as transformers counts the rotated dims
+        rotary_dim = int(d_head * fraction)  # as transformers counts the rotated dims
         if rotary_dim <= 0 or rotary_dim % 2:
-            raise UserError(f"{source}: partial_rotary_factor {fraction} of head size {head_dim} rotates {rotary_dim} "
+            raise UserError(f"{source}: partial_rotary_factor {fraction} of head size {d_head} rotates {rotary_dim} "
                             "dims; RoPE needs a positive, even number")
-        fields["rotary_fraction"] = rotary_dim / head_dim
+        fields["rotary_fraction"] = rotary_dim / d_head
     if rope_type == "default":
         return fields
     for key in ("factor", *(("low_freq_factor", "high_freq_factor") if rope_type == "llama3" else ())):

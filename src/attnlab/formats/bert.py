@@ -50,7 +50,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         "hidden_size": cfg.d_model,
         "num_hidden_layers": cfg.n_layers,
         "num_attention_heads": cfg.n_heads,
-        "intermediate_size": cfg.mlp_dim,
+        "intermediate_size": cfg.d_mlp,
         "hidden_act": activation_to_hf(cfg.mlp),
         "max_position_embeddings": cfg.n_ctx,
         "type_vocab_size": max(cfg.n_token_types, 1),

@@ -49,7 +49,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         "n_embd": cfg.d_model,
         "n_layer": cfg.n_layers,
         "n_head": cfg.n_heads,
-        "n_inner": cfg.mlp_dim,
+        "n_inner": cfg.d_mlp,
         "activation_function": activation_to_hf(cfg.mlp),
         "layer_norm_epsilon": cfg.norm_eps,
         "scale_attn_weights": cfg.attn_scale != 1.0,

@@ -69,12 +69,12 @@ def config_from_hf(hf: dict, source: str) -> ModelConfig:
     bias = o or mlp
     sizes = sizes_from_hf(hf, source)
     d_model, n_heads = sizes["d_model"], sizes["n_heads"]
-    head_dim = hf.get("head_dim") or d_model // n_heads
+    d_head = hf.get("head_dim") or d_model // n_heads
     return ModelConfig(
         **sizes,
         n_kv_heads=hf.get("num_key_value_heads") or n_heads,
-        d_head=None if head_dim * n_heads == d_model else head_dim,
-        **rope_from_hf(hf, source, head_dim),
+        d_head=None if d_head * n_heads == d_model else d_head,
+        **rope_from_hf(hf, source, d_head),
         sliding_window=_sliding_window(hf, source),
         norm="rmsnorm",
         norm_eps=hf.get("rms_norm_eps", 1e-6),
@@ -91,7 +91,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     check_writable(cfg, "LLaMA", positional="rope", norm="rmsnorm", norm_placement="pre", final_norm=True,
                    embed_norm=False, mlp="swiglu", n_token_types=0, attn_only=False, rotary_fraction=1.0,
                    parallel_residual=False)
-    if cfg.attn_scale not in (None, cfg.head_dim**-0.5):
+    if cfg.attn_scale not in (None, cfg.d_head**-0.5):
         raise UserError(f"cannot save as Hugging Face LLaMA: attn_scale={cfg.attn_scale} (LLaMA uses 1/sqrt(d_head)); "
                         "use format='attnlab'")
     if cfg.qk_norm:
@@ -109,11 +109,11 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         "model_type": model_type,
         "vocab_size": cfg.d_vocab,
         "hidden_size": cfg.d_model,
-        "intermediate_size": cfg.mlp_dim,
+        "intermediate_size": cfg.d_mlp,
         "num_hidden_layers": cfg.n_layers,
         "num_attention_heads": cfg.n_heads,
-        "num_key_value_heads": cfg.kv_heads,
-        "head_dim": cfg.head_dim,
+        "num_key_value_heads": cfg.n_kv_heads,
+        "head_dim": cfg.d_head,
         "hidden_act": "silu",
         "max_position_embeddings": cfg.n_ctx,
         "rms_norm_eps": cfg.norm_eps,

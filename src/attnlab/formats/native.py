@@ -291,8 +291,8 @@ def read_safetensors(file: str | Path) -> dict[str, torch.Tensor]:
 def stored_elements_at_least(config: ModelConfig) -> int:
     """A lower bound on the number of weights a checkpoint of `config` stores: the token embedding, each
     block's W_Q and W_O, and its MLP's two matrices (every format stores at least these)."""
-    d, width = config.d_model, config.n_heads * config.head_dim
-    per_block = 2 * d * width + (0 if config.attn_only else 2 * d * config.mlp_dim)
+    d, width = config.d_model, config.n_heads * config.d_head
+    per_block = 2 * d * width + (0 if config.attn_only else 2 * d * config.d_mlp)
     learned = config.n_ctx * d if config.positional == "learned" else 0
     return config.d_vocab * d + learned + config.n_token_types * d + config.n_layers * per_block
 
@@ -366,7 +366,7 @@ def empty_model(config: ModelConfig, device: str | torch.device = "cpu"):
     from ..model.positions import Rotary
 
     d, n = config.d_model, config.n_layers
-    rough_params = config.d_vocab * d * 2 + n * d * (4 * d + 3 * config.mlp_dim)
+    rough_params = config.d_vocab * d * 2 + n * d * (4 * d + 3 * config.d_mlp)
     if rough_params < META_BUILD_ABOVE:
         return Transformer(config, device=device)
     model = Transformer(config, device="meta").to_empty(device=device)

@@ -54,14 +54,14 @@ class KernelDecoder:
     def _allocate(self, B: int) -> None:
         """The buffers every call reads and writes, for a batch of B rows, and RoPE's table of angles."""
         model, cfg, max_len = self.model, self.model.config, self.cache.max_len
-        H, Hkv, D = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
         new = lambda *shape: torch.zeros(*shape)  # noqa: E731
         self.x, self.h = new(B, cfg.d_model), new(B, cfg.d_model)  # residual stream, its norm  [batch, d_model]
         self.h_mlp = new(B, cfg.d_model) if cfg.wiring == "parallel" else self.h  # a parallel MLP reads ln2(resid_pre)
         self.q, self.z = new(B, H, D), new(B, H, D)  # [batch, head, d_head]
         self.k, self.v = new(B, Hkv, D), new(B, Hkv, D)  # [batch, kv_head, d_head]
         self.scores = new(B, H, max_len)  # [batch, head, key slot]: the attention kernel's scratch
-        self.pre, self.gate = new(B, cfg.mlp_dim), new(B, cfg.mlp_dim)  # [batch, d_mlp]
+        self.pre, self.gate = new(B, cfg.d_mlp), new(B, cfg.d_mlp)  # [batch, d_mlp]
         self.logits = new(B, cfg.d_vocab)
         self.ids = torch.zeros(B, dtype=torch.int64)  # this step's tokens
         self.position = torch.zeros(B, dtype=torch.int64)  # and their positions

@@ -40,7 +40,7 @@ class KVCache:
     @classmethod
     def for_model(cls, model, batch: int, max_len: int, values_position_minor: bool = False) -> "KVCache":
         cfg = model.config
-        return cls(cfg.n_layers, batch, cfg.kv_heads, max_len, cfg.head_dim, model.dtype, model.device,
+        return cls(cfg.n_layers, batch, cfg.n_kv_heads, max_len, cfg.d_head, model.dtype, model.device,
                    values_position_minor)
 
     whole_buffer = False  # hands back the keys/values of positions [0, start+T) only

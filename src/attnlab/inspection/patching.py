@@ -135,7 +135,7 @@ def generic_activation_patch(model, corrupted_tokens: torch.Tensor, clean_cache,
     if clean_T != T:
         raise UserError(f"the clean run has {clean_T} tokens and the corrupted one {T}; patching needs inputs of the "
                         "same length (pad or reword the prompts)")
-    n_heads = cfg.kv_heads if activation_name in ("k", "v") else cfg.n_heads
+    n_heads = cfg.n_kv_heads if activation_name in ("k", "v") else cfg.n_heads
     ranges = {"layer": cfg.n_layers, "pos": T, "dest_pos": T, "head": n_heads}
     shape = [ranges[a] for a in index_axis_names]
     values = torch.full(shape, float("nan"), dtype=torch.float64)

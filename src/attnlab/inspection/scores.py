@@ -159,7 +159,7 @@ def copying_scores(model) -> torch.Tensor | None:
     if getattr(model, "unembed", None) is None:
         return None
     cfg = model.config
-    H, Hkv, D = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+    H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
     with torch.no_grad():
         W_E = model.embed.weight.double()  # [d_vocab, d_model]
         W_U = model.unembed.weight.double().T  # [d_model, d_vocab]

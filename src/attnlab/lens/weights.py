@@ -38,14 +38,14 @@ class TransformerLensViews:
     # Stacked weights -------------------------------------------------------------------------------
     def _split_heads(self, name: str, n: int) -> torch.Tensor:
         """[layer, n, d_model, d_head] from each block's attn.{name} Linear (weight [n · d_head, d_model])."""
-        D = self.config.head_dim
+        D = self.config.d_head
         return torch.stack([getattr(b.attn, name).weight.T.reshape(-1, n, D).transpose(0, 1) for b in self.blocks])
 
     def _expand_kv(self, w: torch.Tensor) -> torch.Tensor:
-        return w.repeat_interleave(self.config.n_heads // self.config.kv_heads, dim=1)
+        return w.repeat_interleave(self.config.n_heads // self.config.n_kv_heads, dim=1)
 
     def _head_bias(self, name: str, n: int) -> torch.Tensor:
-        D = self.config.head_dim
+        D = self.config.d_head
         biases = [getattr(b.attn, name).bias for b in self.blocks]
         return torch.stack([b.view(n, D) if b is not None else self.embed.weight.new_zeros(n, D) for b in biases])
 
@@ -57,17 +57,17 @@ class TransformerLensViews:
     @property
     def W_K(self) -> torch.Tensor:
         """[layer, head, d_model, d_head] (grouped key heads repeated for each query head)"""
-        return self._expand_kv(self._split_heads("W_K", self.config.kv_heads)).detach()
+        return self._expand_kv(self._split_heads("W_K", self.config.n_kv_heads)).detach()
 
     @property
     def W_V(self) -> torch.Tensor:
         """[layer, head, d_model, d_head] (grouped value heads repeated for each query head)"""
-        return self._expand_kv(self._split_heads("W_V", self.config.kv_heads)).detach()
+        return self._expand_kv(self._split_heads("W_V", self.config.n_kv_heads)).detach()
 
     @property
     def W_O(self) -> torch.Tensor:
         """[layer, head, d_head, d_model]"""
-        H, D = self.config.n_heads, self.config.head_dim
+        H, D = self.config.n_heads, self.config.d_head
         return torch.stack([b.attn.W_O.weight.T.reshape(H, D, -1) for b in self.blocks]).detach()
 
     @property
@@ -78,12 +78,12 @@ class TransformerLensViews:
     @property
     def b_K(self) -> torch.Tensor:
         """[layer, head, d_head]"""
-        return self._expand_kv(self._head_bias("W_K", self.config.kv_heads)).detach()
+        return self._expand_kv(self._head_bias("W_K", self.config.n_kv_heads)).detach()
 
     @property
     def b_V(self) -> torch.Tensor:
         """[layer, head, d_head]"""
-        return self._expand_kv(self._head_bias("W_V", self.config.kv_heads)).detach()
+        return self._expand_kv(self._head_bias("W_V", self.config.n_kv_heads)).detach()
 
     @property
     def b_O(self) -> torch.Tensor:

@@ -269,7 +269,7 @@ class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
         self.config, self.layer = config, layer
-        H, Hkv, D, d_model = config.n_heads, config.kv_heads, config.head_dim, config.d_model
+        H, Hkv, D, d_model = config.n_heads, config.n_kv_heads, config.d_head, config.d_model
         self.W_Q = Linear(d_model, H * D, bias=config.use_qkv_bias)
         self.W_K = Linear(d_model, Hkv * D, bias=config.use_qkv_bias)
         self.W_V = Linear(d_model, Hkv * D, bias=config.use_qkv_bias)
@@ -297,7 +297,7 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         cfg = self.config
         B, T, _ = x.shape  # batch, query positions, d_model
-        H, Hkv, D = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
         q = self.hook_q(self.W_Q(x).view(B, T, H, D))
         k = self.hook_k(self.W_K(x).view(B, T, Hkv, D))
         v = self.hook_v(self.W_V(x).view(B, T, Hkv, D))

@@ -12,6 +12,7 @@ Design choices:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import math
@@ -38,6 +39,8 @@ def field_types(cls: type) -> dict[str, tuple[Any, bool]]:
     hints = typing.get_type_hints(cls)
     found = {}
     for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
         hint = hints[f.name]
         union = typing.get_origin(hint) in (typing.Union, types.UnionType)
         kinds = [t for t in typing.get_args(hint) if t is not type(None)] if union else [hint]
@@ -110,6 +113,7 @@ class ModelConfig:
                 f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads}); "
                 f"try n_kv_heads=1 (multi-query) or n_kv_heads={self.n_heads} (multi-head)"
             )
+        self._resolve_sizes()
         for name, allowed in (
             ("positional", POSITIONS),
             ("norm", NORMS),
@@ -125,7 +129,7 @@ class ModelConfig:
         if self.positional == "rope" and self.rotary_dim % 2:
             raise UserError(
                 f"RoPE rotates pairs of dimensions, but rotary_fraction ({self.rotary_fraction}) x d_head "
-                f"({self.head_dim}) = {self.rotary_dim} is odd; choose a fraction that gives an even number"
+                f"({self.d_head}) = {self.rotary_dim} is odd; choose a fraction that gives an even number"
             )
         if self.rope_scaling not in ROPE_SCALINGS:
             raise UserError(f"rope_scaling must be one of {', '.join(ROPE_SCALINGS)}; got {self.rope_scaling!r}")
@@ -179,18 +183,27 @@ class ModelConfig:
                 allowed = described[kind] + (" (or null)" if nullable else "")
                 raise UserError(f"{name} must be {allowed}, got {value!r}")
 
-    # Derived sizes: read these, not the optional fields.
-    @property
-    def head_dim(self) -> int:
-        return self.d_head if self.d_head is not None else self.d_model // self.n_heads
+    def _resolve_sizes(self) -> None:
+        """d_head, n_kv_heads and d_mlp given as None take their defaults here (d_model // n_heads, n_heads,
+        4 * d_model), so that every reader has one name for each size, the glossary's."""
+        defaults = {"d_head": self.d_model // self.n_heads, "n_kv_heads": self.n_heads, "d_mlp": 4 * self.d_model}
+        # which were left to their defaults: `replace` derives them again, and `to_dict` (a config file) and
+        # equality keep them as None, as they were given
+        derived = frozenset(name for name in defaults if getattr(self, name) is None)
+        for name in derived:
+            object.__setattr__(self, name, defaults[name])
+        object.__setattr__(self, "_derived", derived)
 
-    @property
-    def kv_heads(self) -> int:
-        return self.n_kv_heads if self.n_kv_heads is not None else self.n_heads
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ModelConfig):
+            return NotImplemented
+        return self._compared() == other._compared()
 
-    @property
-    def mlp_dim(self) -> int:
-        return self.d_mlp if self.d_mlp is not None else 4 * self.d_model
+    def __hash__(self) -> int:
+        return hash(tuple(self._compared().values()))
+
+    def _compared(self) -> dict[str, Any]:
+        return {name: value for name, value in self.given().items() if name != "extra"}  # extra: compare=False
 
     @property
     def wiring(self) -> str:
@@ -211,21 +224,27 @@ class ModelConfig:
 
     @property
     def rotary_dim(self) -> int:
-        return int(round(self.head_dim * self.rotary_fraction))
+        return int(round(self.d_head * self.rotary_fraction))
 
     @property
     def scale(self) -> float:
-        return self.attn_scale if self.attn_scale is not None else 1.0 / math.sqrt(self.head_dim)
+        return self.attn_scale if self.attn_scale is not None else 1.0 / math.sqrt(self.d_head)
+
+    def given(self) -> dict[str, Any]:
+        """The fields as given: None for the sizes left to their defaults."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+        return {**values, **{name: None for name in self._derived}}
 
     def replace(self, **changes: Any) -> "ModelConfig":
-        return dataclasses.replace(self, **changes)
+        """A copy with `changes`; a size left to its default is derived again (replace(d_model=256) doubles it)."""
+        return type(self)(**{**self.given(), **changes})
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return copy.deepcopy(self.given())
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
+        names = {f.name for f in dataclasses.fields(cls) if f.init}
         unknown = sorted(set(data) - names)
         if unknown:
             raise UserError(f"unknown model config keys {unknown}; known keys: {sorted(names)}")

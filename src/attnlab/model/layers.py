@@ -118,9 +118,9 @@ class MLP(nn.Module):
         super().__init__()
         self.gated = config.mlp == "swiglu"
         self.act = _ACTIVATIONS[config.mlp]
-        self.W_in = Linear(config.d_model, config.mlp_dim, bias=config.bias)
-        self.W_gate = Linear(config.d_model, config.mlp_dim, bias=config.bias) if self.gated else None
-        self.W_out = Linear(config.mlp_dim, config.d_model, bias=config.bias)
+        self.W_in = Linear(config.d_model, config.d_mlp, bias=config.bias)
+        self.W_gate = Linear(config.d_model, config.d_mlp, bias=config.bias) if self.gated else None
+        self.W_out = Linear(config.d_mlp, config.d_model, bias=config.bias)
         self.hook_pre = HookPoint()  # [batch, pos, d_mlp]
         self.hook_post = HookPoint()  # [batch, pos, d_mlp]
 

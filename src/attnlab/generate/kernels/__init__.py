@@ -289,21 +289,21 @@ def embed_call(ids: torch.Tensor, table: torch.Tensor, positions: torch.Tensor, 
 def attend_call(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, slot: torch.Tensor, scale: float, key_mask: torch.Tensor | None,
                 scores: torch.Tensor, out: torch.Tensor) -> Callable[[], None]:
-    """Write k_new, v_new (rows, kv_heads, d_head) at cache slot `slot` (a one-element int64 tensor, read at each
-    call) of k_cache, v_cache (rows, kv_heads, max_len, d_head), then out (rows, heads, d_head) = softmax(q Kᵀ ·
+    """Write k_new, v_new (rows, n_kv_heads, d_head) at cache slot `slot` (a one-element int64 tensor, read at each
+    call) of k_cache, v_cache (rows, n_kv_heads, max_len, d_head), then out (rows, heads, d_head) = softmax(q Kᵀ ·
     scale) V over slots [0, slot] that key_mask (rows, max_len) bool allows (None: all). `scores` is scratch of
     rows · heads · max_len floats."""
     rows, heads, d_head = q.shape
-    kv_heads, max_len = k_cache.shape[1], k_cache.shape[2]
+    n_kv_heads, max_len = k_cache.shape[1], k_cache.shape[2]
     # the C code trusts these layouts: check them once here, where the call is prepared
     assert all(t.is_contiguous() and t.dtype == torch.float32 for t in (q, k_new, v_new, k_cache, v_cache, scores, out))
-    assert k_new.shape == v_new.shape == (rows, kv_heads, d_head) and v_cache.shape == k_cache.shape
-    assert k_cache.shape == (rows, kv_heads, max_len, d_head) and heads % kv_heads == 0 and out.shape == q.shape
+    assert k_new.shape == v_new.shape == (rows, n_kv_heads, d_head) and v_cache.shape == k_cache.shape
+    assert k_cache.shape == (rows, n_kv_heads, max_len, d_head) and heads % n_kv_heads == 0 and out.shape == q.shape
     assert scores.numel() >= rows * heads * max_len and slot.dtype == torch.int64
     assert key_mask is None or (key_mask.dtype == torch.bool and key_mask.stride(-1) == 1
                                 and key_mask.shape == (rows, max_len))
     stride = key_mask.stride(0) if key_mask is not None else 0
-    return Call(Op.ATTEND, q, k_new, v_new, k_cache, v_cache, key_mask, stride, scores, out, rows, heads, kv_heads,
+    return Call(Op.ATTEND, q, k_new, v_new, k_cache, v_cache, key_mask, stride, scores, out, rows, heads, n_kv_heads,
                 d_head, max_len, slot, scale, torch.get_num_threads())
 
 
