@@ -24,8 +24,8 @@ from ..errors import UserError
 from ..model.layers import Linear
 from . import kernels
 
-# up to this many rows a few-row product beat BLAS here: the compiled multiply-and-sum form (2.5x at 1 row, 1.5x at
-# 8) and the C kernel (attnlab.generate.kernels), in Linear.forward and in the kernel decode step alike
+# up to this many rows a few-row product beat BLAS (benchmarks/README.md, "Figures behind the code"): the compiled
+# multiply-and-sum form and the C kernel (attnlab.generate.kernels), in KernelLinear and the kernel decode step alike
 MATVEC_MAX_ROWS = 8
 
 
@@ -42,8 +42,8 @@ class KernelLinear(Linear):
     """Linear (y = x Wᵀ + b), with two fast paths for a few rows (decoding a batch of up to MATVEC_MAX_ROWS
     sequences), whose weights come from main memory at every token: eager, float32 on a CPU, the C kernel of
     attnlab.generate.kernels, which streams each weight row once; inside a compiled graph, a row-wise multiply and sum,
-    which inductor turns into one vectorised loop. Both run 1.5-2.5x the BLAS call on this CPU
-    (benchmarks/README.md, "Generation speed"); every larger product takes F.linear, and
+    which inductor turns into one vectorised loop. Both run faster than the BLAS call (benchmarks/README.md,
+    "Generation speed"); every larger product takes F.linear, and
     tests/test_fast_paths.py and tests/test_kernels.py hold them to its numbers.
     The weight may be stored narrower than the activations (`store_weights_as`): it is widened where it is used,
     which a compiled graph fuses into the same loop."""

@@ -151,7 +151,7 @@ class KernelDecoder:
             return f"the {model.config.mlp} MLP takes the module path"
         if model.config.sliding_window is not None:
             return "a sliding attention window takes the module path (the attention kernel sees every earlier key)"
-        for m in model.modules():  # one walk (2,004 modules on the 135M shape)
+        for m in model.modules():  # one walk over every module
             if m._forward_hooks or m._forward_pre_hooks:
                 return "a hook is attached: the module path runs it"
             if isinstance(m, Linear) and m.weight.dtype != torch.float32:

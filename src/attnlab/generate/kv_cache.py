@@ -21,8 +21,8 @@ class KVCache:
     `values_position_minor` (the compiled decode step's layout) stores the values as [batch, kv_head, d_head,
     pos] and hands them out transposed (same shape as the keys, other strides): a single query's weighted sum
     of the values then reads each value dimension's positions contiguously, a loop inductor vectorises; stored
-    position-major, it walked the positions 64 floats apart, one dependent add at a time (4-12 % more tokens/s,
-    benchmarks/README.md, "Generation speed"). Eager kernels want them position-major (8-20 % slower otherwise).
+    position-major, it walked the positions 64 floats apart, one dependent add at a time (benchmarks/README.md,
+    "Generation speed"). Eager kernels want them position-major.
     """
 
     def __init__(self, n_layers: int, batch: int, n_kv_heads: int, max_len: int, d_head: int,

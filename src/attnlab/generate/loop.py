@@ -34,8 +34,8 @@ from .sampling import sample_next
 
 EOS_CHECK_EVERY = 16  # tokens between reads of the "every row has ended" flag
 # prompts of up to this many tokens go through KernelDecoder one token at a time: the module path's prefill costs
-# 3-10 decode steps at any length (its ~100 PyTorch calls per layer), so below ~4 tokens steps are quicker
-# (measured on the 6 x 384 and 135M shapes, float32 and int8: benchmarks/README.md, issue 14)
+# several decode steps at any length (its ~100 PyTorch calls per layer), so short prompts are quicker as steps
+# (benchmarks/README.md, "Figures behind the code")
 PREFILL_IN_STEPS = 4
 
 
@@ -114,7 +114,7 @@ def generate(model, ids: torch.Tensor, max_new_tokens: int, temperature: float =
     if max_new_tokens == 0:
         return ids
     was_training = model.training
-    # eval() sets every module's flag (16 ms on the 135M shape, 0.25 ms per token of a 128-token run): only when needed
+    # eval() sets every module's flag, a walk of every module: only when needed
     switch = any(m.training for m in model.modules())
     if switch:
         model.eval()

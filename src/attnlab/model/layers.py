@@ -77,8 +77,8 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x = x.to(torch.promote_types(dtype, torch.float32))  # half/bfloat16 up to float32; float64 stays exact
-        # torch's fused kernel: one pass where pow, mean, add, rsqrt and mul took five (2.8x faster forward and
-        # backward at the speedrun's shape on a CPU, the same numbers; benchmarks/README.md, "CPU speedrun")
+        # torch's fused kernel: one pass where pow, mean, add, rsqrt and mul took five (faster forward and
+        # backward, the same numbers: benchmarks/README.md, "Figures behind the code")
         out = self.weight * F.rms_norm(x, x.shape[-1:], eps=self.eps).to(dtype)
         if not (self.hook_scale.has_hooks or self.hook_normalized.has_hooks):
             return out

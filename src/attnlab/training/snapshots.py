@@ -3,7 +3,7 @@
 Design choices:
 - A snapshot is one safetensors file, `OUT/snapshots/step-000250.safetensors`, holding the model's
   tensors as `state_dict_for_saving` gives them (a tied head once), cast to float16: half the bytes of
-  the float32 checkpoint and no optimizer state, so 20 of a 0.8M-parameter model cost 32 MB. The config
+  the float32 checkpoint and no optimizer state. The config
   and tokenizer are the run's own (OUT/config.json, OUT/tokenizer.json): every snapshot has the same shape.
 - The steps are evenly spaced over the run and include step 0 (the initialisation), so scrubbing through
   them shows a circuit form from nothing: `snapshot_steps(1000, 5)` is 0, 250, 500, 750, 1000.

@@ -1,8 +1,8 @@
 """attnlab's C kernels for decoding on a CPU (decode.c), compiled at first use and cached per machine.
 
 Design choices:
-- Plain C, no torch headers: one `cc -O3 -march=native -fopenmp` of decode.c takes about a second, where a
-  torch C++ extension takes a minute; loaded with ctypes, a call costs ~1 µs. The shared library is cached under
+- Plain C, no torch headers: one `cc -O3 -march=native -fopenmp` of decode.c is quick, where a torch C++
+  extension is slow to build; loaded with ctypes, a call costs little. The shared library is cached under
   ~/.cache/attnlab/kernels (or $ATTNLAB_CACHE/kernels), named by a hash of the source, the flags, the compiler
   and the CPU, so the build is paid once per machine, never once per process, and a new CPU or a new
   decode.c builds anew. Written to a temporary name, then renamed: a parallel build never leaves a torn file.

@@ -1,7 +1,7 @@
 /* attnlab's CPU kernels for one decoding step: the few-row products and the single query's attention.
  *
  * Plain C with `#pragma omp simd` reductions, compiled at first use with -O3 -march=native (see
- * attnlab/kernels/__init__.py): the compiler vectorises the loops for whatever the machine has (AVX-512,
+ * attnlab/generate/kernels/__init__.py): the compiler vectorises the loops for whatever the machine has (AVX-512,
  * AVX2, NEON), and the same source compiles to scalar code anywhere else. The two products also have an AVX-512
  * form written with intrinsics (`#if AVX512`), where that measured faster; the portable loop stays the fallback,
  * and tests/test_kernels.py builds and checks both. Threads: OpenMP, the runtime
@@ -9,8 +9,8 @@
  * equation it replaces (tests/test_kernels.py).
  *
  * Why: a decode step reads every weight once to multiply it by one row, so it runs at the speed weights
- * stream from memory. BLAS's one-row product reached 6-7 GB/s here; these loops stream each weight row
- * once, four rows at a time (four independent sums hide the add latency), like llama.cpp's ggml_vec_dot.
+ * stream from memory, which BLAS's one-row product fell well short of (benchmarks/README.md, issue 14); these
+ * loops stream each weight row once, four rows at a time (four independent sums hide the add latency), like llama.cpp's ggml_vec_dot.
  */
 #include <math.h>
 #include <stdint.h>
@@ -74,8 +74,8 @@ static inline float exp_(float x) {
 }
 
 /* s[j] = sum_i x[i] w_j[i] for j < 4, over n values: one pass over x for four weight rows (four independent sums
- * hide the add latency). With AVX-512 the four sums are reduced together (sum4), ~5 % faster than the compiler's
- * four reductions on the 135M shape. */
+ * hide the add latency). With AVX-512 the four sums are reduced together (sum4), faster than the compiler's
+ * four reductions. */
 static inline void dot4(const float *x, const float *w0, const float *w1, const float *w2, const float *w3, int64_t n,
                         float *s) {
 #if AVX512
@@ -153,7 +153,7 @@ void attnlab_linear_f32(const float *x, const float *w, const float *b, float *y
 
 /* sum_i x[i] q[i] for int8 q, widened to float in registers. The portable loop below vectorises, but
  * gcc widens int8 -> float through several shuffles; with AVX2 one sign-extending load per 8 weights and four
- * independent sums run ~1.5x faster (measured: benchmarks/README.md). With AVX-512 attnlab_linear_i8 below does
+ * independent sums run faster (benchmarks/README.md). With AVX-512 attnlab_linear_i8 below does
  * not call this at all. */
 static inline float dot_i8(const float *x, const int8_t *q, int64_t n) {
   int64_t i = 0;
@@ -183,8 +183,7 @@ static inline float dot_i8(const float *x, const int8_t *q, int64_t n) {
  * With AVX-512, four weight rows per pass share each load of x (as the float32 loop does), their four sums are
  * reduced together, and the scale is applied once per row. Each pass also asks for the weights PREFETCH_AHEAD
  * bytes further on: widening int8 costs enough instructions that, without it, the core computed and then
- * waited for memory in turn (6.7 GB/s streamed, one thread, where it reads 14 GB/s and computes 17 from cache);
- * prefetched, the two overlap (12-14 GB/s streamed, 33 computed: benchmarks/README.md, issue 14). */
+ * waited for memory in turn; prefetched, the two overlap (benchmarks/README.md, issue 14). */
 static void linear_i8(const float *x, const int8_t *q, const float *scale, const float *b, float *y, int64_t rows,
                       int64_t d_in, int64_t d_out, int accumulate) {
 #if AVX512
@@ -276,7 +275,7 @@ void attnlab_embed(const int64_t *ids, const float *table, const int64_t *positi
 
 /* o[i] = inv sum_s p[s] v[s, i] for i < d, the values v [n, d] row-major: the attention's mix of values. The sums
  * stay in registers across the keys, 64 values of o at a time (AVX-512, d a multiple of 16); adding into o in
- * memory made each key's pass wait for the last one's stores, 40 % of the kernel's time on the 135M shape. */
+ * memory made each key's pass wait for the last one's stores, a large share of the kernel's time. */
 static inline void weighted_sum(const float *p, const float *v, int64_t n, int64_t d, float inv, float *o) {
   /* a masked key (p = 0) is multiplied, not skipped: a NaN value there makes NaN, as softmax(...) @ V does */
 #if AVX512
@@ -444,9 +443,9 @@ void attnlab_silu_mul(float *gate, const float *up, int64_t n) {
 
 /* A whole decode step in one parallel region.
  *
- * Called kernel by kernel, a step of the 135M shape opened ~210 OpenMP parallel regions (one per product) and made
- * ~390 calls from Python: between products both threads went to sleep and woke again, and the step took 1.3-1.5x
- * the time of its products alone (benchmarks/README.md, issue 14). Here the step is a program, an array of
+ * Called kernel by kernel, a step opened one OpenMP parallel region per product and made a Python call per
+ * kernel: between products the threads went to sleep and woke again, and the step took well over the time of
+ * its products alone (benchmarks/README.md, issue 14). Here the step is a program, an array of
  * attnlab_op, and `attnlab_run` opens one region for all of it: every thread walks the program, takes its share
  * of each product and attention (`omp for`), one thread takes each small serial kernel (`omp single`), and they
  * wait for each other (`omp barrier`) only after an op whose output the next reads (`wait`). Threads stay hot for

@@ -9,7 +9,7 @@ Design choices:
   a run directory (checkpoint, tokenizer, metrics, optional snapshots) that `attnlab.load`, `attnlab
   attribute`/`patch` and the explorer read. The synthetic token ids go in as text, one character per id.
 - Tiny models train on one thread (`threads(1)`): at this size a second thread costs more in
-  synchronisation than it gains, badly so on a busy machine (5x slower measured on 2 loaded cores).
+  synchronisation than it gains, badly so on a busy machine.
 - Every experiment writes `<name>.json` (atomically) and `<name>.png` into --out and prints a table.
 """
 
