@@ -21,6 +21,9 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError
+from . import load, model_dir
+from .hf import save_hf
+from .native import is_native
 
 SAMPLE_TEXT = "The cat sat on the mat because it was tired."
 
@@ -78,10 +81,6 @@ def load_transformers(path: str | Path, causal: bool):
 def compare(path: str | Path, text: str | None = None, ids: torch.Tensor | None = None,
             revision: str | None = None) -> Comparison:
     """Run attnlab and transformers on the same input; the largest differences, layer by layer."""
-    from . import load, model_dir
-    from .hf import save_hf
-    from .native import is_native
-
     path = model_dir(path, revision)
     model = load(path)
     if ids is None:

@@ -38,6 +38,7 @@ from .gpt_neox import GPT_NEOX
 from .llama import LLAMA
 from ..files import atomic_write, atomic_write_text
 from .native import attach_tokenizer, check_dtype, check_fits, empty_model, state_dict_for_saving, warn_non_finite
+from ..model.transformer import Transformer
 
 INDEX = "model.safetensors.index.json"
 
@@ -231,8 +232,6 @@ def save_hf(model, path: str | Path) -> Path:
     if getattr(model, "quantization", None):
         raise UserError(f"this model is quantized ({model.quantization}), which Hugging Face's format does not hold; "
                         "save it with format=\"attnlab\", or save the float model before quantizing")
-
-    from ..model.transformer import Transformer
 
     cfg = model.config
     arch = architecture_to_write(cfg)

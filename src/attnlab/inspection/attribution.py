@@ -20,6 +20,8 @@ import torch
 
 from ..errors import UserError
 from ..lens.names import check_one_token
+from . import patching
+from .experiments.common import make_out_dir, new_figure, save_figure, write_json
 
 
 @dataclass
@@ -51,8 +53,6 @@ class Attribution:
                 "others": self.others, "constant": self.constant, "logit": self.logit, "sum_of_terms": self.total()}
 
     def plot(self, path: Path, title: str = "") -> None:
-        from .experiments.common import new_figure, save_figure
-
         has_mlp = self.mlps is not None
         L, H = self.heads.shape
         fig, axes = new_figure(1, 2 if has_mlp else 1, (3.0 + 0.45 * H + (2.5 if has_mlp else 0), 1.8 + 0.4 * L))
@@ -131,9 +131,6 @@ def patch_sweeps(model, clean: str, corrupted: str, answer: str, wrong: str, swe
                  progress: bool = True) -> dict:
     """Run `sweeps` with the logit difference answer − wrong as the metric; write OUT/patch-NAME.png and
     OUT/patching.json; return {name: PatchingResult}."""
-    from . import patching
-    from .experiments.common import make_out_dir, write_json
-
     answer_id, wrong_id = check_one_token(model, answer), check_one_token(model, wrong, what="the wrong answer")
     clean_ids, corrupted_ids = model.to_tokens(clean), model.to_tokens(corrupted)
     if clean_ids.shape != corrupted_ids.shape:

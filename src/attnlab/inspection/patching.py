@@ -32,6 +32,7 @@ import torch
 
 from ..errors import UserError
 from ..lens.names import get_act_name
+from .experiments.common import new_figure, save_figure
 
 Metric = Callable[[torch.Tensor], torch.Tensor]
 
@@ -68,8 +69,6 @@ class PatchingResult:
 
     def plot(self, path: str | Path, title: str | None = None, normalize: bool | None = None) -> Path:
         """Write the heat map(s) as a PNG: one panel per leading 'activation' entry, rows and columns labelled."""
-        from .experiments.common import new_figure, save_figure
-
         normalize = self.clean is not None and self.corrupted is not None if normalize is None else normalize
         values = self.normalized() if normalize else self.values
         panels = _panels(self, values)

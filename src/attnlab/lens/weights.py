@@ -28,6 +28,7 @@ import torch
 
 from ..errors import UserError
 from .factored_matrix import FactoredMatrix, composition_scores
+from .names import check_one_token
 
 _BOS_NAMES = ("<|begin_of_text|>", "<s>", "<|endoftext|>", "[CLS]", "<bos>")
 
@@ -215,6 +216,4 @@ class TransformerLensViews:
 
     def to_single_token(self, text: str) -> int:
         """The id of a text that is exactly one token (UserError naming the pieces otherwise)."""
-        from .names import check_one_token
-
         return check_one_token(self, text, what="the text")

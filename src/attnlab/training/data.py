@@ -30,6 +30,7 @@ import torch
 from ..errors import UserError
 from ..files import atomic_write, atomic_write_text
 from ..tokenizer import Tokenizer
+from ..data import builtin_corpus
 
 CHUNK_BYTES = 1 << 20
 TRAIN_FRACTION = 0.9
@@ -53,8 +54,6 @@ def find_sources(data: str | None) -> list[Path]:
 def iter_text(sources: list[Path]) -> Iterator[str]:
     """The text in chunks that end at a newline where possible (so BPE never sees a word cut in two)."""
     if not sources:
-        from ..data import builtin_corpus
-
         yield builtin_corpus()
         return
     for path in sources:

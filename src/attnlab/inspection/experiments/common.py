@@ -27,6 +27,9 @@ import torch
 from ...errors import UserError
 from ...files import atomic_write, atomic_write_text
 from ...model.transformer import next_token_loss
+from ...tokenizer import Tokenizer
+from ...training.config import TrainConfig
+from ...training.trainer import Trainer
 
 
 @dataclass(frozen=True)
@@ -107,8 +110,6 @@ ALPHABET = ("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789αβ�
 def token_tokenizer(d_vocab: int):
     """A character tokenizer whose ids 0..d_vocab-1 are d_vocab distinct printable characters: synthetic
     token ids written as text, for the Trainer (which reads text) and the explorer (which shows it)."""
-    from ...tokenizer import Tokenizer
-
     assert len(set(ALPHABET)) == len(ALPHABET) >= d_vocab
     return Tokenizer.train_char("".join(sorted(ALPHABET)[:d_vocab]))
 
@@ -126,9 +127,6 @@ def train_run(data: torch.Tensor, d_vocab: int, out: Path, *, steps: int, batch:
     `flags` are further TrainConfig fields (the model's shape, snapshots, eval_interval). With `progress`, the
     Trainer's progress bar on stderr, without its line per evaluation (metrics.jsonl has them). `on_snapshot`:
     the Trainer's, called with (step, model) at every snapshot step."""
-    from ...training.config import TrainConfig
-    from ...training.trainer import Trainer
-
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = token_tokenizer(d_vocab)
     data_file = out / "data.txt"

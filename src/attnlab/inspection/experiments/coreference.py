@@ -24,6 +24,7 @@ import torch
 
 from ...errors import UserError
 from .common import format_table, new_figure, save_figure, write_outputs
+from ...formats import load
 
 # (sentence, pronoun, antecedent, the other noun); pairs share their nouns and flip the antecedent.
 SENTENCES: tuple[tuple[str, str, str, str], ...] = (
@@ -118,8 +119,6 @@ def run(out: Path, *, seed: int = 0, quick: bool = False, model=None, model_name
         revision: str | None = None, top: int = 8) -> dict:
     """`model` overrides `model_name` (tests pass a small one). seed and quick are accepted for a uniform CLI; nothing here is random."""
     if model is None:
-        from ...formats import load
-
         model = load(model_name, revision=revision)
     model.eval()
     scores = score_heads(model)
