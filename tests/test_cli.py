@@ -74,7 +74,7 @@ def test_warnings_print_one_line_during_a_command_and_pythons_display_comes_back
     import warnings
 
     from attnlab import cli
-    from attnlab.training import cli as training_cli
+    from attnlab.generate import sample as training_cli
 
     def warn_twice(args) -> int:
         warnings.warn("first line\n  second line", stacklevel=1)
