@@ -49,7 +49,7 @@ def small_models(seed: int = 0) -> dict[str, attnlab.Transformer]:
 def snapshot_run(model: attnlab.Transformer, path, start_step: int | None = 10):
     """A 'training run' of `model` in `path`: snapshots at steps 0, 10, 20 whose queries are the model's scaled by
     0.5, 1 and 1.5 (so every head's pattern sharpens along the slider); the model itself is left as it was."""
-    from attnlab.explorer.service import Run
+    from attnlab.explorer.models import Run
     from attnlab.training.snapshots import list_snapshots, save_snapshot
 
     original = {k: v.clone() for k, v in model.state_dict().items()}

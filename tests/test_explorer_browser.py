@@ -432,7 +432,7 @@ def test_a_hub_models_revisions_join_the_curves_as_the_slider_reaches_them(page,
     curves cover the steps shown so far and grow as the slider moves (tests/test_formats_hub.py runs the real Hub
     download; here a revision is read from a local snapshot instead)."""
     from attnlab.explorer.app import create_app
-    from attnlab.explorer.service import Run
+    from attnlab.explorer.models import Run
     from attnlab.training.snapshots import load_snapshot
 
     model = small_models()["gpt"]

@@ -278,7 +278,7 @@ def test_export_with_ablate_runs_the_next_token_pass_once_for_the_top_10_and_top
     """The ablated model's top 10 (the next-token view) and top 50 (its before / after columns) come from one
     forward pass, the intact model's top 50 from another: 2 passes where there were 3; the top 10 is the
     server's answer to the same request."""
-    from attnlab.explorer.service import Variant
+    from attnlab.explorer.models import Variant
 
     model = small_models()["gpt"]
     passes, per_call = [], []

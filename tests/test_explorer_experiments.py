@@ -190,7 +190,7 @@ def test_long_texts_travel_as_float16_and_every_shown_digit_is_right(client, mod
     assert f16_bytes == (2 * T * T + 2 * (T * (T + 1) // 2 if lower else T * T))  # 2 bytes a number, the triangle once
     assert f16_bytes < (0.38 if lower else 0.51) * f32_bytes
     # a masked score (−∞) keeps the scale of the finite ones
-    from attnlab.explorer.service import encode_matrix
+    from attnlab.explorer.encoding import encode_matrix
 
     masked = torch.tensor([[1.5, -float("inf")], [3.0, -2.0]])
     np.testing.assert_array_equal(decode_f16(encode_matrix(masked, "f16")), masked.numpy())

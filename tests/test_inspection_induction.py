@@ -66,7 +66,8 @@ def test_quick_induction_run_and_ablation_of_the_induction_heads(tmp_path, capsy
 
     # The explorer's knockout shows the same thing on one text: with the induction heads out, the loss on
     # the repeated part rises back towards the first copy's, which barely moves.
-    from attnlab.explorer.service import Explorer, Variant
+    from attnlab.explorer.service import Explorer
+    from attnlab.explorer.models import Variant
 
     text = result["example_text"]
     knock = Explorer({"2L": model}).knockout("2L", text, Variant(tuple(induction_heads)))
@@ -81,7 +82,7 @@ def test_quick_induction_run_and_ablation_of_the_induction_heads(tmp_path, capsy
     assert len(model.tokenizer.encode(text)) == len(text) == QUICK.n_ctx
     # The run is the Trainer's (one training loop): its checkpoint, its train/val losses at every snapshot
     # step (the slider's loss curve), and the explorer's slider opened on the phase change.
-    from attnlab.explorer.service import Run
+    from attnlab.explorer.models import Run
     from attnlab.training.report import read_metrics
 
     run_dir = tmp_path / "induction-2L"

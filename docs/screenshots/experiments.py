@@ -30,7 +30,7 @@ def main(experiments: Path) -> None:
     import attnlab
     from attnlab.explorer.app import create_app
     from attnlab.explorer.cli import serving
-    from attnlab.explorer.service import Run
+    from attnlab.explorer.models import Run
     from attnlab.training.snapshots import list_snapshots
     from playwright.sync_api import sync_playwright
 

@@ -31,7 +31,8 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from ..errors import UserError
 from . import QUEUE
 from .security import LOOPBACK_HOSTS, Guard
-from .service import MAX_CHARS, MAX_TOKENS, Explorer, NotFound, Run, TextTooLong, Unsupported
+from .service import MAX_CHARS, MAX_TOKENS, Explorer
+from .models import NotFound, Run, TextTooLong, Unsupported
 from .work_queue import QUEUE_PREFIX, WorkQueue
 
 # A request body's limit: the longest text JSON-escaped (12 bytes, \uXXXX\uXXXX, for a character outside the

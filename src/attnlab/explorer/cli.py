@@ -79,12 +79,12 @@ def load_models(specs: list[str], runs: dict | None = None, revision: str | None
             name, n = f"{base}-{n}", n + 1
         models[name] = model
         if steps and runs is not None:
-            from .service import Run
+            from .models import Run
 
             runs[name] = Run(None, steps, repo_id=spec, served_step=max(steps))
         elif runs is not None and Path(spec).is_dir():
             from ..training.snapshots import list_snapshots
-            from .service import Run
+            from .models import Run
 
             snapshots = list_snapshots(spec)
             if snapshots:

@@ -26,7 +26,8 @@ from urllib.parse import quote
 
 from ..errors import UserError
 from . import STATIC, VIEWS
-from .service import Explorer, Variant
+from .service import Explorer
+from .models import Variant
 
 EXPORT_MAX_TOKENS = 128
 MAX_TRACES = 128  # traces of every (layer, token) up to this many, else the last token of each layer

@@ -12,7 +12,8 @@ from typing import Annotated, Literal
 from annotated_types import Ge, Le
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, StrictInt
 
-from .service import MAX_CHARS, Variant
+from .service import MAX_CHARS
+from .models import Variant
 
 MAX_ABLATED = 4096  # a bound on the list's length before the model's own (n_layers x n_heads) is checked
 

@@ -166,7 +166,7 @@ def explore_induction(result: dict, out: Path, port: int | None) -> int:
     (the 1L model at the same step, for comparison: it never grows an induction head)."""
     from ..env import explorer_port
     from ..explorer.cli import serve
-    from ..explorer.service import Run
+    from ..explorer.models import Run
     from ..training.snapshots import list_snapshots
 
     start = result["phase_change_2L"]["steps"]["induction_rise"]
