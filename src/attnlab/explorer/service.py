@@ -29,7 +29,7 @@ Design choices:
   keeps float16's relative error of at most 2⁻¹¹, under half a unit in a third significant digit, which is
   what the page then shows. Values below `tiny` (float16's smallest normal, scaled) are less exact, and the
   page shows them as "< tiny". A causal model's pattern is zero above the diagonal, so only its lower
-  triangle travels (`lower`). At 2,048 tokens: 12.6 MB of numbers where float32 took 33.6 MB.
+  triangle travels (`lower`), a fraction of float32's bytes (benchmarks/README.md, issue 17).
 """
 
 from __future__ import annotations

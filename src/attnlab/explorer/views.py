@@ -24,7 +24,7 @@ from .stages import block_stages
 THUMBNAIL_SIZE = 32  # heads-grid thumbnails are max-pooled down to at most this many rows and columns
 
 
-CURVE_POINTS = 26  # head scores over training at most at this many snapshots (0.4 s each for a small model)
+CURVE_POINTS = 26  # head scores over training at most at this many snapshots (each costs a scoring run)
 
 
 def _top2_basis(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -141,7 +141,7 @@ class ExplorerViews:
 
         def pool(pattern: torch.Tensor, hook) -> None:  # [batch, head, query_pos, key_pos], pooled as it passes
             # max-pooling keeps a sharp head sharp, where averaging would blur it away; pooling here, layer by
-            # layer, keeps one layer's T×T patterns in memory at a time (2,048 tokens: 16 MB a head), not all
+            # layer, keeps one layer's T×T patterns in memory at a time, not all
             pooled[hook.name] = F.adaptive_max_pool2d(pattern[0], (size, size)) if T > size else pattern[0]
 
         model = entry.model

@@ -35,6 +35,10 @@ import torch
 from ..model.config import ModelConfig
 from ..errors import UserError, first_line
 from ..files import atomic_write
+from ..model.transformer import Transformer
+from ..model.positions import Rotary
+from ..tokenizer import Tokenizer
+from ..generate.fast_layers import quantize
 
 FORMAT = "attnlab"
 VERSION = 1
@@ -83,8 +87,7 @@ class ManifestFolder:
     as they are written, so the manifest reads nothing back. A temporary name and a rename per file would add
     nothing here: the folder's own rename is the commit, and the caller fsyncs the folder before it. Tensors
     are serialized in memory first, so that the bytes hashed are the bytes written: safetensors' `save` builds
-    its buffer and copies it out, so the peak is about twice the weights' bytes (measured: +764 MB for 400 MB of
-    weights), still below train_state.pt's bytes with the optimizer's moments, which a training save holds
+    its buffer and copies it out, so the peak is about twice the weights' bytes, still below train_state.pt's bytes with the optimizer's moments, which a training save holds
     before this."""
 
     def __init__(self, folder: str | Path) -> None:
@@ -362,9 +365,6 @@ def empty_model(config: ModelConfig, device: str | torch.device = "cpu"):
     computed, not loaded). Small models are simply initialised: the meta path's first use imports torch's
     Python meta kernels, which costs seconds, more than their init.
     """
-    from ..model.transformer import Transformer
-    from ..model.positions import Rotary
-
     d, n = config.d_model, config.n_layers
     rough_params = config.d_vocab * d * 2 + n * d * (4 * d + 3 * config.d_mlp)
     if rough_params < META_BUILD_ABOVE:
@@ -401,8 +401,6 @@ def load_native(path: str | Path, device: str | torch.device = "cpu"):
     check_fits(config, [weights], source)
     model = empty_model(config, device)
     if meta.get("quantization"):
-        from ..generate.fast_layers import quantize
-
         quantize(model, meta["quantization"])
     load_state(model, state, weights)
     warn_non_finite(state, weights)
@@ -423,8 +421,6 @@ def model_config_from(values: dict, source: str | Path) -> ModelConfig:
 def attach_tokenizer(model, path: str | Path) -> None:
     """Set model.tokenizer from path/tokenizer.json when there is one; a tokenizer with more ids than the
     model has embeddings would index past the table, so it is refused here rather than at the first lookup."""
-    from ..tokenizer import Tokenizer
-
     file = Path(path) / "tokenizer.json"
     if not file.is_file():
         return
