@@ -1,5 +1,5 @@
 """The settings attnlab reads from the environment, read when a command uses them, never at import
-(ATTNLAB_KERNELS and ATTNLAB_CACHE belong to attnlab.kernels).
+(ATTNLAB_KERNELS and ATTNLAB_CACHE belong to attnlab.generate.kernels).
 
 - ATTNLAB_MAX_STEPS=N: every training run (attnlab train, the demo, the experiments' models) stops
   after at most N optimizer steps, its schedule and snapshots laid out over those N, and evaluates

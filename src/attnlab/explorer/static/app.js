@@ -167,7 +167,7 @@
   }
 
   function softmaxRow(scores, visible) {
-    // softmax over the visible entries; invisible ones get exactly 0 (as attnlab.attention does)
+    // softmax over the visible entries; invisible ones get exactly 0 (as attnlab.model.attention does)
     let max = -Infinity;
     for (let j = 0; j < scores.length; j++) if (visible(j) && scores[j] > max) max = scores[j];
     const out = new Array(scores.length).fill(0);
