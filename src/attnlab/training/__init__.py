@@ -7,6 +7,7 @@
 """
 
 from .config import TRAIN_PRESETS, TrainConfig, build_config
-from .trainer import TrainResult, train
+from .report import TrainResult
+from .trainer import train
 
 __all__ = ["TRAIN_PRESETS", "TrainConfig", "TrainResult", "build_config", "train"]

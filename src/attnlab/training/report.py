@@ -9,18 +9,30 @@ import platform
 import subprocess
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from ..files import atomic_write, atomic_write_text
 from .config import flag_name
 
-if TYPE_CHECKING:
-    from .trainer import Trainer, TrainResult
-
 
 METRICS_FILE = "metrics.jsonl"
+
+
+@dataclass
+class TrainResult:
+    out: Path
+    iters: int  # steps completed, over every session of this run
+    losses: dict[int, float] = field(default_factory=dict)  # step -> training loss, this session's steps
+    train_loss: float | None = None  # at the last evaluation
+    val_loss: float | None = None
+    val_loss_full: float | None = None  # at the end: every validation token, once (Trainer.full_val_loss)
+    tokens_per_s: float = 0.0
+    elapsed_s: float = 0.0  # wall time of the run, evaluations included, over every session
+    interrupted: bool = False
+    complete: str | None = None  # --resume auto on a finished run: why there was nothing to train
 
 
 def first_reaching(records: list[dict[str, Any]], target: float | None) -> dict[str, Any] | None:
@@ -76,7 +88,8 @@ def _hardware(device: torch.device) -> str:
     return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs"
 
 
-def write_report(trainer: Trainer, result: TrainResult) -> None:
+def write_report(trainer, result: TrainResult) -> None:
+    """report.md of the run that `trainer` (attnlab.training.trainer.Trainer) ran, ending in `result`."""
     cfg = trainer.cfg
     config_rows = "\n".join(f"| `{flag_name(k)}` | {v} |" for k, v in cfg.to_dict().items())
     fmt = lambda v: f"{v:.4f}" if v is not None else "n/a"  # noqa: E731

@@ -38,7 +38,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +54,7 @@ from .checkpoint import STATE_FILE, TRAIN_JSON, Checkpoint, find_checkpoint, has
 from .config import FLAG_OF_MODEL_FIELD, TrainConfig, flag_name
 from .data import TokenData, prepare_data
 from .distributed import resolve_dtype, setup_distributed
-from .report import METRICS_FILE, first_reaching, read_metrics, write_loss_plot, write_report
+from .report import METRICS_FILE, TrainResult, first_reaching, read_metrics, write_loss_plot, write_report
 from .schedule import learning_rate_at, make_optimizer
 from .snapshots import list_snapshots, save_snapshot, snapshot_steps
 
@@ -74,20 +74,6 @@ class RunComplete(Exception):
     def __init__(self, out: Path, step: int, why: str) -> None:
         super().__init__(f"the run in {out} is complete: it {why}; nothing to train")
         self.out, self.step = out, step
-
-
-@dataclass
-class TrainResult:
-    out: Path
-    iters: int  # steps completed, over every session of this run
-    losses: dict[int, float] = field(default_factory=dict)  # step -> training loss, this session's steps
-    train_loss: float | None = None  # at the last evaluation
-    val_loss: float | None = None
-    val_loss_full: float | None = None  # at the end: every validation token, once (Trainer.full_val_loss)
-    tokens_per_s: float = 0.0
-    elapsed_s: float = 0.0  # wall time of the run, evaluations included, over every session
-    interrupted: bool = False
-    complete: str | None = None  # --resume auto on a finished run: why there was nothing to train
 
 
 class Trainer:
