@@ -262,7 +262,7 @@ BREAKS = [
           [('    e.add_argument("-o", "--output", required=True,', '    e.add_argument("--output", required=True,')],
           ["tests/test_readme_commands.py -k the-explorer"]),
     Break("no-compiler", "without a C compiler the kernels' tests fail, never skip", "no compiler is found",
-          "src/attnlab/kernels/__init__.py",
+          "src/attnlab/generate/kernels/__init__.py",
           [('    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")',
             "    return None")],
           ["tests/test_kernels.py::test_rope_kernel_equals_apply_rope"]),
