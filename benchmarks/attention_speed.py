@@ -1,32 +1,41 @@
-"""Attention speed and memory against sequence length: explicit, fused and chunked paths, torch's SDPA as baseline.
+"""Attention speed and memory against sequence length: explicit, fused and chunked paths, torch's
+SDPA as baseline.
 
-    .venv/bin/python benchmarks/attention_speed.py                    # T = 256 … 16384, writes the PNGs
+    .venv/bin/python benchmarks/attention_speed.py                    # T = 256 … 16384, writes the
+    PNGs
     .venv/bin/python benchmarks/attention_speed.py --max-t 2048       # a quick look
-    .venv/bin/python benchmarks/attention_speed.py --min-t 16384 --paths fused chunked --out /tmp/t16k   # one T
-    python benchmarks/attention_speed.py --device cuda --dtype bfloat16 --out /tmp/gpu   # on a GPU: flash kernels
-    .venv/bin/python benchmarks/attention_speed.py --window 256 --out /tmp/window   # attnlab's paths with a sliding window
+    .venv/bin/python benchmarks/attention_speed.py --min-t 16384 --paths fused chunked --out
+    /tmp/t16k   # one T
+    python benchmarks/attention_speed.py --device cuda --dtype bfloat16 --out /tmp/gpu   # on a GPU:
+    flash kernels
+    .venv/bin/python benchmarks/attention_speed.py --window 256 --out /tmp/window   # attnlab's
+    paths with a sliding window
 
 Design choices:
-- One head shape for all: batch 1, 8 heads, d_head 64, float32, causal self-attention (T = S), dropout 0
-  (on the CPU torch's SDPA uses its flash kernel only without dropout).
+- One head shape for all: batch 1, 8 heads, d_head 64, float32, causal self-attention (T = S),
+  dropout 0 (on the CPU torch's SDPA uses its flash kernel only without dropout).
 - Paths: explicit = scaled_dot_product_attention(return_weights=True) (the chapter's equation, T × S
-  scores and pattern); fused = attnlab's scaled_dot_product_attention (torch's kernel behind attnlab's
-  mask handling); chunked = attnlab's chunked_attention (online softmax over 256-key blocks); baseline =
-  torch.nn.functional.scaled_dot_product_attention(is_causal=True) called directly.
+  scores and pattern); fused = attnlab's scaled_dot_product_attention (torch's kernel behind
+  attnlab's mask handling); chunked = attnlab's chunked_attention (online softmax over 256-key
+  blocks); baseline = torch.nn.functional.scaled_dot_product_attention(is_causal=True) called
+  directly.
 - Time: for each T the paths take turns in one process, --repeats rounds, median per path, so the
   ratios to the baseline compare runs made under the same load.
-- Peak memory: one fresh subprocess per (path, T, pass): after creating the inputs and one tiny warm-up
-  run, it resets the kernel's peak-RSS counter (/proc/self/clear_refs) and reports the peak resident
-  memory of one run above what it held before (the CPU allocator keeps no statistics of its own).
-  Inputs are not counted; gradients of q, k, v are.
-- `--device cuda`: times end with a synchronize, and peak memory is CUDA's allocator peak above what was
-  allocated before the run (in this process: the allocator keeps statistics). torch's flash kernel on a GPU
-  takes only half precision, so `--dtype bfloat16` (or float16) is the GPU run that compares against it.
-- `--window W`: attnlab's three paths attend with a sliding window of W keys (Mistral), the baseline stays
-  plain causal SDPA, so the ratios say what the window costs or saves against full causal attention.
-- The explicit path's memory grows as T²: it runs only where its peak, extrapolated from the largest T
-  measured (×4 per doubling), fits under --max-gib and the memory available now; the table says where
-  it stops and what the next T would have needed.
+- Peak memory: one fresh subprocess per (path, T, pass): after creating the inputs and one tiny
+  warm-up run, it resets the kernel's peak-RSS counter (/proc/self/clear_refs) and reports the peak
+  resident memory of one run above what it held before (the CPU allocator keeps no statistics of its
+  own). Inputs are not counted; gradients of q, k, v are.
+- `--device cuda`: times end with a synchronize, and peak memory is CUDA's allocator peak above what
+  was allocated before the run (in this process: the allocator keeps statistics). torch's flash
+  kernel on a GPU takes only half precision, so `--dtype bfloat16` (or float16) is the GPU run that
+  compares against it.
+- `--window W`: attnlab's three paths attend with a sliding window of W keys (Mistral), the baseline
+  stays plain causal SDPA, so the ratios say what the window costs or saves against full causal
+  attention.
+- The explicit path's memory grows as T²: it runs only where its peak, extrapolated from the largest
+  T
+  measured (×4 per doubling), fits under --max-gib and the memory available now; the table says
+  where it stops and what the next T would have needed.
 """
 
 from __future__ import annotations
@@ -63,9 +72,14 @@ def attend(path: str, q, k, v, window: int | None = None):
     return scaled_dot_product_attention(q, k, v, causal=True, return_weights=True, window=window)[0]
 
 
-def inputs(T: int, grad: bool, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
+def inputs(
+    T: int, grad: bool, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+):
     g = torch.Generator().manual_seed(T)
-    return [torch.randn(B, H, T, D, generator=g).to(device, dtype).requires_grad_(grad) for _ in range(3)]
+    return [
+        torch.randn(B, H, T, D, generator=g).to(device, dtype).requires_grad_(grad)
+        for _ in range(3)
+    ]
 
 
 def run_once(path: str, pass_: str, q, k, v, window: int | None = None) -> None:
@@ -77,7 +91,8 @@ def run_once(path: str, pass_: str, q, k, v, window: int | None = None) -> None:
 
 
 def rss_bytes(field: str) -> int:
-    """VmRSS (resident now) or VmHWM (peak resident since the last reset) of this process, in bytes."""
+    """VmRSS (resident now) or VmHWM (peak resident since the last reset) of this process, in
+    bytes."""
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith(field + ":"):
@@ -85,9 +100,16 @@ def rss_bytes(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
-def measure_cuda_memory(path: str, pass_: str, T: int, device: torch.device, dtype: torch.dtype,
-                        window: int | None = None) -> float | None:
-    """Bytes of CUDA memory at the allocator's peak during one run, above what was allocated before it."""
+def measure_cuda_memory(
+    path: str,
+    pass_: str,
+    T: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    window: int | None = None,
+) -> float | None:
+    """Bytes of CUDA memory at the allocator's peak during one run, above what was allocated before
+    it."""
     q, k, v = inputs(T, pass_ != "forward", device, dtype)
     run_once(path, pass_, *inputs(64, pass_ != "forward", device, dtype), window)
     synchronize(device)
@@ -102,10 +124,13 @@ def measure_cuda_memory(path: str, pass_: str, T: int, device: torch.device, dty
     return torch.cuda.max_memory_allocated(device) - before
 
 
-def measure_memory(path: str, pass_: str, T: int, dtype: torch.dtype, window: int | None = None) -> float:
+def measure_memory(
+    path: str, pass_: str, T: int, dtype: torch.dtype, window: int | None = None
+) -> float:
     """(In a subprocess) bytes of peak resident memory above the inputs, for one run."""
     q, k, v = inputs(T, pass_ != "forward", dtype=dtype)
-    run_once(path, pass_, *inputs(64, pass_ != "forward", dtype=dtype), window)  # thread pools and kernels: not the run's memory
+    # thread pools and kernels: not the run's memory
+    run_once(path, pass_, *inputs(64, pass_ != "forward", dtype=dtype), window)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset the peak (VmHWM) to the current resident size
     before = rss_bytes("VmRSS")
@@ -113,12 +138,28 @@ def measure_memory(path: str, pass_: str, T: int, dtype: torch.dtype, window: in
     return rss_bytes("VmHWM") - before
 
 
-def memory_in_subprocess(path: str, pass_: str, T: int, dtype: str, window: int | None = None) -> float | None:
-    cmd = [sys.executable, __file__, "--memory-probe", path, pass_, str(T), "--threads", str(torch.get_num_threads()),
-           "--dtype", dtype, *(["--window", str(window)] if window else [])]
+def memory_in_subprocess(
+    path: str, pass_: str, T: int, dtype: str, window: int | None = None
+) -> float | None:
+    cmd = [
+        sys.executable,
+        __file__,
+        "--memory-probe",
+        path,
+        pass_,
+        str(T),
+        "--threads",
+        str(torch.get_num_threads()),
+        "--dtype",
+        dtype,
+        *(["--window", str(window)] if window else []),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
-        print(f"  memory probe {path} {pass_} T={T} failed: {done.stderr.strip().splitlines()[-1:]}", flush=True)
+        print(
+            f"  memory probe {path} {pass_} T={T} failed: {done.stderr.strip().splitlines()[-1:]}",
+            flush=True,
+        )
         return None
     return float(done.stdout.strip().splitlines()[-1])
 
@@ -133,11 +174,20 @@ def available_bytes(device: torch.device) -> int:
     return 0
 
 
-def time_paths(paths: list[str], pass_: str, T: int, repeats: int, clock: str, device: torch.device,
-               dtype: torch.dtype, window: int | None = None) -> dict[str, float]:
-    """Median seconds per path; the paths take turns within each round, in reverse order every other round
-    so that none always runs right after the same other one (after one warm-up round while runs are short,
-    or on a GPU, which compiles and tunes kernels on first use: long CPU runs need none)."""
+def time_paths(
+    paths: list[str],
+    pass_: str,
+    T: int,
+    repeats: int,
+    clock: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    window: int | None = None,
+) -> dict[str, float]:
+    """Median seconds per path; the paths take turns within each round, in reverse order every other
+    round so that none always runs right after the same other one (after one warm-up round while
+    runs are short, or on a GPU, which compiles and tunes kernels on first use: long CPU runs need
+    none)."""
     q, k, v = inputs(T, pass_ != "forward", device, dtype)
     tick = CLOCKS[clock]
     if T <= 4096 or device.type == "cuda":
@@ -162,8 +212,10 @@ def plot(results: dict, out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     written = []
-    for key, ylabel, name in (("time", "seconds", "attention_time.png"), ("memory", "peak memory above inputs (MiB)",
-                                                                          "attention_memory.png")):
+    for key, ylabel, name in (
+        ("time", "seconds", "attention_time.png"),
+        ("memory", "peak memory above inputs (MiB)", "attention_memory.png"),
+    ):
         fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
         for ax, pass_ in zip(axes, PASSES):
             for path in PATHS:
@@ -176,7 +228,10 @@ def plot(results: dict, out: Path) -> list[Path]:
             ax.set_xlabel("sequence length T (= S)")
             ax.set_ylabel(ylabel)
             window = f", window {results['window']}" if results.get("window") else ""
-            ax.set_title(f"{pass_}, B={B}, {H} heads, d_head {D}, {results.get('dtype', 'float32')}, causal{window}")
+            ax.set_title(
+                f"{pass_}, B={B}, {H} heads, d_head {D}, {results.get('dtype', 'float32')}, "
+                f"causal{window}"
+            )
             ax.grid(True, which="both", alpha=0.3)
             ax.legend()
         fig.suptitle(results["machine"], fontsize=8)
@@ -191,20 +246,45 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--min-t", type=int, default=256, help="first T (doubling from there)")
     parser.add_argument("--max-t", type=int, default=16384)
-    parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS),
-                        help="paths to run (sdpa, the baseline, always runs); leave out explicit when starting at a large --min-t")
+    parser.add_argument(
+        "--paths",
+        nargs="+",
+        choices=PATHS,
+        default=list(PATHS),
+        help="paths to run (sdpa, the baseline, always runs); leave out explicit when starting at "
+        "a large --min-t",
+    )
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--max-gib", type=float, default=20.0, help="largest predicted peak for the explicit path")
+    parser.add_argument(
+        "--max-gib", type=float, default=20.0, help="largest predicted peak for the explicit path"
+    )
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--clock", choices=list(CLOCKS), default="wall",
-                        help="cpu: this process's CPU time (use with --threads 1 on a crowded machine)")
-    parser.add_argument("--long-repeats", type=int, default=1, help="--repeats for T >= 8192, where one run takes seconds")
+    parser.add_argument(
+        "--clock",
+        choices=list(CLOCKS),
+        default="wall",
+        help="cpu: this process's CPU time (use with --threads 1 on a crowded machine)",
+    )
+    parser.add_argument(
+        "--long-repeats",
+        type=int,
+        default=1,
+        help="--repeats for T >= 8192, where one run takes seconds",
+    )
     parser.add_argument("--out", type=Path, default=HERE)
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    parser.add_argument("--dtype", choices=list(DTYPES), default="float32",
-                        help="of q, k, v; on a GPU torch's flash kernel needs bfloat16 or float16")
-    parser.add_argument("--window", type=int, default=None, help="sliding window of attnlab's paths (default: none)")
-    parser.add_argument("--memory-probe", nargs=3, metavar=("PATH", "PASS", "T"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--dtype",
+        choices=list(DTYPES),
+        default="float32",
+        help="of q, k, v; on a GPU torch's flash kernel needs bfloat16 or float16",
+    )
+    parser.add_argument(
+        "--window", type=int, default=None, help="sliding window of attnlab's paths (default: none)"
+    )
+    parser.add_argument(
+        "--memory-probe", nargs=3, metavar=("PATH", "PASS", "T"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -216,29 +296,45 @@ def main() -> None:
     device, dtype = benchmark_device(args.device), DTYPES[args.dtype]
     machine = machine_line(device)
     window = f", attnlab's paths with a sliding window of {args.window}" if args.window else ""
-    print(f"# Attention speed\n{machine}, clock: {args.clock}\nB={B}, heads={H}, d_head={D}, {args.dtype}, causal, "
-          f"dropout 0{window}", flush=True)
-    results: dict = {"machine": f"{machine}, clock: {args.clock}", "device": device.type, "dtype": args.dtype,
-                     "window": args.window,
-                     "rows": [], "explicit_stops": {}}
+    print(
+        f"# Attention speed\n{machine}, clock: {args.clock}\nB={B}, heads={H}, d_head={D}, "
+        f"{args.dtype}, causal, "
+        f"dropout 0{window}",
+        flush=True,
+    )
+    results: dict = {
+        "machine": f"{machine}, clock: {args.clock}",
+        "device": device.type,
+        "dtype": args.dtype,
+        "window": args.window,
+        "rows": [],
+        "explicit_stops": {},
+    }
     explicit_peak: dict[str, tuple[int, float]] = {}
     T = args.min_t
     while T <= args.max_t:
         row = {"T": T, "time": {}, "memory": {}}
         for pass_ in PASSES:
             paths = [p for p in PATHS if p in args.paths or p == "sdpa"]
-            if pass_ in explicit_peak:  # extrapolate the explicit path's T² memory before running it
+            # extrapolate the explicit path's T² memory before running it
+            if pass_ in explicit_peak:
                 last_T, peak = explicit_peak[pass_]
                 predicted = peak * (T / last_T) ** 2
                 budget = min(args.max_gib * 2**30, 0.8 * available_bytes(device))
                 if predicted > budget:
                     paths.remove("explicit")
-                    results["explicit_stops"].setdefault(pass_, {"T": T, "predicted_gib": predicted / 2**30,
-                                                                  "budget_gib": budget / 2**30})
+                    results["explicit_stops"].setdefault(
+                        pass_,
+                        {"T": T, "predicted_gib": predicted / 2**30, "budget_gib": budget / 2**30},
+                    )
             if device.type == "cuda":
-                memory = {p: measure_cuda_memory(p, pass_, T, device, dtype, args.window) for p in paths}
+                memory = {
+                    p: measure_cuda_memory(p, pass_, T, device, dtype, args.window) for p in paths
+                }
             else:
-                memory = {p: memory_in_subprocess(p, pass_, T, args.dtype, args.window) for p in paths}
+                memory = {
+                    p: memory_in_subprocess(p, pass_, T, args.dtype, args.window) for p in paths
+                }
             if memory.get("explicit") is not None:
                 explicit_peak[pass_] = (T, memory["explicit"])
             repeats = args.repeats if T < 8192 or device.type == "cuda" else args.long_repeats
@@ -246,8 +342,10 @@ def main() -> None:
             row["time"][pass_], row["memory"][pass_] = times, memory
             base = times["sdpa"]
             cells = "  ".join(
-                f"{p} {times[p] * 1e3:8.1f} ms ×{times[p] / base:5.2f} {memory[p] / 2**20 if memory[p] else float('nan'):8.0f} MiB"
-                for p in paths)
+                f"{p} {times[p] * 1e3:8.1f} ms ×{times[p] / base:5.2f} "
+                f"{memory[p] / 2**20 if memory[p] else float('nan'):8.0f} MiB"
+                for p in paths
+            )
             print(f"T={T:6d} {pass_:17s} {cells}", flush=True)
         results["rows"].append(row)
         T *= 2
@@ -255,8 +353,11 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "attention_speed.json").write_text(json.dumps(results, indent=1) + "\n")
     for pass_, stop in results["explicit_stops"].items():
-        print(f"explicit path, {pass_}: stops before T={stop['T']} (predicted {stop['predicted_gib']:.1f} GiB > "
-              f"budget {stop['budget_gib']:.1f} GiB)")
+        print(
+            f"explicit path, {pass_}: stops before T={stop['T']} (predicted "
+            f"{stop['predicted_gib']:.1f} GiB > "
+            f"budget {stop['budget_gib']:.1f} GiB)"
+        )
     print("wrote", ", ".join(str(p) for p in plot(results, args.out)), "and attention_speed.json")
     print(f"end: {results['end_machine']}")
 

@@ -1,18 +1,23 @@
-"""Break each promise of issue 15 once and watch its test fail: the "Done when" of the issue, made repeatable.
+"""Break each promise of issue 15 once and watch its test fail: the "Done when" of the issue, made
+repeatable.
 
-    python benchmarks/break_promises.py                  # every break, one after another (~15-25 min, 1 core)
+    python benchmarks/break_promises.py                  # every break, one after another (~15-25
+    min, 1 core)
     python benchmarks/break_promises.py --only fallback  # the breaks whose name contains a word
     python benchmarks/break_promises.py --list
 
-Each break is a small edit of the product code (attnlab itself, never the tests) that undoes one promise:
-the folder renamed before its files are written, the manifest not checked, the 503 never given, ... For
-each, the repository (src, tests, benchmarks, pyproject.toml) is copied to a temporary folder, the edit is
-applied there (it must match exactly once), and the promise's tests run against the copy; the break is
-"seen" when pytest reports failures (exit 1), and "NOT SEEN" when the tests pass anyway (a test that
-cannot fail) or pytest stops otherwise (an edit that no longer applies, a collection error). The working
-tree is never touched, so this can run while one works. Prints a Markdown table (benchmarks/README.md
-holds the last one); exit 1 if any break went unseen. This is mutation testing by hand-picked mutants
-(mutmut and cosmic-ray pick them automatically; here each one is the negation of a sentence of the issue).
+Each break is a small edit of the product code (attnlab itself, never the tests) that undoes one
+promise:
+the folder renamed before its files are written, the manifest not checked, the 503 never given, ...
+For each, the repository (src, tests, benchmarks, pyproject.toml) is copied to a temporary folder,
+the edit is
+applied there (it must match exactly once), and the promise's tests run against the copy; the break
+is "seen" when pytest reports failures (exit 1), and "NOT SEEN" when the tests pass anyway (a test
+that cannot fail) or pytest stops otherwise (an edit that no longer applies, a collection error).
+The working tree is never touched, so this can run while one works. Prints a Markdown table
+(benchmarks/README.md holds the last one); exit 1 if any break went unseen. This is mutation testing
+by hand-picked mutants (mutmut and cosmic-ray pick them automatically; here each one is the negation
+of a sentence of the issue).
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ class Break:
     promise: str  # the issue's sentence, shortened
     how: str  # the break, in words
     file: str  # relative to the repository root
-    edits: list[tuple[str, ...]]  # (text that must occur exactly once, what it becomes), or (file, text, becomes)
+    # (text that must occur exactly once, what it becomes), or (file, text, becomes)
+    edits: list[tuple[str, ...]]
     tests: list[str]  # pytest node ids (and -k expressions after a space)
 
 
@@ -53,226 +59,655 @@ SEC = "tests/test_explorer_security.py"
 QT = "tests/test_explorer_queue.py"
 
 BREAKS = [
-    # Training: nothing is lost ---------------------------------------------------------------------------
-    Break("commit", "the files of one checkpoint commit together (complete or absent)",
-          "the folder gets its final name first, its files are written into it after", CK,
-          [("        files = ManifestFolder(tmp)\n", "        os.rename(tmp, final)\n        tmp = final\n        files = ManifestFolder(tmp)\n"),
-           ("        if final.exists():  # a damaged one a resume skipped, now rewritten\n            _hide(final)\n"
-            "        os.rename(tmp, final)\n", "")],
-          [f"{CKT}::test_a_kill_at_every_point_of_a_save_leaves_the_previous_or_the_new_checkpoint_complete"]),
-    Break("durable", "manifest last, the parent folder fsynced after the rename",
-          "no fsync of checkpoints/ after the rename", CK,
-          [("    fsync_dir(root)\n    prune(out, step)\n", "    prune(out, step)\n")],
-          [f"{CKT}::test_a_save_makes_each_file_durable_then_the_manifest_then_one_rename_then_syncs_the_folder"]),
-    Break("leftovers", "leftovers of an interrupted save are cleaned at the next save",
-          "the next save does not clean", CK,
-          [("    remove_leftovers(out)\n    tmp = Path(", "    tmp = Path(")],
-          [f"{CKT}::test_leftovers_of_an_interrupted_save_are_ignored_then_cleaned"]),
-    Break("verify", "loading verifies the manifest: a truncated or bit-flipped file is refused, named",
-          "loading a checkpoint folder skips its manifest", NATIVE,
-          [("    verify_manifest(path)\n    config = model_config_from", "    config = model_config_from")],
-          [f"{CKT}::test_loading_a_damaged_checkpoint_folder_names_the_file"]),
-    Break("digest", "a bit-flipped file (same size) is refused",
-          "the manifest check compares sizes only", NATIVE,
-          [('        if file_digest(target)["sha256"] != sha256:', "        if False:")],
-          [f"{CKT}::test_loading_a_damaged_checkpoint_folder_names_the_file"]),
-    Break("fallback", "--resume falls back to the previous complete checkpoint, saying so",
-          "a damaged newest checkpoint stops the resume", NATIVE,  # the walk --resume and loading a run share
-          [("        except UserError as exc:\n            problems.append(str(exc))\n    return None, problems",
-            "        except UserError:\n            raise\n    return None, problems")],
-          [f"{CKT}::test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one_saying_so"]),
-    Break("none-complete", "no complete checkpoint: one line, never a silent fresh start",
-          "--resume auto starts fresh on top of a damaged run", CK,
-          [("        if problems:\n            raise UserError(", "        if problems and required:\n            raise UserError(")],
-          [f"{CKT}::test_no_complete_checkpoint_stops_with_one_line_naming_the_file"]),
-    Break("auto", "--resume auto: resume when OUT holds a checkpoint, fresh when none",
-          "--resume auto always starts fresh", "src/attnlab/training/cli.py",
-          [("    if args.resume:\n        checkpoint = find_checkpoint(", "    if args.resume is True:\n        checkpoint = find_checkpoint("),
-           (TR, "        if resume and checkpoint is None:", "        if resume is True and checkpoint is None:")],
-          [f"{CKT}::test_resume_auto_starts_fresh_then_resumes_then_has_nothing_left_to_do"]),
-    Break("auto-complete", "--resume auto on a finished run (--max-iters or --max-time reached): one line, exit 0",
-          "a finished run under --resume auto is an error again", TR,
-          [('            if finished is not None and resume == "auto":', "            if False:")],
-          [f"{CKT} -k resume_auto"]),
-    Break("microbatch", "torchrun without --gradient-accumulation-steps: one micro-batch per process",
-          "the default is one micro-batch in all", TR,
-          [("cfg.gradient_accumulation_steps or self.dist.world", "cfg.gradient_accumulation_steps or 1")],
-          ["tests/test_training_ddp.py::test_two_processes_match_one"]),
-    Break("accumulation", "an explicit accumulation that does not divide by the world size: one line",
-          "the refusal raised as a bare ValueError (a traceback)", TR,
-          [("            raise UserError(\n                f\"--gradient-accumulation-steps (", "            raise ValueError(\n                f\"--gradient-accumulation-steps (")],
-          ["tests/test_training_ddp.py::test_an_accumulation_that_does_not_divide_over_the_processes_is_one_line"]),
-    Break("crash", "crash test: killed and resumed, the final losses equal the uninterrupted run's",
-          "a resume does not restore the optimizer's state", TR,
-          [('            self.optimizer.load_state_dict(state["optimizer"])\n', "")],
-          ["tests/test_training_crash.py"]),
-    Break("disk-full", "a full disk (ENOSPC, RLIMIT_FSIZE): one line naming it",
-          "ENOSPC/EFBIG get the generic message", CLI,
-          [("        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):", "        if False:")],
-          [f"{CKT}::test_full_disk_is_one_line_and_keeps_the_checkpoint",
-           f"{CKT}::test_file_size_limit_in_a_real_process_is_one_line_and_keeps_the_checkpoint"]),
-    Break("keep-previous", "full disk, I/O error: the previous checkpoint unchanged byte for byte",
-          "a save deletes the old checkpoints before writing the new one", CK,
-          [("    remove_leftovers(out)\n    tmp = Path(", "    remove_leftovers(out)\n    prune(out, -1)\n    tmp = Path(")],
-          [f"{CKT}::test_full_disk_is_one_line_and_keeps_the_checkpoint",
-           f"{CKT}::test_io_error_on_write_is_one_line_and_keeps_the_checkpoint",
-           f"{CKT}::test_file_size_limit_in_a_real_process_is_one_line_and_keeps_the_checkpoint"]),
-    Break("io-one-line", "an I/O error, a read-only folder: one line, non-zero exit",
-          "other OSErrors escape as a traceback", CLI,
-          [("    except OSError as exc:  # the file system refused", "    except ValueError as exc:  # the file system refused")],
-          [f"{CKT}::test_io_error_on_write_is_one_line_and_keeps_the_checkpoint",
-           f"{CKT}::test_read_only_output_folder_is_one_line_and_keeps_the_checkpoint"]),
-    Break("io-cleanup", "an I/O error during a save leaves nothing half-written behind",
-          "a failed save leaves its hidden folder", CK,
-          [("        shutil.rmtree(tmp, ignore_errors=True)\n        raise\n", "        raise\n")],
-          [f"{CKT}::test_io_error_on_write_is_one_line_and_keeps_the_checkpoint"]),
-    # Loading: untrusted files ----------------------------------------------------------------------------
-    Break("absurd", "a config claiming d_model = 10^9 fails before allocating anything",
-          "no size check against the weight files", NATIVE,
-          [("    if needed > 2 * available:", "    if False:")],
-          [f"{UNTRUSTED}::test_absurd_sizes_fail_before_allocating"]),
-    Break("sizes", "zero or negative sizes: one line", "only non-integers refused", "src/attnlab/model/config.py",
-          [("or isinstance(value, bool) or value <= 0:", "or isinstance(value, bool):")],
-          [f"{UNTRUSTED}::test_zero_negative_and_non_integer_sizes"]),
-    Break("types", "every config field type-checked (a string where a number goes)", "no type check",
-          "src/attnlab/model/config.py", [("        self._check_types()\n", "")],
-          [f"{UNTRUSTED}::test_every_config_setting_with_every_hostile_value_loads_or_is_one_line"]),
-    Break("dtype", "a tensor of the wrong dtype: one line naming it", "integer tensors accepted", NATIVE,
-          [("    if not floating:\n", "    if False:\n")],
-          [f"{UNTRUSTED}::test_wrong_dtype_is_named"]),
-    Break("shape", "a tensor of the wrong shape: one line naming it", "no shape check", NATIVE,
-          [("        if tuple(tensor.shape) != tuple(expected[key].shape):", "        if False:")],
-          [f"{UNTRUSTED}::test_wrong_shape_missing_and_extra_tensors_are_named"]),
-    Break("missing", "a missing tensor: one line naming it", "no check for missing tensors", NATIVE,
-          [("    if missing:\n", "    if False:\n")],
-          [f"{UNTRUSTED}::test_wrong_shape_missing_and_extra_tensors_are_named"]),
-    Break("extra", "an extra tensor: one line naming it", "no check for extra tensors", NATIVE,
-          [("    if unexpected:\n", "    if False:\n")],
-          [f"{UNTRUSTED}::test_wrong_shape_missing_and_extra_tensors_are_named"]),
-    Break("nan", "NaN or infinite weights: a warning naming the tensor", "no warning (native format)", NATIVE,
-          [("    if bad:\n        more =", "    if False:\n        more =")],
-          [f"{UNTRUSTED}::test_nan_or_infinite_weights_load_with_a_warning_naming_the_tensor"]),
-    Break("offsets-property", "a safetensors header that lies about offsets, and (hypothesis) any mutation of a real "
-          "checkpoint: a load or one line", "safetensors' own error escapes", NATIVE,
-          [("    except (SafetensorError, OSError, ValueError) as exc:", "    except (OSError, ValueError) as exc:")],
-          [f"{UNTRUSTED}::test_a_safetensors_header_lying_about_offsets",
-           f"{UNTRUSTED}::test_any_mutation_of_a_real_checkpoint_loads_or_is_one_line"]),
-    Break("tokenizer", "a tokenizer.json that is not JSON: one line", "the library's error escapes",
-          "src/attnlab/tokenizer.py",
-          [("        except Exception as exc:  # the library raises a bare Exception on malformed JSON",
-            "        except ImportError as exc:  # the library raises a bare Exception on malformed JSON")],
-          [f"{UNTRUSTED}::test_a_tokenizer_json_that_is_not_json"]),
-    # The explorer ----------------------------------------------------------------------------------------
-    Break("fuzz", "schemathesis: no 500, every refusal a declared 4xx",
-          "a mistake in a request (UserError) answered 500", "src/attnlab/explorer/app.py",
-          [("        status = next((code for kind, code in STATUSES.items() if isinstance(exc, kind)), 422)",
-            "        status = 500")],
-          ["tests/test_explorer_fuzz.py::test_the_api_keeps_every_promise_of_its_document"]),
-    Break("document", "the document declares every status the server can give (413, 422, 503)",
-          "503 left out of the document", "src/attnlab/explorer/app.py",
-          [('(status == "503" and not path.startswith(QUEUE_PREFIX))', '(status == "503")')],
-          ["tests/test_explorer_fuzz.py::test_the_document_declares_every_status_the_server_can_give"]),
-    Break("queue-503", "a full queue answers 503 with Retry-After at once; the rest succeed",
-          "no limit: every request waits its turn", QUEUE,
-          [("        full = self.admitted >= self.capacity", "        full = False")],
-          [f"{QT}::test_the_excess_over_capacity_gets_503_at_once_and_the_rest_succeed"]),
-    Break("queue-free", "the queue frees its places (no leaked slot)", "a finished request keeps its place",
-          QUEUE, [("            self.admitted -= 1", "            pass")],
-          [f"{QT}::test_the_queue_frees_its_places_once_the_work_is_done"]),
-    Break("nodelay", "the 503 within 50 ms: no 40 ms Nagle/delayed-ACK stall on any answer",
-          "the listening socket created without naming TCP (asyncio then leaves Nagle on)",
-          "src/attnlab/explorer/cli.py",
-          [("    sock = socket.socket(family, socket.SOCK_STREAM, proto or socket.IPPROTO_TCP)",
-            "    sock = socket.socket(family, socket.SOCK_STREAM)")],
-          [f"{QT}::test_the_servers_connections_send_at_once_without_waiting_for_an_ack"]),
-    Break("encode-in-thread", "the 503 within 50 ms: the event loop is never held by encoding a large answer",
-          "routes return dicts, which FastAPI encodes in the event loop", "src/attnlab/explorer/routers/api.py",
-          [('    return Response(ENCODER.dump_json(content), media_type="application/json")', "    return content")],
-          [f"{QT}::test_answers_are_encoded_in_the_routes_thread_not_in_the_event_loop"]),
-    Break("nan-json", "every answer valid JSON (a NaN sent as null, as FastAPI sends it)",
-          "answers encoded by pydantic_core.to_json, which writes NaN", "src/attnlab/explorer/routers/api.py",
-          [('    return Response(ENCODER.dump_json(content), media_type="application/json")',
-            '    return Response(__import__("pydantic_core").to_json(content), media_type="application/json")')],
-          [f"{QT}::test_a_nan_in_an_answer_is_sent_as_null_as_fastapi_sends_it"]),
-    Break("load-rss", "load test: resident memory after within 10 % of before",
-          "each model request leaks 1 MiB", QUEUE,
-          [("        if not full:\n            self.admitted += 1",
-            "        if not full:\n            self.admitted += 1\n"
-            "            self.__dict__.setdefault('leak', []).append(bytearray(2**20))")],
-          [f"{QT}::test_the_load_benchmark_holds_at_capacity_and_at_twice_it"]),
-    Break("host", "a Host that is not a loopback name: 400 (DNS rebinding)", "no Host check", GUARD,
-          [("        if not self.any_host and host_name(host) not in self.hosts:", "        if False:")],
-          [f"{SEC}::test_any_other_host_is_400_on_every_route"]),
-    Break("origin", "a POST with a cross-site Origin: 403", "no Origin check", GUARD,
-          [('            if origin is not None and origin.lower() != f"{scheme}://{host}".lower():',
-            "            if False:")],
-          [f"{SEC}::test_a_post_from_another_origin_is_403"]),
-    Break("text-plain", "a body sent as text/plain is not parsed as JSON", "no Content-Type check", GUARD,
-          [('        if self.has_body(headers) and headers.get("content-type", "")', '        if False and headers.get("content-type", "")')],
-          [f"{SEC}::test_a_body_that_is_not_declared_json_is_never_parsed_as_json"]),
-    Break("cors", "no CORS header ever", "a route's Access-Control-* header passes", GUARD,
-          [('if not k.lower().startswith(b"access-control-")]', "]")],
-          [f"{SEC}::test_a_cors_header_set_by_a_route_is_dropped"]),
-    Break("headers", "every response: CSP, nosniff, no-referrer", "no security headers added", GUARD,
-          [("                headers += [(k.encode(), v.encode()) for k, v in SECURITY_HEADERS.items() if k.encode() not in present]\n", "")],
-          [f"{SEC}::test_every_response_carries_the_security_headers"]),
-    Break("csp", "the CSP allows only the page's own origin", "default-src *", GUARD,
-          [("CSP = (\"default-src 'self';", "CSP = (\"default-src *;")],
-          [f"{SEC}::test_the_csp_allows_only_the_pages_own_origin"]),
-    Break("csp-browser", "the browser tests run under that CSP", "script-src 'none' (the page's script blocked)",
-          GUARD, [("script-src 'self';", "script-src 'none';")],
-          ["tests/test_explorer_browser.py::test_every_view_renders_on_minilm_with_no_console_errors"]),
-    Break("token", "beyond loopback: without the token every API call is 403", "the token is never checked", GUARD,
-          [("        if self.token is not None and not self.public(", "        if False and not self.public(")],
-          [f"{SEC}::test_without_the_token_every_api_call_is_403"]),
-    Break("token-cli", "--host 0.0.0.0 warns and requires a token", "no token for a non-loopback host",
-          "src/attnlab/explorer/cli.py",
-          [("    token = None if is_loopback(host) else new_token()", "    token = None")],
-          ["tests/test_explorer_cli.py::test_a_host_beyond_this_machine_warns_and_requires_the_printed_token"]),
-    # Issue 22: what the README promises holds -------------------------------------------------------------
-    Break("run-damaged", "every checkpoint damaged: the run's files load only if a manifest vouches for them",
-          "the run folder's own files load unverified", NATIVE,
-          [("    vouching, problem = model_files_vouched_for(run, [folder for _, folder in checkpoints])",
-            "    vouching, problem = run, ''")],
-          [f"{CKT}::test_a_run_whose_only_checkpoint_is_damaged_with_its_model_files_is_refused_in_one_line"]),
-    Break("run-damaged-warn", "... and say what was damaged when they do", "no warning", NATIVE,
-          [("        warnings.warn(f\"every checkpoint of {run} is damaged", "        0 and warnings.warn(f\"every checkpoint of {run} is damaged")],
-          [f"{CKT}::test_a_run_whose_only_checkpoint_is_damaged_loads_its_verified_model_files_with_one_warning"]),
-    Break("cli-warning", "a warning on the command line is one line", "Python's warning display", CLI,
-          [("        warnings.showwarning = one_line_warnings(args.command)\n", "")],
-          ["tests/test_cli.py::test_a_warning_is_one_line_naming_the_command_in_a_real_process"]),
-    Break("status-409", "a next token asked of an encoder: 409, declared", "answered 422",
-          "src/attnlab/explorer/app.py",
-          [("STATUSES = {NotFound: 404, Unsupported: 409, TextTooLong: 413}", "STATUSES = {NotFound: 404, TextTooLong: 413}")],
-          ["tests/test_explorer_fuzz.py::test_a_live_explorer_keeps_every_promise_of_its_document_to_a_client"]),
-    Break("decode-blas", "a decode step of more than 8 rows gives the module path's logits",
-          "the bias left out of the BLAS products added to the residual", "src/attnlab/generate/kernel_decoder.py",
-          [("            return lambda: out2.addmm_(x2, w.t()).add_(linear.bias)", "            return lambda: out2.addmm_(x2, w.t())")],
-          ["tests/test_kernels.py::test_a_decode_step_of_many_rows_gives_the_float64_modules_logits"]),
-    Break("inductor", "inductor's compiled decode step gives the full forward logits",
-          "the compiled few-row product off by 0.1 %", "src/attnlab/generate/fast_layers.py",
-          [("    y = (x.unsqueeze(-2) * weight).sum(-1)\n", "    y = (x.unsqueeze(-2) * weight).sum(-1) * 1.001\n")],
-          ["tests/test_fast_paths.py::test_inductor_compiles_the_decode_step_into_code_that_gives_the_full_forward_logits"]),
-    Break("demo-explorer", "make demo trains, samples and serves its model until Ctrl-C",
-          "the demo's last step fails (the explorer refuses its arguments)", "src/attnlab/demo.py",
-          [("    return explore([str(cfg.out)], port=args.port)", "    return explore([str(cfg.out)], port=args.port, queue=0)")],
-          ["tests/test_training_demo.py"]),
-    Break("readme-drift", "every command block of the README runs as written", "export-html loses its -o",
-          "src/attnlab/explorer/cli.py",
-          [('    e.add_argument("-o", "--output", required=True,', '    e.add_argument("--output", required=True,')],
-          ["tests/test_readme_commands.py -k the-explorer"]),
-    Break("no-compiler", "without a C compiler the kernels' tests fail, never skip", "no compiler is found",
-          "src/attnlab/generate/kernels/__init__.py",
-          [('    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")',
-            "    return None")],
-          ["tests/test_kernels.py::test_rope_kernel_equals_apply_rope"]),
-    Break("torch-fallback", "no local torch wheel: the CPU build from PyTorch's index", "the local wheel always 'seen'",
-          "tools/install_torch.py",
-          [("    return subprocess.run(probe, capture_output=True, text=True).returncode == 0", "    return True")],
-          ["tests/test_setup.py::test_without_a_local_wheel_the_cpu_build_comes_from_pytorchs_index"]),
-    Break("cap-silent", "a cap from the environment says what it shortens", "capped silently", "src/attnlab/env.py",
-          [("    if announce:", "    if False:")],
-          ["tests/test_env.py::test_max_steps_caps_a_training_run_schedule_and_all"]),
+    # Training: nothing is lost
+    # ---------------------------------------------------------------------------
+    Break(
+        "commit",
+        "the files of one checkpoint commit together (complete or absent)",
+        "the folder gets its final name first, its files are written into it after",
+        CK,
+        [
+            (
+                "        files = ManifestFolder(tmp)\n",
+                "        os.rename(tmp, final)\n        tmp = final\n        files = "
+                "ManifestFolder(tmp)\n",
+            ),
+            (
+                "        if final.exists():  # a damaged one a resume skipped, now rewritten\n    "
+                "        _hide(final)\n"
+                "        os.rename(tmp, final)\n",
+                "",
+            ),
+        ],
+        [
+            f"{CKT}::test_a_kill_at_every_point_of_a_save_leaves_the_previous_or_the_new_checkpoint_complete"
+        ],
+    ),
+    Break(
+        "durable",
+        "manifest last, the parent folder fsynced after the rename",
+        "no fsync of checkpoints/ after the rename",
+        CK,
+        [("    fsync_dir(root)\n    prune(out, step)\n", "    prune(out, step)\n")],
+        [
+            f"{CKT}::test_a_save_makes_each_file_durable_then_the_manifest_then_one_rename_then_syncs_the_folder"
+        ],
+    ),
+    Break(
+        "leftovers",
+        "leftovers of an interrupted save are cleaned at the next save",
+        "the next save does not clean",
+        CK,
+        [("    remove_leftovers(out)\n    tmp = Path(", "    tmp = Path(")],
+        [f"{CKT}::test_leftovers_of_an_interrupted_save_are_ignored_then_cleaned"],
+    ),
+    Break(
+        "verify",
+        "loading verifies the manifest: a truncated or bit-flipped file is refused, named",
+        "loading a checkpoint folder skips its manifest",
+        NATIVE,
+        [
+            (
+                "    verify_manifest(path)\n    config = model_config_from",
+                "    config = model_config_from",
+            )
+        ],
+        [f"{CKT}::test_loading_a_damaged_checkpoint_folder_names_the_file"],
+    ),
+    Break(
+        "digest",
+        "a bit-flipped file (same size) is refused",
+        "the manifest check compares sizes only",
+        NATIVE,
+        [('        if file_digest(target)["sha256"] != sha256:', "        if False:")],
+        [f"{CKT}::test_loading_a_damaged_checkpoint_folder_names_the_file"],
+    ),
+    Break(
+        "fallback",
+        "--resume falls back to the previous complete checkpoint, saying so",
+        # the walk --resume and loading a run share
+        "a damaged newest checkpoint stops the resume",
+        NATIVE,
+        [
+            (
+                "        except UserError as exc:\n            problems.append(str(exc))\n    "
+                "return None, problems",
+                "        except UserError:\n            raise\n    return None, problems",
+            )
+        ],
+        [f"{CKT}::test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one_saying_so"],
+    ),
+    Break(
+        "none-complete",
+        "no complete checkpoint: one line, never a silent fresh start",
+        "--resume auto starts fresh on top of a damaged run",
+        CK,
+        [
+            (
+                "        if problems:\n            raise UserError(",
+                "        if problems and required:\n            raise UserError(",
+            )
+        ],
+        [f"{CKT}::test_no_complete_checkpoint_stops_with_one_line_naming_the_file"],
+    ),
+    Break(
+        "auto",
+        "--resume auto: resume when OUT holds a checkpoint, fresh when none",
+        "--resume auto always starts fresh",
+        "src/attnlab/training/cli.py",
+        [
+            (
+                "    if args.resume:\n        checkpoint = find_checkpoint(",
+                "    if args.resume is True:\n        checkpoint = find_checkpoint(",
+            ),
+            (
+                TR,
+                "        if resume and checkpoint is None:",
+                "        if resume is True and checkpoint is None:",
+            ),
+        ],
+        [f"{CKT}::test_resume_auto_starts_fresh_then_resumes_then_has_nothing_left_to_do"],
+    ),
+    Break(
+        "auto-complete",
+        "--resume auto on a finished run (--max-iters or --max-time reached): one line, exit 0",
+        "a finished run under --resume auto is an error again",
+        TR,
+        [('            if finished is not None and resume == "auto":', "            if False:")],
+        [f"{CKT} -k resume_auto"],
+    ),
+    Break(
+        "microbatch",
+        "torchrun without --gradient-accumulation-steps: one micro-batch per process",
+        "the default is one micro-batch in all",
+        TR,
+        [
+            (
+                "cfg.gradient_accumulation_steps or self.dist.world",
+                "cfg.gradient_accumulation_steps or 1",
+            )
+        ],
+        ["tests/test_training_ddp.py::test_two_processes_match_one"],
+    ),
+    Break(
+        "accumulation",
+        "an explicit accumulation that does not divide by the world size: one line",
+        "the refusal raised as a bare ValueError (a traceback)",
+        TR,
+        [
+            (
+                '            raise UserError(\n                f"--gradient-accumulation-steps (',
+                '            raise ValueError(\n                f"--gradient-accumulation-steps (',
+            )
+        ],
+        [
+            "tests/test_training_ddp.py::test_an_accumulation_that_does_not_divide_over_the_processes_is_one_line"
+        ],
+    ),
+    Break(
+        "crash",
+        "crash test: killed and resumed, the final losses equal the uninterrupted run's",
+        "a resume does not restore the optimizer's state",
+        TR,
+        [('            self.optimizer.load_state_dict(state["optimizer"])\n', "")],
+        ["tests/test_training_crash.py"],
+    ),
+    Break(
+        "disk-full",
+        "a full disk (ENOSPC, RLIMIT_FSIZE): one line naming it",
+        "ENOSPC/EFBIG get the generic message",
+        CLI,
+        [
+            (
+                "        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):",
+                "        if False:",
+            )
+        ],
+        [
+            f"{CKT}::test_full_disk_is_one_line_and_keeps_the_checkpoint",
+            f"{CKT}::test_file_size_limit_in_a_real_process_is_one_line_and_keeps_the_checkpoint",
+        ],
+    ),
+    Break(
+        "keep-previous",
+        "full disk, I/O error: the previous checkpoint unchanged byte for byte",
+        "a save deletes the old checkpoints before writing the new one",
+        CK,
+        [
+            (
+                "    remove_leftovers(out)\n    tmp = Path(",
+                "    remove_leftovers(out)\n    prune(out, -1)\n    tmp = Path(",
+            )
+        ],
+        [
+            f"{CKT}::test_full_disk_is_one_line_and_keeps_the_checkpoint",
+            f"{CKT}::test_io_error_on_write_is_one_line_and_keeps_the_checkpoint",
+            f"{CKT}::test_file_size_limit_in_a_real_process_is_one_line_and_keeps_the_checkpoint",
+        ],
+    ),
+    Break(
+        "io-one-line",
+        "an I/O error, a read-only folder: one line, non-zero exit",
+        "other OSErrors escape as a traceback",
+        CLI,
+        [("    except OSError as exc:\n", "    except ValueError as exc:\n")],
+        [
+            f"{CKT}::test_io_error_on_write_is_one_line_and_keeps_the_checkpoint",
+            f"{CKT}::test_read_only_output_folder_is_one_line_and_keeps_the_checkpoint",
+        ],
+    ),
+    Break(
+        "io-cleanup",
+        "an I/O error during a save leaves nothing half-written behind",
+        "a failed save leaves its hidden folder",
+        CK,
+        [("        shutil.rmtree(tmp, ignore_errors=True)\n        raise\n", "        raise\n")],
+        [f"{CKT}::test_io_error_on_write_is_one_line_and_keeps_the_checkpoint"],
+    ),
+    # Loading: untrusted files
+    # ----------------------------------------------------------------------------
+    Break(
+        "absurd",
+        "a config claiming d_model = 10^9 fails before allocating anything",
+        "no size check against the weight files",
+        NATIVE,
+        [("    if needed > 2 * available:", "    if False:")],
+        [f"{UNTRUSTED}::test_absurd_sizes_fail_before_allocating"],
+    ),
+    Break(
+        "sizes",
+        "zero or negative sizes: one line",
+        "only non-integers refused",
+        "src/attnlab/model/config.py",
+        [("or isinstance(value, bool) or value <= 0:", "or isinstance(value, bool):")],
+        [f"{UNTRUSTED}::test_zero_negative_and_non_integer_sizes"],
+    ),
+    Break(
+        "types",
+        "every config field type-checked (a string where a number goes)",
+        "no type check",
+        "src/attnlab/model/config.py",
+        [("        self._check_types()\n", "")],
+        [f"{UNTRUSTED}::test_every_config_setting_with_every_hostile_value_loads_or_is_one_line"],
+    ),
+    Break(
+        "dtype",
+        "a tensor of the wrong dtype: one line naming it",
+        "integer tensors accepted",
+        NATIVE,
+        [("    if not floating:\n", "    if False:\n")],
+        [f"{UNTRUSTED}::test_wrong_dtype_is_named"],
+    ),
+    Break(
+        "shape",
+        "a tensor of the wrong shape: one line naming it",
+        "no shape check",
+        NATIVE,
+        [("        if tuple(tensor.shape) != tuple(expected[key].shape):", "        if False:")],
+        [f"{UNTRUSTED}::test_wrong_shape_missing_and_extra_tensors_are_named"],
+    ),
+    Break(
+        "missing",
+        "a missing tensor: one line naming it",
+        "no check for missing tensors",
+        NATIVE,
+        [("    if missing:\n", "    if False:\n")],
+        [f"{UNTRUSTED}::test_wrong_shape_missing_and_extra_tensors_are_named"],
+    ),
+    Break(
+        "extra",
+        "an extra tensor: one line naming it",
+        "no check for extra tensors",
+        NATIVE,
+        [("    if unexpected:\n", "    if False:\n")],
+        [f"{UNTRUSTED}::test_wrong_shape_missing_and_extra_tensors_are_named"],
+    ),
+    Break(
+        "nan",
+        "NaN or infinite weights: a warning naming the tensor",
+        "no warning (native format)",
+        NATIVE,
+        [("    if bad:\n        more =", "    if False:\n        more =")],
+        [f"{UNTRUSTED}::test_nan_or_infinite_weights_load_with_a_warning_naming_the_tensor"],
+    ),
+    Break(
+        "offsets-property",
+        "a safetensors header that lies about offsets, and (hypothesis) any mutation of a real "
+        "checkpoint: a load or one line",
+        "safetensors' own error escapes",
+        NATIVE,
+        [
+            (
+                "    except (SafetensorError, OSError, ValueError) as exc:",
+                "    except (OSError, ValueError) as exc:",
+            )
+        ],
+        [
+            f"{UNTRUSTED}::test_a_safetensors_header_lying_about_offsets",
+            f"{UNTRUSTED}::test_any_mutation_of_a_real_checkpoint_loads_or_is_one_line",
+        ],
+    ),
+    Break(
+        "tokenizer",
+        "a tokenizer.json that is not JSON: one line",
+        "the library's error escapes",
+        "src/attnlab/tokenizer.py",
+        [
+            (
+                "        except Exception as exc:  # the library raises a bare Exception on "
+                "malformed JSON",
+                "        except ImportError as exc:  # the library raises a bare Exception on "
+                "malformed JSON",
+            )
+        ],
+        [f"{UNTRUSTED}::test_a_tokenizer_json_that_is_not_json"],
+    ),
+    # The explorer
+    # ----------------------------------------------------------------------------------------
+    Break(
+        "fuzz",
+        "schemathesis: no 500, every refusal a declared 4xx",
+        "a mistake in a request (UserError) answered 500",
+        "src/attnlab/explorer/app.py",
+        [
+            (
+                "        status = next((code for kind, code in STATUSES.items() if "
+                "isinstance(exc, kind)), 422)",
+                "        status = 500",
+            )
+        ],
+        ["tests/test_explorer_fuzz.py::test_the_api_keeps_every_promise_of_its_document"],
+    ),
+    Break(
+        "document",
+        "the document declares every status the server can give (413, 422, 503)",
+        "503 left out of the document",
+        "src/attnlab/explorer/app.py",
+        [('status == "503" and not path.startswith(QUEUE_PREFIX)', 'status == "503"')],
+        [
+            "tests/test_explorer_fuzz.py::test_the_document_declares_every_status_the_server_can_give"
+        ],
+    ),
+    Break(
+        "queue-503",
+        "a full queue answers 503 with Retry-After at once; the rest succeed",
+        "no limit: every request waits its turn",
+        QUEUE,
+        [("        full = self.admitted >= self.capacity", "        full = False")],
+        [f"{QT}::test_the_excess_over_capacity_gets_503_at_once_and_the_rest_succeed"],
+    ),
+    Break(
+        "queue-free",
+        "the queue frees its places (no leaked slot)",
+        "a finished request keeps its place",
+        QUEUE,
+        [("            self.admitted -= 1", "            pass")],
+        [f"{QT}::test_the_queue_frees_its_places_once_the_work_is_done"],
+    ),
+    Break(
+        "nodelay",
+        "the 503 within 50 ms: no 40 ms Nagle/delayed-ACK stall on any answer",
+        "the listening socket created without naming TCP (asyncio then leaves Nagle on)",
+        "src/attnlab/explorer/cli.py",
+        [
+            (
+                "    sock = socket.socket(family, socket.SOCK_STREAM, proto or socket.IPPROTO_TCP)",
+                "    sock = socket.socket(family, socket.SOCK_STREAM)",
+            )
+        ],
+        [f"{QT}::test_the_servers_connections_send_at_once_without_waiting_for_an_ack"],
+    ),
+    Break(
+        "encode-in-thread",
+        "the 503 within 50 ms: the event loop is never held by encoding a large answer",
+        "routes return dicts, which FastAPI encodes in the event loop",
+        "src/attnlab/explorer/routers/api.py",
+        [
+            (
+                '    return Response(ENCODER.dump_json(content), media_type="application/json")',
+                "    return content",
+            )
+        ],
+        [f"{QT}::test_answers_are_encoded_in_the_routes_thread_not_in_the_event_loop"],
+    ),
+    Break(
+        "nan-json",
+        "every answer valid JSON (a NaN sent as null, as FastAPI sends it)",
+        "answers encoded by pydantic_core.to_json, which writes NaN",
+        "src/attnlab/explorer/routers/api.py",
+        [
+            (
+                '    return Response(ENCODER.dump_json(content), media_type="application/json")',
+                '    return Response(__import__("pydantic_core").to_json(content), '
+                'media_type="application/json")',
+            )
+        ],
+        [f"{QT}::test_a_nan_in_an_answer_is_sent_as_null_as_fastapi_sends_it"],
+    ),
+    Break(
+        "load-rss",
+        "load test: resident memory after within 10 % of before",
+        "each model request leaks 1 MiB",
+        QUEUE,
+        [
+            (
+                "        if not full:\n            self.admitted += 1",
+                "        if not full:\n            self.admitted += 1\n"
+                "            self.__dict__.setdefault('leak', []).append(bytearray(2**20))",
+            )
+        ],
+        [f"{QT}::test_the_load_benchmark_holds_at_capacity_and_at_twice_it"],
+    ),
+    Break(
+        "host",
+        "a Host that is not a loopback name: 400 (DNS rebinding)",
+        "no Host check",
+        GUARD,
+        [
+            (
+                "        if not self.any_host and host_name(host) not in self.hosts:",
+                "        if False:",
+            )
+        ],
+        [f"{SEC}::test_any_other_host_is_400_on_every_route"],
+    ),
+    Break(
+        "origin",
+        "a POST with a cross-site Origin: 403",
+        "no Origin check",
+        GUARD,
+        [
+            (
+                "            if origin is not None and origin.lower() != "
+                'f"{scheme}://{host}".lower():',
+                "            if False:",
+            )
+        ],
+        [f"{SEC}::test_a_post_from_another_origin_is_403"],
+    ),
+    Break(
+        "text-plain",
+        "a body sent as text/plain is not parsed as JSON",
+        "no Content-Type check",
+        GUARD,
+        [
+            (
+                '            self.has_body(headers)\n            and headers.get("content-type", '
+                '"")',
+                '            False\n            and headers.get("content-type", "")',
+            )
+        ],
+        [f"{SEC}::test_a_body_that_is_not_declared_json_is_never_parsed_as_json"],
+    ),
+    Break(
+        "cors",
+        "no CORS header ever",
+        "a route's Access-Control-* header passes",
+        GUARD,
+        [('                    if not k.lower().startswith(b"access-control-")\n', "")],
+        [f"{SEC}::test_a_cors_header_set_by_a_route_is_dropped"],
+    ),
+    Break(
+        "headers",
+        "every response: CSP, nosniff, no-referrer",
+        "no security headers added",
+        GUARD,
+        [
+            (
+                "                headers += [\n                    (k.encode(), v.encode())\n     "
+                "               for k, v in SECURITY_HEADERS.items()\n                    if "
+                "k.encode() not in present\n                ]\n",
+                "",
+            )
+        ],
+        [f"{SEC}::test_every_response_carries_the_security_headers"],
+    ),
+    Break(
+        "csp",
+        "the CSP allows only the page's own origin",
+        "default-src *",
+        GUARD,
+        [("    \"default-src 'self'; img-src", '    "default-src *; img-src')],
+        [f"{SEC}::test_the_csp_allows_only_the_pages_own_origin"],
+    ),
+    Break(
+        "csp-browser",
+        "the browser tests run under that CSP",
+        "script-src 'none' (the page's script blocked)",
+        GUARD,
+        [("script-src 'self';", "script-src 'none';")],
+        [
+            "tests/test_explorer_browser.py::test_every_view_renders_on_minilm_with_no_console_errors"
+        ],
+    ),
+    Break(
+        "token",
+        "beyond loopback: without the token every API call is 403",
+        "the token is never checked",
+        GUARD,
+        [
+            (
+                "            self.token is not None\n            and not self.public(",
+                "            False\n            and not self.public(",
+            )
+        ],
+        [f"{SEC}::test_without_the_token_every_api_call_is_403"],
+    ),
+    Break(
+        "token-cli",
+        "--host 0.0.0.0 warns and requires a token",
+        "no token for a non-loopback host",
+        "src/attnlab/explorer/cli.py",
+        [("    token = None if is_loopback(host) else new_token()", "    token = None")],
+        [
+            "tests/test_explorer_cli.py::test_a_host_beyond_this_machine_warns_and_requires_the_printed_token"
+        ],
+    ),
+    # Issue 22: what the README promises holds
+    # -------------------------------------------------------------
+    Break(
+        "run-damaged",
+        "every checkpoint damaged: the run's files load only if a manifest vouches for them",
+        "the run folder's own files load unverified",
+        NATIVE,
+        [
+            (
+                "    vouching, problem = model_files_vouched_for(run, [folder for _, folder in "
+                "checkpoints])",
+                "    vouching, problem = run, ''",
+            )
+        ],
+        [
+            f"{CKT}::test_a_run_whose_only_checkpoint_is_damaged_with_its_model_files_is_refused_in_one_line"
+        ],
+    ),
+    Break(
+        "run-damaged-warn",
+        "... and say what was damaged when they do",
+        "no warning",
+        NATIVE,
+        [
+            (
+                '        warnings.warn(\n            f"every checkpoint of {run} is damaged',
+                '        0 and warnings.warn(\n            f"every checkpoint of {run} is damaged',
+            )
+        ],
+        [
+            f"{CKT}::test_a_run_whose_only_checkpoint_is_damaged_loads_its_verified_model_files_with_one_warning"
+        ],
+    ),
+    Break(
+        "cli-warning",
+        "a warning on the command line is one line",
+        "Python's warning display",
+        CLI,
+        [("        warnings.showwarning = one_line_warnings(args.command)\n", "")],
+        ["tests/test_cli.py::test_a_warning_is_one_line_naming_the_command_in_a_real_process"],
+    ),
+    Break(
+        "status-409",
+        "a next token asked of an encoder: 409, declared",
+        "answered 422",
+        "src/attnlab/explorer/app.py",
+        [
+            (
+                "STATUSES = {NotFound: 404, Unsupported: 409, TextTooLong: 413}",
+                "STATUSES = {NotFound: 404, TextTooLong: 413}",
+            )
+        ],
+        [
+            "tests/test_explorer_fuzz.py::test_a_live_explorer_keeps_every_promise_of_its_document_to_a_client"
+        ],
+    ),
+    Break(
+        "decode-blas",
+        "a decode step of more than 8 rows gives the module path's logits",
+        "the bias left out of the BLAS products added to the residual",
+        "src/attnlab/generate/kernel_decoder.py",
+        [
+            (
+                "            return lambda: out2.addmm_(x2, w.t()).add_(linear.bias)",
+                "            return lambda: out2.addmm_(x2, w.t())",
+            )
+        ],
+        ["tests/test_kernels.py::test_a_decode_step_of_many_rows_gives_the_float64_modules_logits"],
+    ),
+    Break(
+        "inductor",
+        "inductor's compiled decode step gives the full forward logits",
+        "the compiled few-row product off by 0.1 %",
+        "src/attnlab/generate/fast_layers.py",
+        [
+            (
+                "    y = (x.unsqueeze(-2) * weight).sum(-1)\n",
+                "    y = (x.unsqueeze(-2) * weight).sum(-1) * 1.001\n",
+            )
+        ],
+        [
+            "tests/test_fast_paths.py::test_inductor_compiles_the_decode_step_into_code_that_gives_the_full_forward_logits"
+        ],
+    ),
+    Break(
+        "demo-explorer",
+        "make demo trains, samples and serves its model until Ctrl-C",
+        "the demo's last step fails (the explorer refuses its arguments)",
+        "src/attnlab/demo.py",
+        [
+            (
+                "    return explore([str(cfg.out)], port=args.port)",
+                "    return explore([str(cfg.out)], port=args.port, queue=0)",
+            )
+        ],
+        ["tests/test_training_demo.py"],
+    ),
+    Break(
+        "readme-drift",
+        "every command block of the README runs as written",
+        "export-html loses its -o",
+        "src/attnlab/explorer/cli.py",
+        [
+            (
+                '        "-o", "--output", required=True, metavar="FILE.html"',
+                '        "--output", required=True, metavar="FILE.html"',
+            )
+        ],
+        ["tests/test_readme_commands.py -k the-explorer"],
+    ),
+    Break(
+        "no-compiler",
+        "without a C compiler the kernels' tests fail, never skip",
+        "no compiler is found",
+        "src/attnlab/generate/kernels/__init__.py",
+        [
+            (
+                '        os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or '
+                'shutil.which("clang")\n',
+                "        None\n",
+            )
+        ],
+        ["tests/test_kernels.py::test_rope_kernel_equals_apply_rope"],
+    ),
+    Break(
+        "torch-fallback",
+        "no local torch wheel: the CPU build from PyTorch's index",
+        "the local wheel always 'seen'",
+        "tools/install_torch.py",
+        [
+            (
+                "    return subprocess.run(probe, capture_output=True, text=True).returncode == 0",
+                "    return True",
+            )
+        ],
+        ["tests/test_setup.py::test_without_a_local_wheel_the_cpu_build_comes_from_pytorchs_index"],
+    ),
+    Break(
+        "cap-silent",
+        "a cap from the environment says what it shortens",
+        "capped silently",
+        "src/attnlab/env.py",
+        [("    if announce:", "    if False:")],
+        ["tests/test_env.py::test_max_steps_caps_a_training_run_schedule_and_all"],
+    ),
 ]
 
 
@@ -314,17 +749,39 @@ def run_break(item: Break, timeout: float) -> tuple[bool, str, float]:
         outcomes = []
         for test in item.tests:
             node, _, keyword = test.partition(" -k ")
-            command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--timeout", str(int(timeout)),
-                       node, *(["-k", keyword] if keyword else [])]
+            command = [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-x",
+                "-p",
+                "no:cacheprovider",
+                "--timeout",
+                str(int(timeout)),
+                node,
+                *(["-k", keyword] if keyword else []),
+            ]
             env = {**os.environ, "PYTHONPATH": str(root / "src"), "PYTHONDONTWRITEBYTECODE": "1"}
             try:
-                done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=timeout + 60)
+                done = subprocess.run(
+                    command, cwd=root, env=env, capture_output=True, text=True, timeout=timeout + 60
+                )
                 code, tail = done.returncode, (done.stdout + done.stderr).strip().splitlines()
             except subprocess.TimeoutExpired:
                 code, tail = -1, ["timed out"]
-            summary = next((line for line in reversed(tail) if " passed" in line or " failed" in line or "error" in line),
-                           tail[-1] if tail else "").strip("= ")
-            why = next((line[1:].strip() for line in tail if line.startswith("E ") and line[1:].strip()), "")
+            summary = next(
+                (
+                    line
+                    for line in reversed(tail)
+                    if " passed" in line or " failed" in line or "error" in line
+                ),
+                tail[-1] if tail else "",
+            ).strip("= ")
+            why = next(
+                (line[1:].strip() for line in tail if line.startswith("E ") and line[1:].strip()),
+                "",
+            )
             outcomes.append((code, summary + (f": {why[:110]}" if why and code == 1 else "")))
     seen = all(code == 1 for code, _ in outcomes)
     return seen, "; ".join(summary for _, summary in outcomes), time.perf_counter() - start
@@ -332,7 +789,9 @@ def run_break(item: Break, timeout: float) -> tuple[bool, str, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", nargs="*", help="run the breaks whose name contains one of these words")
+    parser.add_argument(
+        "--only", nargs="*", help="run the breaks whose name contains one of these words"
+    )
     parser.add_argument("--list", action="store_true", help="list the breaks and stop")
     parser.add_argument("--timeout", type=float, default=900, help="per test run, seconds")
     args = parser.parse_args()
@@ -350,8 +809,11 @@ def main() -> int:
         unseen += not seen
         tests = ", ".join(f"`{t.split('::')[-1] if '::' in t else t}`" for t in item.tests)
         what = what.replace("|", "\\|")
-        print(f"| {item.promise} | {tests} | {item.how} | {'yes' if seen else 'NOT SEEN'} ({what}; {seconds:.0f} s) |",
-              flush=True)
+        print(
+            f"| {item.promise} | {tests} | {item.how} | {'yes' if seen else 'NOT SEEN'} ({what}; "
+            f"{seconds:.0f} s) |",
+            flush=True,
+        )
     return 1 if unseen else 0
 
 

@@ -1,27 +1,33 @@
-"""Load test of the explorer's bounded queue: fixed concurrency and request count, a hard deadline, loopback only.
+"""Load test of the explorer's bounded queue: fixed concurrency and request count, a hard deadline,
+loopback only.
 
-    .venv/bin/python benchmarks/explorer_load.py [--model minilm] [--queue 4] [--requests 200] [--rounds 3]
+    .venv/bin/python benchmarks/explorer_load.py [--model minilm] [--queue 4] [--requests 200]
+    [--rounds 3]
 
-Starts `attnlab explore MODEL --port 0 --queue C` (127.0.0.1, a process of its own, so its memory is its
-own) and runs, round after round, three phases in turn:
-- anchor: 2C clients fetching /static/style.css, an HTTP round trip with no model work (the baseline the
-  refusals are compared with);
-- at capacity: C clients, each sending its next request when the last is answered: every request must
+Starts `attnlab explore MODEL --port 0 --queue C` (127.0.0.1, a process of its own, so its memory is
+its own) and runs, round after round, three phases in turn:
+- anchor: 2C clients fetching /static/style.css, an HTTP round trip with no model work (the baseline
+  the refusals are compared with);
+- at capacity: C clients, each sending its next request when the last is answered: every request
+  must
   succeed (200);
-- at twice capacity: 2C clients: the excess is refused at once (503 with Retry-After) and every other
-  request succeeds; nothing else may happen. A refused client asks again 10 ms later (pressure, not
-  politeness), and the phase runs until as many requests are served as at capacity.
-Each client keeps one connection (HTTP keep-alive, as a browser does); the requests rotate through the
-pattern, heads, projection and trace views (and next token for a causal model) on a different text each
-time, so nothing can be answered from a cache. The server's resident memory (VmRSS) is read after a
-warm-up and at the end: the two must be within 10 %. A deadline (--deadline, default 600 s) bounds the
-whole run; past it the script stops with exit 1.
+- at twice capacity: 2C clients: the excess is refused at once (503 with Retry-After) and every
+  other request succeeds; nothing else may happen. A refused client asks again 10 ms later
+  (pressure, not politeness), and the phase runs until as many requests are served as at capacity.
+Each client keeps one connection (HTTP keep-alive, as a browser does); the requests rotate through
+the pattern, heads, projection and trace views (and next token for a causal model) on a different
+text each time, so nothing can be answered from a cache. The server's resident memory (VmRSS) is
+read after a
+warm-up and at the end: the two must be within 10 %. A deadline (--deadline, default 600 s) bounds
+the whole run; past it the script stops with exit 1.
 
-Prints the machine and the load average, a table of latencies (every round pooled; the refusals' apart
-from the successes': p50, p90, p99, the slowest), how many 503s came within 50 ms, the server's RSS before
-and after, and the promises kept or broken; --json writes every number. Exit 1 when a promise is broken.
-The figures in benchmarks/README.md come from the plain command above; a run on an idle machine is the
-one that can speak for the 50 ms (on a crowded one a refusal waits for a core like everything else).
+Prints the machine and the load average, a table of latencies (every round pooled; the refusals'
+apart
+from the successes': p50, p90, p99, the slowest), how many 503s came within 50 ms, the server's RSS
+before and after, and the promises kept or broken; --json writes every number. Exit 1 when a promise
+is broken. The figures in benchmarks/README.md come from the plain command above; a run on an idle
+machine is the one that can speak for the 50 ms (on a crowded one a refusal waits for a core like
+everything else).
 """
 
 from __future__ import annotations
@@ -43,7 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 TEXT = "The cat sat on the mat because it was tired"
 # A refused client asks again after 10 ms (not the 1 s its Retry-After says, to keep the queue under
-# pressure); at twice the capacity the phase runs until `requests` are served, refusals up to 20 x that.
+# pressure); at twice the capacity the phase runs until `requests` are served, refusals up to 20 x
+# that.
 RETRY_PAUSE_S = 0.010
 REFUSALS_CAP = 20
 
@@ -69,12 +76,20 @@ class Phase:
     served_only: bool = False  # the phase ends after `requests` 200s (refusals not counted)
 
     def summary(self) -> dict:
-        return {"phase": self.name, "clients": self.clients, "requests": self.requests, "seconds": round(self.seconds, 3),
-                "statuses": self.statuses, "errors": len(self.errors),
-                "ok_p50_ms": percentile(self.ok_ms, 50), "ok_p99_ms": percentile(self.ok_ms, 99),
-                "busy_p50_ms": percentile(self.busy_ms, 50), "busy_p99_ms": percentile(self.busy_ms, 99),
-                "busy_max_ms": round(max(self.busy_ms), 2) if self.busy_ms else None,
-                "busy_without_retry_after": self.busy_without_retry_after}
+        return {
+            "phase": self.name,
+            "clients": self.clients,
+            "requests": self.requests,
+            "seconds": round(self.seconds, 3),
+            "statuses": self.statuses,
+            "errors": len(self.errors),
+            "ok_p50_ms": percentile(self.ok_ms, 50),
+            "ok_p99_ms": percentile(self.ok_ms, 99),
+            "busy_p50_ms": percentile(self.busy_ms, 50),
+            "busy_p99_ms": percentile(self.busy_ms, 99),
+            "busy_max_ms": round(max(self.busy_ms), 2) if self.busy_ms else None,
+            "busy_without_retry_after": self.busy_without_retry_after,
+        }
 
 
 def rss_bytes(pid: int) -> int:
@@ -93,8 +108,12 @@ def request_bodies(url: str) -> tuple[str, list[tuple[str, dict]]]:
     connection.close()
     info = models[0]
     layer, head = info["n_layers"] - 1, 0
-    views = [("/api/pattern", {"layer": layer, "head": head, "encoding": "f32"}), ("/api/heads", {}),
-             ("/api/projection", {"layer": layer, "head": head}), ("/api/trace", {"layer": layer, "token": 0})]
+    views = [
+        ("/api/pattern", {"layer": layer, "head": head, "encoding": "f32"}),
+        ("/api/heads", {}),
+        ("/api/projection", {"layer": layer, "head": head}),
+        ("/api/trace", {"layer": layer, "token": 0}),
+    ]
     if info["causal"]:
         views.append(("/api/next", {"k": 10}))
     return info["name"], views
@@ -108,19 +127,23 @@ def address(url: str) -> tuple[str, int]:
 
 
 def run_phase(url: str, phase: Phase, work, deadline: float, counter: list[int]) -> Phase:
-    """`phase.clients` threads, each with one keep-alive connection, share `phase.requests` requests."""
+    """`phase.clients` threads, each with one keep-alive connection, share `phase.requests`
+    requests."""
     host, port = address(url)
     lock = threading.Lock()
     taken = [0]
     barrier = threading.Barrier(phase.clients)
 
     def done() -> bool:
-        if phase.served_only:  # `requests` answered 200, whatever the number of refusals (up to a cap)
+        # `requests` answered 200, whatever the number of refusals (up to a cap)
+        if phase.served_only:
             return len(phase.ok_ms) >= phase.requests or taken[0] >= REFUSALS_CAP * phase.requests
         return taken[0] >= phase.requests
 
     def client() -> None:
-        connection = http.client.HTTPConnection(host, port, timeout=max(1.0, deadline - time.monotonic()))
+        connection = http.client.HTTPConnection(
+            host, port, timeout=max(1.0, deadline - time.monotonic())
+        )
         barrier.wait()
         while True:
             with lock:
@@ -135,7 +158,9 @@ def run_phase(url: str, phase: Phase, work, deadline: float, counter: list[int])
                 if body is None:
                     connection.request(method, path)
                 else:
-                    connection.request(method, path, json.dumps(body), {"Content-Type": "application/json"})
+                    connection.request(
+                        method, path, json.dumps(body), {"Content-Type": "application/json"}
+                    )
                 response = connection.getresponse()
                 response.read()
                 ms = (time.perf_counter() - start) * 1e3
@@ -143,7 +168,9 @@ def run_phase(url: str, phase: Phase, work, deadline: float, counter: list[int])
                 with lock:
                     phase.errors.append(f"{type(exc).__name__}: {exc}")
                 connection.close()
-                connection = http.client.HTTPConnection(host, port, timeout=max(1.0, deadline - time.monotonic()))
+                connection = http.client.HTTPConnection(
+                    host, port, timeout=max(1.0, deadline - time.monotonic())
+                )
                 continue
             with lock:
                 key = str(response.status)
@@ -171,13 +198,26 @@ def run_phase(url: str, phase: Phase, work, deadline: float, counter: list[int])
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="minilm", help="a model directory or bundled name (default minilm)")
+    parser.add_argument(
+        "--model", default="minilm", help="a model directory or bundled name (default minilm)"
+    )
     parser.add_argument("--queue", type=int, default=4, help="the queue's capacity C (default 4)")
-    parser.add_argument("--requests", type=int, default=200, help="requests per phase and round (default 200)")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of the three phases (default 3)")
-    parser.add_argument("--deadline", type=float, default=600, help="hard limit on the whole run, seconds (default 600)")
+    parser.add_argument(
+        "--requests", type=int, default=200, help="requests per phase and round (default 200)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="rounds of the three phases (default 3)"
+    )
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        default=600,
+        help="hard limit on the whole run, seconds (default 600)",
+    )
     parser.add_argument("--json", help="write every number here")
-    parser.add_argument("--no-machine", action="store_true", help="skip the matmul and copy measurements (tests)")
+    parser.add_argument(
+        "--no-machine", action="store_true", help="skip the matmul and copy measurements (tests)"
+    )
     args = parser.parse_args(argv)
     deadline = time.monotonic() + args.deadline
     load_before = round(os.getloadavg()[0], 2)
@@ -187,16 +227,25 @@ def main(argv: list[str] | None = None) -> int:
         from _common import copy_bandwidth, machine_line
         from train_speed import measure_matmul_peak
 
-        machine = {"machine": machine_line(), "matmul_gflops": round(measure_matmul_peak() / 1e9, 1),
-                   "copy_gbs": round(copy_bandwidth() / 1e9, 1)}
-        print(f"# Explorer load\n{machine['machine']}\nmatmul {machine['matmul_gflops']} GFLOP/s, copy {machine['copy_gbs']} GB/s")
+        machine = {
+            "machine": machine_line(),
+            "matmul_gflops": round(measure_matmul_peak() / 1e9, 1),
+            "copy_gbs": round(copy_bandwidth() / 1e9, 1),
+        }
+        print(
+            f"# Explorer load\n{machine['machine']}\nmatmul {machine['matmul_gflops']} GFLOP/s, "
+            f"copy {machine['copy_gbs']} GB/s"
+        )
 
     from attnlab.explorer.cli import explorer_process
 
     with ExitStack() as stack:
         try:
-            process, url = stack.enter_context(explorer_process(args.model, "--queue", str(args.queue)))
-        except RuntimeError as exc:  # its one line (an unknown model, ...), as the command itself prints it
+            process, url = stack.enter_context(
+                explorer_process(args.model, "--queue", str(args.queue))
+            )
+        # its one line (an unknown model, ...), as the command itself prints it
+        except RuntimeError as exc:
             raise SystemExit(str(exc)) from None
         if time.monotonic() > deadline:
             raise SystemExit("the explorer did not start before the deadline")
@@ -215,39 +264,72 @@ def main(argv: list[str] | None = None) -> int:
         rss_before = rss_bytes(process.pid)
         rounds, phases_run = [], []
         for r in range(args.rounds):
-            phases = [run_phase(url, Phase("anchor", 2 * C, args.requests), anchor_work, deadline, counter),
-                      run_phase(url, Phase("capacity", C, args.requests), model_work, deadline, counter),
-                      run_phase(url, Phase("twice", 2 * C, args.requests, served_only=True), model_work, deadline, counter)]
+            phases = [
+                run_phase(
+                    url, Phase("anchor", 2 * C, args.requests), anchor_work, deadline, counter
+                ),
+                run_phase(url, Phase("capacity", C, args.requests), model_work, deadline, counter),
+                run_phase(
+                    url,
+                    Phase("twice", 2 * C, args.requests, served_only=True),
+                    model_work,
+                    deadline,
+                    counter,
+                ),
+            ]
             rounds.append([p.summary() for p in phases])
             phases_run.append(phases)
-            print(f"round {r + 1}: " + "; ".join(f"{p.name} {p.statuses} {len(p.errors)} errors" for p in phases), flush=True)
+            print(
+                f"round {r + 1}: "
+                + "; ".join(f"{p.name} {p.statuses} {len(p.errors)} errors" for p in phases),
+                flush=True,
+            )
         rss_after = rss_bytes(process.pid)
 
-    # Every round's latencies pooled (a 503's distribution apart from the successes'): the promise is about
-    # each refusal, so its percentiles and its slowest are over all of them, not medians of rounds.
-    pooled = {phase: [p for rnd in phases_run for p in rnd if p.name == phase] for phase in ("anchor", "capacity", "twice")}
+    # Every round's latencies pooled (a 503's distribution apart from the successes'): the promise
+    # is about each refusal, so its percentiles and its slowest are over all of them, not medians of
+    # rounds.
+    pooled = {
+        phase: [p for rnd in phases_run for p in rnd if p.name == phase]
+        for phase in ("anchor", "capacity", "twice")
+    }
     statuses: dict[str, dict[str, int]] = {phase: {} for phase in pooled}
     for phase, runs in pooled.items():
         for p in runs:
             for k, v in p.statuses.items():
                 statuses[phase][k] = statuses[phase].get(k, 0) + v
     errors = {phase: sum(len(p.errors) for p in runs) for phase, runs in pooled.items()}
-    latencies = {(phase, kind): [ms for p in runs for ms in (p.ok_ms if kind == "ok" else p.busy_ms)]
-                 for phase, runs in pooled.items() for kind in ("ok", "busy")}
+    latencies = {
+        (phase, kind): [ms for p in runs for ms in (p.ok_ms if kind == "ok" else p.busy_ms)]
+        for phase, runs in pooled.items()
+        for kind in ("ok", "busy")
+    }
     refusals = latencies["twice", "busy"]
     busy_max = round(max(refusals), 2) if refusals else None
     within = sum(ms < 50 for ms in refusals)
     promises = {
-        "capacity: every request 200": set(statuses["capacity"]) == {"200"} and errors["capacity"] == 0,
-        "twice: only 200 and 503, some of each": set(statuses["twice"]) == {"200", "503"} and errors["twice"] == 0,
-        "twice: every 503 has Retry-After": all(p.busy_without_retry_after == 0 for p in pooled["twice"]),
+        "capacity: every request 200": set(statuses["capacity"]) == {"200"}
+        and errors["capacity"] == 0,
+        "twice: only 200 and 503, some of each": set(statuses["twice"]) == {"200", "503"}
+        and errors["twice"] == 0,
+        "twice: every 503 has Retry-After": all(
+            p.busy_without_retry_after == 0 for p in pooled["twice"]
+        ),
         "twice: every 503 within 50 ms": busy_max is not None and busy_max < 50,
         "memory: RSS after within 10% of before": abs(rss_after - rss_before) <= 0.1 * rss_before,
     }
-    table = [("anchor: GET /static/style.css", "anchor", "ok"), ("at capacity", "capacity", "ok"),
-             ("at twice capacity: served (200)", "twice", "ok"), ("at twice capacity: refused (503)", "twice", "busy")]
-    print(f"\nmodel {name}, queue capacity C={C}, {args.requests} requests per phase, {args.rounds} rounds "
-          f"(latencies of every round pooled; load average {load_before} before, {os.getloadavg()[0]:.1f} at the end)\n")
+    table = [
+        ("anchor: GET /static/style.css", "anchor", "ok"),
+        ("at capacity", "capacity", "ok"),
+        ("at twice capacity: served (200)", "twice", "ok"),
+        ("at twice capacity: refused (503)", "twice", "busy"),
+    ]
+    print(
+        f"\nmodel {name}, queue capacity C={C}, {args.requests} requests per phase, {args.rounds} "
+        "rounds "
+        f"(latencies of every round pooled; load average {load_before} before, "
+        f"{os.getloadavg()[0]:.1f} at the end)\n"
+    )
     print("| phase | clients | responses | p50 ms | p90 ms | p99 ms | max ms |")
     print("| --- | ---: | --- | ---: | ---: | ---: | ---: |")
     for label, phase, kind in table:
@@ -255,23 +337,53 @@ def main(argv: list[str] | None = None) -> int:
         xs = latencies[phase, kind]
         counts = ", ".join(f"{v} × {k}" for k, v in sorted(statuses[phase].items()))
         if phase == "twice":
-            counts = f"{statuses[phase].get('503' if kind == 'busy' else '200', 0)} × {'503' if kind == 'busy' else '200'}"
-        print(f"| {label} | {clients} | {counts} | {percentile(xs, 50)} | {percentile(xs, 90)} | {percentile(xs, 99)} | "
-              f"{round(max(xs), 1) if xs else None} |")
-    print(f"\n503s within 50 ms: {within} of {len(refusals)}"
-          f"{f' ({100 * within / len(refusals):.1f} %)' if refusals else ''}; slowest 503 {busy_max} ms")
-    print(f"server RSS {rss_before / 2**20:.1f} MiB after the warm-up, {rss_after / 2**20:.1f} MiB at the end "
-          f"({(rss_after / rss_before - 1) * 100:+.1f} %)")
+            counts = (
+                f"{statuses[phase].get('503' if kind == 'busy' else '200', 0)} × "
+                f"{'503' if kind == 'busy' else '200'}"
+            )
+        print(
+            f"| {label} | {clients} | {counts} | {percentile(xs, 50)} | {percentile(xs, 90)} | "
+            f"{percentile(xs, 99)} | "
+            f"{round(max(xs), 1) if xs else None} |"
+        )
+    print(
+        f"\n503s within 50 ms: {within} of {len(refusals)}"
+        f"{f' ({100 * within / len(refusals):.1f} %)' if refusals else ''}; slowest 503 "
+        f"{busy_max} ms"
+    )
+    print(
+        f"server RSS {rss_before / 2**20:.1f} MiB after the warm-up, {rss_after / 2**20:.1f} MiB "
+        "at the end "
+        f"({(rss_after / rss_before - 1) * 100:+.1f} %)"
+    )
     for promise, kept in promises.items():
         print(f"{'kept  ' if kept else 'BROKEN'} {promise}")
     if args.json:
-        Path(args.json).write_text(json.dumps({
-            **machine, "model": name, "queue": C, "requests": args.requests, "rounds": rounds, "statuses": statuses,
-            "errors": errors, "rss_before": rss_before, "rss_after": rss_after, "busy_max_ms": busy_max,
-            "busy_within_50_ms": within, "load_average": [load_before, round(os.getloadavg()[0], 2)],
-            "pooled_ms": {f"{phase} {kind}": {q: percentile(xs, q) for q in (50, 90, 99)}
-                          for (phase, kind), xs in latencies.items() if xs},
-            "promises": promises}, indent=1))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    **machine,
+                    "model": name,
+                    "queue": C,
+                    "requests": args.requests,
+                    "rounds": rounds,
+                    "statuses": statuses,
+                    "errors": errors,
+                    "rss_before": rss_before,
+                    "rss_after": rss_after,
+                    "busy_max_ms": busy_max,
+                    "busy_within_50_ms": within,
+                    "load_average": [load_before, round(os.getloadavg()[0], 2)],
+                    "pooled_ms": {
+                        f"{phase} {kind}": {q: percentile(xs, q) for q in (50, 90, 99)}
+                        for (phase, kind), xs in latencies.items()
+                        if xs
+                    },
+                    "promises": promises,
+                },
+                indent=1,
+            )
+        )
     return 0 if all(promises.values()) else 1
 
 

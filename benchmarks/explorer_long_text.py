@@ -1,20 +1,24 @@
-"""A 2,048-token text in the explorer, in headless Chromium: what the page receives and how soon it draws.
+"""A 2,048-token text in the explorer, in headless Chromium: what the page receives and how soon it
+draws.
 
     .venv/bin/python benchmarks/explorer_long_text.py [--rounds 3] [--tokens 2048] [--json out.json]
 
-Serves the browser tests' random LLaMA-style model (2 layers, 4 heads, a character tokenizer: imported from
-tests/explorer_models.py) with `attnlab explore DIR --port 0` (a process of its own, as a user runs it:
+Serves the browser tests' random LLaMA-style model (2 layers, 4 heads, a character tokenizer:
+imported from tests/explorer_models.py) with `attnlab explore DIR --port 0` (a process of its own,
+as a user runs it:
 attnlab.explorer.cli.explorer_process) and opens the page in Debian's
 chromium through Playwright, round after round, alternating the two encodings of /api/pattern:
-- f32: every matrix as float32 (what the page asked for at any length before issue 17's last step); the page
-  is the same, its request rewritten on the way out (Playwright's routing), so only the payload differs;
-- f16: float16 with a power-of-two scale, a causal pattern's lower triangle only (what the page asks for now
-  above 512 tokens).
-Measured per round: the bytes of the /api/pattern answers (raw scores and pattern of one head), the time from
-pressing "run" until the opening view (the soft dictionary, which fetches the same matrices) has drawn, the
-time from clicking the matrix tab until it has drawn, and the time of a head switch in the matrix view (a new
-forward pass, the transfer, the decoding and the painting). Prints the machine, a table of medians and the
-f16/f32 ratios. Nothing is asserted: on a shared machine the times move with its load, the bytes do not.
+- f32: every matrix as float32 (what the page asked for at any length before issue 17's last step);
+  the page is the same, its request rewritten on the way out (Playwright's routing), so only the
+  payload differs;
+- f16: float16 with a power-of-two scale, a causal pattern's lower triangle only (what the page asks
+  for now above 512 tokens).
+Measured per round: the bytes of the /api/pattern answers (raw scores and pattern of one head), the
+time from pressing "run" until the opening view (the soft dictionary, which fetches the same
+matrices) has drawn, the time from clicking the matrix tab until it has drawn, and the time of a
+head switch in the matrix view (a new forward pass, the transfer, the decoding and the painting).
+Prints the machine, a table of medians and the f16/f32 ratios. Nothing is asserted: on a shared
+machine the times move with its load, the bytes do not.
 """
 
 from __future__ import annotations
@@ -29,10 +33,18 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]  # _common, train_speed; explorer_models (the tests' models)
+# _common, train_speed; explorer_models (the tests' models)
+sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
 
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 
 def one_round(browser, url: str, text: str, encoding: str) -> dict:
@@ -49,7 +61,10 @@ def one_round(browser, url: str, text: str, encoding: str) -> dict:
 
     page.route("**/api/pattern", route)
     # the header, not the body: Chromium's inspector drops bodies this large
-    page.on("response", lambda r: r.url.endswith("/api/pattern") and sizes.append(int(r.headers["content-length"])))
+    page.on(
+        "response",
+        lambda r: r.url.endswith("/api/pattern") and sizes.append(int(r.headers["content-length"])),
+    )
 
     def settle(view: str) -> None:
         page.wait_for_selector(f"body[data-ready={view}]:not([data-loading])", state="attached")
@@ -72,37 +87,56 @@ def one_round(browser, url: str, text: str, encoding: str) -> dict:
     tokens = page.evaluate("window.attnlab.state.tokens.length")
     cost = page.inner_text("#matrix-cost")
     context.close()
-    return {"encoding": encoding, "tokens": tokens, "bytes": statistics.median(sizes), "open_s": opened,
-            "matrix_first_draw_s": matrix, "head_switch_s": switch, "cost": cost}
+    return {
+        "encoding": encoding,
+        "tokens": tokens,
+        "bytes": statistics.median(sizes),
+        "open_s": opened,
+        "matrix_first_draw_s": matrix,
+        "head_switch_s": switch,
+        "cost": cost,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of each encoding, alternating (default 3)")
-    parser.add_argument("--tokens", type=int, default=2048, help="the text's length in tokens (default 2048)")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="rounds of each encoding, alternating (default 3)"
+    )
+    parser.add_argument(
+        "--tokens", type=int, default=2048, help="the text's length in tokens (default 2048)"
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write every number here")
-    parser.add_argument("--no-machine", action="store_true", help="skip the matmul and copy measurements")
+    parser.add_argument(
+        "--no-machine", action="store_true", help="skip the matmul and copy measurements"
+    )
     args = parser.parse_args(argv)
 
+    from explorer_models import small_models
     from playwright.sync_api import sync_playwright
 
     import attnlab
     from attnlab.explorer.cli import explorer_process
-    from explorer_models import small_models
 
     machine = {}
     if not args.no_machine:
         from _common import copy_bandwidth, machine_line
         from train_speed import measure_matmul_peak
 
-        machine = {"machine": machine_line(), "matmul_gflops": round(measure_matmul_peak() / 1e9, 1),
-                   "copy_gbs": round(copy_bandwidth() / 1e9, 1)}
-        print(f"# Explorer, a long text\n{machine['machine']}\nmatmul {machine['matmul_gflops']} GFLOP/s, "
-              f"copy {machine['copy_gbs']} GB/s")
+        machine = {
+            "machine": machine_line(),
+            "matmul_gflops": round(measure_matmul_peak() / 1e9, 1),
+            "copy_gbs": round(copy_bandwidth() / 1e9, 1),
+        }
+        print(
+            f"# Explorer, a long text\n{machine['machine']}\nmatmul {machine['matmul_gflops']} "
+            "GFLOP/s, "
+            f"copy {machine['copy_gbs']} GB/s"
+        )
     chromium = shutil.which("chromium")
     if chromium is None:
         raise SystemExit("chromium is not installed: make browser (Debian's chromium) first")
-    text = ("the cat sat on the mat. " * (args.tokens // 24 + 1))[:args.tokens]
+    text = ("the cat sat on the mat. " * (args.tokens // 24 + 1))[: args.tokens]
     rounds = []
     with tempfile.TemporaryDirectory() as folder:
         attnlab.save(small_models()["llama"], Path(folder) / "llama")
@@ -110,9 +144,16 @@ def main(argv: list[str] | None = None) -> int:
             with sync_playwright() as p:
                 browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
                 for k in range(args.rounds):
-                    for encoding in (("f32", "f16") if k % 2 == 0 else ("f16", "f32")):
+                    for encoding in ("f32", "f16") if k % 2 == 0 else ("f16", "f32"):
                         rounds.append(one_round(browser, url, text, encoding))
-                        print(json.dumps({key: round(v, 3) if isinstance(v, float) else v for key, v in rounds[-1].items()}))
+                        print(
+                            json.dumps(
+                                {
+                                    key: round(v, 3) if isinstance(v, float) else v
+                                    for key, v in rounds[-1].items()
+                                }
+                            )
+                        )
                 browser.close()
 
     def median(encoding: str, key: str) -> float:
@@ -121,14 +162,26 @@ def main(argv: list[str] | None = None) -> int:
     keys = ("bytes", "open_s", "matrix_first_draw_s", "head_switch_s")
     table = {enc: {key: median(enc, key) for key in keys} for enc in ("f32", "f16")}
     print(f"\n{rounds[0]['tokens']} tokens, medians of {args.rounds} rounds each (alternating)")
-    print("| /api/pattern | bytes (one head) | run -> first view drawn | matrix tab -> drawn | head switch |")
+    print(
+        "| /api/pattern | bytes (one head) | run -> first view drawn | matrix tab -> drawn | head "
+        "switch |"
+    )
     print("|---|---|---|---|---|")
     for enc in ("f32", "f16"):
         t = table[enc]
-        print(f"| {enc} | {t['bytes'] / 1e6:.1f} MB | {t['open_s']:.2f} s | {t['matrix_first_draw_s']:.2f} s | {t['head_switch_s']:.2f} s |")
-    print("| f16 / f32 | " + " | ".join(f"{table['f16'][k] / table['f32'][k]:.2f}x" for k in keys) + " |")
+        print(
+            f"| {enc} | {t['bytes'] / 1e6:.1f} MB | {t['open_s']:.2f} s | "
+            f"{t['matrix_first_draw_s']:.2f} s | {t['head_switch_s']:.2f} s |"
+        )
+    print(
+        "| f16 / f32 | "
+        + " | ".join(f"{table['f16'][k] / table['f32'][k]:.2f}x" for k in keys)
+        + " |"
+    )
     if args.json:
-        args.json.write_text(json.dumps({**machine, "rounds": rounds, "medians": table}, indent=2) + "\n")
+        args.json.write_text(
+            json.dumps({**machine, "rounds": rounds, "medians": table}, indent=2) + "\n"
+        )
     return 0
 
 

@@ -5,11 +5,12 @@ Design choices:
   seed is printed, so a failure shows it in the captured output and can be replayed with
   ATTNLAB_TEST_SEED=<seed>.
 - Hypothesis gets no deadline: the machine is shared and loaded, and timing is never what we test.
-- One torch thread per test process: the tests' tensors are tiny, `make test` runs two xdist workers on
-  two cores, and the machine is shared; with two threads each, OpenMP's waiting made a tiny forward
-  pass 20x slower here.
+- One torch thread per test process: the tests' tensors are tiny, `make test` runs two xdist workers
+  on two cores, and the machine is shared; with two threads each, OpenMP's waiting made a tiny
+  forward pass 20x slower here.
 - No test reaches the real Hugging Face Hub: HF_HUB_OFFLINE=1 is set before anything imports
-  huggingface_hub (the download tests set their own environment for a loopback stand-in, hub_server.py).
+  huggingface_hub (the download tests set their own environment for a loopback stand-in,
+  hub_server.py).
 - tests/ is put on sys.path so test modules can `import reference` (the NumPy oracle) however
   pytest was started.
 """
@@ -30,7 +31,9 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 settings.register_profile(
-    "attnlab", deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+    "attnlab",
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.load_profile("attnlab")
 

@@ -1,9 +1,11 @@
-"""Small random models with a character tokenizer, for the explorer's tests (imported by test_explorer_*.py).
+"""Small random models with a character tokenizer, for the explorer's tests (imported by
+test_explorer_*.py).
 
-Three architectures cover the explorer's branches: a GPT-style decoder (learned positions, pre-norm),
-a LLaMA-style decoder (RoPE, grouped-query, qk-norm, SwiGLU) and a BERT-style post-norm encoder (with
-qk-norm, which the explorer must apply itself when there is no RoPE hook after it). A real server for them is
-started by attnlab.explorer.cli's `serving(app)` (a thread) or `explorer_process(ARGS)` (`attnlab explore`).
+Three architectures cover the explorer's branches: a GPT-style decoder (learned positions,
+pre-norm), a LLaMA-style decoder (RoPE, grouped-query, qk-norm, SwiGLU) and a BERT-style post-norm
+encoder (with qk-norm, which the explorer must apply itself when there is no RoPE hook after it). A
+real server for them is started by attnlab.explorer.cli's `serving(app)` (a thread) or
+`explorer_process(ARGS)` (`attnlab explore`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import attnlab
 from attnlab.tokenizer import Tokenizer
 
 TEXT = "The cat sat on the mat because it was tired."
-LOCAL = "http://127.0.0.1:8000"  # a TestClient's base_url: the explorer refuses any Host but a loopback name
+# a TestClient's base_url: the explorer refuses any Host but a loopback name
+LOCAL = "http://127.0.0.1:8000"
 PRINTABLE = "".join(chr(i) for i in range(32, 127)) + "\n"
 
 
@@ -28,10 +31,28 @@ def small_models(seed: int = 0) -> dict[str, attnlab.Transformer]:
     V = tok.vocab_size
     configs = {
         "gpt": attnlab.preset("nano", d_vocab=V, n_layers=2, n_heads=4, d_model=32, n_ctx=128),
-        "llama": attnlab.preset("llama-tiny", d_vocab=V, n_layers=2, n_heads=4, n_kv_heads=2, d_model=32, d_mlp=64,
-                                qk_norm=True),
-        # qk-norm without RoPE: the one case where the explorer applies a module (q_norm) to cached activations
-        "bert": attnlab.preset("bert-mini", d_vocab=V, n_layers=2, n_heads=4, d_model=32, d_mlp=64, n_ctx=600, qk_norm=True),
+        "llama": attnlab.preset(
+            "llama-tiny",
+            d_vocab=V,
+            n_layers=2,
+            n_heads=4,
+            n_kv_heads=2,
+            d_model=32,
+            d_mlp=64,
+            qk_norm=True,
+        ),
+        # qk-norm without RoPE: the one case where the explorer applies a module (q_norm) to cached
+        # activations
+        "bert": attnlab.preset(
+            "bert-mini",
+            d_vocab=V,
+            n_layers=2,
+            n_heads=4,
+            d_model=32,
+            d_mlp=64,
+            n_ctx=600,
+            qk_norm=True,
+        ),
     }
     models = {}
     for name, config in configs.items():
@@ -47,8 +68,9 @@ def small_models(seed: int = 0) -> dict[str, attnlab.Transformer]:
 
 
 def snapshot_run(model: attnlab.Transformer, path, start_step: int | None = 10):
-    """A 'training run' of `model` in `path`: snapshots at steps 0, 10, 20 whose queries are the model's scaled by
-    0.5, 1 and 1.5 (so every head's pattern sharpens along the slider); the model itself is left as it was."""
+    """A 'training run' of `model` in `path`: snapshots at steps 0, 10, 20 whose queries are the
+    model's scaled by 0.5, 1 and 1.5 (so every head's pattern sharpens along the slider); the model
+    itself is left as it was."""
     from attnlab.explorer.models import Run
     from attnlab.training.snapshots import list_snapshots, save_snapshot
 

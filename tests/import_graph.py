@@ -1,17 +1,22 @@
-"""The package's import graph, read from its own source with `ast`: `python tests/import_graph.py` prints it.
+"""The package's import graph, read from its own source with `ast`: `python tests/import_graph.py`
+prints it.
 
-- A module is a file of src/attnlab (a package is its __init__.py). An arrow A -> B is an import in A that
-  names B (`from .x import f`, `from . import x`, `import attnlab.x`); `from pkg import name`, where name is no
-  submodule, is an arrow to pkg. An import inside a function is deferred: it runs when the function is
-  called, not when A is imported. Imports under `if TYPE_CHECKING:` are neither (they never run).
-- A circle is a set of modules that import each other in a loop, deferred imports included: a deferred
-  import that closes a loop only hides the circle, it does not open it.
-- A room is what the package's folder shows: each subpackage of attnlab (model/, lens/, ...) is one room,
-  each module at the top one room; an arrow between rooms stands for every import between their modules.
-  Levels: the arrows of imports that run at import time, then each arrow of deferred imports alone (in
-  name order) where it closes no loop of rooms; a room's level is 1 when it has none of these arrows, else
-  one more than the highest room they reach. An arrow left out (a deferred import that closes a loop of rooms,
-  whose modules need not form a circle) runs up: from a lower level to a higher one.
+- A module is a file of src/attnlab (a package is its __init__.py). An arrow A -> B is an import in
+  A that
+  names B (`from .x import f`, `from . import x`, `import attnlab.x`); `from pkg import name`, where
+  name is no submodule, is an arrow to pkg. An import inside a function is deferred: it runs when
+  the function is called, not when A is imported. Imports under `if TYPE_CHECKING:` are neither
+  (they never run).
+- A circle is a set of modules that import each other in a loop, deferred imports included: a
+  deferred import that closes a loop only hides the circle, it does not open it.
+- A room is what the package's folder shows: each subpackage of attnlab (model/, lens/, ...) is one
+  room, each module at the top one room; an arrow between rooms stands for every import between
+  their modules.
+  Levels: the arrows of imports that run at import time, then each arrow of deferred imports alone
+  (in name order) where it closes no loop of rooms; a room's level is 1 when it has none of these
+  arrows, else one more than the highest room they reach. An arrow left out (a deferred import that
+  closes a loop of rooms, whose modules need not form a circle) runs up: from a lower level to a
+  higher one.
 """
 
 from __future__ import annotations
@@ -28,8 +33,10 @@ SOURCE = Path(__file__).resolve().parent.parent / "src" / PACKAGE
 @dataclass
 class Graph:
     modules: dict[str, Path]
-    load: dict[str, set[str]] = field(default_factory=dict)  # module -> modules it imports when it is imported
-    deferred: dict[str, dict[str, int]] = field(default_factory=dict)  # module -> {module: line} inside functions
+    # module -> modules it imports when it is imported
+    load: dict[str, set[str]] = field(default_factory=dict)
+    # module -> {module: line} inside functions
+    deferred: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def arrows(self) -> dict[str, set[str]]:
         return {m: self.load[m] | set(self.deferred[m]) for m in self.modules}
@@ -42,14 +49,18 @@ def module_name(path: Path, root: Path = SOURCE) -> str:
 
 def _imports(tree: ast.Module):
     """(node, deferred) for every import in the tree, skipping `if TYPE_CHECKING:` blocks."""
+
     def walk(node: ast.AST, deferred: bool):
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
                 continue
             if isinstance(child, (ast.Import, ast.ImportFrom)):
                 yield child, deferred
-            inner = deferred or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            inner = deferred or isinstance(
+                child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+            )
             yield from walk(child, inner)
+
     yield from walk(tree, False)
 
 
@@ -74,7 +85,8 @@ def read(root: Path = SOURCE) -> Graph:
                     sub = f"{module}.{alias.name}"
                     targets.append(sub if sub in modules else module)
             for target in targets:
-                while target not in modules and "." in target:  # `import attnlab.x.y` of a name, not a module
+                # `import attnlab.x.y` of a name, not a module
+                while target not in modules and "." in target:
                     target = target.rsplit(".", 1)[0]
                 if target in modules and target != name and target.split(".")[0] == PACKAGE:
                     if deferred:
@@ -117,7 +129,8 @@ def circles(arrows: dict[str, set[str]]) -> list[list[str]]:
 
 
 def room_of(module: str) -> str:
-    """The room a module is in: attnlab.model.attention -> attnlab.model; attnlab.cli -> attnlab.cli."""
+    """The room a module is in: attnlab.model.attention -> attnlab.model; attnlab.cli ->
+    attnlab.cli."""
     parts = module.split(".")
     return ".".join(parts[:2])
 
@@ -138,7 +151,8 @@ def rooms(graph: Graph) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
 
 
 def levels(arrows: dict[str, set[str]]) -> dict[str, int]:
-    """Level of each node: 1 + the highest level it points to (1 for none); the nodes of a circle share one."""
+    """Level of each node: 1 + the highest level it points to (1 for none); the nodes of a circle
+    share one."""
     group = {v: tuple(c) for c in circles(arrows) for v in c}
     found: dict[str, int] = {}
 
@@ -195,7 +209,8 @@ def measure(root: Path = SOURCE) -> Measure:
             else:
                 ordered[a].add(b)
     room_levels = levels(ordered)
-    up += [(a, b) for a in load for b in load[a] if room_levels[b] >= room_levels[a]]  # only in a circle of rooms
+    # only in a circle of rooms
+    up += [(a, b) for a in load for b in load[a] if room_levels[b] >= room_levels[a]]
     deferred = sorted((m, t, line) for m in graph.deferred for t, line in graph.deferred[m].items())
     return Measure(circles(graph.arrows()), room_circles, room_levels, sorted(up), deferred)
 
@@ -205,8 +220,10 @@ def main() -> int:
     by_level: dict[int, list[str]] = {}
     for room, level in found.room_levels.items():
         by_level.setdefault(level, []).append(room)
-    print(f"{len(found.room_levels)} rooms on {found.n_levels} levels, {len(found.circles)} circles, "
-          f"{len(found.up)} arrows up, {len(found.deferred)} deferred imports inside the package")
+    print(
+        f"{len(found.room_levels)} rooms on {found.n_levels} levels, {len(found.circles)} circles, "
+        f"{len(found.up)} arrows up, {len(found.deferred)} deferred imports inside the package"
+    )
     for level in sorted(by_level, reverse=True):
         print(f"level {level}: {', '.join(sorted(by_level[level]))}")
     for members in found.circles:

@@ -17,9 +17,9 @@ import math
 
 import numpy as np
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Attention
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -32,9 +32,9 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
 def causal_attention(Q: np.ndarray, K: np.ndarray, V: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The chapter's causal_attention, as written there, for Q, K (T, d_k) and V (T, d_v):
 
-        scores  = Q Kᵀ / √d_k,   plus −1e9 above the diagonal (a token may not look ahead)
-        weights = softmax(scores)          (each row sums to 1)
-        output  = weights · V
+    scores  = Q Kᵀ / √d_k,   plus −1e9 above the diagonal (a token may not look ahead)
+    weights = softmax(scores)          (each row sums to 1)
+    output  = weights · V
     """
     d_k = Q.shape[-1]
     scores = Q @ K.T / np.sqrt(d_k)
@@ -45,8 +45,9 @@ def causal_attention(Q: np.ndarray, K: np.ndarray, V: np.ndarray) -> tuple[np.nd
 
 
 def causal_allowed(T: int, S: int, window: int | None = None) -> np.ndarray:
-    """allowed[i, j] = (j ≤ i + S − T): the T queries are the last T of S positions (cached decoding).
-    A sliding window W also requires i + S − T − j < W: the query and the W − 1 positions before it."""
+    """allowed[i, j] = (j ≤ i + S − T): the T queries are the last T of S positions (cached
+    decoding). A sliding window W also requires i + S − T − j < W: the query and the W − 1 positions
+    before it."""
     i = np.arange(T)[:, None]
     j = np.arange(S)[None, :]
     allowed = j <= i + (S - T)
@@ -64,11 +65,12 @@ def attention(
     additive: np.ndarray | None = None,
     window: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Attention(Q, K, V) = softmax(Q Kᵀ · scale + M) V for one head: Q (T, d_k), K (S, d_k), V (S, d_v).
+    """Attention(Q, K, V) = softmax(Q Kᵀ · scale + M) V for one head: Q (T, d_k), K (S, d_k), V (S,
+    d_v).
 
-    scale defaults to 1/√d_k. M is −∞ where a key is forbidden (causal offset or sliding window, `allowed` False, or an
-    additive −∞) and the additive mask's value elsewhere. The softmax runs over the allowed keys only;
-    a row with no allowed key has weights 0 and output 0.
+    scale defaults to 1/√d_k. M is −∞ where a key is forbidden (causal offset or sliding window,
+    `allowed` False, or an additive −∞) and the additive mask's value elsewhere. The softmax runs
+    over the allowed keys only; a row with no allowed key has weights 0 and output 0.
     """
     T, d_k = Q.shape
     S = K.shape[0]
@@ -97,7 +99,8 @@ def batched_attention(
     """`attention` for every leading index of Q (..., T, d_k).
 
     K, V and the masks have as many leading dims as Q; a leading dim of size 1 broadcasts, and a
-    smaller head count in K, V means grouped-query: query head h reads key/value head h // (H / H_kv).
+    smaller head count in K, V means grouped-query: query head h reads key/value head h // (H /
+    H_kv).
     """
     lead = Q.shape[:-2]
     out = np.zeros(lead + (Q.shape[-2], V.shape[-1]))
@@ -113,7 +116,8 @@ def batched_attention(
 
 
 def _slice_for(a: np.ndarray, index: tuple[int, ...], lead: tuple[int, ...]) -> np.ndarray:
-    """The (rows, cols) slice of `a` that the query slice `index` reads (broadcast or grouped dims)."""
+    """The (rows, cols) slice of `a` that the query slice `index` reads (broadcast or grouped
+    dims)."""
     picked = []
     for i, n_q, n_a in zip(index, lead, a.shape[: len(lead)]):
         if n_a == n_q:
@@ -153,7 +157,8 @@ def multi_head_attention(
     rope: tuple[np.ndarray, int, float] | None = None,
     window: int | None = None,
 ) -> np.ndarray:
-    """MultiHead(X) = Concat(head_1, …, head_h) W_Oᵀ + b_O,  head_i = Attention(X W_Q,iᵀ, X W_K,iᵀ, X W_V,iᵀ).
+    """MultiHead(X) = Concat(head_1, …, head_h) W_Oᵀ + b_O,  head_i = Attention(X W_Q,iᵀ, X W_K,iᵀ,
+    X W_V,iᵀ).
 
     X (T, d_model) for one sequence. Head i's weights are rows i·d_head … (i+1)·d_head of W_Q; with
     n_kv_heads < n_heads (grouped-query), head i reads key/value head i // (n_heads / n_kv_heads).
@@ -175,19 +180,23 @@ def multi_head_attention(
             q, k = rms_norm(q, q_norm, norm_eps), rms_norm(k, k_norm, norm_eps)
         if rope is not None:
             positions, rotary_dim, theta = rope
-            q, k = apply_rope(q, positions, rotary_dim, theta), apply_rope(k, positions, rotary_dim, theta)
+            q, k = (
+                apply_rope(q, positions, rotary_dim, theta),
+                apply_rope(k, positions, rotary_dim, theta),
+            )
         head, _ = attention(q, k, v, scale=scale, causal=causal, allowed=allowed, window=window)
         heads.append(head)
     return linear(np.concatenate(heads, axis=-1), W_O, b_O)
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Positions
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def sinusoidal_positions(positions: np.ndarray, d_model: int) -> np.ndarray:
-    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)),  PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model))."""
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)),  PE(pos, 2i+1) = cos(pos /
+    10000^(2i/d_model))."""
     positions = np.asarray(positions, dtype=np.float64)
     pe = np.zeros(positions.shape + (d_model,))
     for i in range(d_model // 2):
@@ -198,12 +207,15 @@ def sinusoidal_positions(positions: np.ndarray, d_model: int) -> np.ndarray:
 
 
 def rope_angles(positions: np.ndarray, rotary_dim: int, theta: float = 10000.0) -> np.ndarray:
-    """θ_{pos, i} = pos · theta^(−2i/rotary_dim) for pair i = 0 … rotary_dim/2 − 1: shape (..., rotary_dim/2)."""
+    """θ_{pos, i} = pos · theta^(−2i/rotary_dim) for pair i = 0 … rotary_dim/2 − 1: shape (...,
+    rotary_dim/2)."""
     i = np.arange(rotary_dim // 2)
     return np.asarray(positions, dtype=np.float64)[..., None] * theta ** (-2.0 * i / rotary_dim)
 
 
-def apply_rope(x: np.ndarray, positions: np.ndarray, rotary_dim: int, theta: float = 10000.0) -> np.ndarray:
+def apply_rope(
+    x: np.ndarray, positions: np.ndarray, rotary_dim: int, theta: float = 10000.0
+) -> np.ndarray:
     """RoPE, rotate-half convention: dims (i, i + rotary_dim/2) form a pair rotated by θ_{pos, i}:
 
         x'_i            = x_i cos θ − x_{i+d/2} sin θ
@@ -223,13 +235,16 @@ def apply_rope(x: np.ndarray, positions: np.ndarray, rotary_dim: int, theta: flo
     return out
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Norms, activations, MLP
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
-def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None, eps: float = 1e-5) -> np.ndarray:
-    """LayerNorm(x) = (x − mean(x)) / √(var(x) + ε) · w + b   (biased variance, over the last dim)."""
+def layer_norm(
+    x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None, eps: float = 1e-5
+) -> np.ndarray:
+    """LayerNorm(x) = (x − mean(x)) / √(var(x) + ε) · w + b   (biased variance, over the last
+    dim)."""
     mean = x.mean(-1, keepdims=True)
     var = ((x - mean) ** 2).mean(-1, keepdims=True)
     y = (x - mean) / np.sqrt(var + eps) * weight
@@ -276,15 +291,17 @@ def mlp(x: np.ndarray, params: dict[str, np.ndarray], kind: str = "gelu") -> np.
     params: W_in, W_out (and W_gate) weights in (out, in) layout, optional b_in, b_gate, b_out.
     """
     if kind == "swiglu":
-        hidden = silu(linear(x, params["W_gate"], params.get("b_gate"))) * linear(x, params["W_in"], params.get("b_in"))
+        hidden = silu(linear(x, params["W_gate"], params.get("b_gate"))) * linear(
+            x, params["W_in"], params.get("b_in")
+        )
     else:
         hidden = ACTIVATIONS[kind](linear(x, params["W_in"], params.get("b_in")))
     return linear(hidden, params["W_out"], params.get("b_out"))
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Blocks and the whole model
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 
 def pre_norm_block(x: np.ndarray, attn, mlp_fn, norm1, norm2) -> np.ndarray:
@@ -297,13 +314,15 @@ def pre_norm_block(x: np.ndarray, attn, mlp_fn, norm1, norm2) -> np.ndarray:
 
 
 def post_norm_block(x: np.ndarray, attn, mlp_fn, norm1, norm2) -> np.ndarray:
-    """Post-norm block (original Transformer, BERT):  h = Norm₁(x + Attn(x));  out = Norm₂(h + MLP(h))."""
+    """Post-norm block (original Transformer, BERT):  h = Norm₁(x + Attn(x));  out = Norm₂(h +
+    MLP(h))."""
     h = norm1(x + attn(x))
     return h if mlp_fn is None else norm2(h + mlp_fn(h))
 
 
 def parallel_block(x: np.ndarray, attn, mlp_fn, norm1, norm2) -> np.ndarray:
-    """Parallel block (GPT-J, GPT-NeoX):  out = x + Attn(Norm₁(x)) + MLP(Norm₂(x)); both branches read x."""
+    """Parallel block (GPT-J, GPT-NeoX):  out = x + Attn(Norm₁(x)) + MLP(Norm₂(x)); both branches
+    read x."""
     return x + attn(norm1(x)) + mlp_fn(norm2(x))
 
 
@@ -311,7 +330,9 @@ def _norm_fn(config, state: dict[str, np.ndarray], prefix: str):
     """The configured norm with the weights found at `prefix` in the state dict."""
     if config.norm == "rmsnorm":
         return lambda x: rms_norm(x, state[prefix + ".weight"], config.norm_eps)
-    return lambda x: layer_norm(x, state[prefix + ".weight"], state.get(prefix + ".bias"), config.norm_eps)
+    return lambda x: layer_norm(
+        x, state[prefix + ".weight"], state.get(prefix + ".bias"), config.norm_eps
+    )
 
 
 def transformer_forward(
@@ -323,10 +344,13 @@ def transformer_forward(
     attention_mask: np.ndarray | None = None,
     positions: np.ndarray | None = None,
 ) -> np.ndarray:
-    """The whole model for ids (B, T): logits (B, T, d_vocab) if config.causal, else hidden states (B, T, d_model).
+    """The whole model for ids (B, T): logits (B, T, d_vocab) if config.causal, else hidden states
+    (B, T, d_model).
 
-        x₀ = E[ids] (+ P[pos] learned | + PE(pos) sinusoidal) (+ token-type embedding) (then Norm if embed_norm)
-        x_{l+1} = Block_l(x_l)           (pre- or post-norm; RoPE inside attention when positional == "rope")
+        x₀ = E[ids] (+ P[pos] learned | + PE(pos) sinusoidal) (+ token-type embedding) (then Norm if
+        embed_norm)
+        x_{l+1} = Block_l(x_l)           (pre- or post-norm; RoPE inside attention when positional
+        == "rope")
         logits  = Norm_final(x_L) W_Uᵀ   (W_U = E when the embeddings are tied)
         logits  = c · tanh(logits / c)   (only with a logit soft-cap c)
 
@@ -355,28 +379,48 @@ def transformer_forward(
         if config.final_norm:
             x = _norm_fn(config, state, "ln_final")(x)
         if config.causal:
-            x = linear(x, state["unembed.weight"] if "unembed.weight" in state else state["embed.weight"])
+            x = linear(
+                x, state["unembed.weight"] if "unembed.weight" in state else state["embed.weight"]
+            )
             if config.logit_softcap is not None:
                 x = config.logit_softcap * np.tanh(x / config.logit_softcap)
         out.append(x)
     return np.stack(out)
 
 
-def block_forward(config, state, prefix: str, x: np.ndarray, positions: np.ndarray, allowed) -> np.ndarray:
-    """One block for one sequence x (T, d_model): the pre-norm, post-norm or parallel block of the attention, MLP and norms above.
+def block_forward(
+    config, state, prefix: str, x: np.ndarray, positions: np.ndarray, allowed
+) -> np.ndarray:
+    """One block for one sequence x (T, d_model): the pre-norm, post-norm or parallel block of the
+    attention, MLP and norms above.
 
-    prefix names the block's weights in `state` ("blocks.0"); positions (T,) feed RoPE; allowed (T, T) masks keys.
+    prefix names the block's weights in `state` ("blocks.0"); positions (T,) feed RoPE; allowed (T,
+    T) masks keys.
     """
     a = prefix + ".attn."
 
     def attn(h: np.ndarray) -> np.ndarray:
         return multi_head_attention(
-            h, state[a + "W_Q.weight"], state[a + "W_K.weight"], state[a + "W_V.weight"], state[a + "W_O.weight"],
-            n_heads=config.n_heads, n_kv_heads=config.n_kv_heads,
-            b_Q=state.get(a + "W_Q.bias"), b_K=state.get(a + "W_K.bias"), b_V=state.get(a + "W_V.bias"),
-            b_O=state.get(a + "W_O.bias"), scale=config.scale, causal=config.causal, allowed=allowed,
-            q_norm=state.get(a + "q_norm.weight"), k_norm=state.get(a + "k_norm.weight"), norm_eps=config.norm_eps,
-            rope=(positions, config.rotary_dim, config.rope_theta) if config.positional == "rope" else None,
+            h,
+            state[a + "W_Q.weight"],
+            state[a + "W_K.weight"],
+            state[a + "W_V.weight"],
+            state[a + "W_O.weight"],
+            n_heads=config.n_heads,
+            n_kv_heads=config.n_kv_heads,
+            b_Q=state.get(a + "W_Q.bias"),
+            b_K=state.get(a + "W_K.bias"),
+            b_V=state.get(a + "W_V.bias"),
+            b_O=state.get(a + "W_O.bias"),
+            scale=config.scale,
+            causal=config.causal,
+            allowed=allowed,
+            q_norm=state.get(a + "q_norm.weight"),
+            k_norm=state.get(a + "k_norm.weight"),
+            norm_eps=config.norm_eps,
+            rope=(positions, config.rotary_dim, config.rope_theta)
+            if config.positional == "rope"
+            else None,
             window=config.sliding_window,
         )
 
@@ -384,9 +428,12 @@ def block_forward(config, state, prefix: str, x: np.ndarray, positions: np.ndarr
     if not config.attn_only:
         m = prefix + ".mlp."
         params = {
-            "W_in": state[m + "W_in.weight"], "b_in": state.get(m + "W_in.bias"),
-            "W_out": state[m + "W_out.weight"], "b_out": state.get(m + "W_out.bias"),
-            "W_gate": state.get(m + "W_gate.weight"), "b_gate": state.get(m + "W_gate.bias"),
+            "W_in": state[m + "W_in.weight"],
+            "b_in": state.get(m + "W_in.bias"),
+            "W_out": state[m + "W_out.weight"],
+            "b_out": state.get(m + "W_out.bias"),
+            "W_gate": state.get(m + "W_gate.weight"),
+            "b_gate": state.get(m + "W_gate.bias"),
         }
         mlp_fn = lambda h: mlp(h, params, config.mlp)  # noqa: E731
     block = pre_norm_block if config.norm_placement == "pre" else post_norm_block

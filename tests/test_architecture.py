@@ -1,9 +1,11 @@
-"""The house's shape, checked: the import graph (tests/import_graph.py) and the C kernels' interface.
+"""The house's shape, checked: the import graph (tests/import_graph.py) and the C kernels'
+interface.
 
-- The package's modules import each other in no circle; its rooms (model/, lens/, generate/, ...) stand on at
-  most 9 levels, with at most 4 arrows of deferred imports running from a lower level up.
-- decode.c and attnlab.generate.kernels describe the same program: the same op kinds in the same order, each
-  kernel with the same parameter types, and the same activation kinds.
+- The package's modules import each other in no circle; its rooms (model/, lens/, generate/, ...)
+  stand on at most 9 levels, with at most 4 arrows of deferred imports running from a lower level
+  up.
+- decode.c and attnlab.generate.kernels describe the same program: the same op kinds in the same
+  order, each kernel with the same parameter types, and the same activation kinds.
 """
 
 from __future__ import annotations
@@ -12,11 +14,10 @@ import ctypes
 import re
 from pathlib import Path
 
+import import_graph
 import pytest
 
 from attnlab.generate import kernels
-
-import import_graph
 
 MAX_LEVELS = 9
 MAX_UP = 4
@@ -25,7 +26,9 @@ MAX_UP = 4
 def test_the_import_graph_has_no_circle_and_its_rooms_stand_in_few_levels_with_few_arrows_up():
     found = import_graph.measure()
     assert found.circles == [], f"modules importing each other in a loop: {found.circles}"
-    assert found.room_circles == [], f"rooms importing each other at import time: {found.room_circles}"
+    assert found.room_circles == [], (
+        f"rooms importing each other at import time: {found.room_circles}"
+    )
     assert found.n_levels <= MAX_LEVELS, found.room_levels
     assert len(found.up) <= MAX_UP, found.up
 
@@ -64,7 +67,11 @@ def c_parameters(function: str) -> list[type]:
         if "*" in parameter:
             types.append(ctypes.c_void_p)
         else:
-            types.append({"int64_t": ctypes.c_int64, "int": ctypes.c_int, "float": ctypes.c_float}[parameter.split()[0]])
+            types.append(
+                {"int64_t": ctypes.c_int64, "int": ctypes.c_int, "float": ctypes.c_float}[
+                    parameter.split()[0]
+                ]
+            )
     return types
 
 
@@ -83,5 +90,7 @@ def test_each_kernels_parameters_are_the_tables(op):
 
 def test_the_program_runner_and_the_activation_kinds_are_decode_cs():
     assert c_parameters(kernels.RUN[0]) == kernels.RUN[1]
-    assert c_enum("attnlab_activation") == [f"ACTIVATION_{kind.name}" for kind in kernels.Activation]
+    assert c_enum("attnlab_activation") == [
+        f"ACTIVATION_{kind.name}" for kind in kernels.Activation
+    ]
     assert set(kernels.ACTIVATIONS.values()) == set(kernels.Activation)

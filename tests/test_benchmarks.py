@@ -1,7 +1,8 @@
-"""The benchmark scripts still run: a tiny attention sweep end to end, and --device refusals in one line.
+"""The benchmark scripts still run: a tiny attention sweep end to end, and --device refusals in one
+line.
 
-The full runs take minutes to hours (benchmarks/README.md) and their numbers are never asserted; these
-tests only keep the scripts from rotting as the library changes under them.
+The full runs take minutes to hours (benchmarks/README.md) and their numbers are never asserted;
+these tests only keep the scripts from rotting as the library changes under them.
 """
 
 from __future__ import annotations
@@ -19,24 +20,44 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
 def run_script(name: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(BENCHMARKS / name), *args], capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, str(BENCHMARKS / name), *args], capture_output=True, text=True, timeout=600
+    )
 
 
 @pytest.mark.parametrize("window", [None, 16])
 def test_attention_sweep_writes_its_table_json_and_plots(tmp_path, window):
-    done = run_script("attention_speed.py", "--min-t", "64", "--max-t", "64", "--paths", "chunked",
-                      "--repeats", "1", "--threads", "1", "--out", str(tmp_path),  # a memory probe is a process: 4 here
-                      *(["--window", str(window)] if window else []))
+    done = run_script(
+        "attention_speed.py",
+        "--min-t",
+        "64",
+        "--max-t",
+        "64",
+        "--paths",
+        "chunked",
+        # a memory probe is a process: 4 here
+        "--repeats",
+        "1",
+        "--threads",
+        "1",
+        "--out",
+        str(tmp_path),
+        *(["--window", str(window)] if window else []),
+    )
     assert done.returncode == 0, done.stderr
     results = json.loads((tmp_path / "attention_speed.json").read_text())
-    assert results["device"] == "cpu" and results["dtype"] == "float32" and results["window"] == window
+    assert (
+        results["device"] == "cpu" and results["dtype"] == "float32" and results["window"] == window
+    )
     assert [row["T"] for row in results["rows"]] == [64]
     for row in results["rows"]:
         for pass_ in ("forward", "forward+backward"):
             assert set(row["time"][pass_]) == {"sdpa", "chunked"}
             assert all(t > 0 for t in row["time"][pass_].values())
             assert all(m is not None and m >= 0 for m in row["memory"][pass_].values())
-    assert (tmp_path / "attention_time.png").stat().st_size > 0 and (tmp_path / "attention_memory.png").stat().st_size > 0
+    assert (tmp_path / "attention_time.png").stat().st_size > 0 and (
+        tmp_path / "attention_memory.png"
+    ).stat().st_size > 0
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
@@ -45,20 +66,28 @@ def test_device_cuda_without_a_gpu_is_one_line(script):
     done = run_script(script, "--device", "cuda")
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "--device cuda" in lines[0] and "no CUDA GPU" in lines[0], done.stderr
+    assert len(lines) == 1 and "--device cuda" in lines[0] and "no CUDA GPU" in lines[0], (
+        done.stderr
+    )
 
 
 @pytest.mark.parametrize("name", ["foo", "mps"])
 def test_a_device_the_benchmarks_do_not_run_on_is_one_line(name):
     done = run_script("attention_speed.py", "--device", name)
     lines = done.stderr.strip().splitlines()
-    assert done.returncode != 0 and len(lines) == 1 and "the benchmarks run on cpu or cuda" in lines[0], done.stderr
+    assert (
+        done.returncode != 0 and len(lines) == 1 and "the benchmarks run on cpu or cuda" in lines[0]
+    ), done.stderr
 
 
 def test_speedrun_without_a_prepared_nanogpt_is_one_line(tmp_path):
-    done = run_script("speedrun.py", "--nanogpt", str(tmp_path), "--data", str(tmp_path / "input.txt"))
+    done = run_script(
+        "speedrun.py", "--nanogpt", str(tmp_path), "--data", str(tmp_path / "input.txt")
+    )
     lines = done.stderr.strip().splitlines()
-    assert done.returncode != 0 and len(lines) == 1 and "no data/shakespeare_char/val.bin" in lines[0], done.stderr
+    assert (
+        done.returncode != 0 and len(lines) == 1 and "no data/shakespeare_char/val.bin" in lines[0]
+    ), done.stderr
 
 
 def test_a_llama_cpp_folder_without_its_tools_is_one_line(tmp_path):
@@ -70,10 +99,20 @@ def test_a_llama_cpp_folder_without_its_tools_is_one_line(tmp_path):
 @pytest.mark.slow
 @pytest.mark.browser
 def test_explorer_long_text_benchmark_runs_both_encodings(tmp_path):
-    """benchmarks/explorer_long_text.py, small (a 600-token text, one round): both encodings reach the page, and
-    float16 with a causal pattern's triangle is under 40 % of float32's bytes (the times are reported, not checked)."""
+    """benchmarks/explorer_long_text.py, small (a 600-token text, one round): both encodings reach
+    the page, and float16 with a causal pattern's triangle is under 40 % of float32's bytes (the
+    times are reported, not checked)."""
     out = tmp_path / "long.json"
-    result = run_script("explorer_long_text.py", "--rounds", "1", "--tokens", "600", "--no-machine", "--json", str(out))
+    result = run_script(
+        "explorer_long_text.py",
+        "--rounds",
+        "1",
+        "--tokens",
+        "600",
+        "--no-machine",
+        "--json",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr
     medians = json.loads(out.read_text())["medians"]
     assert medians["f16"]["bytes"] < 0.4 * medians["f32"]["bytes"], medians
@@ -85,36 +124,72 @@ def test_speedrun_table_states_every_seed_the_mean_and_the_goal():
     from speedrun import markdown_table
 
     def row(seed, nano_wall, ours_wall, ours_val):
-        return {"seed": seed, "first": "nanogpt", "load_before": 0.5, "load_after": 1.5,
-                "nanogpt": {"wall_s": nano_wall, "cpu_s": 2 * nano_wall, "iter": 2000, "val_loss_full": 1.898},
-                "attnlab": {"wall_s": ours_wall, "cpu_s": 2 * ours_wall, "iter": 300, "val_loss_full": ours_val}}
+        return {
+            "seed": seed,
+            "first": "nanogpt",
+            "load_before": 0.5,
+            "load_after": 1.5,
+            "nanogpt": {
+                "wall_s": nano_wall,
+                "cpu_s": 2 * nano_wall,
+                "iter": 2000,
+                "val_loss_full": 1.898,
+            },
+            "attnlab": {
+                "wall_s": ours_wall,
+                "cpu_s": 2 * ours_wall,
+                "iter": 300,
+                "val_loss_full": ours_val,
+            },
+        }
 
     def mean(rows):
-        return {name: {key: sum(r[name][key] for r in rows) / len(rows) for key in ("wall_s", "cpu_s", "val_loss_full")}
-                for name in ("nanogpt", "attnlab")}
+        return {
+            name: {
+                key: sum(r[name][key] for r in rows) / len(rows)
+                for key in ("wall_s", "cpu_s", "val_loss_full")
+            }
+            for name in ("nanogpt", "attnlab")
+        }
 
     args = SimpleNamespace(concurrent=False, attnlab_flags="")
     rows = [row(1337, 60.0, 18.0, 1.874), row(2, 60.0, 18.0, 1.863), row(3, 60.0, 18.0, 1.857)]
     table = markdown_table(rows, mean(rows), "a machine", args)
-    assert "| 1337 | nanogpt | 0.5 -> 1.5 | 1.8980 | 60.0 (120.0) | 1.8740 | 18.0 (36.0) | 300 | 0.300 | 0.300 |" in table
-    assert "| mean | | | 1.8980 | 60.0 (120.0) | **1.8647** | 18.0 (36.0) | | **0.300** | 0.300 |" in table
+    assert (
+        "| 1337 | nanogpt | 0.5 -> 1.5 | 1.8980 | 60.0 (120.0) | 1.8740 | 18.0 (36.0) | 300 | "
+        "0.300 | 0.300 |" in table
+    )
+    assert (
+        "| mean | | | 1.8980 | 60.0 (120.0) | **1.8647** | 18.0 (36.0) | | **0.300** | 0.300 |"
+        in table
+    )
     assert ": met (worst seed 1.8740)" in table and "a machine" in table
-    # each condition of the goal on its own: the first seed's time, the first seed's loss, any seed above 1.90
-    for rows in ([row(1337, 60.0, 21.0, 1.874), *rows[1:]], [row(1337, 60.0, 18.0, 1.887), *rows[1:]],
-                 [*rows[:2], row(3, 60.0, 18.0, 1.901)]):
+    # each condition of the goal on its own: the first seed's time, the first seed's loss, any seed
+    # above 1.90
+    for rows in (
+        [row(1337, 60.0, 21.0, 1.874), *rows[1:]],
+        [row(1337, 60.0, 18.0, 1.887), *rows[1:]],
+        [*rows[:2], row(3, 60.0, 18.0, 1.901)],
+    ):
         assert "NOT met" in markdown_table(rows, mean(rows), "a machine", args)
 
 
 def test_every_break_of_break_promises_still_matches_the_code_exactly_once():
-    """benchmarks/break_promises.py's edits against today's code: a refactor that moves what a break edits
-    shows here, in the suite, instead of as a NOT SEEN in the next long run of the script."""
+    """benchmarks/break_promises.py's edits against today's code: a refactor that moves what a break
+    edits shows here, in the suite, instead of as a NOT SEEN in the next long run of the script."""
     sys.path.insert(0, str(BENCHMARKS))
     from break_promises import BREAKS, edits_of
 
     root = BENCHMARKS.parent
-    stale = [(item.name, file, old.strip()[:60]) for item in BREAKS for file, old, _ in edits_of(item)
-             if (root / file).read_text(encoding="utf-8").count(old) != 1]
+    stale = [
+        (item.name, file, old.strip()[:60])
+        for item in BREAKS
+        for file, old, _ in edits_of(item)
+        if (root / file).read_text(encoding="utf-8").count(old) != 1
+    ]
     assert not stale, stale
     assert len({item.name for item in BREAKS}) == len(BREAKS)
     tests = [node.split("::")[0].split(" -k ")[0] for item in BREAKS for node in item.tests]
-    assert all((root / test).is_file() for test in tests), [t for t in tests if not (root / t).is_file()]
+    assert all((root / test).is_file() for test in tests), [
+        t for t in tests if not (root / t).is_file()
+    ]

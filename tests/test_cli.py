@@ -9,13 +9,24 @@ from attnlab.cli import COMMAND_MODULES, build_parser
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "attnlab", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "attnlab", *args], capture_output=True, text=True, timeout=300
+    )
 
 
 def test_every_command_module_is_present():
     parser = build_parser()
     commands = set(parser._subparsers._group_actions[0].choices)
-    assert {"demo", "compare", "train", "sample", "heads", "experiment", "explore", "export-html"} <= commands
+    assert {
+        "demo",
+        "compare",
+        "train",
+        "sample",
+        "heads",
+        "experiment",
+        "explore",
+        "export-html",
+    } <= commands
     assert len(COMMAND_MODULES) == 6
 
 
@@ -53,9 +64,11 @@ def test_a_file_where_a_folder_should_be_is_one_line_and_exit_2(tmp_path, capsys
 
 
 def test_a_warning_is_one_line_naming_the_command_in_a_real_process(tmp_path):
-    """Python's own format (file:line: UserWarning: ..., then the source line) never reaches the user."""
-    from attnlab.training.trainer import train
+    """Python's own format (file:line: UserWarning: ..., then the source line) never reaches the
+    user."""
     from training_tiny import tiny_config
+
+    from attnlab.training.trainer import train
 
     train(tiny_config(tmp_path, max_iters=6), progress=False)  # checkpoints at steps 3 and 6
     weights = tmp_path / "run" / "checkpoints" / "step-0000006" / "model.safetensors"
@@ -66,11 +79,15 @@ def test_a_warning_is_one_line_naming_the_command_in_a_real_process(tmp_path):
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
-    assert lines[0].startswith(f"attnlab sample: warning: skipped a damaged checkpoint ({weights}: "), lines[0]
+    assert lines[0].startswith(
+        f"attnlab sample: warning: skipped a damaged checkpoint ({weights}: "
+    ), lines[0]
     assert "step-0000003" in lines[0] and "Warning:" not in lines[0] and ".py:" not in lines[0]
 
 
-def test_warnings_print_one_line_during_a_command_and_pythons_display_comes_back_after(capsys, monkeypatch):
+def test_warnings_print_one_line_during_a_command_and_pythons_display_comes_back_after(
+    capsys, monkeypatch
+):
     import warnings
 
     from attnlab import cli
@@ -87,5 +104,7 @@ def test_warnings_print_one_line_during_a_command_and_pythons_display_comes_back
         warnings.simplefilter("always")
         assert cli.main(["sample", "x"]) == 0
     assert warnings.showwarning is before
-    assert capsys.readouterr().err.splitlines() == ["attnlab sample: warning: first line second line",
-                                                    "attnlab sample: warning: from a library"]
+    assert capsys.readouterr().err.splitlines() == [
+        "attnlab sample: warning: first line second line",
+        "attnlab sample: warning: from a library",
+    ]

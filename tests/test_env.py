@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from training_tiny import one_line_error, tiny_config
 
 from attnlab.cli import build_parser, main
 from attnlab.env import capped, explorer_port
 from attnlab.errors import UserError
 from attnlab.training.trainer import train
-from training_tiny import one_line_error, tiny_config
 
 
 def test_a_cap_shortens_only_what_is_longer_and_says_so(monkeypatch, capsys):

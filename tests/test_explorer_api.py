@@ -1,4 +1,5 @@
-"""The explorer's JSON API through FastAPI's TestClient: numbers agree with run_with_cache; bad input is a 4xx with a message."""
+"""The explorer's JSON API through FastAPI's TestClient: numbers agree with run_with_cache; bad
+input is a 4xx with a message."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ import threading
 import numpy as np
 import pytest
 import torch
+from explorer_models import LOCAL, TEXT, small_models
 from fastapi.testclient import TestClient
 
 from attnlab.explorer.app import create_app
 from attnlab.explorer.service import MAX_CHARS
-from explorer_models import LOCAL, TEXT, small_models
 
 MODELS = ("gpt", "llama", "bert")
 
@@ -45,7 +46,12 @@ def test_models_lists_each_model_with_its_shape(client, models):
     assert set(listed) == set(MODELS)
     for name, m in listed.items():
         cfg = models[name].config
-        assert (m["n_layers"], m["n_heads"], m["d_model"], m["causal"]) == (cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.causal)
+        assert (m["n_layers"], m["n_heads"], m["d_model"], m["causal"]) == (
+            cfg.n_layers,
+            cfg.n_heads,
+            cfg.d_model,
+            cfg.causal,
+        )
     assert listed["gpt"]["max_tokens"] == 128  # learned positions: capped at n_ctx
     assert listed["llama"]["max_tokens"] == 512
 
@@ -69,9 +75,11 @@ def test_pattern_matches_run_with_cache_and_the_equation(client, models, name):
     raw = torch.tensor(data["raw"], dtype=torch.float64)
     scores = raw * data["scale"]
     if data["causal"]:
-        scores = scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(1), float("-inf"))
+        scores = scores.masked_fill(
+            torch.ones_like(scores, dtype=torch.bool).triu(1), float("-inf")
+        )
     torch.testing.assert_close(torch.softmax(scores, -1).float(), expected, rtol=0, atol=1e-5)
-    assert data["scale"] == pytest.approx(model.config.d_head ** -0.5)
+    assert data["scale"] == pytest.approx(model.config.d_head**-0.5)
     assert not torch.allclose(pattern, pattern[:, :1].expand_as(pattern))  # not a trivial pattern
 
 
@@ -92,23 +100,30 @@ def test_stages_apply_the_mask_asked_for(client, models):
     softmax = np.array(causal["softmax"])
     assert np.all(softmax[upper] == 0)
     np.testing.assert_allclose(softmax.sum(-1), 1, atol=1e-5)
-    assert all(causal["masked"][i][j] is None for i, j in zip(*np.nonzero(upper)))  # −∞ travels as null
+    # −∞ travels as null
+    assert all(causal["masked"][i][j] is None for i, j in zip(*np.nonzero(upper)))
     # an encoder's own pattern is the unmasked one
     np.testing.assert_allclose(np.array(none["softmax"]), np.array(none["pattern"]), atol=1e-5)
     assert np.array(none["softmax"])[upper].min() > 0
-    np.testing.assert_allclose(np.array(causal["scaled"]), np.array(causal["raw"]) * causal["scale"], rtol=1e-6)
+    np.testing.assert_allclose(
+        np.array(causal["scaled"]), np.array(causal["raw"]) * causal["scale"], rtol=1e-6
+    )
 
 
 def test_projection_is_exact_when_keys_are_two_dimensional(client):
-    """With d_head = 2 the 2-D picture is the whole story: softmax(scale · q₂·k₂) is the encoder's pattern.
+    """With d_head = 2 the 2-D picture is the whole story: softmax(scale · q₂·k₂) is the encoder's
+    pattern.
 
     (The keys are centred and the queries are not; the softmax ignores that shift. This checks it.)
     """
-    import attnlab
     from explorer_models import char_tokenizer
 
+    import attnlab
+
     torch.manual_seed(1)
-    model = attnlab.Transformer(attnlab.preset("bert-mini", d_vocab=96, n_layers=1, n_heads=4, d_model=8, d_mlp=16)).eval()
+    model = attnlab.Transformer(
+        attnlab.preset("bert-mini", d_vocab=96, n_layers=1, n_heads=4, d_model=8, d_mlp=16)
+    ).eval()
     with torch.no_grad():
         model.blocks[0].attn.W_Q.weight.mul_(30)
         model.blocks[0].attn.W_K.weight.mul_(30)
@@ -117,7 +132,10 @@ def test_projection_is_exact_when_keys_are_two_dimensional(client):
         data = post(c, "/api/projection", model="tiny", text=TEXT, layer=0, head=1)
         pattern = post(c, "/api/pattern", model="tiny", text=TEXT, layer=0, head=1)["pattern"]
     keys, queries = np.array(data["keys"]), np.array(data["queries"])
-    assert keys.shape == queries.shape == (len(TEXT), 2) and np.array(data["values"]).shape == (len(TEXT), 2)
+    assert keys.shape == queries.shape == (len(TEXT), 2) and np.array(data["values"]).shape == (
+        len(TEXT),
+        2,
+    )
     assert data["keys_variance_kept"] == pytest.approx(1.0)
     scores = data["scale"] * queries @ keys.T
     weights = np.exp(scores - scores.max(-1, keepdims=True))
@@ -125,7 +143,8 @@ def test_projection_is_exact_when_keys_are_two_dimensional(client):
     np.testing.assert_allclose(weights, np.array(pattern), atol=1e-4)
 
 
-@pytest.mark.parametrize("text", [TEXT[:20], TEXT])  # one text under the 32-token thumbnail size, one over
+# one text under the 32-token thumbnail size, one over
+@pytest.mark.parametrize("text", [TEXT[:20], TEXT])
 def test_heads_thumbnails_are_the_patterns_and_pool_long_texts(client, models, text):
     _, cache = cache_of(models["llama"], text)
     data = post(client, "/api/heads", model="llama", text=text)
@@ -137,7 +156,8 @@ def test_heads_thumbnails_are_the_patterns_and_pool_long_texts(client, models, t
         np.testing.assert_allclose(thumbs, patterns, atol=1e-4)
     else:
         assert data["pooled"] and thumbs.shape == (2, 4, 32, 32)
-        np.testing.assert_allclose(thumbs.max((-1, -2)), patterns.max((-1, -2)), atol=1e-4)  # max-pooling keeps the peaks
+        # max-pooling keeps the peaks
+        np.testing.assert_allclose(thumbs.max((-1, -2)), patterns.max((-1, -2)), atol=1e-4)
 
 
 def test_head_scores_come_from_inspection_when_it_exists(client, models):
@@ -163,23 +183,49 @@ def test_trace_follows_one_token_through_the_block_with_cached_values(client, mo
     order = [s["key"] for s in data["stages"]]
     T, p = len(TEXT), f"blocks.{layer}."
     if model.config.norm_placement == "pre":
-        assert order[:2] == ["resid_pre", "ln1"] and order[-3:] == ["mlp_post", "mlp_out", "resid_post"]
+        assert order[:2] == ["resid_pre", "ln1"] and order[-3:] == [
+            "mlp_post",
+            "mlp_out",
+            "resid_post",
+        ]
         assert order.index("resid_mid") < order.index("ln2") < order.index("mlp_pre")
     else:  # post-norm: attention on the raw stream, the norms after each residual sum
         assert order[:2] == ["resid_pre", "q"] and order[-2:] == ["add2", "resid_post"]
-        torch.testing.assert_close(torch.tensor(stages["add1"]["values"]),
-                                   (cache[p + "hook_resid_pre"] + cache[p + "hook_attn_out"])[0, token], atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(stages["add1"]["values"]),
+            (cache[p + "hook_resid_pre"] + cache[p + "hook_attn_out"])[0, token],
+            atol=1e-5,
+            rtol=0,
+        )
     assert ("rot_q" in stages) == (model.config.positional == "rope")
-    for key in ("resid_pre", "q", "k", "v", "z", "attn_out", "resid_mid", "mlp_pre", "mlp_post", "mlp_out", "resid_post"):
+    for key in (
+        "resid_pre",
+        "q",
+        "k",
+        "v",
+        "z",
+        "attn_out",
+        "resid_mid",
+        "mlp_pre",
+        "mlp_post",
+        "mlp_out",
+        "resid_post",
+    ):
         stage = stages[key]
         full = cache[stage["hook"]][0]
         assert stage["shape"] == list(full.shape), key
         torch.testing.assert_close(torch.tensor(stage["values"]), full[token], atol=1e-6, rtol=0)
     assert stages["k"]["shape"] == [T, model.config.n_kv_heads, model.config.d_head]
     pattern = cache[p + "attn.hook_pattern"][0, :, token]  # [head, key_pos]
-    torch.testing.assert_close(torch.tensor(stages["pattern"]["values"]), pattern, atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        torch.tensor(stages["pattern"]["values"]), pattern, atol=1e-6, rtol=0
+    )
     masked = stages["masked"]["values"]
-    assert all((v is None) == (model.config.causal and j > token) for row in masked for j, v in enumerate(row))
+    assert all(
+        (v is None) == (model.config.causal and j > token)
+        for row in masked
+        for j, v in enumerate(row)
+    )
 
 
 def test_next_token_is_the_distribution_sampling_draws_from(client, models):
@@ -190,54 +236,133 @@ def test_next_token_is_the_distribution_sampling_draws_from(client, models):
     data = post(client, "/api/next", model="gpt", text=TEXT, k=5)
     top = torch.topk(probs, 5)
     assert [c["id"] for c in data["candidates"]] == top.indices.tolist()
-    np.testing.assert_allclose([c["prob"] for c in data["candidates"]], top.values.numpy(), rtol=1e-5)
+    np.testing.assert_allclose(
+        [c["prob"] for c in data["candidates"]], top.values.numpy(), rtol=1e-5
+    )
     assert data["candidates"][0]["text"] == TEXT + data["candidates"][0]["piece"]
     # top-k renormalises over k tokens; temperature 0 puts everything on the argmax
     top3 = post(client, "/api/next", model="gpt", text=TEXT, top_k=3, k=5)
-    assert top3["kept"] == 3 and sum(c["prob"] for c in top3["candidates"]) == pytest.approx(1, abs=1e-5)
+    assert top3["kept"] == 3 and sum(c["prob"] for c in top3["candidates"]) == pytest.approx(
+        1, abs=1e-5
+    )
     assert sum(c["prob"] > 0 for c in top3["candidates"]) == 3
     greedy = post(client, "/api/next", model="gpt", text=TEXT, temperature=0)
-    assert greedy["candidates"][0]["prob"] == 1 and greedy["candidates"][0]["id"] == int(probs.argmax())
+    assert greedy["candidates"][0]["prob"] == 1 and greedy["candidates"][0]["id"] == int(
+        probs.argmax()
+    )
     nucleus = post(client, "/api/next", model="gpt", text=TEXT, top_p=0.05)
     assert nucleus["kept"] < 95
     a = post(client, "/api/next", model="gpt", text=TEXT, top_k=3, sample=True, seed=5)
     b = post(client, "/api/next", model="gpt", text=TEXT, top_k=3, sample=True, seed=5)
-    assert a["chosen"] == b["chosen"] and a["chosen"]["id"] in [c["id"] for c in top3["candidates"][:3]]
+    assert a["chosen"] == b["chosen"] and a["chosen"]["id"] in [
+        c["id"] for c in top3["candidates"][:3]
+    ]
 
 
-@pytest.mark.parametrize("path, body, status, words", [
-    ("/api/run", {"model": "nope", "text": "hi"}, 404, ["unknown model 'nope'", "'gpt'"]),
-    ("/api/pattern", {"model": "../../etc/passwd", "text": "hi", "layer": 0, "head": 0}, 404, ["unknown model"]),
-    ("/api/pattern", {"model": "gpt", "text": "hi", "layer": 9, "head": 0}, 422, ["layer 9", "2 layers"]),
-    ("/api/pattern", {"model": "gpt", "text": "hi", "layer": 0, "head": 4}, 422, ["head 4", "4 heads"]),
-    ("/api/pattern", {"model": "gpt", "text": "hi", "layer": 0, "head": -1}, 422, ["head", "greater than or equal to 0"]),
-    ("/api/trace", {"model": "gpt", "text": "hi", "layer": 0, "token": 2}, 422, ["token index 2", "2 tokens"]),
-    ("/api/stages", {"model": "gpt", "text": "hi", "layer": 0, "head": 0, "mask": "diagonal"}, 422, ["mask"]),
-    ("/api/run", {"model": "gpt", "text": "x" * 129}, 413, ["129 tokens", "limit", "128 tokens"]),
-    ("/api/run", {"model": "llama", "text": "x" * 513}, 413, ["513 tokens", "512 tokens"]),
-    ("/api/run", {"model": "gpt", "text": "x" * (MAX_CHARS + 1)}, 422, [str(MAX_CHARS), "characters"]),
-    ("/api/run", {"model": "gpt", "text": "é"}, 422, ["never saw", "'é'"]),
-    ("/api/run", {"model": "gpt", "text": ""}, 422, ["text", "at least 1 character"]),
-    ("/api/next", {"model": "bert", "text": "hi"}, 409, ["encoder", "next token"]),
-    ("/api/next", {"model": "gpt", "text": "hi", "top_p": 0}, 422, ["top_p", "greater than 0"]),
-    # strict types (schemathesis found the first): a boolean or a string is not a number
-    ("/api/pattern", {"model": "gpt", "text": "hi", "layer": 0, "head": False}, 422, ["head", "valid integer"]),
-    ("/api/trace", {"model": "gpt", "text": "hi", "layer": "1", "token": 0}, 422, ["layer", "valid integer"]),
-    ("/api/next", {"model": "gpt", "text": "hi", "sample": "yes"}, 422, ["sample", "valid boolean"]),
-    ("/api/pattern", {"model": "gpt", "text": "hi", "layer": 0, "head": 0, "ablate": [[True, 1]]}, 422, ["ablate", "valid integer"]),
-])
+@pytest.mark.parametrize(
+    "path, body, status, words",
+    [
+        ("/api/run", {"model": "nope", "text": "hi"}, 404, ["unknown model 'nope'", "'gpt'"]),
+        (
+            "/api/pattern",
+            {"model": "../../etc/passwd", "text": "hi", "layer": 0, "head": 0},
+            404,
+            ["unknown model"],
+        ),
+        (
+            "/api/pattern",
+            {"model": "gpt", "text": "hi", "layer": 9, "head": 0},
+            422,
+            ["layer 9", "2 layers"],
+        ),
+        (
+            "/api/pattern",
+            {"model": "gpt", "text": "hi", "layer": 0, "head": 4},
+            422,
+            ["head 4", "4 heads"],
+        ),
+        (
+            "/api/pattern",
+            {"model": "gpt", "text": "hi", "layer": 0, "head": -1},
+            422,
+            ["head", "greater than or equal to 0"],
+        ),
+        (
+            "/api/trace",
+            {"model": "gpt", "text": "hi", "layer": 0, "token": 2},
+            422,
+            ["token index 2", "2 tokens"],
+        ),
+        (
+            "/api/stages",
+            {"model": "gpt", "text": "hi", "layer": 0, "head": 0, "mask": "diagonal"},
+            422,
+            ["mask"],
+        ),
+        (
+            "/api/run",
+            {"model": "gpt", "text": "x" * 129},
+            413,
+            ["129 tokens", "limit", "128 tokens"],
+        ),
+        ("/api/run", {"model": "llama", "text": "x" * 513}, 413, ["513 tokens", "512 tokens"]),
+        (
+            "/api/run",
+            {"model": "gpt", "text": "x" * (MAX_CHARS + 1)},
+            422,
+            [str(MAX_CHARS), "characters"],
+        ),
+        ("/api/run", {"model": "gpt", "text": "é"}, 422, ["never saw", "'é'"]),
+        ("/api/run", {"model": "gpt", "text": ""}, 422, ["text", "at least 1 character"]),
+        ("/api/next", {"model": "bert", "text": "hi"}, 409, ["encoder", "next token"]),
+        ("/api/next", {"model": "gpt", "text": "hi", "top_p": 0}, 422, ["top_p", "greater than 0"]),
+        # strict types (schemathesis found the first): a boolean or a string is not a number
+        (
+            "/api/pattern",
+            {"model": "gpt", "text": "hi", "layer": 0, "head": False},
+            422,
+            ["head", "valid integer"],
+        ),
+        (
+            "/api/trace",
+            {"model": "gpt", "text": "hi", "layer": "1", "token": 0},
+            422,
+            ["layer", "valid integer"],
+        ),
+        (
+            "/api/next",
+            {"model": "gpt", "text": "hi", "sample": "yes"},
+            422,
+            ["sample", "valid boolean"],
+        ),
+        (
+            "/api/pattern",
+            {"model": "gpt", "text": "hi", "layer": 0, "head": 0, "ablate": [[True, 1]]},
+            422,
+            ["ablate", "valid integer"],
+        ),
+    ],
+)
 def test_bad_requests_get_a_4xx_with_a_message(client, path, body, status, words):
     response = client.post(path, json=body)
     assert response.status_code == status, response.text
     detail = response.json()["detail"]
-    text = detail if isinstance(detail, str) else " ".join(f"{'.'.join(map(str, d['loc']))} {d['msg']}" for d in detail)
+    text = (
+        detail
+        if isinstance(detail, str)
+        else " ".join(f"{'.'.join(map(str, d['loc']))} {d['msg']}" for d in detail)
+    )
     for word in words:
         assert word in text, (word, text)
 
 
 def test_sixteen_concurrent_clients_all_get_their_own_answers(client, models):
-    jobs = [(name, layer, head, TEXT[: 20 + i]) for i, (name, layer, head) in
-            enumerate((n, l, h) for n in MODELS for l in range(2) for h in range(4))][:16]
+    jobs = [
+        (name, layer, head, TEXT[: 20 + i])
+        for i, (name, layer, head) in enumerate(
+            (n, l, h) for n in MODELS for l in range(2) for h in range(4)
+        )
+    ][:16]
     expected = {}
     for name, layer, head, text in jobs:
         _, cache = cache_of(models[name], text)
@@ -249,7 +374,9 @@ def test_sixteen_concurrent_clients_all_get_their_own_answers(client, models):
         name, layer, head, text = job
         try:
             barrier.wait()
-            response = client.post("/api/pattern", json={"model": name, "text": text, "layer": layer, "head": head})
+            response = client.post(
+                "/api/pattern", json={"model": name, "text": text, "layer": layer, "head": head}
+            )
             results[job] = (response.status_code, response.json())
         except Exception as exc:  # noqa: BLE001 — reported below
             errors.append(exc)
@@ -273,8 +400,17 @@ def test_docs_page_is_offline_and_lists_the_api(client):
 
 def test_openapi_documents_every_route(client):
     paths = client.get("/openapi.json").json()["paths"]
-    for path in ("/api/models", "/api/run", "/api/pattern", "/api/stages", "/api/projection", "/api/heads",
-                 "/api/trace", "/api/next", "/api/models/{name}/head-scores"):
+    for path in (
+        "/api/models",
+        "/api/run",
+        "/api/pattern",
+        "/api/stages",
+        "/api/projection",
+        "/api/heads",
+        "/api/trace",
+        "/api/next",
+        "/api/models/{name}/head-scores",
+    ):
         assert path in paths
     assert "413" in paths["/api/run"]["post"]["responses"]
 
@@ -300,57 +436,100 @@ def test_a_model_without_tokenizer_is_a_clear_error(models):
 
 def test_trace_of_a_parallel_block_has_no_resid_mid_and_sums_both_branches():
     """Pythia-style blocks: the MLP reads resid_pre, and resid_post = x + attn_out + mlp_out."""
-    import attnlab
     from explorer_models import char_tokenizer
+
+    import attnlab
 
     tok = char_tokenizer()
     torch.manual_seed(2)
-    model = attnlab.Transformer(attnlab.ModelConfig(
-        d_vocab=tok.vocab_size, n_layers=2, n_heads=2, d_model=32, n_ctx=64, positional="rope", rotary_fraction=0.25,
-        parallel_residual=True)).eval()
+    model = attnlab.Transformer(
+        attnlab.ModelConfig(
+            d_vocab=tok.vocab_size,
+            n_layers=2,
+            n_heads=2,
+            d_model=32,
+            n_ctx=64,
+            positional="rope",
+            rotary_fraction=0.25,
+            parallel_residual=True,
+        )
+    ).eval()
     model.tokenizer = tok
     with TestClient(create_app({"pythia": model}), base_url=LOCAL) as client:
         data = post(client, "/api/trace", model="pythia", text=TEXT, layer=1, token=5)
     stages = {s["key"]: s for s in data["stages"]}
     assert "resid_mid" not in stages and "parallel" in stages["ln2"]["equation"]
     _, cache = cache_of(model)
-    torch.testing.assert_close(torch.tensor(stages["ln2"]["values"]), model.blocks[1].ln2(cache["blocks.1.hook_resid_pre"])[0, 5],
-                               atol=1e-6, rtol=0)
-    resid_post = cache["blocks.1.hook_resid_pre"] + cache["blocks.1.hook_attn_out"] + cache["blocks.1.hook_mlp_out"]
-    torch.testing.assert_close(torch.tensor(stages["resid_post"]["values"]), resid_post[0, 5], atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        torch.tensor(stages["ln2"]["values"]),
+        model.blocks[1].ln2(cache["blocks.1.hook_resid_pre"])[0, 5],
+        atol=1e-6,
+        rtol=0,
+    )
+    resid_post = (
+        cache["blocks.1.hook_resid_pre"]
+        + cache["blocks.1.hook_attn_out"]
+        + cache["blocks.1.hook_mlp_out"]
+    )
+    torch.testing.assert_close(
+        torch.tensor(stages["resid_post"]["values"]), resid_post[0, 5], atol=1e-5, rtol=0
+    )
 
 
 def test_a_sliding_window_model_shows_its_band_in_the_pattern_and_the_stages():
-    """Mistral-style window of 4 on a 44-token text: the pattern is a band, and the stages' causal mask is that band."""
-    import attnlab
+    """Mistral-style window of 4 on a 44-token text: the pattern is a band, and the stages' causal
+    mask is that band."""
     from explorer_models import char_tokenizer
+
+    import attnlab
 
     tok = char_tokenizer()
     torch.manual_seed(3)
-    model = attnlab.Transformer(attnlab.ModelConfig(
-        d_vocab=tok.vocab_size, n_layers=1, n_heads=2, d_model=32, n_ctx=64, positional="rope", norm="rmsnorm",
-        sliding_window=4)).eval()
+    model = attnlab.Transformer(
+        attnlab.ModelConfig(
+            d_vocab=tok.vocab_size,
+            n_layers=1,
+            n_heads=2,
+            d_model=32,
+            n_ctx=64,
+            positional="rope",
+            norm="rmsnorm",
+            sliding_window=4,
+        )
+    ).eval()
     model.tokenizer = tok
     T = len(TEXT)
     band = np.tril(np.ones((T, T), dtype=bool)) & ~np.tril(np.ones((T, T), dtype=bool), -4)
     with TestClient(create_app({"mistral": model}), base_url=LOCAL) as client:
         assert client.get("/api/models").json()[0]["sliding_window"] == 4
         data = post(client, "/api/pattern", model="mistral", text=TEXT, layer=0, head=1)
-        stages = post(client, "/api/stages", model="mistral", text=TEXT, layer=0, head=1, mask="causal")
+        stages = post(
+            client, "/api/stages", model="mistral", text=TEXT, layer=0, head=1, mask="causal"
+        )
     pattern = np.array(data["pattern"])
     assert data["sliding_window"] == 4
     assert np.all(pattern[~band] == 0) and np.all(pattern[band] > 0)
     np.testing.assert_allclose(pattern.sum(-1), 1, atol=1e-5)
     np.testing.assert_allclose(np.array(stages["softmax"]), pattern, atol=1e-5)
-    assert all((v is None) == (not band[i, j]) for i, row in enumerate(stages["masked"]) for j, v in enumerate(row))
+    assert all(
+        (v is None) == (not band[i, j])
+        for i, row in enumerate(stages["masked"])
+        for j, v in enumerate(row)
+    )
 
 
 def test_an_integer_is_json_schemas_any_number_without_a_fraction(client):
-    """1.0 is the integer 1 (the document says "integer", which JSON Schema defines so); 1.5 and false are not."""
-    as_floats = post(client, "/api/pattern", model="gpt", text="hi", layer=1.0, head=2.0, ablate=[[0.0, 1.0]])
+    """1.0 is the integer 1 (the document says "integer", which JSON Schema defines so); 1.5 and
+    false are not."""
+    as_floats = post(
+        client, "/api/pattern", model="gpt", text="hi", layer=1.0, head=2.0, ablate=[[0.0, 1.0]]
+    )
     as_ints = post(client, "/api/pattern", model="gpt", text="hi", layer=1, head=2, ablate=[[0, 1]])
-    assert as_floats.pop("cost")["server_ms"] >= 0 and as_ints.pop("cost")["server_ms"] >= 0  # a timing: differs
+    # a timing: differs
+    assert as_floats.pop("cost")["server_ms"] >= 0 and as_ints.pop("cost")["server_ms"] >= 0
     assert as_floats == as_ints and as_floats["layer"] == 1
     for bad in (1.5, False, "1"):
-        response = client.post("/api/pattern", json={"model": "gpt", "text": "hi", "layer": bad, "head": 0})
+        response = client.post(
+            "/api/pattern", json={"model": "gpt", "text": "hi", "layer": bad, "head": 0}
+        )
         assert response.status_code == 422 and "layer" in response.text, (bad, response.text)

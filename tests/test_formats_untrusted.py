@@ -1,11 +1,13 @@
-"""Loading untrusted files cannot hurt: every damaged or hostile checkpoint is a correct load or one line.
+"""Loading untrusted files cannot hurt: every damaged or hostile checkpoint is a correct load or one
+line.
 
-The named cases (absurd, zero or negative sizes, wrong dtype or shape, missing or extra tensors, NaN and
-infinite weights, a safetensors header that lies about its offsets, a tokenizer.json that is not JSON)
-each give one line and exit 2 on the command line. A hypothesis property then mutates real checkpoint
-files (attnlab's own, GPT-2 and LLaMA style: config values, safetensors headers, raw bytes) and asserts
-that every outcome is a load or a one-line UserError, never another exception: in-process for the bulk,
-through `attnlab sample` in subprocesses for a sample.
+The named cases (absurd, zero or negative sizes, wrong dtype or shape, missing or extra tensors, NaN
+and infinite weights, a safetensors header that lies about its offsets, a tokenizer.json that is not
+JSON) each give one line and exit 2 on the command line. A hypothesis property then mutates real
+checkpoint
+files (attnlab's own, GPT-2 and LLaMA style: config values, safetensors headers, raw bytes) and
+asserts that every outcome is a load or a one-line UserError, never another exception: in-process
+for the bulk, through `attnlab sample` in subprocesses for a sample.
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
+from training_tiny import one_line_error, run_cli
 
 import attnlab
 from attnlab.errors import UserError
 from attnlab.tokenizer import Tokenizer
-from training_tiny import one_line_error, run_cli
 
 SRC = Path(attnlab.__file__).resolve().parents[1]
 KINDS = ("attnlab", "gpt2", "llama")
@@ -36,9 +38,20 @@ KINDS = ("attnlab", "gpt2", "llama")
 
 def make_checkpoint(path: Path, kind: str) -> Path:
     """A small, valid checkpoint with a character tokenizer."""
-    config = attnlab.ModelConfig(d_vocab=16, n_ctx=16, d_model=16, n_layers=1, n_heads=2,
-                                 **({"positional": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False}
-                                    if kind == "llama" else {"mlp": "gelu_tanh"} if kind == "gpt2" else {}))
+    config = attnlab.ModelConfig(
+        d_vocab=16,
+        n_ctx=16,
+        d_model=16,
+        n_layers=1,
+        n_heads=2,
+        **(
+            {"positional": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False}
+            if kind == "llama"
+            else {"mlp": "gelu_tanh"}
+            if kind == "gpt2"
+            else {}
+        ),
+    )
     torch.manual_seed(0)
     model = attnlab.Transformer(config)
     model.tokenizer = Tokenizer.train_char("abcdefg hij")
@@ -67,14 +80,15 @@ def edit_config(path: Path, **changes) -> None:
 
 
 def rewrite_header(file: Path, edit) -> None:
-    """Rewrite a safetensors file's JSON header through edit(header) (the data bytes stay as they are)."""
+    """Rewrite a safetensors file's JSON header through edit(header) (the data bytes stay as they
+    are)."""
     data = file.read_bytes()
     (length,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + length])
+    header = json.loads(data[8 : 8 + length])
     edit(header)
     encoded = json.dumps(header).encode()
     encoded += b" " * (-len(encoded) % 8)
-    file.write_bytes(struct.pack("<Q", len(encoded)) + encoded + data[8 + length:])
+    file.write_bytes(struct.pack("<Q", len(encoded)) + encoded + data[8 + length :])
 
 
 def refused(path: Path, match: str) -> str:
@@ -85,15 +99,27 @@ def refused(path: Path, match: str) -> str:
     return message
 
 
-# The named cases ----------------------------------------------------------------------------------------
+# The named cases
+# ----------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_absurd_sizes_fail_before_allocating(pristine, tmp_path, kind, monkeypatch):
     path = fresh(pristine, kind, tmp_path)
-    edit_config(path, **({"d_model": 10**9} if kind == "attnlab" else
-                         {"n_embd": 10**9} if kind == "gpt2" else {"hidden_size": 10**9}))
+    edit_config(
+        path,
+        **(
+            {"d_model": 10**9}
+            if kind == "attnlab"
+            else {"n_embd": 10**9}
+            if kind == "gpt2"
+            else {"hidden_size": 10**9}
+        ),
+    )
     built = []
-    monkeypatch.setattr(attnlab.Transformer, "__init__", lambda *a, **k: built.append(1) or pytest.fail("allocated"))
+    monkeypatch.setattr(
+        attnlab.Transformer, "__init__", lambda *a, **k: built.append(1) or pytest.fail("allocated")
+    )
     refused(path, "needs at least .* weights, but the weight files hold")
     assert not built
 
@@ -130,13 +156,21 @@ def test_wrong_shape_missing_and_extra_tensors_are_named(pristine, tmp_path, cha
     else:
         tensors["blocks.7.attn.W_Q.weight"] = torch.zeros(2)
     save_file(tensors, path / "model.safetensors")
-    refused(path, {"shape": "'embed.weight' has shape", "missing": "missing weight 'embed.weight'",
-                   "extra": "unexpected weight 'blocks.7.attn.W_Q.weight'"}[change])
+    refused(
+        path,
+        {
+            "shape": "'embed.weight' has shape",
+            "missing": "missing weight 'embed.weight'",
+            "extra": "unexpected weight 'blocks.7.attn.W_Q.weight'",
+        }[change],
+    )
 
 
 @pytest.mark.parametrize("kind", ["attnlab", "gpt2"])
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
-def test_nan_or_infinite_weights_load_with_a_warning_naming_the_tensor(pristine, tmp_path, kind, value):
+def test_nan_or_infinite_weights_load_with_a_warning_naming_the_tensor(
+    pristine, tmp_path, kind, value
+):
     path = fresh(pristine, kind, tmp_path)
     tensors = load_file(path / "model.safetensors")
     key = sorted(k for k in tensors if tensors[k].dim() == 2)[0]
@@ -153,10 +187,17 @@ def test_a_safetensors_header_lying_about_offsets(pristine, tmp_path, kind, lie)
     path = fresh(pristine, kind, tmp_path)
 
     def edit(header):
-        name = max((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][0])
-        start, end = header[name]["data_offsets"]  # the last tensor of the data, so "overlap" covers another
-        header[name]["data_offsets"] = {"past_the_end": [start, end + 4096], "overlap": [0, end - start],
-                                        "reversed": [end, start], "huge": [start, start + 2**62]}[lie]
+        name = max(
+            (k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][0]
+        )
+        # the last tensor of the data, so "overlap" covers another
+        start, end = header[name]["data_offsets"]
+        header[name]["data_offsets"] = {
+            "past_the_end": [start, end + 4096],
+            "overlap": [0, end - start],
+            "reversed": [end, start],
+            "huge": [start, start + 2**62],
+        }[lie]
 
     rewrite_header(path / "model.safetensors", edit)
     refused(path, "model.safetensors: not a readable safetensors file")
@@ -170,8 +211,16 @@ def test_a_tokenizer_json_that_is_not_json(pristine, tmp_path, capsys):
     assert code == 2 and "not a valid tokenizer.json" in one_line_error(err)
 
 
-@pytest.mark.parametrize("text", ["[1, 2]", '{"format": "attnlab", "model": 3}', '{"format": "attnlab"}',
-                                  '{"format": "attnlab", "version": "2", "model": {}}', "\x00\xff"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[1, 2]",
+        '{"format": "attnlab", "model": 3}',
+        '{"format": "attnlab"}',
+        '{"format": "attnlab", "version": "2", "model": {}}',
+        "\x00\xff",
+    ],
+)
 def test_a_config_json_of_the_wrong_shape(pristine, tmp_path, text):
     path = fresh(pristine, "attnlab", tmp_path)
     (path / "config.json").write_bytes(text.encode("latin-1"))
@@ -180,22 +229,36 @@ def test_a_config_json_of_the_wrong_shape(pristine, tmp_path, text):
     assert "\n" not in str(info.value)
 
 
-# The property: any mutation is a load or one line ------------------------------------------------------
+# The property: any mutation is a load or one line
+# ------------------------------------------------------
 
-JSON_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
-                        st.text(max_size=8), st.lists(st.integers(-3, 3), max_size=3), st.just({}))
+JSON_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True),
+    st.text(max_size=8),
+    st.lists(st.integers(-3, 3), max_size=3),
+    st.just({}),
+)
 
 
 def ways_to_mutate(target: str) -> tuple[str, ...]:
-    """A JSON file: a value replaced, bytes changed, truncated. model.safetensors (no JSON document): its
-    header's fields, bytes near its start, truncated."""
-    return ("header", "bytes", "truncate") if target.endswith(".safetensors") else ("value", "bytes", "truncate")
+    """A JSON file: a value replaced, bytes changed, truncated. model.safetensors (no JSON
+    document): its header's fields, bytes near its start, truncated."""
+    return (
+        ("header", "bytes", "truncate")
+        if target.endswith(".safetensors")
+        else ("value", "bytes", "truncate")
+    )
 
 
 @st.composite
 def mutations(draw):
     kind = draw(st.sampled_from(KINDS))
-    target = draw(st.sampled_from(["config.json", "model.safetensors", "model.safetensors", "tokenizer.json"]))
+    target = draw(
+        st.sampled_from(["config.json", "model.safetensors", "model.safetensors", "tokenizer.json"])
+    )
     how = draw(st.sampled_from(ways_to_mutate(target)))
     return kind, target, how, draw(st.randoms(use_true_random=False)), draw(JSON_VALUES)
 
@@ -205,12 +268,13 @@ def _same(a, b) -> bool:
 
 
 def mutate(path: Path, target: str, how: str, rng, value) -> None:
-    """Change `target` in `path` as `how` says; every way changes what a reader of the file sees (test below)."""
+    """Change `target` in `path` as `how` says; every way changes what a reader of the file sees
+    (test below)."""
     assert how in ways_to_mutate(target), (target, how)
     file = path / target
     data = bytearray(file.read_bytes())
     if how == "truncate":
-        file.write_bytes(bytes(data[:rng.randrange(len(data))]))
+        file.write_bytes(bytes(data[: rng.randrange(len(data))]))
     elif how == "bytes":  # 1-4 distinct positions, each XORed with a non-zero byte
         span = min(len(data), 8 + 400) if target.endswith(".safetensors") else len(data)
         before = content(file)
@@ -220,14 +284,19 @@ def mutate(path: Path, target: str, how: str, rng, value) -> None:
                 changed[at] ^= rng.randrange(1, 256)
             file.write_bytes(bytes(changed))
     elif how == "header":
+
         def edit(header):
             name = rng.choice(sorted(k for k in header if k != "__metadata__"))
             field = rng.choice(["dtype", "shape", "data_offsets"])
             new = value if rng.random() < 0.5 else None
             while new is None or _same(new, header[name][field]):  # never the value it had
-                new = ([rng.randint(-1, 2**40) for _ in range(rng.randint(0, 3))] if field != "dtype"
-                       else rng.choice(["F16", "BF16", "I64", "BOOL", "F8_E5M2", "U8", "X"]))
+                new = (
+                    [rng.randint(-1, 2**40) for _ in range(rng.randint(0, 3))]
+                    if field != "dtype"
+                    else rng.choice(["F16", "BF16", "I64", "BOOL", "F8_E5M2", "U8", "X"])
+                )
             header[name][field] = new
+
         rewrite_header(file, edit)
     else:  # a JSON value somewhere in the file replaced by a drawn one, never by the value it had
         document = json.loads(data)
@@ -250,41 +319,51 @@ def load_or_one_line(path: Path) -> str:
     return "ok"
 
 
-@settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture], derandomize=True)
+@settings(
+    max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture], derandomize=True
+)
 @given(case=mutations())
 def test_any_mutation_of_a_real_checkpoint_loads_or_is_one_line(pristine, tmp_path, case):
     kind, target, how, rng, value = case
     path = fresh(pristine, kind, tmp_path)
     before = content(path / target)
     mutate(path, target, how, rng, value)
-    assert content(path / target) != before, (kind, target, how, value)  # every drawn case tests something
+    # every drawn case tests something
+    assert content(path / target) != before, (kind, target, how, value)
     load_or_one_line(path)
 
 
 def content(file: Path):
-    """What a mutation must change: a JSON file's document (a rewrite that only reformats it changes nothing a
-    reader sees), a safetensors file's header document and data, any other file's bytes."""
+    """What a mutation must change: a JSON file's document (a rewrite that only reformats it changes
+    nothing a reader sees), a safetensors file's header document and data, any other file's
+    bytes."""
     data = file.read_bytes()
     try:
         if file.suffix == ".json":
             return json.dumps(json.loads(data), sort_keys=True)
         if file.suffix == ".safetensors":
             (length,) = struct.unpack("<Q", data[:8])
-            return json.dumps(json.loads(data[8:8 + length]), sort_keys=True), data[8 + length:]
+            return json.dumps(json.loads(data[8 : 8 + length]), sort_keys=True), data[8 + length :]
     except (ValueError, struct.error):
         pass  # no longer parses: its bytes
     return data
 
 
-HOSTILE_VALUES = ["x", None, -1, float("nan"), True]  # a string, null, a negative, a non-finite, a boolean
+# a string, null, a negative, a non-finite, a boolean
+HOSTILE_VALUES = ["x", None, -1, float("nan"), True]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
-def test_every_config_setting_with_every_hostile_value_loads_or_is_one_line(pristine, tmp_path, kind):
-    """Exhaustive where the property above samples: each setting of config.json, each kind of bad value."""
-    keys = sorted(json.loads((pristine[kind] / "config.json").read_text()).get("model", {}) or
-                  json.loads((pristine[kind] / "config.json").read_text()))
+def test_every_config_setting_with_every_hostile_value_loads_or_is_one_line(
+    pristine, tmp_path, kind
+):
+    """Exhaustive where the property above samples: each setting of config.json, each kind of bad
+    value."""
+    keys = sorted(
+        json.loads((pristine[kind] / "config.json").read_text()).get("model", {})
+        or json.loads((pristine[kind] / "config.json").read_text())
+    )
     for key in keys:
         for value in HOSTILE_VALUES:
             path = fresh(pristine, kind, tmp_path)
@@ -302,7 +381,11 @@ def test_the_command_line_on_mutated_checkpoints_exits_0_or_2_with_one_line(pris
     import random
 
     rng = random.Random(0)
-    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "OMP_NUM_THREADS": "1",
+    }
     outcomes = []
     for i in range(8):
         kind = KINDS[i % 3]
@@ -311,8 +394,23 @@ def test_the_command_line_on_mutated_checkpoints_exits_0_or_2_with_one_line(pris
         before = content(path / target)
         mutate(path, target, ways_to_mutate(target)[i % 3], rng, [10**12, -1, "x", None][i % 4])
         assert content(path / target) != before, (i, target)
-        done = subprocess.run([sys.executable, "-m", "attnlab", "sample", str(path), "--max-new-tokens", "2",
-                               "--prompt", "a"], env=env, capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "attnlab",
+                "sample",
+                str(path),
+                "--max-new-tokens",
+                "2",
+                "--prompt",
+                "a",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert done.returncode in (0, 2), done.stderr
         assert "Traceback" not in done.stderr, done.stderr
         if done.returncode == 2:

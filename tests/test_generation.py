@@ -1,7 +1,8 @@
-"""attnlab.generate.loop: the KV cache gives the logits of a full forward pass, padding changes nothing, sampling
-draws from the distribution it says it does, and bad arguments are refused.
+"""attnlab.generate.loop: the KV cache gives the logits of a full forward pass, padding changes
+nothing, sampling draws from the distribution it says it does, and bad arguments are refused.
 
-Tolerance: cached and full logits in float64 agree to 1e-9 (the same float32 RoPE/sinusoid angles on both sides).
+Tolerance: cached and full logits in float64 agree to 1e-9 (the same float32 RoPE/sinusoid angles on
+both sides).
 """
 
 from __future__ import annotations
@@ -10,28 +11,34 @@ import pytest
 import torch
 
 from attnlab import Transformer
-from attnlab.model.config import ModelConfig
 from attnlab.errors import UserError
 from attnlab.generate.kv_cache import KVCache
 from attnlab.generate.loop import decode_one_token_at_slot, generate, prefill
 from attnlab.generate.sampling import filter_logits, sample_next
+from attnlab.model.config import ModelConfig
 
 BASE = dict(d_vocab=13, n_ctx=32, d_model=16, n_layers=2, n_heads=4, d_mlp=32)
 CONFIGS = {
     "learned": dict(),
     "sinusoidal": dict(positional="sinusoidal"),
-    "rope-partial-qk-norm": dict(positional="rope", rotary_fraction=0.5, qk_norm=True, norm="rmsnorm"),
-    "rope-gqa-swiglu": dict(positional="rope", n_kv_heads=2, mlp="swiglu", bias=False, tie_embeddings=False),
+    "rope-partial-qk-norm": dict(
+        positional="rope", rotary_fraction=0.5, qk_norm=True, norm="rmsnorm"
+    ),
+    "rope-gqa-swiglu": dict(
+        positional="rope", n_kv_heads=2, mlp="swiglu", bias=False, tie_embeddings=False
+    ),
     "none-multi-query": dict(positional="none", n_kv_heads=1),
     "post-norm-attn-only": dict(norm_placement="post", attn_only=True),
-    # a window of 3, shorter than the prompt and the text: prefill, decode steps and the pattern keep to the band
+    # a window of 3, shorter than the prompt and the text: prefill, decode steps and the pattern
+    # keep to the band
     "sliding-window-rope-gqa": dict(positional="rope", n_kv_heads=2, sliding_window=3),
 }
 F64 = dict(rtol=1e-9, atol=1e-9)
 
 
 def build(overrides: dict, dtype=torch.float64) -> Transformer:
-    """A small model with N(0, 0.3) parameters: confident enough that greedy choices are not near-ties."""
+    """A small model with N(0, 0.3) parameters: confident enough that greedy choices are not
+    near-ties."""
     model = Transformer(ModelConfig(**{**BASE, **overrides})).to(dtype).eval()
     with torch.no_grad():
         for p in model.parameters():
@@ -40,7 +47,8 @@ def build(overrides: dict, dtype=torch.float64) -> Transformer:
 
 
 def read_patterns(model: Transformer):
-    """fwd_hooks that read every pattern: the forward pass then takes the explicit attention path."""
+    """fwd_hooks that read every pattern: the forward pass then takes the explicit attention
+    path."""
     return [(lambda name: name.endswith("hook_pattern"), lambda pattern, hook: None)]
 
 
@@ -65,14 +73,18 @@ def test_cached_decoding_gives_the_logits_of_a_full_forward_pass(name, path, val
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 @pytest.mark.parametrize("values_position_minor", [False, True])
-def test_prefill_and_decode_step_give_the_logits_of_a_full_forward_pass(name, values_position_minor):
-    """The decode step as generate runs it: a (1,) slot tensor, the whole buffer, a key mask of written slots."""
+def test_prefill_and_decode_step_give_the_logits_of_a_full_forward_pass(
+    name, values_position_minor
+):
+    """The decode step as generate runs it: a (1,) slot tensor, the whole buffer, a key mask of
+    written slots."""
     model = build(CONFIGS[name])
     B, T, P, max_len = 2, 9, 4, 16
     ids = torch.randint(0, BASE["d_vocab"], (B, T))
     full = model(ids)
     cache = KVCache.for_model(model, B, max_len, values_position_minor=values_position_minor)
-    if values_position_minor:  # [batch, kv_head, pos, d_head] like the keys, with positions contiguous
+    # [batch, kv_head, pos, d_head] like the keys, with positions contiguous
+    if values_position_minor:
         assert cache.v[0].shape == cache.k[0].shape and cache.v[0].stride(-2) == 1
     torch.testing.assert_close(prefill(model, ids[:, :P], cache), full[:, P - 1], **F64)
     key_mask = torch.zeros(B, max_len, dtype=torch.bool)
@@ -80,7 +92,9 @@ def test_prefill_and_decode_step_give_the_logits_of_a_full_forward_pass(name, va
     for t in range(P, T):
         key_mask[:, t] = True
         slot, positions = torch.tensor([t]), torch.full((B, 1), t)
-        logits = decode_one_token_at_slot(model, ids[:, t : t + 1], cache, slot, positions, key_mask)
+        logits = decode_one_token_at_slot(
+            model, ids[:, t : t + 1], cache, slot, positions, key_mask
+        )
         torch.testing.assert_close(logits, full[:, t], **F64)
 
 
@@ -96,7 +110,7 @@ def test_each_row_of_a_left_padded_batch_generates_what_it_would_alone(name):
     assert torch.equal(batch[:, :width], ids)
     for row, prompt in enumerate(prompts):
         alone = generate(model, torch.tensor([prompt]), 6, temperature=0)
-        assert batch[row, width:].tolist() == alone[0, len(prompt):].tolist()
+        assert batch[row, width:].tolist() == alone[0, len(prompt) :].tolist()
 
 
 def test_greedy_is_the_argmax_of_the_full_forward_pass_whatever_the_seed():
@@ -121,10 +135,13 @@ def test_a_seed_makes_sampling_reproducible():
 
 
 def test_sampling_draws_from_the_softmax():
-    """Frequencies of 40,000 draws match softmax(logits / temperature) to 0.015 (≈ 6 standard errors)."""
+    """Frequencies of 40,000 draws match softmax(logits / temperature) to 0.015 (≈ 6 standard
+    errors)."""
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
     n = 40_000
-    draws = sample_next(logits.expand(n, -1), temperature=0.8, generator=torch.Generator().manual_seed(0))
+    draws = sample_next(
+        logits.expand(n, -1), temperature=0.8, generator=torch.Generator().manual_seed(0)
+    )
     assert draws.shape == (n, 1)
     frequencies = torch.bincount(draws[:, 0], minlength=6).float() / n
     torch.testing.assert_close(frequencies, torch.softmax(logits / 0.8, -1), rtol=0, atol=0.015)
@@ -145,8 +162,10 @@ def test_top_k_and_top_p_restrict_the_support():
     assert set(draws.tolist()) <= set(order[: min(nucleus, 10)].tolist())
     kept = torch.isfinite(filter_logits(logits, 1.0, top_k=3, top_p=None))[0]
     assert set(kept.nonzero()[:, 0].tolist()) == set(order[:3].tolist())
-    assert torch.isfinite(filter_logits(logits, 1.0, top_p=1e-6)).sum() == 1  # a tiny nucleus keeps the top id
-    for tiny in (5e-324, 0.0):  # below float32's smallest number: still the top id, never an empty nucleus (NaN)
+    # a tiny nucleus keeps the top id
+    assert torch.isfinite(filter_logits(logits, 1.0, top_p=1e-6)).sum() == 1
+    # below float32's smallest number: still the top id, never an empty nucleus (NaN)
+    for tiny in (5e-324, 0.0):
         kept = torch.isfinite(filter_logits(logits, 1.0, top_p=tiny))[0]
         assert kept.sum() == 1 and kept[logits[0].argmax()]
     assert torch.equal(sample_next(logits, temperature=0), order[:1].view(1, 1))
@@ -201,9 +220,12 @@ def test_an_encoder_cannot_generate_and_a_full_cache_says_so():
 
 
 def test_decode_steps_read_nothing_on_the_host(monkeypatch):
-    """Only the prompt's ids are range-checked (one host read); each decode step's token skips the check."""
+    """Only the prompt's ids are range-checked (one host read); each decode step's token skips the
+    check."""
     model = build(CONFIGS["learned"], torch.float32)
     checked = []
-    monkeypatch.setattr(type(model), "_check_values", lambda self, ids, positions: checked.append(ids.shape))
+    monkeypatch.setattr(
+        type(model), "_check_values", lambda self, ids, positions: checked.append(ids.shape)
+    )
     generate(model, torch.tensor([[1, 2, 3]]), 5, temperature=0)
     assert checked == [(1, 3)]

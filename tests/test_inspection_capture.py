@@ -1,4 +1,5 @@
-"""Memory: run_with_cache keeps only what names_filter asks for; capture_patterns equals the cached pattern."""
+"""Memory: run_with_cache keeps only what names_filter asks for; capture_patterns equals the cached
+pattern."""
 
 import pytest
 import torch
@@ -19,7 +20,9 @@ def test_run_with_cache_stores_only_the_filtered_names(monkeypatch):
     ids = torch.randint(61, (2, 20))
     calls = []
     real = attnlab.model.attention.attention_pattern
-    monkeypatch.setattr(attnlab.model.attention, "attention_pattern", lambda s: calls.append(s.shape) or real(s))
+    monkeypatch.setattr(
+        attnlab.model.attention, "attention_pattern", lambda s: calls.append(s.shape) or real(s)
+    )
     _, cache = model.run_with_cache(ids, names_filter="blocks.1.attn.hook_pattern")
     assert list(cache) == ["blocks.1.attn.hook_pattern"]
     assert cache["blocks.1.attn.hook_pattern"].shape == (2, 4, 20, 20)
@@ -36,7 +39,9 @@ def test_run_with_cache_stores_only_the_filtered_names(monkeypatch):
 def test_unknown_names_in_the_filter_are_an_error():
     model = small("nano")
     with pytest.raises(attnlab.UserError, match="hook_pattern"):
-        model.run_with_cache(torch.zeros(1, 4, dtype=torch.long), names_filter=["blocks.0.attn.hook_patern"])
+        model.run_with_cache(
+            torch.zeros(1, 4, dtype=torch.long), names_filter=["blocks.0.attn.hook_patern"]
+        )
 
 
 @pytest.mark.parametrize(
@@ -57,12 +62,18 @@ def test_capture_patterns_equals_the_cached_pattern(preset, overrides, chunk):
     attention_mask = torch.ones(2, 30, dtype=torch.long)
     attention_mask[1, :5] = 0  # left padding in the second row
     kwargs = {"attention_mask": attention_mask}
-    _, cache = model.run_with_cache(ids, names_filter=lambda n: n.endswith("hook_pattern"), **kwargs)
-    patterns = capture_patterns(model, ids, layers=[0, 2], heads=[3, 1], query_chunk=chunk, **kwargs)
+    _, cache = model.run_with_cache(
+        ids, names_filter=lambda n: n.endswith("hook_pattern"), **kwargs
+    )
+    patterns = capture_patterns(
+        model, ids, layers=[0, 2], heads=[3, 1], query_chunk=chunk, **kwargs
+    )
     assert sorted(patterns) == [0, 2]
     for layer, pattern in patterns.items():
         assert pattern.shape == (2, 2, 30, 30)
-        torch.testing.assert_close(pattern, cache[f"blocks.{layer}.attn.hook_pattern"][:, [3, 1]], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(
+            pattern, cache[f"blocks.{layer}.attn.hook_pattern"][:, [3, 1]], atol=1e-6, rtol=1e-5
+        )
 
 
 def test_capture_patterns_checks_its_arguments():
@@ -76,7 +87,8 @@ def test_capture_patterns_checks_its_arguments():
 
 
 def test_capture_patterns_long_input_keeps_one_head():
-    """A 1024-token input, one head of one layer: the result is one T x T matrix, nothing else is kept."""
+    """A 1024-token input, one head of one layer: the result is one T x T matrix, nothing else is
+    kept."""
     model = small("llama-tiny", n_ctx=1024)
     ids = torch.randint(61, (1, 1024))
     patterns = capture_patterns(model, ids, layers=[1], heads=[2], query_chunk=128)

@@ -21,7 +21,8 @@ def test_scaling_shows_what_the_scale_is_for(tmp_path, capsys):
     for d in (4, 1024):
         assert rows[d, True]["score_std"] == pytest.approx(1.0, abs=0.1)
     assert abs(rows[1024, True]["entropy"] - rows[4, True]["entropy"]) < 0.1
-    # ... without it the scores spread like sqrt(d_k), the softmax saturates and its gradient shrinks.
+    # ... without it the scores spread like sqrt(d_k), the softmax saturates and its gradient
+    # shrinks.
     assert rows[1024, False]["score_std"] == pytest.approx(32.0, rel=0.1)
     assert rows[1024, False]["max_weight"] > 0.9 > 0.2 > rows[1024, True]["max_weight"]
     assert rows[1024, False]["entropy"] < 0.5 * rows[1024, True]["entropy"]
@@ -55,7 +56,8 @@ def test_extrapolation_quick(tmp_path, capsys):
             assert 0 < rows[name][f"loss_{f}x"] < 10
     # every model learned something at the training length (uniform guessing is log 64 = 4.16)
     assert all(r["loss_1x"] < math.log(64) for r in rows.values())
-    # ... trained by the Trainer (one training loop): each model a run directory that loads as trained
+    # ... trained by the Trainer (one training loop): each model a run directory that loads as
+    # trained
     from attnlab.inspection.experiments.common import SyntheticText, per_token_loss
     from attnlab.inspection.experiments.extrapolation import QUICK
 
@@ -63,7 +65,9 @@ def test_extrapolation_quick(tmp_path, capsys):
     assert model.config.positional == "rope" and model.config.d_mlp == 2 * QUICK.d_model
     assert (tmp_path / "extrapolation-rope" / "metrics.jsonl").is_file()
     evals = SyntheticText(d_vocab=QUICK.d_vocab).sample(QUICK.n_eval, QUICK.n_ctx + 1, seed=10_001)
-    assert float(per_token_loss(model, evals).mean()) == pytest.approx(rows["rope"]["loss_1x"], rel=1e-5)
+    assert float(per_token_loss(model, evals).mean()) == pytest.approx(
+        rows["rope"]["loss_1x"], rel=1e-5
+    )
 
 
 def test_coreference_scoring_on_hand_built_patterns():
@@ -92,8 +96,17 @@ def test_coreference_on_a_random_encoder_with_a_char_tokenizer(tmp_path):
 
     tokenizer = Tokenizer.train_char("".join(s[0] for s in coreference.SENTENCES))
     torch.manual_seed(0)
-    model = attnlab.Transformer(attnlab.preset("bert-mini", d_vocab=tokenizer.vocab_size, n_layers=2, n_heads=4,
-                                               d_model=32, d_mlp=64, n_ctx=128))
+    model = attnlab.Transformer(
+        attnlab.preset(
+            "bert-mini",
+            d_vocab=tokenizer.vocab_size,
+            n_layers=2,
+            n_heads=4,
+            d_model=32,
+            d_mlp=64,
+            n_ctx=128,
+        )
+    )
     model.tokenizer = tokenizer
     result = coreference.run(tmp_path, model=model, model_name="random bert-mini")
     accuracy = torch.as_tensor(result["accuracy"])
@@ -118,7 +131,19 @@ def test_heads_command_prints_tables_and_writes_json_and_png(tmp_path, capsys):
     torch.manual_seed(0)
     model = attnlab.Transformer(attnlab.preset("nano", d_vocab=40, n_ctx=32, n_layers=2))
     attnlab.save(model, tmp_path / "m")
-    assert main(["heads", str(tmp_path / "m"), "--json", str(tmp_path / "s.json"), "--png", str(tmp_path / "s.png")]) == 0
+    assert (
+        main(
+            [
+                "heads",
+                str(tmp_path / "m"),
+                "--json",
+                str(tmp_path / "s.json"),
+                "--png",
+                str(tmp_path / "s.png"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     for name in ("previous_token", "induction", "duplicate_token", "first_token", "copying"):
         assert name in out
@@ -161,15 +186,28 @@ def test_repeated_spans_repeat_a_span_after_a_prefix(d_vocab):
 
 
 def test_experiment_training_shows_a_progress_bar_without_a_line_per_evaluation(tmp_path, capsys):
-    """An experiment trains many small models: the Trainer's bar on stderr, not its 100 lines per model;
-    `attnlab train`'s Trainer (the default) still prints a line per evaluation."""
-    from attnlab.inspection.experiments.common import repeated_spans, train_run
-    from attnlab.training.trainer import Trainer
+    """An experiment trains many small models: the Trainer's bar on stderr, not its 100 lines per
+    model; `attnlab train`'s Trainer (the default) still prints a line per evaluation."""
     from training_tiny import tiny_config
 
+    from attnlab.inspection.experiments.common import repeated_spans, train_run
+    from attnlab.training.trainer import Trainer
+
     data = repeated_spans(40, 17, 8, seed=0)
-    train_run(data, 8, tmp_path / "exp", steps=4, batch=4, lr=1e-3, seed=0, progress=True, eval_interval=2,
-              n_layer=1, n_head=2, n_embd=16)
+    train_run(
+        data,
+        8,
+        tmp_path / "exp",
+        steps=4,
+        batch=4,
+        lr=1e-3,
+        seed=0,
+        progress=True,
+        eval_interval=2,
+        n_layer=1,
+        n_head=2,
+        n_embd=16,
+    )
     err = capsys.readouterr().err
     assert "train:" in err and "4/4" in err  # the bar
     assert "step 2: train loss" not in err and "val loss" not in err, err

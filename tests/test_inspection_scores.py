@@ -1,18 +1,30 @@
-"""Head scores on hand-built patterns with known answers, and on real models (never modifying the cache)."""
-
-import math
+"""Head scores on hand-built patterns with known answers, and on real models (never modifying the
+cache)."""
 
 import pytest
 import torch
 
 import attnlab
-from attnlab.inspection.scores import attention_to, copying_scores, duplicate_token_targets, first_token_targets, head_scores, induction_targets, pattern_scores, previous_token_targets, repeated_random_tokens
+from attnlab.inspection.scores import (
+    attention_to,
+    copying_scores,
+    duplicate_token_targets,
+    first_token_targets,
+    head_scores,
+    induction_targets,
+    pattern_scores,
+    previous_token_targets,
+    repeated_random_tokens,
+)
 
 
 def one_hot_pattern(targets: torch.Tensor) -> torch.Tensor:
-    """[batch, 1, T, T] pattern putting all weight on the first target of each row (on key 0 when none)."""
+    """[batch, 1, T, T] pattern putting all weight on the first target of each row (on key 0 when
+    none)."""
     B, T, _ = targets.shape
-    index = torch.where(targets.any(-1), targets.float().argmax(-1), torch.zeros(B, T, dtype=torch.long))
+    index = torch.where(
+        targets.any(-1), targets.float().argmax(-1), torch.zeros(B, T, dtype=torch.long)
+    )
     return torch.nn.functional.one_hot(index, T).float()[:, None]
 
 
@@ -44,9 +56,12 @@ def test_uniform_pattern_scores_one_over_T():
     scores = pattern_scores(uniform, torch.arange(T)[None])
     assert scores["previous_token"].item() == pytest.approx(1 / T)
     assert scores["first_token"].item() == pytest.approx(1 / T)
-    # causal uniform: query i spreads over i + 1 keys, so the score is the mean of 1/(i + 1), i = 1..T-1
+    # causal uniform: query i spreads over i + 1 keys, so the score is the mean of 1/(i + 1), i =
+    # 1..T-1
     expected = sum(1 / (i + 1) for i in range(1, T)) / (T - 1)
-    assert attention_to(causal_uniform(T), previous_token_targets(T)).item() == pytest.approx(expected)
+    assert attention_to(causal_uniform(T), previous_token_targets(T)).item() == pytest.approx(
+        expected
+    )
 
 
 def test_attention_sink_pattern(repeated):
@@ -55,7 +70,8 @@ def test_attention_sink_pattern(repeated):
     sink[..., 0] = 1.0
     scores = pattern_scores(sink, repeated)
     assert scores["first_token"].item() == pytest.approx(1.0)
-    assert scores["previous_token"].item() == pytest.approx(1 / (T - 1))  # query 1's previous token is token 0
+    # query 1's previous token is token 0
+    assert scores["previous_token"].item() == pytest.approx(1 / (T - 1))
 
 
 def test_induction_and_duplicate_patterns(repeated):
@@ -76,7 +92,8 @@ def test_targets_follow_the_definitions():
     dup = duplicate_token_targets(tokens)[0]
     assert dup.nonzero().tolist() == [[2, 0], [3, 1]]
     ind = induction_targets(tokens)[0]
-    assert ind.nonzero().tolist() == [[2, 1], [3, 2]]  # 7 at 2 -> after the earlier 7 (pos 0) is pos 1
+    # 7 at 2 -> after the earlier 7 (pos 0) is pos 1
+    assert ind.nonzero().tolist() == [[2, 1], [3, 2]]
     assert first_token_targets(3).nonzero().tolist() == [[1, 0], [2, 0]]
 
 
@@ -84,16 +101,29 @@ def test_several_heads_and_batches_are_scored_separately(repeated):
     prev = torch.zeros(1, 1, 30, 30)
     prev[0, 0, torch.arange(1, 30), torch.arange(29)] = 1.0
     prev[0, 0, 0, 0] = 1.0
-    pattern = torch.cat([prev, one_hot_pattern(induction_targets(repeated))], dim=1).repeat(2, 1, 1, 1)
+    pattern = torch.cat([prev, one_hot_pattern(induction_targets(repeated))], dim=1).repeat(
+        2, 1, 1, 1
+    )
     scores = pattern_scores(pattern, repeated.repeat(2, 1))
-    assert scores["previous_token"].tolist() == pytest.approx([1.0, 1 / 29], abs=1e-6)  # query 1 of the induction head sits on key 0
+    # query 1 of the induction head sits on key 0
+    assert scores["previous_token"].tolist() == pytest.approx([1.0, 1 / 29], abs=1e-6)
     assert scores["induction"].tolist() == pytest.approx([0.0, 1.0], abs=1e-6)
 
 
 def test_copying_score_of_a_hand_built_copying_head():
     """W_E = I, W_U = I, W_V W_O = +I (copy) or -I (anti-copy): scores +1 and -1."""
-    cfg = attnlab.ModelConfig(d_vocab=8, n_ctx=8, d_model=8, n_layers=1, n_heads=2, d_head=4, attn_only=True,
-                              final_norm=False, tie_embeddings=False, bias=False)
+    cfg = attnlab.ModelConfig(
+        d_vocab=8,
+        n_ctx=8,
+        d_model=8,
+        n_layers=1,
+        n_heads=2,
+        d_head=4,
+        attn_only=True,
+        final_norm=False,
+        tie_embeddings=False,
+        bias=False,
+    )
     model = attnlab.Transformer(cfg)
     with torch.no_grad():
         model.embed.weight.copy_(torch.eye(8))
@@ -107,7 +137,11 @@ def test_copying_score_of_a_hand_built_copying_head():
 
 
 def test_encoder_has_no_copying_score():
-    model = attnlab.Transformer(attnlab.preset("bert-mini", d_vocab=100, n_layers=1, n_heads=2, d_model=16, d_mlp=32, n_ctx=32))
+    model = attnlab.Transformer(
+        attnlab.preset(
+            "bert-mini", d_vocab=100, n_layers=1, n_heads=2, d_model=16, d_mlp=32, n_ctx=32
+        )
+    )
     assert copying_scores(model) is None
     scores = head_scores(model)
     assert torch.isnan(scores.scores["copying"]).all()
@@ -128,7 +162,8 @@ def test_head_scores_on_any_model(preset):
     assert all(not scores.standout(name) for name in scores.scores)
     again = head_scores(model, seed=3)
     for name in scores.scores:
-        torch.testing.assert_close(scores.scores[name], again.scores[name])  # fixed seed: reproducible
+        # fixed seed: reproducible
+        torch.testing.assert_close(scores.scores[name], again.scores[name])
 
 
 def test_scores_never_modify_the_cache():
@@ -149,7 +184,9 @@ def test_random_tokens_skip_special_tokens_and_repeat():
     model = attnlab.Transformer(attnlab.preset("nano", d_vocab=40, n_ctx=64))
     tokens = repeated_random_tokens(model, n_repeats=4, batch=3, seed=1)
     assert tokens.shape == (3, 64)
-    assert torch.equal(tokens[:, :16], tokens[:, 16:32]) and torch.equal(tokens[:, :16], tokens[:, 48:])
+    assert torch.equal(tokens[:, :16], tokens[:, 16:32]) and torch.equal(
+        tokens[:, :16], tokens[:, 48:]
+    )
     assert all(len(set(row[:16].tolist())) == 16 for row in tokens)  # distinct within a span
     tok = Tokenizer.train_char("abcdefghij")
     tok.backend.add_special_tokens(["[X]"])

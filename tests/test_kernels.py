@@ -1,8 +1,10 @@
-"""attnlab.generate.kernels (the C decode kernels), the kernel decode step and int8 weights, each against the PyTorch
-equation it stands in for.
+"""attnlab.generate.kernels (the C decode kernels), the kernel decode step and int8 weights, each
+against the PyTorch equation it stands in for.
 
-Tolerances: float32 products and attention agree with torch to 1e-5 relative (different summation orders);
-greedy tokens of the kernel step equal the module path's exactly; an int8 model's logits stay within 10 % of the
+Tolerances: float32 products and attention agree with torch to 1e-5 relative (different summation
+orders);
+greedy tokens of the kernel step equal the module path's exactly; an int8 model's logits stay within
+10 % of the
 float model's spread (per-row int8 steps of max|w| / 127 on N(0, 0.3) weights: typically 3-5 %).
 """
 
@@ -20,20 +22,29 @@ import torch
 import torch.nn.functional as F
 
 import attnlab
-from attnlab.generate import loop as generation, kernels
+from attnlab.errors import UserError
+from attnlab.generate import kernels
+from attnlab.generate import loop as generation
+from attnlab.generate.fast_layers import (
+    MATVEC_MAX_ROWS,
+    Int8Linear,
+    KernelLinear,
+    fast_linears,
+    quantize,
+)
+from attnlab.generate.kernel_decoder import KernelDecoder
+from attnlab.generate.kv_cache import KVCache
+from attnlab.generate.loop import generate
 from attnlab.model.attention import scaled_dot_product_attention
 from attnlab.model.config import ModelConfig
-from attnlab.errors import UserError
-from attnlab.generate.kv_cache import KVCache
-from attnlab.generate.kernel_decoder import KernelDecoder
-from attnlab.generate.loop import generate
 from attnlab.model.layers import _ACTIVATIONS, LayerNorm, Linear, RMSNorm
-from attnlab.generate.fast_layers import MATVEC_MAX_ROWS, KernelLinear, fast_linears, Int8Linear, quantize
 from attnlab.model.positions import Rotary, apply_rope
 
-NO_KERNELS = ("attnlab's C kernels could not be built here (no C compiler: cc, gcc or clang; "
-              "or ATTNLAB_KERNELS=0): they are the default generation path, so their tests fail "
-              "rather than skip; `make test` installs a compiler (apt-get install gcc)")
+NO_KERNELS = (
+    "attnlab's C kernels could not be built here (no C compiler: cc, gcc or clang; "
+    "or ATTNLAB_KERNELS=0): they are the default generation path, so their tests fail "
+    "rather than skip; `make test` installs a compiler (apt-get install gcc)"
+)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -48,13 +59,36 @@ F32 = dict(rtol=1e-5, atol=1e-5)
 BASE = dict(d_vocab=29, n_ctx=64, d_model=32, n_layers=2, n_heads=4, d_mlp=48)
 CONFIGS = {
     "gpt2": dict(mlp="gelu_tanh"),
-    "llama-gqa": dict(positional="rope", n_kv_heads=2, norm="rmsnorm", mlp="swiglu", bias=False, tie_embeddings=False),
-    "qwen-qk-norm-partial-rope": dict(positional="rope", rotary_fraction=0.5, qk_norm=True, norm="rmsnorm",
-                                      qkv_bias=True, bias=False, n_kv_heads=1),
+    "llama-gqa": dict(
+        positional="rope",
+        n_kv_heads=2,
+        norm="rmsnorm",
+        mlp="swiglu",
+        bias=False,
+        tie_embeddings=False,
+    ),
+    "qwen-qk-norm-partial-rope": dict(
+        positional="rope",
+        rotary_fraction=0.5,
+        qk_norm=True,
+        norm="rmsnorm",
+        qkv_bias=True,
+        bias=False,
+        n_kv_heads=1,
+    ),
     "sinusoidal-attn-only": dict(positional="sinusoidal", attn_only=True),
-    "pythia-parallel-llama3-rope": dict(parallel_residual=True, positional="rope", rotary_fraction=0.25, mlp="gelu",
-                                        rope_scaling="llama3", rope_scaling_factor=8.0, rope_original_n_ctx=16),
-    "speedrun-relu2-softcap": dict(positional="rope", norm="rmsnorm", mlp="relu2", bias=False, logit_softcap=3.0),
+    "pythia-parallel-llama3-rope": dict(
+        parallel_residual=True,
+        positional="rope",
+        rotary_fraction=0.25,
+        mlp="gelu",
+        rope_scaling="llama3",
+        rope_scaling_factor=8.0,
+        rope_original_n_ctx=16,
+    ),
+    "speedrun-relu2-softcap": dict(
+        positional="rope", norm="rmsnorm", mlp="relu2", bias=False, logit_softcap=3.0
+    ),
 }
 
 
@@ -67,10 +101,12 @@ def build(overrides: dict) -> attnlab.Transformer:
 
 
 @pytest.mark.parametrize("rows", [1, 3, 8])
-@pytest.mark.parametrize("d_in, d_out", [(7, 5), (64, 36), (129, 67), (600, 130)])  # the last split over threads
+# the last split over threads
+@pytest.mark.parametrize("d_in, d_out", [(7, 5), (64, 36), (129, 67), (600, 130)])
 @pytest.mark.parametrize("bias", [True, False])
 def test_linear_kernels_equal_f_linear(seed, rows, d_in, d_out, bias, monkeypatch):
-    if d_in * d_out > 65536:  # large enough to be split over threads: two of them (the tests otherwise run one)
+    # large enough to be split over threads: two of them (the tests otherwise run one)
+    if d_in * d_out > 65536:
         monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     x, w = torch.randn(rows, d_in), torch.randn(d_out, d_in)
     b = torch.randn(d_out) if bias else None
@@ -79,21 +115,25 @@ def test_linear_kernels_equal_f_linear(seed, rows, d_in, d_out, bias, monkeypatc
     out = torch.randn(rows, d_out)
     expected = out + F.linear(x, w, b)
     torch.testing.assert_close(kernels.linear(x, w, b, out=out, accumulate=True), expected, **tol)
-    q = Int8Linear.from_float(w, b)  # int8: the same product with the weight its int8 values stand for
-    torch.testing.assert_close(kernels.linear(x, q.weight, q.bias, q.scale), F.linear(x, q.dequantized(), b), **tol)
+    # int8: the same product with the weight its int8 values stand for
+    q = Int8Linear.from_float(w, b)
+    torch.testing.assert_close(
+        kernels.linear(x, q.weight, q.bias, q.scale), F.linear(x, q.dequantized(), b), **tol
+    )
 
 
 def product_tolerance(d_in: int) -> dict:
-    """F32, widened as √d_in: sums of d_in products of N(0, 1) values, added in another order, differ by
-    rounding errors that grow like the sum's spread (1.3e-5 seen at d_in = 600)."""
+    """F32, widened as √d_in: sums of d_in products of N(0, 1) values, added in another order,
+    differ by rounding errors that grow like the sum's spread (1.3e-5 seen at d_in = 600)."""
     return dict(rtol=1e-5, atol=1e-5 * max(1.0, (d_in / 64) ** 0.5))
 
 
 @pytest.fixture(scope="module", params=["portable", "avx2"])
 def portable_library(request, tmp_path_factory):
-    """decode.c built without -march=native: the portable loops that replace the AVX-512 forms elsewhere, and the
-    AVX2 forms (an AVX2-only CPU's build, which an AVX-512 CPU runs too). Built in a temporary cache: the user's
-    (~/.cache/attnlab) is left alone."""
+    """decode.c built without -march=native: the portable loops that replace the AVX-512 forms
+    elsewhere, and the
+    AVX2 forms (an AVX2-only CPU's build, which an AVX-512 CPU runs too). Built in a temporary
+    cache: the user's (~/.cache/attnlab) is left alone."""
     flags = kernels.FLAG_SETS[1] + (["-mavx2", "-mfma"] if request.param == "avx2" else [])
     with mock.patch.dict(os.environ, {"ATTNLAB_CACHE": str(tmp_path_factory.mktemp("kernels"))}):
         path = kernels.build(flag_sets=(flags,))
@@ -109,11 +149,15 @@ def test_the_portable_products_equal_f_linear(seed, portable_library, monkeypatc
         tol = product_tolerance(d_in)
         torch.testing.assert_close(kernels.linear(x, w, b), F.linear(x, w, b), **tol)
         q = Int8Linear.from_float(w, b)
-        torch.testing.assert_close(kernels.linear(x, q.weight, q.bias, q.scale), F.linear(x, q.dequantized(), b), **tol)
+        torch.testing.assert_close(
+            kernels.linear(x, q.weight, q.bias, q.scale), F.linear(x, q.dequantized(), b), **tol
+        )
 
 
 @pytest.mark.parametrize("int8", [False, True])
-def test_the_portable_step_program_gives_the_module_paths_logits(seed, portable_library, monkeypatch, int8):
+def test_the_portable_step_program_gives_the_module_paths_logits(
+    seed, portable_library, monkeypatch, int8
+):
     model = build(CONFIGS["llama-gqa"])
     if int8:
         quantize(model, "int8")
@@ -126,21 +170,35 @@ def test_the_portable_step_program_gives_the_module_paths_logits(seed, portable_
     model(ids[:, :3], kv_cache=cache, start_pos=0)
     step = KernelDecoder(model, cache)
     for t in range(3, T):
-        torch.testing.assert_close(step(ids[:, t : t + 1], t, torch.full((B, 1), t)), full[:, t], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(
+            step(ids[:, t : t + 1], t, torch.full((B, 1), t)), full[:, t], rtol=1e-4, atol=1e-4
+        )
 
 
 def test_the_attention_kernel_refuses_a_cache_layout_it_would_misread():
-    """The C loop reads the values position-major: a position-minor cache (the compiled step's) is refused where
-    the call is prepared, not misread."""
+    """The C loop reads the values position-major: a position-minor cache (the compiled step's) is
+    refused where the call is prepared, not misread."""
     q, k_new, v_new = torch.randn(1, 2, 8), torch.randn(1, 1, 8), torch.randn(1, 1, 8)
     k_cache = torch.randn(1, 1, 16, 8)
     v_minor = torch.randn(1, 1, 8, 16).transpose(-2, -1)
     scores, out = torch.empty(1, 2, 16), torch.empty(1, 2, 8)
     with pytest.raises(AssertionError):
-        kernels.attend_call(q, k_new, v_new, k_cache, v_minor, torch.tensor([3]), 0.3, None, scores, out)
+        kernels.attend_call(
+            q, k_new, v_new, k_cache, v_minor, torch.tensor([3]), 0.3, None, scores, out
+        )
     with pytest.raises(AssertionError):  # a key mask of another length than the cache
-        kernels.attend_call(q, k_new, v_new, k_cache, k_cache.clone(), torch.tensor([3]), 0.3,
-                            torch.ones(1, 8, dtype=torch.bool), scores, out)
+        kernels.attend_call(
+            q,
+            k_new,
+            v_new,
+            k_cache,
+            k_cache.clone(),
+            torch.tensor([3]),
+            0.3,
+            torch.ones(1, 8, dtype=torch.bool),
+            scores,
+            out,
+        )
 
 
 def test_a_wrong_input_width_is_torchs_shape_error_not_an_assertion():
@@ -149,12 +207,19 @@ def test_a_wrong_input_width_is_torchs_shape_error_not_an_assertion():
             layer(torch.randn(2, 23))
 
 
-def test_kernel_linear_modules_take_the_kernel_on_few_rows_and_agree_with_f_linear(seed, monkeypatch):
+def test_kernel_linear_modules_take_the_kernel_on_few_rows_and_agree_with_f_linear(
+    seed, monkeypatch
+):
     calls = []
-    monkeypatch.setattr(kernels, "linear", lambda *a, **k: calls.append(1) or kernels_linear(*a, **k))
+    monkeypatch.setattr(
+        kernels, "linear", lambda *a, **k: calls.append(1) or kernels_linear(*a, **k)
+    )
     layer, x = KernelLinear(24, 10), torch.randn(2, 3, 24)
     with torch.no_grad():
-        torch.testing.assert_close(layer(x[:, :2]), F.linear(x[:, :2], layer.weight, layer.bias), **F32)  # 4 rows
+        # 4 rows
+        torch.testing.assert_close(
+            layer(x[:, :2]), F.linear(x[:, :2], layer.weight, layer.bias), **F32
+        )
         assert len(calls) == 1
         layer(torch.randn(3, 3, 24))  # 9 rows: BLAS
         assert len(calls) == 1
@@ -165,9 +230,13 @@ def test_kernel_linear_modules_take_the_kernel_on_few_rows_and_agree_with_f_line
 kernels_linear = kernels.linear
 
 
-def test_the_models_linear_never_takes_a_fast_path_generation_swaps_one_in_and_out(seed, monkeypatch):
+def test_the_models_linear_never_takes_a_fast_path_generation_swaps_one_in_and_out(
+    seed, monkeypatch
+):
     calls = []
-    monkeypatch.setattr(kernels, "linear", lambda *a, **k: calls.append(1) or kernels_linear(*a, **k))
+    monkeypatch.setattr(
+        kernels, "linear", lambda *a, **k: calls.append(1) or kernels_linear(*a, **k)
+    )
     model = build({})
     with torch.no_grad():
         model(torch.tensor([[1, 2, 3]]))  # 3 rows: the model's own Linear is F.linear
@@ -176,8 +245,10 @@ def test_the_models_linear_never_takes_a_fast_path_generation_swaps_one_in_and_o
         assert all(type(m) is KernelLinear for m in model.modules() if isinstance(m, Linear))
         with torch.no_grad():
             model(torch.tensor([[1, 2, 3]]))
-    assert calls and not any(isinstance(m, KernelLinear) for m in model.modules())  # back as they were
-    generate(model, torch.tensor([[1, 2, 3]]), 2, temperature=0, use_kernels=False)  # the module path, fast
+    # back as they were
+    assert calls and not any(isinstance(m, KernelLinear) for m in model.modules())
+    # the module path, fast
+    generate(model, torch.tensor([[1, 2, 3]]), 2, temperature=0, use_kernels=False)
     assert len(calls) > 1 and not any(isinstance(m, KernelLinear) for m in model.modules())
 
 
@@ -186,7 +257,8 @@ def test_int8_linear_rounds_each_row_to_127_steps_of_its_largest_weight(seed):
     q = Int8Linear.from_float(w)
     assert q.weight.dtype == torch.int8 and q.weight.abs().max() == 127
     torch.testing.assert_close(q.scale, w.abs().amax(1) / 127)
-    assert ((q.dequantized() - w).abs() <= q.scale[:, None] / 2 + 1e-7).all()  # round to nearest step
+    # round to nearest step
+    assert ((q.dequantized() - w).abs() <= q.scale[:, None] / 2 + 1e-7).all()
     x = torch.randn(20, 40)  # 20 rows: the PyTorch path
     torch.testing.assert_close(q(x), F.linear(x, q.dequantized()), **F32)
 
@@ -197,7 +269,9 @@ def test_rope_kernel_equals_apply_rope(seed):
         cos, sin = Rotary(rotary_dim)(positions)  # (3, 1, 1, rotary_dim)
         expected = apply_rope(x.unsqueeze(1), cos, sin).squeeze(1)  # [batch, pos=1, head, d_head]
         rotated = x.clone()
-        cos_table, sin_table = (t.view(100, -1).contiguous() for t in Rotary(rotary_dim)(torch.arange(100)[None]))
+        cos_table, sin_table = (
+            t.view(100, -1).contiguous() for t in Rotary(rotary_dim)(torch.arange(100)[None])
+        )
         kernels.rope_call(rotated, cos_table, sin_table, positions.view(-1))()
         torch.testing.assert_close(rotated, expected, **F32)
 
@@ -225,19 +299,28 @@ def test_norm_and_activation_kernels_equal_the_modules(seed):
         kernels.activate_call(y, kind)()
         torch.testing.assert_close(y, _ACTIVATIONS[name](x), **F32)
     # SiLU's exp over float's whole range: the vectorised exp_ holds its input to [-87.3, 88.3]
-    gate = torch.cat([torch.randn(60), torch.linspace(-100, 100, 2001), torch.tensor([-1e30, -1e38, 1e30, 1e38])])
+    gate = torch.cat(
+        [torch.randn(60), torch.linspace(-100, 100, 2001), torch.tensor([-1e30, -1e38, 1e30, 1e38])]
+    )
     up = torch.randn_like(gate)
     expected = F.silu(gate) * up
     kernels.silu_mul_call(gate, up)()
     torch.testing.assert_close(gate, expected, rtol=1e-6, atol=1e-30)
 
 
-@pytest.mark.parametrize("d_head", [8, 32, 80])  # 32, 80: AVX-512's weighted sum (64 values at a time, then 16)
+# 32, 80: AVX-512's weighted sum (64 values at a time, then 16)
+@pytest.mark.parametrize("d_head", [8, 32, 80])
 @pytest.mark.parametrize("heads, kv_heads", [(4, 4), (4, 2), (6, 1)])
-def test_attend_kernel_writes_the_cache_and_equals_the_chapters_equation(seed, heads, kv_heads, d_head):
+def test_attend_kernel_writes_the_cache_and_equals_the_chapters_equation(
+    seed, heads, kv_heads, d_head
+):
     B, D, max_len, slot = 3, d_head, 16, 9
     k_cache, v_cache = torch.randn(B, kv_heads, max_len, D), torch.randn(B, kv_heads, max_len, D)
-    q, k_new, v_new = torch.randn(B, heads, D), torch.randn(B, kv_heads, D), torch.randn(B, kv_heads, D)
+    q, k_new, v_new = (
+        torch.randn(B, heads, D),
+        torch.randn(B, kv_heads, D),
+        torch.randn(B, kv_heads, D),
+    )
     mask = torch.rand(B, max_len) < 0.7
     mask[:, slot] = True
     mask[2, : slot + 1] = False  # a row that may see no key: zeros
@@ -245,16 +328,26 @@ def test_attend_kernel_writes_the_cache_and_equals_the_chapters_equation(seed, h
     kernels.attend_call(q, k_new, v_new, k_cache, v_cache, at, 0.3, mask, scores, out)()
     assert torch.equal(k_cache[:, :, slot], k_new) and torch.equal(v_cache[:, :, slot], v_new)
     keys, values = k_cache[:, :, : slot + 1], v_cache[:, :, : slot + 1]
-    expected = scaled_dot_product_attention(q.unsqueeze(2), keys, values, mask=mask[:, None, None, : slot + 1],
-                                            scale=0.3, return_weights=True)[0].squeeze(2)
+    expected = scaled_dot_product_attention(
+        q.unsqueeze(2),
+        keys,
+        values,
+        mask=mask[:, None, None, : slot + 1],
+        scale=0.3,
+        return_weights=True,
+    )[0].squeeze(2)
     torch.testing.assert_close(out, expected, **F32)
     assert (out[2] == 0).all()
-    kernels.attend_call(q, k_new, v_new, k_cache, v_cache, at, 0.3, None, scores, out)()  # no mask: every slot
-    expected = scaled_dot_product_attention(q.unsqueeze(2), keys, values, scale=0.3, return_weights=True)[0]
+    # no mask: every slot
+    kernels.attend_call(q, k_new, v_new, k_cache, v_cache, at, 0.3, None, scores, out)()
+    expected = scaled_dot_product_attention(
+        q.unsqueeze(2), keys, values, scale=0.3, return_weights=True
+    )[0]
     torch.testing.assert_close(out, expected.squeeze(2), **F32)
 
 
-@pytest.mark.parametrize("threads", [1, 2])  # two: the step program's threads share every product and wait
+# two: the step program's threads share every product and wait
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_kernel_decode_step_gives_the_module_paths_logits(seed, name, threads, monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
@@ -271,19 +364,24 @@ def test_kernel_decode_step_gives_the_module_paths_logits(seed, name, threads, m
         torch.testing.assert_close(logits, full[:, t], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("B", [MATVEC_MAX_ROWS + 1, 32])  # past the few-row kernels: "B = 32" of the benchmarks
+# past the few-row kernels: "B = 32" of the benchmarks
+@pytest.mark.parametrize("B", [MATVEC_MAX_ROWS + 1, 32])
 @pytest.mark.parametrize("int8", [False, True])
-@pytest.mark.parametrize("name", ["gpt2", "llama-gqa"])  # biases (addmm) and none (mm), learned positions and RoPE
-def test_a_decode_step_of_many_rows_gives_the_float64_modules_logits(seed, name, int8, B, monkeypatch):
-    """A batch of more than MATVEC_MAX_ROWS sequences: float32 weights multiply through BLAS (torch.addmm into
-    the step's buffers, added to the residual in place), int8 weights through the int8 kernel at B rows; both
-    against the module path in float64."""
+# biases (addmm) and none (mm), learned positions and RoPE
+@pytest.mark.parametrize("name", ["gpt2", "llama-gqa"])
+def test_a_decode_step_of_many_rows_gives_the_float64_modules_logits(
+    seed, name, int8, B, monkeypatch
+):
+    """A batch of more than MATVEC_MAX_ROWS sequences: float32 weights multiply through BLAS
+    (torch.addmm into the step's buffers, added to the residual in place), int8 weights through the
+    int8 kernel at B rows; both against the module path in float64."""
     import copy
 
     model = build(CONFIGS[name])
     if int8:
         quantize(model, "int8")
-    reference = copy.deepcopy(model).double()  # int8 weights stay int8, widened to float64 where used
+    # int8 weights stay int8, widened to float64 where used
+    reference = copy.deepcopy(model).double()
     T, P = 7, 3
     ids = torch.randint(0, BASE["d_vocab"], (B, T))
     with torch.no_grad():
@@ -292,16 +390,20 @@ def test_a_decode_step_of_many_rows_gives_the_float64_modules_logits(seed, name,
     model(ids[:, :P], kv_cache=cache, start_pos=0)
     rows = []
     prepare = kernels.linear_call
-    monkeypatch.setattr(kernels, "linear_call", lambda x, *a, **k: rows.append(x.shape[0]) or prepare(x, *a, **k))
+    monkeypatch.setattr(
+        kernels, "linear_call", lambda x, *a, **k: rows.append(x.shape[0]) or prepare(x, *a, **k)
+    )
     step = KernelDecoder(model, cache)
-    assert rows == ([B] * len(KernelDecoder.linears_in_step_order(model)) if int8 else [])  # float32: BLAS only
+    # float32: BLAS only
+    assert rows == ([B] * len(KernelDecoder.linears_in_step_order(model)) if int8 else [])
     for t in range(P, T):
         logits = step(ids[:, t : t + 1], t, torch.full((B, 1), t))
         torch.testing.assert_close(logits.double(), full[:, t], rtol=1e-4, atol=1e-4)
 
 
 def test_a_decode_step_keeps_the_buffers_it_was_prepared_with_alive(seed):
-    """The C calls hold addresses: the prepared step must keep its cache alive when the caller drops it."""
+    """The C calls hold addresses: the prepared step must keep its cache alive when the caller drops
+    it."""
     model = build(CONFIGS["llama-gqa"])
     ids = torch.randint(0, BASE["d_vocab"], (1, 6))
     full = model(ids)
@@ -324,32 +426,46 @@ def test_default_generation_takes_the_kernels_and_picks_the_module_paths_tokens(
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     reference = generate(model, ids, 12, temperature=0, attention_mask=mask, use_kernels=False)
     steps = []
-    monkeypatch.setattr(KernelDecoder, "__call__", lambda self, *a: steps.append(1) or kernel_call(self, *a))
+    monkeypatch.setattr(
+        KernelDecoder, "__call__", lambda self, *a: steps.append(1) or kernel_call(self, *a)
+    )
     assert torch.equal(generate(model, ids, 12, temperature=0, attention_mask=mask), reference)
     assert len(steps) == 11  # every decode step went through the kernels
-    assert torch.equal(generate(model, ids[:1], 12, temperature=0), generate(model, ids[:1], 12, temperature=0, use_kernels=False))
+    assert torch.equal(
+        generate(model, ids[:1], 12, temperature=0),
+        generate(model, ids[:1], 12, temperature=0, use_kernels=False),
+    )
 
 
 kernel_call = KernelDecoder.__call__
 
 
 @pytest.mark.parametrize("name", ["gpt2", "pythia-parallel-llama3-rope"])
-def test_a_short_prompt_goes_through_the_decode_step_and_picks_the_module_paths_tokens(name, monkeypatch):
+def test_a_short_prompt_goes_through_the_decode_step_and_picks_the_module_paths_tokens(
+    name, monkeypatch
+):
     model = build(CONFIGS[name])
-    ids, mask = torch.tensor([[0, 7, 2], [5, 3, 8], [0, 0, 4]]), torch.tensor([[0, 1, 1], [1, 1, 1], [0, 0, 1]])
+    ids, mask = (
+        torch.tensor([[0, 7, 2], [5, 3, 8], [0, 0, 4]]),
+        torch.tensor([[0, 1, 1], [1, 1, 1], [0, 0, 1]]),
+    )
     assert ids.shape[1] <= generation.PREFILL_IN_STEPS
     reference = generate(model, ids, 10, temperature=0, attention_mask=mask, use_kernels=False)
     one = torch.tensor([[6]])
     reference_one = generate(model, one, 10, temperature=0, use_kernels=False)
     steps = []
-    monkeypatch.setattr(KernelDecoder, "__call__", lambda self, *a: steps.append(1) or kernel_call(self, *a))
+    monkeypatch.setattr(
+        KernelDecoder, "__call__", lambda self, *a: steps.append(1) or kernel_call(self, *a)
+    )
     monkeypatch.setattr(generation, "prefill", None)  # the module path's prefill is not called
     assert torch.equal(generate(model, ids, 10, temperature=0, attention_mask=mask), reference)
     assert len(steps) == 3 + 9  # the prompt's three tokens, then every new token but the last
     assert torch.equal(generate(model, one, 10, temperature=0), reference_one)
-    with pytest.raises(UserError, match="outside the vocabulary"):  # checked before the C lookup reads the table
+    # checked before the C lookup reads the table
+    with pytest.raises(UserError, match="outside the vocabulary"):
         generate(model, torch.tensor([[BASE["d_vocab"]]]), 3)
-    with pytest.raises(UserError, match="must be integers"):  # not truncated to integers by the lookup
+    # not truncated to integers by the lookup
+    with pytest.raises(UserError, match="must be integers"):
         generate(model, torch.tensor([[1.0, 2.0]]), 3)
     with pytest.raises(UserError, match="no tokens"):
         generate(model, torch.zeros(1, 0, dtype=torch.long), 3)
@@ -365,20 +481,32 @@ def test_hooked_post_norm_and_narrow_models_take_the_module_path(monkeypatch):
     assert KernelDecoder.unsupported(model) is None
     assert "post-norm" in KernelDecoder.unsupported(build(dict(norm_placement="post")))
     assert "sliding" in KernelDecoder.unsupported(build(dict(sliding_window=4)))
-    with monkeypatch.context() as patch:  # an MLP the kernels would not know (every one of config.MLPS is known)
+    # an MLP the kernels would not know (every one of config.MLPS is known)
+    with monkeypatch.context() as patch:
         patch.delitem(kernels.ACTIVATIONS, "relu2")
         assert "relu2" in KernelDecoder.unsupported(build(dict(mlp="relu2")))
     assert "float32" in KernelDecoder.unsupported(build({}).double())
-    assert KernelDecoder.unsupported(attnlab.generate.fast_layers.store_weights_as(build({}), torch.bfloat16)) is not None
+    assert (
+        KernelDecoder.unsupported(
+            attnlab.generate.fast_layers.store_weights_as(build({}), torch.bfloat16)
+        )
+        is not None
+    )
 
 
 def test_without_a_compiler_generation_falls_back_to_pytorch(tmp_path):
-    """No compiler (CC names none) and an empty cache: no kernels, and generate still runs the same model."""
-    code = ("import torch, attnlab; from attnlab.generate import kernels; assert not kernels.available(); "
-            "m = attnlab.Transformer(attnlab.preset('nano', d_vocab=11)).eval(); "
-            "print(m.generate(torch.tensor([[1, 2]]), 3, temperature=0).shape)")
+    """No compiler (CC names none) and an empty cache: no kernels, and generate still runs the same
+    model."""
+    code = (
+        "import torch, attnlab; from attnlab.generate import kernels; assert not "
+        "kernels.available(); "
+        "m = attnlab.Transformer(attnlab.preset('nano', d_vocab=11)).eval(); "
+        "print(m.generate(torch.tensor([[1, 2]]), 3, temperature=0).shape)"
+    )
     env = {**os.environ, "CC": str(tmp_path / "no-such-compiler"), "ATTNLAB_CACHE": str(tmp_path)}
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "torch.Size([1, 5])"
 
@@ -422,8 +550,9 @@ def test_a_quantized_model_saves_and_loads_as_int8(seed, tmp_path):
         quantize(build({}), "int4")
 
 
-def test_the_decode_step_moves_the_weights_it_reads_into_huge_pages_and_nothing_else_changes(seed, tmp_path,
-                                                                                             monkeypatch):
+def test_the_decode_step_moves_the_weights_it_reads_into_huge_pages_and_nothing_else_changes(
+    seed, tmp_path, monkeypatch
+):
     monkeypatch.setattr(kernels, "HUGE_PAGES_FROM", 0)  # the test model is small: move it anyway
     model = build(dict(CONFIGS["llama-gqa"], tie_embeddings=True))
     ids = torch.randint(0, BASE["d_vocab"], (2, 5))
@@ -432,10 +561,16 @@ def test_the_decode_step_moves_the_weights_it_reads_into_huge_pages_and_nothing_
     before = {id(w): (w.data_ptr(), w.detach().clone()) for w in weights}
     assert torch.equal(generate(model, ids, 6, temperature=0), reference)
     addresses = [w.data_ptr() for w in weights]
-    assert all(w.data_ptr() != before[id(w)][0] and torch.equal(w, before[id(w)][1]) for w in weights)
-    assert model.unembed.weight is model.embed.weight and model.embed.weight.requires_grad  # still tied, trainable
-    assert addresses[1] - addresses[0] == -(-weights[0].nbytes // 64) * 64  # one after the other, as the step reads
+    assert all(
+        w.data_ptr() != before[id(w)][0] and torch.equal(w, before[id(w)][1]) for w in weights
+    )
+    # still tied, trainable
+    assert model.unembed.weight is model.embed.weight and model.embed.weight.requires_grad
+    # one after the other, as the step reads
+    assert addresses[1] - addresses[0] == -(-weights[0].nbytes // 64) * 64
     assert torch.equal(generate(model, ids, 6, temperature=0), reference)
     assert [w.data_ptr() for w in weights] == addresses  # moved once
     attnlab.save(model, tmp_path / "m")
-    assert torch.equal(generate(attnlab.load(tmp_path / "m"), ids, 6, temperature=0, use_kernels=False), reference)
+    assert torch.equal(
+        generate(attnlab.load(tmp_path / "m"), ids, 6, temperature=0, use_kernels=False), reference
+    )

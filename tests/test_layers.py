@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import reference
 import torch
 
-import reference
 from attnlab.model.config import ModelConfig
 from attnlab.model.layers import MLP, LayerNorm, RMSNorm, make_norm
 
@@ -49,16 +49,22 @@ def test_rms_norm_keeps_low_precision_dtypes_and_computes_in_float32():
     x = torch.randn(2, 16) * 100
     out = norm.to(torch.bfloat16)(x.to(torch.bfloat16))
     assert out.dtype == torch.bfloat16
-    torch.testing.assert_close(out.float(), norm.float()(x.to(torch.bfloat16).float()), rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(
+        out.float(), norm.float()(x.to(torch.bfloat16).float()), rtol=1e-2, atol=1e-2
+    )
 
 
 def test_norms_reach_unit_scale():
     x = torch.randn(5, 32, dtype=torch.float64) * 7 + 3
     ln = LayerNorm(32).double()(x)
     torch.testing.assert_close(ln.mean(-1), torch.zeros(5, dtype=torch.float64), atol=1e-12, rtol=0)
-    torch.testing.assert_close(ln.var(-1, unbiased=False), torch.ones(5, dtype=torch.float64), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        ln.var(-1, unbiased=False), torch.ones(5, dtype=torch.float64), atol=1e-5, rtol=0
+    )
     rms = RMSNorm(32).double()(x)
-    torch.testing.assert_close(rms.pow(2).mean(-1), torch.ones(5, dtype=torch.float64), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        rms.pow(2).mean(-1), torch.ones(5, dtype=torch.float64), atol=1e-5, rtol=0
+    )
 
 
 def test_make_norm_follows_the_config():
@@ -80,8 +86,12 @@ def test_mlp_matches_reference(rng, kind, bias):
     expected = reference.mlp(
         x,
         {
-            "W_in": p["W_in.weight"], "b_in": p.get("W_in.bias"), "W_out": p["W_out.weight"],
-            "b_out": p.get("W_out.bias"), "W_gate": p.get("W_gate.weight"), "b_gate": p.get("W_gate.bias"),
+            "W_in": p["W_in.weight"],
+            "b_in": p.get("W_in.bias"),
+            "W_out": p["W_out.weight"],
+            "b_out": p.get("W_out.bias"),
+            "W_gate": p.get("W_gate.weight"),
+            "b_gate": p.get("W_gate.bias"),
         },
         kind,
     )
@@ -97,7 +107,9 @@ def test_gelu_variants_differ_and_match_their_formulas(rng):
     assert np.abs(exact - approx).max() < 1e-2  # that approximate each other
     t = torch.from_numpy(x)
     torch.testing.assert_close(torch.nn.functional.gelu(t), torch.from_numpy(exact), **F64)
-    torch.testing.assert_close(torch.nn.functional.gelu(t, approximate="tanh"), torch.from_numpy(approx), **F64)
+    torch.testing.assert_close(
+        torch.nn.functional.gelu(t, approximate="tanh"), torch.from_numpy(approx), **F64
+    )
 
 
 def test_mlp_hooks_see_the_pre_activation_and_what_enters_w_out(rng):

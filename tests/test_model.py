@@ -1,7 +1,9 @@
-"""attnlab.model.transformer: blocks and whole models (decoders and encoders) against the oracle, and their properties.
+"""attnlab.model.transformer: blocks and whole models (decoders and encoders) against the oracle,
+and their properties.
 
-Tolerances, float64: 1e-9 where every step is computed in float64; 1e-5 for sinusoidal and RoPE models,
-whose angles attnlab computes in float32 as transformers does (tests/test_positions.py checks them).
+Tolerances, float64: 1e-9 where every step is computed in float64; 1e-5 for sinusoidal and RoPE
+models, whose angles attnlab computes in float32 as transformers does (tests/test_positions.py
+checks them).
 """
 
 from __future__ import annotations
@@ -10,38 +12,75 @@ import functools
 
 import numpy as np
 import pytest
+import reference
 import torch
-import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import reference
 from attnlab import Transformer
-from attnlab.model.config import ModelConfig
 from attnlab.errors import UserError
+from attnlab.model.config import ModelConfig
 from attnlab.model.transformer import Block
 
 SMALL = dict(d_vocab=11, n_ctx=16, d_model=16, n_layers=2, n_heads=2)
 
 DECODERS = {
     "gpt2-like": dict(mlp="gelu_tanh"),
-    "llama-like": dict(positional="rope", norm="rmsnorm", mlp="swiglu", n_heads=4, n_kv_heads=2, bias=False,
-                       tie_embeddings=False),
-    "qwen-like": dict(positional="rope", rotary_fraction=0.5, norm="rmsnorm", mlp="swiglu", bias=False,
-                      qkv_bias=True, qk_norm=True, rope_theta=1e6),
-    "neox-like": dict(positional="rope", rotary_fraction=0.25, parallel_residual=True, d_model=32, n_heads=2,
-                      tie_embeddings=False),
-    "sliding-window-gqa": dict(positional="rope", n_heads=4, n_kv_heads=2, sliding_window=3, norm="rmsnorm"),
-    "sinusoidal-post-norm": dict(positional="sinusoidal", norm_placement="post", mlp="relu", final_norm=False),
+    "llama-like": dict(
+        positional="rope",
+        norm="rmsnorm",
+        mlp="swiglu",
+        n_heads=4,
+        n_kv_heads=2,
+        bias=False,
+        tie_embeddings=False,
+    ),
+    "qwen-like": dict(
+        positional="rope",
+        rotary_fraction=0.5,
+        norm="rmsnorm",
+        mlp="swiglu",
+        bias=False,
+        qkv_bias=True,
+        qk_norm=True,
+        rope_theta=1e6,
+    ),
+    "neox-like": dict(
+        positional="rope",
+        rotary_fraction=0.25,
+        parallel_residual=True,
+        d_model=32,
+        n_heads=2,
+        tie_embeddings=False,
+    ),
+    "sliding-window-gqa": dict(
+        positional="rope", n_heads=4, n_kv_heads=2, sliding_window=3, norm="rmsnorm"
+    ),
+    "sinusoidal-post-norm": dict(
+        positional="sinusoidal", norm_placement="post", mlp="relu", final_norm=False
+    ),
     "none-attn-only": dict(positional="none", attn_only=True, n_heads=4, n_kv_heads=1),
     "d-head-scale": dict(d_head=5, n_heads=3, attn_scale=0.5, d_mlp=24, tie_embeddings=False),
     # the speedrun's parts (modded-nanogpt): ReLU², QK-norm, untied head, logit soft-cap
-    "speedrun-like": dict(positional="rope", norm="rmsnorm", mlp="relu2", qk_norm=True, bias=False,
-                          tie_embeddings=False, logit_softcap=2.0),
+    "speedrun-like": dict(
+        positional="rope",
+        norm="rmsnorm",
+        mlp="relu2",
+        qk_norm=True,
+        bias=False,
+        tie_embeddings=False,
+        logit_softcap=2.0,
+    ),
 }
 ENCODERS = {
-    "bert-like": dict(causal=False, norm_placement="post", final_norm=False, embed_norm=True, n_token_types=2,
-                      norm_eps=1e-12),
+    "bert-like": dict(
+        causal=False,
+        norm_placement="post",
+        final_norm=False,
+        embed_norm=True,
+        n_token_types=2,
+        norm_eps=1e-12,
+    ),
     "rope-encoder": dict(causal=False, positional="rope", norm="rmsnorm", n_token_types=3),
 }
 
@@ -52,7 +91,8 @@ def tolerance(config: ModelConfig) -> dict:
 
 
 def random_model(config: ModelConfig) -> Transformer:
-    """A float64 model in eval mode with every parameter from N(0, 0.3): far from the init's near-uniform patterns."""
+    """A float64 model in eval mode with every parameter from N(0, 0.3): far from the init's
+    near-uniform patterns."""
     model = Transformer(config).double().eval()
     with torch.no_grad():
         for p in model.parameters():
@@ -65,15 +105,19 @@ def numpy_state(model: torch.nn.Module) -> dict[str, np.ndarray]:
 
 
 def padding_mask(rng, B: int, T: int, side: str) -> np.ndarray:
-    """(B, T) with 1 for real tokens: each row has 1..T real tokens, padded on the left or the right."""
+    """(B, T) with 1 for real tokens: each row has 1..T real tokens, padded on the left or the
+    right."""
     lengths = rng.integers(1, T + 1, size=B)
     real = np.arange(T)[None, :] < lengths[:, None]
     return (real[:, ::-1] if side == "left" else real).astype(np.int64)
 
 
 def assert_matches_reference(model: Transformer, ids: np.ndarray, **inputs: np.ndarray) -> None:
-    """model(ids, **inputs) on the fused path and on the explicit one equals the oracle on the same inputs."""
-    expected = torch.from_numpy(reference.transformer_forward(model.config, numpy_state(model), ids, **inputs))
+    """model(ids, **inputs) on the fused path and on the explicit one equals the oracle on the same
+    inputs."""
+    expected = torch.from_numpy(
+        reference.transformer_forward(model.config, numpy_state(model), ids, **inputs)
+    )
     kwargs = {name: torch.from_numpy(value) for name, value in inputs.items()}
     fused = model(torch.from_numpy(ids), **kwargs)
     # a hook that reads every pattern sends each attention layer down the explicit path
@@ -92,7 +136,8 @@ def test_decoder_matches_reference(rng, name):
     assert model(torch.from_numpy(ids)).shape == (B, T, config.d_vocab)
     assert_matches_reference(model, ids)
     mask = padding_mask(rng, B, T, "left")
-    positions = np.clip(np.cumsum(mask, axis=-1) - 1, 0, None)  # count real tokens only, as generation does
+    # count real tokens only, as generation does
+    positions = np.clip(np.cumsum(mask, axis=-1) - 1, 0, None)
     assert_matches_reference(model, ids, attention_mask=mask, positions=positions)
 
 
@@ -105,7 +150,9 @@ def test_encoder_matches_reference_with_token_types_and_padding(rng, name):
     assert model(torch.from_numpy(ids)).shape == (B, T, config.d_model)
     assert_matches_reference(model, ids)  # token types default to 0
     types = rng.integers(0, config.n_token_types, size=(B, T))
-    assert_matches_reference(model, ids, token_type_ids=types, attention_mask=padding_mask(rng, B, T, "right"))
+    assert_matches_reference(
+        model, ids, token_type_ids=types, attention_mask=padding_mask(rng, B, T, "right")
+    )
 
 
 @pytest.mark.parametrize("placement", ["pre", "post"])
@@ -120,11 +167,14 @@ def test_block_matches_reference(rng, placement, causal):
     x = rng.normal(size=(1, T, config.d_model))
     state = {f"blocks.0.{k}": v for k, v in numpy_state(block).items()}
     expected = reference.block_forward(config, state, "blocks.0", x[0], np.arange(T), None)
-    torch.testing.assert_close(block(torch.from_numpy(x))[0], torch.from_numpy(expected), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(
+        block(torch.from_numpy(x))[0], torch.from_numpy(expected), rtol=1e-10, atol=1e-10
+    )
 
 
 def test_pre_and_post_norm_blocks_follow_their_equations(rng):
-    """The block equations themselves, on stand-in functions: residuals around Attn and MLP, norms inside or after."""
+    """The block equations themselves, on stand-in functions: residuals around Attn and MLP, norms
+    inside or after."""
     x = rng.normal(size=(3, 4))
     attn, mlp, n1, n2 = (lambda h: 2 * h), (lambda h: h**2), (lambda h: h + 1), (lambda h: -h)
     h = x + attn(n1(x))
@@ -133,7 +183,8 @@ def test_pre_and_post_norm_blocks_follow_their_equations(rng):
     np.testing.assert_allclose(reference.post_norm_block(x, attn, mlp, n1, n2), n2(h + mlp(h)))
 
 
-# --- properties ---------------------------------------------------------------------------------------
+# --- properties
+# ---------------------------------------------------------------------------------------
 
 
 @functools.lru_cache(maxsize=None)
@@ -141,7 +192,9 @@ def cached_model(positional: str, causal: bool = True) -> Transformer:
     """One small float64 model per setting, built once (hypothesis calls the tests many times)."""
     torch.manual_seed(0)
     extra = {"n_token_types": 2} if not causal else {}
-    config = ModelConfig(**{**SMALL, "positional": positional, "causal": causal, "dropout": 0.1, **extra})
+    config = ModelConfig(
+        **{**SMALL, "positional": positional, "causal": causal, "dropout": 0.1, **extra}
+    )
     return random_model(config)
 
 
@@ -151,22 +204,30 @@ def test_changing_token_t_leaves_earlier_outputs_unchanged(positional, data):
     model = cached_model(positional)
     T = data.draw(st.integers(2, 10), label="T")
     t = data.draw(st.integers(0, T - 1), label="t")
-    ids = torch.tensor([data.draw(st.lists(st.integers(0, 10), min_size=T, max_size=T), label="ids")])
+    ids = torch.tensor(
+        [data.draw(st.lists(st.integers(0, 10), min_size=T, max_size=T), label="ids")]
+    )
     changed = ids.clone()
     changed[0, t] = (ids[0, t] + data.draw(st.integers(1, 10), label="delta")) % 11
     before, after = model(ids), model(changed)
     torch.testing.assert_close(before[:, :t], after[:, :t], rtol=1e-12, atol=1e-12)
-    assert not torch.allclose(before[:, t], after[:, t])  # while position t itself does see the change
+    # while position t itself does see the change
+    assert not torch.allclose(before[:, t], after[:, t])
 
 
 @settings(max_examples=30)
 @given(data=st.data())
 def test_without_positions_an_encoder_is_order_blind(data):
-    """The chapter's "order-blind": permuting the tokens (and their types) permutes the outputs, nothing more."""
+    """The chapter's "order-blind": permuting the tokens (and their types) permutes the outputs,
+    nothing more."""
     model = cached_model("none", causal=False)
     T = data.draw(st.integers(1, 10), label="T")
-    ids = torch.tensor([data.draw(st.lists(st.integers(0, 10), min_size=T, max_size=T), label="ids")])
-    types = torch.tensor([data.draw(st.lists(st.integers(0, 1), min_size=T, max_size=T), label="types")])
+    ids = torch.tensor(
+        [data.draw(st.lists(st.integers(0, 10), min_size=T, max_size=T), label="ids")]
+    )
+    types = torch.tensor(
+        [data.draw(st.lists(st.integers(0, 1), min_size=T, max_size=T), label="types")]
+    )
     perm = torch.tensor(data.draw(st.permutations(range(T)), label="perm"))
     out = model(ids, token_type_ids=types)
     permuted = model(ids[:, perm], token_type_ids=types[:, perm])
@@ -180,7 +241,8 @@ def test_with_positions_an_encoder_sees_order():
     assert not torch.allclose(model(ids[:, perm]), model(ids)[:, perm])
 
 
-# --- the rest of the model's contract -------------------------------------------------------------------
+# --- the rest of the model's contract
+# -------------------------------------------------------------------
 
 
 def test_loss_is_next_token_cross_entropy(rng):
@@ -227,10 +289,14 @@ def test_zero_init_projections_start_every_block_as_the_identity_and_still_learn
         assert block.attn.W_Q.weight.std() > 0.01  # the rest keeps the normal init
     ids = torch.randint(0, 11, (2, 6))
     _, cache = model.run_with_cache(ids)
-    torch.testing.assert_close(cache["blocks.1.hook_resid_post"], cache["blocks.0.hook_resid_pre"], rtol=0, atol=0)
+    torch.testing.assert_close(
+        cache["blocks.1.hook_resid_post"], cache["blocks.0.hook_resid_pre"], rtol=0, atol=0
+    )
     model.loss(ids, torch.randint(0, 11, (2, 6))).backward()
-    assert all(block.attn.W_O.weight.grad.abs().sum() > 0 and block.mlp.W_out.weight.grad.abs().sum() > 0
-               for block in model.blocks)  # a zero matrix still receives a gradient
+    assert all(
+        block.attn.W_O.weight.grad.abs().sum() > 0 and block.mlp.W_out.weight.grad.abs().sum() > 0
+        for block in model.blocks
+    )  # a zero matrix still receives a gradient
     default = Transformer(ModelConfig(**SMALL))
     assert default.blocks[0].attn.W_O.weight.std() > 0
 

@@ -1,5 +1,6 @@
-"""attnlab.inspection.patching: sweeps against values computed here by running the blocks by hand (no hooks), the
-patch-everything / patch-nothing bounds, the labelled axes, the heat maps and the one-line errors."""
+"""attnlab.inspection.patching: sweeps against values computed here by running the blocks by hand
+(no hooks), the patch-everything / patch-nothing bounds, the labelled axes, the heat maps and the
+one-line errors."""
 
 from __future__ import annotations
 
@@ -7,17 +8,38 @@ import pytest
 import torch
 
 from attnlab import Transformer
+from attnlab.errors import UserError
 from attnlab.inspection import patching
 from attnlab.model.config import ModelConfig
-from attnlab.errors import UserError
 
 T = 5
 GPT2 = ModelConfig(d_vocab=13, n_ctx=16, d_model=16, n_layers=2, n_heads=4, d_mlp=24)
-LLAMA = ModelConfig(d_vocab=13, n_ctx=16, d_model=16, n_layers=2, n_heads=4, d_mlp=24, positional="rope",
-                    norm="rmsnorm", mlp="swiglu", bias=False, n_kv_heads=2)
+LLAMA = ModelConfig(
+    d_vocab=13,
+    n_ctx=16,
+    d_model=16,
+    n_layers=2,
+    n_heads=4,
+    d_mlp=24,
+    positional="rope",
+    norm="rmsnorm",
+    mlp="swiglu",
+    bias=False,
+    n_kv_heads=2,
+)
 # Pythia (GPT-NeoX): attention and MLP in parallel on resid_pre (no resid_mid), partial RoPE, untied
-PYTHIA = ModelConfig(d_vocab=13, n_ctx=16, d_model=16, n_layers=2, n_heads=4, d_mlp=24, positional="rope",
-                     rotary_fraction=0.5, parallel_residual=True, tie_embeddings=False)
+PYTHIA = ModelConfig(
+    d_vocab=13,
+    n_ctx=16,
+    d_model=16,
+    n_layers=2,
+    n_heads=4,
+    d_mlp=24,
+    positional="rope",
+    rotary_fraction=0.5,
+    parallel_residual=True,
+    tie_embeddings=False,
+)
 TOL = dict(rtol=1e-9, atol=1e-9)
 
 
@@ -30,7 +52,8 @@ def setup(config: ModelConfig):
     g = torch.Generator().manual_seed(3)
     clean = torch.randint(0, config.d_vocab, (2, T), generator=g)
     corrupted = clean.clone()
-    corrupted[:, 1] = (clean[:, 1] + 1) % config.d_vocab  # one token differs, as in IOI's name swaps
+    # one token differs, as in IOI's name swaps
+    corrupted[:, 1] = (clean[:, 1] + 1) % config.d_vocab
     with torch.no_grad():
         clean_logits, cache = model.run_with_cache(clean)
     metric = patching.logit_diff_metric(answer=2, wrong=5)
@@ -38,7 +61,8 @@ def setup(config: ModelConfig):
 
 
 def finish(model, resid: torch.Tensor, start: int) -> torch.Tensor:
-    """Run the blocks from `start` on, then the final norm and the unembedding: no hooks involved."""
+    """Run the blocks from `start` on, then the final norm and the unembedding: no hooks
+    involved."""
     with torch.no_grad():
         for block in model.blocks[start:]:
             resid = block(resid)
@@ -47,7 +71,9 @@ def finish(model, resid: torch.Tensor, start: int) -> torch.Tensor:
 
 def test_resid_pre_sweep_equals_running_the_blocks_by_hand():
     model, clean, corrupted, cache, metric, clean_value = setup(GPT2)
-    result = patching.get_act_patch_resid_pre(model, corrupted, cache, metric, clean_metric=clean_value)
+    result = patching.get_act_patch_resid_pre(
+        model, corrupted, cache, metric, clean_metric=clean_value
+    )
     assert result.axis_names == ("layer", "pos") and result.shape == (2, T)
     with torch.no_grad():
         _, corrupted_cache = model.run_with_cache(corrupted)
@@ -55,9 +81,14 @@ def test_resid_pre_sweep_equals_running_the_blocks_by_hand():
         for pos in range(T):
             resid = corrupted_cache["resid_pre", layer].clone()
             resid[:, pos] = cache["resid_pre", layer][:, pos]
-            assert float(result[layer, pos]) == pytest.approx(float(metric(finish(model, resid, layer))), rel=1e-9)
-    # positions the corruption never reached (before it) change nothing; at layer 0, pos 1 is the whole difference
-    torch.testing.assert_close(result[0, 0], torch.tensor(result.corrupted, dtype=result.values.dtype), **TOL)
+            assert float(result[layer, pos]) == pytest.approx(
+                float(metric(finish(model, resid, layer))), rel=1e-9
+            )
+    # positions the corruption never reached (before it) change nothing; at layer 0, pos 1 is the
+    # whole difference
+    torch.testing.assert_close(
+        result[0, 0], torch.tensor(result.corrupted, dtype=result.values.dtype), **TOL
+    )
     assert float(result[0, 1]) == pytest.approx(clean_value, rel=1e-9)
     assert float(result.normalized()[0, 1]) == pytest.approx(1.0)
 
@@ -89,12 +120,18 @@ def test_patch_everything_gives_clean_and_nothing_gives_corrupted(config):
     nothing = lambda act, index, clean_act: act  # noqa: E731
     # the whole stream into a layer, or out of the last one, carries the whole clean run
     for name in ("resid_pre", "resid_post"):
-        result = patching.generic_activation_patch(model, corrupted, cache, metric, everything, name, ("layer",))
+        result = patching.generic_activation_patch(
+            model, corrupted, cache, metric, everything, name, ("layer",)
+        )
         index = 0 if name == "resid_pre" else -1
         assert float(result[index]) == pytest.approx(clean_value, rel=1e-9)
     for name in ("resid_pre", "attn_out", "mlp_out", "z", "pattern", "q", "k", "v"):
-        result = patching.generic_activation_patch(model, corrupted, cache, metric, nothing, name, ("layer",))
-        torch.testing.assert_close(result.values, torch.full((2,), corrupted_value, dtype=torch.float64), **TOL)
+        result = patching.generic_activation_patch(
+            model, corrupted, cache, metric, nothing, name, ("layer",)
+        )
+        torch.testing.assert_close(
+            result.values, torch.full((2,), corrupted_value, dtype=torch.float64), **TOL
+        )
 
 
 @pytest.mark.parametrize("config", [GPT2, LLAMA, PYTHIA], ids=["gpt2", "llama-gqa", "pythia"])
@@ -102,16 +139,24 @@ def test_every_sweep_has_labelled_axes_and_a_heat_map(config, tmp_path):
     model, clean, corrupted, cache, metric, clean_value = setup(config)
     kv = config.n_kv_heads
     expected = {  # every sweep of the module (checked below), with its [layer, ...] shape
-        "get_act_patch_resid_pre": (2, T), "get_act_patch_resid_mid": (2, T),
-        "get_act_patch_attn_out": (2, T), "get_act_patch_mlp_out": (2, T),
-        "get_act_patch_attn_head_out_all_pos": (2, 4), "get_act_patch_attn_head_q_all_pos": (2, 4),
-        "get_act_patch_attn_head_k_all_pos": (2, kv), "get_act_patch_attn_head_v_all_pos": (2, kv),
+        "get_act_patch_resid_pre": (2, T),
+        "get_act_patch_resid_mid": (2, T),
+        "get_act_patch_attn_out": (2, T),
+        "get_act_patch_mlp_out": (2, T),
+        "get_act_patch_attn_head_out_all_pos": (2, 4),
+        "get_act_patch_attn_head_q_all_pos": (2, 4),
+        "get_act_patch_attn_head_k_all_pos": (2, kv),
+        "get_act_patch_attn_head_v_all_pos": (2, kv),
         "get_act_patch_attn_head_pattern_all_pos": (2, 4),
-        "get_act_patch_attn_head_out_by_pos": (2, T, 4), "get_act_patch_attn_head_q_by_pos": (2, T, 4),
-        "get_act_patch_attn_head_k_by_pos": (2, T, kv), "get_act_patch_attn_head_v_by_pos": (2, T, kv),
+        "get_act_patch_attn_head_out_by_pos": (2, T, 4),
+        "get_act_patch_attn_head_q_by_pos": (2, T, 4),
+        "get_act_patch_attn_head_k_by_pos": (2, T, kv),
+        "get_act_patch_attn_head_v_by_pos": (2, T, kv),
         "get_act_patch_attn_head_pattern_by_pos": (2, 4, T),
     }
-    sweeps = {n for n in dir(patching) if n.startswith("get_act_patch_") and not n.endswith("_every")}
+    sweeps = {
+        n for n in dir(patching) if n.startswith("get_act_patch_") and not n.endswith("_every")
+    }
     assert sweeps == set(expected)
     if config.parallel_residual:  # no resid_mid: the MLP reads resid_pre
         with pytest.raises(UserError, match="no resid_mid to patch"):
@@ -122,13 +167,29 @@ def test_every_sweep_has_labelled_axes_and_a_heat_map(config, tmp_path):
         assert result.shape == shape, name
         assert all(len(result.labels[a]) == n for a, n in zip(result.axis_names, shape)), name
         assert torch.isfinite(result.values).all()
-    block = patching.get_act_patch_block_every(model, corrupted, cache, metric, clean_metric=clean_value)
-    assert block.axis_names == ("activation", "layer", "pos") and block.labels["activation"] == ["resid_pre", "attn_out", "mlp_out"]
-    heads = patching.get_act_patch_attn_head_all_pos_every(model, corrupted, cache, metric, clean_metric=clean_value)
+    block = patching.get_act_patch_block_every(
+        model, corrupted, cache, metric, clean_metric=clean_value
+    )
+    assert block.axis_names == ("activation", "layer", "pos") and block.labels["activation"] == [
+        "resid_pre",
+        "attn_out",
+        "mlp_out",
+    ]
+    heads = patching.get_act_patch_attn_head_all_pos_every(
+        model, corrupted, cache, metric, clean_metric=clean_value
+    )
     assert heads.shape == (5, 2, 4)
-    assert torch.isnan(heads.values[2, :, kv:]).all() and torch.isfinite(heads.values[:, :, :kv]).all()
-    for result, file in ((block, "block.png"), (heads, "heads.png"),
-                         (patching.get_act_patch_attn_head_out_by_pos(model, corrupted, cache, metric), "by_pos.png")):
+    assert (
+        torch.isnan(heads.values[2, :, kv:]).all() and torch.isfinite(heads.values[:, :, :kv]).all()
+    )
+    for result, file in (
+        (block, "block.png"),
+        (heads, "heads.png"),
+        (
+            patching.get_act_patch_attn_head_out_by_pos(model, corrupted, cache, metric),
+            "by_pos.png",
+        ),
+    ):
         path = result.plot(tmp_path / file)
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert block.to_dict()["shape"] == [3, 2, T]
@@ -138,9 +199,19 @@ def test_mistakes_are_one_line_errors():
     model, clean, corrupted, cache, metric, _ = setup(GPT2)
     with pytest.raises(UserError, match="same length"):
         patching.get_act_patch_resid_pre(model, corrupted[:, :3], cache, metric)
-    with pytest.raises(UserError, match=r"unknown hook name 'blocks.0.hook_resid_pree'; did you mean .*hook_resid_pre"):
-        patching.generic_activation_patch(model, corrupted, cache, metric, patching.layer_pos_patch_setter,
-                                          "resid_pree", ("layer", "pos"))
+    with pytest.raises(
+        UserError,
+        match=r"unknown hook name 'blocks.0.hook_resid_pree'; did you mean .*hook_resid_pre",
+    ):
+        patching.generic_activation_patch(
+            model,
+            corrupted,
+            cache,
+            metric,
+            patching.layer_pos_patch_setter,
+            "resid_pree",
+            ("layer", "pos"),
+        )
     with pytest.raises(UserError, match="one number"):
         patching.get_act_patch_resid_pre(model, corrupted, cache, lambda logits: logits[:, -1, 0])
     with pytest.raises(UserError, match="clean cache has no"):

@@ -36,19 +36,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from explorer_models import char_tokenizer
+from hub_server import HubServer, Repo
 
 import attnlab
 from attnlab.explorer.cli import URL_LINE
-from explorer_models import char_tokenizer
-from hub_server import HubServer, Repo
 
 ROOT = Path(attnlab.__file__).resolve().parents[2]
 README = ROOT / "README.md"
 
 EXCLUDED = {
     "make demo": "the demo with its defaults: 300 steps, then the explorer on port 8000 until "
-                 "Ctrl-C; tests/test_training_demo.py runs the same `attnlab demo` as a process, "
-                 "shortened by its own flags, to its explorer in chromium and a Ctrl-C",
+    "Ctrl-C; tests/test_training_demo.py runs the same `attnlab demo` as a process, "
+    "shortened by its own flags, to its explorer in chromium and a Ctrl-C",
     "make test": "the whole suite, which this test is part of",
 }
 SHORTENED = {"ATTNLAB_MAX_STEPS": "3", "ATTNLAB_MAX_NEW_TOKENS": "8", "ATTNLAB_PORT": "0"}
@@ -85,7 +85,7 @@ class Block:
 def readme_blocks(text: str) -> list[Block]:
     blocks = []
     for match in re.finditer(r"^```bash\n(.*?)^```", text, flags=re.S | re.M):
-        before = text[:match.start()]
+        before = text[: match.start()]
         headings = re.findall(r"^#+ (.+)$", before, flags=re.M)
         commands = []
         for line in match.group(1).replace("\\\n", " ").splitlines():
@@ -128,11 +128,21 @@ def hub_names(command: str) -> list[str]:
 # Tiny random models under the names the README uses, of each name's architecture
 HUB_MODELS = {
     "gpt2": dict(preset="nano", n_layers=2, n_heads=4, d_model=32, n_ctx=128, mlp="gelu_tanh"),
-    "EleutherAI/pythia-70m": dict(preset="nano", n_layers=2, n_heads=4, d_model=32, n_ctx=128,
-                                  positional="rope", rotary_fraction=0.25, parallel_residual=True,
-                                  mlp="gelu", tie_embeddings=False),
-    "HuggingFaceTB/SmolLM2-135M": dict(preset="llama-tiny", n_layers=2, n_heads=4, n_kv_heads=2,
-                                       d_model=32, d_mlp=64),
+    "EleutherAI/pythia-70m": dict(
+        preset="nano",
+        n_layers=2,
+        n_heads=4,
+        d_model=32,
+        n_ctx=128,
+        positional="rope",
+        rotary_fraction=0.25,
+        parallel_residual=True,
+        mlp="gelu",
+        tie_embeddings=False,
+    ),
+    "HuggingFaceTB/SmolLM2-135M": dict(
+        preset="llama-tiny", n_layers=2, n_heads=4, n_kv_heads=2, d_model=32, d_mlp=64
+    ),
 }
 HUB_MODELS["EleutherAI/pythia-160m"] = HUB_MODELS["EleutherAI/pythia-70m"]
 REVISIONS = {"EleutherAI/pythia-160m": "step143000"}  # besides main
@@ -152,16 +162,23 @@ def hub_repos(tmp_path_factory) -> dict[str, Repo]:
         model.tokenizer = char_tokenizer()
         folder = attnlab.save(model, root / name, format="hf")
         repo = Repo()
-        repo.add_commit({p.name: p.read_bytes() for p in folder.iterdir()}, "main", *(
-            [REVISIONS[name]] if name in REVISIONS else []))
+        repo.add_commit(
+            {p.name: p.read_bytes() for p in folder.iterdir()},
+            "main",
+            *([REVISIONS[name]] if name in REVISIONS else []),
+        )
         repos[name] = repo
     return repos
 
 
 def environment(hub: HubServer, folder: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING", "ATTNLAB_"))}
-    env.update(SHORTENED, HF_ENDPOINT=hub.url, HF_HOME=str(folder / ".hf"),
-               PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]))
+    env.update(
+        SHORTENED,
+        HF_ENDPOINT=hub.url,
+        HF_HOME=str(folder / ".hf"),
+        PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
+    )
     return env
 
 
@@ -171,24 +188,33 @@ def prepare(block: Block, folder: Path, env: dict[str, str]) -> None:
     every = [c for b in BLOCKS for c in b.commands]
     for i, command in enumerate(block.commands):
         for run in re.findall(r"\b(runs/\w+)\b", command):
-            written = any(f"--out {run}" in earlier for earlier in block.commands[:i + 1])
+            written = any(f"--out {run}" in earlier for earlier in block.commands[: i + 1])
             if not written and not (folder / run).exists():
-                makers = [c for c in every
-                          if f"--out {run}" in c and words(c)[:2] == ["attnlab", "train"]]
+                makers = [
+                    c for c in every if f"--out {run}" in c and words(c)[:2] == ["attnlab", "train"]
+                ]
                 assert makers, f"{command!r} reads {run}, which no `attnlab train` here writes"
                 run_to_end(makers[0], env, folder)
         if command.startswith("HF_HUB_OFFLINE=1 "):
             for name in hub_names(command):
                 code = f"import attnlab; attnlab.load({name!r})"
-                subprocess.run([sys.executable, "-c", code], env=env, cwd=folder, check=True,
-                               capture_output=True, timeout=300)
+                subprocess.run(
+                    [sys.executable, "-c", code],
+                    env=env,
+                    cwd=folder,
+                    check=True,
+                    capture_output=True,
+                    timeout=300,
+                )
 
 
 def run_to_end(command: str, env: dict[str, str], folder: Path) -> None:
-    result = subprocess.run(["bash", "-c", command], env=env, cwd=folder, capture_output=True,
-                            text=True, timeout=600)
-    shown = (f"$ {command}\n(exit {result.returncode})\n{result.stdout[-3000:]}\n"
-             f"{result.stderr[-3000:]}")
+    result = subprocess.run(
+        ["bash", "-c", command], env=env, cwd=folder, capture_output=True, text=True, timeout=600
+    )
+    shown = (
+        f"$ {command}\n(exit {result.returncode})\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    )
     assert result.returncode == 0, shown
     assert "Traceback" not in result.stdout + result.stderr, shown
 
@@ -198,9 +224,15 @@ def run_server(command: str, env: dict[str, str], folder: Path) -> None:
     A port the command names that another program holds is waited for (up to a minute)."""
     deadline = time.monotonic() + 60
     while True:
-        process = subprocess.Popen(["bash", "-c", command], env=env, cwd=folder, text=True,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            ["bash", "-c", command],
+            env=env,
+            cwd=folder,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         try:
             printed, url = [], None
             for line in process.stdout:
@@ -214,8 +246,10 @@ def run_server(command: str, env: dict[str, str], folder: Path) -> None:
                 if "already in use" in errors and time.monotonic() < deadline:
                     time.sleep(2)
                     continue
-                pytest.fail(f"$ {command}\nended (exit {process.returncode}) before serving:\n"
-                            f"{''.join(printed)}\n{errors}")
+                pytest.fail(
+                    f"$ {command}\nended (exit {process.returncode}) before serving:\n"
+                    f"{''.join(printed)}\n{errors}"
+                )
             with urllib.request.urlopen(url, timeout=60) as page:
                 assert page.status == 200 and b"<html" in page.read().lower()
             with urllib.request.urlopen(url + "api/models", timeout=60) as answer:

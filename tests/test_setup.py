@@ -34,8 +34,13 @@ def choice(*args: str, find_links: Path | None = None) -> list[str]:
     env.update(PIP_CONFIG_FILE=os.devnull, PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
     if find_links is not None:
         env["PIP_FIND_LINKS"] = str(find_links)
-    result = subprocess.run([sys.executable, str(SCRIPT), "--print", *args], env=env,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--print", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout.splitlines()
 
@@ -47,10 +52,13 @@ def fake_wheel(folder: Path, requirement: str = install_torch.LOCAL) -> Path:
     path = folder / f"torch-{version}-py3-none-any.whl"
     info = f"torch-{version}.dist-info"
     with zipfile.ZipFile(path, "w") as wheel:
-        wheel.writestr(f"{info}/METADATA",
-                       f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n")
-        wheel.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\n"
-                                        "Root-Is-Purelib: true\nTag: py3-none-any\n")
+        wheel.writestr(
+            f"{info}/METADATA", f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n"
+        )
+        wheel.writestr(
+            f"{info}/WHEEL",
+            "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        )
         wheel.writestr(f"{info}/RECORD", "")
     return path
 
@@ -93,10 +101,24 @@ def test_the_kernel_tests_fail_and_do_not_skip_without_a_compiler(tmp_path):
     """CC names no compiler and the kernel cache is empty: test_kernels.py's tests error out, with
     the reason and the fix."""
     env = {**os.environ, "CC": str(tmp_path / "no-such-compiler"), "ATTNLAB_CACHE": str(tmp_path)}
-    pytest_args = ["-p", "no:cacheprovider", "-p", "no:xdist", "-q", "tests/test_kernels.py",
-                   "-k", "test_rope_kernel_equals_apply_rope"]
-    result = subprocess.run([sys.executable, "-m", "pytest", *pytest_args], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=300)
+    pytest_args = [
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:xdist",
+        "-q",
+        "tests/test_kernels.py",
+        "-k",
+        "test_rope_kernel_equals_apply_rope",
+    ]
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", *pytest_args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 1, result.stdout + result.stderr
     assert "1 error" in result.stdout and "skipped" not in result.stdout, result.stdout
     assert "C kernels could not be built here" in result.stdout, result.stdout

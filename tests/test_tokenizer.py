@@ -1,4 +1,5 @@
-"""The character tokenizer's fast path (one dict lookup per character) against the tokenizers backend it stands in for."""
+"""The character tokenizer's fast path (one dict lookup per character) against the tokenizers
+backend it stands in for."""
 
 import random
 
@@ -26,7 +27,8 @@ def test_char_encode_names_unseen_characters():
 
 
 def test_a_char_tokenizer_with_added_tokens_takes_the_backend():
-    """An added token spans several characters: only the backend knows to match it, so the fast path steps aside."""
+    """An added token spans several characters: only the backend knows to match it, so the fast path
+    steps aside."""
     tokenizer = Tokenizer.train_char("abc<|>")
     tokenizer.backend.add_special_tokens(["<|>"])
     assert not tokenizer._plain_char()

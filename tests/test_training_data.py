@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from training_tiny import write_text
 
 from attnlab.data import builtin_corpus
 from attnlab.errors import UserError
 from attnlab.training.data import TokenData, find_sources, iter_text, prepare_data
-from training_tiny import write_text
 
 
 def test_builtin_corpus_is_python_docs_and_needs_no_shared_data():
@@ -71,7 +71,9 @@ def test_batches_are_windows_shifted_by_one(tmp_path):
     assert x.shape == y.shape == (5, 8) and x.dtype == torch.int64
     val = torch.from_numpy(data.split("val").astype(np.int64))
     for row, start in enumerate(offsets.tolist()):
-        assert torch.equal(x[row], val[start:start + 8]) and torch.equal(y[row], val[start + 1:start + 9])
+        assert torch.equal(x[row], val[start : start + 8]) and torch.equal(
+            y[row], val[start + 1 : start + 9]
+        )
 
 
 def test_missing_data(tmp_path):
@@ -101,14 +103,17 @@ def test_binary_and_non_utf8_data(tmp_path):
 def test_corpus_shorter_than_one_block(tmp_path):
     (tmp_path / "s.txt").write_text("a short text of a few words\n" * 4)
     _, data = prepare_data(str(tmp_path / "s.txt"), "char", 0, tmp_path / "run")
-    with pytest.raises(UserError, match=r"shorter than one block of --block-size 64.*--block-size 11 or less"):
+    with pytest.raises(
+        UserError, match=r"shorter than one block of --block-size 64.*--block-size 11 or less"
+    ):
         data.check_block_size(64)
     data.check_block_size(11)
     assert isinstance(data, TokenData)
 
 
 def test_window_stride_starts_every_window_at_a_sequence(tmp_path):
-    """--window-stride N: windows start only at multiples of N tokens (in the val split too, from the stream's start)."""
+    """--window-stride N: windows start only at multiples of N tokens (in the val split too, from
+    the stream's start)."""
     tokens = np.arange(10_000, dtype=np.uint16)
     path = tmp_path / "tokens.bin"
     tokens.tofile(path)

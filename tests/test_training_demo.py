@@ -16,9 +16,9 @@ import subprocess
 import sys
 
 import pytest
+from test_explorer_browser import browser, page, settle  # noqa: F401 (chromium, a page: fixtures)
 
 from attnlab.explorer.cli import URL_LINE
-from test_explorer_browser import browser, page, settle  # noqa: F401 (chromium, a page: fixtures)
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -32,10 +32,26 @@ def demo(tmp_path):
     stderr = tmp_path / "stderr.txt"
     with open(stderr, "w") as err:
         process = subprocess.Popen(
-            [sys.executable, "-m", "attnlab", "demo", "--max-iters", "2", "--sample-tokens", "20",
-             "--port", "0", "--out", str(out)],
-            stdout=subprocess.PIPE, stderr=err, text=True, cwd=tmp_path,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            [
+                sys.executable,
+                "-m",
+                "attnlab",
+                "demo",
+                "--max-iters",
+                "2",
+                "--sample-tokens",
+                "20",
+                "--port",
+                "0",
+                "--out",
+                str(out),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
     printed, url = [], None
     try:
         for line in process.stdout:
@@ -46,8 +62,10 @@ def demo(tmp_path):
                 break
         if url is None:
             process.wait(timeout=60)
-            pytest.fail(f"attnlab demo ended (exit {process.returncode}) before the explorer "
-                        f"answered:\n{''.join(printed)}\n{stderr.read_text()}")
+            pytest.fail(
+                f"attnlab demo ended (exit {process.returncode}) before the explorer "
+                f"answered:\n{''.join(printed)}\n{stderr.read_text()}"
+            )
         yield process, "".join(printed), url, out, stderr
     finally:
         if process.poll() is None:

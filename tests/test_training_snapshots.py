@@ -1,16 +1,17 @@
-"""`attnlab train --snapshots N`: float16 weights at evenly spaced steps, read back as the model was at that step."""
+"""`attnlab train --snapshots N`: float16 weights at evenly spaced steps, read back as the model was
+at that step."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from training_tiny import tiny_config, tiny_flags
 
 import attnlab
 from attnlab.cli import main
 from attnlab.errors import UserError
 from attnlab.training.snapshots import list_snapshots, load_snapshot, snapshot_steps
 from attnlab.training.trainer import train
-from training_tiny import tiny_config, tiny_flags
 
 
 def test_snapshot_steps_are_evenly_spaced_from_the_start_to_the_end():
@@ -35,12 +36,18 @@ def test_train_keeps_float16_snapshots_that_load_as_the_model_was(tmp_path):
     model = attnlab.load(run)  # the final checkpoint, float32
     last = load_snapshot(model, snaps[6])
     first = load_snapshot(model, snaps[0])
-    for name, weight in model.state_dict().items():  # the last snapshot is the final weights, rounded to float16
+    # the last snapshot is the final weights, rounded to float16
+    for name, weight in model.state_dict().items():
         torch.testing.assert_close(last.state_dict()[name], weight.half().float(), rtol=0, atol=0)
-    assert not torch.equal(first.state_dict()["embed.weight"], last.state_dict()["embed.weight"])  # training moved them
+    # training moved them
+    assert not torch.equal(first.state_dict()["embed.weight"], last.state_dict()["embed.weight"])
     assert last.tokenizer is model.tokenizer and next(last.parameters()).dtype == torch.float32
     # starting over removes the old run's snapshots, so the slider never mixes two runs
-    train(tiny_config(tmp_path, max_iters=4, lr_decay_iters=4, eval_interval=2, snapshots=2), progress=False, overwrite=True)
+    train(
+        tiny_config(tmp_path, max_iters=4, lr_decay_iters=4, eval_interval=2, snapshots=2),
+        progress=False,
+        overwrite=True,
+    )
     assert list(list_snapshots(run)) == [0, 4]
 
 

@@ -26,9 +26,24 @@ def tiny_config(tmp_path: Path, **changes) -> TrainConfig:
     if not data.exists():
         tmp_path.mkdir(parents=True, exist_ok=True)
         write_text(data)
-    values = dict(data=str(data), out=str(tmp_path / "run"), n_layer=1, n_head=2, n_embd=16, block_size=16,
-                  batch_size=4, max_iters=6, lr_decay_iters=6, warmup_iters=2, eval_interval=3, eval_iters=2,
-                  learning_rate=3e-3, min_lr=3e-4, seed=5, device="cpu")
+    values = dict(
+        data=str(data),
+        out=str(tmp_path / "run"),
+        n_layer=1,
+        n_head=2,
+        n_embd=16,
+        block_size=16,
+        batch_size=4,
+        max_iters=6,
+        lr_decay_iters=6,
+        warmup_iters=2,
+        eval_interval=3,
+        eval_iters=2,
+        learning_rate=3e-3,
+        min_lr=3e-4,
+        seed=5,
+        device="cpu",
+    )
     values.update(changes)
     return TrainConfig(**values)
 
@@ -37,9 +52,25 @@ def tiny_flags(tmp_path: Path, **changes) -> list[str]:
     """The same tiny run as command-line flags."""
     cfg = tiny_config(tmp_path, **changes)
     flags = []
-    for name in ("data", "out", "n_layer", "n_head", "n_embd", "block_size", "batch_size", "max_iters",
-                 "lr_decay_iters", "warmup_iters", "eval_interval", "eval_iters", "learning_rate", "min_lr", "seed",
-                 "device", "gradient_accumulation_steps"):
+    for name in (
+        "data",
+        "out",
+        "n_layer",
+        "n_head",
+        "n_embd",
+        "block_size",
+        "batch_size",
+        "max_iters",
+        "lr_decay_iters",
+        "warmup_iters",
+        "eval_interval",
+        "eval_iters",
+        "learning_rate",
+        "min_lr",
+        "seed",
+        "device",
+        "gradient_accumulation_steps",
+    ):
         if getattr(cfg, name) is not None:
             flags += ["--" + name.replace("_", "-"), str(getattr(cfg, name))]
     return flags + ["--quiet"]

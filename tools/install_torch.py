@@ -69,17 +69,23 @@ def choose(override: str | None, ignore_installed: bool = False) -> tuple[list[s
     if pip_sees(LOCAL):
         return [*PIP, LOCAL], older + f"pip can see {LOCAL} (a local wheel)"
     same_version = LOCAL.split("+")[0]
-    return ([*PIP, "--index-url", PYTORCH_CPU_INDEX, same_version],
-            older + f"pip cannot see {LOCAL} here: the CPU build from PyTorch's index")
+    return (
+        [*PIP, "--index-url", PYTORCH_CPU_INDEX, same_version],
+        older + f"pip cannot see {LOCAL} here: the CPU build from PyTorch's index",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--torch", default=None, metavar="SPEC", help="install this requirement")
-    parser.add_argument("--print", action="store_true",
-                        help="print the choice and its command; install nothing")
-    parser.add_argument("--ignore-installed", action="store_true",
-                        help="choose as for a Python without torch (what a fresh .venv gets)")
+    parser.add_argument(
+        "--print", action="store_true", help="print the choice and its command; install nothing"
+    )
+    parser.add_argument(
+        "--ignore-installed",
+        action="store_true",
+        help="choose as for a Python without torch (what a fresh .venv gets)",
+    )
     args = parser.parse_args(argv)
     command, why = choose(args.torch, args.ignore_installed)
     print(f"torch: {why}" + (f"\n{shlex.join(command)}" if command else ""), flush=True)

@@ -1,20 +1,23 @@
-"""Kill points for the crash test (benchmarks/crash_test.py), loaded into the training processes only.
+"""Kill points for the crash test (benchmarks/crash_test.py), loaded into the training processes
+only.
 
-Python imports `sitecustomize` at start-up from any folder on PYTHONPATH; the crash test puts this folder
-there in the environment of the processes it kills, so attnlab itself carries no kill points. Without
-ATTNLAB_CRASH_OUT in the environment this file does nothing.
+Python imports `sitecustomize` at start-up from any folder on PYTHONPATH; the crash test puts this
+folder there in the environment of the processes it kills, so attnlab itself carries no kill points.
+Without ATTNLAB_CRASH_OUT in the environment this file does nothing.
 
-Every call that commits something to the file system (os.fsync, os.rename, os.replace, os.link) is an
-event; one made inside a checkpoint save (attnlab.training.checkpoint.write_checkpoint on the call's
-stack: its files, the folder's rename, the links into OUT, the pruning) is a save event. Environment:
+Every call that commits something to the file system (os.fsync, os.rename, os.replace, os.link) is
+an event; one made inside a checkpoint save (attnlab.training.checkpoint.write_checkpoint on the
+call's
+stack: its files, the folder's rename, the links into OUT, the pruning) is a save event.
+Environment:
 - ATTNLAB_CRASH_OUT: the run folder.
-- ATTNLAB_CRASH_LOG: a file that gets a line per kill (what was under way, inside a save or not) and a
-  "first event" line with the time (when the data is ready and training starts).
-- ATTNLAB_CRASH_PLAN: a JSON list, one entry per start under torchrun (TORCHELASTIC_RESTART_COUNT picks
-  it; a plain process uses the first), each {"rank": R (default 0), and "save_event": K (SIGKILL just
-  before the K-th save event) or "after": SECONDS (SIGKILL that long after the first event, or, with
-  "clock": "checkpoint", after a first checkpoint folder appears: for a rank that writes nothing)}.
-  Starts past the list's end, and other ranks, run undisturbed.
+- ATTNLAB_CRASH_LOG: a file that gets a line per kill (what was under way, inside a save or not) and
+  a "first event" line with the time (when the data is ready and training starts).
+- ATTNLAB_CRASH_PLAN: a JSON list, one entry per start under torchrun (TORCHELASTIC_RESTART_COUNT
+  picks it; a plain process uses the first), each {"rank": R (default 0), and "save_event": K
+  (SIGKILL just before the K-th save event) or "after": SECONDS (SIGKILL that long after the first
+  event, or, with "clock": "checkpoint", after a first checkpoint folder appears: for a rank that
+  writes nothing)}. Starts past the list's end, and other ranks, run undisturbed.
 """
 
 import json
@@ -44,13 +47,16 @@ def _path_of(arg) -> str:
 
 
 def _saving(frame) -> bool:
-    """Whether `frame`'s stack is inside a checkpoint save: attnlab.training.checkpoint.write_checkpoint is
-    on it. The stack, not the paths: the start-up write of tokenizer.json into OUT looks like a save's link
-    of it (same folder, same temporary name), and a hidden folder a killed save left stays until the next
-    save, so neither a path nor the folder's contents can tell."""
+    """Whether `frame`'s stack is inside a checkpoint save:
+    attnlab.training.checkpoint.write_checkpoint is on it. The stack, not the paths: the start-up
+    write of tokenizer.json into OUT looks like a save's link
+    of it (same folder, same temporary name), and a hidden folder a killed save left stays until the
+    next save, so neither a path nor the folder's contents can tell."""
     while frame is not None:
         code = frame.f_code
-        if code.co_name == "write_checkpoint" and code.co_filename.endswith(os.path.join("training", "checkpoint.py")):
+        if code.co_name == "write_checkpoint" and code.co_filename.endswith(
+            os.path.join("training", "checkpoint.py")
+        ):
             return True
         frame = frame.f_back
     return False
@@ -82,8 +88,13 @@ def _kill(why: str) -> None:
 
 
 def _arm_timer(seconds: float) -> None:
-    timer = threading.Timer(seconds, lambda: _kill(
-        f"kill at a random moment ({seconds:.3f} s), {'inside' if _saving_now() else 'outside'} a save"))
+    timer = threading.Timer(
+        seconds,
+        lambda: _kill(
+            f"kill at a random moment ({seconds:.3f} s), "
+            f"{'inside' if _saving_now() else 'outside'} a save"
+        ),
+    )
     timer.daemon = True
     timer.start()
 
@@ -92,8 +103,11 @@ def _install(plan: dict) -> None:
     kill_at, after = int(plan.get("save_event", 0)), float(plan.get("after", 0))
     state = {"save_events": 0, "first": False}
     if after and plan.get("clock") == "checkpoint":
+
         def watch(seconds: float = after) -> None:
-            while not any(n.startswith("step-") for n in _listdir(os.path.join(_OUT, "checkpoints"))):
+            while not any(
+                n.startswith("step-") for n in _listdir(os.path.join(_OUT, "checkpoints"))
+            ):
                 time.sleep(0.01)
             _arm_timer(seconds)
 

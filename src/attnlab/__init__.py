@@ -5,23 +5,33 @@
     logits, cache = model.run_with_cache(ids)
     cache["blocks.0.attn.hook_pattern"]  # [batch, head, query_pos, key_pos]
 
-Heavier parts (checkpoint formats, the explorer) are imported when first used, not at import time, and so
-are TransformerLens's module names `utils` and `patching` (`from attnlab import utils, patching`).
+Heavier parts (checkpoint formats, the explorer) are imported when first used, not at import time,
+and so are TransformerLens's module names `utils` and `patching` (`from attnlab import utils,
+patching`).
 """
 
 from .errors import UserError
+from .generate.fast_layers import quantize
 from .lens.cache import ActivationCache
 from .lens.hooks import HookPoint
 from .model.attention import scaled_dot_product_attention
 from .model.config import PRESETS, ModelConfig, preset
-from .generate.fast_layers import quantize
 from .model.transformer import Transformer
-from .version import __version__
-
+from .version import __version__ as __version__
 
 __all__ = [
-    "ActivationCache", "HookPoint", "ModelConfig", "PRESETS", "Transformer", "UserError",
-    "load", "preset", "quantize", "save", "scaled_dot_product_attention", "show",
+    "ActivationCache",
+    "HookPoint",
+    "ModelConfig",
+    "PRESETS",
+    "Transformer",
+    "UserError",
+    "load",
+    "preset",
+    "quantize",
+    "save",
+    "scaled_dot_product_attention",
+    "show",
 ]
 
 

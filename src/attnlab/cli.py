@@ -3,10 +3,11 @@
 Design choices:
 - Each module in COMMAND_MODULES has `add_commands(subparsers)`, which adds its subcommands and sets
   `func(args) -> int` on each; this file only dispatches, so a command's flags live beside its code.
-- A user's mistake (UserError, a missing file, a full disk) is printed as one line on stderr with exit
-  code 2, never a traceback; Ctrl-C exits 130.
-- A warning is one line too, `attnlab COMMAND: warning: ...`, in place of Python's format (the file, line
-  number, category and the source line that raised it); Python's own display is restored when the command ends.
+- A user's mistake (UserError, a missing file, a full disk) is printed as one line on stderr with
+  exit code 2, never a traceback; Ctrl-C exits 130.
+- A warning is one line too, `attnlab COMMAND: warning: ...`, in place of Python's format (the file,
+  line number, category and the source line that raised it); Python's own display is restored when
+  the command ends.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ COMMAND_MODULES = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="attnlab", description="Attention, real, fast and visible.")
+    parser = argparse.ArgumentParser(
+        prog="attnlab", description="Attention, real, fast and visible."
+    )
     parser.add_argument("--version", action="version", version=f"attnlab {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
@@ -45,13 +48,15 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    with warnings.catch_warnings():  # restores warnings.showwarning (and the filters) when the command ends
+    # restores warnings.showwarning (and the filters) when the command ends
+    with warnings.catch_warnings():
         warnings.showwarning = one_line_warnings(args.command)
         return _run(args)
 
 
 def one_line_warnings(command: str):
-    """A warnings.showwarning that prints `attnlab COMMAND: warning: message` (a message's lines joined)."""
+    """A warnings.showwarning that prints `attnlab COMMAND: warning: message` (a message's lines
+    joined)."""
 
     def show(message, category, filename, lineno, file=None, line=None) -> None:
         text = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
@@ -73,16 +78,29 @@ def _run(args: argparse.Namespace) -> int:
         print(f"attnlab {args.command}: interrupted", file=sys.stderr)
         return 130
     except FileNotFoundError as exc:
-        print(f"attnlab {args.command}: error: no such file or directory: {exc.filename}", file=sys.stderr)
+        print(
+            f"attnlab {args.command}: error: no such file or directory: {exc.filename}",
+            file=sys.stderr,
+        )
         return 2
-    except OSError as exc:  # the file system refused (permissions, a file where a folder should be, ...)
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):  # no space, over quota, over the file size limit
-            print(f"attnlab {args.command}: error: the disk is full ({exc.filename or 'while writing'}); "
-                  "free some space and run again (the last good checkpoint is kept)", file=sys.stderr)
+    # the file system refused (permissions, a file where a folder should be, ...)
+    except OSError as exc:
+        # no space, over quota, over the file size limit
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            print(
+                f"attnlab {args.command}: error: the disk is full "
+                f"({exc.filename or 'while writing'}); "
+                "free some space and run again (the last good checkpoint is kept)",
+                file=sys.stderr,
+            )
         else:
             where = f": {exc.filename}" if exc.filename else ""
-            print(f"attnlab {args.command}: error: {exc.strerror or exc}{where}; check the path and its "
-                  "permissions", file=sys.stderr)
+            print(
+                f"attnlab {args.command}: error: {exc.strerror or exc}{where}; check the path and "
+                "its "
+                "permissions",
+                file=sys.stderr,
+            )
         return 2
 
 

@@ -1,14 +1,17 @@
 """`attnlab demo` (`make demo`): the main job on built-in defaults, with no download.
 
 Design choices:
-- Three acts: (1) the chapter's "A B C" walk-through on an untrained one-head model, to show what a causal
-  pattern is (lower-triangular, rows summing to 1); (2) training a small modern model with the speedrun's
-  recipe (the "demo" preset of attnlab.training.config: RoPE, RMSNorm, Muon, ReLU², QK-norm, ...) on the
-  built-in corpus, Python's bundled documentation, into runs/demo with a progress bar, about a minute on two
-  CPU cores; (3) a sample streamed from it, then
+- Three acts: (1) the chapter's "A B C" walk-through on an untrained one-head model, to show what a
+  causal
+  pattern is (lower-triangular, rows summing to 1); (2) training a small modern model with the
+  speedrun's
+  recipe (the "demo" preset of attnlab.training.config: RoPE, RMSNorm, Muon, ReLU², QK-norm, ...) on
+  the built-in corpus, Python's bundled documentation, into runs/demo with a progress bar, about a
+  minute on two CPU cores; (3) a sample streamed from it, then
   the explorer serving it (unless --no-explore).
 - The demo reuses `attnlab train` and `attnlab sample` rather than having its own loop: it is the
-  same code a user runs next. Ctrl-C during training keeps what was learned and moves on to the sample.
+  same code a user runs next. Ctrl-C during training keeps what was learned and moves on to the
+  sample.
 - The explorer (and with it fastapi) is imported only when the demo gets to it.
 """
 
@@ -20,14 +23,19 @@ import torch
 
 
 def show_pattern(seed: int) -> None:
-    """The causal attention pattern of 'A B C' on a tiny untrained model: lower-triangular, rows sum to 1."""
+    """The causal attention pattern of 'A B C' on a tiny untrained model: lower-triangular, rows sum
+    to 1."""
     from .model.config import preset
     from .model.transformer import Transformer
 
     torch.manual_seed(seed)
     tokens = ["A", "B", "C"]
-    model = Transformer(preset("nano", d_vocab=len(tokens), n_layers=1, n_heads=1, d_model=16)).eval()
-    _, cache = model.run_with_cache(torch.arange(len(tokens))[None], names_filter="blocks.0.attn.hook_pattern")
+    model = Transformer(
+        preset("nano", d_vocab=len(tokens), n_layers=1, n_heads=1, d_model=16)
+    ).eval()
+    _, cache = model.run_with_cache(
+        torch.arange(len(tokens))[None], names_filter="blocks.0.attn.hook_pattern"
+    )
     pattern = cache["blocks.0.attn.hook_pattern"][0, 0]  # [query_pos, key_pos]
     print("causal attention pattern of 'A B C' (rows: queries, columns: keys)")
     print("      " + "".join(f"{t:>8}" for t in tokens))
@@ -45,15 +53,26 @@ def run_demo(args: argparse.Namespace) -> int:
     show_pattern(args.seed)
     overrides = {"out": args.out, "seed": args.seed}
     if args.max_iters is not None:
-        overrides.update(max_iters=args.max_iters, lr_decay_iters=args.max_iters,
-                         eval_interval=min(args.max_iters, 100), warmup_iters=min(50, args.max_iters // 10))
+        overrides.update(
+            max_iters=args.max_iters,
+            lr_decay_iters=args.max_iters,
+            eval_interval=min(args.max_iters, 100),
+            warmup_iters=min(50, args.max_iters // 10),
+        )
     cfg = build_config("demo", overrides=overrides)
-    print(f"\ntraining a {cfg.n_layer}-layer, {cfg.n_embd}-wide model ({cfg.pos}, {cfg.norm}, {cfg.optimizer}, {cfg.mlp}) on {BUILTIN_NAME} "
-          f"for {cfg.max_iters} steps into {cfg.out} (Ctrl-C stops early and keeps the checkpoint)", flush=True)
+    print(
+        f"\ntraining a {cfg.n_layer}-layer, {cfg.n_embd}-wide model ({cfg.pos}, {cfg.norm}, "
+        f"{cfg.optimizer}, {cfg.mlp}) on {BUILTIN_NAME} "
+        f"for {cfg.max_iters} steps into {cfg.out} (Ctrl-C stops early and keeps the checkpoint)",
+        flush=True,
+    )
     result = train(cfg, overwrite=True)
-    print(f"val loss {result.val_loss:.3f} after {result.iters} steps, {result.elapsed_s:.0f} s; "
-          f"plot in {cfg.out}/loss.png, report in {cfg.out}/report.md" if result.val_loss is not None else
-          f"stopped after {result.iters} steps, before the first evaluation")
+    print(
+        f"val loss {result.val_loss:.3f} after {result.iters} steps, {result.elapsed_s:.0f} s; "
+        f"plot in {cfg.out}/loss.png, report in {cfg.out}/report.md"
+        if result.val_loss is not None
+        else f"stopped after {result.iters} steps, before the first evaluation"
+    )
 
     model = load(cfg.out)
     prompt = "The "
@@ -61,8 +80,15 @@ def run_demo(args: argparse.Namespace) -> int:
     stream = TextStream(model.tokenizer)
     ids = torch.tensor([encode_prompt(model, prompt)])
     stream.push(ids[0].tolist())
-    generate_windowed(model, ids, args.sample_tokens, seed=args.seed, temperature=0.8, top_k=50,
-                      on_token=lambda token: stream.push(token[0].tolist()))
+    generate_windowed(
+        model,
+        ids,
+        args.sample_tokens,
+        seed=args.seed,
+        temperature=0.8,
+        top_k=50,
+        on_token=lambda token: stream.push(token[0].tolist()),
+    )
     stream.finish()
     print("\n")
 
@@ -70,19 +96,32 @@ def run_demo(args: argparse.Namespace) -> int:
         return 0
     from .explorer.cli import explore  # here, not at the top: it imports fastapi
 
-    print(f"opening the explorer on {cfg.out} (Ctrl-C to stop; --no-explore skips this)", flush=True)
+    print(
+        f"opening the explorer on {cfg.out} (Ctrl-C to stop; --no-explore skips this)", flush=True
+    )
     return explore([str(cfg.out)], port=args.port)
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="the main job on built-in defaults: train a small model, sample it, explore it",
-                       description="Train a small model on the built-in corpus (Python's bundled documentation) "
-                                   "with a progress bar, print a sample, then open the explorer on it.")
+    p = sub.add_parser(
+        "demo",
+        help="the main job on built-in defaults: train a small model, sample it, explore it",
+        description="Train a small model on the built-in corpus (Python's bundled documentation) "
+        "with a progress bar, print a sample, then open the explorer on it.",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="runs/demo", help="where the demo's run goes (default runs/demo)")
-    p.add_argument("--max-iters", type=int, default=None, help="training steps (default: the demo preset's)")
+    p.add_argument(
+        "--out", default="runs/demo", help="where the demo's run goes (default runs/demo)"
+    )
+    p.add_argument(
+        "--max-iters", type=int, default=None, help="training steps (default: the demo preset's)"
+    )
     p.add_argument("--sample-tokens", type=int, default=300, help="length of the printed sample")
     p.add_argument("--no-explore", action="store_true", help="do not start the explorer at the end")
-    p.add_argument("--port", type=int, default=None,
-                   help="the explorer's port (default 8000, or $ATTNLAB_PORT)")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="the explorer's port (default 8000, or $ATTNLAB_PORT)",
+    )
     p.set_defaults(func=run_demo)

@@ -41,8 +41,11 @@ def capped(value: int, name: str, what: str, announce: bool = True) -> int:
     if cap is None or value <= cap:
         return value
     if announce:
-        print(f"attnlab: note: {name}={cap} caps {what} at {cap} (of {value})", file=sys.stderr,
-              flush=True)
+        print(
+            f"attnlab: note: {name}={cap} caps {what} at {cap} (of {value})",
+            file=sys.stderr,
+            flush=True,
+        )
     return cap
 
 

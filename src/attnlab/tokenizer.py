@@ -2,13 +2,13 @@
 
 Design choices:
 - One wrapper around the `tokenizers` library for every kind: character-level and byte-level BPE
-  trained here, and whatever tokenizer.json a Hugging Face checkpoint ships (GPT-2, LLaMA, BERT, ...).
-  So `attnlab sample` and the explorer treat every model alike.
+  trained here, and whatever tokenizer.json a Hugging Face checkpoint ships (GPT-2, LLaMA, BERT,
+  ...). So `attnlab sample` and the explorer treat every model alike.
 - A character tokenizer is a WordLevel model over single characters with a Fuse decoder, so it
   round-trips any text made of its characters exactly; a character it has never seen is a UserError
   naming that character, not a silent <unk>.
-- `encode` adds special tokens the way the tokenizer's own post-processor does (BERT's [CLS] ... [SEP]),
-  matching transformers' tokenizer.
+- `encode` adds special tokens the way the tokenizer's own post-processor does (BERT's [CLS] ...
+  [SEP]), matching transformers' tokenizer.
 """
 
 from __future__ import annotations
@@ -29,14 +29,17 @@ class Tokenizer:
     # Building -------------------------------------------------------------------------------------
     @classmethod
     def train_char(cls, text: str) -> "Tokenizer":
-        """One id per distinct character of `text`, in sorted order (as nanoGPT's shakespeare_char)."""
+        """One id per distinct character of `text`, in sorted order (as nanoGPT's
+        shakespeare_char)."""
         from tokenizers import Regex, decoders, models, pre_tokenizers
         from tokenizers import Tokenizer as Backend
 
         chars = sorted(set(text) - {_UNKNOWN_CHAR})
         if not chars:
             raise UserError("cannot build a character tokenizer from empty text")
-        backend = Backend(models.WordLevel({c: i for i, c in enumerate(chars)}, unk_token=_UNKNOWN_CHAR))
+        backend = Backend(
+            models.WordLevel({c: i for i, c in enumerate(chars)}, unk_token=_UNKNOWN_CHAR)
+        )
         backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
         backend.decoder = decoders.Fuse()
         return cls(backend, "char")
@@ -47,9 +50,14 @@ class Tokenizer:
         from tokenizers import ByteLevelBPETokenizer
 
         if vocab_size < 257:
-            raise UserError(f"--vocab-size must be at least 257 for byte-level BPE (256 bytes + merges), got {vocab_size}")
+            raise UserError(
+                "--vocab-size must be at least 257 for byte-level BPE (256 bytes + merges), got "
+                f"{vocab_size}"
+            )
         trainer = ByteLevelBPETokenizer()
-        trainer.train_from_iterator(texts, vocab_size=vocab_size, min_frequency=2, show_progress=False)
+        trainer.train_from_iterator(
+            texts, vocab_size=vocab_size, min_frequency=2, show_progress=False
+        )
         return cls(trainer._tokenizer, "bpe")
 
     @classmethod
@@ -62,9 +70,14 @@ class Tokenizer:
         except Exception as exc:  # the library raises a bare Exception on malformed JSON
             raise UserError(f"{path}: not a valid tokenizer.json ({first_line(exc)})") from None
         model = backend.get_vocab_size() and backend.model
-        kind = "char" if type(model).__name__ == "WordLevel" and model.unk_token == _UNKNOWN_CHAR else "hf"
-        # Some tokenizer.json files store fixed padding/truncation (MiniLM pads to 128); transformers' tokenizer
-        # ignores them unless asked, and so does encode here: one text -> exactly its own ids.
+        kind = (
+            "char"
+            if type(model).__name__ == "WordLevel" and model.unk_token == _UNKNOWN_CHAR
+            else "hf"
+        )
+        # Some tokenizer.json files store fixed padding/truncation (MiniLM pads to 128);
+        # transformers' tokenizer ignores them unless asked, and so does encode here: one text ->
+        # exactly its own ids.
         backend.no_padding()
         backend.no_truncation()
         return cls(backend, kind)
@@ -84,7 +97,8 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if self.kind == "char":
             vocab = self.backend.get_vocab()
-            if self._plain_char():  # one id per character: a dict lookup, much faster than the backend
+            # one id per character: a dict lookup, much faster than the backend
+            if self._plain_char():
                 try:
                     return [vocab[c] for c in text]
                 except KeyError:
@@ -94,15 +108,19 @@ class Tokenizer:
                 shown = ", ".join(repr(c) for c in unknown[:5])
                 raise UserError(
                     f"the text has characters this character-level model never saw: {shown}"
-                    f"{' ...' if len(unknown) > 5 else ''}; remove them or train with --tokenizer bpe"
+                    f"{' ...' if len(unknown) > 5 else ''}; remove them or train with --tokenizer "
+                    "bpe"
                 )
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def _plain_char(self) -> bool:
-        """A character tokenizer as train_char builds it: nothing but the per-character vocabulary (no normalizer,
-        no post-processor, no added tokens), so its ids are exactly one vocabulary lookup per character."""
+        """A character tokenizer as train_char builds it: nothing but the per-character vocabulary
+        (no normalizer, no post-processor, no added tokens), so its ids are exactly one vocabulary
+        lookup per character."""
         b = self.backend
-        return b.normalizer is None and b.post_processor is None and not b.get_added_tokens_decoder()
+        return (
+            b.normalizer is None and b.post_processor is None and not b.get_added_tokens_decoder()
+        )
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)

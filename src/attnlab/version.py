@@ -1,3 +1,4 @@
-"""attnlab's version, the one place it is written (pyproject.toml reads it; `attnlab --version` prints it)."""
+"""attnlab's version, the one place it is written (pyproject.toml reads it; `attnlab --version`
+prints it)."""
 
 __version__ = "0.1.0"

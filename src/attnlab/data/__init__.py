@@ -2,11 +2,12 @@
 
 Design choices:
 - The text is Python's own reference documentation as bundled for `help()` in the standard library
-  module `pydoc_data.topics` (about 465 000 characters in Python 3.11: the language reference's sections on
-  statements, expressions, the data model, and so on). It is English prose mixed with code, large enough to
-  train a small model on in minutes and different enough from Shakespeare to be a fair test.
-- It is assembled at run time (topics in sorted order, separated by blank lines), so nothing is stored in
-  the repository and nothing depends on ../shared.
+  module `pydoc_data.topics` (about 465 000 characters in Python 3.11: the language reference's
+  sections on statements, expressions, the data model, and so on). It is English prose mixed with
+  code, large enough to train a small model on in minutes and different enough from Shakespeare to
+  be a fair test.
+- It is assembled at run time (topics in sorted order, separated by blank lines), so nothing is
+  stored in the repository and nothing depends on ../shared.
 """
 
 from __future__ import annotations

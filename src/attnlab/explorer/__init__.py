@@ -1,11 +1,14 @@
 """The explorer: each figure of the attention chapters, live on a real model, in the browser.
 
-- `app.create_app(models)` builds the FastAPI app (routers in `routers/`, computations in `service`).
-- `cli` adds `attnlab explore` and `attnlab export-html`; `notebook.show` displays the views in Jupyter.
-- `static/` holds the page: plain JavaScript drawing with SVG and Canvas, no build step and no network,
-  so it ships inside the package and runs offline.
+- `app.create_app(models)` builds the FastAPI app (routers in `routers/`, computations in
+  `service`).
+- `cli` adds `attnlab explore` and `attnlab export-html`; `notebook.show` displays the views in
+  Jupyter.
+- `static/` holds the page: plain JavaScript drawing with SVG and Canvas, no build step and no
+  network, so it ships inside the package and runs offline.
 
-Only constants live here, so that the command line can name the views, limits and defaults without importing FastAPI or torch.
+Only constants live here, so that the command line can name the views, limits and defaults without
+importing FastAPI or torch.
 """
 
 from pathlib import Path
@@ -13,4 +16,6 @@ from pathlib import Path
 STATIC = Path(__file__).resolve().parent / "static"  # index.html, app.js, style.css
 VIEWS = ("dict", "matrix", "heads", "block", "next")  # the page's tabs (data-view in index.html)
 MAX_TOKENS = 2048  # the default cap on a text's length, in tokens (explore --max-tokens changes it)
-QUEUE = 16  # requests to the API computed or waiting at once (work_queue.WorkQueue); the page sends at most 3 at once
+# requests to the API computed or waiting at once (work_queue.WorkQueue); the page sends at most 3
+# at once
+QUEUE = 16

@@ -1,17 +1,20 @@
-"""One self-contained HTML file with the explorer's views on precomputed data (export-html, notebooks).
+"""One self-contained HTML file with the explorer's views on precomputed data (export-html,
+notebooks).
 
 Design choices:
 - The page is the served page itself: index.html with style.css and app.js inlined, plus
-  `window.ATTNLAB_EXPORT = {models, text, responses}`. app.js answers its API calls from `responses`,
-  keyed exactly as it keys its own requests (`request_key` mirrors app.js's `requestKey`), so the
-  exported views are the same code on the same numbers, with no server and no network.
-- What is precomputed: the run, every layer's and head's pattern and 2-D projection, the heads grid and
-  head scores,
+  `window.ATTNLAB_EXPORT = {models, text, responses}`. app.js answers its API calls from
+  `responses`, keyed exactly as it keys its own requests (`request_key` mirrors app.js's
+  `requestKey`), so the exported views are the same code on the same numbers, with no server and no
+  network.
+- What is precomputed: the run, every layer's and head's pattern and 2-D projection, the heads grid
+  and head scores,
   the next-token distribution at the page's default controls (causal models), and the block trace of
   every token in every layer, or of the last token only when that would be more than MAX_TRACES.
   Interactions that need new numbers (another text, sampling) say that they need `attnlab explore`.
-- With `ablate` (heads to knock out), every view's data is the ablated model's, as the page asks for it with
-  those heads off, plus the knockout bar's comparison and the intact next-token distribution.
+- With `ablate` (heads to knock out), every view's data is the ablated model's, as the page asks for
+  it with those heads off, plus the knockout bar's comparison and the intact next-token
+  distribution.
 - Texts are capped at EXPORT_MAX_TOKENS tokens to keep the file small enough to share; floats in the
   JSON are rounded to 5 significant digits (the views print at most 4–6).
 """
@@ -26,62 +29,91 @@ from urllib.parse import quote
 
 from ..errors import UserError
 from . import STATIC, VIEWS
-from .service import Explorer
 from .models import Variant
+from .service import Explorer
 
 EXPORT_MAX_TOKENS = 128
-MAX_TRACES = 128  # traces of every (layer, token) up to this many, else the last token of each layer
+# traces of every (layer, token) up to this many, else the last token of each layer
+MAX_TRACES = 128
 
 
-SAFE_IN_URI = "-_.!~*'()"  # what JavaScript's encodeURIComponent leaves as is, besides letters and digits
+# what JavaScript's encodeURIComponent leaves as is, besides letters and digits
+SAFE_IN_URI = "-_.!~*'()"
 
 
 def request_key(path: str, body: dict[str, Any]) -> str:
-    """The key app.js's `requestKey` gives a request: path, a space, then JSON of [key, value] pairs sorted by key."""
-    return path + " " + json.dumps([[k, body[k]] for k in sorted(body)], separators=(",", ":"), ensure_ascii=False)
+    """The key app.js's `requestKey` gives a request: path, a space, then JSON of [key, value] pairs
+    sorted by key."""
+    return (
+        path
+        + " "
+        + json.dumps(
+            [[k, body[k]] for k in sorted(body)], separators=(",", ":"), ensure_ascii=False
+        )
+    )
 
 
 def _round(value: Any, digits: int = 5) -> Any:
     if isinstance(value, float):
-        return value if value == 0 or not math.isfinite(value) else round(value, digits - 1 - int(math.floor(math.log10(abs(value)))))
+        return (
+            value
+            if value == 0 or not math.isfinite(value)
+            else round(value, digits - 1 - int(math.floor(math.log10(abs(value)))))
+        )
     if isinstance(value, list):
         return [_round(v, digits) for v in value]
     if isinstance(value, dict):
-        return {k: v if k == "scale" else _round(v, digits) for k, v in value.items()}  # the scale stays exact
+        # the scale stays exact
+        return {k: v if k == "scale" else _round(v, digits) for k, v in value.items()}
     return value
 
 
 class _ExportExplorer(Explorer):
-    """The server's Explorer, except that everything asked of one layer (every head's pattern and projection,
-    every token's trace) shares one forward pass: the server runs one pass per request, which for an export
-    would be n_layers x (2 n_heads + n_tokens) passes."""
+    """The server's Explorer, except that everything asked of one layer (every head's pattern and
+    projection, every token's trace) shares one forward pass: the server runs one pass per request,
+    which for an export would be n_layers x (2 n_heads + n_tokens) passes."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._last: tuple[Any, Any] | None = None  # ((model, ids, layer), the run's result): one layer at a time
+        # ((model, ids, layer), the run's result): one layer at a time
+        self._last: tuple[Any, Any] | None = None
 
     def cached_run(self, entry, ids, names_filter, layer=None):
         if layer is None:
             return super().cached_run(entry, ids, names_filter, layer)
         prefix = f"blocks.{layer}."
-        wanted = [n for n in entry.model.hook_dict if names_filter(n)] if callable(names_filter) else list(names_filter)
+        wanted = (
+            [n for n in entry.model.hook_dict if names_filter(n)]
+            if callable(names_filter)
+            else list(names_filter)
+        )
         if not all(n.startswith(prefix) for n in wanted):
             return super().cached_run(entry, ids, names_filter, layer)
         key = (entry.name, tuple(ids.flatten().tolist()), layer)
         if self._last is None or self._last[0] != key:
-            self._last = (key, super().cached_run(entry, ids, lambda n: n.startswith(prefix), layer))
+            self._last = (
+                key,
+                super().cached_run(entry, ids, lambda n: n.startswith(prefix), layer),
+            )
         return self._last[1]
 
 
-def export_data(model, text: str, name: str = "model", ablate=(), ablation: str = "zero") -> dict[str, Any]:
-    """The responses the page asks for on `text`, computed once: {models, text, responses}; with `ablate`
-    ((layer, head) pairs), those of the model with those heads knocked out, as the page asks for them."""
+def export_data(
+    model, text: str, name: str = "model", ablate=(), ablation: str = "zero"
+) -> dict[str, Any]:
+    """The responses the page asks for on `text`, computed once: {models, text, responses}; with
+    `ablate` ((layer, head) pairs), those of the model with those heads knocked out, as the page
+    asks for them."""
     explorer = _ExportExplorer({name: model}, max_tokens=EXPORT_MAX_TOKENS)
     cfg = model.config
     responses: dict[str, Any] = {}
     variant = Variant(tuple((int(layer), int(head)) for layer, head in ablate), ablation)
     plain = {"model": name, "text": text}
-    base = {**plain, "ablate": [list(h) for h in variant.ablate], "ablation": ablation} if variant.ablate else plain
+    base = (
+        {**plain, "ablate": [list(h) for h in variant.ablate], "ablation": ablation}
+        if variant.ablate
+        else plain
+    )
 
     def put(path: str, extra: dict[str, Any], value: dict[str, Any]) -> None:
         responses[request_key(path, {**base, **extra})] = _round(value)
@@ -92,29 +124,50 @@ def export_data(model, text: str, name: str = "model", ablate=(), ablation: str 
     for layer in range(cfg.n_layers):
         for head in range(cfg.n_heads):
             where = {"layer": layer, "head": head}
-            put("/api/pattern", {**where, "encoding": "f32"}, explorer.pattern(name, text, layer, head, "f32", variant))
+            put(
+                "/api/pattern",
+                {**where, "encoding": "f32"},
+                explorer.pattern(name, text, layer, head, "f32", variant),
+            )
             put("/api/projection", where, explorer.projection(name, text, layer, head, variant))
         tokens = range(T) if cfg.n_layers * T <= MAX_TRACES else [T - 1]
         for token in tokens:
-            put("/api/trace", {"layer": layer, "token": token}, explorer.trace(name, text, layer, token, variant))
+            put(
+                "/api/trace",
+                {"layer": layer, "token": token},
+                explorer.trace(name, text, layer, token, variant),
+            )
     put("/api/heads", {}, explorer.heads(name, text, variant=variant))
-    # app.js asks for this with GET and no body, by a path built with encodeURIComponent (quote's safe set)
-    responses[f"/api/models/{quote(name, safe=SAFE_IN_URI)}/head-scores"] = _round(explorer.head_scores(name))
-    defaults = {"temperature": 1, "top_k": None, "top_p": None}  # app.js's next-token controls as the page opens
+    # app.js asks for this with GET and no body, by a path built with encodeURIComponent (quote's
+    # safe set)
+    responses[f"/api/models/{quote(name, safe=SAFE_IN_URI)}/head-scores"] = _round(
+        explorer.head_scores(name)
+    )
+    # app.js's next-token controls as the page opens
+    defaults = {"temperature": 1, "top_k": None, "top_p": None}
     if cfg.causal:
-        # The page asks for the top 10; with ablate, the before / after columns ask for the top 50 too: one
-        # forward pass gives both (the top 10 are the first 10 of the top 50, which topk returns sorted).
+        # The page asks for the top 10; with ablate, the before / after columns ask for the top 50
+        # too: one forward pass gives both (the top 10 are the first 10 of the top 50, which topk
+        # returns sorted).
         nxt = explorer.next_token(name, text, k=50 if variant.ablate else 10, variant=variant)
         put("/api/next", {**defaults, "k": 10}, {**nxt, "candidates": nxt["candidates"][:10]})
-        top = nxt["candidates"][0]["id"]  # the next-token view's "who wrote this prediction", of its top candidate
+        # the next-token view's "who wrote this prediction", of its top candidate
+        top = nxt["candidates"][0]["id"]
         put("/api/attribution", {"token": top}, explorer.attribution(name, text, top, variant))
     if variant.ablate:  # the knockout bar, and the next-token view's before / after columns
         put("/api/knockout", {}, explorer.knockout(name, text, variant))
         if cfg.causal:
             put("/api/next", {**defaults, "k": 50}, nxt)
-            responses[request_key("/api/next", {**plain, **defaults, "k": 50})] = _round(explorer.next_token(name, text, k=50))
-    return {"models": explorer.list_models(), "text": text, "responses": responses,
-            "ablate": [list(h) for h in variant.ablate], "ablation": ablation}
+            responses[request_key("/api/next", {**plain, **defaults, "k": 50})] = _round(
+                explorer.next_token(name, text, k=50)
+            )
+    return {
+        "models": explorer.list_models(),
+        "text": text,
+        "responses": responses,
+        "ablate": [list(h) for h in variant.ablate],
+        "ablation": ablation,
+    }
 
 
 def _inline_script(source: str) -> str:
@@ -122,9 +175,11 @@ def _inline_script(source: str) -> str:
     return source.replace("</", "<\\/")
 
 
-def export_html(model, text: str, name: str = "model", view: str = "dict", ablate=(), ablation: str = "zero") -> str:
-    """The explorer page for `text` as one HTML string: style, script and data inlined; `ablate`: heads to
-    show knocked out ((layer, head) pairs, `ablation` "zero" or "mean")."""
+def export_html(
+    model, text: str, name: str = "model", view: str = "dict", ablate=(), ablation: str = "zero"
+) -> str:
+    """The explorer page for `text` as one HTML string: style, script and data inlined; `ablate`:
+    heads to show knocked out ((layer, head) pairs, `ablation` "zero" or "mean")."""
     if view not in VIEWS:
         raise UserError(f"unknown view {view!r}; choose one of {', '.join(VIEWS)}")
     data = export_data(model, text, name, ablate, ablation)
@@ -137,8 +192,11 @@ def export_html(model, text: str, name: str = "model", view: str = "dict", ablat
     tag = '<script src="/static/app.js"></script>'
     assert link in page and tag in page, "index.html must link /static/style.css and /static/app.js"
     page = page.replace(link, f"<style>\n{style}</style>")
-    page = page.replace(tag, f"<script>window.ATTNLAB_EXPORT = {_inline_script(payload)};</script>\n"
-                             f"<script>\n{_inline_script(script)}</script>")
+    page = page.replace(
+        tag,
+        f"<script>window.ATTNLAB_EXPORT = {_inline_script(payload)};</script>\n"
+        f"<script>\n{_inline_script(script)}</script>",
+    )
     return page
 
 

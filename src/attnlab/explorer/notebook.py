@@ -11,15 +11,29 @@ import html
 from .export import export_html
 
 
-def show(model, text: str, *, name: str = "model", view: str = "dict", height: int = 760, ablate=(), ablation: str = "zero"):
-    """An IPython HTML object showing the views of `model` on `text` (the HTML string when IPython is absent).
+def show(
+    model,
+    text: str,
+    *,
+    name: str = "model",
+    view: str = "dict",
+    height: int = 760,
+    ablate=(),
+    ablation: str = "zero",
+):
+    """An IPython HTML object showing the views of `model` on `text` (the HTML string when IPython
+    is absent).
 
     view: the tab to open first: "dict", "matrix", "heads", "block" or "next".
-    ablate: heads to show knocked out, as (layer, head) pairs; ablation: "zero" or "mean" (over the text).
+    ablate: heads to show knocked out, as (layer, head) pairs; ablation: "zero" or "mean" (over the
+    text).
     """
     page = export_html(model, text, name=name, view=view, ablate=ablate, ablation=ablation)
-    frame = (f'<iframe srcdoc="{html.escape(page, quote=True)}" style="width:100%;height:{int(height)}px;border:0" '
-             f'sandbox="allow-scripts" title="attnlab explorer"></iframe>')
+    frame = (
+        f'<iframe srcdoc="{html.escape(page, quote=True)}" '
+        f'style="width:100%;height:{int(height)}px;border:0" '
+        f'sandbox="allow-scripts" title="attnlab explorer"></iframe>'
+    )
     try:
         from IPython.display import HTML
     except ImportError:

@@ -1,8 +1,11 @@
-"""Request bodies of the explorer's JSON API; FastAPI validates them (422 naming the field) and documents them.
+"""Request bodies of the explorer's JSON API; FastAPI validates them (422 naming the field) and
+documents them.
 
-Validation is strict (pydantic's strict mode): a field takes exactly the JSON type the document declares,
-so `"head": false` or `"layer": "1"` is refused rather than read as 0 or 1 (schemathesis found the first).
-An integer is JSON Schema's: any number without a fractional part, so `1.0` is the integer 1 (`Integer`).
+Validation is strict (pydantic's strict mode): a field takes exactly the JSON type the document
+declares, so `"head": false` or `"layer": "1"` is refused rather than read as 0 or 1 (schemathesis
+found the first).
+An integer is JSON Schema's: any number without a fractional part, so `1.0` is the integer 1
+(`Integer`).
 """
 
 from __future__ import annotations
@@ -12,17 +15,18 @@ from typing import Annotated, Literal
 from annotated_types import Ge, Le
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, StrictInt
 
-from .service import MAX_CHARS
 from .models import Variant
+from .service import MAX_CHARS
 
-MAX_ABLATED = 4096  # a bound on the list's length before the model's own (n_layers x n_heads) is checked
+# a bound on the list's length before the model's own (n_layers x n_heads) is checked
+MAX_ABLATED = 4096
 
 TEXT_EXAMPLE = "The cat sat on the mat because it was tired."
 
 
 def _integral(value):
-    """A float without a fractional part (JSON's 1.0) as the int it is; anything else as it came, for strict
-    validation to accept or refuse (a bool is not a float: still refused)."""
+    """A float without a fractional part (JSON's 1.0) as the int it is; anything else as it came,
+    for strict validation to accept or refuse (a bool is not a float: still refused)."""
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
@@ -30,10 +34,14 @@ Integer = Annotated[StrictInt, BeforeValidator(_integral)]
 
 
 def integer_or_none(*bounds):
-    """Integer or null, its bounds (annotated_types' Ge, Le) inside the integer's own schema: given to the
-    Field of an optional Integer, pydantic's document would write them as "ge"/"le", which JSON Schema lacks."""
+    """Integer or null, its bounds (annotated_types' Ge, Le) inside the integer's own schema: given
+    to the Field of an optional Integer, pydantic's document would write them as "ge"/"le", which
+    JSON Schema lacks."""
     return Annotated[int, Strict(), *bounds, BeforeValidator(_integral)] | None
-# a [layer, head] pair: a JSON array may be the tuple (not strict), its two numbers must be integers (strict)
+
+
+# a [layer, head] pair: a JSON array may be the tuple (not strict), its two numbers must be integers
+# (strict)
 Pair = Annotated[tuple[Integer, Integer], Strict(False)]
 
 
@@ -41,18 +49,34 @@ class TextRequest(BaseModel):
     model_config = ConfigDict(strict=True)
 
     model: str = Field(description="a model name from GET /api/models", examples=["minilm"])
-    text: str = Field(min_length=1, max_length=MAX_CHARS, description=f"the input text (at most {MAX_CHARS} characters, and the model's token limit)",
-                      examples=[TEXT_EXAMPLE])
-    ablate: list[Pair] = Field(default_factory=list, max_length=MAX_ABLATED,
-                                          description="heads to knock out, as [layer, head] pairs (each once, in range); "
-                                          "every number then comes from the ablated model", examples=[[[5, 4], [5, 11]]])
-    ablation: Literal["zero", "mean"] = Field("zero", description="knock a head out by zeroing its output z, or by "
-                                              "replacing it with its mean over this text's positions")
-    step: integer_or_none(Ge(0)) = Field(None, description="a training step with a snapshot (GET /api/models lists them); "
-                             "none: the served weights")
+    text: str = Field(
+        min_length=1,
+        max_length=MAX_CHARS,
+        description=f"the input text (at most {MAX_CHARS} characters, and the model's token limit)",
+        examples=[TEXT_EXAMPLE],
+    )
+    ablate: list[Pair] = Field(
+        default_factory=list,
+        max_length=MAX_ABLATED,
+        description="heads to knock out, as [layer, head] pairs (each once, in range); "
+        "every number then comes from the ablated model",
+        examples=[[[5, 4], [5, 11]]],
+    )
+    ablation: Literal["zero", "mean"] = Field(
+        "zero",
+        description="knock a head out by zeroing its output z, or by "
+        "replacing it with its mean over this text's positions",
+    )
+    step: integer_or_none(Ge(0)) = Field(
+        None,
+        description="a training step with a snapshot (GET /api/models lists them); "
+        "none: the served weights",
+    )
 
     def variant(self) -> Variant:
-        return Variant(tuple((int(layer), int(head)) for layer, head in self.ablate), self.ablation, self.step)
+        return Variant(
+            tuple((int(layer), int(head)) for layer, head in self.ablate), self.ablation, self.step
+        )
 
 
 class HeadRequest(TextRequest):
@@ -61,13 +85,18 @@ class HeadRequest(TextRequest):
 
 
 class PatternRequest(HeadRequest):
-    encoding: Literal["json", "f32", "f16"] = Field("json", description="matrices as nested lists, base64 little-endian "
-                                                    "float32 with a shape, or base64 float16 times `scale` (a causal "
-                                                    "pattern: its lower triangle only), for long texts")
+    encoding: Literal["json", "f32", "f16"] = Field(
+        "json",
+        description="matrices as nested lists, base64 little-endian "
+        "float32 with a shape, or base64 float16 times `scale` (a causal "
+        "pattern: its lower triangle only), for long texts",
+    )
 
 
 class StagesRequest(HeadRequest):
-    mask: Literal["causal", "none"] = Field("causal", description="the mask applied at the masked stage")
+    mask: Literal["causal", "none"] = Field(
+        "causal", description="the mask applied at the masked stage"
+    )
 
 
 class TraceRequest(TextRequest):
@@ -76,13 +105,21 @@ class TraceRequest(TextRequest):
 
 
 class AttributionRequest(TextRequest):
-    token: Integer = Field(ge=0, description="the id of the predicted token whose logit is attributed")
+    token: Integer = Field(
+        ge=0, description="the id of the predicted token whose logit is attributed"
+    )
 
 
 class NextTokenRequest(TextRequest):
     temperature: float = Field(1.0, ge=0.0, le=100.0, description="divides the logits; 0 is greedy")
     top_k: integer_or_none(Ge(1)) = Field(None, description="keep only the k most likely tokens")
-    top_p: float | None = Field(None, gt=0.0, le=1.0, description="keep the smallest set of tokens whose probability reaches p")
+    top_p: float | None = Field(
+        None,
+        gt=0.0,
+        le=1.0,
+        description="keep the smallest set of tokens whose probability reaches p",
+    )
     k: Integer = Field(10, ge=1, le=100, description="how many candidates to return")
     sample: bool = Field(False, description="also draw one token from the distribution")
-    seed: integer_or_none(Ge(-(2**53)), Le(2**53)) = Field(None, description="seed of that draw")  # exact as a double
+    # exact as a double
+    seed: integer_or_none(Ge(-(2**53)), Le(2**53)) = Field(None, description="seed of that draw")

@@ -1,34 +1,40 @@
-"""What the explorer computes: a text through a model with `run_with_cache`, shaped as JSON for the views.
+"""What the explorer computes: a text through a model with `run_with_cache`, shaped as JSON for the
+views.
 
 Design choices:
 - Every number the page shows comes from one forward pass with `run_with_cache`, restricted by
   `names_filter` to the hooks a view needs, so a 512-token text never materialises a full cache of
   every layer's patterns unless the heads grid asks for them.
-- The stages of the attention equation (raw q·kᵀ, ·scale, mask, softmax) reuse attnlab.model.attention's
-  functions on the cached q and k as the layer used them (after qk-norm and RoPE), so they agree with
-  the cached pattern to float rounding; the API tests check that.
-- Hooks are attached to the model's modules, so two forward passes on one model at once would mix their
+- The stages of the attention equation (raw q·kᵀ, ·scale, mask, softmax) reuse
+  attnlab.model.attention's functions on the cached q and k as the layer used them (after qk-norm
+  and RoPE), so they agree with the cached pattern to float rounding; the API tests check that.
+- Hooks are attached to the model's modules, so two forward passes on one model at once would mix
+  their
   caches: each model has a lock, held for the whole pass. Nothing else is shared between requests.
-- Models come only from the dict given to `Explorer` (paths named on the command line); a request names
-  a model by its key, and no request value ever reaches the file system.
+- Models come only from the dict given to `Explorer` (paths named on the command line); a request
+  names a model by its key, and no request value ever reaches the file system.
 - Limits: a text may have at most `max_tokens` tokens (and no more than a learned-position model's
-  n_ctx); longer is `TextTooLong` (HTTP 413). Unknown model names and training steps without a snapshot are
-  `NotFound` (404); a next token or an attribution asked of an encoder is `Unsupported` (409); out-of-range
-  layers, heads and token indices are UserErrors (422). Each message names the value and the limit.
+  n_ctx); longer is `TextTooLong` (HTTP 413). Unknown model names and training steps without a
+  snapshot are
+  `NotFound` (404); a next token or an attribution asked of an encoder is `Unsupported` (409);
+  out-of-range layers, heads and token indices are UserErrors (422). Each message names the value
+  and the limit.
 - Experiments (issue 17): a request may knock out heads (`ablate`, zero or mean ablation) and pick a
   training step (`step`, from `attnlab train --snapshots N`, or a Hub repository's stepN revisions,
   fetched when first asked for). `Variant` says which; `entry(name, variant)`
-  gives the model at that step with the interventions' `ablate_head` hooks, and every view runs through it,
-  so there is one ablation (attnlab.inspection.interventions) and one forward pass per view, as before.
-  The hooks are attached before the cache's, so the cache holds what the ablated model computed.
+  gives the model at that step with the interventions' `ablate_head` hooks, and every view runs
+  through it, so there is one ablation (attnlab.inspection.interventions) and one forward pass per
+  view, as before. The hooks are attached before the cache's, so the cache holds what the ablated
+  model computed.
 - Big matrices can travel as base64 float32 (`encoding="f32"`), 4 bytes a number, which the page
   decodes into a Float32Array without parsing 262,144 JSON numbers for a 512-token heatmap.
-- Long texts travel lighter (`encoding="f16"`, what the page asks for above 512 tokens): float16, 2 bytes a
-  number, times a power of two carried beside it (`scale`; llama.cpp's blocks carry their scale the same
-  way), chosen so the largest value fits float16's range; a power of two multiplies exactly, so every value
-  keeps float16's relative error of at most 2⁻¹¹, under half a unit in a third significant digit, which is
-  what the page then shows. Values below `tiny` (float16's smallest normal, scaled) are less exact, and the
-  page shows them as "< tiny". A causal model's pattern is zero above the diagonal, so only its lower
+- Long texts travel lighter (`encoding="f16"`, what the page asks for above 512 tokens): float16, 2
+  bytes a number, times a power of two carried beside it (`scale`; llama.cpp's blocks carry their
+  scale the same way), chosen so the largest value fits float16's range; a power of two multiplies
+  exactly, so every value keeps float16's relative error of at most 2⁻¹¹, under half a unit in a
+  third significant digit, which is what the page then shows. Values below `tiny` (float16's
+  smallest normal, scaled) are less exact, and the page shows them as "< tiny". A causal model's
+  pattern is zero above the diagonal, so only its lower
   triangle travels (`lower`), a fraction of float32's bytes (benchmarks/README.md, issue 17).
 """
 
@@ -39,71 +45,104 @@ from typing import Any
 
 import torch
 
-from ..model.attention import expand_kv
 from ..errors import UserError
 from ..inspection.interventions import ablate_head
+from ..model.attention import expand_kv
 from . import MAX_TOKENS
-from .models import PLAIN, STEP_MODELS, ModelEntry, NotFound, Run, TextTooLong, UnknownModel, Variant
+from .models import (
+    PLAIN,
+    STEP_MODELS,
+    ModelEntry,
+    NotFound,
+    Run,
+    TextTooLong,
+    UnknownModel,
+    Variant,
+)
 from .views import ExplorerViews
 
 MAX_CHARS = 20_000  # a cap on characters, checked before tokenizing
 
 
-
-
 class Explorer(ExplorerViews):
     """The models the explorer serves, by name, and every computation behind the JSON API."""
 
-    def __init__(self, models: dict[str, Any], max_tokens: int = MAX_TOKENS, runs: dict[str, Run] | None = None) -> None:
+    def __init__(
+        self,
+        models: dict[str, Any],
+        max_tokens: int = MAX_TOKENS,
+        runs: dict[str, Run] | None = None,
+    ) -> None:
         if not models:
             raise UserError("the explorer needs at least one model")
         if max_tokens < 1:
             raise UserError(f"--max-tokens must be at least 1, got {max_tokens}")
         runs = runs or {}
-        self.entries = {name: ModelEntry(name, model.eval(), run=runs.get(name)) for name, model in models.items()}
+        self.entries = {
+            name: ModelEntry(name, model.eval(), run=runs.get(name))
+            for name, model in models.items()
+        }
         self.max_tokens = max_tokens
 
     # Looking things up --------------------------------------------------------------------------
     def entry(self, name: str, variant: Variant = PLAIN) -> ModelEntry:
-        """The served model `name`, or the variant of it a request asks for (a step, knocked-out heads)."""
+        """The served model `name`, or the variant of it a request asks for (a step, knocked-out
+        heads)."""
         if name not in self.entries:
-            raise UnknownModel(f"unknown model {name!r}; this explorer serves {', '.join(map(repr, self.entries))}")
+            raise UnknownModel(
+                f"unknown model {name!r}; this explorer serves {', '.join(map(repr, self.entries))}"
+            )
         entry = self.entries[name]
         if variant.step is not None:
             entry = self.at_step(entry, variant.step)
         if variant.ablate:
             self.check_ablate(entry, variant.ablate)
-            hooks = tuple(ablate_head(layer, head, variant.ablation) for layer, head in variant.ablate)
-            entry = dataclasses.replace(entry, hooks=hooks, scores=None)  # the same lock: the same modules
+            hooks = tuple(
+                ablate_head(layer, head, variant.ablation) for layer, head in variant.ablate
+            )
+            # the same lock: the same modules
+            entry = dataclasses.replace(entry, hooks=hooks, scores=None)
         return entry
 
     def check_ablate(self, entry: ModelEntry, ablate: tuple[tuple[int, int], ...]) -> None:
         cfg = entry.model.config
         if len(ablate) > cfg.n_layers * cfg.n_heads:
-            raise UserError(f"{len(ablate)} heads to ablate, but model {entry.name!r} has only "
-                            f"{cfg.n_layers * cfg.n_heads} ({cfg.n_layers} layers x {cfg.n_heads} heads)")
+            raise UserError(
+                f"{len(ablate)} heads to ablate, but model {entry.name!r} has only "
+                f"{cfg.n_layers * cfg.n_heads} ({cfg.n_layers} layers x {cfg.n_heads} heads)"
+            )
         seen = set()
         for layer, head in ablate:
             self.check_index(entry, layer, head)
             if (layer, head) in seen:
-                raise UserError(f"head (layer {layer}, head {head}) is listed twice in ablate; list each head once")
+                raise UserError(
+                    f"head (layer {layer}, head {head}) is listed twice in ablate; list each head "
+                    "once"
+                )
             seen.add((layer, head))
 
     def at_step(self, entry: ModelEntry, step: int) -> ModelEntry:
-        """The entry for the model at training `step` (loaded on first use, up to STEP_MODELS kept)."""
+        """The entry for the model at training `step` (loaded on first use, up to STEP_MODELS
+        kept)."""
         run = entry.run
         if run is None or not run.snapshots:
-            raise NotFound(f"model {entry.name!r} has no training snapshots, so there is no step {step}; "
-                            "train with `attnlab train --snapshots N` and explore the run's directory")
+            raise NotFound(
+                f"model {entry.name!r} has no training snapshots, so there is no step {step}; "
+                "train with `attnlab train --snapshots N` and explore the run's directory"
+            )
         if step not in run.snapshots:
             steps = list(run.snapshots)
-            raise NotFound(f"model {entry.name!r} has no snapshot at step {step}; its steps are "
-                            f"{', '.join(map(str, steps[:12]))}{' ...' if len(steps) > 12 else ''}")
+            raise NotFound(
+                f"model {entry.name!r} has no snapshot at step {step}; its steps are "
+                f"{', '.join(map(str, steps[:12]))}{' ...' if len(steps) > 12 else ''}"
+            )
         if step == run.served_step:
             return entry
         with entry.lock:
             if step not in run.models:
-                run.models[step] = ModelEntry(entry.name, run.load(entry.model, step), lock=entry.lock, run=run)
+                run.models[step] = ModelEntry(
+                    entry.name, run.load(entry.model, step), lock=entry.lock, run=run
+                )
                 while len(run.models) > STEP_MODELS:
                     run.models.popitem(last=False)
             run.models.move_to_end(step)
@@ -118,7 +157,8 @@ class Explorer(ExplorerViews):
         return {
             "name": entry.name,
             "causal": cfg.causal,
-            "sliding_window": cfg.sliding_window,  # a causal query sees itself and the W − 1 keys before it
+            # a causal query sees itself and the W − 1 keys before it
+            "sliding_window": cfg.sliding_window,
             "n_layers": cfg.n_layers,
             "n_heads": cfg.n_heads,
             "n_kv_heads": cfg.n_kv_heads,
@@ -143,64 +183,103 @@ class Explorer(ExplorerViews):
         return [self.describe(entry) for entry in self.entries.values()]
 
     def encode(self, entry: ModelEntry, text: str) -> tuple[torch.Tensor, list[str]]:
-        """ids (1, T) and the token strings, or a UserError naming the limit that the text breaks."""
+        """ids (1, T) and the token strings, or a UserError naming the limit that the text
+        breaks."""
         tokenizer = entry.model.tokenizer
         if tokenizer is None:
-            raise UserError(f"model {entry.name!r} has no tokenizer.json, so the explorer cannot turn text into ids")
+            raise UserError(
+                f"model {entry.name!r} has no tokenizer.json, so the explorer cannot turn text "
+                "into ids"
+            )
         if len(text) > MAX_CHARS:
-            raise TextTooLong(f"the text has {len(text)} characters; the explorer's limit is {MAX_CHARS}; shorten it")
+            raise TextTooLong(
+                f"the text has {len(text)} characters; the explorer's limit is {MAX_CHARS}; "
+                "shorten it"
+            )
         ids = tokenizer.encode(text)
         if not ids:
             raise UserError("the text has no tokens; type at least one character")
         limit = self.token_limit(entry.model)
         if len(ids) > limit:
             raise TextTooLong(
-                f"the text is {len(ids)} tokens; the explorer's limit for model {entry.name!r} is {limit} tokens; shorten it"
+                f"the text is {len(ids)} tokens; the explorer's limit for model {entry.name!r} is "
+                f"{limit} tokens; shorten it"
             )
         tokens = tokenizer.tokens(text)
-        if len(tokens) != len(ids):  # a tokenizer whose token strings don't line up: label by id instead
+        # a tokenizer whose token strings don't line up: label by id instead
+        if len(tokens) != len(ids):
             tokens = [tokenizer.id_to_token(i) for i in ids]
         return torch.tensor([ids]), tokens
 
-    def check_index(self, entry: ModelEntry, layer: int | None = None, head: int | None = None,
-                    token: int | None = None, n_tokens: int | None = None) -> None:
+    def check_index(
+        self,
+        entry: ModelEntry,
+        layer: int | None = None,
+        head: int | None = None,
+        token: int | None = None,
+        n_tokens: int | None = None,
+    ) -> None:
         cfg = entry.model.config
         if layer is not None and not 0 <= layer < cfg.n_layers:
-            raise UserError(f"layer {layer} is out of range: model {entry.name!r} has {cfg.n_layers} layers (0 to {cfg.n_layers - 1})")
+            raise UserError(
+                f"layer {layer} is out of range: model {entry.name!r} has {cfg.n_layers} layers "
+                f"(0 to {cfg.n_layers - 1})"
+            )
         if head is not None and not 0 <= head < cfg.n_heads:
-            raise UserError(f"head {head} is out of range: model {entry.name!r} has {cfg.n_heads} heads per layer (0 to {cfg.n_heads - 1})")
+            raise UserError(
+                f"head {head} is out of range: model {entry.name!r} has {cfg.n_heads} heads per "
+                f"layer (0 to {cfg.n_heads - 1})"
+            )
         if token is not None and n_tokens is not None and not 0 <= token < n_tokens:
-            raise UserError(f"token index {token} is out of range: the text has {n_tokens} tokens (0 to {n_tokens - 1})")
+            raise UserError(
+                f"token index {token} is out of range: the text has {n_tokens} tokens (0 to "
+                f"{n_tokens - 1})"
+            )
 
-    def cached_run(self, entry: ModelEntry, ids: torch.Tensor, names_filter, layer: int | None = None) -> tuple[Any, Any]:
-        """(cache, q k v of `layer` or None): one forward pass under the model's lock, without autograd.
+    def cached_run(
+        self, entry: ModelEntry, ids: torch.Tensor, names_filter, layer: int | None = None
+    ) -> tuple[Any, Any]:
+        """(cache, q k v of `layer` or None): one forward pass under the model's lock, without
+        autograd.
 
-        Hooks live on the model's shared modules, so everything that runs a module happens under the lock,
-        qk-norm in `qkv` included. With `layer`, the blocks after it are skipped (TransformerLens's
-        stop_at_layer).
+        Hooks live on the model's shared modules, so everything that runs a module happens under the
+        lock, qk-norm in `qkv` included. With `layer`, the blocks after it are skipped
+        (TransformerLens's stop_at_layer).
         """
-        with entry.lock, torch.no_grad(), entry.model.hooks(entry.hooks):  # ablations before the cache's hooks
-            _, cache = entry.model.run_with_cache(ids, names_filter=names_filter, stop_at_layer=None if layer is None else layer + 1)
+        # ablations before the cache's hooks
+        with entry.lock, torch.no_grad(), entry.model.hooks(entry.hooks):
+            _, cache = entry.model.run_with_cache(
+                ids, names_filter=names_filter, stop_at_layer=None if layer is None else layer + 1
+            )
             return cache, None if layer is None else self.qkv(entry, cache, layer)
 
-    def qkv(self, entry: ModelEntry, cache, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v of one layer as the scores used them, one row per query head: [head, pos, d_head] each.
+    def qkv(
+        self, entry: ModelEntry, cache, layer: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v of one layer as the scores used them, one row per query head: [head, pos, d_head]
+        each.
 
-        Call under the model's lock (qk-norm runs a module whose hook point another request may be watching).
+        Call under the model's lock (qk-norm runs a module whose hook point another request may be
+        watching).
         """
         model, prefix = entry.model, f"blocks.{layer}.attn."
         attn = model.blocks[layer].attn
         if model.config.positional == "rope":
-            q, k = cache[prefix + "hook_rot_q"], cache[prefix + "hook_rot_k"]  # after qk-norm and rotation
+            # after qk-norm and rotation
+            q, k = cache[prefix + "hook_rot_q"], cache[prefix + "hook_rot_k"]
         else:
             q, k = cache[prefix + "hook_q"], cache[prefix + "hook_k"]
             if attn.q_norm is not None:  # qk-norm comes after hook_q / hook_k
                 q, k = attn.q_norm(q), attn.k_norm(k)
         v = cache[prefix + "hook_v"]
-        q, k, v = q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1)  # [heads, pos, d_head]
+        # [heads, pos, d_head]
+        q, k, v = q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1)
         return q, expand_kv(q, k), expand_kv(q, v)
 
     @staticmethod
     def qkv_hooks(layer: int) -> list[str]:
         prefix = f"blocks.{layer}.attn."
-        return [prefix + n for n in ("hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", "hook_pattern")]
+        return [
+            prefix + n
+            for n in ("hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k", "hook_pattern")
+        ]

@@ -1,5 +1,6 @@
-"""The computations behind the explorer's views: patterns, the attention equation's stages, q and k projected,
-the heads grid, a token's trace, the next token, attribution, knockout, and a run's course over training."""
+"""The computations behind the explorer's views: patterns, the attention equation's stages, q and k
+projected, the heads grid, a token's trace, the next token, attribution, knockout, and a run's
+course over training."""
 
 from __future__ import annotations
 
@@ -20,15 +21,17 @@ from .encoding import encode_matrix
 from .models import PLAIN, ModelEntry, NotFound, Unsupported, Variant
 from .stages import block_stages
 
+# heads-grid thumbnails are max-pooled down to at most this many rows and columns
+THUMBNAIL_SIZE = 32
 
-THUMBNAIL_SIZE = 32  # heads-grid thumbnails are max-pooled down to at most this many rows and columns
 
-
-CURVE_POINTS = 26  # head scores over training at most at this many snapshots (each costs a scoring run)
+# head scores over training at most at this many snapshots (each costs a scoring run)
+CURVE_POINTS = 26
 
 
 def _top2_basis(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """PCA of the rows of x (N, D): (mean (D,), basis (2, D) orthonormal rows, fraction of variance kept)."""
+    """PCA of the rows of x (N, D): (mean (D,), basis (2, D) orthonormal rows, fraction of variance
+    kept)."""
     mean = x.mean(0)
     centred = x - mean
     _, singular, vh = torch.linalg.svd(centred, full_matrices=False)
@@ -41,8 +44,8 @@ def _top2_basis(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
 
 
 def head_scores(entry: ModelEntry) -> dict[str, Any] | None:
-    """attnlab.inspection.scores' head scores of the model (they don't depend on the text), computed once and
-    kept on the entry; None when that module is not installed."""
+    """attnlab.inspection.scores' head scores of the model (they don't depend on the text), computed
+    once and kept on the entry; None when that module is not installed."""
     try:
         from ..inspection.scores import head_scores as compute
     except ImportError:
@@ -55,8 +58,9 @@ def head_scores(entry: ModelEntry) -> dict[str, Any] | None:
 
 
 class ExplorerViews:
-    """The computations behind the JSON API's views, mixed into Explorer (service.py), whose lookups, limits and
-    one cached forward pass (`entry`, `encode`, `check_index`, `cached_run`, `qkv`) they call."""
+    """The computations behind the JSON API's views, mixed into Explorer (service.py), whose
+    lookups, limits and one cached forward pass (`entry`, `encode`, `check_index`, `cached_run`,
+    `qkv`) they call."""
 
     # The views' data ----------------------------------------------------------------------------
     def run(self, name: str, text: str, variant: Variant = PLAIN) -> dict[str, Any]:
@@ -64,9 +68,11 @@ class ExplorerViews:
         ids, tokens = self.encode(entry, text)
         return {"model": self.describe(entry), "tokens": tokens, "ids": ids[0].tolist()}
 
-    def head_matrices(self, name: str, text: str, layer: int, head: int,
-                      variant: Variant = PLAIN) -> tuple[ModelEntry, list[str], torch.Tensor, torch.Tensor]:
-        """(entry, tokens, raw scores q·kᵀ before the scale, the pattern the model computed) of one head: [query_pos, key_pos]."""
+    def head_matrices(
+        self, name: str, text: str, layer: int, head: int, variant: Variant = PLAIN
+    ) -> tuple[ModelEntry, list[str], torch.Tensor, torch.Tensor]:
+        """(entry, tokens, raw scores q·kᵀ before the scale, the pattern the model computed) of one
+        head: [query_pos, key_pos]."""
         entry = self.entry(name, variant)
         self.check_index(entry, layer, head)
         ids, tokens = self.encode(entry, text)
@@ -75,109 +81,189 @@ class ExplorerViews:
         raw = attention_scores(q[head], k[head], 1.0)
         return entry, tokens, raw, cache[f"blocks.{layer}.attn.hook_pattern"][0, head]
 
-    def pattern(self, name: str, text: str, layer: int, head: int, encoding: str = "json",
-                variant: Variant = PLAIN) -> dict[str, Any]:
-        """Raw scores q·kᵀ of one head, the scale, and the pattern the model computed: [query_pos, key_pos] each.
+    def pattern(
+        self,
+        name: str,
+        text: str,
+        layer: int,
+        head: int,
+        encoding: str = "json",
+        variant: Variant = PLAIN,
+    ) -> dict[str, Any]:
+        """Raw scores q·kᵀ of one head, the scale, and the pattern the model computed: [query_pos,
+        key_pos] each.
 
-        `cost`: what the text costs this head, T×T scores, and the server's time for the request (the page shows both)."""
+        `cost`: what the text costs this head, T×T scores, and the server's time for the request
+        (the page shows both)."""
         start = time.perf_counter()
         entry, tokens, raw, pattern = self.head_matrices(name, text, layer, head, variant)
         out = {
-            "layer": layer, "head": head, "tokens": tokens,
-            "scale": entry.model.config.scale, "causal": entry.model.config.causal,
+            "layer": layer,
+            "head": head,
+            "tokens": tokens,
+            "scale": entry.model.config.scale,
+            "causal": entry.model.config.causal,
             "sliding_window": entry.model.config.sliding_window,
             "raw": encode_matrix(raw, encoding),
-            "pattern": encode_matrix(pattern, encoding, lower=encoding == "f16" and entry.model.config.causal),
+            "pattern": encode_matrix(
+                pattern, encoding, lower=encoding == "f16" and entry.model.config.causal
+            ),
         }
         T = len(tokens)
-        out["cost"] = {"entries_per_head": T * T, "bytes_per_head": 4 * T * T, "server_ms": 1000 * (time.perf_counter() - start)}
+        out["cost"] = {
+            "entries_per_head": T * T,
+            "bytes_per_head": 4 * T * T,
+            "server_ms": 1000 * (time.perf_counter() - start),
+        }
         return out
 
-    def stages(self, name: str, text: str, layer: int, head: int, mask: str, variant: Variant = PLAIN) -> dict[str, Any]:
-        """The four stages of the equation for one head, with the mask asked for ("causal", which keeps a sliding
-        window's band as the model does, or "none")."""
+    def stages(
+        self, name: str, text: str, layer: int, head: int, mask: str, variant: Variant = PLAIN
+    ) -> dict[str, Any]:
+        """The four stages of the equation for one head, with the mask asked for ("causal", which
+        keeps a sliding window's band as the model does, or "none")."""
         entry, tokens, raw, pattern = self.head_matrices(name, text, layer, head, variant)
         cfg = entry.model.config
         scaled = raw * cfg.scale
-        masked = apply_mask(scaled, causal=mask == "causal", window=cfg.sliding_window if mask == "causal" else None)
-        return {"layer": layer, "head": head, "tokens": tokens, "scale": cfg.scale, "causal": cfg.causal,
-                "sliding_window": cfg.sliding_window,
-                "pattern": encode_matrix(pattern, "json"), "mask": mask, "raw": encode_matrix(raw, "json"),
-                "scaled": encode_matrix(scaled, "json"), "masked": encode_matrix(masked, "json"),
-                "softmax": encode_matrix(attention_pattern(masked), "json")}
+        masked = apply_mask(
+            scaled, causal=mask == "causal", window=cfg.sliding_window if mask == "causal" else None
+        )
+        return {
+            "layer": layer,
+            "head": head,
+            "tokens": tokens,
+            "scale": cfg.scale,
+            "causal": cfg.causal,
+            "sliding_window": cfg.sliding_window,
+            "pattern": encode_matrix(pattern, "json"),
+            "mask": mask,
+            "raw": encode_matrix(raw, "json"),
+            "scaled": encode_matrix(scaled, "json"),
+            "masked": encode_matrix(masked, "json"),
+            "softmax": encode_matrix(attention_pattern(masked), "json"),
+        }
 
-    def projection(self, name: str, text: str, layer: int, head: int, variant: Variant = PLAIN) -> dict[str, Any]:
-        """The soft dictionary in 2-D: one head's keys (and values) projected on their top two principal axes.
+    def projection(
+        self, name: str, text: str, layer: int, head: int, variant: Variant = PLAIN
+    ) -> dict[str, Any]:
+        """The soft dictionary in 2-D: one head's keys (and values) projected on their top two
+        principal axes.
 
-        The exact scores of each token's query are /api/pattern's `raw`; these points are for drawing and
-        for the scores of a query dragged to a new place.
+        The exact scores of each token's query are /api/pattern's `raw`; these points are for
+        drawing and for the scores of a query dragged to a new place.
 
-        Queries go through the keys' axes without centring: subtracting the keys' mean changes every score
-        of a query by the same amount, which the softmax ignores, so q₂·k₂ approximates the real scores.
+        Queries go through the keys' axes without centring: subtracting the keys' mean changes every
+        score of a query by the same amount, which the softmax ignores, so q₂·k₂ approximates the
+        real scores.
         """
         entry = self.entry(name, variant)
         self.check_index(entry, layer, head)
         ids, tokens = self.encode(entry, text)
-        wanted = [n for n in self.qkv_hooks(layer) if n in entry.model.hook_dict and not n.endswith("hook_pattern")]
+        wanted = [
+            n
+            for n in self.qkv_hooks(layer)
+            if n in entry.model.hook_dict and not n.endswith("hook_pattern")
+        ]
         _, qkv = self.cached_run(entry, ids, wanted, layer)
         q, k, v = (t[head].float() for t in qkv)  # [pos, d_head] each
         k_mean, k_basis, k_kept = _top2_basis(k)
         v_mean, v_basis, v_kept = _top2_basis(v)
         return {
-            "layer": layer, "head": head, "tokens": tokens,
-            "scale": entry.model.config.scale, "causal": entry.model.config.causal,
+            "layer": layer,
+            "head": head,
+            "tokens": tokens,
+            "scale": entry.model.config.scale,
+            "causal": entry.model.config.causal,
             "sliding_window": entry.model.config.sliding_window,
             "keys": ((k - k_mean) @ k_basis.T).tolist(),  # [key_pos, 2]
             "queries": (q @ k_basis.T).tolist(),  # [query_pos, 2]
             "values": ((v - v_mean) @ v_basis.T).tolist(),  # [key_pos, 2]
-            "keys_variance_kept": k_kept, "values_variance_kept": v_kept,
+            "keys_variance_kept": k_kept,
+            "values_variance_kept": v_kept,
         }
 
-    def heads(self, name: str, text: str, size: int = THUMBNAIL_SIZE, variant: Variant = PLAIN) -> dict[str, Any]:
-        """Every layer's and head's pattern, max-pooled to at most size×size, for the grid of thumbnails."""
+    def heads(
+        self, name: str, text: str, size: int = THUMBNAIL_SIZE, variant: Variant = PLAIN
+    ) -> dict[str, Any]:
+        """Every layer's and head's pattern, max-pooled to at most size×size, for the grid of
+        thumbnails."""
         entry = self.entry(name, variant)
         ids, tokens = self.encode(entry, text)
         T, pooled = len(tokens), {}
 
-        def pool(pattern: torch.Tensor, hook) -> None:  # [batch, head, query_pos, key_pos], pooled as it passes
-            # max-pooling keeps a sharp head sharp, where averaging would blur it away; pooling here, layer by
-            # layer, keeps one layer's T×T patterns in memory at a time, not all
-            pooled[hook.name] = F.adaptive_max_pool2d(pattern[0], (size, size)) if T > size else pattern[0]
+        # [batch, head, query_pos, key_pos], pooled as it passes
+        def pool(pattern: torch.Tensor, hook) -> None:
+            # max-pooling keeps a sharp head sharp, where averaging would blur it away; pooling
+            # here, layer by layer, keeps one layer's T×T patterns in memory at a time, not all
+            pooled[hook.name] = (
+                F.adaptive_max_pool2d(pattern[0], (size, size)) if T > size else pattern[0]
+            )
 
         model = entry.model
-        with entry.lock, torch.no_grad(), model.hooks(entry.hooks), model.hooks([(lambda n: n.endswith("attn.hook_pattern"), pool)]):
+        with (
+            entry.lock,
+            torch.no_grad(),
+            model.hooks(entry.hooks),
+            model.hooks([(lambda n: n.endswith("attn.hook_pattern"), pool)]),
+        ):
             model(ids)
-        patterns = torch.stack([pooled[f"blocks.{layer}.attn.hook_pattern"] for layer in range(model.config.n_layers)])
+        patterns = torch.stack(
+            [pooled[f"blocks.{layer}.attn.hook_pattern"] for layer in range(model.config.n_layers)]
+        )
         return {
-            "tokens": tokens, "pooled": T > size,
-            "thumbnails": [[[[round(x, 4) for x in row] for row in head] for head in layer] for layer in patterns.tolist()],
+            "tokens": tokens,
+            "pooled": T > size,
+            "thumbnails": [
+                [[[round(x, 4) for x in row] for row in head] for head in layer]
+                for layer in patterns.tolist()
+            ],
         }
 
     def head_scores(self, name: str, step: int | None = None) -> dict[str, Any]:
-        """attnlab.inspection's scores of every head (they don't depend on the text); `available` False without it."""
+        """attnlab.inspection's scores of every head (they don't depend on the text); `available`
+        False without it."""
         scores = head_scores(self.entry(name, Variant(step=step)))
         return {"available": scores is not None, **(scores or {})}
 
-    def trace(self, name: str, text: str, layer: int, token: int, variant: Variant = PLAIN) -> dict[str, Any]:
-        """One token through one block, stage by stage, with each stage's hook, full shape and this token's values."""
+    def trace(
+        self, name: str, text: str, layer: int, token: int, variant: Variant = PLAIN
+    ) -> dict[str, Any]:
+        """One token through one block, stage by stage, with each stage's hook, full shape and this
+        token's values."""
         entry = self.entry(name, variant)
         self.check_index(entry, layer)
         ids, tokens = self.encode(entry, text)
         self.check_index(entry, token=token, n_tokens=len(tokens))
         prefix = f"blocks.{layer}."
         cache, qkv = self.cached_run(entry, ids, lambda n: n.startswith(prefix), layer)
-        return {"layer": layer, "token": token, "tokens": tokens,
-                "stages": block_stages(entry, qkv, cache, layer, token)}
+        return {
+            "layer": layer,
+            "token": token,
+            "tokens": tokens,
+            "stages": block_stages(entry, qkv, cache, layer, token),
+        }
 
-    def next_token(self, name: str, text: str, temperature: float = 1.0, top_k: int | None = None,
-                   top_p: float | None = None, k: int = 10, sample: bool = False, seed: int | None = None,
-                   variant: Variant = PLAIN) -> dict[str, Any]:
-        """The next-token distribution after temperature / top-k / top-p (what sampling draws from), its top k, and a draw."""
+    def next_token(
+        self,
+        name: str,
+        text: str,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        k: int = 10,
+        sample: bool = False,
+        seed: int | None = None,
+        variant: Variant = PLAIN,
+    ) -> dict[str, Any]:
+        """The next-token distribution after temperature / top-k / top-p (what sampling draws from),
+        its top k, and a draw."""
         entry = self.entry(name, variant)
         model = entry.model
         if not model.config.causal:
-            raise Unsupported(f"model {name!r} is an encoder (not causal): it does not predict a next token; "
-                              "pick a causal model")
+            raise Unsupported(
+                f"model {name!r} is an encoder (not causal): it does not predict a next token; "
+                "pick a causal model"
+            )
         ids, tokens = self.encode(entry, text)
         with entry.lock, torch.no_grad():
             logits = model.run_with_hooks(ids, fwd_hooks=entry.hooks)[:, -1].float()  # [1, d_vocab]
@@ -189,96 +275,163 @@ class ExplorerViews:
         tokenizer = model.tokenizer
         ids_list = ids[0].tolist()
         candidates = [
-            {"id": i, "token": tokenizer.id_to_token(i), "piece": tokenizer.decode([i]), "prob": p,
-             "logit": float(logits[0, i]), "text": tokenizer.decode(ids_list + [i])}
+            {
+                "id": i,
+                "token": tokenizer.id_to_token(i),
+                "piece": tokenizer.decode([i]),
+                "prob": p,
+                "logit": float(logits[0, i]),
+                "text": tokenizer.decode(ids_list + [i]),
+            }
             for p, i in zip(top.values.tolist(), top.indices.tolist())
         ]
         chosen = None
         if sample:
             generator = torch.Generator().manual_seed(seed) if seed is not None else None
             i = int(sample_next(logits, temperature, top_k, top_p, generator)[0, 0])
-            chosen = {"id": i, "token": tokenizer.id_to_token(i), "piece": tokenizer.decode([i]),
-                      "prob": float(probs[0, i]), "text": tokenizer.decode(ids_list + [i])}
-        return {"tokens": tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
-                "candidates": candidates, "kept": int((probs[0] > 0).sum()), "chosen": chosen}
+            chosen = {
+                "id": i,
+                "token": tokenizer.id_to_token(i),
+                "piece": tokenizer.decode([i]),
+                "prob": float(probs[0, i]),
+                "text": tokenizer.decode(ids_list + [i]),
+            }
+        return {
+            "tokens": tokens,
+            "temperature": temperature,
+            "top_k": top_k,
+            "top_p": top_p,
+            "candidates": candidates,
+            "kept": int((probs[0] > 0).sum()),
+            "chosen": chosen,
+        }
 
-    def attribution(self, name: str, text: str, token: int, variant: Variant = PLAIN) -> dict[str, Any]:
-        """Who wrote this prediction: each head's, each MLP's and the embeddings' direct contribution to the logit
-        of token id `token` at the text's last position: attnlab.inspection.attribution's direct logit
-        attribution, run with this variant's knocked-out heads."""
+    def attribution(
+        self, name: str, text: str, token: int, variant: Variant = PLAIN
+    ) -> dict[str, Any]:
+        """Who wrote this prediction: each head's, each MLP's and the embeddings' direct
+        contribution to the logit of token id `token` at the text's last position:
+        attnlab.inspection.attribution's direct logit attribution, run with this variant's
+        knocked-out heads."""
         entry = self.entry(name, variant)
         if not entry.model.config.causal:
-            raise Unsupported(f"model {name!r} is an encoder (not causal): it predicts no next token, so no logit "
-                              "of one to attribute; pick a causal model")
+            raise Unsupported(
+                f"model {name!r} is an encoder (not causal): it predicts no next token, so no "
+                "logit "
+                "of one to attribute; pick a causal model"
+            )
         self.encode(entry, text)  # the text's limits, checked as every view checks them
         if not 0 <= token < entry.model.config.d_vocab:
-            raise UserError(f"token id {token} is out of range: model {name!r} has {entry.model.config.d_vocab} tokens")
+            raise UserError(
+                f"token id {token} is out of range: model {name!r} has "
+                f"{entry.model.config.d_vocab} tokens"
+            )
         with entry.lock, torch.no_grad(), entry.model.hooks(entry.hooks):
-            result = direct_logit_attribution(entry.model, text, token)  # the id itself: no decode-encode round trip
+            # the id itself: no decode-encode round trip
+            result = direct_logit_attribution(entry.model, text, token)
         return {"token": token, **result.to_dict()}
 
     def knockout(self, name: str, text: str, variant: Variant) -> dict[str, Any]:
-        """The model with `variant.ablate` knocked out against the same model without: per token, the
-        next-token loss (decoders) and the cosine similarity of the last hidden state, before and after.
+        """The model with `variant.ablate` knocked out against the same model without: per token,
+        the
+        next-token loss (decoders) and the cosine similarity of the last hidden state, before and
+        after.
 
-        Both passes are `run_with_cache` on the same ids, the second with the interventions' ablate_head
+        Both passes are `run_with_cache` on the same ids, the second with the interventions'
+        ablate_head
         hooks (as every view runs them); the last hidden state is the final norm's output (pre-norm
-        models) or the last block's resid_post (post-norm, e.g. BERT/MiniLM: what HF calls last_hidden_state)."""
+        models) or the last block's resid_post (post-norm, e.g. BERT/MiniLM: what HF calls
+        last_hidden_state)."""
         before_entry = self.entry(name, dataclasses.replace(variant, ablate=()))
         after_entry = self.entry(name, variant)
         ids, tokens = self.encode(before_entry, text)
         model = before_entry.model
         cfg = model.config
-        hidden = "ln_final.hook_normalized" if "ln_final.hook_normalized" in model.hook_dict else f"blocks.{cfg.n_layers - 1}.hook_resid_post"
+        hidden = (
+            "ln_final.hook_normalized"
+            if "ln_final.hook_normalized" in model.hook_dict
+            else f"blocks.{cfg.n_layers - 1}.hook_resid_post"
+        )
         runs = {}
         for when, entry in (("before", before_entry), ("after", after_entry)):
             with entry.lock, torch.no_grad(), entry.model.hooks(entry.hooks):
                 output, cache = entry.model.run_with_cache(ids, names_filter=hidden)
             runs[when] = (output, cache[hidden][0].float())  # hidden: [pos, d_model]
         cosine = F.cosine_similarity(runs["after"][1], runs["before"][1], dim=-1)  # [pos]
-        out = {"tokens": tokens, "ablate": [list(h) for h in variant.ablate], "ablation": variant.ablation,
-               "step": variant.step, "causal": cfg.causal, "hidden_hook": hidden,
-               "cosine": cosine.tolist(), "loss_before": None, "loss_after": None}
+        out = {
+            "tokens": tokens,
+            "ablate": [list(h) for h in variant.ablate],
+            "ablation": variant.ablation,
+            "step": variant.step,
+            "causal": cfg.causal,
+            "hidden_hook": hidden,
+            "cosine": cosine.tolist(),
+            "loss_before": None,
+            "loss_after": None,
+        }
         if cfg.causal:  # position t's loss on token t+1: [pos - 1]
             for when in ("before", "after"):
                 logits = runs[when][0][0].float()
-                out[f"loss_{when}"] = next_token_loss(logits[:-1], ids[0, 1:], reduction="none").tolist()
+                out[f"loss_{when}"] = next_token_loss(
+                    logits[:-1], ids[0, 1:], reduction="none"
+                ).tolist()
         return out
 
     def training(self, name: str) -> dict[str, Any]:
-        """A run's course: its snapshot steps, its logged losses (metrics.jsonl), and every head's scores
-        (attnlab.inspection's, on random repeated tokens) at up to CURVE_POINTS evenly spaced snapshots
-        (`score_steps`, the start step included), for the step slider and the heads' curves.
+        """A run's course: its snapshot steps, its logged losses (metrics.jsonl), and every head's
+        scores (attnlab.inspection's, on random repeated tokens) at up to CURVE_POINTS evenly spaced
+        snapshots (`score_steps`, the start step included), for the step slider and the heads'
+        curves.
 
-        A Hub repository's revisions are fetched only when a request asks for their step, so their curves
-        cover the steps shown so far (`lazy`: the page asks again after each new step)."""
+        A Hub repository's revisions are fetched only when a request asks for their step, so their
+        curves cover the steps shown so far (`lazy`: the page asks again after each new step)."""
         entry = self.entry(name)
         run = entry.run
         if run is None or not run.snapshots:
-            raise NotFound(f"model {name!r} has no training snapshots; train with `attnlab train --snapshots N` "
-                            "and explore the run's directory")
+            raise NotFound(
+                f"model {name!r} has no training snapshots; train with `attnlab train --snapshots "
+                "N` "
+                "and explore the run's directory"
+            )
         steps = list(run.snapshots)
         if run.repo_id is not None:
             picked = sorted({run.served_step, *run.models, *run.scores} & set(steps))
         else:
             n = min(CURVE_POINTS, len(steps))
-            picked = sorted({steps[round(i * (len(steps) - 1) / max(1, n - 1))] for i in range(n)}
-                            | ({run.start_step} if run.start_step in run.snapshots else set()))
+            picked = sorted(
+                {steps[round(i * (len(steps) - 1) / max(1, n - 1))] for i in range(n)}
+                | ({run.start_step} if run.start_step in run.snapshots else set())
+            )
         if run.curves is None or run.curves["score_steps"] != picked:
             for step in picked:
                 if step not in run.scores:
                     run.scores[step] = head_scores(self.at_step(entry, step))
             per_step = {step: run.scores[step] for step in picked}
             available = bool(per_step) and all(v is not None for v in per_step.values())
-            curves: dict[str, Any] = {"steps": steps, "score_steps": picked, "start_step": run.start_step,
-                                      "metrics": [] if run.path is None else
-                                      [{k: r.get(k) for k in ("iter", "train_loss", "val_loss")} for r in read_metrics(run.path)],
-                                      "lazy": run.repo_id is not None,
-                                      "revisions": None if run.repo_id is None else {str(k): v for k, v in run.snapshots.items()},
-                                      "available": available, "scores": {}, "thresholds": {}}
+            curves: dict[str, Any] = {
+                "steps": steps,
+                "score_steps": picked,
+                "start_step": run.start_step,
+                "metrics": []
+                if run.path is None
+                else [
+                    {k: r.get(k) for k in ("iter", "train_loss", "val_loss")}
+                    for r in read_metrics(run.path)
+                ],
+                "lazy": run.repo_id is not None,
+                "revisions": None
+                if run.repo_id is None
+                else {str(k): v for k, v in run.snapshots.items()},
+                "available": available,
+                "scores": {},
+                "thresholds": {},
+            }
             if available:
                 first = next(iter(per_step.values()))
                 curves["thresholds"] = first["thresholds"]
-                curves["scores"] = {score: [per_step[step]["scores"][score] for step in picked] for score in first["scores"]}
+                curves["scores"] = {
+                    score: [per_step[step]["scores"][score] for step in picked]
+                    for score in first["scores"]
+                }
             run.curves = curves
         return run.curves

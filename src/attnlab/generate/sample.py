@@ -1,12 +1,13 @@
 """`attnlab sample`: text from a trained or loaded model, streamed as it is written.
 
 Design choices:
-- `sample` loads anything `attnlab.load` reads (attnlab checkpoints, Hugging Face-format directories),
-  encodes the prompt with the model's own tokenizer and streams text as tokens are chosen (generate's
-  `on_token`), KV-cached. A generation longer than the model's context slides a window: when the cache
-  is full it restarts from the last n_ctx/2 tokens, as nanoGPT's sampler crops its context.
-- Byte-level tokens can end inside a UTF-8 character, so the stream prints what decodes cleanly so far
-  and holds back a trailing partial character until the next token completes it.
+- `sample` loads anything `attnlab.load` reads (attnlab checkpoints, Hugging Face-format
+  directories), encodes the prompt with the model's own tokenizer and streams text as tokens are
+  chosen (generate's `on_token`), KV-cached. A generation longer than the model's context slides a
+  window: when the cache is full it restarts from the last n_ctx/2 tokens, as nanoGPT's sampler
+  crops its context.
+- Byte-level tokens can end inside a UTF-8 character, so the stream prints what decodes cleanly so
+  far and holds back a trailing partial character until the next token completes it.
 """
 
 from __future__ import annotations
@@ -19,15 +20,18 @@ from ..env import capped
 from ..errors import UserError
 
 
-# sample -----------------------------------------------------------------------------------------------
+# sample
+# -----------------------------------------------------------------------------------------------
 class TextStream:
-    """Prints the decoded text of a growing list of token ids, holding back an unfinished UTF-8 character.
+    """Prints the decoded text of a growing list of token ids, holding back an unfinished UTF-8
+    character.
 
-    Each push decodes a short window, not the whole list, so streaming n tokens costs O(n) (incremental
-    detokenisation, as vLLM and TGI do it): the new text is decode(ids[start:]) minus decode(ids[start:end]),
-    where ids[:end] are printed and `start` is where the previous print began. The window always opens on a
-    token already printed, so a decoder's special case for the first token (Metaspace drops its leading
-    space) falls on text that is cut off, never on the new text."""
+    Each push decodes a short window, not the whole list, so streaming n tokens costs O(n)
+    (incremental detokenisation, as vLLM and TGI do it): the new text is decode(ids[start:]) minus
+    decode(ids[start:end]), where ids[:end] are printed and `start` is where the previous print
+    began. The window always opens on a token already printed, so a decoder's special case for the
+    first token (Metaspace drops its leading space) falls on text that is cut off, never on the new
+    text."""
 
     def __init__(self, tokenizer, file=None) -> None:
         self.tokenizer, self.file = tokenizer, file if file is not None else sys.stdout
@@ -35,8 +39,8 @@ class TextStream:
         self.start = self.end = 0  # ids[:end] are printed; the window to decode starts at `start`
 
     def _new_text(self) -> str:
-        printed = self.tokenizer.decode(self.ids[self.start:self.end])
-        return self.tokenizer.decode(self.ids[self.start:])[len(printed):]
+        printed = self.tokenizer.decode(self.ids[self.start : self.end])
+        return self.tokenizer.decode(self.ids[self.start :])[len(printed) :]
 
     def _write(self, text: str) -> None:
         self.file.write(text)
@@ -46,7 +50,8 @@ class TextStream:
     def push(self, ids: list[int]) -> None:
         self.ids.extend(ids)
         text = self._new_text()
-        if text and not text.endswith("\ufffd"):  # a byte-level token stopped mid-character: wait for the rest
+        # a byte-level token stopped mid-character: wait for the rest
+        if text and not text.endswith("\ufffd"):
             self._write(text)
 
     def finish(self) -> str:
@@ -56,17 +61,18 @@ class TextStream:
 
 
 def generate_windowed(model, ids, max_new_tokens: int, *, seed: int | None, on_token, **sampling):
-    """generate(), sliding the context when prompt + new tokens exceed n_ctx (restart from the last n_ctx/2)."""
+    """generate(), sliding the context when prompt + new tokens exceed n_ctx (restart from the last
+    n_ctx/2)."""
     import torch
 
     n_ctx = model.config.n_ctx
     produced, remaining, window = ids, max_new_tokens, 0
     while remaining > 0:
-        context = produced if produced.shape[1] < n_ctx else produced[:, -(n_ctx // 2):]
+        context = produced if produced.shape[1] < n_ctx else produced[:, -(n_ctx // 2) :]
         n = min(remaining, n_ctx - context.shape[1])
         step_seed = None if seed is None else seed + 7919 * window
         out = model.generate(context, n, seed=step_seed, on_token=on_token, **sampling)
-        produced = torch.cat([produced, out[:, context.shape[1]:]], dim=1)
+        produced = torch.cat([produced, out[:, context.shape[1] :]], dim=1)
         remaining -= n
         window += 1
     return produced
@@ -78,7 +84,10 @@ def read_prompt(args: argparse.Namespace) -> str:
     if args.prompt_file is not None:
         path = Path(args.prompt_file)
         if not path.is_file():
-            raise UserError(f"--prompt-file {path}: {'a folder, not a file' if path.is_dir() else 'no such file'}")
+            raise UserError(
+                f"--prompt-file {path}: "
+                f"{'a folder, not a file' if path.is_dir() else 'no such file'}"
+            )
         try:
             return path.read_text(encoding="utf-8")
         except UnicodeDecodeError:
@@ -87,25 +96,31 @@ def read_prompt(args: argparse.Namespace) -> str:
 
 
 def encode_prompt(model, prompt: str) -> list[int]:
-    """The prompt's ids under the model's tokenizer, checked against the model's vocabulary and context."""
+    """The prompt's ids under the model's tokenizer, checked against the model's vocabulary and
+    context."""
     if model.tokenizer is None:
-        raise UserError("this model directory has no tokenizer.json, so text cannot be encoded; add the tokenizer "
-                        "it was trained with")
+        raise UserError(
+            "this model directory has no tokenizer.json, so text cannot be encoded; add the "
+            "tokenizer "
+            "it was trained with"
+        )
     ids = model.tokenizer.encode(prompt)  # a char model names characters it never saw (UserError)
     if not ids:
         raise UserError("the prompt encodes to no tokens; give some text with --prompt")
     n_ctx = model.config.n_ctx
     if len(ids) > n_ctx:
-        raise UserError(f"the prompt is {len(ids)} tokens but the model's context is n_ctx={n_ctx}; "
-                        f"shorten it to at most {n_ctx} tokens (keep its end)")
+        raise UserError(
+            f"the prompt is {len(ids)} tokens but the model's context is n_ctx={n_ctx}; "
+            f"shorten it to at most {n_ctx} tokens (keep its end)"
+        )
     return ids
 
 
 def run_sample(args: argparse.Namespace) -> int:
     import torch
 
-    from ..formats import load
     from ..devices import resolve_device
+    from ..formats import load
 
     if args.num_samples <= 0:
         raise UserError(f"--num-samples must be a positive integer, got {args.num_samples}")
@@ -116,7 +131,9 @@ def run_sample(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     model = load(args.dir, device=str(device), revision=args.revision)
     if not model.config.causal:
-        raise UserError(f"{args.dir} is an encoder (BERT-style) model; sampling needs a causal language model")
+        raise UserError(
+            f"{args.dir} is an encoder (BERT-style) model; sampling needs a causal language model"
+        )
     if args.bf16_weights:
         from .fast_layers import store_weights_as
 
@@ -132,9 +149,17 @@ def run_sample(args: argparse.Namespace) -> int:
         stream = TextStream(model.tokenizer)
         stream.push(ids[0].tolist())
         seed = None if args.seed is None else args.seed + i
-        generate_windowed(model, ids, max_new_tokens, seed=seed, temperature=args.temperature,
-                          top_k=args.top_k, top_p=args.top_p, compile=args.compile,
-                          on_token=lambda token: stream.push(token[0].tolist()))
+        generate_windowed(
+            model,
+            ids,
+            max_new_tokens,
+            seed=seed,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            compile=args.compile,
+            on_token=lambda token: stream.push(token[0].tolist()),
+        )
         stream.finish()
     print()
     return 0
@@ -143,7 +168,9 @@ def run_sample(args: argparse.Namespace) -> int:
 def add_commands(sub: argparse._SubParsersAction) -> None:
     from ..formats.cli import MODEL_HELP, add_revision_flag
 
-    s = sub.add_parser("sample", help="generate text from a trained or loaded model, streamed as it is written")
+    s = sub.add_parser(
+        "sample", help="generate text from a trained or loaded model, streamed as it is written"
+    )
     s.add_argument("dir", metavar="MODEL", help=MODEL_HELP)
     add_revision_flag(s)
     s.add_argument("--prompt", default=None, help="text to continue (default: a newline)")
@@ -155,10 +182,22 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--seed", type=int, default=1337)
     s.add_argument("--num-samples", type=int, default=1)
     s.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    s.add_argument("--compile", action="store_true",
-                   help="decode through torch.compile: tens of seconds to compile first, then ~2x faster on a CPU")
-    s.add_argument("--bf16-weights", action="store_true",
-                   help="store the weight matrices in bfloat16 (half the bytes per token), compute in float32")
-    s.add_argument("--quantize", choices=["int8"], default=None,
-                   help="int8: weight matrices in 8 bits with a scale per row (a quarter of the bytes), compute in float32")
+    s.add_argument(
+        "--compile",
+        action="store_true",
+        help="decode through torch.compile: tens of seconds to compile first, then ~2x faster on "
+        "a CPU",
+    )
+    s.add_argument(
+        "--bf16-weights",
+        action="store_true",
+        help="store the weight matrices in bfloat16 (half the bytes per token), compute in float32",
+    )
+    s.add_argument(
+        "--quantize",
+        choices=["int8"],
+        default=None,
+        help="int8: weight matrices in 8 bits with a scale per row (a quarter of the bytes), "
+        "compute in float32",
+    )
     s.set_defaults(func=run_sample)

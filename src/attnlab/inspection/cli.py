@@ -1,15 +1,15 @@
-"""`attnlab heads`, `experiment`, `attribute` and `patch`: head scores, the chapters' claims as experiments,
-direct logit attribution and activation patching.
+"""`attnlab heads`, `experiment`, `attribute` and `patch`: head scores, the chapters' claims as
+experiments, direct logit attribution and activation patching.
 
 Design choices:
-- `heads MODEL` takes whatever `attnlab.load` takes (a native or Hugging Face directory, or "minilm"),
-  prints one layer × head table per score with standout heads starred, and can write the scores as JSON
-  and a grid of heat maps as PNG.
+- `heads MODEL` takes whatever `attnlab.load` takes (a native or Hugging Face directory, or
+  "minilm"), prints one layer × head table per score with standout heads starred, and can write the
+  scores as JSON and a grid of heat maps as PNG.
 - `experiment NAME` runs one experiment module (attnlab.inspection.experiments.NAME), which writes
   NAME.json and NAME.png into --out and returns its result; this file prints the module's table.
-- `attribute MODEL --prompt P --answer A [--wrong W]` prints every head's and MLP's direct logit attribution,
-  largest first, and writes a PNG; `patch MODEL --clean C --corrupted X --answer A --wrong W` writes the
-  patching heat maps (attnlab.inspection.attribution holds the work).
+- `attribute MODEL --prompt P --answer A [--wrong W]` prints every head's and MLP's direct logit
+  attribution, largest first, and writes a PNG; `patch MODEL --clean C --corrupted X --answer A
+  --wrong W` writes the patching heat maps (attnlab.inspection.attribution holds the work).
 - matplotlib and the experiment modules are imported inside the commands, not at import time.
 """
 
@@ -33,7 +33,10 @@ def run_heads(args: argparse.Namespace) -> int:
 
     model = load(args.model, revision=args.revision)
     scores = head_scores(model, n_repeats=args.repeats, batch=args.batch, seed=args.seed)
-    print(f"head scores of {args.model} ({scores.notes['input']}); * = at least the standout threshold")
+    print(
+        f"head scores of {args.model} ({scores.notes['input']}); * = at least the standout "
+        "threshold"
+    )
     for name, values in scores.scores.items():
         print(f"\n{name} (standout >= {STANDOUT[name]})")
         print(score_table(values, STANDOUT[name]))
@@ -56,7 +59,9 @@ def score_table(values, threshold: float) -> str:
         cells = []
         for h in range(n_heads):
             v = float(values[layer, h])
-            cells.append(f"{'n/a':>7}" if math.isnan(v) else f"{v:6.2f}{'*' if v >= threshold else ' '}")
+            cells.append(
+                f"{'n/a':>7}" if math.isnan(v) else f"{v:6.2f}{'*' if v >= threshold else ' '}"
+            )
         lines.append(f"{f'L{layer}':>5} " + "".join(cells))
     return "\n".join(lines)
 
@@ -70,13 +75,19 @@ def plot_scores(scores, path: Path, title: str = "") -> None:
 
     names = list(scores.scores)
     n_layers, n_heads = scores.scores[names[0]].shape
-    fig, axes = new_figure(1, len(names), (len(names) * (1.0 + 0.3 * n_heads), 1.2 + 0.3 * n_layers))
+    fig, axes = new_figure(
+        1, len(names), (len(names) * (1.0 + 0.3 * n_heads), 1.2 + 0.3 * n_layers)
+    )
     for ax, name in zip(axes[0], names):
         values = scores.scores[name]
         low = -1.0 if name == "copying" else 0.0
-        image = ax.imshow(values.nan_to_num(low).numpy(), vmin=low, vmax=1.0, cmap="viridis", aspect="auto")
+        image = ax.imshow(
+            values.nan_to_num(low).numpy(), vmin=low, vmax=1.0, cmap="viridis", aspect="auto"
+        )
         for layer, head, _ in scores.standout(name):
-            ax.add_patch(Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, edgecolor="red", lw=1.5))
+            ax.add_patch(
+                Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, edgecolor="red", lw=1.5)
+            )
         ax.set_title(f"{name}\n(red: >= {STANDOUT[name]})", fontsize=9)
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
@@ -89,7 +100,10 @@ def run_experiment(args: argparse.Namespace) -> int:
     from .experiments.common import make_out_dir
 
     if args.explore and args.name != "induction":
-        raise UserError(f"--explore opens the explorer on the induction experiment's models; {args.name} has none to explore")
+        raise UserError(
+            f"--explore opens the explorer on the induction experiment's models; {args.name} has "
+            "none to explore"
+        )
     module = importlib.import_module(f"attnlab.inspection.experiments.{args.name}")
     out = Path(args.out)
     make_out_dir(out)  # before a run of minutes, not after it
@@ -97,8 +111,10 @@ def run_experiment(args: argparse.Namespace) -> int:
     if args.name == "coreference":
         kwargs.update(model_name=args.model, revision=args.revision)
     elif args.revision is not None or args.model != DEFAULT_MODEL:
-        raise UserError(f"--model and --revision choose the model of the coreference experiment; {args.name} "
-                        "trains its own models, so drop them")
+        raise UserError(
+            f"--model and --revision choose the model of the coreference experiment; {args.name} "
+            "trains its own models, so drop them"
+        )
     result = module.run(out, **kwargs)
     print(f"experiment {args.name}{' (quick)' if args.quick else ''}, seed {args.seed}")
     print(module.table(result))
@@ -117,8 +133,12 @@ def run_attribute(args: argparse.Namespace) -> int:
     result = direct_logit_attribution(model, args.prompt, args.answer, args.wrong)
     target = repr(args.answer) + (f" - {args.wrong!r}" if args.wrong is not None else "")
     print(f"direct logit attribution to {target} at the last token of {result.prompt_tokens}")
-    print(f"logit{' difference' if args.wrong is not None else ''}: {result.logit:.4f} = sum of the terms "
-          f"{result.total() - result.constant:.4f} + final-norm/unembedding bias {result.constant:.4f}")
+    print(
+        f"logit{' difference' if args.wrong is not None else ''}: {result.logit:.4f} = sum of the "
+        "terms "
+        f"{result.total() - result.constant:.4f} + final-norm/unembedding bias "
+        f"{result.constant:.4f}"
+    )
     ranked = result.ranked()
     print(f"{'term':>12} {'attribution':>12}")
     for name, value in ranked[: args.top]:
@@ -145,7 +165,10 @@ def run_patch(args: argparse.Namespace) -> int:
     out = Path(args.out)
     results = patch_sweeps(model, args.clean, args.corrupted, args.answer, args.wrong, sweeps, out)
     first = next(iter(results.values()))
-    print(f"logit difference {args.answer!r} - {args.wrong!r}: clean {first.clean:.4f}, corrupted {first.corrupted:.4f}")
+    print(
+        f"logit difference {args.answer!r} - {args.wrong!r}: clean {first.clean:.4f}, corrupted "
+        f"{first.corrupted:.4f}"
+    )
     for name, result in results.items():
         values = result.normalized()
         flat = values.nan_to_num(float("-inf")).flatten()
@@ -153,7 +176,10 @@ def run_patch(args: argparse.Namespace) -> int:
         cells = []
         for index in best:
             at = [int(i) for i in torch.unravel_index(torch.tensor(index), tuple(values.shape))]
-            cells.append(", ".join(f"{a}={result.labels[a][i]}" for a, i in zip(result.axis_names, at)) + f": {float(flat[index]):.2f}")
+            cells.append(
+                ", ".join(f"{a}={result.labels[a][i]}" for a, i in zip(result.axis_names, at))
+                + f": {float(flat[index]):.2f}"
+            )
         print(f"\n{name} ({' x '.join(result.axis_names)}), restored fraction, top 5:")
         print("\n".join("  " + c for c in cells))
         print(f"wrote {out / f'patch-{name}.png'}")
@@ -162,17 +188,24 @@ def run_patch(args: argparse.Namespace) -> int:
 
 
 def explore_induction(result: dict, out: Path, port: int | None) -> int:
-    """Serve the two models in the explorer, both runs' step sliders opened on the 2L model's phase change
-    (the 1L model at the same step, for comparison: it never grows an induction head)."""
+    """Serve the two models in the explorer, both runs' step sliders opened on the 2L model's phase
+    change (the 1L model at the same step, for comparison: it never grows an induction head)."""
     from ..env import explorer_port
     from ..explorer.cli import serve
     from ..explorer.models import Run
     from ..training.snapshots import list_snapshots
 
     start = result["phase_change_2L"]["steps"]["induction_rise"]
-    runs = {name: Run(out / name, list_snapshots(out / name), start_step=start, example=result["example_text"])
-            for name in ("induction-2L", "induction-1L")}
-    print(f"opening the explorer on induction-2L at step {start}, where its induction score rises most")
+    runs = {
+        name: Run(
+            out / name, list_snapshots(out / name), start_step=start, example=result["example_text"]
+        )
+        for name in ("induction-2L", "induction-1L")
+    }
+    print(
+        f"opening the explorer on induction-2L at step {start}, where its induction score rises "
+        "most"
+    )
     models = {"induction-2L": result["models"]["2L"], "induction-1L": result["models"]["1L"]}
     return serve(models, "127.0.0.1", explorer_port(port), max_tokens=2048, runs=runs)
 
@@ -180,46 +213,82 @@ def explore_induction(result: dict, out: Path, port: int | None) -> int:
 def add_commands(sub: argparse._SubParsersAction) -> None:
     from ..formats.cli import MODEL_HELP, add_revision_flag
 
-    p = sub.add_parser("heads", help="score every head (previous-token, induction, duplicate, copying, first-token)")
+    p = sub.add_parser(
+        "heads",
+        help="score every head (previous-token, induction, duplicate, copying, first-token)",
+    )
     p.add_argument("model", help=MODEL_HELP)
     add_revision_flag(p)
     p.add_argument("--json", metavar="FILE", help="write the scores as JSON")
     p.add_argument("--png", metavar="FILE", help="draw a layer x head grid per score")
     p.add_argument("--seed", type=int, default=0, help="seed of the random tokens (default 0)")
-    p.add_argument("--repeats", type=int, default=4, help="how often the random span repeats (default 4)")
+    p.add_argument(
+        "--repeats", type=int, default=4, help="how often the random span repeats (default 4)"
+    )
     p.add_argument("--batch", type=int, default=4, help="sequences of random tokens (default 4)")
     p.set_defaults(func=run_heads)
 
-    p = sub.add_parser("experiment", help="run an experiment: writes NAME.json and NAME.png, prints a table")
+    p = sub.add_parser(
+        "experiment", help="run an experiment: writes NAME.json and NAME.png, prints a table"
+    )
     p.add_argument("name", choices=EXPERIMENTS)
     p.add_argument("--out", default="experiments", help="output directory (default ./experiments)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="a smaller, faster run (for tests and a first look)")
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"coreference only: the model to inspect, {MODEL_HELP} "
-                                                           f"(default {DEFAULT_MODEL})")
+    p.add_argument(
+        "--quick", action="store_true", help="a smaller, faster run (for tests and a first look)"
+    )
+    p.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"coreference only: the model to inspect, {MODEL_HELP} (default {DEFAULT_MODEL})",
+    )
     add_revision_flag(p, "--model")
-    p.add_argument("--explore", action="store_true", help="induction only: then open the explorer on the two-layer model, "
-                   "its training step slider at the phase change")
-    p.add_argument("--port", type=int, default=None,
-                   help="with --explore: the explorer's port (default 8000, or $ATTNLAB_PORT)")
+    p.add_argument(
+        "--explore",
+        action="store_true",
+        help="induction only: then open the explorer on the two-layer model, "
+        "its training step slider at the phase change",
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="with --explore: the explorer's port (default 8000, or $ATTNLAB_PORT)",
+    )
     p.set_defaults(func=run_experiment)
 
-    p = sub.add_parser("attribute", help="direct logit attribution of every head and MLP to an answer")
+    p = sub.add_parser(
+        "attribute", help="direct logit attribution of every head and MLP to an answer"
+    )
     p.add_argument("model", help="model directory (attnlab or Hugging Face format)")
     p.add_argument("--prompt", required=True, help="the text whose next token is explained")
-    p.add_argument("--answer", required=True, help="the answer token, with its leading space if any: ' Paris'")
+    p.add_argument(
+        "--answer", required=True, help="the answer token, with its leading space if any: ' Paris'"
+    )
     p.add_argument("--wrong", help="a wrong answer: attribute the logit difference answer - wrong")
     p.add_argument("--top", type=int, default=15, help="print this many terms (default 15)")
-    p.add_argument("--png", default="attribution.png", help="heat map file (default attribution.png)")
+    p.add_argument(
+        "--png", default="attribution.png", help="heat map file (default attribution.png)"
+    )
     p.add_argument("--json", metavar="FILE", help="write every number as JSON")
     p.set_defaults(func=run_attribute)
 
-    p = sub.add_parser("patch", help="activation patching heat maps of a clean and a corrupted prompt")
+    p = sub.add_parser(
+        "patch", help="activation patching heat maps of a clean and a corrupted prompt"
+    )
     p.add_argument("model", help="model directory (attnlab or Hugging Face format)")
     p.add_argument("--clean", required=True, help="the prompt the model answers correctly")
-    p.add_argument("--corrupted", required=True, help="the same number of tokens, changed so the answer changes")
+    p.add_argument(
+        "--corrupted",
+        required=True,
+        help="the same number of tokens, changed so the answer changes",
+    )
     p.add_argument("--answer", required=True, help="the clean prompt's answer token")
     p.add_argument("--wrong", required=True, help="the corrupted prompt's answer token")
-    p.add_argument("--sweeps", default="block,heads", help="comma-separated: block, heads, heads-by-pos (default block,heads)")
+    p.add_argument(
+        "--sweeps",
+        default="block,heads",
+        help="comma-separated: block, heads, heads-by-pos (default block,heads)",
+    )
     p.add_argument("--out", default="patching", help="output directory (default ./patching)")
     p.set_defaults(func=run_patch)

@@ -1,23 +1,27 @@
-"""Activation patching sweeps: which activations, moved from a clean run into a corrupted one, restore the answer.
+"""Activation patching sweeps: which activations, moved from a clean run into a corrupted one,
+restore the answer.
 
-Design choices (TransformerLens's transformer_lens/patching.py, and the "Interpretability in the Wild" (IOI)
-patching plots of Wang et al. 2022):
-- One loop, `generic_activation_patch`: for every index (layer first, then position and/or head) it runs the
-  model on the corrupted tokens with that slice of one activation replaced by the clean run's, and records
-  `patching_metric(logits)`. The named sweeps (TransformerLens's names) differ only in the activation and
-  the slice:
+Design choices (TransformerLens's transformer_lens/patching.py, and the "Interpretability in the
+Wild" (IOI) patching plots of Wang et al. 2022):
+- One loop, `generic_activation_patch`: for every index (layer first, then position and/or head) it
+  runs the model on the corrupted tokens with that slice of one activation replaced by the clean
+  run's, and records `patching_metric(logits)`. The named sweeps (TransformerLens's names) differ
+  only in the activation and the slice:
       resid_pre / resid_mid / attn_out / mlp_out     [layer, pos]        one position of the stream
       attn_head_{out,q,k,v}_all_pos                   [layer, head]       one head at every position
       attn_head_pattern_all_pos                       [layer, head]
       attn_head_{out,q,k,v}_by_pos                    [layer, pos, head]  one head at one position
       attn_head_pattern_by_pos                        [layer, head, dest_pos]
-  A head's "out" is its z (hook_z: before W_O mixes the heads). Grouped-query models have fewer key/value
-  heads: their k and v sweeps run over those (and read NaN for the others in the stacked "every" sweeps).
-- Each sweep returns a PatchingResult: the values, the names of the axes, labels for each axis (layer
-  numbers, "L0H3", and the clean run's tokens for positions), the clean and corrupted metrics when known,
-  and `plot(path)`, a red-blue heat map (PNG) centred on zero, as the IOI figures are.
-- Patch everything and the corrupted run becomes the clean one (the clean metric); patch nothing and it
-  stays the corrupted one; both are tested. A sweep never writes into the activations it is given.
+  A head's "out" is its z (hook_z: before W_O mixes the heads). Grouped-query models have fewer
+  key/value
+  heads: their k and v sweeps run over those (and read NaN for the others in the stacked "every"
+  sweeps).
+- Each sweep returns a PatchingResult: the values, the names of the axes, labels for each axis
+  (layer numbers, "L0H3", and the clean run's tokens for positions), the clean and corrupted metrics
+  when known, and `plot(path)`, a red-blue heat map (PNG) centred on zero, as the IOI figures are.
+- Patch everything and the corrupted run becomes the clean one (the clean metric); patch nothing and
+  it stays the corrupted one; both are tested. A sweep never writes into the activations it is
+  given.
 """
 
 from __future__ import annotations
@@ -57,19 +61,36 @@ class PatchingResult:
         return self.values[index]
 
     def normalized(self) -> torch.Tensor:
-        """(value − corrupted) / (clean − corrupted): 0 = no effect, 1 = the patch restores the clean run."""
+        """(value − corrupted) / (clean − corrupted): 0 = no effect, 1 = the patch restores the
+        clean run."""
         if self.clean is None or self.corrupted is None:
-            raise UserError("normalized() needs the clean and corrupted metrics; pass clean_metric= to the sweep")
+            raise UserError(
+                "normalized() needs the clean and corrupted metrics; pass clean_metric= to the "
+                "sweep"
+            )
         return (self.values - self.corrupted) / (self.clean - self.corrupted)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"activation": self.activation, "axes": list(self.axis_names), "labels": self.labels,
-                "values": [None if v != v else v for v in self.values.flatten().tolist()],
-                "shape": list(self.values.shape), "clean": self.clean, "corrupted": self.corrupted}
+        return {
+            "activation": self.activation,
+            "axes": list(self.axis_names),
+            "labels": self.labels,
+            "values": [None if v != v else v for v in self.values.flatten().tolist()],
+            "shape": list(self.values.shape),
+            "clean": self.clean,
+            "corrupted": self.corrupted,
+        }
 
-    def plot(self, path: str | Path, title: str | None = None, normalize: bool | None = None) -> Path:
-        """Write the heat map(s) as a PNG: one panel per leading 'activation' entry, rows and columns labelled."""
-        normalize = self.clean is not None and self.corrupted is not None if normalize is None else normalize
+    def plot(
+        self, path: str | Path, title: str | None = None, normalize: bool | None = None
+    ) -> Path:
+        """Write the heat map(s) as a PNG: one panel per leading 'activation' entry, rows and
+        columns labelled."""
+        normalize = (
+            self.clean is not None and self.corrupted is not None
+            if normalize is None
+            else normalize
+        )
         values = self.normalized() if normalize else self.values
         panels = _panels(self, values)
         cols = len(panels)
@@ -81,29 +102,50 @@ class PatchingResult:
         limit = float(finite.abs().max()) if finite.numel() else 1.0
         limit = 1.0 if normalize and limit <= 1.0 else (limit or 1.0)
         for ax, (name, row_labels, col_labels, matrix, row_axis, col_axis) in zip(axes[0], panels):
-            image = ax.imshow(matrix.float().numpy(), cmap="RdBu", vmin=-limit, vmax=limit, aspect="auto")
+            image = ax.imshow(
+                matrix.float().numpy(), cmap="RdBu", vmin=-limit, vmax=limit, aspect="auto"
+            )
             ax.set_yticks(range(len(row_labels)), row_labels, fontsize=7)
-            ax.set_xticks(range(len(col_labels)), col_labels, fontsize=7, rotation=90 if col_axis == "pos" else 0)
+            ax.set_xticks(
+                range(len(col_labels)),
+                col_labels,
+                fontsize=7,
+                rotation=90 if col_axis == "pos" else 0,
+            )
             ax.set_xlabel(col_axis)
             ax.set_ylabel(row_axis)
             ax.set_title(name, fontsize=9)
             fig.colorbar(image, ax=ax, shrink=0.8)
         what = "(patched − corrupted) / (clean − corrupted)" if normalize else "metric"
-        fig.suptitle(title or f"activation patching: {self.activation}; {what}", fontsize=10, y=1.04)
+        fig.suptitle(
+            title or f"activation patching: {self.activation}; {what}", fontsize=10, y=1.04
+        )
         path = Path(path)
         save_figure(fig, path)
         return path
 
 
 def _panels(result: PatchingResult, values: torch.Tensor):
-    """(title, row labels, column labels, 2-D matrix, row axis, column axis) per panel of the plot."""
+    """(title, row labels, column labels, 2-D matrix, row axis, column axis) per panel of the
+    plot."""
     axes = list(result.axis_names)
     if axes[0] == "activation":  # one panel per stacked sweep
-        inner = [PatchingResult(v, tuple(axes[1:]), result.labels, name)
-                 for v, name in zip(values, result.labels["activation"])]
+        inner = [
+            PatchingResult(v, tuple(axes[1:]), result.labels, name)
+            for v, name in zip(values, result.labels["activation"])
+        ]
         return [panel for r in inner for panel in _panels(r, r.values)]
     if len(axes) == 2:
-        return [(result.activation, result.labels[axes[0]], result.labels[axes[1]], values, axes[0], axes[1])]
+        return [
+            (
+                result.activation,
+                result.labels[axes[0]],
+                result.labels[axes[1]],
+                values,
+                axes[0],
+                axes[1],
+            )
+        ]
     # three axes: rows are the heads of every layer ("L1H3"), columns the position
     if axes == ["layer", "pos", "head"]:
         matrix = values.permute(0, 2, 1).flatten(0, 1)  # [layer · head, pos]
@@ -116,49 +158,74 @@ def _panels(result: PatchingResult, values: torch.Tensor):
     return [(result.activation, rows, cols, matrix, "head", col_axis)]
 
 
-# The one loop --------------------------------------------------------------------------------------------------
-def generic_activation_patch(model, corrupted_tokens: torch.Tensor, clean_cache, patching_metric: Metric,
-                             patch_setter: Callable[[torch.Tensor, tuple[int, ...], torch.Tensor], torch.Tensor],
-                             activation_name: str, index_axis_names: Sequence[str], *,
-                             clean_metric: float | None = None, pos_labels: list[str] | None = None,
-                             progress: bool = False) -> PatchingResult:
-    """Patch `activation_name` of every layer, at every index over `index_axis_names` (layer first), from
-    clean_cache into the run on corrupted_tokens; record patching_metric(logits) (a scalar) for each.
-    clean_metric: the metric on the clean run (for normalized()); pos_labels: the positions' tick labels
-    (default: the corrupted tokens)."""
+# The one loop
+# --------------------------------------------------------------------------------------------------
+def generic_activation_patch(
+    model,
+    corrupted_tokens: torch.Tensor,
+    clean_cache,
+    patching_metric: Metric,
+    patch_setter: Callable[[torch.Tensor, tuple[int, ...], torch.Tensor], torch.Tensor],
+    activation_name: str,
+    index_axis_names: Sequence[str],
+    *,
+    clean_metric: float | None = None,
+    pos_labels: list[str] | None = None,
+    progress: bool = False,
+) -> PatchingResult:
+    """Patch `activation_name` of every layer, at every index over `index_axis_names` (layer first),
+    from clean_cache into the run on corrupted_tokens; record patching_metric(logits) (a scalar) for
+    each.
+    clean_metric: the metric on the clean run (for normalized()); pos_labels: the positions' tick
+    labels (default: the corrupted tokens)."""
     cfg = model.config
     if corrupted_tokens.dim() == 1:
         corrupted_tokens = corrupted_tokens[None]
     T = corrupted_tokens.shape[-1]
-    clean_T = clean_cache["resid_pre", 0].shape[-2] if "blocks.0.hook_resid_pre" in clean_cache else T
+    clean_T = (
+        clean_cache["resid_pre", 0].shape[-2] if "blocks.0.hook_resid_pre" in clean_cache else T
+    )
     if clean_T != T:
-        raise UserError(f"the clean run has {clean_T} tokens and the corrupted one {T}; patching needs inputs of the "
-                        "same length (pad or reword the prompts)")
+        raise UserError(
+            f"the clean run has {clean_T} tokens and the corrupted one {T}; patching needs inputs "
+            "of the "
+            "same length (pad or reword the prompts)"
+        )
     n_heads = cfg.n_kv_heads if activation_name in ("k", "v") else cfg.n_heads
     ranges = {"layer": cfg.n_layers, "pos": T, "dest_pos": T, "head": n_heads}
     shape = [ranges[a] for a in index_axis_names]
     values = torch.full(shape, float("nan"), dtype=torch.float64)
     if activation_name == "resid_mid" and cfg.wiring == "parallel":
-        raise UserError("this model's blocks run attention and MLP in parallel: there is no resid_mid to patch; "
-                        "patch resid_pre, attn_out or mlp_out")
+        raise UserError(
+            "this model's blocks run attention and MLP in parallel: there is no resid_mid to "
+            "patch; "
+            "patch resid_pre, attn_out or mlp_out"
+        )
     names = [get_act_name(activation_name, l) for l in range(cfg.n_layers)]
     for name in names:
         model._resolve(name)  # an unknown activation: one line naming the nearest
         if name not in clean_cache:
-            raise UserError(f"the clean cache has no {name}; run the clean input with run_with_cache() "
-                            "and no names_filter (or one that keeps it)")
+            raise UserError(
+                f"the clean cache has no {name}; run the clean input with run_with_cache() "
+                "and no names_filter (or one that keeps it)"
+            )
     from tqdm.auto import tqdm
 
     def scalar(logits: torch.Tensor) -> float:
         out = torch.as_tensor(patching_metric(logits))
         if out.numel() != 1:
-            raise UserError(f"the patching metric must return one number, got a tensor of shape {tuple(out.shape)}")
+            raise UserError(
+                "the patching metric must return one number, got a tensor of shape "
+                f"{tuple(out.shape)}"
+            )
         return float(out)
 
     indices = list(itertools.product(*(range(n) for n in shape)))
     with torch.no_grad():
         corrupted = scalar(model(corrupted_tokens))
-        for index in tqdm(indices, desc=f"patch {activation_name}", disable=not progress, leave=False):
+        for index in tqdm(
+            indices, desc=f"patch {activation_name}", disable=not progress, leave=False
+        ):
             name = get_act_name(activation_name, index[0])
             clean = clean_cache[name]
 
@@ -167,20 +234,30 @@ def generic_activation_patch(model, corrupted_tokens: torch.Tensor, clean_cache,
 
             values[index] = scalar(model.run_with_hooks(corrupted_tokens, fwd_hooks=[(name, hook)]))
     labels = axis_labels(model, corrupted_tokens, n_heads, pos_labels)
-    return PatchingResult(values, tuple(index_axis_names), labels, activation_name, clean_metric, corrupted)
+    return PatchingResult(
+        values, tuple(index_axis_names), labels, activation_name, clean_metric, corrupted
+    )
 
 
-def axis_labels(model, tokens: torch.Tensor, n_heads: int, shown: list[str] | None = None) -> dict[str, list[str]]:
-    """Tick labels: layers and heads as numbers, positions as "i: 'token'" (of `shown`, else of `tokens`)."""
+def axis_labels(
+    model, tokens: torch.Tensor, n_heads: int, shown: list[str] | None = None
+) -> dict[str, list[str]]:
+    """Tick labels: layers and heads as numbers, positions as "i: 'token'" (of `shown`, else of
+    `tokens`)."""
     T = tokens.shape[-1]
     if shown is None and getattr(model, "tokenizer", None) is not None:
         shown = [model.tokenizer.decode([i]) for i in tokens[0].tolist()]
     pos = [f"{i}: {shown[i]!r}"[:18] if shown else str(i) for i in range(T)]
-    return {"layer": [str(l) for l in range(model.config.n_layers)], "pos": pos, "dest_pos": pos,
-            "head": [str(h) for h in range(n_heads)]}
+    return {
+        "layer": [str(l) for l in range(model.config.n_layers)],
+        "pos": pos,
+        "dest_pos": pos,
+        "head": [str(h) for h in range(n_heads)],
+    }
 
 
-# What each sweep replaces ------------------------------------------------------------------------------------
+# What each sweep replaces
+# ------------------------------------------------------------------------------------
 def layer_pos_patch_setter(activation, index, clean):
     """[batch, pos, ...] at one position."""
     _, pos = index
@@ -218,35 +295,104 @@ def layer_head_pos_pattern_patch_setter(activation, index, clean):
 
 def _sweep(activation: str, setter, axes: tuple[str, ...], doc: str):
     def sweep(model, corrupted_tokens, clean_cache, patching_metric, **kwargs) -> PatchingResult:
-        return generic_activation_patch(model, corrupted_tokens, clean_cache, patching_metric, setter, activation,
-                                        axes, **kwargs)
+        return generic_activation_patch(
+            model,
+            corrupted_tokens,
+            clean_cache,
+            patching_metric,
+            setter,
+            activation,
+            axes,
+            **kwargs,
+        )
 
     sweep.__doc__ = f"{doc} -> PatchingResult [{', '.join(axes)}] (see generic_activation_patch)."
     return sweep
 
 
-get_act_patch_resid_pre = _sweep("resid_pre", layer_pos_patch_setter, ("layer", "pos"), "The residual stream into each layer, one position at a time")
-get_act_patch_resid_mid = _sweep("resid_mid", layer_pos_patch_setter, ("layer", "pos"), "The residual stream between attention and MLP")
-get_act_patch_attn_out = _sweep("attn_out", layer_pos_patch_setter, ("layer", "pos"), "Each attention layer's output")
-get_act_patch_mlp_out = _sweep("mlp_out", layer_pos_patch_setter, ("layer", "pos"), "Each MLP's output")
-get_act_patch_attn_head_out_all_pos = _sweep("z", layer_head_vector_patch_setter, ("layer", "head"), "Each head's output z, all positions")
-get_act_patch_attn_head_q_all_pos = _sweep("q", layer_head_vector_patch_setter, ("layer", "head"), "Each head's queries, all positions")
-get_act_patch_attn_head_k_all_pos = _sweep("k", layer_head_vector_patch_setter, ("layer", "head"), "Each (key/value) head's keys, all positions")
-get_act_patch_attn_head_v_all_pos = _sweep("v", layer_head_vector_patch_setter, ("layer", "head"), "Each (key/value) head's values, all positions")
-get_act_patch_attn_head_pattern_all_pos = _sweep("pattern", layer_head_pattern_patch_setter, ("layer", "head"), "Each head's attention pattern")
-get_act_patch_attn_head_out_by_pos = _sweep("z", layer_pos_head_vector_patch_setter, ("layer", "pos", "head"), "Each head's output z at each position")
-get_act_patch_attn_head_q_by_pos = _sweep("q", layer_pos_head_vector_patch_setter, ("layer", "pos", "head"), "Each head's query at each position")
-get_act_patch_attn_head_k_by_pos = _sweep("k", layer_pos_head_vector_patch_setter, ("layer", "pos", "head"), "Each (key/value) head's key at each position")
-get_act_patch_attn_head_v_by_pos = _sweep("v", layer_pos_head_vector_patch_setter, ("layer", "pos", "head"), "Each (key/value) head's value at each position")
-get_act_patch_attn_head_pattern_by_pos = _sweep("pattern", layer_head_pos_pattern_patch_setter, ("layer", "head", "dest_pos"), "Each head's pattern row for each destination position")
+get_act_patch_resid_pre = _sweep(
+    "resid_pre",
+    layer_pos_patch_setter,
+    ("layer", "pos"),
+    "The residual stream into each layer, one position at a time",
+)
+get_act_patch_resid_mid = _sweep(
+    "resid_mid",
+    layer_pos_patch_setter,
+    ("layer", "pos"),
+    "The residual stream between attention and MLP",
+)
+get_act_patch_attn_out = _sweep(
+    "attn_out", layer_pos_patch_setter, ("layer", "pos"), "Each attention layer's output"
+)
+get_act_patch_mlp_out = _sweep(
+    "mlp_out", layer_pos_patch_setter, ("layer", "pos"), "Each MLP's output"
+)
+get_act_patch_attn_head_out_all_pos = _sweep(
+    "z", layer_head_vector_patch_setter, ("layer", "head"), "Each head's output z, all positions"
+)
+get_act_patch_attn_head_q_all_pos = _sweep(
+    "q", layer_head_vector_patch_setter, ("layer", "head"), "Each head's queries, all positions"
+)
+get_act_patch_attn_head_k_all_pos = _sweep(
+    "k",
+    layer_head_vector_patch_setter,
+    ("layer", "head"),
+    "Each (key/value) head's keys, all positions",
+)
+get_act_patch_attn_head_v_all_pos = _sweep(
+    "v",
+    layer_head_vector_patch_setter,
+    ("layer", "head"),
+    "Each (key/value) head's values, all positions",
+)
+get_act_patch_attn_head_pattern_all_pos = _sweep(
+    "pattern", layer_head_pattern_patch_setter, ("layer", "head"), "Each head's attention pattern"
+)
+get_act_patch_attn_head_out_by_pos = _sweep(
+    "z",
+    layer_pos_head_vector_patch_setter,
+    ("layer", "pos", "head"),
+    "Each head's output z at each position",
+)
+get_act_patch_attn_head_q_by_pos = _sweep(
+    "q",
+    layer_pos_head_vector_patch_setter,
+    ("layer", "pos", "head"),
+    "Each head's query at each position",
+)
+get_act_patch_attn_head_k_by_pos = _sweep(
+    "k",
+    layer_pos_head_vector_patch_setter,
+    ("layer", "pos", "head"),
+    "Each (key/value) head's key at each position",
+)
+get_act_patch_attn_head_v_by_pos = _sweep(
+    "v",
+    layer_pos_head_vector_patch_setter,
+    ("layer", "pos", "head"),
+    "Each (key/value) head's value at each position",
+)
+get_act_patch_attn_head_pattern_by_pos = _sweep(
+    "pattern",
+    layer_head_pos_pattern_patch_setter,
+    ("layer", "head", "dest_pos"),
+    "Each head's pattern row for each destination position",
+)
 
 
-def _stack(results: list[PatchingResult], names: list[str], n_heads: int | None = None) -> PatchingResult:
+def _stack(
+    results: list[PatchingResult], names: list[str], n_heads: int | None = None
+) -> PatchingResult:
     """Stack sweeps along a leading 'activation' axis (head axes padded with NaN to n_heads)."""
     values = []
     for r in results:
         v = r.values
-        if n_heads is not None and "head" in r.axis_names and v.shape[r.axis_names.index("head")] < n_heads:
+        if (
+            n_heads is not None
+            and "head" in r.axis_names
+            and v.shape[r.axis_names.index("head")] < n_heads
+        ):
             axis = r.axis_names.index("head")
             pad = list(v.shape)
             pad[axis] = n_heads - v.shape[axis]
@@ -256,30 +402,50 @@ def _stack(results: list[PatchingResult], names: list[str], n_heads: int | None 
     labels = dict(first.labels, activation=names)
     if n_heads is not None:
         labels["head"] = [str(h) for h in range(n_heads)]
-    return PatchingResult(torch.stack(values), ("activation", *first.axis_names), labels, ", ".join(names),
-                          first.clean, first.corrupted)
+    return PatchingResult(
+        torch.stack(values),
+        ("activation", *first.axis_names),
+        labels,
+        ", ".join(names),
+        first.clean,
+        first.corrupted,
+    )
 
 
-def get_act_patch_block_every(model, corrupted_tokens, clean_cache, patching_metric, **kwargs) -> PatchingResult:
+def get_act_patch_block_every(
+    model, corrupted_tokens, clean_cache, patching_metric, **kwargs
+) -> PatchingResult:
     """resid_pre, attn_out and mlp_out (mlp_out only with MLPs): [activation, layer, pos]."""
     sweeps = [("resid_pre", get_act_patch_resid_pre), ("attn_out", get_act_patch_attn_out)]
     if not model.config.attn_only:
         sweeps.append(("mlp_out", get_act_patch_mlp_out))
-    results = [fn(model, corrupted_tokens, clean_cache, patching_metric, **kwargs) for _, fn in sweeps]
+    results = [
+        fn(model, corrupted_tokens, clean_cache, patching_metric, **kwargs) for _, fn in sweeps
+    ]
     return _stack(results, [name for name, _ in sweeps])
 
 
-def get_act_patch_attn_head_all_pos_every(model, corrupted_tokens, clean_cache, patching_metric, **kwargs) -> PatchingResult:
-    """Each head's output, query, key, value and pattern at all positions: [activation, layer, head]."""
-    sweeps = [("output", get_act_patch_attn_head_out_all_pos), ("query", get_act_patch_attn_head_q_all_pos),
-              ("key", get_act_patch_attn_head_k_all_pos), ("value", get_act_patch_attn_head_v_all_pos),
-              ("pattern", get_act_patch_attn_head_pattern_all_pos)]
-    results = [fn(model, corrupted_tokens, clean_cache, patching_metric, **kwargs) for _, fn in sweeps]
+def get_act_patch_attn_head_all_pos_every(
+    model, corrupted_tokens, clean_cache, patching_metric, **kwargs
+) -> PatchingResult:
+    """Each head's output, query, key, value and pattern at all positions: [activation, layer,
+    head]."""
+    sweeps = [
+        ("output", get_act_patch_attn_head_out_all_pos),
+        ("query", get_act_patch_attn_head_q_all_pos),
+        ("key", get_act_patch_attn_head_k_all_pos),
+        ("value", get_act_patch_attn_head_v_all_pos),
+        ("pattern", get_act_patch_attn_head_pattern_all_pos),
+    ]
+    results = [
+        fn(model, corrupted_tokens, clean_cache, patching_metric, **kwargs) for _, fn in sweeps
+    ]
     return _stack(results, [name for name, _ in sweeps], n_heads=model.config.n_heads)
 
 
 def logit_diff_metric(answer: int, wrong: int, pos: int = -1) -> Metric:
     """logits[:, pos, answer] − logits[:, pos, wrong], averaged over the batch."""
+
     def metric(logits: torch.Tensor) -> torch.Tensor:
         return (logits[:, pos, answer] - logits[:, pos, wrong]).mean()
 

@@ -1,27 +1,37 @@
-"""Head scores: which heads look back one token, which do induction, which copy (Olsson et al. 2022).
+"""Head scores: which heads look back one token, which do induction, which copy (Olsson et al.
+2022).
 
 Design choices:
-- Every attention score is one function, `attention_to(pattern, targets)`: the attention mass a query puts
-  on its target keys, averaged over the queries that have a target. The scores differ only in their
-  targets, built from the tokens:
+- Every attention score is one function, `attention_to(pattern, targets)`: the attention mass a
+  query puts on its target keys, averaged over the queries that have a target. The scores differ
+  only in their targets, built from the tokens:
     previous-token   key i − 1;
     first-token      key 0 (the "attention sink"), for queries i ≥ 1;
     duplicate-token  earlier keys j < i holding the same token as query i;
-    induction        keys j ≤ i right after an earlier occurrence of the query's token (tokens[j−1] = tokens[i],
+    induction        keys j ≤ i right after an earlier occurrence of the query's token (tokens[j−1]
+    = tokens[i],
                      j − 1 < i): Olsson et al.'s "prefix matching".
-  So a pure previous-token pattern scores exactly 1 and a uniform (non-causal) T×T pattern scores 1/T.
-- The input is Olsson et al.'s: random tokens (fixed seed; special tokens of the model's tokenizer left
-  out) repeated `n_repeats` times, so induction and duplicates have exact, known targets.
-- Scores read the cached patterns (`run_with_cache` with only the pattern hooks) and never write to them.
+  So a pure previous-token pattern scores exactly 1 and a uniform (non-causal) T×T pattern scores
+  1/T.
+- The input is Olsson et al.'s: random tokens (fixed seed; special tokens of the model's tokenizer
+  left out) repeated `n_repeats` times, so induction and duplicates have exact, known targets.
+- Scores read the cached patterns (`run_with_cache` with only the pattern hooks) and never write to
+  them.
 - Copying score (weights only, models with an unembedding): for each head the OV circuit
-  W_E · W_V^h · W_O^h · W_U (d_vocab × d_vocab) maps the attended token to the logits it raises. Its score
-  is Σλ / Σ|λ| over the circuit's eigenvalues (Elhage et al. 2021, "A Mathematical Framework", the measure
-  Olsson et al. use): 1 when every eigenvalue is positive (pure copying), −1 for anti-copying. The circuit
+  W_E · W_V^h · W_O^h · W_U (d_vocab × d_vocab) maps the attended token to the logits it raises. Its
+  score
+  is Σλ / Σ|λ| over the circuit's eigenvalues (Elhage et al. 2021, "A Mathematical Framework", the
+  measure
+  Olsson et al. use): 1 when every eigenvalue is positive (pure copying), −1 for anti-copying. The
+  circuit
   has rank ≤ d_head, and its non-zero eigenvalues are those of the d_head × d_head product
-  W_O^h · W_U · W_E · W_V^h (eig(AB) = eig(BA)), so it is computed at that size. Norm gains (ln1's before
-  W_V, the final norm's before W_U) are folded in as diagonal scalings; biases and the norms' centring and
+  W_O^h · W_U · W_E · W_V^h (eig(AB) = eig(BA)), so it is computed at that size. Norm gains (ln1's
+  before
+  W_V, the final norm's before W_U) are folded in as diagonal scalings; biases and the norms'
+  centring and
   division are left out, as in those papers.
-- "Standout" heads are those above a fixed threshold per score (STANDOUT), so a random model shows none.
+- "Standout" heads are those above a fixed threshold per score (STANDOUT), so a random model shows
+  none.
 """
 
 from __future__ import annotations
@@ -32,7 +42,8 @@ import torch
 
 from ..errors import UserError
 
-# A head stands out when its score reaches this (chosen so that a freshly initialised model has none).
+# A head stands out when its score reaches this (chosen so that a freshly initialised model has
+# none).
 STANDOUT = {
     "previous_token": 0.5,
     "induction": 0.3,
@@ -42,7 +53,8 @@ STANDOUT = {
 }
 
 
-# Targets ------------------------------------------------------------------------------------------------
+# Targets
+# ------------------------------------------------------------------------------------------------
 def previous_token_targets(T: int, device: torch.device | str | None = None) -> torch.Tensor:
     """(T, T) bool: query i targets key i − 1."""
     return torch.ones(T, T, dtype=torch.bool, device=device).tril(-1).triu(-1)
@@ -62,7 +74,8 @@ def duplicate_token_targets(tokens: torch.Tensor) -> torch.Tensor:
 
 
 def induction_targets(tokens: torch.Tensor) -> torch.Tensor:
-    """tokens (B, T) -> (B, T, T) bool: key j follows an earlier occurrence of query i's token (tokens[j−1] = tokens[i], j ≤ i)."""
+    """tokens (B, T) -> (B, T, T) bool: key j follows an earlier occurrence of query i's token
+    (tokens[j−1] = tokens[i], j ≤ i)."""
     B, T = tokens.shape
     targets = torch.zeros(B, T, T, dtype=torch.bool, device=tokens.device)
     # key j = (earlier occurrence at j − 1) + 1; j − 1 < i, so j ≤ i
@@ -75,11 +88,13 @@ def _strictly_earlier(tokens: torch.Tensor) -> torch.Tensor:
     return torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril(-1)
 
 
-# The one score --------------------------------------------------------------------------------------------
+# The one score
+# --------------------------------------------------------------------------------------------
 def attention_to(pattern: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean attention mass on the targets, over the queries that have at least one target.
 
-    pattern: [batch, head, query_pos, key_pos]; targets: bool [query_pos, key_pos] or [batch, query_pos, key_pos].
+    pattern: [batch, head, query_pos, key_pos]; targets: bool [query_pos, key_pos] or [batch,
+    query_pos, key_pos].
     Returns [head]. Reads `pattern` only.
     """
     if targets.dim() == 2:
@@ -94,7 +109,8 @@ def attention_to(pattern: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def pattern_scores(pattern: torch.Tensor, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The four attention scores of one layer's pattern [batch, head, T, T] on `tokens` (B, T): name -> [head]."""
+    """The four attention scores of one layer's pattern [batch, head, T, T] on `tokens` (B, T): name
+    -> [head]."""
     T = tokens.shape[-1]
     return {
         "previous_token": attention_to(pattern, previous_token_targets(T)),
@@ -104,10 +120,12 @@ def pattern_scores(pattern: torch.Tensor, tokens: torch.Tensor) -> dict[str, tor
     }
 
 
-# The model-level entry point -------------------------------------------------------------------------------
+# The model-level entry point
+# -------------------------------------------------------------------------------
 @dataclass
 class HeadScores:
-    """Scores of every head: name -> [n_layers, n_heads] tensor (NaN where a score does not apply)."""
+    """Scores of every head: name -> [n_layers, n_heads] tensor (NaN where a score does not
+    apply)."""
 
     scores: dict[str, torch.Tensor]
     notes: dict[str, str] = field(default_factory=dict)
@@ -115,12 +133,17 @@ class HeadScores:
     def standout(self, name: str) -> list[tuple[int, int, float]]:
         """(layer, head, score) of the heads at or above STANDOUT[name], best first."""
         s = self.scores[name]
-        found = [(int(l), int(h), float(s[l, h])) for l, h in (s >= STANDOUT[name]).nonzero().tolist()]
+        found = [
+            (int(l), int(h), float(s[l, h])) for l, h in (s >= STANDOUT[name]).nonzero().tolist()
+        ]
         return sorted(found, key=lambda x: -x[2])
 
     def to_dict(self) -> dict:
         return {
-            "scores": {k: [[None if v != v else round(v, 6) for v in row] for row in s.tolist()] for k, s in self.scores.items()},
+            "scores": {
+                k: [[None if v != v else round(v, 6) for v in row] for row in s.tolist()]
+                for k, s in self.scores.items()
+            },
             "standout": {k: [list(x) for x in self.standout(k)] for k in self.scores},
             "thresholds": STANDOUT,
             "notes": self.notes,
@@ -132,10 +155,14 @@ def repeated_random_tokens(
 ) -> torch.Tensor:
     """(batch, n_repeats · span) ids: a random span of tokens repeated n_repeats times (fixed seed).
 
-    span defaults to n_ctx // n_repeats, at most 64. Special tokens of the model's tokenizer are never drawn.
+    span defaults to n_ctx // n_repeats, at most 64. Special tokens of the model's tokenizer are
+    never drawn.
     """
     if n_repeats < 1 or batch < 1:
-        raise UserError(f"n_repeats ({n_repeats}) and batch ({batch}) must be at least 1; try the defaults, 4 and 4")
+        raise UserError(
+            f"n_repeats ({n_repeats}) and batch ({batch}) must be at least 1; try the defaults, 4 "
+            "and 4"
+        )
     cfg = model.config
     span = span or max(2, min(64, cfg.n_ctx // n_repeats))
     allowed = torch.arange(cfg.d_vocab)
@@ -148,14 +175,17 @@ def repeated_random_tokens(
             allowed = allowed[keep]
     generator = torch.Generator().manual_seed(seed)
     if len(allowed) >= span:  # distinct tokens within a span: the only repeats are the planted ones
-        picks = torch.stack([torch.randperm(len(allowed), generator=generator)[:span] for _ in range(batch)])
+        picks = torch.stack(
+            [torch.randperm(len(allowed), generator=generator)[:span] for _ in range(batch)]
+        )
     else:
         picks = torch.randint(len(allowed), (batch, span), generator=generator)
     return allowed[picks].repeat(1, n_repeats).to(model.device)
 
 
 def copying_scores(model) -> torch.Tensor | None:
-    """[n_layers, n_heads] Σλ/Σ|λ| of each head's OV circuit W_E W_V W_O W_U, or None without an unembedding."""
+    """[n_layers, n_heads] Σλ/Σ|λ| of each head's OV circuit W_E W_V W_O W_U, or None without an
+    unembedding."""
     if getattr(model, "unembed", None) is None:
         return None
     cfg = model.config
@@ -175,29 +205,38 @@ def copying_scores(model) -> torch.Tensor | None:
             W_O = attn.W_O.weight.double().T  # [H * D, d_model]
             for h in range(H):
                 kv = h // (H // Hkv)
-                W_V_h = W_V[:, kv * D:(kv + 1) * D]  # [d_model, D]
-                W_O_h = W_O[h * D:(h + 1) * D]  # [D, d_model]
+                W_V_h = W_V[:, kv * D : (kv + 1) * D]  # [d_model, D]
+                W_O_h = W_O[h * D : (h + 1) * D]  # [D, d_model]
                 eig = torch.linalg.eigvals(W_O_h @ U_E @ W_V_h)  # [D] complex
                 out[layer, h] = float(eig.sum().real / eig.abs().sum().clamp_min(1e-30))
     return out
 
 
-def head_scores(model, *, n_repeats: int = 4, span: int | None = None, batch: int = 4, seed: int = 0) -> HeadScores:
+def head_scores(
+    model, *, n_repeats: int = 4, span: int | None = None, batch: int = 4, seed: int = 0
+) -> HeadScores:
     """Every score of every head of `model` (any attnlab Transformer, built or loaded)."""
     tokens = repeated_random_tokens(model, n_repeats=n_repeats, span=span, batch=batch, seed=seed)
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            _, cache = model.run_with_cache(tokens, names_filter=lambda name: name.endswith("attn.hook_pattern"))
+            _, cache = model.run_with_cache(
+                tokens, names_filter=lambda name: name.endswith("attn.hook_pattern")
+            )
     finally:
         model.train(was_training)
-    per_layer = [pattern_scores(cache[f"blocks.{l}.attn.hook_pattern"], tokens.cpu()) for l in range(model.config.n_layers)]
+    per_layer = [
+        pattern_scores(cache[f"blocks.{l}.attn.hook_pattern"], tokens.cpu())
+        for l in range(model.config.n_layers)
+    ]
     scores = {name: torch.stack([p[name].cpu() for p in per_layer]) for name in per_layer[0]}
     copying = copying_scores(model)
     notes = {
-        "input": f"{batch} sequences of {tokens.shape[1] // n_repeats} random tokens repeated {n_repeats} times, seed {seed}",
-        "copying": "sum of eigenvalues / sum of their absolute values of W_E W_V W_O W_U (Elhage et al. 2021); "
+        "input": f"{batch} sequences of {tokens.shape[1] // n_repeats} random tokens repeated "
+        f"{n_repeats} times, seed {seed}",
+        "copying": "sum of eigenvalues / sum of their absolute values of W_E W_V W_O W_U (Elhage "
+        "et al. 2021); "
         "norm gains folded in, biases left out",
     }
     if copying is None:

@@ -3,16 +3,19 @@
 Design choices:
 - As in TransformerLens, a hook point is an identity module, and its name is its module path
   (`blocks.0.attn.hook_pattern`), so the names need no table and can never drift from the code.
-- Hooks are plain torch forward hooks on those modules: a hook function gets `(activation, hook)` and
+- Hooks are plain torch forward hooks on those modules: a hook function gets `(activation, hook)`
+  and
   returns None (read) or a tensor (replace). `hook.name` is the full name.
 - `HookedModule` gives any module `hooks(...)`, `run_with_hooks` and `run_with_cache`; with no hook
   attached, nothing but an identity call happens at each point.
 - An unknown name raises a UserError that suggests the nearest valid names.
-- A hook point made with `on_demand=True` (attention's `hook_result`) is computed only when hooked, so
-  `run_with_cache()` without a names_filter leaves it out, unless `model.set_use_attn_result(True)`
-  (TransformerLens's switch); naming it in names_filter always caches it.
-- The cache is attnlab.lens.cache.ActivationCache (TransformerLens's keys and residual-stream views). Its hooks
-  run after every hook the caller attached, so it holds what flows on, edits included.
+- A hook point made with `on_demand=True` (attention's `hook_result`) is computed only when hooked,
+  so `run_with_cache()` without a names_filter leaves it out, unless
+  `model.set_use_attn_result(True)` (TransformerLens's switch); naming it in names_filter always
+  caches it.
+- The cache is attnlab.lens.cache.ActivationCache (TransformerLens's keys and residual-stream
+  views). Its hooks run after every hook the caller attached, so it holds what flows on, edits
+  included.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ from typing import Any, Union
 import torch
 from torch import nn
 
-from .cache import ActivationCache
 from ..errors import UserError
+from .cache import ActivationCache
 
 HookFn = Callable[[torch.Tensor, "HookPoint"], Union[torch.Tensor, None]]
 NamesFilter = Union[None, str, Iterable[str], Callable[[str], bool]]
@@ -38,7 +41,8 @@ class HookPoint(nn.Module):
     def __init__(self, on_demand: bool = False) -> None:
         super().__init__()
         self.name: str = ""  # set by HookedModule.setup_hooks to the module path
-        self.on_demand = on_demand  # computed only when hooked: run_with_cache() leaves it out unless named
+        # computed only when hooked: run_with_cache() leaves it out unless named
+        self.on_demand = on_demand
 
     @property
     def has_hooks(self) -> bool:
@@ -68,13 +72,15 @@ def _matcher(names_filter: NamesFilter) -> Callable[[str], bool]:
 class HookedModule(nn.Module):
     """Base for models with hook points: names them and runs with hooks or a cache."""
 
-    use_attn_result = False  # TransformerLens's switch: cache every on-demand hook (hook_result) by default
+    # TransformerLens's switch: cache every on-demand hook (hook_result) by default
+    use_attn_result = False
 
     def set_use_attn_result(self, use_attn_result: bool) -> None:
         self.use_attn_result = use_attn_result
 
     def setup_hooks(self) -> None:
-        """Name every HookPoint by its module path; call at the end of the root module's __init__."""
+        """Name every HookPoint by its module path; call at the end of the root module's
+        __init__."""
         self.hook_dict: dict[str, HookPoint] = {}
         for name, module in self.named_modules():
             if isinstance(module, HookPoint):
@@ -100,7 +106,9 @@ class HookedModule(nn.Module):
                 self._resolve(name)
 
     @contextlib.contextmanager
-    def hooks(self, fwd_hooks: Iterable[tuple[str | Callable[[str], bool], HookFn]] = ()) -> Iterator["HookedModule"]:
+    def hooks(
+        self, fwd_hooks: Iterable[tuple[str | Callable[[str], bool], HookFn]] = ()
+    ) -> Iterator["HookedModule"]:
         """Attach `(name or name-predicate, fn)` hooks for the duration of a `with` block."""
         handles = []
         try:
@@ -115,15 +123,22 @@ class HookedModule(nn.Module):
             for handle in handles:
                 handle.remove()
 
-    def run_with_hooks(self, *args: Any, fwd_hooks: Iterable[tuple[str, HookFn]] = (), **kwargs: Any) -> Any:
+    def run_with_hooks(
+        self, *args: Any, fwd_hooks: Iterable[tuple[str, HookFn]] = (), **kwargs: Any
+    ) -> Any:
         """Run forward with hooks attached; they are removed afterwards, even on error."""
         with self.hooks(fwd_hooks):
             return self(*args, **kwargs)
 
     def run_with_cache(
-        self, *args: Any, names_filter: NamesFilter = None, fwd_hooks: Iterable[tuple[str, HookFn]] = (), **kwargs: Any
+        self,
+        *args: Any,
+        names_filter: NamesFilter = None,
+        fwd_hooks: Iterable[tuple[str, HookFn]] = (),
+        **kwargs: Any,
     ) -> tuple[Any, ActivationCache]:
-        """Run forward and return `(output, cache)`; the cache holds only the names that `names_filter` asks for."""
+        """Run forward and return `(output, cache)`; the cache holds only the names that
+        `names_filter` asks for."""
         self.check_names(names_filter)
         match = _matcher(names_filter)
         if names_filter is None and not self.use_attn_result:
@@ -134,7 +149,7 @@ class HookedModule(nn.Module):
             cache[hook.name] = tensor.detach()
 
         hooks = [(name, store) for name in self.hook_dict if match(name)]
-        # the caller's hooks first, so an activation one of them edits is cached as edited (what flows on),
-        # as TransformerLens caches it
+        # the caller's hooks first, so an activation one of them edits is cached as edited (what
+        # flows on), as TransformerLens caches it
         output = self.run_with_hooks(*args, fwd_hooks=[*fwd_hooks, *hooks], **kwargs)
         return output, ActivationCache(cache, self)

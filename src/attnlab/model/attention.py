@@ -1,26 +1,30 @@
 """Attention: the chapter's soft dictionary, implemented once, and the multi-head layer built on it.
 
 Design choices:
-- The equation  Attention(Q, K, V) = softmax(Q Kᵀ · scale + mask) V,  scale = 1/√d_k  lives in three small
-  functions (`attention_scores`, `apply_mask`, `attention_pattern`) that the explicit path and the hooked
-  multi-head layer both call. Every other path (torch's fused SDPA, the KV-cached decode, the chunked
-  path) is tested against them.
-- `chunked_attention` walks the keys in blocks with an online softmax (scores and masks from the same
-  functions, one block at a time), so memory grows linearly in T in the forward and backward passes.
+- The equation  Attention(Q, K, V) = softmax(Q Kᵀ · scale + mask) V,  scale = 1/√d_k  lives in three
+  small
+  functions (`attention_scores`, `apply_mask`, `attention_pattern`) that the explicit path and the
+  hooked multi-head layer both call. Every other path (torch's fused SDPA, the KV-cached decode, the
+  chunked path) is tested against them.
+- `chunked_attention` walks the keys in blocks with an online softmax (scores and masks from the
+  same functions, one block at a time), so memory grows linearly in T in the forward and backward
+  passes.
   It returns outputs only: patterns of long inputs come from one place, inspection.capture.
 - Boolean masks follow torch: True means "may attend". Additive masks are added to the scores.
 - `causal=True` with T queries and S ≥ T keys means the queries are the *last* T positions (cached
-  decoding): query i sees keys j ≤ i + (S − T). torch's `is_causal` aligns top-left instead, so it is only
-  used when T == S.
-- A sliding window W (Mistral; Beltagy et al. 2020) narrows the causal band: query i sees keys
-  i + (S − T) − W < j ≤ i + (S − T), itself and the W − 1 before it, as transformers counts it. It is part of
-  the causal mask (`causal_mask(..., window=W)`), so every path (explicit, fused, chunked, cached) gets it
-  from the same place; the fused kernel then takes an explicit mask instead of `is_causal`.
+  decoding): query i sees keys j ≤ i + (S − T). torch's `is_causal` aligns top-left instead, so it
+  is only used when T == S.
+- A sliding window W (Mistral; Beltagy et al. 2020) narrows the causal band: query i sees keys i +
+  (S − T) − W < j ≤ i + (S − T), itself and the W − 1 before it, as transformers counts it. It is
+  part of the causal mask (`causal_mask(..., window=W)`), so every path (explicit, fused, chunked,
+  cached) gets it from the same place; the fused kernel then takes an explicit mask instead of
+  `is_causal`.
 - A fully masked row (e.g. a padding query) gives zeros, never NaN.
-- The multi-head layer takes the fused path unless someone hooks the scores or the pattern, which are the
-  only activations the fused kernel never materialises; hooks elsewhere keep it fused.
-- `hook_result` (each head's output z_h W_O^h, [batch, pos, head, d_model]) is computed only when hooked,
-  as TransformerLens's `use_attn_result`: H times the memory of attn_out, so the plain path never makes it.
+- The multi-head layer takes the fused path unless someone hooks the scores or the pattern, which
+  are the only activations the fused kernel never materialises; hooks elsewhere keep it fused.
+- `hook_result` (each head's output z_h W_O^h, [batch, pos, head, d_model]) is computed only when
+  hooked, as TransformerLens's `use_attn_result`: H times the memory of attn_out, so the plain path
+  never makes it.
 """
 
 from __future__ import annotations
@@ -29,37 +33,54 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ModelConfig
 from ..lens.hooks import HookPoint
+from .config import ModelConfig
 from .layers import Linear, RMSNorm  # qk-norm is the one norm attention owns
 from .positions import apply_rope
 
 
-def causal_mask(T: int, S: int, device: torch.device | str | None = None, diagonal: int | None = None,
-                window: int | None = None) -> torch.Tensor:
-    """Boolean (T, S) mask, True where query i (the (S−T+i)-th position) may see key j: j ≤ i + S − T, and with
-    a sliding `window` W also j > i + S − T − W (the query and the W − 1 keys before it).
+def causal_mask(
+    T: int,
+    S: int,
+    device: torch.device | str | None = None,
+    diagonal: int | None = None,
+    window: int | None = None,
+) -> torch.Tensor:
+    """Boolean (T, S) mask, True where query i (the (S−T+i)-th position) may see key j: j ≤ i + S −
+    T, and with a sliding `window` W also j > i + S − T − W (the query and the W − 1 keys before
+    it).
 
-    `diagonal` replaces S − T when the (T, S) block sits inside a larger matrix (the chunked path)."""
+    `diagonal` replaces S − T when the (T, S) block sits inside a larger matrix (the chunked
+    path)."""
     diagonal = S - T if diagonal is None else diagonal
     allowed = torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=diagonal)
     return allowed if window is None else allowed.triu(diagonal=diagonal - window + 1)
 
 
 def attention_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
-    """scores = Q Kᵀ · scale: how well each query matches each key. (..., T, d_k) x (..., S, d_k) -> (..., T, S)."""
+    """scores = Q Kᵀ · scale: how well each query matches each key. (..., T, d_k) x (..., S, d_k) ->
+    (..., T, S)."""
     return torch.matmul(q, k.transpose(-2, -1)) * scale
 
 
-def apply_mask(scores: torch.Tensor, *, causal: bool = False, mask: torch.Tensor | None = None,
-               diagonal: int | None = None, window: int | None = None) -> torch.Tensor:
-    """Set forbidden scores to −∞ (causal: above the shifted diagonal, and below the band of a sliding `window`;
+def apply_mask(
+    scores: torch.Tensor,
+    *,
+    causal: bool = False,
+    mask: torch.Tensor | None = None,
+    diagonal: int | None = None,
+    window: int | None = None,
+) -> torch.Tensor:
+    """Set forbidden scores to −∞ (causal: above the shifted diagonal, and below the band of a
+    sliding `window`;
     boolean mask: where False), or add an additive mask.
 
     `diagonal`: for a block of a larger score matrix, its causal diagonal (see causal_mask)."""
     T, S = scores.shape[-2:]
     if causal:
-        scores = scores.masked_fill(~causal_mask(T, S, scores.device, diagonal, window), float("-inf"))
+        scores = scores.masked_fill(
+            ~causal_mask(T, S, scores.device, diagonal, window), float("-inf")
+        )
     if mask is not None:
         if mask.dtype == torch.bool:
             scores = scores.masked_fill(~mask, float("-inf"))
@@ -69,34 +90,48 @@ def apply_mask(scores: torch.Tensor, *, causal: bool = False, mask: torch.Tensor
 
 
 def attention_pattern(masked_scores: torch.Tensor) -> torch.Tensor:
-    """weights = softmax over keys; each row sums to 1, and a row with every key masked is all zeros."""
+    """weights = softmax over keys; each row sums to 1, and a row with every key masked is all
+    zeros."""
     all_masked = torch.isneginf(masked_scores).all(dim=-1, keepdim=True)
-    # softmax of an all −∞ row is 0/0 = NaN, in the forward pass and in its gradient (which masked_fill
-    # afterwards does not stop for additive masks): give such rows finite scores before the softmax.
+    # softmax of an all −∞ row is 0/0 = NaN, in the forward pass and in its gradient (which
+    # masked_fill afterwards does not stop for additive masks): give such rows finite scores before
+    # the softmax.
     pattern = torch.softmax(masked_scores.masked_fill(all_masked, 0.0), dim=-1)
     return pattern.masked_fill(all_masked, 0.0)
 
 
 def expand_kv(q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
-    """Grouped-query attention: repeat each key/value head for the query heads that share it (dim −3)."""
+    """Grouped-query attention: repeat each key/value head for the query heads that share it (dim
+    −3)."""
     if q.dim() >= 3 and kv.dim() >= 3 and kv.shape[-3] != q.shape[-3]:
         if q.shape[-3] % kv.shape[-3]:
-            raise ValueError(f"query heads ({q.shape[-3]}) must be a multiple of key/value heads ({kv.shape[-3]})")
+            raise ValueError(
+                f"query heads ({q.shape[-3]}) must be a multiple of key/value heads "
+                f"({kv.shape[-3]})"
+            )
         return kv.repeat_interleave(q.shape[-3] // kv.shape[-3], dim=-3)
     return kv
 
 
-
-
 def _fused_mask(
-    T: int, S: int, causal: bool, mask: torch.Tensor | None, device: torch.device, window: int | None = None
+    T: int,
+    S: int,
+    causal: bool,
+    mask: torch.Tensor | None,
+    device: torch.device,
+    window: int | None = None,
 ) -> tuple[torch.Tensor | None, bool]:
-    """The attn_mask / is_causal pair for torch's SDPA that means the same as (causal, mask, window) here."""
+    """The attn_mask / is_causal pair for torch's SDPA that means the same as (causal, mask, window)
+    here."""
     if causal and window is not None and window < S:  # the band hides keys: is_causal cannot say so
         allowed = causal_mask(T, S, device, window=window)
         if mask is None:
             return allowed, False
-        return (mask & allowed if mask.dtype == torch.bool else mask.masked_fill(~allowed, float("-inf"))), False
+        return (
+            mask & allowed
+            if mask.dtype == torch.bool
+            else mask.masked_fill(~allowed, float("-inf"))
+        ), False
     if mask is None:
         if not causal or T == 1:  # a single (last) query sees every key
             return None, False
@@ -112,10 +147,14 @@ def _fused_mask(
 
 
 def _checked_scale(q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float | None) -> float:
-    """The scale to use (default 1/√d_k), after checking that causal attention has at least as many keys as queries."""
+    """The scale to use (default 1/√d_k), after checking that causal attention has at least as many
+    keys as queries."""
     T, S = q.shape[-2], k.shape[-2]
     if causal and T > S:
-        raise ValueError(f"causal attention needs at least as many keys as queries, got T={T} queries, S={S} keys")
+        raise ValueError(
+            f"causal attention needs at least as many keys as queries, got T={T} queries, S={S} "
+            "keys"
+        )
     return q.shape[-1] ** -0.5 if scale is None else scale
 
 
@@ -134,43 +173,68 @@ def scaled_dot_product_attention(
     """softmax(Q Kᵀ · scale + mask) V for q (..., T, d_k), k (..., S, d_k), v (..., S, d_v).
 
     Returns the output (..., T, d_v), or `(output, weights)` with weights (..., T, S) when
-    `return_weights`. Without weights it runs torch's fused kernel; with them, the explicit equation.
-    Key/value tensors with fewer heads (dim −3) than q are shared across query heads (grouped-query).
+    `return_weights`. Without weights it runs torch's fused kernel; with them, the explicit
+    equation. Key/value tensors with fewer heads (dim −3) than q are shared across query heads
+    (grouped-query).
     `window` (with causal): each query sees itself and the window − 1 keys before it.
     """
     scale = _checked_scale(q, k, causal, scale)
     T, S = q.shape[-2], k.shape[-2]
     if T == 1 and not return_weights and dropout_p == 0 and torch.compiler.is_compiling():
-        # one query (a decode step) in a compiled graph: the explicit equation, which inductor fuses into a
-        # few loops, instead of the fused kernel's per-call setup (benchmarks/README.md, "Generation speed")
-        return scaled_dot_product_attention(q, k, v, causal=causal, mask=mask, scale=scale, return_weights=True,
-                                            window=window)[0]
+        # one query (a decode step) in a compiled graph: the explicit equation, which inductor fuses
+        # into a few loops, instead of the fused kernel's per-call setup (benchmarks/README.md,
+        # "Generation speed")
+        return scaled_dot_product_attention(
+            q, k, v, causal=causal, mask=mask, scale=scale, return_weights=True, window=window
+        )[0]
     if not return_weights:
         attn_mask, is_causal = _fused_mask(T, S, causal, mask, q.device, window)
         gqa = q.dim() >= 3 and k.shape[-3] != q.shape[-3]
         out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=gqa
+            q,
+            k,
+            v,
+            attn_mask=attn_mask,
+            dropout_p=dropout_p,
+            is_causal=is_causal,
+            scale=scale,
+            enable_gqa=gqa,
         )
-        if mask is not None:  # rows with no visible key: zeros, whatever the kernel did (a window alone leaves none)
-            visible = (attn_mask if attn_mask.dtype == torch.bool else ~torch.isneginf(attn_mask)).any(-1, keepdim=True)
+        # rows with no visible key: zeros, whatever the kernel did (a window alone leaves none)
+        if mask is not None:
+            visible = (
+                attn_mask if attn_mask.dtype == torch.bool else ~torch.isneginf(attn_mask)
+            ).any(-1, keepdim=True)
             out = out.masked_fill(~visible, 0.0)
         return out
     k, v = expand_kv(q, k), expand_kv(q, v)
-    weights = attention_pattern(apply_mask(attention_scores(q, k, scale), causal=causal, mask=mask, window=window))
+    weights = attention_pattern(
+        apply_mask(attention_scores(q, k, scale), causal=causal, mask=mask, window=window)
+    )
     dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
     return torch.matmul(dropped, v), weights
 
 
 def _key_blocks(T: int, S: int, block_size: int, causal: bool):
-    """(s0, s1, i0) per block of keys s0..s1: under causal masking queries before i0 see none of it, so
-    they are skipped (about half the work when T == S)."""
+    """(s0, s1, i0) per block of keys s0..s1: under causal masking queries before i0 see none of it,
+    so they are skipped (about half the work when T == S)."""
     for s0 in range(0, S, block_size):
         yield s0, min(s0 + block_size, S), max(0, s0 - (S - T)) if causal else 0
 
 
-def _block_scores(q: torch.Tensor, k: torch.Tensor, causal: bool, mask: torch.Tensor | None, scale: float,
-                  s0: int, s1: int, i0: int, window: int | None = None) -> torch.Tensor:
-    """Masked scores of queries i0.. against keys s0..s1: the explicit path's equation on one block."""
+def _block_scores(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    causal: bool,
+    mask: torch.Tensor | None,
+    scale: float,
+    s0: int,
+    s1: int,
+    i0: int,
+    window: int | None = None,
+) -> torch.Tensor:
+    """Masked scores of queries i0.. against keys s0..s1: the explicit path's equation on one
+    block."""
     T, S = q.shape[-2], k.shape[-2]
     if mask is not None:  # mask broadcasts to (..., T, S): slice the axes it really has
         mask = mask[..., s0:s1] if mask.shape[-1] == S else mask
@@ -182,15 +246,18 @@ def _block_scores(q: torch.Tensor, k: torch.Tensor, causal: bool, mask: torch.Te
 class _ChunkedAttention(torch.autograd.Function):
     """Online softmax over key blocks (Milakov & Gimelshein 2018; FlashAttention, Dao et al. 2022).
 
-    Forward keeps, per query, the running max m of its scores, the running sum l of exp(score − m) and
-    the running Σ exp(score − m)·v; a new block rescales them by exp(m_old − m_new). The backward pass
-    recomputes each block's pattern p = exp(score − logsumexp) instead of storing it:
-    dV = pᵀ dO,  dS = p ⊙ (dO Vᵀ − rowsum(dO ⊙ O)),  dQ = dS K · scale,  dK = dSᵀ Q · scale.
-    So memory is O(T · block) per head in both directions, never O(T · S). Additive masks get no gradient.
+    Forward keeps, per query, the running max m of its scores, the running sum l of exp(score − m)
+    and the running Σ exp(score − m)·v; a new block rescales them by exp(m_old − m_new). The
+    backward pass recomputes each block's pattern p = exp(score − logsumexp) instead of storing it:
+    dV = pᵀ dO,  dS = p ⊙ (dO Vᵀ − rowsum(dO ⊙ O)),  dQ = dS K · scale,  dK = dSᵀ Q · scale. So
+    memory is O(T · block) per head in both directions, never O(T · S). Additive masks get no
+    gradient.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, mask, causal: bool, scale: float, block_size: int, window: int | None):
+    def forward(
+        ctx, q, k, v, mask, causal: bool, scale: float, block_size: int, window: int | None
+    ):
         T, S = q.shape[-2], k.shape[-2]
         batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
         acc = q.new_zeros(*batch, T, v.shape[-1])  # Σ exp(score − m) · v
@@ -199,7 +266,8 @@ class _ChunkedAttention(torch.autograd.Function):
         for s0, s1, i0 in _key_blocks(T, S, block_size, causal):
             scores = _block_scores(q, k, causal, mask, scale, s0, s1, i0, window)
             m_new = torch.maximum(m[..., i0:, :], scores.amax(-1, keepdim=True))
-            m_safe = m_new.masked_fill(torch.isneginf(m_new), 0.0)  # rows with no visible key so far
+            # rows with no visible key so far
+            m_safe = m_new.masked_fill(torch.isneginf(m_new), 0.0)
             p = torch.exp(scores - m_safe)
             rescale = torch.exp(m[..., i0:, :] - m_safe)
             l[..., i0:, :] = l[..., i0:, :] * rescale + p.sum(-1, keepdim=True)
@@ -207,7 +275,8 @@ class _ChunkedAttention(torch.autograd.Function):
             m[..., i0:, :] = m_new
         visible = l > 0  # a row that saw no key gives zeros, as the explicit path does
         out = torch.where(visible, acc / l.clamp_min(torch.finfo(l.dtype).tiny), 0.0)
-        lse = torch.where(visible, m + torch.log(l), float("-inf"))  # log Σ_j exp(score_j)  [..., T, 1]
+        # log Σ_j exp(score_j)  [..., T, 1]
+        lse = torch.where(visible, m + torch.log(l), float("-inf"))
         ctx.save_for_backward(q, k, v, mask, out, lse)
         ctx.causal, ctx.scale, ctx.block_size, ctx.window = causal, scale, block_size, window
         ctx.mark_non_differentiable(lse)
@@ -222,14 +291,28 @@ class _ChunkedAttention(torch.autograd.Function):
         d_q = torch.zeros_like(out[..., :1]).expand(*out.shape[:-1], q.shape[-1]).clone()
         d_k, d_v = [], []
         for s0, s1, i0 in _key_blocks(T, S, ctx.block_size, ctx.causal):
-            p = torch.exp(_block_scores(q, k, ctx.causal, mask, ctx.scale, s0, s1, i0, ctx.window) - lse[..., i0:, :])
+            p = torch.exp(
+                _block_scores(q, k, ctx.causal, mask, ctx.scale, s0, s1, i0, ctx.window)
+                - lse[..., i0:, :]
+            )
             d_o = d_out[..., i0:, :]
             d_v.append(torch.matmul(p.transpose(-2, -1), d_o))
-            d_scores = p * (torch.matmul(d_o, v[..., s0:s1, :].transpose(-2, -1)) - delta[..., i0:, :])
+            d_scores = p * (
+                torch.matmul(d_o, v[..., s0:s1, :].transpose(-2, -1)) - delta[..., i0:, :]
+            )
             d_q[..., i0:, :] += torch.matmul(d_scores, k[..., s0:s1, :]) * ctx.scale
             d_k.append(torch.matmul(d_scores.transpose(-2, -1), q[..., i0:, :]) * ctx.scale)
         d_k, d_v = torch.cat(d_k, dim=-2), torch.cat(d_v, dim=-2)
-        return d_q.sum_to_size(q.shape), d_k.sum_to_size(k.shape), d_v.sum_to_size(v.shape), None, None, None, None, None
+        return (
+            d_q.sum_to_size(q.shape),
+            d_k.sum_to_size(k.shape),
+            d_v.sum_to_size(v.shape),
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 def chunked_attention(
@@ -244,7 +327,8 @@ def chunked_attention(
     window: int | None = None,
 ) -> torch.Tensor:
     """softmax(Q Kᵀ · scale + mask) V one block of `block_size` keys at a time (same arguments as
-    scaled_dot_product_attention): the T × S scores never exist at once, in the forward or backward pass.
+    scaled_dot_product_attention): the T × S scores never exist at once, in the forward or backward
+    pass.
 
     It returns the output only: the one memory-light way to look at patterns is
     attnlab.inspection.capture.capture_patterns (chosen heads, a chunk of query rows at a time).
@@ -278,12 +362,17 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(D, config.norm_eps) if config.qk_norm else None
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
         self.hook_rot_q, self.hook_rot_k = HookPoint(), HookPoint()
-        self.hook_attn_scores, self.hook_pattern, self.hook_z = HookPoint(), HookPoint(), HookPoint()
+        self.hook_attn_scores, self.hook_pattern, self.hook_z = (
+            HookPoint(),
+            HookPoint(),
+            HookPoint(),
+        )
         self.hook_result = HookPoint(on_demand=True)
 
     @property
     def needs_pattern(self) -> bool:
-        """True when a hook wants the scores or the pattern, which only the explicit path computes."""
+        """True when a hook wants the scores or the pattern, which only the explicit path
+        computes."""
         return self.hook_attn_scores.has_hooks or self.hook_pattern.has_hooks
 
     def forward(
@@ -310,20 +399,35 @@ class Attention(nn.Module):
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer, start_pos, k, v)  # [B, Hkv, S, D], S = start_pos + T
         dropout_p = cfg.dropout if self.training else 0.0
-        # A cache that hands back its whole buffer (the compiled decode step's) puts the query at its slot rather
+        # A cache that hands back its whole buffer (the compiled decode step's) puts the query at
+        # its slot rather
         # than last: its caller's key mask holds the window instead.
         window = None if kv_cache is not None and kv_cache.whole_buffer else cfg.sliding_window
         if self.needs_pattern:
             scores = self.hook_attn_scores(
-                apply_mask(attention_scores(q, expand_kv(q, k), cfg.scale), causal=cfg.causal, mask=mask, window=window)
+                apply_mask(
+                    attention_scores(q, expand_kv(q, k), cfg.scale),
+                    causal=cfg.causal,
+                    mask=mask,
+                    window=window,
+                )
             )
             pattern = self.hook_pattern(attention_pattern(scores))
             z = torch.matmul(F.dropout(pattern, dropout_p, self.training), expand_kv(q, v))
         else:
-            z = scaled_dot_product_attention(q, k, v, causal=cfg.causal, mask=mask, scale=cfg.scale, dropout_p=dropout_p,
-                                             window=window)
+            z = scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                causal=cfg.causal,
+                mask=mask,
+                scale=cfg.scale,
+                dropout_p=dropout_p,
+                window=window,
+            )
         z = self.hook_z(z.transpose(1, 2))  # [B, T, H, D]
-        if self.hook_result.has_hooks:  # each head's share of attn_out: attn_out = Σ_h result_h + b_O
+        # each head's share of attn_out: attn_out = Σ_h result_h + b_O
+        if self.hook_result.has_hooks:
             W_O = self.W_O.weight.to(z.dtype).view(-1, H, D)  # [d_model, H, D]
             out = self.hook_result(torch.einsum("bthd,mhd->bthm", z, W_O)).sum(2)  # [B, T, d_model]
             return out if self.W_O.bias is None else out + self.W_O.bias

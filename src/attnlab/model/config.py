@@ -1,12 +1,12 @@
 """The model's one config dataclass and its named presets.
 
 Design choices:
-- Frozen and validated in `__post_init__`: a bad config fails at construction with a message that names
-  the values and a fix, never later inside a matmul.
-- Names are TransformerLens's (d_model, n_heads, d_head, n_layers, n_ctx, d_vocab); the training command
-  maps nanoGPT's flag names onto them (see attnlab.training.config).
-- Every architecture attnlab loads (GPT-2, GPT-NeoX/Pythia, LLaMA, Qwen2/3, Mistral, BERT) is a setting of these fields, so one
-  model class reads all of them.
+- Frozen and validated in `__post_init__`: a bad config fails at construction with a message that
+  names the values and a fix, never later inside a matmul.
+- Names are TransformerLens's (d_model, n_heads, d_head, n_layers, n_ctx, d_vocab); the training
+  command maps nanoGPT's flag names onto them (see attnlab.training.config).
+- Every architecture attnlab loads (GPT-2, GPT-NeoX/Pythia, LLaMA, Qwen2/3, Mistral, BERT) is a
+  setting of these fields, so one model class reads all of them.
 - The config is saved as JSON in every checkpoint (`to_dict` / `from_dict`).
 """
 
@@ -32,10 +32,10 @@ MLPS = ("gelu", "gelu_tanh", "relu", "relu2", "swiglu")
 
 @functools.cache  # the annotations of a class do not change; every ModelConfig asks
 def field_types(cls: type) -> dict[str, tuple[Any, bool]]:
-    """Each field of the dataclass `cls`: (its type, whether it admits None), from the evaluated annotations
-    (typing.get_type_hints), not their text: `int | None` -> (int, True), `str` -> (str, False),
-    `dict[str, Any]` -> (dict, False). ModelConfig checks its values by it, and the training config
-    generates its flags and checks its config files by it."""
+    """Each field of the dataclass `cls`: (its type, whether it admits None), from the evaluated
+    annotations (typing.get_type_hints), not their text: `int | None` -> (int, True), `str` -> (str,
+    False), `dict[str, Any]` -> (dict, False). ModelConfig checks its values by it, and the training
+    config generates its flags and checks its config files by it."""
     hints = typing.get_type_hints(cls)
     found = {}
     for f in dataclasses.fields(cls):
@@ -44,49 +44,69 @@ def field_types(cls: type) -> dict[str, tuple[Any, bool]]:
         hint = hints[f.name]
         union = typing.get_origin(hint) in (typing.Union, types.UnionType)
         kinds = [t for t in typing.get_args(hint) if t is not type(None)] if union else [hint]
-        found[f.name] = (typing.get_origin(kinds[0]) or kinds[0], union and type(None) in typing.get_args(hint))
+        found[f.name] = (
+            typing.get_origin(kinds[0]) or kinds[0],
+            union and type(None) in typing.get_args(hint),
+        )
     return found
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     d_vocab: int = 256  # vocabulary size: rows of the embedding, columns of the LM head
-    n_ctx: int = 256  # longest sequence the model is built for (size of learned position table, KV cache)
+    # longest sequence the model is built for (size of learned position table, KV cache)
+    n_ctx: int = 256
     d_model: int = 128  # width of the residual stream
     n_layers: int = 4  # number of blocks
     n_heads: int = 4  # query heads per attention layer
-    n_kv_heads: int | None = None  # key/value heads: n_heads = multi-head, 1 = multi-query, else grouped-query
-    d_head: int | None = None  # size of one head's q, k and v (d_k = d_v); default d_model // n_heads
-    d_mlp: int | None = None  # hidden width of the MLP; default 4 * d_model ("expands ~4x and back")
+    # key/value heads: n_heads = multi-head, 1 = multi-query, else grouped-query
+    n_kv_heads: int | None = None
+    # size of one head's q, k and v (d_k = d_v); default d_model // n_heads
+    d_head: int | None = None
+    # hidden width of the MLP; default 4 * d_model ("expands ~4x and back")
+    d_mlp: int | None = None
     causal: bool = True  # decoder (causal mask, LM head) or encoder (bidirectional, BERT-style)
     positional: str = "learned"  # learned | sinusoidal | rope | none
     rope_theta: float = 10000.0  # RoPE base: angle of pair i is pos * theta^(-2i/rotary_dim)
     rotary_fraction: float = 1.0  # fraction of each head's dims that RoPE rotates (partial rotary)
-    rope_scaling: str = "none"  # none | linear (every angle / factor) | llama3 (Llama 3.1: long wavelengths / factor)
-    rope_scaling_factor: float = 1.0  # how much longer than pretraining the context is meant to get (linear, llama3)
-    rope_low_freq_factor: float = 1.0  # llama3: wavelengths above rope_original_n_ctx / this are divided by the factor
-    rope_high_freq_factor: float = 4.0  # llama3: wavelengths below rope_original_n_ctx / this stay; between, a blend
+    # none | linear (every angle / factor) | llama3 (Llama 3.1: long wavelengths / factor)
+    rope_scaling: str = "none"
+    # how much longer than pretraining the context is meant to get (linear, llama3)
+    rope_scaling_factor: float = 1.0
+    # llama3: wavelengths above rope_original_n_ctx / this are divided by the factor
+    rope_low_freq_factor: float = 1.0
+    # llama3: wavelengths below rope_original_n_ctx / this stay; between, a blend
+    rope_high_freq_factor: float = 4.0
     rope_original_n_ctx: int | None = None  # llama3: the context of pretraining; default n_ctx
     norm: str = "layernorm"  # layernorm | rmsnorm
     norm_eps: float = 1e-5
     norm_placement: str = "pre"  # pre (GPT-2, LLaMA) or post (original Transformer, BERT)
-    parallel_residual: bool = False  # attention and MLP both read resid_pre and add to it (GPT-J, GPT-NeoX/Pythia)
+    # attention and MLP both read resid_pre and add to it (GPT-J, GPT-NeoX/Pythia)
+    parallel_residual: bool = False
     final_norm: bool = True  # a norm after the last block (pre-norm models need it; BERT has none)
     embed_norm: bool = False  # a norm right after the embeddings (BERT's embeddings.LayerNorm)
-    mlp: str = "gelu"  # gelu (exact erf) | gelu_tanh (GPT-2's gelu_new) | relu | relu2 (ReLU², Primer) | swiglu (LLaMA)
+    # gelu (exact erf) | gelu_tanh (GPT-2's gelu_new) | relu | relu2 (ReLU², Primer) | swiglu
+    # (LLaMA)
+    mlp: str = "gelu"
     attn_only: bool = False  # no MLPs at all: attention-only models for circuit studies
     bias: bool = True  # biases in the linear layers and LayerNorms (nanoGPT's --bias)
-    qkv_bias: bool | None = None  # biases on W_Q, W_K, W_V only; default: same as `bias` (Qwen2: True alone)
-    sliding_window: int | None = None  # causal only: each query sees itself and the W − 1 keys before it (Mistral)
+    # biases on W_Q, W_K, W_V only; default: same as `bias` (Qwen2: True alone)
+    qkv_bias: bool | None = None
+    # causal only: each query sees itself and the W − 1 keys before it (Mistral)
+    sliding_window: int | None = None
     qk_norm: bool = False  # RMSNorm on each head's q and k before the scores (Qwen3, OLMo-2)
     tie_embeddings: bool = True  # LM head shares its weight with the token embedding
-    logit_softcap: float | None = None  # logits = c·tanh(logits / c) (Gemma 2, modded-nanogpt); None = no cap
-    zero_init_projections: bool = False  # W_O and W_out start at zero, so every block starts as the identity
+    # logits = c·tanh(logits / c) (Gemma 2, modded-nanogpt); None = no cap
+    logit_softcap: float | None = None
+    # W_O and W_out start at zero, so every block starts as the identity
+    zero_init_projections: bool = False
     n_token_types: int = 0  # token-type (segment) embeddings: BERT uses 2; 0 = none
     dropout: float = 0.0  # on embeddings, attention weights and residual branches while training
-    attn_scale: float | None = None  # multiplier of q.k; default 1/sqrt(d_head), the chapter's 1/sqrt(d_k)
+    # multiplier of q.k; default 1/sqrt(d_head), the chapter's 1/sqrt(d_k)
+    attn_scale: float | None = None
     init_std: float = 0.02  # std of the normal init of weights (GPT-2)
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)  # format-specific notes (e.g. HF ids)
+    # format-specific notes (e.g. HF ids)
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         positive = ("d_vocab", "n_ctx", "d_model", "n_layers", "n_heads", "d_head", "d_mlp")
@@ -106,8 +126,13 @@ class ModelConfig:
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}); "
                 f"try n_heads={' or '.join(map(str, sorted(near)))}"
             )
-        if self.n_kv_heads is not None and (not isinstance(self.n_kv_heads, int) or isinstance(self.n_kv_heads, bool)):
-            raise UserError(f"n_kv_heads must be a positive integer (or None for n_heads), got {self.n_kv_heads!r}")
+        if self.n_kv_heads is not None and (
+            not isinstance(self.n_kv_heads, int) or isinstance(self.n_kv_heads, bool)
+        ):
+            raise UserError(
+                "n_kv_heads must be a positive integer (or None for n_heads), got "
+                f"{self.n_kv_heads!r}"
+            )
         if self.n_kv_heads is not None and (self.n_kv_heads <= 0 or self.n_heads % self.n_kv_heads):
             raise UserError(
                 f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads}); "
@@ -121,52 +146,94 @@ class ModelConfig:
             ("mlp", MLPS),
         ):
             if getattr(self, name) not in allowed:
-                raise UserError(f"{name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
+                raise UserError(
+                    f"{name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}"
+                )
         if not 0.0 <= self.dropout < 1.0:
             raise UserError(f"dropout must be in [0, 1), got {self.dropout}")
         if not 0.0 < self.rotary_fraction <= 1.0:
             raise UserError(f"rotary_fraction must be in (0, 1], got {self.rotary_fraction}")
         if self.positional == "rope" and self.rotary_dim % 2:
             raise UserError(
-                f"RoPE rotates pairs of dimensions, but rotary_fraction ({self.rotary_fraction}) x d_head "
-                f"({self.d_head}) = {self.rotary_dim} is odd; choose a fraction that gives an even number"
+                f"RoPE rotates pairs of dimensions, but rotary_fraction ({self.rotary_fraction}) "
+                "x d_head "
+                f"({self.d_head}) = {self.rotary_dim} is odd; choose a fraction that gives an "
+                "even number"
             )
         if self.rope_scaling not in ROPE_SCALINGS:
-            raise UserError(f"rope_scaling must be one of {', '.join(ROPE_SCALINGS)}; got {self.rope_scaling!r}")
+            raise UserError(
+                f"rope_scaling must be one of {', '.join(ROPE_SCALINGS)}; got {self.rope_scaling!r}"
+            )
         if self.rope_scaling != "none" and self.positional != "rope":
-            raise UserError(f"rope_scaling={self.rope_scaling!r} scales RoPE's angles, but positional={self.positional!r}; "
-                            "use positional='rope' or rope_scaling='none'")
+            raise UserError(
+                f"rope_scaling={self.rope_scaling!r} scales RoPE's angles, but "
+                f"positional={self.positional!r}; "
+                "use positional='rope' or rope_scaling='none'"
+            )
         if not self.rope_scaling_factor > 0:
             raise UserError(f"rope_scaling_factor must be > 0, got {self.rope_scaling_factor}")
         if not 0 < self.rope_low_freq_factor < self.rope_high_freq_factor:
-            raise UserError(f"llama3 RoPE scaling needs 0 < rope_low_freq_factor ({self.rope_low_freq_factor}) < "
-                            f"rope_high_freq_factor ({self.rope_high_freq_factor})")
-        if self.rope_original_n_ctx is not None and (not isinstance(self.rope_original_n_ctx, int)
-                                                     or self.rope_original_n_ctx <= 0):
-            raise UserError(f"rope_original_n_ctx must be a positive integer (or None for n_ctx), got {self.rope_original_n_ctx!r}")
+            raise UserError(
+                "llama3 RoPE scaling needs 0 < rope_low_freq_factor "
+                f"({self.rope_low_freq_factor}) < "
+                f"rope_high_freq_factor ({self.rope_high_freq_factor})"
+            )
+        if self.rope_original_n_ctx is not None and (
+            not isinstance(self.rope_original_n_ctx, int) or self.rope_original_n_ctx <= 0
+        ):
+            raise UserError(
+                "rope_original_n_ctx must be a positive integer (or None for n_ctx), got "
+                f"{self.rope_original_n_ctx!r}"
+            )
         if self.positional == "sinusoidal" and self.d_model % 2:
             raise UserError(f"sinusoidal positions need an even d_model, got {self.d_model}")
-        if self.sliding_window is not None and (not isinstance(self.sliding_window, int) or isinstance(self.sliding_window, bool)
-                                                or self.sliding_window <= 0 or not self.causal):
-            raise UserError(f"sliding_window must be a positive integer on a causal model (or None: every earlier key); "
-                            f"got {self.sliding_window!r} with causal={self.causal}")
+        if self.sliding_window is not None and (
+            not isinstance(self.sliding_window, int)
+            or isinstance(self.sliding_window, bool)
+            or self.sliding_window <= 0
+            or not self.causal
+        ):
+            raise UserError(
+                "sliding_window must be a positive integer on a causal model (or None: every "
+                "earlier key); "
+                f"got {self.sliding_window!r} with causal={self.causal}"
+            )
         if self.parallel_residual and (self.norm_placement != "pre" or self.attn_only):
             raise UserError(
-                "parallel_residual needs pre-norm blocks with an MLP (attention and MLP both read resid_pre); "
+                "parallel_residual needs pre-norm blocks with an MLP (attention and MLP both read "
+                "resid_pre); "
                 f"got norm_placement={self.norm_placement!r}, attn_only={self.attn_only}"
             )
         if self.logit_softcap is not None and not self.logit_softcap > 0:
-            raise UserError(f"logit_softcap must be a positive number (or None for no cap), got {self.logit_softcap}")
+            raise UserError(
+                "logit_softcap must be a positive number (or None for no cap), got "
+                f"{self.logit_softcap}"
+            )
         if self.n_token_types < 0:
             raise UserError(f"n_token_types must be >= 0, got {self.n_token_types}")
 
     def _check_types(self) -> None:
-        """Each field holds what its annotation says (an integer, a finite number, true/false, a string, or
-        None where allowed): a config read from a file is untrusted, and a string where a number goes must
-        fail here, with the field's name, not inside torch while the model is built."""
-        described = {bool: "true or false", int: "an integer", float: "a finite number", str: "a string"}
-        checked = {"d_vocab", "n_ctx", "d_model", "n_layers", "n_heads", "d_head", "d_mlp", "n_kv_heads",
-                   "rope_original_n_ctx"}  # these have their own checks, with their own messages
+        """Each field holds what its annotation says (an integer, a finite number, true/false, a
+        string, or None where allowed): a config read from a file is untrusted, and a string where a
+        number goes must fail here, with the field's name, not inside torch while the model is
+        built."""
+        described = {
+            bool: "true or false",
+            int: "an integer",
+            float: "a finite number",
+            str: "a string",
+        }
+        checked = {
+            "d_vocab",
+            "n_ctx",
+            "d_model",
+            "n_layers",
+            "n_heads",
+            "d_head",
+            "d_mlp",
+            "n_kv_heads",
+            "rope_original_n_ctx",
+        }  # these have their own checks, with their own messages
         for name, (kind, nullable) in field_types(type(self)).items():
             value = getattr(self, name)
             if name in checked or kind not in described or (value is None and nullable):
@@ -176,7 +243,11 @@ class ModelConfig:
             elif kind is int:
                 ok = isinstance(value, int) and not isinstance(value, bool)
             elif kind is float:
-                ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                ok = (
+                    isinstance(value, (int, float))
+                    and not isinstance(value, bool)
+                    and math.isfinite(value)
+                )
             else:
                 ok = isinstance(value, str)
             if not ok:
@@ -184,11 +255,15 @@ class ModelConfig:
                 raise UserError(f"{name} must be {allowed}, got {value!r}")
 
     def _resolve_sizes(self) -> None:
-        """d_head, n_kv_heads and d_mlp given as None take their defaults here (d_model // n_heads, n_heads,
-        4 * d_model), so that every reader has one name for each size, the glossary's."""
-        defaults = {"d_head": self.d_model // self.n_heads, "n_kv_heads": self.n_heads, "d_mlp": 4 * self.d_model}
-        # which were left to their defaults: `replace` derives them again, and `to_dict` (a config file) and
-        # equality keep them as None, as they were given
+        """d_head, n_kv_heads and d_mlp given as None take their defaults here (d_model // n_heads,
+        n_heads, 4 * d_model), so that every reader has one name for each size, the glossary's."""
+        defaults = {
+            "d_head": self.d_model // self.n_heads,
+            "n_kv_heads": self.n_heads,
+            "d_mlp": 4 * self.d_model,
+        }
+        # which were left to their defaults: `replace` derives them again, and `to_dict` (a config
+        # file) and equality keep them as None, as they were given
         derived = frozenset(name for name in defaults if getattr(self, name) is None)
         for name in derived:
             object.__setattr__(self, name, defaults[name])
@@ -203,17 +278,20 @@ class ModelConfig:
         return hash(tuple(self._compared().values()))
 
     def _compared(self) -> dict[str, Any]:
-        return {name: value for name, value in self.given().items() if name != "extra"}  # extra: compare=False
+        # extra: compare=False
+        return {name: value for name, value in self.given().items() if name != "extra"}
 
     @property
     def wiring(self) -> str:
-        """How each block joins its attention and MLP to the residual stream: the one description of the block
-        that Block.forward, the kernel decode program (attnlab.generate.kernel_decoder) and the explorer's
-        stages read.
-        pre (GPT-2, LLaMA): resid_mid = resid_pre + attn(ln1(resid_pre)); resid_post = resid_mid + mlp(ln2(resid_mid))
+        """How each block joins its attention and MLP to the residual stream: the one description of
+        the block that Block.forward, the kernel decode program (attnlab.generate.kernel_decoder)
+        and the explorer's stages read.
+        pre (GPT-2, LLaMA): resid_mid = resid_pre + attn(ln1(resid_pre));
+            resid_post = resid_mid + mlp(ln2(resid_mid))
         post (original Transformer, BERT): resid_mid = ln1(resid_pre + attn(resid_pre));
             resid_post = ln2(resid_mid + mlp(resid_mid))
-        parallel (GPT-J, GPT-NeoX/Pythia): resid_post = resid_pre + attn(ln1(resid_pre)) + mlp(ln2(resid_pre)),
+        parallel (GPT-J, GPT-NeoX/Pythia):
+            resid_post = resid_pre + attn(ln1(resid_pre)) + mlp(ln2(resid_pre)),
             no resid_mid (hook_resid_mid never fires, as in TransformerLens).
         An attention-only block (attn_only) stops at resid_mid, which is its resid_post."""
         return "parallel" if self.parallel_residual else self.norm_placement
@@ -236,7 +314,8 @@ class ModelConfig:
         return {**values, **{name: None for name in self._derived}}
 
     def replace(self, **changes: Any) -> "ModelConfig":
-        """A copy with `changes`; a size left to its default is derived again (replace(d_model=256) doubles it)."""
+        """A copy with `changes`; a size left to its default is derived again (replace(d_model=256)
+        doubles it)."""
         return type(self)(**{**self.given(), **changes})
 
     def to_dict(self) -> dict[str, Any]:
@@ -256,20 +335,43 @@ PRESETS: dict[str, dict[str, Any]] = {
     "nano": dict(n_layers=4, n_heads=4, d_model=128, n_ctx=64),
     # nanoGPT's shakespeare_char GPU config.
     "shakespeare": dict(n_layers=6, n_heads=6, d_model=384, n_ctx=256),
-    "gpt2-small": dict(n_layers=12, n_heads=12, d_model=768, n_ctx=1024, d_vocab=50257, mlp="gelu_tanh"),
+    "gpt2-small": dict(
+        n_layers=12, n_heads=12, d_model=768, n_ctx=1024, d_vocab=50257, mlp="gelu_tanh"
+    ),
     # A modern small decoder: the LLaMA recipe at toy size.
     "llama-tiny": dict(
-        n_layers=4, n_heads=4, n_kv_heads=2, d_model=128, d_mlp=344, n_ctx=256, positional="rope",
-        norm="rmsnorm", mlp="swiglu", bias=False, tie_embeddings=False,
+        n_layers=4,
+        n_heads=4,
+        n_kv_heads=2,
+        d_model=128,
+        d_mlp=344,
+        n_ctx=256,
+        positional="rope",
+        norm="rmsnorm",
+        mlp="swiglu",
+        bias=False,
+        tie_embeddings=False,
     ),
     # MiniLM-L6's shape: a post-norm BERT-style encoder.
     "bert-mini": dict(
-        n_layers=6, n_heads=12, d_model=384, d_mlp=1536, n_ctx=512, d_vocab=30522, causal=False,
-        norm_placement="post", final_norm=False, embed_norm=True, n_token_types=2, norm_eps=1e-12,
+        n_layers=6,
+        n_heads=12,
+        d_model=384,
+        d_mlp=1536,
+        n_ctx=512,
+        d_vocab=30522,
+        causal=False,
+        norm_placement="post",
+        final_norm=False,
+        embed_norm=True,
+        n_token_types=2,
+        norm_eps=1e-12,
         tie_embeddings=False,
     ),
     # Attention-only models for induction-head studies (Olsson et al. 2022).
-    "attn-only-2l": dict(n_layers=2, n_heads=8, d_model=256, n_ctx=256, attn_only=True, positional="learned"),
+    "attn-only-2l": dict(
+        n_layers=2, n_heads=8, d_model=256, n_ctx=256, attn_only=True, positional="learned"
+    ),
 }
 
 

@@ -6,14 +6,15 @@ Design choices:
   normalise accurately.
 - Parameters are called `weight` / `bias` so checkpoints of every format map onto them directly.
 - Hook points mean what TransformerLens's mean: `hook_scale` [batch, pos, 1] is the divisor
-  √(mean(x̃²) + ε) (x̃ = x − mean for LayerNorm, x for RMSNorm) and `hook_normalized` is x̃ / scale, the
-  normalized input BEFORE the weight and bias. `cache.apply_ln_to_stack` divides by the cached scale.
+  √(mean(x̃²) + ε) (x̃ = x − mean for LayerNorm, x for RMSNorm) and `hook_normalized` is x̃ / scale,
+  the normalized input BEFORE the weight and bias. `cache.apply_ln_to_stack` divides by the cached
+  scale.
 - The output is always the fast form (torch's fused `F.layer_norm` and `F.rms_norm`) unless a hook
-  replaces hook_scale or hook_normalized: then the output is computed from the replaced tensors, as in
-  TransformerLens. So hooks that only read (run_with_cache) never change a number, and an edit takes effect;
-  tests/test_lens.py holds the equation to the fused kernel.
-- The MLP expands d_model -> d_mlp (default 4×), applies GELU (exact or tanh), ReLU or ReLU² (relu(x)²,
-  So et al. 2021's Primer; a record of the modded-nanogpt speedrun), and projects back;
+  replaces hook_scale or hook_normalized: then the output is computed from the replaced tensors, as
+  in TransformerLens. So hooks that only read (run_with_cache) never change a number, and an edit
+  takes effect; tests/test_lens.py holds the equation to the fused kernel.
+- The MLP expands d_model -> d_mlp (default 4×), applies GELU (exact or tanh), ReLU or ReLU²
+  (relu(x)², So et al. 2021's Primer; a record of the modded-nanogpt speedrun), and projects back;
   SwiGLU (Shazeer 2020) multiplies silu(W_gate x) by W_in x. hook_pre is the pre-activation,
   hook_post what goes into W_out.
 - `Linear` is F.linear, nothing faster: the fast layers (the C kernels, int8 weights) live in
@@ -26,14 +27,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ModelConfig
 from ..lens.hooks import HookPoint
+from .config import ModelConfig
 
 
 class Linear(nn.Linear):
-    """nn.Linear (y = x Wᵀ + b) whose weight may be stored narrower than the activations (`store_weights_as` of
-    attnlab.generate.fast_layers): it is widened where it is used. The fast products of a few rows (the C kernel,
-    the compiled multiply-and-sum) are generation's: attnlab.generate swaps them in (`fast_linears`)."""
+    """nn.Linear (y = x Wᵀ + b) whose weight may be stored narrower than the activations
+    (`store_weights_as` of attnlab.generate.fast_layers): it is widened where it is used. The fast
+    products of a few rows (the C kernel, the compiled multiply-and-sum) are generation's:
+    attnlab.generate swaps them in (`fast_linears`)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype)
@@ -76,9 +78,10 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
-        x = x.to(torch.promote_types(dtype, torch.float32))  # half/bfloat16 up to float32; float64 stays exact
-        # torch's fused kernel: one pass where pow, mean, add, rsqrt and mul took five (faster forward and
-        # backward, the same numbers: benchmarks/README.md, "Figures behind the code")
+        # half/bfloat16 up to float32; float64 stays exact
+        x = x.to(torch.promote_types(dtype, torch.float32))
+        # torch's fused kernel: one pass where pow, mean, add, rsqrt and mul took five (faster
+        # forward and backward, the same numbers: benchmarks/README.md, "Figures behind the code")
         out = self.weight * F.rms_norm(x, x.shape[-1:], eps=self.eps).to(dtype)
         if not (self.hook_scale.has_hooks or self.hook_normalized.has_hooks):
             return out
@@ -87,8 +90,9 @@ class RMSNorm(nn.Module):
 
 
 def _hooked_norm(norm: nn.Module, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor | None:
-    """Run hook_scale and hook_normalized (= x / scale) of a norm; the normalized input if a hook replaced
-    either, else None (the caller keeps its fast result, so reading a norm's hooks never changes a number)."""
+    """Run hook_scale and hook_normalized (= x / scale) of a norm; the normalized input if a hook
+    replaced either, else None (the caller keeps its fast result, so reading a norm's hooks never
+    changes a number)."""
     hooked_scale = norm.hook_scale(scale)
     normalized = x / hooked_scale
     hooked = norm.hook_normalized(normalized)
@@ -112,7 +116,8 @@ _ACTIVATIONS = {
 
 
 class MLP(nn.Module):
-    """Position-wise feed-forward: W_out · act(W_in · x), or W_out · (silu(W_gate · x) ⊙ W_in · x) for SwiGLU."""
+    """Position-wise feed-forward: W_out · act(W_in · x), or W_out · (silu(W_gate · x) ⊙ W_in · x)
+    for SwiGLU."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()

@@ -1,20 +1,25 @@
 """The Transformer: embeddings, N blocks, a final norm and an LM head; decoder or encoder by config.
 
 Design choices:
-- One class reads top to bottom, as in nanoGPT: `Block` (norm, attention, residual; norm, MLP, residual)
-  and `Transformer` (embeddings, blocks, head). Decoder-only language models (GPT-2, LLaMA, Qwen2) and
-  BERT-style encoders are settings of `ModelConfig`, not separate code.
-- A block is wired one of three ways, `ModelConfig.wiring` (pre-norm, post-norm, parallel): its docstring holds
-  the equations, and the kernel decode program and the explorer's stages read the same description.
-- Hook names are TransformerLens's (see attnlab.lens.hooks); every hook point carries its shape in a comment.
-- TransformerLens's views of the weights (W_Q ... W_U, QK/OV circuits) and its token helpers (to_tokens, ...)
-  come from attnlab.lens.weights, mixed in, so this file stays the forward pass.
-- A causal model returns logits (B, T, d_vocab); an encoder returns the last hidden states (B, T, d_model).
-  `logit_softcap` c bounds the logits smoothly to (−c, c): c·tanh(logits / c) (Gemma 2; modded-nanogpt).
-- `zero_init_projections` starts W_O and W_out at zero (modded-nanogpt, after Kaplan's "zero-init the last
-  layer of each residual branch"): every block starts as the identity, and the gradient still reaches them.
-- `attention_mask` (B, S) marks real tokens (1) and padding (0); positions may be given per row so that
-  left-padded batches generate correctly.
+- One class reads top to bottom, as in nanoGPT: `Block` (norm, attention, residual; norm, MLP,
+  residual)
+  and `Transformer` (embeddings, blocks, head). Decoder-only language models (GPT-2, LLaMA, Qwen2)
+  and BERT-style encoders are settings of `ModelConfig`, not separate code.
+- A block is wired one of three ways, `ModelConfig.wiring` (pre-norm, post-norm, parallel): its
+  docstring holds the equations, and the kernel decode program and the explorer's stages read the
+  same description.
+- Hook names are TransformerLens's (see attnlab.lens.hooks); every hook point carries its shape in a
+  comment.
+- TransformerLens's views of the weights (W_Q ... W_U, QK/OV circuits) and its token helpers
+  (to_tokens, ...) come from attnlab.lens.weights, mixed in, so this file stays the forward pass.
+- A causal model returns logits (B, T, d_vocab); an encoder returns the last hidden states (B, T,
+  d_model). `logit_softcap` c bounds the logits smoothly to (−c, c): c·tanh(logits / c) (Gemma 2;
+  modded-nanogpt).
+- `zero_init_projections` starts W_O and W_out at zero (modded-nanogpt, after Kaplan's "zero-init
+  the last layer of each residual branch"): every block starts as the identity, and the gradient
+  still reaches them.
+- `attention_mask` (B, S) marks real tokens (1) and padding (0); positions may be given per row so
+  that left-padded batches generate correctly.
 """
 
 from __future__ import annotations
@@ -27,17 +32,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import Attention
-from .config import ModelConfig
 from ..errors import UserError
 from ..lens.hooks import HookedModule, HookPoint
-from .layers import MLP, Linear, make_norm
 from ..lens.weights import TransformerLensViews
+from .attention import Attention
+from .config import ModelConfig
+from .layers import MLP, Linear, make_norm
 from .positions import Rotary, sinusoidal_positions
 
 
 class Block(nn.Module):
-    """One Transformer block: attention then MLP, each wrapped in a residual connection and a norm."""
+    """One Transformer block: attention then MLP, each wrapped in a residual connection and a
+    norm."""
 
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
@@ -55,7 +61,8 @@ class Block(nn.Module):
 
     def forward(self, resid_pre: torch.Tensor, **attn_kwargs: Any) -> torch.Tensor:
         resid_pre = self.hook_resid_pre(resid_pre)
-        if self.wiring == "parallel":  # both branches read resid_pre (config: pre-norm, with an MLP)
+        # both branches read resid_pre (config: pre-norm, with an MLP)
+        if self.wiring == "parallel":
             attn_out = self.hook_attn_out(self.attn(self.ln1(resid_pre), **attn_kwargs))
             mlp_out = self.hook_mlp_out(self.mlp(self.ln2(resid_pre)))
             return self.hook_resid_post(resid_pre + self.dropout(attn_out) + self.dropout(mlp_out))
@@ -75,23 +82,34 @@ class Block(nn.Module):
 
 
 class Transformer(HookedModule, TransformerLensViews):
-    """Token embedding (+ positions, + token types) -> N blocks -> final norm -> LM head (causal) or hidden states."""
+    """Token embedding (+ positions, + token types) -> N blocks -> final norm -> LM head (causal) or
+    hidden states."""
 
     def __init__(self, config: ModelConfig, device: torch.device | str | None = None) -> None:
         super().__init__()
         self.config = config
-        self.tokenizer = None  # set by attnlab.load / training when a tokenizer.json comes with the model
-        self.quantization: str | None = None  # "int8" once attnlab.generate.fast_layers.quantize has run (saved with the model)
+        # set by attnlab.load / training when a tokenizer.json comes with the model
+        self.tokenizer = None
+        # "int8" once attnlab.generate.fast_layers.quantize has run (saved with the model)
+        self.quantization: str | None = None
         with torch.device(device) if device is not None else contextlib.nullcontext():
             self.embed = nn.Embedding(config.d_vocab, config.d_model)
-            self.pos_embed = nn.Embedding(config.n_ctx, config.d_model) if config.positional == "learned" else None
-            self.token_type_embed = nn.Embedding(config.n_token_types, config.d_model) if config.n_token_types else None
+            self.pos_embed = (
+                nn.Embedding(config.n_ctx, config.d_model)
+                if config.positional == "learned"
+                else None
+            )
+            self.token_type_embed = (
+                nn.Embedding(config.n_token_types, config.d_model) if config.n_token_types else None
+            )
             self.ln_embed = make_norm(config) if config.embed_norm else None
             self.rotary = Rotary.for_config(config) if config.positional == "rope" else None
             self.drop = nn.Dropout(config.dropout)
             self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
             self.ln_final = make_norm(config) if config.final_norm else None
-            self.unembed = Linear(config.d_model, config.d_vocab, bias=False) if config.causal else None
+            self.unembed = (
+                Linear(config.d_model, config.d_vocab, bias=False) if config.causal else None
+            )
         self.hook_embed = HookPoint()  # [batch, pos, d_model]
         self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
         self.hook_token_type_embed = HookPoint()  # [batch, pos, d_model]
@@ -103,7 +121,8 @@ class Transformer(HookedModule, TransformerLensViews):
         self.setup_hooks()
 
     def _init_weights(self, module: nn.Module) -> None:
-        """GPT-2 init: N(0, init_std) weights and zero biases; residual projections get 1/√(2·n_layers) more (below)."""
+        """GPT-2 init: N(0, init_std) weights and zero biases; residual projections get
+        1/√(2·n_layers) more (below)."""
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, 0.0, self.config.init_std)
             if getattr(module, "bias", None) is not None:
@@ -112,7 +131,9 @@ class Transformer(HookedModule, TransformerLensViews):
     def _init_residual_projections(self) -> None:
         std = self.config.init_std / math.sqrt(2 * self.config.n_layers)
         for block in self.blocks:
-            for projection in [block.attn.W_O] + ([block.mlp.W_out] if block.mlp is not None else []):
+            for projection in [block.attn.W_O] + (
+                [block.mlp.W_out] if block.mlp is not None else []
+            ):
                 if self.config.zero_init_projections:
                     nn.init.zeros_(projection.weight)
                 else:
@@ -129,7 +150,8 @@ class Transformer(HookedModule, TransformerLensViews):
     def embed_tokens(
         self, ids: torch.Tensor, positions: torch.Tensor, token_type_ids: torch.Tensor | None
     ) -> torch.Tensor:
-        """resid_pre of block 0: token embedding + absolute positions + token types (as configured)."""
+        """resid_pre of block 0: token embedding + absolute positions + token types (as
+        configured)."""
         cfg = self.config
         x = self.hook_embed(self.embed(ids))
         if cfg.positional == "learned":
@@ -145,19 +167,22 @@ class Transformer(HookedModule, TransformerLensViews):
 
     @staticmethod
     def _check_ids(ids: torch.Tensor) -> None:
-        """UserError for token ids that are not integers or not there: no host read, so every forward runs it."""
+        """UserError for token ids that are not integers or not there: no host read, so every
+        forward runs it."""
         if ids.dtype not in (torch.int64, torch.int32):
             raise UserError(f"token ids must be integers, got dtype {ids.dtype}")
         if ids.shape[-1] == 0:
             raise UserError("the input has no tokens; give at least one")
 
     def _check_values(self, ids: torch.Tensor, positions: torch.Tensor) -> None:
-        """UserError for a token id outside the vocabulary or a position past a learned table, in one host read."""
+        """UserError for a token id outside the vocabulary or a position past a learned table, in
+        one host read."""
         cfg = self.config
         lowest, highest, last = torch.stack([ids.min(), ids.max(), positions.max()]).tolist()
         if highest >= cfg.d_vocab or lowest < 0:
             raise UserError(
-                f"token id {highest if highest >= cfg.d_vocab else lowest} is outside the vocabulary "
+                f"token id {highest if highest >= cfg.d_vocab else lowest} is outside the "
+                "vocabulary "
                 f"[0, {cfg.d_vocab}); check that the tokenizer matches this model"
             )
         if cfg.positional == "learned" and last >= cfg.n_ctx:
@@ -178,13 +203,17 @@ class Transformer(HookedModule, TransformerLensViews):
         stop_at_layer: int | None = None,
         check_inputs: bool = True,
     ) -> torch.Tensor:
-        """ids (B, T) -> logits (B, T, d_vocab) for a causal model, hidden states (B, T, d_model) for an encoder.
+        """ids (B, T) -> logits (B, T, d_vocab) for a causal model, hidden states (B, T, d_model)
+        for an encoder.
 
-        attention_mask: (B, S) with 1 for real tokens and 0 for padding, S = start_pos + T (all keys so far).
+        attention_mask: (B, S) with 1 for real tokens and 0 for padding, S = start_pos + T (all keys
+        so far).
         positions: (B, T) position of each token; default start_pos, start_pos+1, ...
-        kv_cache / start_pos: cached decoding (see attnlab.generate.loop); the new tokens sit at start_pos.
+        kv_cache / start_pos: cached decoding (see attnlab.generate.loop); the new tokens sit at
+        start_pos.
         stop_at_layer: return the residual stream before that block (as TransformerLens does).
-        check_inputs: check token ids (and learned positions) against the model's ranges: one host read.
+        check_inputs: check token ids (and learned positions) against the model's ranges: one host
+        read.
         """
         if ids.dim() == 1:
             ids = ids.unsqueeze(0)
@@ -192,9 +221,9 @@ class Transformer(HookedModule, TransformerLensViews):
         self._check_ids(ids)
         if positions is None:
             positions = torch.arange(start_pos, start_pos + T, device=ids.device).expand(B, T)
-        # The decode step skips the value checks (check_inputs=False, and always when compiled): its token
-        # is an argmax over the vocabulary and generate checked the length up front, so a host read per
-        # token would buy nothing, and in a compiled graph it would break the graph.
+        # The decode step skips the value checks (check_inputs=False, and always when compiled): its
+        # token is an argmax over the vocabulary and generate checked the length up front, so a host
+        # read per token would buy nothing, and in a compiled graph it would break the graph.
         if check_inputs and not torch.compiler.is_compiling():
             self._check_values(ids, positions)
         resid = self.embed_tokens(ids, positions, token_type_ids)
@@ -216,12 +245,16 @@ class Transformer(HookedModule, TransformerLensViews):
             logits = cap * torch.tanh(logits / cap)
         return logits
 
-    def loss(self, ids: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
-        """Mean next-token cross-entropy of a causal model: logits at position t predict targets[t]."""
+    def loss(
+        self, ids: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100
+    ) -> torch.Tensor:
+        """Mean next-token cross-entropy of a causal model: logits at position t predict
+        targets[t]."""
         return next_token_loss(self(ids), targets, ignore_index=ignore_index)
 
     def generate(self, ids: torch.Tensor, max_new_tokens: int, **kwargs: Any) -> torch.Tensor:
-        """Prompt followed by new tokens (B, T + new), decoded with a KV cache; see attnlab.generate.loop.generate."""
+        """Prompt followed by new tokens (B, T + new), decoded with a KV cache; see
+        attnlab.generate.loop.generate."""
         from ..generate.loop import generate
 
         return generate(self, ids, max_new_tokens, **kwargs)
@@ -229,15 +262,26 @@ class Transformer(HookedModule, TransformerLensViews):
     def num_params(self, non_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
-            n -= self.embed.weight.numel() + (self.pos_embed.weight.numel() if self.pos_embed is not None else 0)
+            n -= self.embed.weight.numel() + (
+                self.pos_embed.weight.numel() if self.pos_embed is not None else 0
+            )
         return n
 
 
-def next_token_loss(logits: torch.Tensor, targets: torch.Tensor, *, reduction: str = "mean",
-                    ignore_index: int = -100) -> torch.Tensor:
-    """The language model's loss, written once: cross-entropy of logits (..., V) against targets (...), in
-    float32, the logits at position t predicting targets[t]. reduction as F.cross_entropy's ("none": one loss
-    per target, in targets' shape)."""
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), reduction=reduction,
-                           ignore_index=ignore_index)
+def next_token_loss(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    reduction: str = "mean",
+    ignore_index: int = -100,
+) -> torch.Tensor:
+    """The language model's loss, written once: cross-entropy of logits (..., V) against targets
+    (...), in float32, the logits at position t predicting targets[t]. reduction as
+    F.cross_entropy's ("none": one loss per target, in targets' shape)."""
+    loss = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(),
+        targets.reshape(-1),
+        reduction=reduction,
+        ignore_index=ignore_index,
+    )
     return loss.view(targets.shape) if reduction == "none" else loss

@@ -1,10 +1,12 @@
 """The learning-rate schedule and the optimizers of a training run.
 
 Design choices:
-- nanoGPT's recipe: AdamW with weight decay on matrices and embeddings only (dim >= 2; never on biases or
-  norm gains), linear warmup then cosine decay to min_lr (`learning_rate_at`), or wsd (warmup, stable,
-  decay). AdamW runs fused (one kernel for all parameters) where torch has it, else foreach.
-- --optimizer muon: Muon for the blocks' weight matrices and AdamW for the rest (the modded-nanogpt speedrun).
+- nanoGPT's recipe: AdamW with weight decay on matrices and embeddings only (dim >= 2; never on
+  biases or norm gains), linear warmup then cosine decay to min_lr (`learning_rate_at`), or wsd
+  (warmup, stable, decay). AdamW runs fused (one kernel for all parameters) where torch has it, else
+  foreach.
+- --optimizer muon: Muon for the blocks' weight matrices and AdamW for the rest (the modded-nanogpt
+  speedrun).
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from .config import TrainConfig
 
 
 def learning_rate_at(it: int, cfg: TrainConfig, elapsed_s: float = 0.0) -> float:
-    """Linear warmup over warmup_iters, then, as the run goes from 0 to 1 of its decay, cosine decay from
-    learning_rate to min_lr, or wsd: flat at learning_rate, then a straight line down to min_lr over the last
-    cooldown_fraction (Hägele et al. 2024; the modded-nanogpt speedrun's schedule). The run's progress is
-    counted in steps after warm-up up to decay_iters; with --max-time it is the larger of that and the share
-    of the time budget spent, so a run ends fully decayed whichever limit it reaches first."""
+    """Linear warmup over warmup_iters, then, as the run goes from 0 to 1 of its decay, cosine decay
+    from learning_rate to min_lr, or wsd: flat at learning_rate, then a straight line down to min_lr
+    over the last
+    cooldown_fraction (Hägele et al. 2024; the modded-nanogpt speedrun's schedule). The run's
+    progress is counted in steps after warm-up up to decay_iters; with --max-time it is the larger
+    of that and the share of the time budget spent, so a run ends fully decayed whichever limit it
+    reaches first."""
     if it < cfg.warmup_iters:
         return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)
     progress = (it - cfg.warmup_iters) / max(1, cfg.decay_iters - cfg.warmup_iters)
@@ -33,12 +37,15 @@ def learning_rate_at(it: int, cfg: TrainConfig, elapsed_s: float = 0.0) -> float
         stable = 1.0 - cfg.cooldown_fraction
         down = 0.0 if progress <= stable else (progress - stable) / cfg.cooldown_fraction
         return cfg.learning_rate + down * (cfg.min_lr - cfg.learning_rate)
-    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.learning_rate - cfg.min_lr)
+    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (
+        cfg.learning_rate - cfg.min_lr
+    )
 
 
 class Optimizers:
-    """Several optimizers stepped as one: Muon for the blocks' weight matrices and AdamW for the rest. It has
-    the parts of torch.optim.Optimizer the loop uses (param_groups, step, zero_grad, state_dict)."""
+    """Several optimizers stepped as one: Muon for the blocks' weight matrices and AdamW for the
+    rest. It has the parts of torch.optim.Optimizer the loop uses (param_groups, step, zero_grad,
+    state_dict)."""
 
     def __init__(self, *optimizers: torch.optim.Optimizer) -> None:
         self.optimizers = optimizers
@@ -63,17 +70,22 @@ class Optimizers:
             optimizer.load_state_dict(saved)
 
 
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer | Optimizers:
-    """AdamW with weight decay on matrices and embeddings (dim >= 2) only; fused where this torch has it.
+def make_optimizer(
+    model: torch.nn.Module, cfg: TrainConfig, device: torch.device
+) -> torch.optim.Optimizer | Optimizers:
+    """AdamW with weight decay on matrices and embeddings (dim >= 2) only; fused where this torch
+    has it.
 
-    --optimizer muon: torch.optim.Muon (Jordan et al. 2024: momentum, orthogonalised by Newton-Schulz) for the
-    blocks' weight matrices, AdamW for embeddings, head, norms and biases, as the modded-nanogpt speedrun does.
-    Muon's step is scaled to AdamW's size (`match_rms_adamw`, Liu et al. 2025), so one --learning-rate serves
-    both."""
+    --optimizer muon: torch.optim.Muon (Jordan et al. 2024: momentum, orthogonalised by
+    Newton-Schulz) for the blocks' weight matrices, AdamW for embeddings, head, norms and biases, as
+    the modded-nanogpt speedrun does. Muon's step is scaled to AdamW's size (`match_rms_adamw`, Liu
+    et al. 2025), so one --learning-rate serves both."""
     params = [p for p in model.parameters() if p.requires_grad]
     muon = []
     if cfg.optimizer == "muon":
-        block_matrices = {id(p) for block in model.blocks for p in block.parameters() if p.dim() == 2}
+        block_matrices = {
+            id(p) for block in model.blocks for p in block.parameters() if p.dim() == 2
+        }
         muon = [p for p in params if id(p) in block_matrices]
         params = [p for p in params if id(p) not in block_matrices]
     groups = [
@@ -81,8 +93,18 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devic
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
     fused = device.type in ("cuda", "cpu")  # torch >= 2.4 has fused AdamW on both
-    adamw = torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), fused=fused)
+    adamw = torch.optim.AdamW(
+        groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), fused=fused
+    )
     if not muon:
         return adamw
-    return Optimizers(torch.optim.Muon(muon, lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
-                                       ns_steps=cfg.muon_ns_steps, adjust_lr_fn="match_rms_adamw"), adamw)
+    return Optimizers(
+        torch.optim.Muon(
+            muon,
+            lr=cfg.learning_rate,
+            weight_decay=cfg.weight_decay,
+            ns_steps=cfg.muon_ns_steps,
+            adjust_lr_fn="match_rms_adamw",
+        ),
+        adamw,
+    )

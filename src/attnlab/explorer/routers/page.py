@@ -1,7 +1,9 @@
-"""The page: index.html at /, its script and style under /static, all from the package's static/ folder.
+"""The page: index.html at /, its script and style under /static, all from the package's static/
+folder.
 
 Its Content-Security-Policy (security.CSP, set on every response by security.Guard) allows only this
-origin's scripts, styles and images, so the page cannot load anything from the network even by mistake.
+origin's scripts, styles and images, so the page cannot load anything from the network even by
+mistake.
 """
 
 from __future__ import annotations

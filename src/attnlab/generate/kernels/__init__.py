@@ -1,21 +1,25 @@
-"""attnlab's C kernels for decoding on a CPU (decode.c), compiled at first use and cached per machine.
+"""attnlab's C kernels for decoding on a CPU (decode.c), compiled at first use and cached per
+machine.
 
 Design choices:
-- Plain C, no torch headers: one `cc -O3 -march=native -fopenmp` of decode.c is quick, where a torch C++
-  extension is slow to build; loaded with ctypes, a call costs little. The shared library is cached under
-  ~/.cache/attnlab/kernels (or $ATTNLAB_CACHE/kernels), named by a hash of the source, the flags, the compiler
-  and the CPU, so the build is paid once per machine, never once per process, and a new CPU or a new
-  decode.c builds anew. Written to a temporary name, then renamed: a parallel build never leaves a torn file.
-- OpenMP links to libgomp.so.1, which torch's wheel has already loaded under that name: the kernels share
-  torch's thread pool and its `torch.set_num_threads`.
-- No compiler, a compiler that fails, a non-CPU tensor or ATTNLAB_KERNELS=0: `available()` is False and every
-  caller takes its PyTorch path, which computes the same equation (tests/test_kernels.py holds them together).
+- Plain C, no torch headers: one `cc -O3 -march=native -fopenmp` of decode.c is quick, where a torch
+  C++ extension is slow to build; loaded with ctypes, a call costs little. The shared library is
+  cached under ~/.cache/attnlab/kernels (or $ATTNLAB_CACHE/kernels), named by a hash of the source,
+  the flags, the compiler and the CPU, so the build is paid once per machine, never once per
+  process, and a new CPU or a new decode.c builds anew. Written to a temporary name, then renamed: a
+  parallel build never leaves a torn file.
+- OpenMP links to libgomp.so.1, which torch's wheel has already loaded under that name: the kernels
+  share torch's thread pool and its `torch.set_num_threads`.
+- No compiler, a compiler that fails, a non-CPU tensor or ATTNLAB_KERNELS=0: `available()` is False
+  and every caller takes its PyTorch path, which computes the same equation (tests/test_kernels.py
+  holds them together).
 - Only the forward computation, for inference: the functions here take no gradients (callers check).
-- The weights a decode step streams are moved once into 2 MB pages (`place_in_huge_pages`, Linux's transparent
-  huge pages, asked for with madvise), in the order the step reads them: fewer TLB misses, and the hardware
-  prefetcher runs on past where a 4 KB page would stop it (measured in benchmarks/README.md, issue 14).
-  llama.cpp asks for no huge pages: it reads the weights through a plain mmap of the GGUF file or from
-  buffers of posix_memalign, which get whatever pages the kernel's transparent-huge-page setting gives.
+- The weights a decode step streams are moved once into 2 MB pages (`place_in_huge_pages`, Linux's
+  transparent huge pages, asked for with madvise), in the order the step reads them: fewer TLB
+  misses, and the hardware prefetcher runs on past where a 4 KB page would stop it (measured in
+  benchmarks/README.md, issue 14). llama.cpp asks for no huge pages: it reads the weights through a
+  plain mmap of the GGUF file or from buffers of posix_memalign, which get whatever pages the
+  kernel's transparent-huge-page setting gives.
 """
 
 from __future__ import annotations
@@ -30,8 +34,8 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from functools import cache
 from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -41,7 +45,8 @@ from ...model.layers import LayerNorm
 SOURCE = Path(__file__).with_name("decode.c")
 FLAG_SETS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-fopenmp"], ["-O3"])  # best first
 HUGE_PAGE = 2 << 20
-HUGE_PAGES_FROM = 4 << 20  # bytes of weights from which `place_in_huge_pages` moves them (smaller ones sit in cache)
+# bytes of weights from which `place_in_huge_pages` moves them (smaller ones sit in cache)
+HUGE_PAGES_FROM = 4 << 20
 
 _i64, _int, _ptr, _float = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
 
@@ -61,15 +66,21 @@ class Op(enum.IntEnum):
     SOFTCAP = 9
 
 
-# The one table of the C interface: each op's attnlab_* function and its parameters' types, in order. The loader
-# declares them to ctypes, a program op (OpCall) is laid out by them, and tests/test_kernels.py compares the
-# table with decode.c's enum and prototypes.
+# The one table of the C interface: each op's attnlab_* function and its parameters' types, in
+# order. The loader declares them to ctypes, a program op (OpCall) is laid out by them, and
+# tests/test_kernels.py compares the table with decode.c's enum and prototypes.
 KERNELS: dict[Op, tuple[str, list]] = {
     Op.LINEAR_F32: ("attnlab_linear_f32", [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int, _int]),
-    Op.LINEAR_I8: ("attnlab_linear_i8", [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int, _int]),
+    Op.LINEAR_I8: (
+        "attnlab_linear_i8",
+        [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int, _int],
+    ),
     Op.ROPE: ("attnlab_rope", [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64]),
     Op.EMBED: ("attnlab_embed", [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64]),
-    Op.ATTEND: ("attnlab_attend", [_ptr] * 6 + [_i64, _ptr, _ptr] + [_i64] * 5 + [_ptr, _float, _int]),
+    Op.ATTEND: (
+        "attnlab_attend",
+        [_ptr] * 6 + [_i64, _ptr, _ptr] + [_i64] * 5 + [_ptr, _float, _int],
+    ),
     Op.RMS_NORM: ("attnlab_rms_norm", [_ptr, _ptr, _ptr, _i64, _i64, _float]),
     Op.LAYER_NORM: ("attnlab_layer_norm", [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _float]),
     Op.ACTIVATE: ("attnlab_activate", [_ptr, _i64, _int]),
@@ -80,7 +91,8 @@ RUN = ("attnlab_run", [_ptr, _i64, _int])  # runs a program: its ops, their numb
 
 
 class Activation(enum.IntEnum):
-    """decode.c's attnlab_activation: the MLP nonlinearities attnlab_activate computes, in the same order."""
+    """decode.c's attnlab_activation: the MLP nonlinearities attnlab_activate computes, in the same
+    order."""
 
     GELU = 0
     GELU_TANH = 1
@@ -88,13 +100,23 @@ class Activation(enum.IntEnum):
     RELU2 = 3
 
 
-ACTIVATIONS = {"gelu": Activation.GELU, "gelu_tanh": Activation.GELU_TANH, "relu": Activation.RELU,
-               "relu2": Activation.RELU2}  # ModelConfig.mlp -> attnlab_activate's kind
+ACTIVATIONS = {
+    "gelu": Activation.GELU,
+    "gelu_tanh": Activation.GELU_TANH,
+    "relu": Activation.RELU,
+    "relu2": Activation.RELU2,
+}  # ModelConfig.mlp -> attnlab_activate's kind
 
 
 class OpCall(ctypes.Structure):
     """decode.c's attnlab_op: one kernel call of a step program."""
-    _fields_ = [("kind", ctypes.c_int64), ("wait", ctypes.c_int64), ("a", ctypes.c_int64 * 17), ("f", ctypes.c_double)]
+
+    _fields_ = [
+        ("kind", ctypes.c_int64),
+        ("wait", ctypes.c_int64),
+        ("a", ctypes.c_int64 * 17),
+        ("f", ctypes.c_double),
+    ]
 
 
 def cache_dir() -> Path:
@@ -103,27 +125,36 @@ def cache_dir() -> Path:
 
 
 def _cpu_id() -> str:
-    """The CPU's model and feature flags: -march=native code is only valid on the CPU it was built for."""
+    """The CPU's model and feature flags: -march=native code is only valid on the CPU it was built
+    for."""
     try:
         text = Path("/proc/cpuinfo").read_text()
-        return "\n".join(line for line in text.splitlines() if line.startswith(("model name", "flags", "Features")))[:8192]
+        return "\n".join(
+            line
+            for line in text.splitlines()
+            if line.startswith(("model name", "flags", "Features"))
+        )[:8192]
     except OSError:
         return platform.processor() + platform.machine()
 
 
 def _compiler() -> str | None:
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    return (
+        os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    )
 
 
 def build(verbose: bool = False, flag_sets: tuple[list[str], ...] = FLAG_SETS) -> Path | None:
-    """The cached shared library for this machine, compiling decode.c first if needed with the first of `flag_sets`
-    that compiles; None when none does."""
+    """The cached shared library for this machine, compiling decode.c first if needed with the first
+    of `flag_sets` that compiles; None when none does."""
     compiler = _compiler()
     if compiler is None:
         return None
     source = SOURCE.read_bytes()
     for flags in flag_sets:
-        key = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(), compiler.encode(), _cpu_id().encode()]))
+        key = hashlib.sha256(
+            b"\0".join([source, " ".join(flags).encode(), compiler.encode(), _cpu_id().encode()])
+        )
         target = cache_dir() / f"decode-{key.hexdigest()[:16]}.so"
         if target.is_file():
             return target
@@ -131,8 +162,12 @@ def build(verbose: bool = False, flag_sets: tuple[list[str], ...] = FLAG_SETS) -
         fd, tmp = tempfile.mkstemp(prefix=".decode-", suffix=".so", dir=target.parent)
         os.close(fd)
         try:
-            result = subprocess.run([compiler, *flags, "-shared", "-fPIC", str(SOURCE), "-o", tmp, "-lm"],
-                                    capture_output=True, text=True, timeout=300)
+            result = subprocess.run(
+                [compiler, *flags, "-shared", "-fPIC", str(SOURCE), "-o", tmp, "-lm"],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
             if result.returncode == 0:
                 os.replace(tmp, target)
                 return target
@@ -148,7 +183,8 @@ def build(verbose: bool = False, flag_sets: tuple[list[str], ...] = FLAG_SETS) -
 
 @cache
 def library() -> ctypes.CDLL | None:
-    """The loaded kernels, or None (no compiler, build failed, or ATTNLAB_KERNELS=0): callers fall back to PyTorch."""
+    """The loaded kernels, or None (no compiler, build failed, or ATTNLAB_KERNELS=0): callers fall
+    back to PyTorch."""
     if os.environ.get("ATTNLAB_KERNELS", "1") == "0":
         return None
     try:
@@ -172,8 +208,8 @@ def available() -> bool:
 
 
 def usable(*tensors: torch.Tensor) -> bool:
-    """True when the kernels can stand in for PyTorch here: built, every tensor on the CPU, and no gradient wanted
-    (the kernels have no backward)."""
+    """True when the kernels can stand in for PyTorch here: built, every tensor on the CPU, and no
+    gradient wanted (the kernels have no backward)."""
     grad = torch.is_grad_enabled()
     if not all(t.device.type == "cpu" and not (grad and t.requires_grad) for t in tensors):
         return False
@@ -181,17 +217,19 @@ def usable(*tensors: torch.Tensor) -> bool:
 
 
 class Call:
-    """The kernel of op `kind` with its arguments bound: tensors by address (and kept alive by it: they must never
-    move), None as NULL. Calling it runs the kernel; a decode step is a list of these, prepared once (by the
-    *_call functions below, one per kernel, which check what the C code trusts), and `program` runs such a list
-    as one. `wait` False: in a program the threads go on without waiting for each other, up to the next call
-    that waits; so no call in that stretch, that one included, may read what this one writes or write what it
-    reads."""
+    """The kernel of op `kind` with its arguments bound: tensors by address (and kept alive by it:
+    they must never move), None as NULL. Calling it runs the kernel; a decode step is a list of
+    these, prepared once (by the *_call functions below, one per kernel, which check what the C code
+    trusts), and `program` runs such a list
+    as one. `wait` False: in a program the threads go on without waiting for each other, up to the
+    next call that waits; so no call in that stretch, that one included, may read what this one
+    writes or write what it reads."""
 
     def __init__(self, kind: Op, *args) -> None:
         self.kind = kind
         self.values = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
-        self.tensors = [a for a in args if isinstance(a, torch.Tensor)]  # the memory the C code reads and writes
+        # the memory the C code reads and writes
+        self.tensors = [a for a in args if isinstance(a, torch.Tensor)]
         self.wait = True
         self._run = functools.partial(getattr(library(), KERNELS[kind][0]), *self.values)
 
@@ -210,14 +248,15 @@ class Call:
 
 
 def independent(call: Call) -> Call:
-    """`call`, marked as not needing the threads to wait for each other before the next call (see Call)."""
+    """`call`, marked as not needing the threads to wait for each other before the next call (see
+    Call)."""
     call.wait = False
     return call
 
 
 class Program:
-    """Calls run as one: a single C call that opens one OpenMP parallel region for all of them (decode.c,
-    attnlab_run), instead of one Python call and one region each."""
+    """Calls run as one: a single C call that opens one OpenMP parallel region for all of them
+    (decode.c, attnlab_run), instead of one Python call and one region each."""
 
     def __init__(self, calls: list[Call], threads: int) -> None:
         self.calls = calls  # which keep their tensors alive
@@ -229,8 +268,8 @@ class Program:
 
 
 def program(steps: list[Callable[[], object]]) -> list[Callable[[], object]]:
-    """`steps` with each run of consecutive kernel calls made one Program; other steps (PyTorch calls) stay
-    between them, run in order."""
+    """`steps` with each run of consecutive kernel calls made one Program; other steps (PyTorch
+    calls) stay between them, run in order."""
     out, run = [], []
     for step in [*steps, None]:
         if isinstance(step, Call):
@@ -244,24 +283,43 @@ def program(steps: list[Callable[[], object]]) -> list[Callable[[], object]]:
     return out
 
 
-def linear_call(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, scale: torch.Tensor | None,
-                out: torch.Tensor, accumulate: bool = False) -> Callable[[], None]:
-    """out (=, or += when accumulate) x Wᵀ (· scale) + b, prepared: x (rows, d_in) float32 and W (d_out, d_in)
-    float32, or int8 with one float32 scale per output feature; all contiguous."""
+def linear_call(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    scale: torch.Tensor | None,
+    out: torch.Tensor,
+    accumulate: bool = False,
+) -> Callable[[], None]:
+    """out (=, or += when accumulate) x Wᵀ (· scale) + b, prepared: x (rows, d_in) float32 and W
+    (d_out, d_in) float32, or int8 with one float32 scale per output feature; all contiguous."""
     rows, (d_out, d_in) = x.numel() // x.shape[-1], weight.shape
     # the C code trusts these shapes: check them once here, where the call is prepared
-    assert x.shape[-1] == d_in and out.numel() == rows * d_out and x.is_contiguous() and out.is_contiguous()
+    assert (
+        x.shape[-1] == d_in
+        and out.numel() == rows * d_out
+        and x.is_contiguous()
+        and out.is_contiguous()
+    )
     assert weight.is_contiguous() and x.dtype == out.dtype == torch.float32
     threads = torch.get_num_threads()
     if weight.dtype == torch.int8:
-        return Call(Op.LINEAR_I8, x, weight, scale, bias, out, rows, d_in, d_out, int(accumulate), threads)
+        return Call(
+            Op.LINEAR_I8, x, weight, scale, bias, out, rows, d_in, d_out, int(accumulate), threads
+        )
     return Call(Op.LINEAR_F32, x, weight, bias, out, rows, d_in, d_out, int(accumulate), threads)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, scale: torch.Tensor | None = None,
-           out: torch.Tensor | None = None, accumulate: bool = False) -> torch.Tensor:
-    """x Wᵀ (· scale) + b for x (..., d_in), as `linear_call`; returns `out` (..., d_out), a new tensor by default.
-    Callers check `usable`."""
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    scale: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    accumulate: bool = False,
+) -> torch.Tensor:
+    """x Wᵀ (· scale) + b for x (..., d_in), as `linear_call`; returns `out` (..., d_out), a new
+    tensor by default. Callers check `usable`."""
     x, weight = x.contiguous(), weight.contiguous()
     if out is None:
         out = torch.empty(*x.shape[:-1], weight.shape[0], dtype=torch.float32)
@@ -269,42 +327,99 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return out
 
 
-def rope_call(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor) -> Callable[[], None]:
-    """Rotate x (rows, heads, d_head) in place by the angles cos, sin (n, rotary_dim) of positions 0..n-1, read at
-    each row's position (positions: rows int64, read at each call; every one below n)."""
+def rope_call(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor
+) -> Callable[[], None]:
+    """Rotate x (rows, heads, d_head) in place by the angles cos, sin (n, rotary_dim) of positions
+    0..n-1, read at each row's position (positions: rows int64, read at each call; every one below
+    n)."""
     rows, heads, d_head = x.shape
-    assert cos.is_contiguous() and sin.is_contiguous() and positions.dtype == torch.int64 and positions.numel() == rows
+    assert (
+        cos.is_contiguous()
+        and sin.is_contiguous()
+        and positions.dtype == torch.int64
+        and positions.numel() == rows
+    )
     return Call(Op.ROPE, x, cos, sin, positions, rows, heads, d_head, cos.shape[-1])
 
 
-def embed_call(ids: torch.Tensor, table: torch.Tensor, positions: torch.Tensor, positions_table: torch.Tensor | None,
-               out: torch.Tensor) -> Callable[[], None]:
-    """out (rows, d) = table[ids] (+ positions_table[positions]); ids, positions: rows int64, read at each call."""
+def embed_call(
+    ids: torch.Tensor,
+    table: torch.Tensor,
+    positions: torch.Tensor,
+    positions_table: torch.Tensor | None,
+    out: torch.Tensor,
+) -> Callable[[], None]:
+    """out (rows, d) = table[ids] (+ positions_table[positions]); ids, positions: rows int64, read
+    at each call."""
     rows, d = out.shape
     assert ids.dtype == positions.dtype == torch.int64 and ids.numel() == positions.numel() == rows
-    assert table.is_contiguous() and table.shape[1] == d and (positions_table is None or positions_table.is_contiguous())
+    assert (
+        table.is_contiguous()
+        and table.shape[1] == d
+        and (positions_table is None or positions_table.is_contiguous())
+    )
     return Call(Op.EMBED, ids, table, positions, positions_table, out, rows, d)
 
 
-def attend_call(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, slot: torch.Tensor, scale: float, key_mask: torch.Tensor | None,
-                scores: torch.Tensor, out: torch.Tensor) -> Callable[[], None]:
-    """Write k_new, v_new (rows, n_kv_heads, d_head) at cache slot `slot` (a one-element int64 tensor, read at each
-    call) of k_cache, v_cache (rows, n_kv_heads, max_len, d_head), then out (rows, heads, d_head) = softmax(q Kᵀ ·
-    scale) V over slots [0, slot] that key_mask (rows, max_len) bool allows (None: all). `scores` is scratch of
-    rows · heads · max_len floats."""
+def attend_call(
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot: torch.Tensor,
+    scale: float,
+    key_mask: torch.Tensor | None,
+    scores: torch.Tensor,
+    out: torch.Tensor,
+) -> Callable[[], None]:
+    """Write k_new, v_new (rows, n_kv_heads, d_head) at cache slot `slot` (a one-element int64
+    tensor, read at each call) of k_cache, v_cache (rows, n_kv_heads, max_len, d_head), then out
+    (rows, heads, d_head) = softmax(q Kᵀ · scale) V over slots [0, slot] that key_mask (rows,
+    max_len) bool allows (None: all). `scores` is scratch of rows · heads · max_len floats."""
     rows, heads, d_head = q.shape
     n_kv_heads, max_len = k_cache.shape[1], k_cache.shape[2]
     # the C code trusts these layouts: check them once here, where the call is prepared
-    assert all(t.is_contiguous() and t.dtype == torch.float32 for t in (q, k_new, v_new, k_cache, v_cache, scores, out))
-    assert k_new.shape == v_new.shape == (rows, n_kv_heads, d_head) and v_cache.shape == k_cache.shape
-    assert k_cache.shape == (rows, n_kv_heads, max_len, d_head) and heads % n_kv_heads == 0 and out.shape == q.shape
+    assert all(
+        t.is_contiguous() and t.dtype == torch.float32
+        for t in (q, k_new, v_new, k_cache, v_cache, scores, out)
+    )
+    assert (
+        k_new.shape == v_new.shape == (rows, n_kv_heads, d_head) and v_cache.shape == k_cache.shape
+    )
+    assert (
+        k_cache.shape == (rows, n_kv_heads, max_len, d_head)
+        and heads % n_kv_heads == 0
+        and out.shape == q.shape
+    )
     assert scores.numel() >= rows * heads * max_len and slot.dtype == torch.int64
-    assert key_mask is None or (key_mask.dtype == torch.bool and key_mask.stride(-1) == 1
-                                and key_mask.shape == (rows, max_len))
+    assert key_mask is None or (
+        key_mask.dtype == torch.bool
+        and key_mask.stride(-1) == 1
+        and key_mask.shape == (rows, max_len)
+    )
     stride = key_mask.stride(0) if key_mask is not None else 0
-    return Call(Op.ATTEND, q, k_new, v_new, k_cache, v_cache, key_mask, stride, scores, out, rows, heads, n_kv_heads,
-                d_head, max_len, slot, scale, torch.get_num_threads())
+    return Call(
+        Op.ATTEND,
+        q,
+        k_new,
+        v_new,
+        k_cache,
+        v_cache,
+        key_mask,
+        stride,
+        scores,
+        out,
+        rows,
+        heads,
+        n_kv_heads,
+        d_head,
+        max_len,
+        slot,
+        scale,
+        torch.get_num_threads(),
+    )
 
 
 def norm_call(norm, x: torch.Tensor, out: torch.Tensor) -> Callable[[], None]:
@@ -317,13 +432,15 @@ def norm_call(norm, x: torch.Tensor, out: torch.Tensor) -> Callable[[], None]:
 
 
 def activate_call(x: torch.Tensor, kind: Activation) -> Callable[[], None]:
-    """x = act(x) in place, the nonlinearity `kind`, over every value of the contiguous float32 x."""
+    """x = act(x) in place, the nonlinearity `kind`, over every value of the contiguous float32
+    x."""
     assert x.is_contiguous() and x.dtype == torch.float32
     return Call(Op.ACTIVATE, x, x.numel(), Activation(kind))
 
 
 def silu_mul_call(gate: torch.Tensor, up: torch.Tensor) -> Callable[[], None]:
-    """gate = silu(gate) ⊙ up in place (SwiGLU's product); gate and up contiguous float32 of one shape."""
+    """gate = silu(gate) ⊙ up in place (SwiGLU's product); gate and up contiguous float32 of one
+    shape."""
     assert gate.is_contiguous() and up.is_contiguous() and gate.shape == up.shape
     return Call(Op.SILU_MUL, gate, up, gate.numel())
 
@@ -335,28 +452,37 @@ def softcap_call(x: torch.Tensor, cap: float) -> Callable[[], None]:
 
 
 def place_in_huge_pages(tensors: list[torch.Tensor]) -> bool:
-    """Move the data of `tensors` into one anonymous mapping advised MADV_HUGEPAGE, one after the other in the given
-    order (each 64-byte aligned), so that they are read from 2 MB pages and a read running past one runs into the
-    next. Each tensor keeps its identity (its `.data` is replaced; values, shape, dtype, requires_grad unchanged), so
-    modules, tied weights and optimizers still hold them. True when they are there (moved now or before); False,
-    changing nothing, off Linux, for tensors not on the CPU, or below HUGE_PAGES_FROM bytes in all."""
+    """Move the data of `tensors` into one anonymous mapping advised MADV_HUGEPAGE, one after the
+    other in the given
+    order (each 64-byte aligned), so that they are read from 2 MB pages and a read running past one
+    runs into the next. Each tensor keeps its identity (its `.data` is replaced; values, shape,
+    dtype, requires_grad unchanged), so modules, tied weights and optimizers still hold them. True
+    when they are there (moved now or before); False, changing nothing, off Linux, for tensors not
+    on the CPU, or below HUGE_PAGES_FROM bytes in all."""
     tensors = list({id(t): t for t in tensors}.values())  # a tied weight once
     if all(getattr(t, "_attnlab_huge_pages", None) == t.data_ptr() for t in tensors):
         return True
     sizes = [-(-t.numel() * t.element_size() // 64) * 64 for t in tensors]
-    if (not hasattr(mmap, "MADV_HUGEPAGE") or sum(sizes) < HUGE_PAGES_FROM
-            or any(t.device.type != "cpu" or not t.is_contiguous() for t in tensors)):
+    if (
+        not hasattr(mmap, "MADV_HUGEPAGE")
+        or sum(sizes) < HUGE_PAGES_FROM
+        or any(t.device.type != "cpu" or not t.is_contiguous() for t in tensors)
+    ):
         return False
     try:
         arena = mmap.mmap(-1, sum(sizes) + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         arena.madvise(mmap.MADV_HUGEPAGE)
     except (OSError, ValueError):
         return False
-    offset = -torch.frombuffer(arena, dtype=torch.uint8, count=1).data_ptr() % HUGE_PAGE  # the first 2 MB boundary
+    # the first 2 MB boundary
+    offset = -torch.frombuffer(arena, dtype=torch.uint8, count=1).data_ptr() % HUGE_PAGE
     with torch.no_grad():
         for t, size in zip(tensors, sizes):
-            # a storage of its own per tensor (not views of one): safetensors refuses tensors that share one
-            placed = torch.frombuffer(arena, dtype=t.dtype, count=t.numel(), offset=offset).view(t.shape)
+            # a storage of its own per tensor (not views of one): safetensors refuses tensors that
+            # share one
+            placed = torch.frombuffer(arena, dtype=t.dtype, count=t.numel(), offset=offset).view(
+                t.shape
+            )
             placed.copy_(t)
             t.data = placed
             t._attnlab_huge_pages = t.data_ptr()

@@ -1,13 +1,16 @@
-"""What the experiments share: synthetic text where induction pays, training it with the Trainer, output files.
+"""What the experiments share: synthetic text where induction pays, training it with the Trainer,
+output files.
 
 Design choices:
 - The text is synthetic, so the experiments need no download and no data file, and the payoff of
   induction is known. `repeated_spans`: a random prefix, then a span of random length repeated (the
-  induction experiment). `SyntheticText`: a fixed random bigram "language" with, chunk by chunk, either
-  fresh bigram text or a copy of an earlier span of the same sequence (the extrapolation experiment).
-- One training loop: `train_run` trains with attnlab.training.Trainer (`attnlab train`'s loop), each model
-  a run directory (checkpoint, tokenizer, metrics, optional snapshots) that `attnlab.load`, `attnlab
-  attribute`/`patch` and the explorer read. The synthetic token ids go in as text, one character per id.
+  induction experiment). `SyntheticText`: a fixed random bigram "language" with, chunk by chunk,
+  either fresh bigram text or a copy of an earlier span of the same sequence (the extrapolation
+  experiment).
+- One training loop: `train_run` trains with attnlab.training.Trainer (`attnlab train`'s loop), each
+  model a run directory (checkpoint, tokenizer, metrics, optional snapshots) that `attnlab.load`,
+  `attnlab attribute`/`patch` and the explorer read. The synthetic token ids go in as text, one
+  character per id.
 - Tiny models train on one thread (`threads(1)`): at this size a second thread costs more in
   synchronisation than it gains, badly so on a busy machine.
 - Every experiment writes `<name>.json` (atomically) and `<name>.png` into --out and prints a table.
@@ -34,7 +37,8 @@ from ...training.trainer import Trainer
 
 @dataclass(frozen=True)
 class SyntheticText:
-    """Bigram text with copied spans. `d_vocab` tokens, `successors` likely next tokens each, a copy with prob `p_copy`."""
+    """Bigram text with copied spans. `d_vocab` tokens, `successors` likely next tokens each, a copy
+    with prob `p_copy`."""
 
     d_vocab: int = 64
     successors: int = 3
@@ -44,7 +48,8 @@ class SyntheticText:
     seed: int = 1234  # the language (transition table) itself; sequences use their own seeds
 
     def transitions(self) -> torch.Tensor:
-        """[d_vocab, d_vocab] next-token probabilities: mass mostly on `successors` random tokens, a little everywhere."""
+        """[d_vocab, d_vocab] next-token probabilities: mass mostly on `successors` random tokens, a
+        little everywhere."""
         g = torch.Generator().manual_seed(self.seed)
         probs = torch.full((self.d_vocab, self.d_vocab), 0.1 / self.d_vocab)
         for token in range(self.d_vocab):
@@ -54,15 +59,19 @@ class SyntheticText:
         return probs / probs.sum(-1, keepdim=True)
 
     def sample(self, n: int, T: int, seed: int) -> torch.Tensor:
-        """n sequences of T tokens (n, T), reproducible from `seed`: bigram text, then copies pasted over it."""
+        """n sequences of T tokens (n, T), reproducible from `seed`: bigram text, then copies pasted
+        over it."""
         g = torch.Generator().manual_seed(seed)
         probs = self.transitions()
         out = torch.empty(n, T, dtype=torch.long)
         out[:, 0] = torch.randint(self.d_vocab, (n,), generator=g)
         for t in range(1, T):  # the bigram chain, all rows at once
             out[:, t] = torch.multinomial(probs[out[:, t - 1]], 1, generator=g).squeeze(1)
-        # Walk each row in chunks; a chunk is, with prob p_copy, a copy of an earlier span of the same row.
-        spans = torch.randint(self.min_span, self.max_span + 1, (n, T // self.min_span + 1), generator=g).tolist()
+        # Walk each row in chunks; a chunk is, with prob p_copy, a copy of an earlier span of the
+        # same row.
+        spans = torch.randint(
+            self.min_span, self.max_span + 1, (n, T // self.min_span + 1), generator=g
+        ).tolist()
         coins = (torch.rand(n, T // self.min_span + 1, generator=g) < self.p_copy).tolist()
         starts = torch.rand(n, T // self.min_span + 1, generator=g).tolist()
         for row in range(n):
@@ -70,16 +79,26 @@ class SyntheticText:
             while pos < T:
                 span = min(spans[row][chunk], T - pos)
                 if pos > span and coins[row][chunk]:
-                    src = int(starts[row][chunk] * (pos - span))  # the copy ends before it starts: src + span <= pos
-                    out[row, pos:pos + span] = out[row, src:src + span].clone()
+                    # the copy ends before it starts: src + span <= pos
+                    src = int(starts[row][chunk] * (pos - span))
+                    out[row, pos : pos + span] = out[row, src : src + span].clone()
                 pos, chunk = pos + span, chunk + 1
         return out
 
 
-def repeated_spans(n: int, T: int, d_vocab: int, seed: int, min_span: int = 4, max_span: int = 20, max_prefix: int = 8) -> torch.Tensor:
-    """n sequences (n, T): a random prefix (0..max_prefix−1 tokens), then one span of distinct random tokens
-    repeated to the end. The span's length varies per sequence, so "look ℓ back" cannot predict it: only
-    "find the last occurrence of this token and copy what followed" (induction) does.
+def repeated_spans(
+    n: int,
+    T: int,
+    d_vocab: int,
+    seed: int,
+    min_span: int = 4,
+    max_span: int = 20,
+    max_prefix: int = 8,
+) -> torch.Tensor:
+    """n sequences (n, T): a random prefix (0..max_prefix−1 tokens), then one span of distinct
+    random tokens repeated to the end. The span's length varies per sequence, so "look ℓ back"
+    cannot predict it: only "find the last occurrence of this token and copy what followed"
+    (induction) does.
     """
     g = torch.Generator().manual_seed(seed)
     out = torch.empty(n, T, dtype=torch.long)
@@ -87,7 +106,9 @@ def repeated_spans(n: int, T: int, d_vocab: int, seed: int, min_span: int = 4, m
         prefix = int(torch.randint(0, max_prefix, (1,), generator=g))
         span = min(d_vocab, int(torch.randint(min_span, max_span + 1, (1,), generator=g)))
         tokens = torch.randperm(d_vocab, generator=g)[:span]
-        out[row] = torch.cat([torch.randint(d_vocab, (prefix,), generator=g), tokens.repeat(T // span + 1)])[:T]
+        out[row] = torch.cat(
+            [torch.randint(d_vocab, (prefix,), generator=g), tokens.repeat(T // span + 1)]
+        )[:T]
     return out
 
 
@@ -103,45 +124,84 @@ def threads(n: int) -> Iterator[None]:
 
 
 # one printable character per token id (no spaces: every character is one token, in sorted order)
-ALPHABET = ("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789αβγδεζηθικλμνξοπρστυφχψω"
-            "ΓΔΘΛΞΠΣΦΨΩбгдёжзийлпфцчшщъыьэюя!#$%&*+<=>?")
+ALPHABET = (
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789αβγδεζηθικλμνξοπρστυφχψω"
+    "ΓΔΘΛΞΠΣΦΨΩбгдёжзийлпфцчшщъыьэюя!#$%&*+<=>?"
+)
 
 
 def token_tokenizer(d_vocab: int):
-    """A character tokenizer whose ids 0..d_vocab-1 are d_vocab distinct printable characters: synthetic
-    token ids written as text, for the Trainer (which reads text) and the explorer (which shows it)."""
+    """A character tokenizer whose ids 0..d_vocab-1 are d_vocab distinct printable characters:
+    synthetic token ids written as text, for the Trainer (which reads text) and the explorer (which
+    shows it)."""
     assert len(set(ALPHABET)) == len(ALPHABET) >= d_vocab
     return Tokenizer.train_char("".join(sorted(ALPHABET)[:d_vocab]))
 
 
-def train_run(data: torch.Tensor, d_vocab: int, out: Path, *, steps: int, batch: int, lr: float, seed: int,
-              progress: bool = False, on_snapshot=None, **flags):
-    """Train a model on the sequences `data` (N, T+1) of token ids below d_vocab with the training package's
-    Trainer (the loop of `attnlab train`), into the run directory `out`; return the trained model (eval mode).
+def train_run(
+    data: torch.Tensor,
+    d_vocab: int,
+    out: Path,
+    *,
+    steps: int,
+    batch: int,
+    lr: float,
+    seed: int,
+    progress: bool = False,
+    on_snapshot=None,
+    **flags,
+):
+    """Train a model on the sequences `data` (N, T+1) of token ids below d_vocab with the training
+    package's
+    Trainer (the loop of `attnlab train`), into the run directory `out`; return the trained model
+    (eval mode).
 
     The sequences are written end to end as text, one character per id (`token_tokenizer`), into
-    out/data.txt; the run's character tokenizer, trained on that text, gives back the same ids (checked), and
-    windows start only at sequence starts (--window-stride T + 1). The Trainer keeps the first 90% of the
-    sequences for training and the rest for its val loss. The experiments' recipe: AdamW with betas 0.9,
-    0.98 and no weight decay, a 20-step warm-up to a constant learning rate (min_lr = lr), clipping at 1.
-    `flags` are further TrainConfig fields (the model's shape, snapshots, eval_interval). With `progress`, the
-    Trainer's progress bar on stderr, without its line per evaluation (metrics.jsonl has them). `on_snapshot`:
+    out/data.txt; the run's character tokenizer, trained on that text, gives back the same ids
+    (checked), and windows start only at sequence starts (--window-stride T + 1). The Trainer keeps
+    the first 90% of the sequences for training and the rest for its val loss. The experiments'
+    recipe: AdamW with betas 0.9, 0.98 and no weight decay, a 20-step warm-up to a constant learning
+    rate (min_lr = lr), clipping at 1. `flags` are further TrainConfig fields (the model's shape,
+    snapshots, eval_interval). With `progress`, the Trainer's progress bar on stderr, without its
+    line per evaluation (metrics.jsonl has them). `on_snapshot`:
     the Trainer's, called with (step, model) at every snapshot step."""
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = token_tokenizer(d_vocab)
     data_file = out / "data.txt"
     atomic_write_text(data_file, tokenizer.decode(data.flatten().tolist()))
     T = data.shape[1] - 1
-    cfg = TrainConfig(**{
-        "data": str(data_file), "tokenizer": "char", "out": str(out), "window_stride": T + 1, "block_size": T,
-        "batch_size": batch, "max_iters": steps, "learning_rate": lr, "min_lr": lr, "warmup_iters": 20,
-        "weight_decay": 0.0, "beta1": 0.9, "beta2": 0.98, "grad_clip": 1.0, "eval_interval": steps,
-        "eval_iters": 4, "seed": seed, "device": "cpu", "dtype": "float32", **flags,
-    })
-    trainer = Trainer(cfg, overwrite=True, progress=progress, evaluation_lines=False,  # the bar, not 100 lines a model
-                      on_snapshot=on_snapshot)
+    cfg = TrainConfig(
+        **{
+            "data": str(data_file),
+            "tokenizer": "char",
+            "out": str(out),
+            "window_stride": T + 1,
+            "block_size": T,
+            "batch_size": batch,
+            "max_iters": steps,
+            "learning_rate": lr,
+            "min_lr": lr,
+            "warmup_iters": 20,
+            "weight_decay": 0.0,
+            "beta1": 0.9,
+            "beta2": 0.98,
+            "grad_clip": 1.0,
+            "eval_interval": steps,
+            "eval_iters": 4,
+            "seed": seed,
+            "device": "cpu",
+            "dtype": "float32",
+            **flags,
+        }
+    )
+    # the bar, not 100 lines a model
+    trainer = Trainer(
+        cfg, overwrite=True, progress=progress, evaluation_lines=False, on_snapshot=on_snapshot
+    )
     ids = list(range(d_vocab))
-    assert trainer.tokenizer.encode(tokenizer.decode(ids)) == ids, "every token id must occur in the data"
+    assert trainer.tokenizer.encode(tokenizer.decode(ids)) == ids, (
+        "every token id must occur in the data"
+    )
     trainer.run()
     return trainer.raw_model.eval()
 
@@ -159,12 +219,15 @@ def per_token_loss(model, data: torch.Tensor, batch: int = 256) -> torch.Tensor:
 def make_out_dir(out: Path) -> None:
     """Create the output directory, or say in one line why it cannot be one."""
     if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} is a file, not a directory; pass a directory (it is created if missing)")
+        raise UserError(
+            f"--out {out} is a file, not a directory; pass a directory (it is created if missing)"
+        )
     out.mkdir(parents=True, exist_ok=True)
 
 
 def write_outputs(out: Path, name: str, result: dict, plot: Callable[[dict, Path], None]) -> None:
-    """Write `<out>/<name>.json` and, with `plot(result, path)`, `<out>/<name>.png`, creating `out`."""
+    """Write `<out>/<name>.json` and, with `plot(result, path)`, `<out>/<name>.png`, creating
+    `out`."""
     make_out_dir(out)
     write_json(out / f"{name}.json", result)
     plot(result, out / f"{name}.png")

@@ -1,9 +1,11 @@
 """`attnlab experiment coreference`: which heads send a pronoun to its antecedent?
 
-On the bundled pretrained MiniLM (`attnlab.load("minilm")`, a BERT-style encoder) and a small built-in
+On the bundled pretrained MiniLM (`attnlab.load("minilm")`, a BERT-style encoder) and a small
+built-in
 set of sentence pairs: in each pair the two sentences share their nouns and differ in the end, which
-changes what the pronoun refers to ("The cat sat on the mat because it was tired." -> cat; "... because
-it was soft." -> mat). So a head that always picks the first noun, or the nearest one, is right half of
+changes what the pronoun refers to ("The cat sat on the mat because it was tired." -> cat; "...
+because it was soft." -> mat). So a head that always picks the first noun, or the nearest one, is
+right half of
 the time: the pairs are each other's control.
 
 Design choices:
@@ -23,15 +25,20 @@ from pathlib import Path
 import torch
 
 from ...errors import UserError
-from .common import format_table, new_figure, save_figure, write_outputs
 from ...formats import load
+from .common import format_table, new_figure, save_figure, write_outputs
 
 # (sentence, pronoun, antecedent, the other noun); pairs share their nouns and flip the antecedent.
 SENTENCES: tuple[tuple[str, str, str, str], ...] = (
     ("The cat sat on the mat because it was tired.", "it", "cat", "mat"),
     ("The cat sat on the mat because it was soft.", "it", "mat", "cat"),
     ("The trophy did not fit in the suitcase because it was too big.", "it", "trophy", "suitcase"),
-    ("The trophy did not fit in the suitcase because it was too small.", "it", "suitcase", "trophy"),
+    (
+        "The trophy did not fit in the suitcase because it was too small.",
+        "it",
+        "suitcase",
+        "trophy",
+    ),
     ("The bird ate the seed because it was hungry.", "it", "bird", "seed"),
     ("The bird ate the seed because it was tasty.", "it", "seed", "bird"),
     ("The car hit the tree because it was going too fast.", "it", "car", "tree"),
@@ -56,12 +63,17 @@ SENTENCES: tuple[tuple[str, str, str, str], ...] = (
 
 
 def word_tokens(offsets: list[tuple[int, int]], start: int, end: int) -> list[int]:
-    """Indices of the tokens whose character span lies inside [start, end) (special tokens have empty spans)."""
+    """Indices of the tokens whose character span lies inside [start, end) (special tokens have
+    empty spans)."""
     return [i for i, (a, b) in enumerate(offsets) if b > a and a >= start and b <= end]
 
 
-def locate(text: str, offsets: list[tuple[int, int]], pronoun: str, antecedent: str, other: str) -> dict[str, list[int]]:
-    """Token indices of the pronoun (its last occurrence) and of the two nouns (their first occurrence)."""
+def locate(
+    text: str, offsets: list[tuple[int, int]], pronoun: str, antecedent: str, other: str
+) -> dict[str, list[int]]:
+    """Token indices of the pronoun (its last occurrence) and of the two nouns (their first
+    occurrence)."""
+
     def span(word: str, last: bool) -> tuple[int, int]:
         found = list(re.finditer(rf"\b{re.escape(word)}\b", text, flags=re.IGNORECASE))
         if not found:
@@ -69,18 +81,29 @@ def locate(text: str, offsets: list[tuple[int, int]], pronoun: str, antecedent: 
         m = found[-1] if last else found[0]
         return m.start(), m.end()
 
-    where = {"pronoun": span(pronoun, True), "antecedent": span(antecedent, False), "other": span(other, False)}
+    where = {
+        "pronoun": span(pronoun, True),
+        "antecedent": span(antecedent, False),
+        "other": span(other, False),
+    }
     tokens = {k: word_tokens(offsets, *v) for k, v in where.items()}
     for k, v in tokens.items():
         if not v:
-            raise UserError(f"no token covers the {k} in {text!r}; the tokenizer's offsets do not match the text")
+            raise UserError(
+                f"no token covers the {k} in {text!r}; the tokenizer's offsets do not match the "
+                "text"
+            )
     return tokens
 
 
-def head_votes(patterns: torch.Tensor, tokens: dict[str, list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """patterns [layer, head, query_pos, key_pos] of one sentence -> (correct [layer, head] bool, attention to the antecedent).
+def head_votes(
+    patterns: torch.Tensor, tokens: dict[str, list[int]]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """patterns [layer, head, query_pos, key_pos] of one sentence -> (correct [layer, head] bool,
+    attention to the antecedent).
 
-    The pronoun's attention to a word is the sum over the word's tokens; with several pronoun tokens, their mean.
+    The pronoun's attention to a word is the sum over the word's tokens; with several pronoun
+    tokens, their mean.
     """
     rows = patterns[:, :, tokens["pronoun"]].mean(2)  # [layer, head, key_pos]
     to_antecedent = rows[..., tokens["antecedent"]].sum(-1)
@@ -91,7 +114,10 @@ def head_votes(patterns: torch.Tensor, tokens: dict[str, list[int]]) -> tuple[to
 def score_heads(model, sentences=SENTENCES) -> dict:
     tokenizer = model.tokenizer
     if tokenizer is None:
-        raise UserError("the coreference experiment needs a model with a tokenizer (tokenizer.json next to the weights)")
+        raise UserError(
+            "the coreference experiment needs a model with a tokenizer (tokenizer.json next to "
+            "the weights)"
+        )
     n_layers, n_heads = model.config.n_layers, model.config.n_heads
     correct = torch.zeros(len(sentences), n_layers, n_heads, dtype=torch.bool)
     mass = torch.zeros(len(sentences), n_layers, n_heads)
@@ -102,8 +128,11 @@ def score_heads(model, sentences=SENTENCES) -> dict:
         first_noun[i] = tokens["antecedent"][0] < tokens["other"][0]
         ids = torch.tensor([encoding.ids], device=model.device)
         with torch.no_grad():
-            _, cache = model.run_with_cache(ids, names_filter=lambda name: name.endswith("attn.hook_pattern"))
-        patterns = cache.stack("blocks.{}.attn.hook_pattern")[:, 0].float().cpu()  # [layer, head, query_pos, key_pos]
+            _, cache = model.run_with_cache(
+                ids, names_filter=lambda name: name.endswith("attn.hook_pattern")
+            )
+        # [layer, head, query_pos, key_pos]
+        patterns = cache.stack("blocks.{}.attn.hook_pattern")[:, 0].float().cpu()
         correct[i], mass[i] = head_votes(patterns, tokens)
     accuracy = correct.float().mean(0)
     return {
@@ -115,9 +144,18 @@ def score_heads(model, sentences=SENTENCES) -> dict:
     }
 
 
-def run(out: Path, *, seed: int = 0, quick: bool = False, model=None, model_name: str = "minilm",
-        revision: str | None = None, top: int = 8) -> dict:
-    """`model` overrides `model_name` (tests pass a small one). seed and quick are accepted for a uniform CLI; nothing here is random."""
+def run(
+    out: Path,
+    *,
+    seed: int = 0,
+    quick: bool = False,
+    model=None,
+    model_name: str = "minilm",
+    revision: str | None = None,
+    top: int = 8,
+) -> dict:
+    """`model` overrides `model_name` (tests pass a small one). seed and quick are accepted for a
+    uniform CLI; nothing here is random."""
     if model is None:
         model = load(model_name, revision=revision)
     model.eval()
@@ -128,18 +166,23 @@ def run(out: Path, *, seed: int = 0, quick: bool = False, model=None, model_name
     best = []
     for index in order[:top]:
         layer, head = divmod(index, n_heads)
-        best.append({
-            "layer": layer, "head": head, "accuracy": float(acc[layer, head]),
-            "accuracy_first_noun": float(scores["accuracy_first_noun"][layer, head]),
-            "accuracy_second_noun": float(scores["accuracy_second_noun"][layer, head]),
-            "attention_to_antecedent": float(scores["attention_to_antecedent"][layer, head]),
-        })
+        best.append(
+            {
+                "layer": layer,
+                "head": head,
+                "accuracy": float(acc[layer, head]),
+                "accuracy_first_noun": float(scores["accuracy_first_noun"][layer, head]),
+                "accuracy_second_noun": float(scores["accuracy_second_noun"][layer, head]),
+                "attention_to_antecedent": float(scores["attention_to_antecedent"][layer, head]),
+            }
+        )
     layer, head = best[0]["layer"], best[0]["head"]
     result = {
         "experiment": "coreference",
         "model": model_name if model is None or model_name else "given",
         "n_sentences": len(SENTENCES),
-        "rule": "a head is right on a sentence when the pronoun attends more to the antecedent than to the other noun",
+        "rule": "a head is right on a sentence when the pronoun attends more to the antecedent "
+        "than to the other noun",
         "chance": 0.5,
         "best_heads": best,
         "per_sentence_best_head": [
@@ -160,17 +203,41 @@ def plot(result: dict, path: Path) -> None:
     ax = axes[0][0]
     image = ax.imshow(acc.numpy(), vmin=0, vmax=1, cmap="viridis")
     for (l, h), v in ((divmod(i, acc.shape[1]), float(x)) for i, x in enumerate(acc.flatten())):
-        ax.text(h, l, f"{v:.2f}", ha="center", va="center", fontsize=6, color="white" if v < 0.6 else "black")
+        ax.text(
+            h,
+            l,
+            f"{v:.2f}",
+            ha="center",
+            va="center",
+            fontsize=6,
+            color="white" if v < 0.6 else "black",
+        )
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
-    ax.set_title(f"pronoun -> antecedent, fraction right of {result['n_sentences']} sentences (chance 0.5)", fontsize=9)
+    ax.set_title(
+        f"pronoun -> antecedent, fraction right of {result['n_sentences']} sentences (chance 0.5)",
+        fontsize=9,
+    )
     fig.colorbar(image, ax=ax, shrink=0.8)
     save_figure(fig, path)
 
 
 def table(result: dict) -> str:
-    rows = [[f"L{b['layer']}H{b['head']}", b["accuracy"], b["accuracy_first_noun"], b["accuracy_second_noun"],
-             b["attention_to_antecedent"]] for b in result["best_heads"]]
-    text = format_table(["head", "right", "right (1st noun)", "right (2nd noun)", "attn to antecedent"], rows)
-    return text + (f"\n{result['heads_at_least_75_percent']} of {result['n_heads_total']} heads are right on at least 75% "
-                   f"of {result['n_sentences']} sentences (chance: 50%)")
+    rows = [
+        [
+            f"L{b['layer']}H{b['head']}",
+            b["accuracy"],
+            b["accuracy_first_noun"],
+            b["accuracy_second_noun"],
+            b["attention_to_antecedent"],
+        ]
+        for b in result["best_heads"]
+    ]
+    text = format_table(
+        ["head", "right", "right (1st noun)", "right (2nd noun)", "attn to antecedent"], rows
+    )
+    return text + (
+        f"\n{result['heads_at_least_75_percent']} of {result['n_heads_total']} heads are right on "
+        "at least 75% "
+        f"of {result['n_sentences']} sentences (chance: 50%)"
+    )
