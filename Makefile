@@ -48,7 +48,9 @@ compiler:
 demo: venv
 	$(VENV)/bin/attnlab demo
 
+# ruff first (line length 100, pyflakes, import order: pyproject.toml's [tool.ruff]), then the suite
 test: venv-test browser compiler
+	$(VENV)/bin/ruff check
 	$(PY) -m pytest -n 2 --timeout 900 $(PYTEST_ARGS)
 
 clean:
