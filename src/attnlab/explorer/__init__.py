@@ -13,7 +13,7 @@ importing FastAPI or torch.
 
 from pathlib import Path
 
-STATIC = Path(__file__).resolve().parent / "static"  # index.html, app.js, style.css
+STATIC = Path(__file__).resolve().parent / "static"  # index.html, app.js and its modules, style.css
 VIEWS = ("dict", "matrix", "heads", "block", "next")  # the page's tabs (data-view in index.html)
 MAX_TOKENS = 2048  # the default cap on a text's length, in tokens (explore --max-tokens changes it)
 # requests to the API computed or waiting at once (work_queue.WorkQueue); the page sends at most 3

@@ -2,9 +2,10 @@
 notebooks).
 
 Design choices:
-- The page is the served page itself: index.html with style.css and app.js inlined, plus
-  `window.ATTNLAB_EXPORT = {models, text, responses}`. app.js answers its API calls from
-  `responses`, keyed exactly as it keys its own requests (`request_key` mirrors app.js's
+- The page is the served page itself: index.html with style.css and its modules inlined (one
+  module script, page_modules.inline_modules: the same files, dependencies first), plus
+  `window.ATTNLAB_EXPORT = {models, text, responses}`. The page answers its API calls from
+  `responses`, keyed exactly as it keys its own requests (`request_key` mirrors core.js's
   `requestKey`), so the exported views are the same code on the same numbers, with no server and no
   network.
 - What is precomputed: the run, every layer's and head's pattern and 2-D projection, the heads grid
@@ -30,6 +31,7 @@ from urllib.parse import quote
 from ..errors import UserError
 from . import STATIC, VIEWS
 from .models import Variant
+from .page_modules import inline_modules
 from .service import Explorer
 
 EXPORT_MAX_TOKENS = 128
@@ -42,7 +44,7 @@ SAFE_IN_URI = "-_.!~*'()"
 
 
 def request_key(path: str, body: dict[str, Any]) -> str:
-    """The key app.js's `requestKey` gives a request: path, a space, then JSON of [key, value] pairs
+    """The key core.js's `requestKey` gives a request: path, a space, then JSON of [key, value] pairs
     sorted by key."""
     return (
         path
@@ -186,16 +188,18 @@ def export_html(
     data["view"] = view
     page = (STATIC / "index.html").read_text(encoding="utf-8")
     style = (STATIC / "style.css").read_text(encoding="utf-8")
-    script = (STATIC / "app.js").read_text(encoding="utf-8")
+    script = inline_modules()
     payload = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
     link = '<link rel="stylesheet" href="/static/style.css">'
-    tag = '<script src="/static/app.js"></script>'
-    assert link in page and tag in page, "index.html must link /static/style.css and /static/app.js"
+    tag = '<script type="module" src="/static/app.js"></script>'
+    assert link in page and tag in page, (
+        "index.html must link /static/style.css and /static/app.js (a module)"
+    )
     page = page.replace(link, f"<style>\n{style}</style>")
     page = page.replace(
         tag,
         f"<script>window.ATTNLAB_EXPORT = {_inline_script(payload)};</script>\n"
-        f"<script>\n{_inline_script(script)}</script>",
+        f'<script type="module">\n{_inline_script(script)}</script>',
     )
     return page
 
