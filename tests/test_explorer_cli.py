@@ -154,7 +154,7 @@ def test_export_holds_every_request_the_page_makes_by_default():
         in keys
     )
     assert "/api/models/gpt/head-scores" in keys
-    # app.js's requestKey: JSON.stringify of sorted [key, value] pairs, no spaces, non-ASCII as is
+    # core.js's requestKey: JSON.stringify of sorted [key, value] pairs, no spaces, non-ASCII as is
     assert (
         request_key("/api/run", {"text": "é\n", "model": "m"})
         == '/api/run [["model","m"],["text","é\\n"]]'

@@ -206,7 +206,7 @@ def test_the_pattern_reports_what_the_text_cost(client):
 
 
 def decode_f16(m):
-    """What app.js's decodeMatrix does with an "f16" matrix: float16 x scale, a `lower` one's
+    """What core.js's decodeMatrix does with an "f16" matrix: float16 x scale, a `lower` one's
     triangle filled in."""
     import base64
 

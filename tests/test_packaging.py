@@ -85,7 +85,11 @@ def test_wheel_requires_a_torch_range_and_carries_every_package_file(wheel):
         for p in package.rglob("*")
         if p.is_file() and "__pycache__" not in p.parts
     }
-    assert {"attnlab/explorer/static/index.html", "attnlab/explorer/static/app.js"} <= expected
+    assert {
+        "attnlab/explorer/static/index.html",
+        "attnlab/explorer/static/app.js",
+        "attnlab/explorer/static/views/dict.js",
+    } <= expected  # the page's modules, in a folder too
     assert expected <= set(names), sorted(expected - set(names))
     with zipfile.ZipFile(wheel) as zf:
         (entry,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
