@@ -708,6 +708,39 @@ BREAKS = [
         [("    if announce:", "    if False:")],
         ["tests/test_env.py::test_max_steps_caps_a_training_run_schedule_and_all"],
     ),
+    # Issue 26: the page code as modules ------------------------------------------------------------
+    Break(
+        "modules-shipped",
+        "every page module ships in the package",
+        "package data without static/'s folders",
+        "pyproject.toml",
+        [('"explorer/static/*", "explorer/static/**/*", ', '"explorer/static/*", ')],
+        [
+            "tests/test_explorer_modules.py::"
+            "test_app_js_reaches_every_module_in_static_and_each_ships_in_the_package"
+        ],
+    ),
+    Break(
+        "modules-inlined",
+        "an exported page runs the same modules, inlined",
+        "import lines left as they are",
+        "src/attnlab/explorer/page_modules.py",
+        [
+            (
+                'body = re.sub(r"^export\\s+", "", _IMPORT.sub(importing, source), flags=re.M)',
+                'body = re.sub(r"^export\\s+", "", source, flags=re.M)',
+            )
+        ],
+        ["tests/test_explorer_browser.py::test_the_exported_page_works_from_a_file_with_no_network"],
+    ),
+    Break(
+        "modules-alone",
+        "each view module draws its view with core.js alone",
+        "the soft dictionary uses a helper it does not import",
+        "src/attnlab/explorer/static/views/dict.js",
+        [("guarded, patternEncoding, show, softmaxRow", "guarded, patternEncoding, softmaxRow")],
+        ["tests/test_explorer_modules.py::test_each_view_module_draws_its_view_alone -k dict"],
+    ),
 ]
 
 
