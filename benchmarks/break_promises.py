@@ -708,7 +708,7 @@ BREAKS = [
         [("    if announce:", "    if False:")],
         ["tests/test_env.py::test_max_steps_caps_a_training_run_schedule_and_all"],
     ),
-    # Issue 26: the page code as modules ------------------------------------------------------------
+    # Issue 26: the page code as modules -----------------------------------------------------------
     Break(
         "modules-shipped",
         "every page module ships in the package",
@@ -731,7 +731,9 @@ BREAKS = [
                 'body = re.sub(r"^export\\s+", "", source, flags=re.M)',
             )
         ],
-        ["tests/test_explorer_browser.py::test_the_exported_page_works_from_a_file_with_no_network"],
+        [
+            "tests/test_explorer_browser.py::test_the_exported_page_works_from_a_file_with_no_network"
+        ],
     ),
     Break(
         "modules-alone",

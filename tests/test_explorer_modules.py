@@ -20,12 +20,12 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from explorer_models import TEXT, small_models, snapshot_run
+from test_explorer_browser import browser  # noqa: F401  (the fixture: one Chromium per module)
 
 import attnlab
 from attnlab.explorer import STATIC
 from attnlab.explorer.page_modules import ModuleError, inline_modules, module_order
-from explorer_models import TEXT, small_models, snapshot_run
-from test_explorer_browser import browser  # noqa: F401  (the fixture: one Chromium per module)
 
 ROOT = Path(attnlab.__file__).resolve().parents[2]
 PACKAGE = ROOT / "src" / "attnlab"
@@ -34,9 +34,12 @@ PACKAGE = ROOT / "src" / "attnlab"
 def shipped_files() -> set[str]:
     """The files under src/attnlab that pyproject.toml's package data names (setuptools' globs)."""
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    return {Path(p).as_posix() for pattern in setuptools["package-data"]["attnlab"]
-            for p in glob.glob(pattern, root_dir=PACKAGE, recursive=True)
-            if (PACKAGE / p).is_file()}
+    return {
+        Path(p).as_posix()
+        for pattern in setuptools["package-data"]["attnlab"]
+        for p in glob.glob(pattern, root_dir=PACKAGE, recursive=True)
+        if (PACKAGE / p).is_file()
+    }
 
 
 def test_app_js_reaches_every_module_in_static_and_each_ships_in_the_package():
@@ -72,16 +75,23 @@ def write(root: Path, files: dict[str, str]) -> Path:
 IMPORT_B = 'import { a } from "./b.js";\n'
 
 
-@pytest.mark.parametrize("files, message", [
-    ({"app.js": 'import { a } from "./gone.js";\n'}, "app.js imports gone.js, which is not in"),
-    ({"app.js": IMPORT_B, "b.js": 'import { c } from "./app.js";\nexport const a = 1;\n'},
-     "in a cycle: app.js -> b.js -> app.js"),
-    ({"app.js": IMPORT_B, "b.js": "export default 1;\n"}, "b.js:1: 'export default 1;'"),
-    ({"app.js": IMPORT_B, "b.js": "export let a = 1;\n"}, "b.js:1: 'export let a = 1;'"),
-    ({"app.js": 'import "./b.js";\n', "b.js": ""}, "app.js:1: 'import \"./b.js\";'"),
-    ({"app.js": 'import { a } from "https://cdn.example/a.js";\n'},
-     "app.js:1: imports 'https://cdn.example/a.js'"),
-])
+@pytest.mark.parametrize(
+    "files, message",
+    [
+        ({"app.js": 'import { a } from "./gone.js";\n'}, "app.js imports gone.js, which is not in"),
+        (
+            {"app.js": IMPORT_B, "b.js": 'import { c } from "./app.js";\nexport const a = 1;\n'},
+            "in a cycle: app.js -> b.js -> app.js",
+        ),
+        ({"app.js": IMPORT_B, "b.js": "export default 1;\n"}, "b.js:1: 'export default 1;'"),
+        ({"app.js": IMPORT_B, "b.js": "export let a = 1;\n"}, "b.js:1: 'export let a = 1;'"),
+        ({"app.js": 'import "./b.js";\n', "b.js": ""}, "app.js:1: 'import \"./b.js\";'"),
+        (
+            {"app.js": 'import { a } from "https://cdn.example/a.js";\n'},
+            "app.js:1: imports 'https://cdn.example/a.js'",
+        ),
+    ],
+)
 def test_the_inliner_names_what_it_cannot_inline(tmp_path, files, message):
     with pytest.raises(ModuleError, match=re.escape(message)):
         inline_modules(root=write(tmp_path, files))
@@ -89,6 +99,7 @@ def test_the_inliner_names_what_it_cannot_inline(tmp_path, files, message):
 
 # --------------------------------------------------------------------------------------------------
 # In Chromium
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
@@ -102,7 +113,7 @@ def server(tmp_path_factory):
 
 
 @pytest.fixture
-def page(browser):
+def page(browser):  # noqa: F811 (the fixture imported above)
     """A fresh page that records the scripts it fetches; the test fails on any error it logs."""
     context = browser.new_context(viewport={"width": 1280, "height": 860})
     page = context.new_page()
@@ -110,8 +121,10 @@ def page(browser):
     page.errors, page.scripts = [], []
     page.on("console", lambda m: m.type == "error" and page.errors.append(m.text))
     page.on("pageerror", lambda e: page.errors.append(str(e)))
-    page.on("request", lambda r: r.resource_type == "script"
-            and page.scripts.append(r.url.split("/static/")[-1]))
+    page.on(
+        "request",
+        lambda r: r.resource_type == "script" and page.scripts.append(r.url.split("/static/")[-1]),
+    )
     yield page
     errors = page.errors
     context.close()
@@ -122,14 +135,18 @@ def page(browser):
 @pytest.mark.slow
 def test_the_inliner_runs_each_module_once_in_its_own_scope_after_its_imports(page, tmp_path):
     """Two modules with the same private name, a renamed and a namespace import, run in Chromium."""
-    root = write(tmp_path, {
-        "app.js": 'import { twice, log } from "./lib/a.js";\nimport { value as b } from "./b.js";\n'
-                  'import * as both from "./b.js";\nconst secret = "app";\n'
-                  "log.push(secret, twice(b), both.value);\nwindow.log = log;\n",
-        "lib/a.js": 'export const log = [];\nconst secret = "a";\nlog.push(secret);\n'
-                    "export function twice(x) { return 2 * x; }\n",
-        "b.js": 'import { log } from "./lib/a.js";\nlog.push("b");\nexport const value = 21;\n',
-    })
+    root = write(
+        tmp_path,
+        {
+            "app.js": 'import { twice, log } from "./lib/a.js";\n'
+            'import { value as b } from "./b.js";\n'
+            'import * as both from "./b.js";\nconst secret = "app";\n'
+            "log.push(secret, twice(b), both.value);\nwindow.log = log;\n",
+            "lib/a.js": 'export const log = [];\nconst secret = "a";\nlog.push(secret);\n'
+            "export function twice(x) { return 2 * x; }\n",
+            "b.js": 'import { log } from "./lib/a.js";\nlog.push("b");\nexport const value = 21;\n',
+        },
+    )
     page.set_content(f'<script type="module">{inline_modules(root=root)}</script>')
     page.wait_for_function("window.log")
     assert page.evaluate("window.log") == ["a", "b", "app", 42, 21]
@@ -197,8 +214,9 @@ await view.load{name}();
 document.body.dataset.ready = "1";
 </script></body></html>"""
     # a page of the server's origin (its modules and API same-origin), answered by the test itself
-    page.route(server + "/alone.html",
-               lambda route: route.fulfill(content_type="text/html", body=html))
+    page.route(
+        server + "/alone.html", lambda route: route.fulfill(content_type="text/html", body=html)
+    )
     page.goto(server + "/alone.html")
     page.wait_for_selector("body[data-ready='1']", state="attached")
     assert set(page.scripts) == alone(view), page.scripts

@@ -44,8 +44,8 @@ SAFE_IN_URI = "-_.!~*'()"
 
 
 def request_key(path: str, body: dict[str, Any]) -> str:
-    """The key core.js's `requestKey` gives a request: path, a space, then JSON of [key, value] pairs
-    sorted by key."""
+    """The key core.js's `requestKey` gives a request: path, a space, then JSON of [key, value]
+    pairs sorted by key."""
     return (
         path
         + " "

@@ -26,10 +26,16 @@ from . import STATIC
 
 ENTRY = "app.js"
 
-_IMPORT = re.compile(r'^import\s*(?:\{(?P<names>[^}]*)\}|\*\s*as\s+(?P<star>[\w$]+))'
-                     r'\s*from\s*"(?P<path>[^"]+)";[ \t]*$', re.M)
-_EXPORT = re.compile(r"^export\s+(?:async\s+function\*?|function\*?|const|class)"
-                     r"\s+(?P<name>[\w$]+)", re.M)
+_IMPORT = re.compile(
+    r"^import\s*(?:\{(?P<names>[^}]*)\}|\*\s*as\s+(?P<star>[\w$]+))"
+    r'\s*from\s*"(?P<path>[^"]+)";[ \t]*$',
+    re.M,
+)
+_EXPORT = re.compile(
+    r"^export\s+(?:async\s+function\*?|function\*?|const|class)"
+    r"\s+(?P<name>[\w$]+)",
+    re.M,
+)
 _STATEMENT = re.compile(r"^(import|export)\b.*$", re.M)
 
 
@@ -50,8 +56,10 @@ def _imports(name: str, source: str) -> list[str]:
     found = []
     for match in _IMPORT.finditer(source):
         if not match["path"].startswith(("./", "../")):
-            raise ModuleError(f"{name}:{_line(source, match.start())}: imports {match['path']!r}; "
-                              "the page imports only its own files, by a relative path (./x.js)")
+            raise ModuleError(
+                f"{name}:{_line(source, match.start())}: imports {match['path']!r}; "
+                "the page imports only its own files, by a relative path (./x.js)"
+            )
         found.append(_resolve(name, match["path"]))
     return found
 
@@ -61,8 +69,10 @@ def _check_statements(name: str, source: str) -> None:
     for match in _STATEMENT.finditer(source):
         if match.start() not in understood:
             where = f"{name}:{_line(source, match.start())}"
-            raise ModuleError(f"{where}: {match[0][:60]!r} is a form the exporter does not inline;"
-                              ' use `import { a } from "./x.js";` and `export function` / `const`')
+            raise ModuleError(
+                f"{where}: {match[0][:60]!r} is a form the exporter does not inline;"
+                ' use `import { a } from "./x.js";` and `export function` / `const`'
+            )
 
 
 def module_order(entry: str = ENTRY, root: Path = STATIC) -> list[str]:
@@ -74,7 +84,7 @@ def module_order(entry: str = ENTRY, root: Path = STATIC) -> list[str]:
         if name in order:
             return
         if name in visiting:
-            cycle = " -> ".join(visiting[visiting.index(name):] + [name])
+            cycle = " -> ".join(visiting[visiting.index(name) :] + [name])
             raise ModuleError(f"the page's modules import each other in a cycle: {cycle}")
         path = root / name
         if not path.is_file():
@@ -101,12 +111,15 @@ def inline_modules(entry: str = ENTRY, root: Path = STATIC) -> str:
             exports = f"modules[{_resolve(name, match['path'])!r}]"
             if match["star"]:
                 return f"const {match['star']} = {exports};"
-            names = [re.sub(r"\s+as\s+", ": ", n.strip()) for n in match["names"].split(",")
-                     if n.strip()]
+            names = [
+                re.sub(r"\s+as\s+", ": ", n.strip()) for n in match["names"].split(",") if n.strip()
+            ]
             return f"const {{ {', '.join(names)} }} = {exports};"
 
         exported = [m["name"] for m in _EXPORT.finditer(source)]
         body = re.sub(r"^export\s+", "", _IMPORT.sub(importing, source), flags=re.M)
-        parts.append(f"// ---- {name}\nmodules[{name!r}] = (() => {{\n{body.rstrip()}\n"
-                     f"return {{ {', '.join(exported)} }};\n}})();")
+        parts.append(
+            f"// ---- {name}\nmodules[{name!r}] = (() => {{\n{body.rstrip()}\n"
+            f"return {{ {', '.join(exported)} }};\n}})();"
+        )
     return "\n".join(parts) + "\n"
