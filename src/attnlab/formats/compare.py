@@ -76,8 +76,8 @@ def sample_ids(model, text: str | None = None) -> torch.Tensor:
 
 
 def load_transformers(path: str | Path, causal: bool):
-    """The reference model, eager attention, float32; a UserError when transformers is not
-    installed."""
+    """The reference model, eager attention, float32; a UserError when transformers is not installed. A GGUF
+    file is read by transformers' own GGUF reader (it needs the gguf package and accelerate)."""
     try:
         import transformers
     except ImportError:
@@ -86,11 +86,17 @@ def load_transformers(path: str | Path, causal: bool):
             "install it with: pip install transformers"
         ) from None
     cls = transformers.AutoModelForCausalLM if causal else transformers.AutoModel
+    path = Path(path)
+    where = (
+        {"pretrained_model_name_or_path": str(path.parent), "gguf_file": path.name}
+        if path.is_file()
+        else {"pretrained_model_name_or_path": str(path)}
+    )
     try:
         return cls.from_pretrained(
-            str(path), attn_implementation="eager", dtype=torch.float32, local_files_only=True
+            **where, attn_implementation="eager", dtype=torch.float32, local_files_only=True
         ).eval()
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, ImportError) as exc:
         raise UserError(
             f"{path}: transformers cannot load it ({str(exc).splitlines()[0]})"
         ) from None
