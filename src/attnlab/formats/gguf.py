@@ -154,7 +154,7 @@ def check_start(path: Path) -> None:
     if head[:4] != MAGIC:
         raise UserError(f"{path}: not a GGUF file (it starts with {head[:4]!r}, not {MAGIC!r})")
     version = int.from_bytes(head[4:8], "little")
-    if version & 0xFFFF == 0 and version:
+    if version not in VERSIONS and int.from_bytes(head[4:8], "big") in VERSIONS:
         raise UserError(f"{path}: a big-endian GGUF file, which attnlab does not read; convert it on a "
                         "little-endian machine")
     if version not in VERSIONS:
@@ -358,4 +358,7 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu"):
     from .gguf_tokenizer import tokenizer_from_gguf
 
     model.tokenizer = tokenizer_from_gguf(file)
+    if model.tokenizer is not None and model.tokenizer.vocab_size > config.d_vocab:
+        raise UserError(f"{source}: the tokenizer has {model.tokenizer.vocab_size} tokens but the embedding "
+                        f"{config.d_vocab} rows; the tokenizer does not belong to this model")
     return model.eval()

@@ -81,7 +81,10 @@ def _byte_level_bpe(file, regexes: tuple[str, ...], ignore_merges: bool):
         if cut < 0:
             raise UserError(f"{file.path}: the merge {merge!r} is not two tokens separated by a space")
         pairs.append((merge[:cut], merge[cut + 1:]))
-    backend = Backend(models.BPE(vocab, pairs, ignore_merges=ignore_merges))
+    try:
+        backend = Backend(models.BPE(vocab, pairs, ignore_merges=ignore_merges))
+    except Exception as exc:  # the library raises a bare Exception (a merge of tokens the vocabulary lacks)
+        raise UserError(f"{file.path}: the tokenizer's merges do not fit its tokens ({first_line(exc)})") from None
     backend.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Split(Regex(regex), behavior="isolated") for regex in regexes]
         + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
