@@ -52,10 +52,15 @@ def bundled_path(name: str) -> Path:
     return path
 
 
-def load(path: str | Path, device: str = "cpu", revision: str | None = None):
+def load(path: str | Path, device: str = "cpu", revision: str | None = None, file: str | None = None):
     """A model from a directory (attnlab or Hugging Face format), a GGUF file, a bundled name ("minilm",
     "smollm2") or a Hugging Face Hub name ("gpt2"; `revision`: a branch, tag or commit of it), in eval mode,
-    with .config and .tokenizer (None when the model has no tokenizer)."""
+    with .config and .tokenizer (None when the model has no tokenizer). `file`: a GGUF file in a directory
+    or a Hub repository ("OWNER/REPO", file="model-Q4_K_M.gguf")."""
+    if file is not None:
+        from .gguf import load_gguf
+
+        return load_gguf(gguf_in(path, file, revision), device=device)
     path = model_dir(path, revision)
     if path.is_file():  # model_dir returns a file only when it is a GGUF file
         from .gguf import load_gguf
@@ -69,6 +74,23 @@ def load(path: str | Path, device: str = "cpu", revision: str | None = None):
         f"{path}: neither an attnlab checkpoint nor a Hugging Face model directory "
         '(expected config.json with "format": "attnlab" or a "model_type")'
     )
+
+
+def gguf_in(path: str | Path, file: str, revision: str | None = None) -> Path:
+    """The GGUF file `file` in the directory `path`, or in the Hub repository `path` (fetched into the cache)."""
+    if not str(file).lower().endswith(".gguf"):
+        raise UserError(f"file={file!r}: `file` names a GGUF file (*.gguf) in the directory or Hub repository")
+    if Path(path).is_dir():
+        if revision is not None:
+            raise UserError(f"{path}: a revision picks a version of a Hugging Face Hub repository, and this is a "
+                            "local directory; drop the revision")
+        return Path(path) / file
+    from .hub import download_file, is_repo_id, local_path_reason
+
+    if not isinstance(path, str) or not is_repo_id(path):
+        reason = local_path_reason(str(path)) or "not a Hugging Face Hub repository id"
+        raise UserError(f"{path}: no such directory ({reason}); check the path")
+    return download_file(path, file, revision)
 
 
 def model_dir(path: str | Path, revision: str | None = None) -> Path:

@@ -34,6 +34,9 @@ Design choices:
   /api/models/{repo}/refs), and the stepN ones become the explorer's step slider. Listing needs the
   Hub:
   offline, the revisions are named on the command line instead.
+- A GGUF file is fetched by name (`attnlab.load("OWNER/REPO", file="model-Q4_K_M.gguf")`, `download_file`):
+  GGUF repositories hold one model in several quantizations, and the user picks one, as with transformers'
+  from_pretrained(repo, gguf_file=...). Only that file comes down.
 - huggingface_hub reads its environment when it is imported, as in transformers: set HF_HUB_OFFLINE,
   HF_ENDPOINT and HF_HOME before the first `attnlab.load` of a Hub name.
 """
@@ -190,6 +193,23 @@ def download(repo_id: str, revision: str | None = None) -> Path:
     except HUB_ERRORS as exc:
         raise UserError(explain(exc, repo_id, revision, label)) from None
     return folder
+
+
+def download_file(repo_id: str, filename: str, revision: str | None = None) -> Path:
+    """One named file of `repo_id` (a GGUF model file: repositories hold several quantizations of one model),
+    fetched into the Hugging Face cache if it is not there yet; its path in the snapshot folder."""
+    from .. import __version__
+
+    label = repo_id if revision is None else f"{repo_id} (revision {revision!r})"
+    try:
+        return Path(hf_hub_download(repo_id, filename, revision=revision, library_name="attnlab",
+                                    library_version=__version__))
+    except HUB_ERRORS as exc:
+        if isinstance(exc, EntryNotFoundError) and not isinstance(exc, LocalEntryNotFoundError):
+            names = sorted(name for name in _repo_files(repo_id, revision) if name.endswith(".gguf"))
+            raise UserError(f"{label}: no file {filename!r} in the repository" + (
+                f"; its GGUF files are {', '.join(names[:6])}" if names else "")) from None
+        raise UserError(explain(exc, repo_id, revision, f"{label} file {filename!r}")) from None
 
 
 def shard_names(folder: Path) -> list[str]:
