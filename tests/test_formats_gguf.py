@@ -225,6 +225,24 @@ def test_chat_template_renders_chatml(smollm2):
     assert smollm2.tokenizer.encode(prompt)[0] == 1  # <|im_start|> is one special token
 
 
+def test_sample_chat_prints_the_reply_alone(capsys):
+    from attnlab.cli import main
+
+    code = main(["sample", "smollm2", "--chat", "What is the capital of France?", "--temperature", "0",
+                 "--max-new-tokens", "40"])
+    out = capsys.readouterr().out
+    assert code == 0 and "Paris" in out
+    assert "<|im_" not in out and "France?" not in out  # neither the template's tokens nor the question
+
+
+def test_sample_chat_without_a_template_is_one_line(tmp_path, capsys):
+    from training_tiny import one_line_error, run_cli
+
+    path = write_model(tmp_path / "plain.gguf", "llama")
+    code, err = run_cli(["sample", str(path), "--chat", "hi", "--max-new-tokens", "2"], capsys)
+    assert code == 2 and "no chat template" in one_line_error(err)
+
+
 @pytest.mark.parametrize("template", [
     "{{ ''.__class__.__mro__[1].__subclasses__() }}",
     "{{ messages.__class__.__init__.__globals__ }}",

@@ -125,6 +125,22 @@ def _post_processor(file, tokens: list[str], processors, add_bos: bool):
 
 # Chat templates ----------------------------------------------------------------------------------------------
 
+def chat_ids(model, messages: list[dict[str, str]]) -> list[int]:
+    """The ids of `messages` through the model's chat template, ready for the assistant's reply. The template
+    writes every special token itself, so the tokenizer adds none (as transformers' apply_chat_template)."""
+    template = model.config.extra.get("chat_template")
+    if not isinstance(template, str) or model.tokenizer is None:
+        raise UserError("this model has no chat template (a GGUF file's tokenizer.chat_template); use --prompt")
+    names = {f"{key}_token": model.tokenizer.id_to_token(index) for key in ("bos", "eos")
+             if isinstance(index := model.config.extra.get(f"{key}_token_id"), int)}
+    ids = model.tokenizer.encode(render_chat(template, messages, add_generation_prompt=True, **names),
+                                 add_special_tokens=False)
+    if len(ids) >= model.config.n_ctx:
+        raise UserError(f"the conversation is {len(ids)} tokens but the model's context is n_ctx="
+                        f"{model.config.n_ctx}; shorten it")
+    return ids
+
+
 def render_chat(template: str, messages: list[dict[str, str]], add_generation_prompt: bool = True,
                 **variables: Any) -> str:
     """The prompt a chat template makes of `messages` ([{"role": ..., "content": ...}]), rendered in a sandbox;

@@ -127,6 +127,8 @@ def run_sample(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 0:
         raise UserError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
     max_new_tokens = capped(args.max_new_tokens, "ATTNLAB_MAX_NEW_TOKENS", "the tokens of a sample")
+    if args.chat is not None and (args.prompt is not None or args.prompt_file is not None):
+        raise UserError("give either --chat or --prompt / --prompt-file, not both")
     prompt = read_prompt(args)
     device = resolve_device(args.device)
     model = load(args.dir, device=str(device), revision=args.revision)
@@ -142,12 +144,27 @@ def run_sample(args: argparse.Namespace) -> int:
         from .fast_layers import quantize
 
         quantize(model, args.quantize)
-    ids = torch.tensor([encode_prompt(model, prompt)], device=device)
+    end_of_turn = None
+    if args.chat is not None:  # the reply alone, up to the end-of-turn token
+        from ..formats.gguf_tokenizer import chat_ids
+
+        messages = [{"role": "user", "content": args.chat}]
+        ids = torch.tensor([chat_ids(model, messages)], device=device)
+        end_of_turn = model.config.extra.get("eos_token_id")
+    else:
+        ids = torch.tensor([encode_prompt(model, prompt)], device=device)
     for i in range(args.num_samples):
         if i:
             print("\n---------------")
         stream = TextStream(model.tokenizer)
-        stream.push(ids[0].tolist())
+        if args.chat is None:
+            stream.push(ids[0].tolist())
+
+        # the end-of-turn token ends the reply and is not part of it
+        def show(token, stream=stream) -> None:
+            if token[0].item() != end_of_turn:
+                stream.push(token[0].tolist())
+
         seed = None if args.seed is None else args.seed + i
         generate_windowed(
             model,
@@ -158,7 +175,8 @@ def run_sample(args: argparse.Namespace) -> int:
             top_k=args.top_k,
             top_p=args.top_p,
             compile=args.compile,
-            on_token=lambda token: stream.push(token[0].tolist()),
+            eos_token_id=end_of_turn,
+            on_token=show,
         )
         stream.finish()
     print()
@@ -175,6 +193,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_revision_flag(s)
     s.add_argument("--prompt", default=None, help="text to continue (default: a newline)")
     s.add_argument("--prompt-file", default=None, help="read the prompt from this UTF-8 file")
+    s.add_argument(
+        "--chat",
+        default=None,
+        metavar="TEXT",
+        help="one user message, put through the model's chat template (a GGUF file carries one); "
+        "prints the reply, up to the end of the turn",
+    )
     s.add_argument("--max-new-tokens", type=int, default=500)
     s.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
     s.add_argument("--top-k", type=int, default=200)
