@@ -26,8 +26,9 @@ def test_every_command_module_is_present():
         "experiment",
         "explore",
         "export-html",
+        "chat",
     } <= commands
-    assert len(COMMAND_MODULES) == 6
+    assert len(COMMAND_MODULES) == 7
 
 
 def test_version_and_help():

@@ -17,7 +17,7 @@ import attnlab
 from attnlab.errors import UserError
 from attnlab.formats.compare import compare, load_transformers
 from attnlab.formats.gguf_tokenizer import render_chat
-from attnlab.generation import generate
+from attnlab.generate.loop import generate
 from gguf_files import Q, random_blocks, smollm2_path, write_model
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -233,6 +233,44 @@ def test_sample_chat_prints_the_reply_alone(capsys):
     out = capsys.readouterr().out
     assert code == 0 and "Paris" in out
     assert "<|im_" not in out and "France?" not in out  # neither the template's tokens nor the question
+
+
+def test_chat_is_multi_turn_and_ctrl_c_ends_a_reply_not_the_session(monkeypatch):
+    import io
+
+    import attnlab.generate.loop
+    from attnlab.generate.chat import run_chat
+    from attnlab.cli import build_parser
+
+    questions = iter(["Write a long story about a cat.", "What is the capital of France?", "And of Italy?"])
+    seen = []
+
+    def read(prompt):
+        try:
+            return next(questions)
+        except StopIteration:
+            raise EOFError from None
+
+    real = attnlab.generate.loop.generate
+
+    def generate(model, ids, *args, on_token, **kwargs):  # the first reply is interrupted after 3 tokens
+        seen.append(ids.shape[1])
+        if len(seen) == 1:
+            def interrupt_after_three(token, count=[0]):
+                on_token(token)
+                count[0] += 1
+                if count[0] == 3:
+                    raise KeyboardInterrupt
+            return real(model, ids, *args, on_token=interrupt_after_three, **kwargs)
+        return real(model, ids, *args, on_token=on_token, **kwargs)
+
+    monkeypatch.setattr(attnlab.generate.loop, "generate", generate)
+    out = io.StringIO()
+    args = build_parser().parse_args(["chat", "smollm2", "--temperature", "0", "--max-new-tokens", "30"])
+    assert run_chat(args, read=read, out=out) == 0
+    text = out.getvalue()
+    assert "[stopped]" in text and "Paris" in text and "Rome" in text
+    assert seen[0] < seen[1] < seen[2]  # every turn sees the whole conversation so far
 
 
 def test_sample_chat_without_a_template_is_one_line(tmp_path, capsys):

@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "attnlab.formats.cli",  # compare
     "attnlab.training.cli",  # train
     "attnlab.generate.sample",  # sample
+    "attnlab.generate.chat",  # chat
     "attnlab.inspection.cli",  # heads, experiment, attribute, patch
     "attnlab.explorer.cli",  # explore, export-html
 )

@@ -12,9 +12,8 @@ from __future__ import annotations
 import argparse
 
 MODEL_HELP = (
-    "a model directory (attnlab or Hugging Face format), a bundled name (minilm) or a Hugging "
-    "Face Hub "
-    "name (gpt2, EleutherAI/pythia-70m)"
+    "a model directory (attnlab or Hugging Face format), a GGUF file, a bundled name (minilm, "
+    "smollm2) or a Hugging Face Hub name (gpt2, EleutherAI/pythia-70m)"
 )
 
 
