@@ -1,21 +1,25 @@
-"""A GGUF model in attnlab and in llama.cpp on the same file and text: perplexity, top-1 agreement and KL divergence
-of the next-token distributions, and the tokenizer's ids.
+"""A GGUF model in attnlab and in llama.cpp on the same file and text: perplexity, top-1 agreement
+and KL divergence of the next-token distributions, and the tokenizer's ids.
 
-    .venv/bin/python benchmarks/gguf_vs_llama_cpp.py --llama-cpp anchors/build/bin [--model smollm2] [--n-ctx 512]
+.venv/bin/python benchmarks/gguf_vs_llama_cpp.py --llama-cpp anchors/build/bin [--model smollm2]
+[--n-ctx 512]
 
-llama.cpp is never a dependency: --llama-cpp (or $ATTNLAB_LLAMA_CPP) names a folder with `llama-perplexity` and
-`llama-tokenize`, built from the sources in the PyPI sdist of llama-cpp-python (benchmarks/README.md has the
-commands). The text is the first 24,000 characters of attnlab's built-in corpus (Python's bundled documentation:
-prose, code and 158 blank lines), or --text FILE.
+llama.cpp is never a dependency: --llama-cpp (or $ATTNLAB_LLAMA_CPP) names a folder with
+`llama-perplexity` and `llama-tokenize`, built from the sources in the PyPI sdist of
+llama-cpp-python (benchmarks/README.md has the commands). The text is the first 24,000 characters of
+attnlab's built-in corpus (Python's bundled documentation: prose, code and 158 blank lines), or
+--text FILE.
 
 Design choices:
-- Perplexity exactly as llama-perplexity computes it: the tokens cut into chunks of n_ctx, each chunk run alone,
-  the second half of each scored. llama-perplexity --kl-divergence-base writes llama.cpp's log-probabilities of
-  every scored position (16 bits each, over the top 16 nats); this script reads that file, so both sides are
-  compared position by position: KL(llama.cpp || attnlab) and whether the most likely next token is the same.
-  (llama.cpp rounds activations to 8 bits for its quantized products and keeps an F16 cache, so single-token
-  agreement and KL are the fair measure, not equal logits.)
-- The tokens llama-perplexity used are in the same file: the script checks attnlab's tokenizer gives the same ids.
+- Perplexity exactly as llama-perplexity computes it: the tokens cut into chunks of n_ctx, each
+  chunk run alone, the second half of each scored. llama-perplexity --kl-divergence-base writes
+  llama.cpp's log-probabilities of every scored position (16 bits each, over the top 16 nats); this
+  script reads that file, so both sides are compared position by position: KL(llama.cpp || attnlab)
+  and whether the most likely next token is the same. (llama.cpp rounds activations to 8 bits for
+  its quantized products and keeps an F16 cache, so single-token agreement and KL are the fair
+  measure, not equal logits.)
+- The tokens llama-perplexity used are in the same file: the script checks attnlab's tokenizer gives
+  the same ids.
 """
 
 from __future__ import annotations
@@ -32,14 +36,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from attnlab.data import builtin_corpus
 
 import attnlab
-from attnlab.data import builtin_corpus
 
 
 def read_log_probs(path: Path):
-    """llama-perplexity --kl-divergence-base's file: n_ctx, n_vocab, the chunks' tokens, and for each scored position
-    log p = scale * q + min_log_prob (q: uint16, after two float32 (scale, min_log_prob))."""
+    """llama-perplexity --kl-divergence-base's file: n_ctx, n_vocab, the chunks' tokens, and for
+    each scored position log p = scale * q + min_log_prob (q: uint16, after two float32 (scale,
+    min_log_prob))."""
     raw = path.read_bytes()
     if raw[:8] != b"_logits_":
         raise SystemExit(f"{path}: not a llama-perplexity --kl-divergence-base file")
@@ -47,20 +52,31 @@ def read_log_probs(path: Path):
     end = 20 + 4 * n_chunk * n_ctx
     tokens = np.frombuffer(raw[20:end], dtype=np.int32).reshape(n_chunk, n_ctx)
     width = 2 * ((n_vocab + 1) // 2) + 4
-    records = np.frombuffer(raw[end:], dtype=np.uint16).reshape(n_chunk, n_ctx - 1 - n_ctx // 2, width)
+    records = np.frombuffer(raw[end:], dtype=np.uint16).reshape(
+        n_chunk, n_ctx - 1 - n_ctx // 2, width
+    )
     return n_ctx, n_vocab, tokens, records
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--llama-cpp", default=os.environ.get("ATTNLAB_LLAMA_CPP"), help="folder of llama.cpp's tools")
+    parser.add_argument(
+        "--llama-cpp",
+        default=os.environ.get("ATTNLAB_LLAMA_CPP"),
+        help="folder of llama.cpp's tools",
+    )
     parser.add_argument("--model", default="smollm2", help="a GGUF file or a bundled GGUF name")
-    parser.add_argument("--text", default=None, help="a UTF-8 text file (default: 24,000 characters of the corpus)")
+    parser.add_argument(
+        "--text", default=None, help="a UTF-8 text file (default: 24,000 characters of the corpus)"
+    )
     parser.add_argument("--n-ctx", type=int, default=512)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     if not args.llama_cpp:
-        raise SystemExit("--llama-cpp DIR (or $ATTNLAB_LLAMA_CPP): the folder with llama-perplexity and llama-tokenize")
+        raise SystemExit(
+            "--llama-cpp DIR (or $ATTNLAB_LLAMA_CPP): the folder with llama-perplexity and "
+            "llama-tokenize"
+        )
     tools = Path(args.llama_cpp)
     from attnlab.formats import model_dir
 
@@ -72,25 +88,57 @@ def main() -> int:
             text_file.write_text(builtin_corpus()[:24000], encoding="utf-8")
         text = text_file.read_text(encoding="utf-8")
         base = Path(tmp) / "base.kld"
-        done = subprocess.run([str(tools / "llama-perplexity"), "-m", str(path), "-f", str(text_file), "-c",
-                               str(args.n_ctx), "-b", str(args.n_ctx), "-t", str(args.threads),
-                               "--kl-divergence-base", str(base)], capture_output=True, text=True)
+        done = subprocess.run(
+            [
+                str(tools / "llama-perplexity"),
+                "-m",
+                str(path),
+                "-f",
+                str(text_file),
+                "-c",
+                str(args.n_ctx),
+                "-b",
+                str(args.n_ctx),
+                "-t",
+                str(args.threads),
+                "--kl-divergence-base",
+                str(base),
+            ],
+            capture_output=True,
+            text=True,
+        )
         if done.returncode:
             raise SystemExit(f"llama-perplexity failed:\n{done.stderr[-2000:]}")
         reported = re.search(r"Final estimate: PPL = ([0-9.]+ \+/- [0-9.]+)", done.stderr).group(1)
         n_ctx, n_vocab, tokens, records = read_log_probs(base)
-        done = subprocess.run([str(tools / "llama-tokenize"), "-m", str(path), "-f", str(text_file), "--no-escape",
-                               "--ids", "--log-disable"], capture_output=True, text=True)
-        theirs_ids = json.loads(done.stdout.strip().splitlines()[-1])  # llama-tokenize --ids: [1, 2, 3]
+        done = subprocess.run(
+            [
+                str(tools / "llama-tokenize"),
+                "-m",
+                str(path),
+                "-f",
+                str(text_file),
+                "--no-escape",
+                "--ids",
+                "--log-disable",
+            ],
+            capture_output=True,
+            text=True,
+        )
+        # llama-tokenize --ids: [1, 2, 3]
+        theirs_ids = json.loads(done.stdout.strip().splitlines()[-1])
     ours_ids = model.tokenizer.encode(text)
     same_ids = ours_ids == theirs_ids
     first, agree, count, nll_ours, nll_theirs, kls = n_ctx // 2, 0, 0, 0.0, 0.0, []
     with torch.no_grad():
         for c in range(tokens.shape[0]):
-            log_p = torch.log_softmax(model(torch.from_numpy(tokens[c:c + 1].astype(np.int64)))[0].double(), -1)
+            log_p = torch.log_softmax(
+                model(torch.from_numpy(tokens[c : c + 1].astype(np.int64)))[0].double(), -1
+            )
             log_p = log_p.numpy()
-            head = records[c, :, :4].copy().view(np.float32).astype(np.float64)  # scale, min_log_prob
-            base_log_p = head[:, :1] * records[c, :, 4:4 + n_vocab] + head[:, 1:2]
+            # scale, min_log_prob
+            head = records[c, :, :4].copy().view(np.float32).astype(np.float64)
+            base_log_p = head[:, :1] * records[c, :, 4 : 4 + n_vocab] + head[:, 1:2]
             for i in range(records.shape[1]):
                 t = first + i
                 p = np.exp(base_log_p[i])
@@ -101,14 +149,23 @@ def main() -> int:
                 nll_theirs -= base_log_p[i, tokens[c, t + 1]]
                 count += 1
     kls = np.array(kls)
-    print(f"model {path.name}; text {len(text):,} characters, {len(ours_ids):,} tokens; chunks of {n_ctx}, "
-          f"{count:,} positions scored")
-    print(f"tokenizer: attnlab's ids {'equal' if same_ids else 'DIFFER FROM'} llama-tokenize's "
-          f"({len(ours_ids):,} vs {len(theirs_ids):,} tokens)")
-    print(f"perplexity: attnlab {math.exp(nll_ours / count):.4f}, llama.cpp {math.exp(nll_theirs / count):.4f} "
-          f"(llama-perplexity reports {reported})")
-    print(f"top-1 agreement {agree / count:.2%}; KL(llama.cpp || attnlab) mean {kls.mean():.4f}, median "
-          f"{np.median(kls):.4f}, 99th percentile {np.quantile(kls, 0.99):.4f}, max {kls.max():.4f}")
+    print(
+        f"model {path.name}; text {len(text):,} characters, {len(ours_ids):,} tokens; chunks of "
+        f"{n_ctx}, {count:,} positions scored"
+    )
+    print(
+        f"tokenizer: attnlab's ids {'equal' if same_ids else 'DIFFER FROM'} llama-tokenize's "
+        f"({len(ours_ids):,} vs {len(theirs_ids):,} tokens)"
+    )
+    print(
+        f"perplexity: attnlab {math.exp(nll_ours / count):.4f}, llama.cpp "
+        f"{math.exp(nll_theirs / count):.4f} (llama-perplexity reports {reported})"
+    )
+    print(
+        f"top-1 agreement {agree / count:.2%}; KL(llama.cpp || attnlab) mean {kls.mean():.4f}, "
+        f"median {np.median(kls):.4f}, 99th percentile {np.quantile(kls, 0.99):.4f}, max "
+        f"{kls.max():.4f}"
+    )
     return 0
 
 

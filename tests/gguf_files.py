@@ -1,9 +1,10 @@
-"""Small GGUF files for the tests, written with ggml's own gguf package (GGUFWriter), and the shipped ones.
+"""Small GGUF files for the tests, written with ggml's own gguf package (GGUFWriter), and the
+shipped ones.
 
-`write_model` writes a tiny random model of one architecture the way llama.cpp's converter names and lays out
-its tensors, with a byte-level tokenizer, so that attnlab and transformers can read the same file. `random_blocks`
-makes valid random blocks of a quantized type (finite f16 scales of a modest size), for the types gguf-py can
-dequantize but not quantize (the K-quants).
+`write_model` writes a tiny random model of one architecture the way llama.cpp's converter names and
+lays out its tensors, with a byte-level tokenizer, so that attnlab and transformers can read the
+same file. `random_blocks` makes valid random blocks of a quantized type (finite f16 scales of a
+modest size), for the types gguf-py can dequantize but not quantize (the K-quants).
 """
 
 from __future__ import annotations
@@ -16,9 +17,17 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
 
 Q = GGMLQuantizationType
-# Byte offsets of the f16 scales inside one block, per type (ggml-common.h), and a typical size for them.
-SCALES = {Q.Q4_0: ((0,), 0.02), Q.Q4_1: ((0, 2), 0.02), Q.Q5_0: ((0,), 0.01), Q.Q8_0: ((0,), 0.002),
-          Q.Q4_K: ((0, 2), 0.002), Q.Q5_K: ((0, 2), 0.001), Q.Q6_K: ((208,), 0.0002)}
+# Byte offsets of the f16 scales inside one block, per type (ggml-common.h), and a typical size for
+# them.
+SCALES = {
+    Q.Q4_0: ((0,), 0.02),
+    Q.Q4_1: ((0, 2), 0.02),
+    Q.Q5_0: ((0,), 0.01),
+    Q.Q8_0: ((0,), 0.002),
+    Q.Q4_K: ((0, 2), 0.002),
+    Q.Q5_K: ((0, 2), 0.001),
+    Q.Q6_K: ((208,), 0.0002),
+}
 
 
 def smollm2_path() -> Path:
@@ -27,21 +36,29 @@ def smollm2_path() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def random_blocks(kind: GGMLQuantizationType, n_blocks: int, rng: np.random.Generator) -> np.ndarray:
-    """n_blocks random blocks of `kind` as bytes (n_blocks, block bytes): random quants, finite random scales."""
+def random_blocks(
+    kind: GGMLQuantizationType, n_blocks: int, rng: np.random.Generator
+) -> np.ndarray:
+    """n_blocks random blocks of `kind` as bytes (n_blocks, block bytes): random quants, finite
+    random scales."""
     _, size = GGML_QUANT_SIZES[kind]
     blocks = rng.integers(0, 256, (n_blocks, size), dtype=np.uint8)
     offsets, scale = SCALES[kind]
     for offset in offsets:
-        values = (rng.uniform(0.2, 1.0, n_blocks) * scale * rng.choice([-1, 1], n_blocks)).astype(np.float16)
-        blocks[:, offset:offset + 2] = values.view(np.uint8).reshape(n_blocks, 2)
+        values = (rng.uniform(0.2, 1.0, n_blocks) * scale * rng.choice([-1, 1], n_blocks)).astype(
+            np.float16
+        )
+        blocks[:, offset : offset + 2] = values.view(np.uint8).reshape(n_blocks, 2)
     return blocks
 
 
-def quantized(values: np.ndarray, kind: GGMLQuantizationType, rng: np.random.Generator) -> np.ndarray:
-    """`values` (numpy shape) as the data GGUFWriter takes for `kind` (bytes, rows of blocks, for the block
-    types): quantized by gguf-py where it can, random blocks of the same shape for the K-quants (whose values
-    then differ from `values`: the tests compare readers of one file, not values)."""
+def quantized(
+    values: np.ndarray, kind: GGMLQuantizationType, rng: np.random.Generator
+) -> np.ndarray:
+    """`values` (numpy shape) as the data GGUFWriter takes for `kind` (bytes, rows of blocks, for
+    the block types): quantized by gguf-py where it can, random blocks of the same shape for the
+    K-quants (whose values then differ from `values`: the tests compare readers of one file, not
+    values)."""
     if kind == Q.F32:
         return values.astype(np.float32)
     if kind == Q.F16:
@@ -54,8 +71,13 @@ def quantized(values: np.ndarray, kind: GGMLQuantizationType, rng: np.random.Gen
 
 
 def byte_level_tokens(d_vocab: int) -> tuple[list[str], list[str]]:
-    """GPT-2's 256 byte symbols, then pairs of lowercase letters up to d_vocab; and the merges that make them."""
-    visible = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    """GPT-2's 256 byte symbols, then pairs of lowercase letters up to d_vocab; and the merges that
+    make them."""
+    visible = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), 256))
+    )
     chars, extra = [], 0
     for b in range(256):
         if b in visible:
@@ -68,20 +90,42 @@ def byte_level_tokens(d_vocab: int) -> tuple[list[str], list[str]]:
     return chars + [a + b for a, b in pairs], [f"{a} {b}" for a, b in pairs]
 
 
-def write_model(path: Path, arch: str, *, seed: int = 0, d_vocab: int = 300, d_model: int = 64, n_layers: int = 2,
-                n_heads: int = 4, n_kv_heads: int = 2, head_dim: int | None = None, d_mlp: int = 128,
-                n_ctx: int = 128, name: str = "tiny", matrix: GGMLQuantizationType = Q.F32,
-                embedding: GGMLQuantizationType = Q.F32, tied: bool = True, rope_base: float = 10000.0,
-                extra_metadata: dict | None = None, tensor_edit=None) -> Path:
-    """A random model of `arch` (llama, qwen2, qwen3, gpt2) in llama.cpp's layout; `matrix` / `embedding` are
-    the tensor types of the linear layers and the token embedding (norms stay F32, as llama.cpp writes them)."""
+def write_model(
+    path: Path,
+    arch: str,
+    *,
+    seed: int = 0,
+    d_vocab: int = 300,
+    d_model: int = 64,
+    n_layers: int = 2,
+    n_heads: int = 4,
+    n_kv_heads: int = 2,
+    head_dim: int | None = None,
+    d_mlp: int = 128,
+    n_ctx: int = 128,
+    name: str = "tiny",
+    matrix: GGMLQuantizationType = Q.F32,
+    embedding: GGMLQuantizationType = Q.F32,
+    tied: bool = True,
+    rope_base: float = 10000.0,
+    extra_metadata: dict | None = None,
+    tensor_edit=None,
+) -> Path:
+    """A random model of `arch` (llama, qwen2, qwen3, gpt2) in llama.cpp's layout; `matrix` /
+    `embedding` are the tensor types of the linear layers and the token embedding (norms stay F32,
+    as llama.cpp writes them)."""
     rng = np.random.default_rng(seed)
     head_dim = head_dim or d_model // n_heads
     q_rows, kv_rows = n_heads * head_dim, (n_kv_heads if arch != "gpt2" else n_heads) * head_dim
     tensors: dict[str, tuple[np.ndarray, GGMLQuantizationType]] = {}
 
-    def add(name: str, shape: tuple[int, ...], kind: GGMLQuantizationType = Q.F32, scale: float = 0.05,
-            offset: float = 0.0) -> None:
+    def add(
+        name: str,
+        shape: tuple[int, ...],
+        kind: GGMLQuantizationType = Q.F32,
+        scale: float = 0.05,
+        offset: float = 0.0,
+    ) -> None:
         tensors[name] = ((offset + scale * rng.standard_normal(shape)).astype(np.float32), kind)
 
     add("token_embd.weight", (d_vocab, d_model), embedding, 0.5)
@@ -148,7 +192,9 @@ def write_model(path: Path, arch: str, *, seed: int = 0, d_vocab: int = 300, d_m
     for key, value in (extra_metadata or {}).items():
         writer.add_key_value(key, *value)
     for name, (values, kind) in tensors.items():
-        writer.add_tensor(name, quantized(values, kind, rng), raw_dtype=None if kind in (Q.F32, Q.F16) else kind)
+        writer.add_tensor(
+            name, quantized(values, kind, rng), raw_dtype=None if kind in (Q.F32, Q.F16) else kind
+        )
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

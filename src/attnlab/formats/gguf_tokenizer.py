@@ -1,20 +1,23 @@
-"""A GGUF file's tokenizer (tokenizer.ggml.*) as an attnlab Tokenizer, and its chat template, rendered safely.
+"""A GGUF file's tokenizer (tokenizer.ggml.*) as an attnlab Tokenizer, and its chat template,
+rendered safely.
 
 Design choices:
-- The reference is llama.cpp's own tokenizer (llama-vocab.cpp), not the one transformers builds from a GGUF
-  file: ids must equal what `llama-tokenize` gives on the same file (tests/fixtures/gguf_tokens.json holds its
-  output for a fixed set of texts). Each `tokenizer.ggml.pre` value maps to llama.cpp's list of split
-  regexes for it, applied one after the other (each splits the pieces the previous one left, and text a regex
-  does not match stays a piece of its own, as in llama.cpp), then byte-level BPE with the file's merges.
-- Byte-level BPE ("gpt2" in tokenizer.ggml.model) only, with the pre-tokenizers of the models attnlab runs
-  (SmolLM's digits one by one, GPT-2's, Llama 3's, Qwen2's); another model or pre-tokenizer is refused by name
-  rather than tokenized differently from llama.cpp.
-- Token types: CONTROL tokens are special (matched in text, skipped by decode(skip_special_tokens=True)),
-  USER_DEFINED ones are matched in text too, as llama.cpp's partition of special tokens does;
-  add_bos_token / add_eos_token become the post-processor.
-- The chat template (Jinja, tokenizer.chat_template) is kept in ModelConfig.extra["chat_template"], so a model
-  saved by attnlab keeps it, and is rendered in jinja2's ImmutableSandboxedEnvironment, as transformers does:
-  a template cannot reach Python objects' internals or change the messages; one that tries is one line.
+- The reference is llama.cpp's own tokenizer (llama-vocab.cpp), not the one transformers builds from
+  a GGUF file: ids must equal what `llama-tokenize` gives on the same file
+  (tests/fixtures/gguf_tokens.json holds its output for a fixed set of texts). Each
+  `tokenizer.ggml.pre` value maps to llama.cpp's list of split regexes for it, applied one after the
+  other (each splits the pieces the previous one left, and text a regex does not match stays a piece
+  of its own, as in llama.cpp), then byte-level BPE with the file's merges.
+- Byte-level BPE ("gpt2" in tokenizer.ggml.model) only, with the pre-tokenizers of the models
+  attnlab runs (SmolLM's digits one by one, GPT-2's, Llama 3's, Qwen2's); another model or
+  pre-tokenizer is refused by name rather than tokenized differently from llama.cpp.
+- Token types: CONTROL tokens are special (matched in text, skipped by
+  decode(skip_special_tokens=True)), USER_DEFINED ones are matched in text too, as llama.cpp's
+  partition of special tokens does; add_bos_token / add_eos_token become the post-processor.
+- The chat template (Jinja, tokenizer.chat_template) is kept in ModelConfig.extra["chat_template"],
+  so a model saved by attnlab keeps it, and is rendered in jinja2's ImmutableSandboxedEnvironment,
+  as transformers does: a template cannot reach Python objects' internals or change the messages;
+  one that tries is one line.
 """
 
 from __future__ import annotations
@@ -24,13 +27,18 @@ from typing import Any
 from ..errors import UserError, first_line
 from ..tokenizer import Tokenizer
 
-# llama.cpp's split regexes per tokenizer.ggml.pre (src/llama-vocab.cpp, llm_tokenizer_bpe), and whether its BPE
-# first looks the whole piece up in the vocabulary (ignore_merges: Llama 3, which also adds BOS by default).
+# llama.cpp's split regexes per tokenizer.ggml.pre (src/llama-vocab.cpp, llm_tokenizer_bpe), and
+# whether its BPE first looks the whole piece up in the vocabulary (ignore_merges: Llama 3, which
+# also adds BOS by default).
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-_LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
-           r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
-          r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_LLAMA3 = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+    r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2 = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+    r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 PRE_TOKENIZERS: dict[str, tuple[tuple[str, ...], bool]] = {
     "smollm": ((r"\p{N}", _GPT2), False),
     "starcoder": ((r"\p{N}", _GPT2), False),
@@ -48,18 +56,24 @@ def tokenizer_from_gguf(file) -> Tokenizer | None:
     if kind is None:
         return None
     if kind != "gpt2":
-        raise UserError(f"{file.path}: tokenizer model {kind!r}, which attnlab does not build from a GGUF file (it "
-                        "builds 'gpt2', byte-level BPE)")
+        raise UserError(
+            f"{file.path}: tokenizer model {kind!r}, which attnlab does not build from a GGUF "
+            "file (it builds 'gpt2', byte-level BPE)"
+        )
     pre = file.value("tokenizer.ggml.pre", "default")
     if pre not in PRE_TOKENIZERS:
-        raise UserError(f"{file.path}: pre-tokenizer {pre!r}, which attnlab does not know (it knows "
-                        f"{', '.join(PRE_TOKENIZERS)}); the ids would differ from llama.cpp's")
+        raise UserError(
+            f"{file.path}: pre-tokenizer {pre!r}, which attnlab does not know (it knows "
+            f"{', '.join(PRE_TOKENIZERS)}); the ids would differ from llama.cpp's"
+        )
     try:
         return Tokenizer(_byte_level_bpe(file, *PRE_TOKENIZERS[pre]), "hf")
     except (TypeError, ValueError, AttributeError, IndexError) as exc:
         if isinstance(exc, UserError):
             raise
-        raise UserError(f"{file.path}: the tokenizer metadata is malformed ({first_line(exc)})") from None
+        raise UserError(
+            f"{file.path}: the tokenizer metadata is malformed ({first_line(exc)})"
+        ) from None
 
 
 def _byte_level_bpe(file, regexes: tuple[str, ...], ignore_merges: bool):
@@ -70,27 +84,44 @@ def _byte_level_bpe(file, regexes: tuple[str, ...], ignore_merges: bool):
     merges = _strings(file, "tokenizer.ggml.merges")
     types = file.value("tokenizer.ggml.token_type") or [1] * len(tokens)
     if len(types) != len(tokens):
-        raise UserError(f"{file.path}: {len(tokens)} tokens but {len(types)} token types; the tokenizer is damaged")
+        raise UserError(
+            f"{file.path}: {len(tokens)} tokens but {len(types)} token types; the tokenizer is "
+            "damaged"
+        )
     vocab = {}
     for index, token in enumerate(tokens):
         if vocab.setdefault(token, index) != index:
-            raise UserError(f"{file.path}: the token {token!r} appears twice (ids {vocab[token]} and {index})")
+            raise UserError(
+                f"{file.path}: the token {token!r} appears twice (ids {vocab[token]} and {index})"
+            )
     pairs = []
     for merge in merges:
-        cut = merge.find(" ", 1)  # as llama.cpp splits a merge: at the first space after its first character
+        # as llama.cpp splits a merge: at the first space after its first character
+        cut = merge.find(" ", 1)
         if cut < 0:
-            raise UserError(f"{file.path}: the merge {merge!r} is not two tokens separated by a space")
-        pairs.append((merge[:cut], merge[cut + 1:]))
+            raise UserError(
+                f"{file.path}: the merge {merge!r} is not two tokens separated by a space"
+            )
+        pairs.append((merge[:cut], merge[cut + 1 :]))
     try:
         backend = Backend(models.BPE(vocab, pairs, ignore_merges=ignore_merges))
-    except Exception as exc:  # the library raises a bare Exception (a merge of tokens the vocabulary lacks)
-        raise UserError(f"{file.path}: the tokenizer's merges do not fit its tokens ({first_line(exc)})") from None
+    # the library raises a bare Exception (a merge of tokens the vocabulary lacks)
+    except Exception as exc:
+        raise UserError(
+            f"{file.path}: the tokenizer's merges do not fit its tokens ({first_line(exc)})"
+        ) from None
     backend.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Split(Regex(regex), behavior="isolated") for regex in regexes]
-        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
     backend.decoder = decoders.ByteLevel()
-    backend.add_tokens([AddedToken(tokens[i], special=types[i] == CONTROL, normalized=False)
-                        for i in range(len(tokens)) if types[i] in (CONTROL, USER_DEFINED)])
+    backend.add_tokens(
+        [
+            AddedToken(tokens[i], special=types[i] == CONTROL, normalized=False)
+            for i in range(len(tokens))
+            if types[i] in (CONTROL, USER_DEFINED)
+        ]
+    )
     backend.post_processor = _post_processor(file, tokens, processors, add_bos=ignore_merges)
     return backend
 
@@ -98,13 +129,15 @@ def _byte_level_bpe(file, regexes: tuple[str, ...], ignore_merges: bool):
 def _strings(file, key: str) -> list[str]:
     values = file.value(key)
     if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-        raise UserError(f"{file.path}: {key} must be an array of strings; the tokenizer is missing or damaged")
+        raise UserError(
+            f"{file.path}: {key} must be an array of strings; the tokenizer is missing or damaged"
+        )
     return values
 
 
 def _post_processor(file, tokens: list[str], processors, add_bos: bool):
-    """BOS / EOS added as tokenizer.ggml.add_bos_token / add_eos_token say; without them, llama.cpp's defaults
-    for byte-level BPE (`add_bos`; no EOS)."""
+    """BOS / EOS added as tokenizer.ggml.add_bos_token / add_eos_token say; without them,
+    llama.cpp's defaults for byte-level BPE (`add_bos`; no EOS)."""
     ends = []
     for key, default in (("bos", add_bos), ("eos", False)):
         if not file.value(f"tokenizer.ggml.add_{key}_token", default):
@@ -112,7 +145,10 @@ def _post_processor(file, tokens: list[str], processors, add_bos: bool):
             continue
         index = file.value(f"tokenizer.ggml.{key}_token_id")
         if not isinstance(index, int) or not 0 <= index < len(tokens):
-            raise UserError(f"{file.path}: add_{key}_token is set but {key}_token_id is {index!r}, not a token id")
+            raise UserError(
+                f"{file.path}: add_{key}_token is set but {key}_token_id is {index!r}, not a "
+                "token id"
+            )
         ends.append((tokens[index], index))
     bos, eos = ends
     if bos is None and eos is None:
@@ -120,44 +156,67 @@ def _post_processor(file, tokens: list[str], processors, add_bos: bool):
     start, end = [bos[0]] if bos else [], [eos[0]] if eos else []
     single = " ".join([*start, "$A", *end])
     pair = " ".join([*start, "$A", *end, "$B:1", *(f"{token}:1" for token in end)])
-    return processors.TemplateProcessing(single=single, pair=pair, special_tokens=[end for end in ends if end])
+    return processors.TemplateProcessing(
+        single=single, pair=pair, special_tokens=[end for end in ends if end]
+    )
 
 
-# Chat templates ----------------------------------------------------------------------------------------------
+# Chat templates ---------------------------------------------------------------------------------
+
 
 def chat_ids(model, messages: list[dict[str, str]]) -> list[int]:
-    """The ids of `messages` through the model's chat template, ready for the assistant's reply. The template
-    writes every special token itself, so the tokenizer adds none (as transformers' apply_chat_template)."""
+    """The ids of `messages` through the model's chat template, ready for the assistant's reply. The
+    template writes every special token itself, so the tokenizer adds none (as transformers'
+    apply_chat_template)."""
     template = model.config.extra.get("chat_template")
     if not isinstance(template, str) or model.tokenizer is None:
-        raise UserError("this model has no chat template (a GGUF file's tokenizer.chat_template); use --prompt")
-    names = {f"{key}_token": model.tokenizer.id_to_token(index) for key in ("bos", "eos")
-             if isinstance(index := model.config.extra.get(f"{key}_token_id"), int)}
-    ids = model.tokenizer.encode(render_chat(template, messages, add_generation_prompt=True, **names),
-                                 add_special_tokens=False)
+        raise UserError(
+            "this model has no chat template (a GGUF file's tokenizer.chat_template); use --prompt"
+        )
+    names = {
+        f"{key}_token": model.tokenizer.id_to_token(index)
+        for key in ("bos", "eos")
+        if isinstance(index := model.config.extra.get(f"{key}_token_id"), int)
+    }
+    ids = model.tokenizer.encode(
+        render_chat(template, messages, add_generation_prompt=True, **names),
+        add_special_tokens=False,
+    )
     if len(ids) >= model.config.n_ctx:
-        raise UserError(f"the conversation is {len(ids)} tokens but the model's context is n_ctx="
-                        f"{model.config.n_ctx}; shorten it")
+        raise UserError(
+            f"the conversation is {len(ids)} tokens but the model's context is n_ctx="
+            f"{model.config.n_ctx}; shorten it"
+        )
     return ids
 
 
-def render_chat(template: str, messages: list[dict[str, str]], add_generation_prompt: bool = True,
-                **variables: Any) -> str:
-    """The prompt a chat template makes of `messages` ([{"role": ..., "content": ...}]), rendered in a sandbox;
-    `variables` are what templates expect beside them (bos_token, eos_token)."""
+def render_chat(
+    template: str,
+    messages: list[dict[str, str]],
+    add_generation_prompt: bool = True,
+    **variables: Any,
+) -> str:
+    """The prompt a chat template makes of `messages` ([{"role": ..., "content": ...}]), rendered in
+    a sandbox; `variables` are what templates expect beside them (bos_token, eos_token)."""
     from jinja2 import TemplateError
     from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
-    def raise_exception(message: str) -> None:  # templates call it to reject a conversation (transformers' name)
+    # templates call it to reject a conversation (transformers' name)
+    def raise_exception(message: str) -> None:
         raise UserError(f"the chat template refused the conversation: {message}")
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = raise_exception
     try:
-        return env.from_string(template).render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                                **variables)
+        return env.from_string(template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt, **variables
+        )
     except SecurityError as exc:
-        raise UserError(f"the chat template tried something a template may not ({first_line(exc)}); it was "
-                        "stopped") from None
+        raise UserError(
+            f"the chat template tried something a template may not ({first_line(exc)}); it was "
+            "stopped"
+        ) from None
     except TemplateError as exc:
-        raise UserError(f"the chat template cannot be rendered ({type(exc).__name__}: {first_line(exc)})") from None
+        raise UserError(
+            f"the chat template cannot be rendered ({type(exc).__name__}: {first_line(exc)})"
+        ) from None

@@ -1,12 +1,15 @@
 """`attnlab chat MODEL`: a multi-turn chat in the terminal, each reply streamed as it is written.
 
 Design choices:
-- The conversation goes through the model's own chat template (attnlab.formats.gguf_tokenizer.chat_ids: a GGUF
-  file carries one), re-rendered whole each turn, so the model always sees exactly the template's text.
-- Ctrl-C during a reply ends that reply, not the session: the words written so far stay in the conversation (the
-  model sees what the user saw). Ctrl-C or Ctrl-D (end of input) at the prompt ends the session.
-- Each reply ends at the end-of-turn token (the model's eos_token_id), or after --max-new-tokens; a conversation
-  that outgrows the context is one line asking to start over (no silent truncation of earlier turns).
+- The conversation goes through the model's own chat template
+  (attnlab.formats.gguf_tokenizer.chat_ids: a GGUF file carries one), re-rendered whole each turn,
+  so the model always sees exactly the template's text.
+- Ctrl-C during a reply ends that reply, not the session: the words written so far stay in the
+  conversation (the model sees what the user saw). Ctrl-C or Ctrl-D (end of input) at the prompt
+  ends the session.
+- Each reply ends at the end-of-turn token (the model's eos_token_id), or after --max-new-tokens; a
+  conversation that outgrows the context is one line asking to start over (no silent truncation of
+  earlier turns).
 """
 
 from __future__ import annotations
@@ -30,10 +33,15 @@ def run_chat(args: argparse.Namespace, read=input, out=None) -> int:
         raise UserError(f"--max-new-tokens must be a positive integer, got {args.max_new_tokens}")
     model = load(args.model, revision=args.revision)
     if not model.config.causal:
-        raise UserError(f"{args.model} is an encoder (BERT-style) model; chatting needs a causal language model")
-    chat_ids(model, [{"role": "user", "content": ""}])  # no template: one line before the first question
+        raise UserError(
+            f"{args.model} is an encoder (BERT-style) model; chatting needs a causal language model"
+        )
+    # no template: one line before the first question
+    chat_ids(model, [{"role": "user", "content": ""}])
     end_of_turn = model.config.extra.get("eos_token_id")
-    print("(Ctrl-C stops a reply; Ctrl-D or Ctrl-C at the prompt ends the chat)", file=out, flush=True)
+    print(
+        "(Ctrl-C stops a reply; Ctrl-D or Ctrl-C at the prompt ends the chat)", file=out, flush=True
+    )
     messages: list[dict[str, str]] = []
     while True:
         try:
@@ -52,8 +60,17 @@ def run_chat(args: argparse.Namespace, read=input, out=None) -> int:
 
         budget = min(args.max_new_tokens, model.config.n_ctx - ids.shape[1])
         try:
-            generate(model, ids, budget, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                     seed=args.seed + len(messages), eos_token_id=end_of_turn, on_token=show)
+            generate(
+                model,
+                ids,
+                budget,
+                temperature=args.temperature,
+                top_k=args.top_k,
+                top_p=args.top_p,
+                seed=args.seed + len(messages),
+                eos_token_id=end_of_turn,
+                on_token=show,
+            )
         except KeyboardInterrupt:
             stream.finish()
             print(" [stopped]", file=out, end="")
