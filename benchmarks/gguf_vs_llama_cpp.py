@@ -36,9 +36,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from attnlab.data import builtin_corpus
 
 import attnlab
+from attnlab.data import builtin_corpus
 
 
 def read_log_probs(path: Path):

@@ -193,12 +193,14 @@ def test_every_break_of_break_promises_still_matches_the_code_exactly_once():
     assert all((root / test).is_file() for test in tests), [
         t for t in tests if not (root / t).is_file()
     ]
-    assert all((root / test).is_file() for test in tests), [t for t in tests if not (root / t).is_file()]
+    assert all((root / test).is_file() for test in tests), [
+        t for t in tests if not (root / t).is_file()
+    ]
 
 
 def test_gguf_benchmark_reads_llama_perplexity_log_probabilities(tmp_path):
-    """The file llama-perplexity --kl-divergence-base writes (format read in its perplexity.cpp), made up here:
-    log p = scale * q + min_log_prob for each scored position of each chunk."""
+    """The file llama-perplexity --kl-divergence-base writes (format read in its perplexity.cpp),
+    made up here: log p = scale * q + min_log_prob for each scored position of each chunk."""
     import numpy as np
 
     sys.path.insert(0, str(BENCHMARKS))
@@ -209,11 +211,15 @@ def test_gguf_benchmark_reads_llama_perplexity_log_probabilities(tmp_path):
     width = 2 * ((n_vocab + 1) // 2) + 4
     records = np.zeros((n_chunk, n_ctx - 1 - n_ctx // 2, width), dtype=np.uint16)
     records[..., :4] = np.array([0.5, -3.0], dtype=np.float32).view(np.uint16)
-    records[..., 4:4 + n_vocab] = np.arange(n_vocab)
+    records[..., 4 : 4 + n_vocab] = np.arange(n_vocab)
     path = tmp_path / "base.kld"
-    path.write_bytes(b"_logits_" + np.array([n_ctx, n_vocab, n_chunk], dtype=np.int32).tobytes() + tokens.tobytes()
-                     + records.tobytes())
+    path.write_bytes(
+        b"_logits_"
+        + np.array([n_ctx, n_vocab, n_chunk], dtype=np.int32).tobytes()
+        + tokens.tobytes()
+        + records.tobytes()
+    )
     got_ctx, got_vocab, got_tokens, got_records = read_log_probs(path)
     assert (got_ctx, got_vocab) == (n_ctx, n_vocab) and got_tokens.shape == (n_chunk, n_ctx)
     head = got_records[1, 2, :4].copy().view(np.float32)
-    assert list(head) == [0.5, -3.0] and list(got_records[1, 2, 4:4 + n_vocab]) == [0, 1, 2, 3, 4]
+    assert list(head) == [0.5, -3.0] and list(got_records[1, 2, 4 : 4 + n_vocab]) == [0, 1, 2, 3, 4]

@@ -11,15 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from attnlab.errors import UserError
-from attnlab.formats.compare import compare, load_transformers
-from attnlab.generate.loop import generate
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 from gguf_files import Q, random_blocks, smollm2_path, write_model
 
 import attnlab
+from attnlab.errors import UserError
+from attnlab.formats.compare import compare, load_transformers
 from attnlab.formats.gguf_tokenizer import render_chat
+from attnlab.generate.loop import generate
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -216,7 +216,7 @@ def smollm2():
 
 def test_smollm2_config_from_the_metadata(smollm2):
     c = smollm2.config
-    assert (c.n_layers, c.d_model, c.n_heads, c.kv_heads, c.d_vocab, c.n_ctx) == (
+    assert (c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.d_vocab, c.n_ctx) == (
         30,
         576,
         9,
@@ -307,7 +307,6 @@ def test_chat_is_multi_turn_and_ctrl_c_ends_a_reply_not_the_session(monkeypatch)
 
     import attnlab.generate.loop
     from attnlab.cli import build_parser
-
     from attnlab.generate.chat import run_chat
 
     questions = iter(

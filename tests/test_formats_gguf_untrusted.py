@@ -20,7 +20,6 @@ import warnings
 from pathlib import Path
 
 import pytest
-from attnlab.errors import UserError
 from gguf import GGUFReader, GGUFValueType
 from gguf_files import Q, write_model
 from hypothesis import HealthCheck, given, settings
@@ -28,6 +27,7 @@ from hypothesis import strategies as st
 from training_tiny import one_line_error, run_cli
 
 import attnlab
+from attnlab.errors import UserError
 from attnlab.formats.gguf import read_gguf
 
 SRC = Path(attnlab.__file__).resolve().parents[1]

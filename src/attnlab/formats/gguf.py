@@ -42,7 +42,10 @@ import numpy as np
 import torch
 
 from ..errors import UserError, first_line
-from .native import check_fits
+from ..model.transformer import Transformer
+from .gguf_tokenizer import tokenizer_from_gguf
+from .hf import architecture_for
+from .native import check_fits, empty_model, warn_non_finite
 
 MAGIC = b"GGUF"
 # what gguf-py reads; version 1 files (before August 2023) were never loadable by llama.cpp since
@@ -375,10 +378,6 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu"):
     float32, with .config and .tokenizer (from the file's tokenizer.ggml.* keys)."""
     from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
 
-    from ..model import Transformer
-    from .hf import architecture_for
-    from .native import empty_model, warn_non_finite
-
     file = read_gguf(path)
     source = str(file.path)
     hf = hf_config(file)
@@ -451,7 +450,7 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu"):
             if gguf_arch == "llama" and ".attn_q." in name:
                 tensor = _unpermute(tensor, config.n_heads)
             elif gguf_arch == "llama" and ".attn_k." in name:
-                tensor = _unpermute(tensor, config.kv_heads)
+                tensor = _unpermute(tensor, config.n_kv_heads)
             if w.conv1d and tensor.dim() == 2:
                 tensor = tensor.t()  # back to the Hugging Face checkpoint's Conv1D (in, out)
             for ours, part in zip(w.ours, w.to_ours(tensor, shapes)):
@@ -466,8 +465,6 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu"):
                 tensor.zero_()
     if non_finite:
         warn_non_finite(non_finite, source)
-    from .gguf_tokenizer import tokenizer_from_gguf
-
     model.tokenizer = tokenizer_from_gguf(file)
     if model.tokenizer is not None and model.tokenizer.vocab_size > config.d_vocab:
         raise UserError(

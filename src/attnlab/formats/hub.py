@@ -2,8 +2,7 @@
 revision="step3000")`.
 
 A name that is neither an existing directory nor a bundled model nor a local path by its spelling or
-its
-first folder (`local_path_reason`: runs/x beside ./runs is a mistyped path, refused without a
+its first folder (`local_path_reason`: runs/x beside ./runs is a mistyped path, refused without a
 request) is a Hub repository id. Its files are fetched by huggingface_hub (the library transformers
 uses) into the one Hugging Face cache, and the snapshot folder is then read like any local Hugging
 Face directory by attnlab.formats.hf.
@@ -24,19 +23,17 @@ Design choices:
   checkpoints are branches, `step3000`) that moves in between cannot mix two versions of a model.
 - Every Hub failure becomes one UserError line that says what to do: offline and not cached, no such
   repository, no such revision, a gated repository without (or with an insufficient) token, only
-  pickled
-  `.bin` weights (refused: attnlab never unpickles), an unsupported model_type (the list comes from
-  the architecture table, so new architectures appear in it by themselves). The token is never part
-  of any
-  message: the messages are built here, from the repository id and the revision only.
+  pickled `.bin` weights (refused: attnlab never unpickles), an unsupported model_type (the list
+  comes from the architecture table, so new architectures appear in it by themselves). The token is
+  never part of any message: the messages are built here, from the repository id and the revision
+  only.
 - Training checkpoints as revisions (`step_revisions`): Pythia publishes its training steps as
   branches named stepN; huggingface_hub's list_repo_refs lists a repository's branches and tags (GET
   /api/models/{repo}/refs), and the stepN ones become the explorer's step slider. Listing needs the
-  Hub:
-  offline, the revisions are named on the command line instead.
-- A GGUF file is fetched by name (`attnlab.load("OWNER/REPO", file="model-Q4_K_M.gguf")`, `download_file`):
-  GGUF repositories hold one model in several quantizations, and the user picks one, as with transformers'
-  from_pretrained(repo, gguf_file=...). Only that file comes down.
+  Hub: offline, the revisions are named on the command line instead.
+- A GGUF file is fetched by name (`attnlab.load("OWNER/REPO", file="model-Q4_K_M.gguf")`,
+  `download_file`): GGUF repositories hold one model in several quantizations, and the user picks
+  one, as with transformers' from_pretrained(repo, gguf_file=...). Only that file comes down.
 - huggingface_hub reads its environment when it is imported, as in transformers: set HF_HUB_OFFLINE,
   HF_ENDPOINT and HF_HOME before the first `attnlab.load` of a Hub name.
 """
@@ -196,19 +193,29 @@ def download(repo_id: str, revision: str | None = None) -> Path:
 
 
 def download_file(repo_id: str, filename: str, revision: str | None = None) -> Path:
-    """One named file of `repo_id` (a GGUF model file: repositories hold several quantizations of one model),
-    fetched into the Hugging Face cache if it is not there yet; its path in the snapshot folder."""
-    from .. import __version__
-
+    """One named file of `repo_id` (a GGUF model file: repositories hold several quantizations of
+    one model), fetched into the Hugging Face cache if it is not there yet; its path in the snapshot
+    folder."""
     label = repo_id if revision is None else f"{repo_id} (revision {revision!r})"
     try:
-        return Path(hf_hub_download(repo_id, filename, revision=revision, library_name="attnlab",
-                                    library_version=__version__))
+        return Path(
+            hf_hub_download(
+                repo_id,
+                filename,
+                revision=revision,
+                library_name="attnlab",
+                library_version=__version__,
+            )
+        )
     except HUB_ERRORS as exc:
         if isinstance(exc, EntryNotFoundError) and not isinstance(exc, LocalEntryNotFoundError):
-            names = sorted(name for name in _repo_files(repo_id, revision) if name.endswith(".gguf"))
-            raise UserError(f"{label}: no file {filename!r} in the repository" + (
-                f"; its GGUF files are {', '.join(names[:6])}" if names else "")) from None
+            names = sorted(
+                name for name in _repo_files(repo_id, revision) if name.endswith(".gguf")
+            )
+            raise UserError(
+                f"{label}: no file {filename!r} in the repository"
+                + (f"; its GGUF files are {', '.join(names[:6])}" if names else "")
+            ) from None
         raise UserError(explain(exc, repo_id, revision, f"{label} file {filename!r}")) from None
 
 
