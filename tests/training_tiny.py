@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 from attnlab.training.config import TrainConfig
@@ -89,3 +91,30 @@ def one_line_error(err: str) -> str:
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in err, err
     return lines[0]
+
+
+def sample_damaged(path, env: dict[str, str], prompt: str) -> int:
+    """`attnlab sample PATH` in a child process on a mutated model: it samples (0) or is refused in
+    one line (2), never a traceback; returns the exit code."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "attnlab",
+            "sample",
+            str(path),
+            "--max-new-tokens",
+            "2",
+            "--prompt",
+            prompt,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode in (0, 2), done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    if done.returncode == 2:
+        one_line_error(done.stderr)
+    return done.returncode
