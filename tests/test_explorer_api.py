@@ -290,7 +290,7 @@ def test_next_token_is_the_distribution_sampling_draws_from(client, models):
         (
             "/api/trace",
             {"model": "gpt", "text": "hi", "layer": 0, "token": 2},
-            422,
+            404,
             ["token index 2", "2 tokens"],
         ),
         (

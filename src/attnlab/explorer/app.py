@@ -9,11 +9,11 @@ Design choices:
   are off.
 - The `Explorer` (models and computations) lives on `app.state`, reached by a dependency, so each
   app has its own models and tests can build as many apps as they like.
-- Errors: an unknown model or a training step without a snapshot is 404, a next token or an
-  attribution asked of an encoder 409, a text over the limit 413, any other mistake in a request (a
-  layer, head or token index out of range, a bad mask name) 422; the body is {"detail": message}.
-  Each route declares the statuses it can answer (routers/api.py), so a client generating requests
-  from the document knows them.
+- Errors: an unknown model, a training step without a snapshot or a token position past the text's
+  end is 404, a next token or an attribution asked of an encoder 409, a text over the limit 413,
+  any other mistake in a request (a layer or head out of range, a bad mask name) 422; the body is
+  {"detail": message}. Each route declares the statuses it can answer (routers/api.py), so a
+  client generating requests from the document knows them.
 - Guarded and queued as a whole, so a route added later is too: `security.Guard` (Host, Origin,
   Content-Type, token, the security headers, never a CORS header) and `work_queue.WorkQueue` (one
   computation at a time, a bounded number waiting, 503 with Retry-After beyond) wrap the app as

@@ -16,9 +16,9 @@ Design choices:
 - Limits: a text may have at most `max_tokens` tokens (and no more than a learned-position model's
   n_ctx); longer is `TextTooLong` (HTTP 413). Unknown model names and training steps without a
   snapshot are
-  `NotFound` (404); a next token or an attribution asked of an encoder is `Unsupported` (409);
-  out-of-range layers, heads and token indices are UserErrors (422). Each message names the value
-  and the limit.
+  `NotFound` (404), and so is a token position past the text's end (the text has no such token);
+  a next token or an attribution asked of an encoder is `Unsupported` (409); out-of-range layers
+  and heads are UserErrors (422). Each message names the value and the limit.
 - Experiments (issue 17): a request may knock out heads (`ablate`, zero or mean ablation) and pick a
   training step (`step`, from `attnlab train --snapshots N`, or a Hub repository's stepN revisions,
   fetched when first asked for). `Variant` says which; `entry(name, variant)`
@@ -231,7 +231,9 @@ class Explorer(ExplorerViews):
                 f"layer (0 to {cfg.n_heads - 1})"
             )
         if token is not None and n_tokens is not None and not 0 <= token < n_tokens:
-            raise UserError(
+            # 404, not 422: the request is well formed (the schema cannot tie a position to the
+            # text's length), and the thing it names, the token at that position, does not exist
+            raise NotFound(
                 f"token index {token} is out of range: the text has {n_tokens} tokens (0 to "
                 f"{n_tokens - 1})"
             )

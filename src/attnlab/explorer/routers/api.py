@@ -30,7 +30,8 @@ from ..service import Explorer
 router = APIRouter(prefix="/api", tags=["explorer"])
 
 NOT_FOUND = {
-    "description": "unknown model, or a training step without a snapshot",
+    "description": "unknown model, a training step without a snapshot, or a token position past "
+    "the text's end",
     "content": {"application/json": {"example": {"detail": "unknown model 'x'; ..."}}},
 }
 ERRORS = {
@@ -47,7 +48,7 @@ ERRORS = {
         },
     },
     422: {
-        "description": "layer, head or token index out of range, a head listed twice or too many "
+        "description": "layer or head out of range, a head listed twice or too many "
         "heads in "
         "ablate, or an invalid field"
     },
