@@ -103,9 +103,11 @@ def build(arch: str, directory: Path, seed: int = 0, device: torch.device | str 
 
 
 def weight_bytes(model) -> int:
-    """Bytes of weights one batch-1 decode step reads: every parameter, except that of the embedding
-    tables it reads one row (the tied LM head still reads the whole token embedding)."""
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    """Bytes of weights one batch-1 decode step reads: every parameter, and the int8 weights and
+    scales `attnlab.quantize` keeps as buffers, except the embedding tables it reads one row of (the
+    tied LM head still reads the whole token embedding)."""
+    quantized = [b for name, b in model.named_buffers() if name.endswith((".weight", ".scale"))]
+    total = sum(p.numel() * p.element_size() for p in [*model.parameters(), *quantized])
     tables = [model.pos_embed] if model.pos_embed is not None else []
     if model.unembed is None or model.unembed.weight is not model.embed.weight:
         tables.append(model.embed)

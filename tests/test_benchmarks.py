@@ -223,3 +223,22 @@ def test_gguf_benchmark_reads_llama_perplexity_log_probabilities(tmp_path):
     assert (got_ctx, got_vocab) == (n_ctx, n_vocab) and got_tokens.shape == (n_chunk, n_ctx)
     head = got_records[1, 2, :4].copy().view(np.float32)
     assert list(head) == [0.5, -3.0] and list(got_records[1, 2, 4 : 4 + n_vocab]) == [0, 1, 2, 3, 4]
+
+
+def test_the_bandwidth_limit_counts_the_bytes_an_int8_model_reads():
+    """generate_speed's "of bandwidth limit" divides by weight_bytes: an int8 model keeps its
+    weights as buffers, which it once left out (its rows read 0-1 % of the limit)."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from generate_speed import weight_bytes
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    import attnlab
+
+    model = attnlab.Transformer(
+        attnlab.ModelConfig(d_vocab=64, n_ctx=16, d_model=64, n_layers=2, n_heads=4)
+    )
+    float_bytes, int8_bytes = weight_bytes(model), weight_bytes(attnlab.quantize(model, "int8"))
+    # the blocks' matrices in one byte each plus a float32 scale per row; norms and the tied
+    # embedding stay float32
+    assert 0.25 * float_bytes < int8_bytes < 0.6 * float_bytes, (float_bytes, int8_bytes)
