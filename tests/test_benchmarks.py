@@ -119,6 +119,51 @@ def test_explorer_long_text_benchmark_runs_both_encodings(tmp_path):
     assert "| f16 / f32 |" in result.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.browser
+def test_explorer_full_context_benchmark_times_each_step(tmp_path):
+    """benchmarks/explorer_full_context.py, small (the browser tests' LLaMA, a 700-token text): it
+    processes the text, paints the first head, switches heads and zooms down to single cells, and
+    reports each (the times are reported, not checked)."""
+    sys.path.insert(0, str(BENCHMARKS.parent / "tests"))
+    from explorer_models import small_models
+
+    import attnlab
+
+    attnlab.save(small_models()["llama"], tmp_path / "llama")
+    source = tmp_path / "text.txt"
+    source.write_text("the cat sat on the mat.\n" * 100)
+    out = tmp_path / "full.json"
+    result = run_script(
+        "explorer_full_context.py",
+        "--model",
+        str(tmp_path / "llama"),
+        "--text",
+        str(source),
+        "--tokens",
+        "700",
+        "--switches",
+        "3",
+        "--zoom-steps",
+        "12",
+        "--no-machine",
+        "--json",
+        str(out),
+        "--screenshot",
+        str(tmp_path / "shot.png"),
+        "--shot-head",
+        "1.2",
+    )
+    assert result.returncode == 0, result.stderr
+    numbers = json.loads(out.read_text())
+    assert numbers["tokens"] == 696 and numbers["characters"] == 696  # whole lines of 24
+    assert numbers["processing_ms"] > 0 and numbers["first_picture_ms"] > 0
+    assert len(numbers["switches"]) == 3 and numbers["zooms"][-1]["level"] == 0
+    assert numbers["memory_end"]["VmRSS"] > 0 and numbers["kept_bytes"] > 0
+    assert (tmp_path / "shot.png").stat().st_size > 0 and (tmp_path / "shot-zoomed.png").exists()
+    assert "| a zoom step" in result.stdout
+
+
 def test_speedrun_table_states_every_seed_the_mean_and_the_goal():
     sys.path.insert(0, str(BENCHMARKS))
     from speedrun import markdown_table

@@ -313,6 +313,9 @@ def test_2048_tokens_draw_zoom_and_report_their_cost_and_2049_names_the_limit(se
     assert len(page.evaluate("window.attnlab.state.tokens")) == 2048
     start = time.perf_counter()
     show(page, "matrix")
+    # a long text opens as the whole-context map (test_explorer_map_browser.py); the stages on click
+    page.click("#matrix-mode [data-mode=stages]")
+    settle(page, "matrix")
     first_draw = time.perf_counter() - start
     assert page.evaluate("window.attnlab.matrixValues().length") == 2048
     assert "4,194,304 scores per head" in page.inner_text(

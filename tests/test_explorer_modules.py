@@ -61,8 +61,10 @@ def test_each_view_module_imports_only_core_so_it_loads_alone():
 
 
 def alone(view: str) -> set[str]:
-    """What a view module loads: core.js and itself (training.js also redraws the heads grid)."""
-    return {"core.js", f"views/{view}.js"} | ({"views/heads.js"} if view == "training" else set())
+    """What a view module loads: core.js and itself (training.js also redraws the heads grid, and
+    the matrix holds the whole-context map)."""
+    also = {"training": {"views/heads.js"}, "matrix": {"views/map.js"}}.get(view, set())
+    return {"core.js", f"views/{view}.js"} | also
 
 
 def write(root: Path, files: dict[str, str]) -> Path:
@@ -179,6 +181,7 @@ ALONE = {
     "next": ("view-next", ""),
     "knockout": ("knockout", "state.ablate = [[1, 2]];"),
     "training": ("training", ""),
+    "map": ("view-matrix", "document.getElementById('matrix-map').hidden = false;"),
 }
 
 
@@ -264,6 +267,20 @@ def test_each_view_module_draws_its_view_alone(server, page, view):
         assert page.locator("#knockout-strip path.curve-after").count() == 1
         page.click("#knockout-clear")
         assert page.evaluate("window.calls") == [["refresh", 0, 0, []]]
+    elif view == "map":
+        geometry = page.evaluate("window.view.map.geometry")
+        assert (
+            geometry["level"] == 0 and geometry["missing"] == 0
+        )  # 44 tokens: the cells themselves
+        cells = page.evaluate("Array.from(window.view.map.overviews.get('0/0').cells.values)")
+        assert len(cells) == T * T and all(
+            cells[i * T + j] == 0 for i in range(T) for j in range(i + 1, T)
+        )
+        assert all(
+            abs(sum(cells[i * T : (i + 1) * T]) - 1) < 5e-3 for i in range(T)
+        )  # float16 rows
+        page.click("#map-zoom-in")
+        assert page.evaluate("window.view.map.view.z") > geometry["z"]
     elif view == "training":
         assert page.is_visible("#training")
         assert page.inner_text("#step-out").startswith("10 (2 of 3)")

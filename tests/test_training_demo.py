@@ -89,11 +89,25 @@ def test_demo_trains_samples_and_serves_its_model_until_ctrl_c(demo, page):  # n
     settle(page, "dict")
     options = page.locator("#model option").all_inner_texts()
     shape = f"{model['n_layers']}×{model['n_heads']} heads"
-    assert options == [f"demo-run (decoder, {shape})"], options
+    # beside it, the real LLM the set-up installs
+    assert options == [f"demo-run (decoder, {shape})", "smollm2 (decoder, 30×9 heads)"], options
     info = page.evaluate("window.attnlab.state.info")
     assert (info["n_layers"], info["n_heads"]) == (model["n_layers"], model["n_heads"])
     assert len(page.evaluate("window.attnlab.state.tokens")) > 1
     assert page.locator("#dict-tokens .chip").count() > 1
+
+    # SmolLM2: its whole 8,192-token context is on offer, and its matrix opens as a map
+    page.select_option("#model", "smollm2")
+    settle(page, "dict")
+    info = page.evaluate("window.attnlab.state.info")
+    assert (info["n_layers"], info["n_heads"], info["n_kv_heads"]) == (30, 9, 3)
+    assert info["max_tokens"] == 8192
+    page.click("#tabs button[data-view=matrix]")
+    settle(page, "matrix")
+    page.click("#matrix-mode [data-mode=map]")
+    settle(page, "matrix")
+    assert "layer 0 head 0" in page.inner_text("#map-note")
+    assert page.evaluate("window.attnlab.state.matrix.map.frames") > 0
 
     process.send_signal(signal.SIGINT)  # Ctrl-C, as the demo's last line says
     remaining, _ = process.communicate(timeout=60)

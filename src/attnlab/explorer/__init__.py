@@ -15,7 +15,9 @@ from pathlib import Path
 
 STATIC = Path(__file__).resolve().parent / "static"  # index.html, app.js and its modules, style.css
 VIEWS = ("dict", "matrix", "heads", "block", "next")  # the page's tabs (data-view in index.html)
-MAX_TOKENS = 2048  # the default cap on a text's length, in tokens (explore --max-tokens changes it)
+# the default cap on a text's length, in tokens, or the model's context (n_ctx) when that is longer
+# (explore --max-tokens changes it)
+MAX_TOKENS = 2048
 # requests to the API computed or waiting at once (work_queue.WorkQueue); the page sends at most 3
 # at once
 QUEUE = 16

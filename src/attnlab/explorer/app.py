@@ -36,7 +36,7 @@ from ..errors import UserError
 from . import QUEUE
 from .models import NotFound, Run, TextTooLong, Unsupported
 from .security import LOOPBACK_HOSTS, Guard
-from .service import MAX_CHARS, MAX_TOKENS, Explorer
+from .service import MAX_CHARS, Explorer
 from .work_queue import QUEUE_PREFIX, WorkQueue
 
 # A request body's limit: the longest text JSON-escaped (12 bytes, \uXXXX\uXXXX, for a character
@@ -49,7 +49,7 @@ STATUSES = {NotFound: 404, Unsupported: 409, TextTooLong: 413}
 def create_app(
     models: dict[str, Any],
     *,
-    max_tokens: int = MAX_TOKENS,
+    max_tokens: int | None = None,
     runs: dict[str, Run] | None = None,
     hosts: Iterable[str] = LOOPBACK_HOSTS,
     token: str | None = None,
@@ -64,7 +64,7 @@ def create_app(
     but the page's own files, when given. queue: requests under /api/ admitted at once (running and
     waiting).
     """
-    from .routers import api, page
+    from .routers import api, context, page
 
     app = FastAPI(
         title="attnlab explorer",
@@ -79,6 +79,7 @@ def create_app(
     # added last, so it runs first
     app.add_middleware(Guard, hosts=hosts, token=token, max_body=MAX_BODY_BYTES)
     app.include_router(api.router)
+    app.include_router(context.router)
     app.include_router(page.router)
     page.mount_static(app)
 
@@ -213,6 +214,8 @@ def describe_models(spec: dict[str, Any], explorer: Explorer) -> dict[str, Any]:
             for param in op.get("parameters", []):
                 if param.get("in") == "path" and param["name"] == "name":
                     param["schema"]["enum"] = names
+                if param.get("in") == "query" and param["name"] in ("layer", "head"):
+                    param["schema"]["maximum"] = largest[param["name"]]
     return spec
 
 

@@ -223,13 +223,15 @@ def explore(
     port: int | None = None,
     revision: str | None = None,
     revisions: str | None = None,
-    max_tokens: int = MAX_TOKENS,
+    max_tokens: int | None = None,
     queue: int = QUEUE,
+    also: tuple[str, ...] = (),
 ) -> int:
     """`attnlab explore MODELS ...`, its flags as named parameters (the demo opens the explorer
     through this, never by building the command's arguments by hand): checks them, loads the
     models (the newest run and minilm when `models` is empty) and serves until Ctrl-C. `revisions`
-    is the flag's text ("step1000,step2000" or "all"); port None: ATTNLAB_PORT or 8000."""
+    is the flag's text ("step1000,step2000" or "all"); port None: ATTNLAB_PORT or 8000. `also`:
+    models served beside them when they load (the demo's SmolLM2), each a note when one does not."""
     port = explorer_port(port)
     if not 0 <= port <= 65535:
         raise UserError(f"--port must be between 0 and 65535, got {port}")
@@ -251,6 +253,11 @@ def explore(
         raise UserError("--revisions lists the steps to load (step1000,step2000 or all)" + both)
     runs: dict = {}
     loaded = load_models(models, runs, revision, steps) if models else default_models(runs)
+    for spec in also:
+        try:
+            loaded.update(load_models([spec]))
+        except UserError as exc:
+            print(f"attnlab explore: note: {spec} is not served ({exc})", flush=True)
     return serve(loaded, host, port, max_tokens, runs, queue=queue)
 
 
@@ -258,7 +265,7 @@ def serve(
     models: dict[str, object],
     host: str,
     port: int,
-    max_tokens: int,
+    max_tokens: int | None,
     runs: dict | None = None,
     queue: int = QUEUE,
 ) -> int:
@@ -433,8 +440,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-tokens",
         type=int,
-        default=MAX_TOKENS,
-        help=f"longest text the explorer accepts, in tokens (default {MAX_TOKENS})",
+        default=None,
+        help="longest text the explorer accepts, in tokens (default: the model's context length, "
+        f"at least {MAX_TOKENS}: 8192 for smollm2)",
     )
     p.add_argument(
         "--queue",

@@ -13,7 +13,8 @@ Design choices:
   caches: each model has a lock, held for the whole pass. Nothing else is shared between requests.
 - Models come only from the dict given to `Explorer` (paths named on the command line); a request
   names a model by its key, and no request value ever reaches the file system.
-- Limits: a text may have at most `max_tokens` tokens (and no more than a learned-position model's
+- Limits: a text may have at most `max_tokens` tokens (by default MAX_TOKENS or the model's
+  context n_ctx, whichever is longer: SmolLM2's 8,192; never more than a learned-position model's
   n_ctx); longer is `TextTooLong` (HTTP 413). Unknown model names and training steps without a
   snapshot are
   `NotFound` (404), and so is a token position past the text's end (the text has no such token);
@@ -49,6 +50,7 @@ from ..errors import UserError
 from ..inspection.interventions import ablate_head
 from ..model.attention import expand_kv
 from . import MAX_TOKENS
+from .context import BUDGET, ContextStore
 from .models import (
     PLAIN,
     STEP_MODELS,
@@ -61,7 +63,8 @@ from .models import (
 )
 from .views import ExplorerViews
 
-MAX_CHARS = 20_000  # a cap on characters, checked before tokenizing
+# a cap on characters, checked before tokenizing: room for 8,192 tokens of 8 characters each
+MAX_CHARS = 65_536
 
 
 class Explorer(ExplorerViews):
@@ -70,12 +73,13 @@ class Explorer(ExplorerViews):
     def __init__(
         self,
         models: dict[str, Any],
-        max_tokens: int = MAX_TOKENS,
+        max_tokens: int | None = None,
         runs: dict[str, Run] | None = None,
+        context_budget: int = BUDGET,
     ) -> None:
         if not models:
             raise UserError("the explorer needs at least one model")
-        if max_tokens < 1:
+        if max_tokens is not None and max_tokens < 1:
             raise UserError(f"--max-tokens must be at least 1, got {max_tokens}")
         runs = runs or {}
         self.entries = {
@@ -83,6 +87,7 @@ class Explorer(ExplorerViews):
             for name, model in models.items()
         }
         self.max_tokens = max_tokens
+        self.contexts = ContextStore(context_budget)  # the whole context's kept queries and keys
 
     # Looking things up --------------------------------------------------------------------------
     def entry(self, name: str, variant: Variant = PLAIN) -> ModelEntry:
@@ -150,7 +155,8 @@ class Explorer(ExplorerViews):
 
     def token_limit(self, model) -> int:
         cfg = model.config
-        return min(self.max_tokens, cfg.n_ctx) if cfg.positional == "learned" else self.max_tokens
+        limit = max(MAX_TOKENS, cfg.n_ctx) if self.max_tokens is None else self.max_tokens
+        return min(limit, cfg.n_ctx) if cfg.positional == "learned" else limit
 
     def describe(self, entry: ModelEntry) -> dict[str, Any]:
         cfg, tok = entry.model.config, entry.model.tokenizer

@@ -55,6 +55,33 @@ def capture_patterns(
             raise UserError(
                 f"head {head} does not exist; this model has heads 0..{cfg.n_heads - 1}"
             )
+    head_index = torch.tensor(heads, device=ids.device)
+    mask = None
+    if attention_mask is not None:
+        # [batch, 1, 1, key_pos], as the model builds it
+        mask = attention_mask.to(torch.bool)[:, None, None, :]
+    patterns = {}
+    captured = capture_queries_keys(
+        model, ids, layers, attention_mask=attention_mask, **forward_kwargs
+    )
+    for layer, (q, k) in captured.items():
+        k = expand_kv(q, k)[:, head_index]
+        q = q[:, head_index]
+        patterns[layer] = _chunked_pattern(
+            q, k, cfg.scale, cfg.causal, mask, query_chunk, cfg.sliding_window
+        )
+    return patterns
+
+
+def capture_queries_keys(
+    model, ids: torch.Tensor, layers: Iterable[int], **forward_kwargs
+) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """{layer: (q [batch, head, pos, d_head], k [batch, kv_head, key_pos, d_head])}: the queries
+    and keys of the chosen layers as the scores use them (after QK-norm and RoPE), from one forward
+    pass that stops after the last of them and keeps torch's fused kernel in every layer. Run it
+    under no_grad; hooks already attached to the model (an ablation) run too."""
+    cfg = model.config
+    layers = sorted(set(layers))
     if ids.dim() == 1:
         ids = ids.unsqueeze(0)
     rotated = cfg.positional == "rope"
@@ -67,32 +94,18 @@ def capture_patterns(
     fwd_hooks = [(f"blocks.{l}.attn.{n}", keep) for l in layers for n in (q_name, k_name)]
     with torch.no_grad():
         model.run_with_hooks(
-            ids,
-            fwd_hooks=fwd_hooks,
-            attention_mask=attention_mask,
-            stop_at_layer=layers[-1] + 1,
-            **forward_kwargs,
+            ids, fwd_hooks=fwd_hooks, stop_at_layer=layers[-1] + 1, **forward_kwargs
         )
-    mask = None
-    if attention_mask is not None:
-        # [batch, 1, 1, key_pos], as the model builds it
-        mask = attention_mask.to(torch.bool)[:, None, None, :]
-    head_index = torch.tensor(heads, device=ids.device)
-    patterns = {}
+    out = {}
     for layer in layers:
         attn = model.blocks[layer].attn
-        q = captured[f"blocks.{layer}.attn.{q_name}"]  # [batch, pos, head, d_head]
-        k = captured[f"blocks.{layer}.attn.{k_name}"]  # [batch, key_pos, kv_head, d_head]
+        q = captured.pop(f"blocks.{layer}.attn.{q_name}")  # [batch, pos, head, d_head]
+        k = captured.pop(f"blocks.{layer}.attn.{k_name}")  # [batch, key_pos, kv_head, d_head]
         if not rotated and attn.q_norm is not None:  # hook_q/hook_k come before the QK-norm
             with torch.no_grad():
                 q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k = q.transpose(1, 2), k.transpose(1, 2)  # [batch, heads, pos, d_head]
-        k = expand_kv(q, k)[:, head_index]
-        q = q[:, head_index]
-        patterns[layer] = _chunked_pattern(
-            q, k, cfg.scale, cfg.causal, mask, query_chunk, cfg.sliding_window
-        )
-    return patterns
+        out[layer] = q.transpose(1, 2), k.transpose(1, 2)  # [batch, heads, pos, d_head]
+    return out
 
 
 def _chunked_pattern(

@@ -49,6 +49,15 @@ export async function api(path, body) {
       "run `attnlab explore` for everything else");
   }
   if (body && state.responses.has(key)) return state.responses.get(key);
+  const response = await send(path, body);
+  const data = await response.json();
+  if (body) state.responses.set(key, data);
+  return data;
+}
+
+export async function send(path, body) {
+  // the server's answer to GET path (or POST body as JSON), with the token; an error's one line thrown, with
+  // its HTTP status as `status`
   const headers = TOKEN ? { Authorization: "token " + TOKEN } : {};
   const init = body ? { method: "POST", headers: Object.assign({ "Content-Type": "application/json" }, headers), body: JSON.stringify(body) }
     : { headers };
@@ -58,13 +67,12 @@ export async function api(path, body) {
     await new Promise((resolve) => setTimeout(resolve, 1000 * (Number(response.headers.get("Retry-After")) || 1)));
     response = await fetch(path, init);
   }
-  const data = await response.json();
   if (!response.ok) {
+    const data = await response.json().catch(() => ({}));
     const detail = Array.isArray(data.detail) ? data.detail.map((d) => (d.loc || []).slice(1).join(".") + ": " + d.msg).join("; ") : data.detail;
-    throw new Error(detail || response.statusText);
+    throw Object.assign(new Error(detail || response.statusText), { status: response.status });
   }
-  if (body) state.responses.set(key, data);
-  return data;
+  return response;
 }
 
 // Above this many tokens the page asks for matrices as float16 (half of float32's bytes, a causal pattern's

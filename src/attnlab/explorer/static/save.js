@@ -116,7 +116,8 @@ async function savePicture(kind) {
   if (kind === "svg") return download(new Blob([pictureSvg()], { type: "image/svg+xml" }), fileName("svg"));
   if (state.view === "matrix" && $("training").hidden && $("knockout").hidden) {
     // the canvas view: its own pixels
-    return new Promise((resolve) => $("matrix-canvas").toBlob((b) => { download(b, fileName("png")); resolve(); }, "image/png"));
+    const canvas = $("matrix-map").hidden ? $("matrix-canvas") : $("map-canvas"); // the stages, or the whole context
+    return new Promise((resolve) => canvas.toBlob((b) => { download(b, fileName("png")); resolve(); }, "image/png"));
   }
   const source = pictureSvg();
   const image = new Image();

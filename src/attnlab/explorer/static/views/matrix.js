@@ -4,10 +4,34 @@
 // The matrix is painted once into an offscreen canvas, one pixel per cell, and drawn scaled: zoom and pan
 // redraw one image, not T² rectangles (2,048 tokens: 4.2M cells).
 
-import { $, LONG_TEXT, api, body, decodeMatrix, fmt, patternEncoding, show, softmaxRow, state } from "../core.js";
+import { $, EXPORT, LONG_TEXT, api, body, decodeMatrix, fmt, page, patternEncoding, show, softmaxRow, state } from "../core.js";
+import { loadMap, wireMap } from "./map.js";
+
+// the stages fetch a head's whole T×T matrix twice (scores and pattern): up to this many tokens
+export const STAGES_MAX = 2048;
+
+export function matrixMode() {
+  // "map" (the whole context, tiled: views/map.js) or "stages": the one picked, where this text allows it,
+  // else the map above LONG_TEXT tokens; an exported page has no server to tile for it
+  const T = state.tokens.length, picked = state.matrix.mode;
+  if (EXPORT) return "stages";
+  if (picked === "stages" && T <= STAGES_MAX) return "stages";
+  if (picked === "map") return "map";
+  return T > LONG_TEXT ? "map" : "stages";
+}
 
 export async function loadMatrix() {
-  const m = state.matrix;
+  const m = state.matrix, mode = matrixMode();
+  $("matrix-map").hidden = mode !== "map";
+  $("matrix-stages").hidden = mode !== "stages";
+  $("matrix-mode").hidden = !!EXPORT;
+  document.querySelectorAll("#matrix-mode button").forEach((b) => {
+    b.classList.toggle("active", b.dataset.mode === mode);
+    b.disabled = b.dataset.mode === "stages" && state.tokens.length > STAGES_MAX;
+  });
+  $("matrix-mode-note").textContent = state.tokens.length > STAGES_MAX
+    ? `the stages need the whole ${state.tokens.length}×${state.tokens.length} matrix: up to ${STAGES_MAX} tokens` : "";
+  if (mode === "map") return loadMap();
   m.data = await api("/api/pattern", body({ layer: state.layer, head: state.head, encoding: patternEncoding() }));
   m.raw = decodeMatrix(m.data.raw);
   m.pattern = decodeMatrix(m.data.pattern);
@@ -244,6 +268,8 @@ function wireMatrixZoom() {
 
 export function wireMatrix() {
   wireMatrixZoom();
+  wireMap();
+  document.querySelectorAll("#matrix-mode button").forEach((b) => b.addEventListener("click", () => { state.matrix.mode = b.dataset.mode; page.refresh(); }));
   document.querySelectorAll("#matrix-stage button").forEach((b) => b.addEventListener("click", () => { state.matrix.stage = b.dataset.stage; drawMatrix(); }));
   document.querySelectorAll("#matrix-mask button").forEach((b) => b.addEventListener("click", () => { state.matrix.mask = b.dataset.mask; drawMatrix(); }));
   $("matrix-canvas").addEventListener("mousemove", matrixHover);

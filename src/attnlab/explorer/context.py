@@ -1,0 +1,350 @@
+"""The whole context (issue 26): a text run through the model once, its queries and keys kept, and
+any head's pattern computed when the page asks for it, pooled to what the screen can show.
+
+Design choices:
+- One forward pass per text (`POST /api/context`): attnlab.inspection.capture's
+  `capture_queries_keys` hooks only the queries and keys as the scores use them (after QK-norm and
+  RoPE), so every layer keeps torch's fused kernel and no T×T matrix exists during the pass; the
+  pass stops before the unembedding. Each layer's q [H, T, D] and k [Hkv, T, D] are kept in float32
+  as the model computed them (grouped-query keys once per key head, not once per query head).
+- A head's pattern is computed on demand, ROWS query rows at a time, each block with the keys it
+  may see (the model's own attention_scores and apply_mask, so the causal mask and a sliding
+  window are the model's), as exp(score − the row's log Σ exp): softmax row by row, without the
+  whole row when a tile needs only a block of it; tested equal to the model's own pattern
+  (attention_pattern) pooled the same way. Max-pooled as it goes: the peak is ROWS × T floats,
+  never T × T, never every head. Per head only its rows' normalisers are kept (log Σ exp of each
+  row's scores, T floats, from its first overview), so a tile computes its own block of scores
+  only, and many head switches stay bounded by heads × T.
+- Levels, as a map's: level ℓ of a head's matrix is its 2^ℓ × 2^ℓ max-pools (the maximum, not the
+  mean: a sharp head's one bright cell per row stays bright at every zoom), level 0 the matrix
+  itself. The overview is the finest level with at most as many cells as the screen has pixels
+  (`size`); tiles are TILE × TILE cells of one level, fetched as the page zooms in.
+- Binary, not JSON: a HEADER of 32 bytes (magic, level, rows, cols, first row and column in cells
+  of that level, the text's tokens, bytes per value) and the cells as little-endian float16 (the
+  page's default: 2 MB for a 1024² overview) or float32 (the tests' exact comparison).
+- Memory is bounded and reported: the contexts are kept by (model, variant, text) in a
+  least-recently-used store with a byte budget on their q and k together (`budget`); a new one
+  drops the oldest until it fits, and a text whose q and k alone would exceed the budget is
+  refused (413). `GET /api/context` says what is held, and the process's resident memory.
+- A context's id is a hash of what made it (model, variant, text), so posting the same text again
+  finds it; an id the store has dropped is a 404 that says to post the text again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import UserError
+from ..inspection.capture import capture_queries_keys
+from ..model.attention import apply_mask, attention_scores
+from .models import ModelEntry, NotFound, TextTooLong, Variant
+
+TILE = 256  # a tile's cells per side
+ROWS = 256  # query rows computed at once: the peak is ROWS × T floats
+BUDGET = 2 * 2**30  # bytes of kept queries and keys, every context together
+MAX_OVERVIEW = 4096  # the largest screen side an overview is pooled to
+MAGIC = b"ATL1"
+# magic, level, rows, cols, first row, first col (in cells of the level), tokens, bytes per value
+HEADER = struct.Struct("<4s7I")
+DTYPES = {"f16": (torch.float16, 2), "f32": (torch.float32, 4)}
+
+
+@dataclass
+class Context:
+    """A text's queries and keys in every layer of one model (variant)."""
+
+    id: str
+    entry: ModelEntry
+    tokens: list[str]
+    q: list[torch.Tensor]  # per layer: [head, pos, d_head]
+    k: list[torch.Tensor]  # per layer: [kv_head, key_pos, d_head]
+    seconds: float  # the forward pass that made it
+    # (layer, head) -> each query row's log Σ exp(scores): T floats per head asked for
+    lse: dict = field(default_factory=dict)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def nbytes(self) -> int:
+        kept = (*self.q, *self.k, *self.lse.values())
+        return sum(t.numel() * t.element_size() for t in kept)
+
+    @property
+    def levels(self) -> int:
+        """Levels 0 .. levels − 1: the last is the coarsest whose matrix fits one tile."""
+        return levels(self.n_tokens)
+
+    def describe(self) -> dict:
+        return {
+            "id": self.id,
+            "model": self.entry.name,
+            "n_tokens": self.n_tokens,
+            "tile": TILE,
+            "levels": self.levels,
+            "bytes": self.nbytes,
+            "seconds": self.seconds,
+        }
+
+
+def levels(n_tokens: int) -> int:
+    """How many levels a text's matrix has: 0 (single cells) up to the first that fits one tile."""
+    return overview_level(n_tokens, TILE) + 1
+
+
+def cells(n_tokens: int, level: int) -> int:
+    """A level's cells per side."""
+    return -(-n_tokens // 2**level)
+
+
+def context_bytes(entry: ModelEntry, n_tokens: int) -> int:
+    """What a context of n_tokens may hold: q and k in float32, and every head's normalisers."""
+    cfg = entry.model.config
+    return 4 * cfg.n_layers * n_tokens * ((cfg.n_heads + cfg.n_kv_heads) * cfg.d_head + cfg.n_heads)
+
+
+def context_id(name: str, variant: Variant, text: str) -> str:
+    made_of = repr((name, variant.ablate, variant.ablation, variant.step, text))
+    return hashlib.sha256(made_of.encode("utf-8")).hexdigest()[:20]
+
+
+class ContextStore:
+    """The contexts kept, least recently used first, within `budget` bytes of queries and keys."""
+
+    def __init__(self, budget: int = BUDGET) -> None:
+        self.budget = budget
+        self.contexts: OrderedDict[str, Context] = OrderedDict()
+        self.lock = threading.Lock()  # the dict only; a forward pass holds its model's lock
+
+    def create(self, cid: str, entry: ModelEntry, ids: torch.Tensor, tokens: list[str]) -> Context:
+        with self.lock:
+            if cid in self.contexts:
+                self.contexts.move_to_end(cid)
+                return self.contexts[cid]
+        need = context_bytes(entry, len(tokens))
+        if need > self.budget:
+            raise TextTooLong(
+                f"the text's queries and keys in every layer of model {entry.name!r} would take "
+                f"{need / 2**20:.0f} MiB, over the explorer's budget of "
+                f"{self.budget / 2**20:.0f} MiB for kept contexts; shorten the text"
+            )
+        with self.lock:  # room first: the old contexts go before the new one's memory is taken
+            self._drop_until(self.budget - need)
+        start = time.perf_counter()
+        layers = range(entry.model.config.n_layers)
+        with entry.lock, torch.no_grad(), entry.model.hooks(entry.hooks):
+            captured = capture_queries_keys(entry.model, ids, layers)
+        q = [captured[layer][0][0].float().contiguous() for layer in layers]
+        k = [captured[layer][1][0].float().contiguous() for layer in layers]
+        del captured
+        context = Context(cid, entry, tokens, q, k, time.perf_counter() - start)
+        with self.lock:
+            self.contexts[cid] = context
+            self._drop_until(self.budget)
+        return context
+
+    def _drop_until(self, limit: int) -> None:
+        while self.contexts and sum(c.nbytes for c in self.contexts.values()) > limit:
+            self.contexts.popitem(last=False)
+
+    def get(self, cid: str) -> Context:
+        with self.lock:
+            if cid not in self.contexts:
+                raise NotFound(
+                    f"no context {cid!r} is kept (the explorer keeps "
+                    f"{self.budget / 2**20:.0f} MiB of them, the least recently used go first); "
+                    "post the text to /api/context again"
+                )
+            self.contexts.move_to_end(cid)
+            return self.contexts[cid]
+
+    def status(self) -> dict:
+        with self.lock:
+            held = [c.describe() for c in self.contexts.values()]
+        return {
+            "contexts": held,
+            "bytes": sum(c["bytes"] for c in held),
+            "budget_bytes": self.budget,
+            "rss_bytes": resident_bytes(),
+        }
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory (Linux's /proc), or None where that is not readable."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def masked_scores(
+    context: Context, layer: int, head: int, rows: tuple[int, int], cols: tuple[int, int]
+) -> torch.Tensor:
+    """One head's scores q·kᵀ · scale for query rows [a, b) and keys [c, d), masked as the model
+    masks them (the block's causal diagonal a − c; a sliding window's band): [b − a, d − c]. The
+    model's own attention_scores and apply_mask."""
+    cfg = context.entry.model.config
+    (a, b), (c, d) = rows, cols
+    q = context.q[layer][head]  # [pos, d_head]
+    k = context.k[layer][head // (cfg.n_heads // cfg.n_kv_heads)]  # the key head it shares
+    scores = attention_scores(q[a:b], k[c:d], cfg.scale)
+    if not cfg.causal:
+        return scores
+    return apply_mask(scores, causal=True, diagonal=a - c, window=cfg.sliding_window)
+
+
+def normalisers(context: Context, layer: int, head: int) -> torch.Tensor:
+    """log Σ_j exp(score_ij) of every query row i of one head ([pos]), computed once per head and
+    kept (T floats): a tile's weights are then exp(score − this), its own block of scores only."""
+    key = (layer, head)
+    if key not in context.lse:
+        T = context.n_tokens
+        out = torch.empty(T)
+        for s in range(0, T, ROWS):
+            e = min(s + ROWS, T)
+            end = e if context.entry.model.config.causal else T  # keys these rows may see
+            out[s:e] = row_normalisers(masked_scores(context, layer, head, (s, e), (0, end)))
+        context.lse[key] = out
+    return context.lse[key]
+
+
+def row_normalisers(scores: torch.Tensor) -> torch.Tensor:
+    """log Σ exp over each row of masked scores; +∞ for a row that sees no key (none here: a causal
+    query sees itself), whose weights are then 0, as attention_pattern gives it."""
+    lse = torch.logsumexp(scores, -1)
+    return lse.masked_fill(torch.isneginf(lse), float("inf"))
+
+
+def pooled_pattern(
+    context: Context,
+    layer: int,
+    head: int,
+    level: int,
+    rows: tuple[int, int],
+    cols: tuple[int, int],
+) -> torch.Tensor:
+    """The max over each 2^level × 2^level block of one head's pattern, for the token rows [a, b)
+    and key columns [c, d) (a and c multiples of 2^level): [⌈(b − a)/2^level⌉, ⌈(d − c)/2^level⌉].
+
+    Weights are exp(score − the row's normaliser), which equals softmax row by row (tested against
+    the model's own pattern); query rows go ROWS at a time (2^level rows, when more, in ROWS-row
+    blocks whose maxima are combined), and a causal block never computes keys it cannot see."""
+    causal = context.entry.model.config.causal
+    f = 2**level
+    (a, b), (c, d) = rows, cols
+    # whole rows of a head not seen yet (an overview): the normalisers come from the same scores
+    fresh = (
+        (layer, head) not in context.lse and (c, d) == (0, context.n_tokens) and (a, b) == (c, d)
+    )
+    lse = torch.empty(context.n_tokens) if fresh else normalisers(context, layer, head)
+    out = torch.zeros(-(-(b - a) // f), -(-(d - c) // f))
+    kr = min(f, ROWS)  # rows pooled per block: a block holds whole pooling windows, or lies in one
+    with torch.no_grad():
+        for s in range(a, b, ROWS):
+            e = min(s + ROWS, b)
+            end = min(d, e) if causal else d  # causal: keys after the block's last row weigh 0
+            if end <= c:
+                continue
+            scores = masked_scores(context, layer, head, (s, e), (c, end))
+            if fresh:
+                lse[s:e] = row_normalisers(scores)
+            weights = torch.exp(scores - lse[s:e, None])
+            pooled = F.max_pool2d(weights[None], (kr, f), (kr, f), ceil_mode=True)[0]
+            r = (s - a) // f
+            target = out[r : r + pooled.shape[0], : pooled.shape[1]]
+            torch.maximum(target, pooled, out=target)
+    if fresh:
+        context.lse[(layer, head)] = lse
+    return out
+
+
+def encode_cells(
+    values: torch.Tensor, level: int, first: tuple[int, int], n_tokens: int, dtype: str
+) -> bytes:
+    """HEADER + the cells row by row, little-endian."""
+    torch_dtype, size = DTYPES[dtype]
+    rows, cols = values.shape
+    header = HEADER.pack(MAGIC, level, rows, cols, first[0], first[1], n_tokens, size)
+    return header + values.to(torch_dtype).contiguous().numpy().astype(f"<f{size}").tobytes()
+
+
+def overview_level(n_tokens: int, size: int) -> int:
+    """The finest level whose side is at most `size` cells."""
+    level = 0
+    while cells(n_tokens, level) > size:
+        level += 1
+    return level
+
+
+def check_head(context: Context, layer: int, head: int) -> None:
+    cfg = context.entry.model.config
+    if not 0 <= layer < cfg.n_layers:
+        raise UserError(
+            f"layer {layer} is out of range: model {context.entry.name!r} has {cfg.n_layers} "
+            f"layers (0 to {cfg.n_layers - 1})"
+        )
+    if not 0 <= head < cfg.n_heads:
+        raise UserError(
+            f"head {head} is out of range: model {context.entry.name!r} has {cfg.n_heads} heads "
+            f"per layer (0 to {cfg.n_heads - 1})"
+        )
+
+
+def overview(context: Context, layer: int, head: int, size: int, dtype: str = "f16") -> bytes:
+    """The whole matrix at the finest level that is at most `size` cells per side."""
+    check_head(context, layer, head)
+    T = context.n_tokens
+    level = overview_level(T, size)
+    values = pooled_pattern(context, layer, head, level, (0, T), (0, T))
+    return encode_cells(values, level, (0, 0), T, dtype)
+
+
+def tile(
+    context: Context, layer: int, head: int, level: int, row: int, col: int, dtype: str = "f16"
+) -> bytes:
+    """Tile (row, col) of a level: its cells [row·TILE, (row+1)·TILE) × [col·TILE, ...), clipped
+    to the matrix."""
+    check_head(context, layer, head)
+    T, top = context.n_tokens, context.levels - 1
+    if not 0 <= level <= top:
+        raise UserError(
+            f"level {level} is out of range: a {T}-token text has levels 0 (single cells) to "
+            f"{top} (the whole matrix in one {TILE}×{TILE} tile)"
+        )
+    n = -(-cells(T, level) // TILE)  # tiles per side
+    if not (0 <= row < n and 0 <= col < n):
+        raise UserError(
+            f"tile ({row}, {col}) is outside the matrix: level {level} of a {T}-token text has "
+            f"{n}×{n} tiles (rows and columns 0 to {n - 1})"
+        )
+    span = TILE * 2**level  # tokens per tile side
+    a, c = row * span, col * span
+    values = pooled_pattern(
+        context, layer, head, level, (a, min(T, a + span)), (c, min(T, c + span))
+    )
+    return encode_cells(values, level, (row * TILE, col * TILE), T, dtype)
+
+
+def open_context(explorer, name: str, text: str, variant: Variant) -> dict:
+    """POST /api/context: the text run once through the model (or found kept), described with its
+    tokens."""
+    entry = explorer.entry(name, variant)
+    ids, tokens = explorer.encode(entry, text)
+    context = explorer.contexts.create(context_id(name, variant, text), entry, ids, tokens)
+    return {
+        **context.describe(),
+        "tokens": context.tokens,
+        "info": explorer.describe(entry),
+        "memory": explorer.contexts.status(),
+    }
