@@ -8,9 +8,9 @@ Design choices:
   pass stops before the unembedding. Each layer's q [H, T, D] and k [Hkv, T, D] are kept in float32
   as the model computed them (grouped-query keys once per key head, not once per query head).
 - A head's pattern is computed on demand, ROWS query rows at a time, each block with the keys it
-  may see (the model's own attention_scores and apply_mask, so the causal mask and a sliding
-  window are the model's), as exp(score − the row's log Σ exp): softmax row by row, without the
-  whole row when a tile needs only a block of it; tested equal to the model's own pattern
+  may see (the model's own apply_mask, so the causal mask and a sliding window are the model's):
+  softmax row by row the first time, then exp(score − the row's log Σ exp), without the whole row
+  when a tile needs only a block of it; tested equal to the model's own pattern
   (attention_pattern) pooled the same way. Max-pooled as it goes: the peak is ROWS × T floats,
   never T × T, never every head. Per head only its rows' normalisers are kept (log Σ exp of each
   row's scores, T floats, from its first overview), so a tile computes its own block of scores
@@ -45,7 +45,7 @@ import torch.nn.functional as F
 
 from ..errors import UserError
 from ..inspection.capture import capture_queries_keys
-from ..model.attention import apply_mask, attention_scores
+from ..model.attention import apply_mask
 from .models import ModelEntry, NotFound, TextTooLong, Variant
 
 TILE = 256  # a tile's cells per side
@@ -68,6 +68,7 @@ class Context:
     q: list[torch.Tensor]  # per layer: [head, pos, d_head]
     k: list[torch.Tensor]  # per layer: [kv_head, key_pos, d_head]
     seconds: float  # the forward pass that made it
+    bound: int  # the most it can hold: q, k and every head's normalisers (context_bytes)
     # (layer, head) -> each query row's log Σ exp(scores): T floats per head asked for
     lse: dict = field(default_factory=dict)
 
@@ -144,17 +145,20 @@ class ContextStore:
         layers = range(entry.model.config.n_layers)
         with entry.lock, torch.no_grad(), entry.model.hooks(entry.hooks):
             captured = capture_queries_keys(entry.model, ids, layers)
-        q = [captured[layer][0][0].float().contiguous() for layer in layers]
-        k = [captured[layer][1][0].float().contiguous() for layer in layers]
-        del captured
-        context = Context(cid, entry, tokens, q, k, time.perf_counter() - start)
+        q, k = [], []
+        for layer in layers:  # each layer's hooked tensors freed as soon as they are copied
+            q_layer, k_layer = captured.pop(layer)
+            q.append(q_layer[0].float().contiguous())
+            k.append(k_layer[0].float().contiguous())
+        context = Context(cid, entry, tokens, q, k, time.perf_counter() - start, need)
         with self.lock:
             self.contexts[cid] = context
             self._drop_until(self.budget)
         return context
 
     def _drop_until(self, limit: int) -> None:
-        while self.contexts and sum(c.nbytes for c in self.contexts.values()) > limit:
+        # by what each may come to hold, so that the normalisers added later stay within the budget
+        while self.contexts and sum(c.bound for c in self.contexts.values()) > limit:
             self.contexts.popitem(last=False)
 
     def get(self, cid: str) -> Context:
@@ -192,38 +196,43 @@ def masked_scores(
     context: Context, layer: int, head: int, rows: tuple[int, int], cols: tuple[int, int]
 ) -> torch.Tensor:
     """One head's scores q·kᵀ · scale for query rows [a, b) and keys [c, d), masked as the model
-    masks them (the block's causal diagonal a − c; a sliding window's band): [b − a, d − c]. The
-    model's own attention_scores and apply_mask."""
+    masks them (its causal mask, seen from this block; a sliding window's band): [b − a, d − c].
+    The model's own apply_mask, applied only to the columns the diagonal crosses (the keys before
+    the block's first row are all visible, unless a window)."""
     cfg = context.entry.model.config
     (a, b), (c, d) = rows, cols
     q = context.q[layer][head]  # [pos, d_head]
     k = context.k[layer][head // (cfg.n_heads // cfg.n_kv_heads)]  # the key head it shares
-    scores = attention_scores(q[a:b], k[c:d], cfg.scale)
+    # attention_scores' q·kᵀ · scale with the scale on q: a pass over the block less (exactly the
+    # same numbers when the scale is a power of two, as 1/√64 is)
+    scores = torch.matmul(q[a:b] * cfg.scale, k[c:d].T)
     if not cfg.causal:
         return scores
-    return apply_mask(scores, causal=True, diagonal=a - c, window=cfg.sliding_window)
+    if cfg.sliding_window is not None:
+        return apply_mask(scores, causal=True, diagonal=a - c, window=cfg.sliding_window)
+    first = max(c, a + 1)  # the first key some row of the block cannot see
+    if first < d:
+        crossed = scores[:, first - c :]
+        crossed.copy_(apply_mask(crossed, causal=True, diagonal=a - first))
+    return scores
 
 
 def normalisers(context: Context, layer: int, head: int) -> torch.Tensor:
     """log Σ_j exp(score_ij) of every query row i of one head ([pos]), computed once per head and
     kept (T floats): a tile's weights are then exp(score − this), its own block of scores only."""
-    key = (layer, head)
-    if key not in context.lse:
+    if (layer, head) not in context.lse:
         T = context.n_tokens
-        out = torch.empty(T)
-        for s in range(0, T, ROWS):
-            e = min(s + ROWS, T)
-            end = e if context.entry.model.config.causal else T  # keys these rows may see
-            out[s:e] = row_normalisers(masked_scores(context, layer, head, (s, e), (0, end)))
-        context.lse[key] = out
-    return context.lse[key]
+        pooled_pattern(context, layer, head, overview_level(T, TILE), (0, T), (0, T))
+    return context.lse[(layer, head)]
 
 
-def row_normalisers(scores: torch.Tensor) -> torch.Tensor:
-    """log Σ exp over each row of masked scores; +∞ for a row that sees no key (none here: a causal
-    query sees itself), whose weights are then 0, as attention_pattern gives it."""
-    lse = torch.logsumexp(scores, -1)
-    return lse.masked_fill(torch.isneginf(lse), float("inf"))
+def pool(x: torch.Tensor, size: int, dim: int) -> torch.Tensor:
+    """The max over each run of `size` along dim 0 or 1 of a matrix (the last may be shorter)."""
+    if size == 1:
+        return x
+    if dim == 0:
+        return pool(x.T, size, 1).T
+    return F.max_pool1d(x[None], size, size, ceil_mode=True)[0]
 
 
 def pooled_pattern(
@@ -237,9 +246,14 @@ def pooled_pattern(
     """The max over each 2^level × 2^level block of one head's pattern, for the token rows [a, b)
     and key columns [c, d) (a and c multiples of 2^level): [⌈(b − a)/2^level⌉, ⌈(d − c)/2^level⌉].
 
-    Weights are exp(score − the row's normaliser), which equals softmax row by row (tested against
-    the model's own pattern); query rows go ROWS at a time (2^level rows, when more, in ROWS-row
-    blocks whose maxima are combined), and a causal block never computes keys it cannot see."""
+    Query rows go ROWS at a time (a pooling window taller than ROWS gathers several blocks'
+    maxima), and a causal block never computes the keys it cannot see. Whole rows of a head not
+    seen before (its first overview) are its pattern's rows, softmax(scores), pooled; they also
+    give each row's normaliser, log Σ exp(scores) = the row's largest score − log its largest
+    weight. After that a block of a row needs only its own scores: a weight is exp(score −
+    normaliser), and exp is increasing, so a pooled block's largest weight is exp(its largest score
+    − normaliser): the scores are pooled first, and only their maxima exponentiated. Both ways are
+    tested against the model's own pattern."""
     causal = context.entry.model.config.causal
     f = 2**level
     (a, b), (c, d) = rows, cols
@@ -249,7 +263,6 @@ def pooled_pattern(
     )
     lse = torch.empty(context.n_tokens) if fresh else normalisers(context, layer, head)
     out = torch.zeros(-(-(b - a) // f), -(-(d - c) // f))
-    kr = min(f, ROWS)  # rows pooled per block: a block holds whole pooling windows, or lies in one
     with torch.no_grad():
         for s in range(a, b, ROWS):
             e = min(s + ROWS, b)
@@ -257,10 +270,13 @@ def pooled_pattern(
             if end <= c:
                 continue
             scores = masked_scores(context, layer, head, (s, e), (c, end))
-            if fresh:
-                lse[s:e] = row_normalisers(scores)
-            weights = torch.exp(scores - lse[s:e, None])
-            pooled = F.max_pool2d(weights[None], (kr, f), (kr, f), ceil_mode=True)[0]
+            if fresh:  # the pattern's rows (a causal query sees itself: no row is all masked)
+                maxima = pool(torch.softmax(scores, -1), f, 1)  # [e − s, ⌈width / f⌉]
+                # the row's largest weight is exp(its largest score − its normaliser)
+                lse[s:e] = pool(scores, f, 1).amax(-1) - torch.log(maxima.amax(-1))
+            else:
+                maxima = torch.exp(pool(scores, f, 1) - lse[s:e, None])
+            pooled = pool(maxima, min(f, e - s), 0)
             r = (s - a) // f
             target = out[r : r + pooled.shape[0], : pooled.shape[1]]
             torch.maximum(target, pooled, out=target)

@@ -10,7 +10,7 @@ document cannot state).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import Response
@@ -32,9 +32,11 @@ BINARY = {
     404: {"description": "no such context kept (it may have been dropped): post the text again"},
     422: {"description": "layer, head, level or tile outside this model's or this text's range"},
 }
-Layer = Query(ge=0, description="block index, from 0")
-Head = Query(ge=0, description="query head index, from 0")
-Dtype = Query("f16", description="the cells as float16 (2 bytes) or float32 (4 bytes)")
+Layer = Annotated[int, Query(ge=0, description="block index, from 0")]
+Head = Annotated[int, Query(ge=0, description="query head index, from 0")]
+Dtype = Annotated[
+    Literal["f16", "f32"], Query(description="the cells as float16 (2 bytes) or float32 (4 bytes)")
+]
 
 
 def binary(data: bytes) -> Response:
@@ -67,10 +69,12 @@ def status(explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
 )
 def context_overview(
     context: str,
-    layer: int = Layer,
-    head: int = Head,
-    size: int = Query(1024, ge=16, le=MAX_OVERVIEW, description="the screen's side, in pixels"),
-    dtype: Literal["f16", "f32"] = Dtype,
+    layer: Layer,
+    head: Head,
+    size: Annotated[
+        int, Query(ge=16, le=MAX_OVERVIEW, description="the screen's side, in pixels")
+    ] = 1024,
+    dtype: Dtype = "f16",
     explorer: Explorer = Depends(get_explorer),
 ) -> Response:
     return binary(overview(explorer.contexts.get(context), layer, head, size, dtype))
@@ -84,12 +88,12 @@ def context_overview(
 )
 def context_tile(
     context: str,
-    layer: int = Layer,
-    head: int = Head,
-    level: int = Query(ge=0, description="0: single cells; each level up pools 2 × 2"),
-    row: int = Query(ge=0, description="the tile's row, from 0"),
-    col: int = Query(ge=0, description="the tile's column, from 0"),
-    dtype: Literal["f16", "f32"] = Dtype,
+    layer: Layer,
+    head: Head,
+    level: Annotated[int, Query(ge=0, description="0: single cells; each level up pools 2 × 2")],
+    row: Annotated[int, Query(ge=0, description="the tile's row, from 0")],
+    col: Annotated[int, Query(ge=0, description="the tile's column, from 0")],
+    dtype: Dtype = "f16",
     explorer: Explorer = Depends(get_explorer),
 ) -> Response:
     return binary(tile(explorer.contexts.get(context), layer, head, level, row, col, dtype))

@@ -10,7 +10,7 @@
 // - Tiles and overviews are kept per head (a bounded LRU), so going back to a head redraws without asking.
 // - Colour: white 0 → blue 1 on the square root of the weight (a long text's weights are small: 1/T spread
 //   evenly), the same scale at every level, so zooming never changes a cell's colour; keys a causal query
-//   cannot see are dark.
+//   cannot see are grey.
 
 import { $, halfTable, send, show, state } from "../core.js";
 
@@ -74,7 +74,7 @@ function remember(cache, key, value, limit) {
 }
 
 function cellsImage(cells) {
-  // one pixel per cell; a causal matrix's cells entirely above the diagonal (key block after query block) dark
+  // one pixel per cell; a causal matrix's cells entirely above the diagonal (key block after query block) grey
   const canvas = document.createElement("canvas");
   canvas.width = cells.cols; canvas.height = cells.rows;
   const image = canvas.getContext("2d").createImageData(cells.cols, cells.rows), px = image.data;
@@ -83,7 +83,7 @@ function cellsImage(cells) {
     for (let j = 0; j < cells.cols; j++) {
       const o = 4 * (i * cells.cols + j);
       px[o + 3] = 255;
-      if (dark && cells.col0 + j > cells.row0 + i) { px[o] = px[o + 1] = px[o + 2] = 43; continue; }
+      if (dark && cells.col0 + j > cells.row0 + i) { px[o] = 226; px[o + 1] = 229; px[o + 2] = 234; continue; }
       const t = Math.sqrt(Math.max(0, Math.min(1, cells.values[i * cells.cols + j])));
       px[o] = 255 - 222 * t; px[o + 1] = 255 - 153 * t; px[o + 2] = 255 - 75 * t;
     }
@@ -120,7 +120,7 @@ export async function loadMap() {
   const T = map.context.n_tokens, level = map.overviews.get(head).cells.level;
   $("map-note").textContent = `layer ${state.layer} head ${state.head} · rows: queries, columns: keys · ${T.toLocaleString()}×${T.toLocaleString()} ` +
     `· overview: the max over each ${2 ** level}×${2 ** level} block · colour: √weight, white 0 → blue 1` +
-    (causal() ? " · dark: masked (a query sees only the keys before it)" : "");
+    (causal() ? " · grey: masked (a query sees only the keys before it)" : "");
 }
 
 function showMemory(memory) {
