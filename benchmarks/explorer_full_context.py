@@ -15,7 +15,7 @@ the second animation frame after the canvas is drawn, so the frame is on screen)
 - zoom steps: one wheel notch (x1.25) at a point on the diagonal until every tile the new view needs
   is painted, from the whole matrix down to single labelled cells;
 - the server's memory: its resident set (VmRSS) and peak (VmHWM) from /proc, and the bytes of
-  queries and keys it reports (GET /api/context).
+  queries and keys it reports (GET /api/context/status).
 The text is the longest prefix of --text with at most --tokens tokens (tokenized by the server).
 Prints the machine and a table; nothing is asserted.
 """
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                     page.evaluate(ZOOM, [x, y])
                 zoomed = args.screenshot.with_name(args.screenshot.stem + "-zoomed.png")
                 page.locator("#view-matrix").screenshot(path=str(zoomed))
-            status = json.loads(urllib.request.urlopen(url + "api/context").read())
+            status = json.loads(urllib.request.urlopen(url + "api/context/status").read())
             browser.close()
         result.update(
             memory_idle=memory_idle,

@@ -189,7 +189,7 @@ def test_memory_is_bounded_by_its_budget_and_reported():
     app.state.explorer.contexts.budget = 2 * per_text  # two 300-token texts
     with TestClient(app, base_url=LOCAL) as client:
         ids = [open_context(client, "llama", TEXT[i : i + 300])["id"] for i in range(3)]
-        status = client.get("/api/context").json()
+        status = client.get("/api/context/status").json()
         # the oldest went first; what is held is within the budget, and said
         assert [c["id"] for c in status["contexts"]] == ids[1:]
         assert status["bytes"] <= status["budget_bytes"] == 2 * per_text
@@ -208,7 +208,7 @@ def test_memory_is_bounded_by_its_budget_and_reported():
                         client.get(f"/api/context/{ids[2]}/overview", params=params).status_code
                         == 200
                     )
-        after = client.get("/api/context").json()
+        after = client.get("/api/context/status").json()
         assert after["bytes"] <= after["budget_bytes"]
         held = {c["id"]: c["bytes"] for c in after["contexts"]}
         assert held[ids[2]] == per_text  # q, k and every head's normalisers: exactly the bound

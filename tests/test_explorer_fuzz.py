@@ -66,7 +66,7 @@ def test_the_document_declares_every_status_the_server_can_give():
     for path in ("/api/next", "/api/attribution"):  # an encoder predicts no next token
         assert "409" in spec["paths"][path]["post"]["responses"], path
     for path, method, op in operations:  # a step without a snapshot, an unknown model
-        if (path, method) not in {("/api/models", "get"), ("/api/context", "get")}:
+        if (path, method) not in {("/api/models", "get"), ("/api/context/status", "get")}:
             assert "404" in op["responses"], (path, method)
     run = spec["components"]["schemas"]["TextRequest"]["properties"]
     assert run["model"]["enum"] == ["gpt", "llama", "bert"]  # the models this server serves

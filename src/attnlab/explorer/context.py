@@ -25,7 +25,7 @@ Design choices:
 - Memory is bounded and reported: the contexts are kept by (model, variant, text) in a
   least-recently-used store with a byte budget on their q and k together (`budget`); a new one
   drops the oldest until it fits, and a text whose q and k alone would exceed the budget is
-  refused (413). `GET /api/context` says what is held, and the process's resident memory.
+  refused (413). `GET /api/context/status` says what is held, and the process's resident memory.
 - A context's id is a hash of what made it (model, variant, text), so posting the same text again
   finds it; an id the store has dropped is a 404 that says to post the text again.
 """

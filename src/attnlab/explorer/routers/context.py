@@ -54,7 +54,7 @@ def create(body: TextRequest, explorer: Explorer = Depends(get_explorer)) -> dic
 
 
 @router.get(
-    "/context",
+    "/context/status",
     summary="The contexts kept, their bytes, the budget and the server's resident memory",
 )
 def status(explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
