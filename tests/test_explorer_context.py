@@ -220,9 +220,10 @@ def test_memory_is_bounded_by_its_budget_and_reported():
 @pytest.mark.parametrize(
     "path, params, status, words",
     [
-        ("tile", {"level": 0, "row": 3, "col": 0}, 422, ["tile (3, 0) is outside", "0 to 2"]),
-        ("tile", {"level": 1, "row": 0, "col": 2}, 422, ["outside the matrix", "2×2 tiles"]),
-        ("tile", {"level": 3, "row": 0, "col": 0}, 422, ["level 3 is out of range", "0 (single"]),
+        # a well-formed request for a tile that does not exist: 404, as a token past a text's end
+        ("tile", {"level": 0, "row": 3, "col": 0}, 404, ["tile (3, 0) is outside", "0 to 2"]),
+        ("tile", {"level": 1, "row": 0, "col": 2}, 404, ["outside the matrix", "2×2 tiles"]),
+        ("tile", {"level": 3, "row": 0, "col": 0}, 404, ["level 3 is out of range", "0 (single"]),
         ("tile", {"level": -1, "row": 0, "col": 0}, 422, ["level"]),
         ("tile", {"level": 0, "row": 0}, 422, ["col"]),
         ("overview", {"size": 8}, 422, ["size"]),

@@ -333,14 +333,16 @@ def tile(
     to the matrix."""
     check_head(context, layer, head)
     T, top = context.n_tokens, context.levels - 1
+    # 404, not 422, as for a token past a text's end: the request is well formed (the document
+    # cannot tie a level or a tile to the text's length), and the tile it names does not exist
     if not 0 <= level <= top:
-        raise UserError(
+        raise NotFound(
             f"level {level} is out of range: a {T}-token text has levels 0 (single cells) to "
             f"{top} (the whole matrix in one {TILE}×{TILE} tile)"
         )
     n = -(-cells(T, level) // TILE)  # tiles per side
     if not (0 <= row < n and 0 <= col < n):
-        raise UserError(
+        raise NotFound(
             f"tile ({row}, {col}) is outside the matrix: level {level} of a {T}-token text has "
             f"{n}×{n} tiles (rows and columns 0 to {n - 1})"
         )

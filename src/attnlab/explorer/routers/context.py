@@ -3,9 +3,9 @@ overview or as tiles of a finer level, in binary (explorer/context.py says how a
 
 The binary answers are `application/octet-stream`: a 32-byte header (context.HEADER) and the cells.
 Refusals are JSON, as everywhere in the API: 404 for a context the explorer does not keep (post the
-text again), 413 for a text over the token limit or the memory budget, 422 for a layer, head, level
-or tile outside the matrix (their ranges depend on the model and the text's length, which the
-document cannot state).
+text again) and for a level or tile outside the matrix (the request is well formed: the tile it
+names does not exist, its range set by the text's length), 413 for a text over the token limit or
+the memory budget, 422 for a layer or head out of the model's range.
 """
 
 from __future__ import annotations
@@ -29,8 +29,11 @@ BINARY = {
         "values, row by row",
         "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
     },
-    404: {"description": "no such context kept (it may have been dropped): post the text again"},
-    422: {"description": "layer, head, level or tile outside this model's or this text's range"},
+    404: {
+        "description": "no such context kept (it may have been dropped: post the text again), or "
+        "a level or tile outside this text's matrix"
+    },
+    422: {"description": "a layer or head outside this model's range, or an invalid field"},
 }
 Layer = Annotated[int, Query(ge=0, description="block index, from 0")]
 Head = Annotated[int, Query(ge=0, description="query head index, from 0")]

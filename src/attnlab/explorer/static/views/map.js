@@ -58,7 +58,7 @@ async function getCells(path) {
     try {
       return decodeCells(await (await send(`/api/context/${map.context.id}/${path}`)).arrayBuffer());
     } catch (err) {
-      if (err.status !== 404 || tries) throw err;
+      if (err.status !== 404 || tries || !err.message.startsWith("no context")) throw err;
       map.context = await postContext();
     }
   }
