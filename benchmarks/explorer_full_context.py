@@ -2,7 +2,7 @@
 headless Chromium, from the click to the painted frame.
 
     .venv/bin/python benchmarks/explorer_full_context.py --text input.txt \
-        [--model smollm2] [--tokens 8192] [--switches 12] [--zoom-steps 20] [--json out.json] \
+        [--model smollm2] [--tokens 8192] [--switches 12] [--zoom-steps 22] [--json out.json] \
         [--screenshot docs/screenshots/explorer-full-context.png --shot-head 2.3]
 
 Serves MODEL with `attnlab explore MODEL --port 0` (a process of its own, as a user runs it), opens
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="smollm2", help="what `attnlab explore` serves")
     parser.add_argument("--tokens", type=int, default=8192, help="the text's length (default 8192)")
     parser.add_argument("--switches", type=int, default=12, help="head and layer switches timed")
-    parser.add_argument("--zoom-steps", type=int, default=20, help="wheel notches timed")
+    parser.add_argument("--zoom-steps", type=int, default=22, help="wheel notches timed")
     parser.add_argument("--json", type=Path, default=None, help="also write every number here")
     parser.add_argument("--screenshot", type=Path, default=None, help="a PNG of the whole matrix")
     parser.add_argument("--shot-head", default="0.0", help="LAYER.HEAD of the screenshot's head")
