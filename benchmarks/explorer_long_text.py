@@ -76,6 +76,9 @@ def one_round(browser, url: str, text: str, encoding: str) -> dict:
     page.click("#run")
     settle("dict")
     opened = time.perf_counter() - start
+    # the stages, which fetch /api/pattern (above 512 tokens the matrix would open as the
+    # whole-context map: benchmarks/explorer_full_context.py measures that)
+    page.evaluate("window.attnlab.state.matrix.mode = 'stages'")
     start = time.perf_counter()
     page.click("#tabs button[data-view=matrix]")
     settle("matrix")
