@@ -94,3 +94,20 @@ def test_the_program_runner_and_the_activation_kinds_are_decode_cs():
         f"ACTIVATION_{kind.name}" for kind in kernels.Activation
     ]
     assert set(kernels.ACTIVATIONS.values()) == set(kernels.Activation)
+
+
+def test_the_block_types_are_decode_cs_and_the_block_modules():
+    from attnlab.generate.blocks import BLOCK_TYPES
+
+    assert c_enum("attnlab_block_type") == [f"BLOCK_{kind.name}" for kind in kernels.BlockKind]
+    assert {t.name: t.kernel for t in BLOCK_TYPES.values()} == {
+        kind.name: kind.value for kind in kernels.BlockKind
+    }
+    sizes = re.search(r"BLOCK_BYTES\[\] = \{([^}]*)\}", DECODE_C).group(1)
+    assert [int(v) for v in sizes.split(",")] == [
+        next(t.nbytes for t in BLOCK_TYPES.values() if t.kernel == kind)
+        for kind in kernels.BlockKind
+    ]
+    # the scratch-size function the loader declares (it returns a size: not an op)
+    found = re.search(r"\bint64_t " + kernels.SCRATCH[0] + r"\((.*?)\)", DECODE_C)
+    assert found is not None and found.group(1).count("int64_t") == len(kernels.SCRATCH[1])

@@ -58,17 +58,29 @@ def bundled_path(name: str) -> Path:
 
 
 def load(
-    path: str | Path, device: str = "cpu", revision: str | None = None, file: str | None = None
+    path: str | Path,
+    device: str = "cpu",
+    revision: str | None = None,
+    file: str | None = None,
+    keep_blocks: bool = False,
 ):
     """A model from a directory (attnlab or Hugging Face format), a GGUF file, a bundled name
     ("minilm", "smollm2") or a Hugging Face Hub name ("gpt2"; `revision`: a branch, tag or commit of
     it), in eval mode, with .config and .tokenizer (None when the model has no tokenizer). `file`: a
-    GGUF file in a directory or a Hub repository ("OWNER/REPO", file="model-Q4_K_M.gguf")."""
+    GGUF file in a directory or a Hub repository ("OWNER/REPO", file="model-Q4_K_M.gguf").
+    keep_blocks (GGUF only): its Q8_0, Q4_0 and Q4_1 matrices stay the file's blocks, which
+    generation multiplies as they are (attnlab.formats.gguf); by default every tensor is
+    dequantized to float32."""
     if file is not None:
-        return load_gguf(gguf_in(path, file, revision), device=device)
+        return load_gguf(gguf_in(path, file, revision), device=device, keep_blocks=keep_blocks)
     path = model_dir(path, revision)
     if path.is_file():  # model_dir returns a file only when it is a GGUF file
-        return load_gguf(path, device=device)
+        return load_gguf(path, device=device, keep_blocks=keep_blocks)
+    if keep_blocks:
+        raise UserError(
+            f"{path}: keep_blocks=True keeps a GGUF file's blocks, and this is not a GGUF file; "
+            'to make blocks from a float model, use attnlab.quantize(model, "q4_0")'
+        )
     if is_native(path):
         return load_native(path, device=device)
     if is_hf(path):

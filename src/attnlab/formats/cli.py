@@ -17,6 +17,17 @@ MODEL_HELP = (
 )
 
 
+def add_keep_blocks_flag(parser: argparse.ArgumentParser) -> None:
+    """--keep-blocks: a GGUF file's Q8_0, Q4_0 and Q4_1 matrices as the file's blocks (load's
+    keep_blocks)."""
+    parser.add_argument(
+        "--keep-blocks",
+        action="store_true",
+        help="keep a GGUF file's Q8_0, Q4_0 and Q4_1 matrices as the file's blocks and multiply "
+        "them with 8-bit activations, as llama.cpp does (default: dequantized to float32)",
+    )
+
+
 def add_revision_flag(parser: argparse.ArgumentParser, what: str = "MODEL") -> None:
     """--revision: which version of a Hub model to load (ignored by nothing: a local model with it
     is an error)."""

@@ -26,6 +26,12 @@ Design choices:
 - The model computes with exactly the file's values: every tensor is dequantized to float32
   (gguf-py's numpy code, checked in the tests against a block-by-block transcription of ggml's C
   reference).
+- `keep_blocks=True` keeps each Q8_0, Q4_0 and Q4_1 matrix as the file's blocks instead
+  (attnlab.generate.blocks.BlockLinear: the bytes as they are, no float copy; llama's q and k rows
+  are put back in their order as whole rows of blocks). Its forward dequantizes, so the model's
+  logits are the default's; generation multiplies the blocks in C with 8-bit activations, as
+  llama.cpp does. A tied embedding's table stays float32 for the lookup, and its LM head reads the
+  blocks. Other types (the K-quants, Q5_0, floats) are dequantized as by default.
 - Architectures: llama (SmolLM, TinyLlama, Llama 2/3 without rope_freqs, and Mistral 7B files, which
   llama.cpp writes as llama and runs without a sliding window), qwen2, qwen3 and gpt2. Any other is
   refused by name.
@@ -353,10 +359,13 @@ def _unpermute(tensor: torch.Tensor, heads: int) -> torch.Tensor:
     )
 
 
-def load_gguf(path: str | Path, device: str | torch.device = "cpu"):
+def load_gguf(path: str | Path, device: str | torch.device = "cpu", keep_blocks: bool = False):
     """A Transformer from a GGUF file, in eval mode, computing with the file's values dequantized to
-    float32, with .config and .tokenizer (from the file's tokenizer.ggml.* keys)."""
+    float32, with .config and .tokenizer (from the file's tokenizer.ggml.* keys). keep_blocks: the
+    Q8_0, Q4_0 and Q4_1 matrices stay the file's blocks (module docstring)."""
     from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
+
+    from ..generate.blocks import BlockLinear
 
     file = read_gguf(path)
     source = str(file.path)
@@ -421,8 +430,11 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu"):
 
     model = empty_model(config, device)
     params, covered, non_finite = model.state_dict(), set(), {}
+    kept = {}  # module name -> (its blocks, their kind): the matrices that stay blocks
     with torch.no_grad():
         for name, w in found.items():
+            if keep_blocks:
+                kept.update(_blocks_of(file.tensors[name], name, w, model, gguf_arch, shapes))
             values = dequantize(file.tensors[name])
             tensor = torch.from_numpy(values)
             if not np.isfinite(values).all():  # numpy's check: 10x faster here than torch.isfinite
@@ -434,7 +446,8 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu"):
             if w.conv1d and tensor.dim() == 2:
                 tensor = tensor.t()  # back to the Hugging Face checkpoint's Conv1D (in, out)
             for ours, part in zip(w.ours, w.to_ours(tensor, shapes)):
-                params[ours].copy_(part)
+                if ours.removesuffix(".weight") not in kept:  # else: its blocks, not a float copy
+                    params[ours].copy_(part)
                 covered.add(ours)
         for name, tensor in params.items():
             if name not in covered and not (name == "unembed.weight" and config.tie_embeddings):
@@ -445,6 +458,18 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu"):
                 tensor.zero_()
     if non_finite:
         warn_non_finite(non_finite, source)
+    for module_name, (blocks, kind) in kept.items():
+        parent, _, child = module_name.rpartition(".")
+        old = model.get_submodule(module_name)
+        new = BlockLinear.from_blocks(blocks.to(device), kind, old.in_features, old.bias)
+        setattr(model.get_submodule(parent) if parent else model, child, new)
+    if kept:
+        # one kind for every matrix: what attnlab.quantize(model, kind) makes (and saves as); else a
+        # mix that attnlab's own format cannot record
+        kinds = sorted({kind for _, kind in kept.values()})
+        every = not any(isinstance(m, torch.nn.Linear) for m in model.modules())
+        mixed = len(kinds) > 1 or not every
+        model.quantization = "gguf:" + "+".join(kinds) if mixed else kinds[0]
     model.tokenizer = tokenizer_from_gguf(file)
     if model.tokenizer is not None and model.tokenizer.vocab_size > config.d_vocab:
         raise UserError(
@@ -452,3 +477,35 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu"):
             f"{config.d_vocab} rows; the tokenizer does not belong to this model"
         )
     return model.eval()
+
+
+def _blocks_of(tensor, name: str, w, model, gguf_arch: str, shapes: dict) -> dict:
+    """{module name: (blocks, kind)} for the Linear modules the GGUF tensor `name` fills, when it
+    holds Q8_0, Q4_0 or Q4_1 blocks; {} otherwise. The file's rows of blocks go through what the
+    float path does to rows (llama's q/k unpermute, the split of a fused matrix); GPT-2's two
+    transposes cancel. A tied token embedding also becomes the LM head's blocks."""
+    from gguf import GGMLQuantizationType
+
+    from ..generate.blocks import BY_GGML_NAME
+
+    kind = BY_GGML_NAME.get(GGMLQuantizationType(tensor.tensor_type).name)
+    if kind is None or len(tensor.shape) != 2:
+        return {}
+    rows = int(tensor.shape[1])
+    # a copy of the file's bytes, one row of blocks per output feature: [rows, bytes per row]
+    blocks = torch.from_numpy(np.array(tensor.data, dtype=np.uint8).reshape(rows, -1))
+    if gguf_arch == "llama" and ".attn_q." in name:
+        blocks = _unpermute(blocks, model.config.n_heads)
+    elif gguf_arch == "llama" and ".attn_k." in name:
+        blocks = _unpermute(blocks, model.config.n_kv_heads)
+    plain = type(w)(w.hf, *w.ours, heads=w.heads)  # the same split of rows, without a transpose
+    kept = {}
+    for ours, part in zip(w.ours, plain.to_ours(blocks, shapes)):
+        module_name = ours.removesuffix(".weight")
+        if ours.endswith(".weight") and isinstance(
+            model.get_submodule(module_name), torch.nn.Linear
+        ):
+            kept[module_name] = (part.contiguous(), kind)
+        elif ours == "embed.weight" and model.config.tie_embeddings and model.unembed is not None:
+            kept["unembed"] = (part.contiguous(), kind)  # the lookup keeps the float table
+    return kept

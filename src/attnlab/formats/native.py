@@ -39,7 +39,7 @@ import torch
 
 from ..errors import UserError, first_line
 from ..files import atomic_write
-from ..generate.fast_layers import quantize
+from ..generate.fast_layers import QUANTIZATIONS, quantize
 from ..model.config import ModelConfig
 from ..model.positions import Rotary
 from ..model.transformer import Transformer
@@ -145,6 +145,12 @@ def save_native(model, path: str | Path | ManifestFolder) -> Path:
     it in its manifest."""
     files = path if isinstance(path, ManifestFolder) else AtomicFiles(path)
     config = {"format": FORMAT, "version": VERSION, "model": model.config.to_dict()}
+    if getattr(model, "quantization", None) not in (None, *QUANTIZATIONS):
+        raise UserError(
+            f"this model holds a GGUF file's blocks mixed with other types "
+            f"({model.quantization}), which attnlab's format cannot record yet; save the model "
+            "loaded without keep_blocks=True"
+        )
     if getattr(model, "quantization", None):
         config["quantization"] = model.quantization
     files.write_tensors("model.safetensors", state_dict_for_saving(model), {"format": "pt"})

@@ -31,7 +31,7 @@ def run_chat(args: argparse.Namespace, read=input, out=None) -> int:
     out = out if out is not None else sys.stdout
     if args.max_new_tokens <= 0:
         raise UserError(f"--max-new-tokens must be a positive integer, got {args.max_new_tokens}")
-    model = load(args.model, revision=args.revision)
+    model = load(args.model, revision=args.revision, keep_blocks=args.keep_blocks)
     if not model.config.causal:
         raise UserError(
             f"{args.model} is an encoder (BERT-style) model; chatting needs a causal language model"
@@ -81,11 +81,12 @@ def run_chat(args: argparse.Namespace, read=input, out=None) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    from ..formats.cli import MODEL_HELP, add_revision_flag
+    from ..formats.cli import MODEL_HELP, add_keep_blocks_flag, add_revision_flag
 
     c = sub.add_parser("chat", help="chat with a model in the terminal, through its chat template")
     c.add_argument("model", metavar="MODEL", help=MODEL_HELP)
     add_revision_flag(c)
+    add_keep_blocks_flag(c)
     c.add_argument("--max-new-tokens", type=int, default=512, help="the longest reply, in tokens")
     c.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
     c.add_argument("--top-k", type=int, default=50)

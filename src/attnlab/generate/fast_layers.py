@@ -6,6 +6,8 @@ Design choices:
 - The model's `Linear` is F.linear and nothing else. `fast_linears(model)` turns its Linear modules
   into `KernelLinear` for as long as generation runs (the same modules, weights and hooks: only
   their class changes, and changes back), so the model never chooses a fast path itself.
+- ggml's blocks (`quantize(model, "q4_0" | "q4_1" | "q8_0")`, attnlab.generate.blocks): 32
+  weights per block with their own scale, as llama.cpp stores them.
 - Weights in 8 bits (`quantize(model, "int8")`): each output feature's row w is stored as q =
 round(w / s) in
   int8 with s = max|w| / 127, one float32 scale per row (gpt-fast's int8 weight-only scheme;
@@ -27,6 +29,7 @@ from torch import nn
 from ..errors import UserError
 from ..model.layers import Linear
 from . import kernels
+from .blocks import BLOCK, BLOCK_TYPES, BlockLinear
 
 # up to this many rows a few-row product beat BLAS (benchmarks/README.md, "Figures behind the
 # code"): the compiled multiply-and-sum form and the C kernel (attnlab.generate.kernels), in
@@ -69,18 +72,39 @@ class KernelLinear(Linear):
         return F.linear(x, weight, self.bias)
 
 
+class KernelBlockLinear(BlockLinear):
+    """BlockLinear with generation's fast paths (eager, float32, on a CPU): a few rows multiply the
+    blocks in C with 8-bit activations (decode.c, attnlab_linear_q: the decode step's product);
+    more rows (a prompt) dequantize in C, bit-equal to the reference dequantizer, then F.linear, so
+    a prompt computes the module path's numbers exactly."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (
+            torch.compiler.is_compiling()
+            or x.dtype != torch.float32
+            or x.shape[-1] != self.in_features
+            or not kernels.usable(x, self.blocks)
+        ):
+            return super().forward(x)
+        kind = BLOCK_TYPES[self.kind].kernel
+        if few_rows(x):
+            return kernels.block_linear(x, self.blocks, kind, self.bias)
+        return F.linear(x, kernels.dequantize(self.blocks, kind, self.in_features), self.bias)
+
+
 @contextlib.contextmanager
 def fast_linears(model: nn.Module) -> Iterator[nn.Module]:
-    """Within the block, the model's Linear modules are KernelLinear (class swapped in place, then
-    back)."""
-    swapped = [m for m in model.modules() if type(m) is Linear]
-    for module in swapped:
-        module.__class__ = KernelLinear
+    """Within the block, the model's Linear modules are KernelLinear and its BlockLinear modules
+    KernelBlockLinear (class swapped in place, then back)."""
+    fast = {Linear: KernelLinear, BlockLinear: KernelBlockLinear}
+    swapped = [(m, type(m)) for m in model.modules() if type(m) in fast]
+    for module, cls in swapped:
+        module.__class__ = fast[cls]
     try:
         yield model
     finally:
-        for module in swapped:
-            module.__class__ = Linear
+        for module, cls in swapped:
+            module.__class__ = cls
 
 
 class Int8Linear(nn.Module):
@@ -152,24 +176,45 @@ class Int8Linear(nn.Module):
         )
 
 
-QUANTIZATIONS = ("int8",)
+QUANTIZATIONS = ("int8", *BLOCK_TYPES)
 
 
 def quantize(model: nn.Module, scheme: str = "int8") -> nn.Module:
-    """Store every Linear's weight in 8 bits, in place, for inference (weight-only: activations,
-    norms, embeddings stay as they are). A tied LM head gets its own int8 copy; the token embedding
-    it shares keeps its dtype, since a lookup reads one row. The model remembers it
-    (`model.quantization`), so attnlab.save writes it that way."""
+    """Store every Linear's weight in fewer bits, in place, for inference (weight-only: activations,
+    norms, embeddings stay as they are): "int8" (Int8Linear), or ggml's blocks "q8_0", "q4_0",
+    "q4_1" (attnlab.generate.blocks.BlockLinear, the bytes llama-quantize would write). A tied LM
+    head gets its own copy; the token embedding it shares keeps its dtype, since a lookup reads one
+    row. The model remembers it (`model.quantization`), so attnlab.save writes it that way."""
     if scheme not in QUANTIZATIONS:
         raise UserError(
             f"unknown quantization {scheme!r}; choose one of {', '.join(QUANTIZATIONS)}"
         )
-    if getattr(model, "quantization", None) == scheme:
+    current = getattr(model, "quantization", None)
+    if current == scheme:
         return model
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(parent, name, Int8Linear.from_float(child.weight, child.bias))
+    if current is not None:
+        raise UserError(
+            f"this model is already quantized ({current}); quantize its float original to "
+            f"{scheme} instead (rounding rounded weights again loses more)"
+        )
+    linears = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, nn.Linear)
+    ]
+    if scheme in BLOCK_TYPES:  # every row must divide into blocks, checked before any change
+        for parent, name, child in linears:
+            if child.in_features % BLOCK:
+                raise UserError(
+                    f"{scheme}: a Linear ({name}) takes {child.in_features} inputs, not a multiple "
+                    f"of the block size {BLOCK}; use int8 for this model"
+                )
+    for parent, name, child in linears:
+        if scheme == "int8":
+            setattr(parent, name, Int8Linear.from_float(child.weight, child.bias))
+        else:
+            setattr(parent, name, BlockLinear.from_float(child.weight, scheme, child.bias))
     model.quantization = scheme
     return model
 

@@ -17,14 +17,22 @@ import torch
 
 from ..model.layers import Linear
 from . import kernels
+from .blocks import BLOCK_TYPES, BlockLinear
 from .fast_layers import Int8Linear, few_rows
 from .kernels import independent
 from .kv_cache import KVCache
 
 
+def stored_weight(linear) -> torch.Tensor:
+    """The tensor a step streams for `linear`: its blocks, or its weight."""
+    return linear.blocks if isinstance(linear, BlockLinear) else linear.weight
+
+
 class KernelDecoder:
-    """`decode_one_token` through attnlab.generate.kernels, for float32 (or int8-weight) models on a
-    CPU, eager.
+    """`decode_one_token` through attnlab.generate.kernels, for float32 (or int8-weight, or
+    ggml-block) models on a CPU, eager. Block weights (attnlab.generate.blocks) are multiplied as
+    blocks at any batch size, the activation rounded to 8 bits per block of 32 (decode.c,
+    attnlab_linear_q): the logits differ from the module path's by that rounding.
 
     At construction the step is written down once as a list of prepared C calls on preallocated
     buffers, in the
@@ -49,7 +57,9 @@ class KernelDecoder:
         self._allocate(cache.k[0].shape[0])
         # before any call is prepared (they bind addresses): the weights into 2 MB pages, in the
         # order read
-        kernels.place_in_huge_pages([linear.weight for linear in self.linears_in_step_order(model)])
+        kernels.place_in_huge_pages(
+            [stored_weight(linear) for linear in self.linears_in_step_order(model)]
+        )
         steps = self._embedding_steps()
         for layer, block in enumerate(model.blocks):
             steps += self._attention_steps(layer, block)
@@ -182,7 +192,7 @@ class KernelDecoder:
 
     @staticmethod
     def linears_in_step_order(model) -> list:
-        """The Linear (or Int8Linear) modules a step multiplies by, in the order it does."""
+        """The Linear (Int8Linear, BlockLinear) modules a step multiplies by, in that order."""
         linears = []
         for block in model.blocks:
             attn, mlp = block.attn, block.mlp
@@ -227,7 +237,11 @@ class KernelDecoder:
         """out (=, or += when accumulate) linear(x), prepared; x (B, ...) and out (B, ...)
         contiguous buffers."""
         B = x.shape[0]
-        x2, out2, w = x.view(B, -1), out.view(B, -1), linear.weight  # [batch, d_in], [batch, d_out]
+        x2, out2 = x.view(B, -1), out.view(B, -1)  # [batch, d_in], [batch, d_out]
+        if isinstance(linear, BlockLinear):  # always the blocks themselves, no float copy
+            kind = BLOCK_TYPES[linear.kind].kernel
+            return kernels.block_linear_call(x2, linear.blocks, kind, linear.bias, out2, accumulate)
+        w = linear.weight
         # as KernelLinear.forward chooses (int8: always, no float copy)
         if w.dtype == torch.int8 or few_rows(x2):
             return kernels.linear_call(
@@ -253,3 +267,18 @@ class KernelDecoder:
         for run in self.run:
             run()
         return self.logits
+
+
+@torch.no_grad()
+def step_logits(model, ids: torch.Tensor) -> torch.Tensor:
+    """The logits (B, T, V) after each position of ids (B, T), computed one decode step at a time
+    through KernelDecoder, as generation computes them (with block weights: 8-bit activations); for
+    perplexity and agreement checks of the decode path against the module path."""
+    reason = KernelDecoder.unsupported(model)
+    assert reason is None, reason
+    B, T = ids.shape
+    step = KernelDecoder(model, KVCache.for_model(model, B, T))
+    out = torch.empty(B, T, model.config.d_vocab)
+    for t in range(T):
+        out[:, t] = step(ids[:, t : t + 1], t, torch.full((B, 1), t))
+    return out

@@ -131,7 +131,7 @@ def run_sample(args: argparse.Namespace) -> int:
         raise UserError("give either --chat or --prompt / --prompt-file, not both")
     prompt = read_prompt(args)
     device = resolve_device(args.device)
-    model = load(args.dir, device=str(device), revision=args.revision)
+    model = load(args.dir, device=str(device), revision=args.revision, keep_blocks=args.keep_blocks)
     if not model.config.causal:
         raise UserError(
             f"{args.dir} is an encoder (BERT-style) model; sampling needs a causal language model"
@@ -184,7 +184,7 @@ def run_sample(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    from ..formats.cli import MODEL_HELP, add_revision_flag
+    from ..formats.cli import MODEL_HELP, add_keep_blocks_flag, add_revision_flag
 
     s = sub.add_parser(
         "sample", help="generate text from a trained or loaded model, streamed as it is written"
@@ -220,9 +220,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     )
     s.add_argument(
         "--quantize",
-        choices=["int8"],
+        choices=["int8", "q8_0", "q4_0", "q4_1"],  # fast_layers.QUANTIZATIONS (a test compares)
         default=None,
         help="int8: weight matrices in 8 bits with a scale per row (a quarter of the bytes), "
-        "compute in float32",
+        "compute in float32; q8_0, q4_0, q4_1: llama.cpp's blocks of 32 weights, multiplied with "
+        "8-bit activations as llama.cpp does",
     )
+    add_keep_blocks_flag(s)
     s.set_defaults(func=run_sample)

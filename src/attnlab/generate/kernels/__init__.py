@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 
 from ...model.layers import LayerNorm
+from ..blocks import BLOCK, BLOCK_TYPES
 
 SOURCE = Path(__file__).with_name("decode.c")
 FLAG_SETS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-fopenmp"], ["-O3"])  # best first
@@ -64,6 +65,7 @@ class Op(enum.IntEnum):
     ACTIVATE = 7
     SILU_MUL = 8
     SOFTCAP = 9
+    LINEAR_Q = 10
 
 
 # The one table of the C interface: each op's attnlab_* function and its parameters' types, in
@@ -86,8 +88,25 @@ KERNELS: dict[Op, tuple[str, list]] = {
     Op.ACTIVATE: ("attnlab_activate", [_ptr, _i64, _int]),
     Op.SILU_MUL: ("attnlab_silu_mul", [_ptr, _ptr, _i64]),
     Op.SOFTCAP: ("attnlab_softcap", [_ptr, _i64, _float]),
+    Op.LINEAR_Q: (
+        "attnlab_linear_q",
+        [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int, _int, _int],
+    ),
 }
 RUN = ("attnlab_run", [_ptr, _i64, _int])  # runs a program: its ops, their number, the threads
+# bytes of scratch attnlab_linear_q needs per thread, for rows and d_in
+SCRATCH = ("attnlab_linear_q_scratch", [_i64, _i64])
+# blocks -> float32 (blocks, out, rows, d_in, block type, threads): a prompt's products
+DEQUANTIZE = ("attnlab_dequantize", [_ptr, _ptr, _i64, _i64, _int, _int])
+
+
+class BlockKind(enum.IntEnum):
+    """decode.c's attnlab_block_type: the ggml block types attnlab_linear_q multiplies, in the same
+    order (attnlab.generate.blocks.BLOCK_TYPES names the same numbers)."""
+
+    Q8_0 = 0
+    Q4_0 = 1
+    Q4_1 = 2
 
 
 class Activation(enum.IntEnum):
@@ -197,9 +216,11 @@ def library() -> ctypes.CDLL | None:
 def load(path: Path) -> ctypes.CDLL:
     """The kernels of the shared library at `path`, their argument types declared."""
     lib = ctypes.CDLL(str(path))
-    for name, argtypes in [*KERNELS.values(), RUN]:
+    for name, argtypes in [*KERNELS.values(), RUN, DEQUANTIZE]:
         getattr(lib, name).argtypes = argtypes
         getattr(lib, name).restype = None
+    getattr(lib, SCRATCH[0]).argtypes = SCRATCH[1]
+    getattr(lib, SCRATCH[0]).restype = _i64
     return lib
 
 
@@ -259,6 +280,8 @@ class Program:
     (decode.c, attnlab_run), instead of one Python call and one region each."""
 
     def __init__(self, calls: list[Call], threads: int) -> None:
+        # a block product's scratch has one part per thread it was prepared for
+        assert all(threads <= c.values[-1] for c in calls if c.kind == Op.LINEAR_Q)
         self.calls = calls  # which keep their tensors alive
         self.ops = (OpCall * len(calls))(*(call.op() for call in calls))
         self._run = functools.partial(library().attnlab_run, self.ops, len(calls), threads)
@@ -324,6 +347,80 @@ def linear(
     if out is None:
         out = torch.empty(*x.shape[:-1], weight.shape[0], dtype=torch.float32)
     linear_call(x, weight, bias, scale, out, accumulate)()
+    return out
+
+
+def block_bytes(kind: BlockKind) -> int:
+    """Bytes per block of 32 weights of `kind`."""
+    return next(t.nbytes for t in BLOCK_TYPES.values() if t.kernel == kind)
+
+
+def block_linear_call(
+    x: torch.Tensor,
+    blocks: torch.Tensor,
+    kind: BlockKind,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    accumulate: bool = False,
+) -> Callable[[], None]:
+    """out (=, or += when accumulate) x Wᵀ + b, prepared, for W (d_out, d_in) in ggml blocks of
+    `kind`: blocks uint8 (d_out, d_in / 32 · block bytes), x (rows, d_in) float32, rounded to 8 bits
+    per block of 32 on the way (decode.c, attnlab_linear_q); all contiguous."""
+    rows, d_in = x.numel() // x.shape[-1], x.shape[-1]
+    d_out = blocks.shape[0]
+    # the C code trusts these shapes: check them once here, where the call is prepared
+    assert d_in % BLOCK == 0 and tuple(blocks.shape) == (d_out, d_in // BLOCK * block_bytes(kind))
+    assert blocks.dtype == torch.uint8 and blocks.is_contiguous()
+    assert x.is_contiguous() and out.is_contiguous() and out.numel() == rows * d_out
+    assert x.dtype == out.dtype == torch.float32
+    threads = torch.get_num_threads()
+    per_thread = getattr(library(), SCRATCH[0])(rows, d_in)
+    scratch = torch.empty(threads * per_thread + 64, dtype=torch.int8)
+    scratch = scratch[-scratch.data_ptr() % 64 :]  # 64-byte aligned
+    return Call(
+        Op.LINEAR_Q,
+        x,
+        blocks,
+        bias,
+        out,
+        scratch,
+        rows,
+        d_in,
+        d_out,
+        BlockKind(kind),
+        int(accumulate),
+        threads,
+    )
+
+
+def block_linear(
+    x: torch.Tensor,
+    blocks: torch.Tensor,
+    kind: BlockKind,
+    bias: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    accumulate: bool = False,
+) -> torch.Tensor:
+    """x Wᵀ + b for x (..., d_in) and W in blocks, as `block_linear_call`; returns `out` (...,
+    d_out), a new tensor by default. Callers check `usable`."""
+    x = x.contiguous()
+    if out is None:
+        out = torch.empty(*x.shape[:-1], blocks.shape[0], dtype=torch.float32)
+    block_linear_call(x, blocks, kind, bias, out, accumulate)()
+    return out
+
+
+def dequantize(blocks: torch.Tensor, kind: BlockKind, d_in: int) -> torch.Tensor:
+    """The float32 matrix (d_out, d_in) that `blocks` (uint8, contiguous) of `kind` stand for, on
+    torch's threads: attnlab.generate.blocks.dequantize's values, bit for bit. Callers check
+    `usable`."""
+    d_out = blocks.shape[0]
+    assert tuple(blocks.shape) == (d_out, d_in // BLOCK * block_bytes(kind)) and d_in % BLOCK == 0
+    assert blocks.dtype == torch.uint8 and blocks.is_contiguous()
+    out = torch.empty(d_out, d_in)
+    library().attnlab_dequantize(
+        blocks.data_ptr(), out.data_ptr(), d_out, d_in, int(kind), torch.get_num_threads()
+    )
     return out
 
 

