@@ -145,6 +145,15 @@ def emulated(x: torch.Tensor, blocks: torch.Tensor, kind: str) -> torch.Tensor:
     return torch.einsum("rbj,obj,rb->ro", q.double(), w, d.double().squeeze(-1))
 
 
+def rounded_to_8_bits(x: torch.Tensor) -> torch.Tensor:
+    """x as the block products read it: each block of 32 values rounded to multiples of its scale
+    dx = max|x| / 127 (float32, round half to even, as decode.c's quantize_row_q8)."""
+    blocks = x.float().reshape(*x.shape[:-1], -1, 32)
+    d = blocks.abs().amax(-1, keepdim=True) / 127
+    q = torch.round(blocks * torch.where(d > 0, 1 / d, torch.zeros_like(d)))
+    return (q * d).reshape(x.shape)
+
+
 def check_product(x, blocks, kind, bias, out, w):
     reference = F.linear(x.double(), w.double(), None if bias is None else bias.double())
     bound = rounding_bound(x, w)
@@ -311,18 +320,35 @@ def test_the_kernel_decode_step_of_a_block_model_stays_near_the_float_model(kind
     with torch.no_grad():
         full = floats(ids)
         assert torch.equal(model(ids), full)  # the module path: the same values, the same sums
-    cache = KVCache.for_model(model, B, 16)
-    model(ids[:, :3], kv_cache=cache, start_pos=0)
-    step = KernelDecoder(model, cache)
+    step = KernelDecoder(model, KVCache.for_model(model, B, 16))  # every position a step
     kinds = [c.kind for p in step.run if isinstance(p, kernels.Program) for c in p.calls]
     # every product multiplies the blocks, at any batch size: no float copy, no BLAS
     assert kinds.count(kernels.Op.LINEAR_Q) == len(KernelDecoder.linears_in_step_order(model))
     assert kernels.Op.LINEAR_F32 not in kinds and len(step.run) <= 2
-    for t in range(3, 10):
+    # the module path with each block product's input rounded as the kernel rounds it
+    hooks = [
+        m.register_forward_pre_hook(lambda module, args: rounded_to_8_bits(args[0]))
+        for m in model.modules()
+        if isinstance(m, BlockLinear)
+    ]
+    with torch.no_grad():
+        emulation = model(ids)
+    for hook in hooks:
+        hook.remove()
+    exact = []
+    for t in range(10):
         logits = step(ids[:, t : t + 1], t, torch.full((B, 1), t))
-        # each product within its bound (relative ~1/254 of its inputs' size at worst), over
-        # 2 layers of 7 products: a few per cent of the logits' spread
-        assert (logits - full[:, t]).abs().max() <= 0.05 * full[:, t].std()
+        spread = full[:, t].std()
+        # the same arithmetic, float32 sums in another order (~1e-7); except where an input lands
+        # within that rounding of a half step and rounds the other way in one path (a step of
+        # 1/127 of its block's largest value, carried on through the later layers)
+        exact += ((logits - emulation[:, t]).abs().amax(-1) <= 1e-4 * spread).tolist()
+        # against the float model: each product within its bound B (at worst 1/254 of its inputs'
+        # block maxima times |w|), compounded over 2 layers of 7 products of these large random
+        # weights (N(0, 0.3)): seen up to 12 % of the spread; a wrong kernel is ~100 %
+        assert (logits - full[:, t]).abs().max() <= 0.25 * spread
+    # a flip stays in that row's later steps (its cache holds it): seen in up to 1 row-step of 6
+    assert sum(exact) >= 0.5 * len(exact), exact
 
 
 def test_quantize_makes_blocks_for_every_linear_and_saves_and_loads_them(seed, tmp_path):
@@ -421,7 +447,14 @@ def test_smollm2s_blocks_keep_the_float_computations_perplexity(smollm2_blocks):
     assert agree > 0.95
 
 
-def test_smollm2s_blocks_give_the_float_paths_greedy_chat_reply(smollm2_blocks):
+def test_smollm2s_blocks_part_from_the_float_paths_greedy_reply_only_at_a_near_tie(
+    smollm2_blocks,
+):
+    """The greedy reply of a chat prompt, blocks (8-bit activations) against float32: the same
+    tokens up to the first place they part, and there the float path's two best tokens are within
+    0.15 nats of each other, a near-tie that rounding may turn either way (a wrong
+    product parts them early and at a clear choice). On this prompt they part at token 20 of 83
+    (benchmarks/README.md, "GGUF blocks")."""
     from attnlab.formats.gguf_tokenizer import render_chat
 
     model = smollm2_blocks
@@ -430,5 +463,15 @@ def test_smollm2s_blocks_give_the_float_paths_greedy_chat_reply(smollm2_blocks):
         [{"role": "user", "content": "Explain in a few sentences why the sky is blue."}],
     )
     ids = torch.tensor([model.tokenizer.encode(prompt)])
+    T = ids.shape[1]
+    floats = attnlab.load("smollm2")
+    reference = generate(floats, ids, 100, temperature=0)
     ours = generate(model, ids, 100, temperature=0)
-    assert torch.equal(ours, generate(attnlab.load("smollm2"), ids, 100, temperature=0))
+    differ = (ours[0, T:] != reference[0, T:]).nonzero()
+    if len(differ) == 0:
+        return
+    at = T + int(differ[0])
+    assert at - T >= 10, at - T  # well into the reply
+    with torch.no_grad():
+        top2 = floats(reference[:, :at])[0, -1].log_softmax(-1).topk(2).values
+    assert top2[0] - top2[1] < 0.15, (at - T, top2)  # 0.063 nats here
