@@ -90,8 +90,9 @@ def test_quantize_blocks_is_bit_equal_to_gguf_py(kind, values, special):
         x[:, :32] = 0
     elif special == "constant":
         x[:, :32] = x[0, 0]
-    elif special == "ties":  # multiples of half a step: rounding ties
+    elif special == "ties":  # a scale of exactly 1 (and -1/8 for Q4_0), values on half steps
         x[:, :32] = np.arange(-16, 16, dtype=np.float32) * 0.5
+        x[0, 0] = 127
     elif special == "negative-max":
         x[0, 3] = -2e4
     ours = quantize_blocks(torch.from_numpy(x), kind)
