@@ -476,3 +476,12 @@ def test_smollm2s_blocks_part_from_the_float_paths_greedy_reply_only_at_a_near_t
     with torch.no_grad():
         top2 = floats(reference[:, :at])[0, -1].log_softmax(-1).topk(2).values
     assert top2[0] - top2[1] < 0.15, (at - T, top2)  # 0.063 nats here
+
+
+def test_the_sample_commands_quantize_choices_are_quantizes():
+    from attnlab.cli import build_parser
+    from attnlab.generate.fast_layers import QUANTIZATIONS
+
+    sample = build_parser()._subparsers._group_actions[0].choices["sample"]
+    (flag,) = [a for a in sample._actions if a.dest == "quantize"]
+    assert tuple(flag.choices) == QUANTIZATIONS
