@@ -4,8 +4,7 @@ weights.
     .venv/bin/python benchmarks/generate_speed.py                 # both architectures, B = 1, 8, 32
     .venv/bin/python benchmarks/generate_speed.py --arch gpt2 --new-tokens 100 --only variants   #
     quick look
-    .venv/bin/python benchmarks/generate_speed.py --llama-cpp DIR --gguf-py SRC/gguf-py --only
-    llama-cpp ttft batches
+    .venv/bin/python benchmarks/generate_speed.py --llama-cpp DIR --only llama-cpp ttft batches
 
 Design choices:
 - The model is nanoGPT's shakespeare_char shape (6 layers, d_model 384, 6 heads, 65 tokens),
@@ -58,7 +57,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import benchmark_device, copy_bandwidth, machine_line, median_time  # noqa: E402
-from _llama_cpp import bench, find_tools, import_gguf, quantize_q8_0, write_gguf  # noqa: E402
+from _llama_cpp import bench, find_tools, quantize_q8_0  # noqa: E402
 
 import attnlab  # noqa: E402
 from attnlab.generate.fast_layers import store_weights_as  # noqa: E402
@@ -359,7 +358,7 @@ LLAMA_CPP_MODELS = {  # the issue's two models: label -> (LLaMA-style config, ne
 }
 
 
-def run_llama_cpp(args, tools, gguf) -> list[str]:
+def run_llama_cpp(args, tools) -> list[str]:
     """llama.cpp F32 and Q8_0 against attnlab's default path (float32 and int8), compiled path and
     transformers, on the same random weights, alternating within each round; medians over --repeats
     rounds."""
@@ -389,7 +388,7 @@ def run_llama_cpp(args, tools, gguf) -> list[str]:
                     for p in model.parameters():
                         if p.dim() > 1:
                             p.normal_(0.0, 0.1)
-            f32 = write_gguf(model, tmp / "f32.gguf", gguf)
+            f32 = attnlab.save(model, tmp / "f32.gguf")
             q8 = quantize_q8_0(tools, f32, tmp / "q8_0.gguf")
             attnlab.save(model, tmp / "hf", format="hf")
             theirs = AutoModelForCausalLM.from_pretrained(tmp / "hf").eval()
@@ -523,8 +522,7 @@ def run_ttft(args, tools) -> list[str]:
             )
             print(lines[-1], flush=True)
         if tools is not None:
-            gguf = import_gguf(args.gguf_py)
-            f32 = write_gguf(model, tmp / "f32.gguf", gguf)
+            f32 = attnlab.save(model, tmp / "f32.gguf")
             start = time.time()
             subprocess.run(
                 [
@@ -580,12 +578,6 @@ def main() -> None:
         "side-by-side table",
     )
     parser.add_argument(
-        "--gguf-py",
-        default=None,
-        metavar="DIR",
-        help="llama.cpp's gguf-py folder (or $ATTNLAB_GGUF_PY)",
-    )
-    parser.add_argument(
         "--llama-new-tokens",
         type=int,
         nargs="+",
@@ -626,7 +618,7 @@ def main() -> None:
     )
     print(f"copy bandwidth (256 MB, read + write): {bandwidth / 1e9:.1f} GB/s", flush=True)
     if tools is not None and "llama-cpp" in args.only:
-        print("\n".join(run_llama_cpp(args, tools, import_gguf(args.gguf_py))), flush=True)
+        print("\n".join(run_llama_cpp(args, tools)), flush=True)
     if "ttft" in args.only:
         print("\n".join(run_ttft(args, tools)), flush=True)
     if "batches" in args.only:

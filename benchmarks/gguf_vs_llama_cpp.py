@@ -25,7 +25,6 @@ Design choices:
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import re
@@ -37,8 +36,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import attnlab
-from attnlab.data import builtin_corpus
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _llama_cpp import tokenize  # noqa: E402
+
+import attnlab  # noqa: E402
+from attnlab.data import builtin_corpus  # noqa: E402
 
 
 def read_log_probs(path: Path):
@@ -111,22 +113,7 @@ def main() -> int:
             raise SystemExit(f"llama-perplexity failed:\n{done.stderr[-2000:]}")
         reported = re.search(r"Final estimate: PPL = ([0-9.]+ \+/- [0-9.]+)", done.stderr).group(1)
         n_ctx, n_vocab, tokens, records = read_log_probs(base)
-        done = subprocess.run(
-            [
-                str(tools / "llama-tokenize"),
-                "-m",
-                str(path),
-                "-f",
-                str(text_file),
-                "--no-escape",
-                "--ids",
-                "--log-disable",
-            ],
-            capture_output=True,
-            text=True,
-        )
-        # llama-tokenize --ids: [1, 2, 3]
-        theirs_ids = json.loads(done.stdout.strip().splitlines()[-1])
+        theirs_ids = tokenize(tools, path, text_file)
     ours_ids = model.tokenizer.encode(text)
     same_ids = ours_ids == theirs_ids
     first, agree, count, nll_ours, nll_theirs, kls = n_ctx // 2, 0, 0, 0.0, 0.0, []

@@ -23,7 +23,7 @@ from .version import __version__
 
 COMMAND_MODULES = (
     "attnlab.demo",  # demo
-    "attnlab.formats.cli",  # compare
+    "attnlab.formats.cli",  # compare, convert
     "attnlab.training.cli",  # train
     "attnlab.generate.sample",  # sample
     "attnlab.generate.chat",  # chat

@@ -31,15 +31,21 @@ class Tokenizer:
     def train_char(cls, text: str) -> "Tokenizer":
         """One id per distinct character of `text`, in sorted order (as nanoGPT's
         shakespeare_char)."""
-        from tokenizers import Regex, decoders, models, pre_tokenizers
-        from tokenizers import Tokenizer as Backend
-
         chars = sorted(set(text) - {_UNKNOWN_CHAR})
         if not chars:
             raise UserError("cannot build a character tokenizer from empty text")
-        backend = Backend(
-            models.WordLevel({c: i for i, c in enumerate(chars)}, unk_token=_UNKNOWN_CHAR)
-        )
+        return cls.from_chars({c: i for i, c in enumerate(chars)})
+
+    @classmethod
+    def from_chars(cls, vocab: dict[str, int]) -> "Tokenizer":
+        """A character tokenizer with the ids `vocab` gives (character -> id): what train_char
+        builds, and what a GGUF file's single-character vocabulary is read back as."""
+        from tokenizers import Regex, decoders, models, pre_tokenizers
+        from tokenizers import Tokenizer as Backend
+
+        if _UNKNOWN_CHAR in vocab or any(len(c) != 1 for c in vocab):
+            raise UserError("a character vocabulary holds single characters other than NUL")
+        backend = Backend(models.WordLevel(vocab, unk_token=_UNKNOWN_CHAR))
         backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
         backend.decoder = decoders.Fuse()
         return cls(backend, "char")

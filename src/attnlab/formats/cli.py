@@ -1,4 +1,6 @@
-"""`attnlab compare PATH`: attnlab against transformers on one checkpoint, layer by layer.
+"""`attnlab compare PATH`: attnlab against transformers on one checkpoint, layer by layer; and
+`attnlab convert MODEL OUT`: any model attnlab loads, written by attnlab.save (a GGUF file for
+llama.cpp when OUT ends in .gguf, `--dtype f32|f16|q8_0`).
 
 Also the one place the model argument every command takes is described (MODEL_HELP,
 add_revision_flag).
@@ -61,6 +63,38 @@ def add_commands(sub) -> None:
         "--pattern-atol", type=float, default=1e-5, help="allowed attention-pattern difference"
     )
     parser.set_defaults(func=run_compare)
+
+    convert = sub.add_parser(
+        "convert",
+        help="write a model as a GGUF file for llama.cpp (or another format attnlab.save writes)",
+        description="Load MODEL and write it to OUT with attnlab.save: a GGUF file that llama.cpp, "
+        "ollama and LM Studio run when OUT ends in .gguf (or --format gguf), else an attnlab or "
+        "Hugging Face directory.",
+    )
+    convert.add_argument("model", metavar="MODEL", help=MODEL_HELP)
+    convert.add_argument("out", metavar="OUT", help="the file or directory to write")
+    add_revision_flag(convert)
+    convert.add_argument(
+        "--format",
+        default=None,
+        help="gguf, hf or attnlab; default: gguf when OUT ends in .gguf, else attnlab",
+    )
+    convert.add_argument(
+        "--dtype",
+        default=None,
+        help="a GGUF file's matrices: f32 (default, exact), f16 or q8_0 (llama.cpp's 8-bit blocks)",
+    )
+    # (no argparse choices: attnlab.save checks both and names the ones it takes)
+    convert.set_defaults(func=run_convert)
+
+
+def run_convert(args: argparse.Namespace) -> int:
+    from . import load, save
+
+    model = load(args.model, revision=args.revision)
+    path = save(model, args.out, format=args.format, dtype=args.dtype)
+    print(f"wrote {path}")
+    return 0
 
 
 def run_compare(args: argparse.Namespace) -> int:

@@ -14,6 +14,12 @@ Design choices:
 - Token types: CONTROL tokens are special (matched in text, skipped by
   decode(skip_special_tokens=True)), USER_DEFINED ones are matched in text too, as llama.cpp's
   partition of special tokens does; add_bos_token / add_eos_token become the post-processor.
+- attnlab's character tokenizer is written (attnlab.formats.gguf_write) as llama.cpp's "rwkv"
+  vocabulary: llama.cpp tokenizes it by the longest token that matches the text's next bytes, which
+  for tokens of one character each is one token per character, exactly attnlab's char tokenizer,
+  and it is the one vocabulary type with no default end-of-generation id (a "gpt2" one ends
+  generation at id 11 unless told otherwise). Its token text is escaped as llama.cpp unescapes it
+  (rwkv_escape / rwkv_unescape, side by side below); only single-character ones are read.
 - The chat template (Jinja, tokenizer.chat_template) is kept in ModelConfig.extra["chat_template"],
   so a model saved by attnlab keeps it, and is rendered in jinja2's ImmutableSandboxedEnvironment,
   as transformers does: a template cannot reach Python objects' internals or change the messages;
@@ -53,12 +59,14 @@ CONTROL, USER_DEFINED = 3, 4  # llama_token_type values in tokenizer.ggml.token_
 def tokenizer_from_gguf(file) -> Tokenizer | None:
     """The tokenizer the file describes; None when it has no tokenizer.ggml.model."""
     kind = file.value("tokenizer.ggml.model")
-    if kind is None:
+    if kind in (None, "none"):  # "none": llama.cpp's files that feed token ids (llama-bench's)
         return None
+    if kind == "rwkv":
+        return char_tokenizer(file)
     if kind != "gpt2":
         raise UserError(
             f"{file.path}: tokenizer model {kind!r}, which attnlab does not build from a GGUF "
-            "file (it builds 'gpt2', byte-level BPE)"
+            "file (it builds 'gpt2', byte-level BPE, and 'rwkv' of single characters)"
         )
     pre = file.value("tokenizer.ggml.pre", "default")
     if pre not in PRE_TOKENIZERS:
@@ -74,6 +82,56 @@ def tokenizer_from_gguf(file) -> Tokenizer | None:
         raise UserError(
             f"{file.path}: the tokenizer metadata is malformed ({first_line(exc)})"
         ) from None
+
+
+def rwkv_escape(token: str) -> str:
+    """A token's text as llama.cpp's rwkv vocabulary stores it (llama_unescape_rwkv_token reads
+    it): a backslash escapes the next character, \\t \\n \\r are tab, newline, return."""
+    return (
+        token.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+    )
+
+
+def rwkv_unescape(text: str) -> bytes:
+    """llama.cpp's llama_unescape_rwkv_token: the bytes a token of an rwkv vocabulary stands for
+    (\\xhh is one byte, in lowercase hex)."""
+    out, data, i = bytearray(), text.encode("utf-8"), 0
+    while i < len(data):
+        byte = data[i]
+        if byte != ord("\\") or i + 1 == len(data):
+            out.append(byte)
+            i += 1
+            continue
+        escaped = chr(data[i + 1])
+        if escaped == "x":
+            out.append(int(data[i + 2 : i + 4].decode("ascii"), 16))
+            i += 4
+            continue
+        out.append({"t": 9, "n": 10, "r": 13}.get(escaped, data[i + 1]))
+        i += 2
+    return bytes(out)
+
+
+def char_tokenizer(file) -> Tokenizer:
+    """An rwkv vocabulary of single characters (what attnlab writes for its char tokenizer) as
+    attnlab's character tokenizer, with the file's ids."""
+    vocab = {}
+    for index, text in enumerate(_strings(file, "tokenizer.ggml.tokens")):
+        try:
+            token = rwkv_unescape(text).decode("utf-8")
+        except (ValueError, IndexError):
+            token = ""
+        if len(token) != 1:
+            raise UserError(
+                f"{file.path}: the rwkv vocabulary's token {index} ({text!r}) is not one "
+                "character; attnlab reads rwkv vocabularies of single characters (its char "
+                "tokenizer's), not a real RWKV model's"
+            )
+        if vocab.setdefault(token, index) != index:
+            raise UserError(
+                f"{file.path}: the token {token!r} appears twice (ids {vocab[token]} and {index})"
+            )
+    return Tokenizer.from_chars(vocab)
 
 
 def _byte_level_bpe(file, regexes: tuple[str, ...], ignore_merges: bool):

@@ -280,6 +280,43 @@ def architecture_to_write(cfg: ModelConfig) -> Architecture:
     )
 
 
+def weight_parts(
+    arch: Architecture,
+    hf: dict,
+    state: dict,
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+):
+    """Each tensor of the checkpoint `arch` writes for a model of config.json `hf`: its
+    Weight, its full name and the attnlab tensors it is made of, from `state` (a state dict; a value
+    may be any object with the tensor's .shape, such as a GGUF writer's ready-made blocks), zeros
+    for a bias attnlab lacks. Every tensor of `state` has a place (asserted)."""
+    # The checkpoint as transformers will read it: its shapes give the zeros for biases attnlab
+    # lacks.
+    theirs = arch.config_from_hf(hf, "config.json")
+    shapes = {
+        name: tuple(t.shape) for name, t in Transformer(theirs, device="meta").state_dict().items()
+    }
+    used = set()
+    for w in arch.weights(hf, theirs):
+        parts = []
+        for name in w.ours:
+            if name in state:
+                assert tuple(state[name].shape) == shapes[name], (
+                    name,
+                    state[name].shape,
+                    shapes[name],
+                )
+                parts.append(state[name])
+                used.add(name)
+            else:
+                parts.append(torch.zeros(shapes[name], dtype=dtype, device=device))
+        yield w, (w.hf if w.hf in arch.head_keys else arch.write_prefix + w.hf), parts
+    assert used == set(state), (
+        f"tensors with no place in the {hf['model_type']} table: {sorted(set(state) - used)}"
+    )
+
+
 def save_hf(model, path: str | Path) -> Path:
     """Write config.json, model.safetensors (+ tokenizer.json, generation_config.json) for
     transformers."""
@@ -295,32 +332,12 @@ def save_hf(model, path: str | Path) -> Path:
     cfg = model.config
     arch = architecture_to_write(cfg)
     hf = arch.config_to_hf(cfg)
-    # The checkpoint as transformers will read it: its shapes give the zeros for biases attnlab
-    # lacks.
-    theirs = arch.config_from_hf(hf, "config.json")
-    shapes = {
-        name: tuple(t.shape) for name, t in Transformer(theirs, device="meta").state_dict().items()
+    tensors = {
+        key: w.to_hf(parts).cpu()
+        for w, key, parts in weight_parts(
+            arch, hf, state_dict_for_saving(model), model.dtype, model.device
+        )
     }
-    state = state_dict_for_saving(model)
-    tensors, used = {}, set()
-    for w in arch.weights(hf, theirs):
-        parts = []
-        for name in w.ours:
-            if name in state:
-                assert tuple(state[name].shape) == shapes[name], (
-                    name,
-                    state[name].shape,
-                    shapes[name],
-                )
-                parts.append(state[name])
-                used.add(name)
-            else:
-                parts.append(torch.zeros(shapes[name], dtype=model.dtype, device=model.device))
-        key = w.hf if w.hf in arch.head_keys else arch.write_prefix + w.hf
-        tensors[key] = w.to_hf(parts).cpu()
-    assert used == set(state), (
-        f"tensors with no place in the {hf['model_type']} table: {sorted(set(state) - used)}"
-    )
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)

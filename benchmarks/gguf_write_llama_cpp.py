@@ -1,0 +1,165 @@
+"""Models trained by `attnlab train`, written as GGUF by `attnlab convert`, run in llama.cpp: the
+same tokens for the same text (llama-tokenize) and the same greedy text (llama-simple) as attnlab.
+
+.venv/bin/python benchmarks/gguf_write_llama_cpp.py --llama-cpp anchors/build/bin [--iters 300]
+[--new-tokens 40]
+
+llama.cpp is never a dependency: --llama-cpp (or $ATTNLAB_LLAMA_CPP) names a folder with
+`llama-tokenize` and `llama-simple`, built from the sources in the PyPI sdist of llama-cpp-python
+(benchmarks/README.md has the commands).
+
+Design choices:
+- Everything through the command line, as a user would: `attnlab train` with each recipe llama.cpp
+  runs (the llama one with the char and the BPE tokenizer, the gpt2 one), on the built-in corpus
+  (or --data), then `attnlab convert RUN out.gguf --dtype f32|q8_0`.
+- attnlab's side reads the written file back (`attnlab.load("out.gguf")`), so both sides compute
+  with the file's values; its greedy text is `generate(..., temperature=0)` decoded.
+- llama-simple decodes greedily from the prompt (its own tokenization of it, with the file's
+  add_bos) and prints the prompt and the continuation; the script compares that text with attnlab's
+  prompt + continuation and reports the first character where they part. llama.cpp keeps an F16
+  KV cache (and rounds activations to 8 bits against Q8_0 weights), so a near-tie could in principle
+  go the other way: the table says how often it did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _llama_cpp import tokenize  # noqa: E402
+
+import attnlab  # noqa: E402
+from attnlab.generate.loop import generate  # noqa: E402
+
+# label -> (attnlab train flags beyond --max-iters/--out, tokenizer flags)
+RECIPES = {
+    "llama (--preset cpu --mlp swiglu --n-kv-head 2), char": [
+        "--preset",
+        "cpu",
+        "--mlp",
+        "swiglu",
+        "--n-kv-head",
+        "2",
+    ],
+    "llama (--preset cpu --mlp swiglu), bpe 512": [
+        "--preset",
+        "cpu",
+        "--mlp",
+        "swiglu",
+        "--tokenizer",
+        "bpe",
+        "--vocab-size",
+        "512",
+    ],
+    "gpt2 (--preset nano --mlp gelu_tanh), char": ["--preset", "nano", "--mlp", "gelu_tanh"],
+}
+PROMPTS = ["The ", "def ", "This module "]
+TEXTS = [
+    "The cat sat on the mat.",
+    "Numbers: 2024, 3.14159 and 1000000.",
+    "def f(x):\n    return x * 2\n\n\nclass A:\n\tpass",
+    "  leading spaces,   many   spaces\n\n\n",
+    "Unicode: naïve café, Zürich",
+]
+
+
+def attnlab_cli(*args: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "attnlab", *args], capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"attnlab {' '.join(args)} failed:\n{done.stderr[-2000:]}")
+
+
+def llama_tokenize(tools: Path, path: Path, text: str, text_file: Path) -> list[int]:
+    text_file.write_text(text, encoding="utf-8")
+    return tokenize(tools, path, text_file)
+
+
+def llama_simple(tools: Path, path: Path, prompt: str, new_tokens: int) -> str:
+    done = subprocess.run(
+        [str(tools / "llama-simple"), "-m", str(path), "-n", str(new_tokens), prompt],
+        capture_output=True,
+    )
+    if done.returncode:
+        raise SystemExit(f"llama-simple failed on {path}:\n{done.stderr[-2000:]!r}")
+    # the pieces of every token, then one newline of its own
+    return done.stdout.decode("utf-8", errors="replace").removesuffix("\n")
+
+
+def first_difference(a: str, b: str) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--llama-cpp", default=os.environ.get("ATTNLAB_LLAMA_CPP"), metavar="DIR")
+    parser.add_argument("--data", default=None, help="training text (default: built-in corpus)")
+    parser.add_argument("--iters", type=int, default=300, help="training steps per recipe")
+    parser.add_argument("--new-tokens", type=int, default=40, help="greedy tokens per prompt")
+    args = parser.parse_args()
+    if not args.llama_cpp:
+        raise SystemExit("--llama-cpp DIR (or $ATTNLAB_LLAMA_CPP): a folder with llama-simple")
+    tools = Path(args.llama_cpp)
+    missing = [t for t in ("llama-tokenize", "llama-simple") if not (tools / t).is_file()]
+    if missing:
+        raise SystemExit(f"--llama-cpp {tools}: no {', '.join(missing)} there; build them")
+
+    print(
+        f"# attnlab-written GGUF in llama.cpp\n{platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {args.iters} training steps, "
+        f"{args.new_tokens} greedy tokens per prompt\n"
+    )
+    print("| recipe, tokenizer | dtype | token ids = llama-tokenize | greedy text = llama-simple |")
+    print("|---|---|---|---|")
+    failures = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        for index, (label, flags) in enumerate(RECIPES.items()):
+            run = tmp / f"run{index}"
+            data = ["--data", args.data] if args.data else []
+            attnlab_cli(
+                "train", *flags, *data, "--max-iters", str(args.iters), "--out", str(run), "--quiet"
+            )
+            for dtype in ("f32", "q8_0"):
+                path = tmp / f"run{index}-{dtype}.gguf"
+                attnlab_cli("convert", str(run), str(path), "--dtype", dtype)
+                model = attnlab.load(path)
+                ids_same = sum(
+                    model.tokenizer.encode(text)
+                    == llama_tokenize(tools, path, text, tmp / "text.txt")
+                    for text in TEXTS
+                )
+                notes = []
+                for prompt in PROMPTS:
+                    ids = torch.tensor([model.tokenizer.encode(prompt)])
+                    out = generate(model, ids, max_new_tokens=args.new_tokens, temperature=0)
+                    ours = model.tokenizer.decode(out[0].tolist())
+                    theirs = llama_simple(tools, path, prompt, args.new_tokens)
+                    where = first_difference(ours, theirs)
+                    if where is not None:
+                        notes.append(f"{prompt!r} parts at char {where}: {theirs[where:][:20]!r}")
+                text_same = len(PROMPTS) - len(notes)
+                failures += (ids_same < len(TEXTS)) + len(notes)
+                print(
+                    f"| {label} | {dtype} | {ids_same}/{len(TEXTS)} texts | "
+                    f"{text_same}/{len(PROMPTS)} prompts{'; ' if notes else ''}"
+                    f"{'; '.join(notes)} |",
+                    flush=True,
+                )
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
