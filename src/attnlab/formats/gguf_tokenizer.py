@@ -98,10 +98,12 @@ def rwkv_unescape(text: str) -> bytes:
     out, data, i = bytearray(), text.encode("utf-8"), 0
     while i < len(data):
         byte = data[i]
-        if byte != ord("\\") or i + 1 == len(data):
+        if byte != ord("\\"):
             out.append(byte)
             i += 1
             continue
+        if i + 1 == len(data):  # a backslash at the end escapes nothing, and is dropped
+            break
         escaped = chr(data[i + 1])
         if escaped == "x":
             out.append(int(data[i + 2 : i + 4].decode("ascii"), 16))
