@@ -10,8 +10,9 @@ llama.cpp is never a dependency: --llama-cpp (or $ATTNLAB_LLAMA_CPP) names a fol
 
 Design choices:
 - Everything through the command line, as a user would: `attnlab train` with each recipe llama.cpp
-  runs (the llama one with the char and the BPE tokenizer, the gpt2 one), on the built-in corpus
-  (or --data), then `attnlab convert RUN out.gguf --dtype f32|q8_0`.
+  runs (the llama one with the char and the BPE tokenizer, the gpt2 one), on the first 300,000
+  characters of the built-in corpus (or --data), then `attnlab convert RUN out.gguf --dtype
+  f32|q8_0`.
 - attnlab's side reads the written file back (`attnlab.load("out.gguf")`), so both sides compute
   with the file's values; its greedy text is `generate(..., temperature=0)` decoded.
 - llama-simple decodes greedily from the prompt (its own tokenization of it, with the file's
@@ -38,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _llama_cpp import tokenize  # noqa: E402
 
 import attnlab  # noqa: E402
+from attnlab.data import builtin_corpus  # noqa: E402
 from attnlab.generate.loop import generate  # noqa: E402
 
 # label -> (attnlab train flags beyond --max-iters/--out, tokenizer flags)
@@ -105,6 +107,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--llama-cpp", default=os.environ.get("ATTNLAB_LLAMA_CPP"), metavar="DIR")
     parser.add_argument("--data", default=None, help="training text (default: built-in corpus)")
+    parser.add_argument(
+        "--corpus-chars", type=int, default=300_000, help="characters of the built-in corpus"
+    )
     parser.add_argument("--iters", type=int, default=300, help="training steps per recipe")
     parser.add_argument("--new-tokens", type=int, default=40, help="greedy tokens per prompt")
     args = parser.parse_args()
@@ -126,9 +131,11 @@ def main() -> int:
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
+        corpus = tmp / "corpus.txt"  # a part of the built-in corpus: its final evaluation is short
+        corpus.write_text(builtin_corpus()[: args.corpus_chars], encoding="utf-8")
         for index, (label, flags) in enumerate(RECIPES.items()):
             run = tmp / f"run{index}"
-            data = ["--data", args.data] if args.data else []
+            data = ["--data", args.data or str(corpus)]
             attnlab_cli(
                 "train", *flags, *data, "--max-iters", str(args.iters), "--out", str(run), "--quiet"
             )

@@ -366,3 +366,26 @@ def test_convert_writes_a_trained_run_as_q8_0(tmp_path, capsys):
     assert back.config.n_kv_heads == 1 and back.tokenizer.kind == "char"
     ids = torch.tensor([trained.tokenizer.encode("the cat sat")])
     assert back(ids).argmax(-1).tolist() == trained(ids).argmax(-1).tolist()
+
+
+@pytest.mark.slow
+def test_smollm2_written_back_keeps_its_tokenizer_template_and_special_tokens(tmp_path):
+    """A GGUF model read and written again: the byte-level BPE with SmolLM2's pre-tokenizer (digits
+    one by one), its special tokens and chat template; the ids equal llama.cpp's on the original
+    file (tests/fixtures/gguf_tokens.json)."""
+    import json
+    from pathlib import Path
+
+    model = attnlab.load("smollm2")
+    path = attnlab.save(model, tmp_path / "smollm2.gguf", dtype="q8_0")
+    fields = GGUFReader(path).fields
+    assert fields["tokenizer.ggml.pre"].contents() == "smollm"
+    assert fields["tokenizer.chat_template"].contents() == model.config.extra["chat_template"]
+    back = attnlab.load(path)
+    fixture = json.loads((Path(__file__).parent / "fixtures" / "gguf_tokens.json").read_text())
+    for case in fixture["cases"]:
+        assert back.tokenizer.encode(case["text"]) == case["ids"], case["text"]
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        assert back.config.extra[key] == model.config.extra[key]
+    ids = torch.tensor([model.tokenizer.encode("The capital of France is")])
+    assert back(ids)[0, -1].argmax() == model(ids)[0, -1].argmax()
