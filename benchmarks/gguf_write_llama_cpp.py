@@ -96,6 +96,14 @@ def llama_simple(tools: Path, path: Path, prompt: str, new_tokens: int) -> str:
     return done.stdout.decode("utf-8", errors="replace").removesuffix("\n")
 
 
+def known(tokenizer, text: str) -> bool:
+    try:
+        tokenizer.encode(text)
+    except attnlab.UserError:
+        return False
+    return True
+
+
 def first_difference(a: str, b: str) -> int | None:
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
@@ -143,10 +151,13 @@ def main() -> int:
                 path = tmp / f"run{index}-{dtype}.gguf"
                 attnlab_cli("convert", str(run), str(path), "--dtype", dtype)
                 model = attnlab.load(path)
+                # a char model's texts: those made of characters it has (llama.cpp's rwkv
+                # tokenizer has no unknown token to give the others)
+                texts = [text for text in TEXTS if known(model.tokenizer, text)]
                 ids_same = sum(
                     model.tokenizer.encode(text)
                     == llama_tokenize(tools, path, text, tmp / "text.txt")
-                    for text in TEXTS
+                    for text in texts
                 )
                 notes = []
                 for prompt in PROMPTS:
@@ -158,9 +169,9 @@ def main() -> int:
                     if where is not None:
                         notes.append(f"{prompt!r} parts at char {where}: {theirs[where:][:20]!r}")
                 text_same = len(PROMPTS) - len(notes)
-                failures += (ids_same < len(TEXTS)) + len(notes)
+                failures += (ids_same < len(texts)) + len(notes)
                 print(
-                    f"| {label} | {dtype} | {ids_same}/{len(TEXTS)} texts | "
+                    f"| {label} | {dtype} | {ids_same}/{len(texts)} texts | "
                     f"{text_same}/{len(PROMPTS)} prompts{'; ' if notes else ''}"
                     f"{'; '.join(notes)} |",
                     flush=True,
