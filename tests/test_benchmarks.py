@@ -96,11 +96,11 @@ def test_a_llama_cpp_folder_without_its_tools_is_one_line(tmp_path):
     assert done.returncode != 0 and len(lines) == 1 and "llama-bench" in lines[0], done.stderr
 
 
-
 def test_the_gguf_writing_benchmark_without_llama_cpp_tools_is_one_line(tmp_path):
     done = run_script("gguf_write_llama_cpp.py", "--llama-cpp", str(tmp_path))
     lines = done.stderr.strip().splitlines()
     assert done.returncode != 0 and len(lines) == 1 and "llama-simple" in lines[0], done.stderr
+
 
 @pytest.mark.slow
 @pytest.mark.browser
