@@ -120,6 +120,9 @@ def main() -> int:
     )
     parser.add_argument("--iters", type=int, default=300, help="training steps per recipe")
     parser.add_argument("--new-tokens", type=int, default=40, help="greedy tokens per prompt")
+    parser.add_argument(
+        "--prompts", type=int, default=len(PROMPTS), help=f"how many of {PROMPTS} to continue"
+    )
     args = parser.parse_args()
     if not args.llama_cpp:
         raise SystemExit("--llama-cpp DIR (or $ATTNLAB_LLAMA_CPP): a folder with llama-simple")
@@ -160,7 +163,7 @@ def main() -> int:
                     for text in texts
                 )
                 notes = []
-                for prompt in PROMPTS:
+                for prompt in PROMPTS[: args.prompts]:
                     ids = torch.tensor([model.tokenizer.encode(prompt)])
                     out = generate(model, ids, max_new_tokens=args.new_tokens, temperature=0)
                     ours = model.tokenizer.decode(out[0].tolist())
@@ -168,11 +171,11 @@ def main() -> int:
                     where = first_difference(ours, theirs)
                     if where is not None:
                         notes.append(f"{prompt!r} parts at char {where}: {theirs[where:][:20]!r}")
-                text_same = len(PROMPTS) - len(notes)
+                text_same = args.prompts - len(notes)
                 failures += (ids_same < len(texts)) + len(notes)
                 print(
                     f"| {label} | {dtype} | {ids_same}/{len(texts)} texts | "
-                    f"{text_same}/{len(PROMPTS)} prompts{'; ' if notes else ''}"
+                    f"{text_same}/{args.prompts} prompts{'; ' if notes else ''}"
                     f"{'; '.join(notes)} |",
                     flush=True,
                 )
