@@ -654,8 +654,8 @@ BREAKS = [
         "src/attnlab/demo.py",
         [
             (
-                "    return explore([str(cfg.out)], port=args.port)",
-                "    return explore([str(cfg.out)], port=args.port, queue=0)",
+                "    return explore([str(cfg.out)], port=args.port, also=(REAL_LLM,))",
+                "    return explore([str(cfg.out)], port=args.port, also=(REAL_LLM,), queue=0)",
             )
         ],
         ["tests/test_training_demo.py"],
