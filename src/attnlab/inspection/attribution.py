@@ -174,6 +174,8 @@ SWEEPS = {
     # each head's output, q, k, v, pattern (all positions)
     "heads": "get_act_patch_attn_head_all_pos_every",
     "heads-by-pos": "get_act_patch_attn_head_out_by_pos",  # each head's output at each position
+    # each head's output alone (all positions): a fifth of "heads", for models of many heads
+    "head-outputs": "get_act_patch_attn_head_out_all_pos",
 }
 
 

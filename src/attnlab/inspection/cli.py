@@ -288,7 +288,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--sweeps",
         default="block,heads",
-        help="comma-separated: block, heads, heads-by-pos (default block,heads)",
+        help="comma-separated: block, heads, heads-by-pos, head-outputs (default block,heads)",
     )
     p.add_argument("--out", default="patching", help="output directory (default ./patching)")
     p.set_defaults(func=run_patch)
