@@ -101,18 +101,21 @@ def test_patch_command(model_dir, tmp_path, capsys):
                 "--out",
                 str(out),
                 "--sweeps",
-                "block,heads",
+                "block,heads,head-outputs",
             ]
         )
         == 0
     )
     printed = capsys.readouterr().out
     assert "restored fraction, top 5" in printed
-    for name in ("patch-block.png", "patch-heads.png"):
+    for name in ("patch-block.png", "patch-heads.png", "patch-head-outputs.png"):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
     data = json.loads((out / "patching.json").read_text())
     assert data["sweeps"]["block"]["axes"] == ["activation", "layer", "pos"]
     assert data["sweeps"]["heads"]["shape"] == [5, 2, 2]
+    # head-outputs is the first panel of heads (each head's output z), alone
+    assert data["sweeps"]["head-outputs"]["shape"] == [2, 2]
+    assert data["sweeps"]["head-outputs"]["values"] == data["sweeps"]["heads"]["values"][:4]
 
 
 @pytest.mark.parametrize(
