@@ -9,7 +9,7 @@ Every number and picture of the page comes from this run:
   the JSON they write;
 - it computes what no command prints with the public API the page shows: where " it" attends in
   every head (`run_with_cache`), and the model's next-token probabilities (`model(ids)`).
-Writes heads.png, attribution.png, patching/patch-heads.png, it-cat.png, it-cat-head.png and
+Writes heads.png, attribution.png, patching/patch-head-outputs.png, it-cat.png, it-cat-head.png and
 numbers.json (the findings, summarised) into --out, beside the commands' own JSON.
 """
 
@@ -132,7 +132,7 @@ def plot_head(tokens: list[str], pattern: torch.Tensor, query: int, name: str, p
             fontsize=5.5,
             color="white" if v > 0.5 else "black",
         )
-    ax.add_patch(plt_rectangle(-0.5, query - 0.5, T, 1))
+    ax.add_patch(row_outline(-0.5, query - 0.5, T, 1))
     ax.set_xlabel("key (attended to)")
     ax.set_ylabel("query")
     ax.set_title(f"{name}: the pattern (row = query, causal: zero above the diagonal)", fontsize=9)
@@ -178,7 +178,7 @@ def plot_head(tokens: list[str], pattern: torch.Tensor, query: int, name: str, p
     save_figure(fig, path)
 
 
-def plt_rectangle(x: float, y: float, w: float, h: float):
+def row_outline(x: float, y: float, w: float, h: float):
     from matplotlib.patches import Rectangle
 
     return Rectangle((x, y), w, h, fill=False, edgecolor="#b2182b", lw=1.2)
