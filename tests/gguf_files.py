@@ -108,12 +108,14 @@ def write_model(
     embedding: GGMLQuantizationType = Q.F32,
     tied: bool = True,
     rope_base: float = 10000.0,
+    sliding_window: int = 4,
     extra_metadata: dict | None = None,
     tensor_edit=None,
 ) -> Path:
-    """A random model of `arch` (llama, qwen2, qwen3, gpt2) in llama.cpp's layout; `matrix` /
-    `embedding` are the tensor types of the linear layers and the token embedding (norms stay F32,
-    as llama.cpp writes them)."""
+    """A random model of `arch` (llama, qwen2, qwen3, gpt2, gemma3) in llama.cpp's layout; `matrix`
+    / `embedding` are the tensor types of the linear layers and the token embedding (norms stay
+    F32, as llama.cpp writes them). gemma3: `sliding_window` on five blocks of six (llama.cpp's
+    default pattern), its norms around 1 as the converter stores them (1 + w)."""
     rng = np.random.default_rng(seed)
     head_dim = head_dim or d_model // n_heads
     q_rows, kv_rows = n_heads * head_dim, (n_kv_heads if arch != "gpt2" else n_heads) * head_dim
@@ -161,9 +163,12 @@ def write_model(
         if arch == "qwen2":
             for part, rows in (("q", q_rows), ("k", kv_rows), ("v", kv_rows)):
                 add(b + f"attn_{part}.bias", (rows,), scale=0.1)
-        if arch == "qwen3":
+        if arch in ("qwen3", "gemma3"):
             add(b + "attn_q_norm.weight", (head_dim,), offset=1.0, scale=0.1)
             add(b + "attn_k_norm.weight", (head_dim,), offset=1.0, scale=0.1)
+        if arch == "gemma3":
+            add(b + "post_attention_norm.weight", (d_model,), offset=1.0, scale=0.1)
+            add(b + "post_ffw_norm.weight", (d_model,), offset=1.0, scale=0.1)
     if tensor_edit is not None:
         tensor_edit(tensors)
 
@@ -183,6 +188,8 @@ def write_model(
         writer.add_rope_dimension_count(head_dim)
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
+    if arch == "gemma3":
+        writer.add_sliding_window(sliding_window)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("gpt-2")
     tokens, merges = byte_level_tokens(d_vocab)

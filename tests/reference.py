@@ -286,12 +286,14 @@ ACTIVATIONS = {"gelu": gelu, "gelu_tanh": gelu_tanh, "relu": relu, "relu2": relu
 
 
 def mlp(x: np.ndarray, params: dict[str, np.ndarray], kind: str = "gelu") -> np.ndarray:
-    """FFN(x) = W_out act(W_in x + b_in) + b_out;  SwiGLU: W_out (SiLU(W_gate x) ⊙ W_in x) + b_out.
+    """FFN(x) = W_out act(W_in x + b_in) + b_out;  SwiGLU: W_out (SiLU(W_gate x) ⊙ W_in x) + b_out;
+    GeGLU: the same with GELU (tanh) for SiLU.
 
     params: W_in, W_out (and W_gate) weights in (out, in) layout, optional b_in, b_gate, b_out.
     """
-    if kind == "swiglu":
-        hidden = silu(linear(x, params["W_gate"], params.get("b_gate"))) * linear(
+    if kind in ("swiglu", "geglu_tanh"):  # GeGLU (Gemma): the tanh GELU where SwiGLU has SiLU
+        gate = silu if kind == "swiglu" else gelu_tanh
+        hidden = gate(linear(x, params["W_gate"], params.get("b_gate"))) * linear(
             x, params["W_in"], params.get("b_in")
         )
     else:
@@ -311,6 +313,13 @@ def pre_norm_block(x: np.ndarray, attn, mlp_fn, norm1, norm2) -> np.ndarray:
     """
     h = x + attn(norm1(x))
     return h if mlp_fn is None else h + mlp_fn(norm2(h))
+
+
+def sandwich_norm_block(x: np.ndarray, attn, mlp_fn, norm1, norm2, post1, post2) -> np.ndarray:
+    """Pre-norm block with sandwich norms (Gemma 2/3): each sublayer's output normed again before
+    the residual add:  h = x + Post₁(Attn(Norm₁(x)));  out = h + Post₂(MLP(Norm₂(h)))."""
+    h = x + post1(attn(norm1(x)))
+    return h + post2(mlp_fn(norm2(h)))
 
 
 def post_norm_block(x: np.ndarray, attn, mlp_fn, norm1, norm2) -> np.ndarray:
@@ -347,8 +356,8 @@ def transformer_forward(
     """The whole model for ids (B, T): logits (B, T, d_vocab) if config.causal, else hidden states
     (B, T, d_model).
 
-        x₀ = E[ids] (+ P[pos] learned | + PE(pos) sinusoidal) (+ token-type embedding) (then Norm if
-        embed_norm)
+        x₀ = E[ids] (· √d_model if scale_embed) (+ P[pos] learned | + PE(pos) sinusoidal)
+        (+ token-type embedding) (then Norm if embed_norm)
         x_{l+1} = Block_l(x_l)           (pre- or post-norm; RoPE inside attention when positional
         == "rope")
         logits  = Norm_final(x_L) W_Uᵀ   (W_U = E when the embeddings are tied)
@@ -362,6 +371,8 @@ def transformer_forward(
     out = []
     for b in range(B):
         x = state["embed.weight"][ids[b]]
+        if config.scale_embed:  # Vaswani et al. §3.4; Gemma
+            x = x * np.sqrt(config.d_model)
         if config.positional == "learned":
             x = x + state["pos_embed.weight"][positions[b]]
         elif config.positional == "sinusoidal":
@@ -398,6 +409,15 @@ def block_forward(
     T) masks keys.
     """
     a = prefix + ".attn."
+    # llama.cpp's swa pattern N: block i is global (no window) when i % N == N − 1; the windowed
+    # blocks rotate by their own base where the config gives one
+    layer, pattern = int(prefix.rsplit(".", 1)[1]), config.sliding_window_pattern
+    window = config.sliding_window
+    if pattern is not None and layer % pattern == pattern - 1:
+        window = None
+    theta = config.rope_theta
+    if window is not None and config.rope_theta_local is not None:
+        theta = config.rope_theta_local
 
     def attn(h: np.ndarray) -> np.ndarray:
         return multi_head_attention(
@@ -418,10 +438,8 @@ def block_forward(
             q_norm=state.get(a + "q_norm.weight"),
             k_norm=state.get(a + "k_norm.weight"),
             norm_eps=config.norm_eps,
-            rope=(positions, config.rotary_dim, config.rope_theta)
-            if config.positional == "rope"
-            else None,
-            window=config.sliding_window,
+            rope=(positions, config.rotary_dim, theta) if config.positional == "rope" else None,
+            window=window,
         )
 
     mlp_fn = None
@@ -440,4 +458,10 @@ def block_forward(
     if config.parallel_residual:
         block = parallel_block
     norm2 = None if config.attn_only else _norm_fn(config, state, prefix + ".ln2")
-    return block(x, attn, mlp_fn, _norm_fn(config, state, prefix + ".ln1"), norm2)
+    norm1 = _norm_fn(config, state, prefix + ".ln1")
+    if config.sandwich_norm:
+        post1, post2 = (
+            _norm_fn(config, state, prefix + name) for name in (".ln1_post", ".ln2_post")
+        )
+        return sandwich_norm_block(x, attn, mlp_fn, norm1, norm2, post1, post2)
+    return block(x, attn, mlp_fn, norm1, norm2)

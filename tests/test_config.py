@@ -85,6 +85,22 @@ def test_heads_that_do_not_divide_d_model_are_refused_with_a_fix():
             r"0 < rope_low_freq_factor \(4.0\) < rope_high_freq_factor \(1.0\)",
         ),
         (dict(rope_original_n_ctx=0), "rope_original_n_ctx must be a positive integer"),
+        (
+            dict(sliding_window_pattern=6),
+            r"sliding_window_pattern must be an integer >= 2 with a sliding_window .* got 6 "
+            "with sliding_window=None",
+        ),
+        (dict(sliding_window=4, sliding_window_pattern=1), "got 1 with sliding_window=4"),
+        (
+            dict(rope_theta_local=1e4, positional="rope"),
+            "rope_theta_local is the RoPE base of the sliding-window blocks: it needs .* "
+            "sliding_window=None",
+        ),
+        (
+            dict(sandwich_norm=True, norm_placement="post"),
+            "sandwich_norm norms the attention and MLP outputs of pre-norm blocks; got "
+            "norm_placement='post'",
+        ),
     ],
 )
 def test_bad_configs_raise_user_errors_that_name_the_values(fields, message):

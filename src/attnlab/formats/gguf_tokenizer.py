@@ -8,10 +8,20 @@ Design choices:
   `tokenizer.ggml.pre` value maps to llama.cpp's list of split regexes for it, applied one after the
   other (each splits the pieces the previous one left, and text a regex does not match stays a piece
   of its own, as in llama.cpp), then byte-level BPE with the file's merges.
-- Byte-level BPE ("gpt2" in tokenizer.ggml.model) only, with the pre-tokenizers of the models
-  attnlab runs (SmolLM's digits one by one, GPT-2's, Llama 3's, Qwen2's); another model or
-  pre-tokenizer is refused by name rather than tokenized differently from llama.cpp.
-- Token types: CONTROL tokens are special (matched in text, skipped by
+- Byte-level BPE ("gpt2" in tokenizer.ggml.model), with the pre-tokenizers of the models attnlab
+  runs (SmolLM's digits one by one, GPT-2's, Llama 3's, Qwen2's), and SentencePiece ("llama":
+  Gemma's); another model or pre-tokenizer is refused by name rather than tokenized differently
+  from llama.cpp.
+- SentencePiece as llama.cpp runs it (llm_tokenizer_spm): spaces become "▁" (a "▁" first where
+  add_space_prefix says so; Gemma's file says no), the text is split into characters, and the
+  adjacent pair whose join is a token with the highest score merges first, again and again; a
+  character left outside the vocabulary becomes its UTF-8 bytes' <0xXX> tokens (byte fallback).
+  That is a BPE whose merges are every split of every token in two tokens, ranked by the joined
+  token's score, which is how it is handed to the `tokenizers` library (no pre-tokenizer: the
+  whole text between special tokens is one word, as in llama.cpp). llama.cpp breaks a tie between
+  two joins of equal score by their position, a ranked BPE by rank: a file whose normal pieces
+  share a score is refused (Gemma 3's 255,474 normal pieces all have distinct scores).
+- Token types: CONTROL (and UNKNOWN) tokens are special (matched in text, skipped by
   decode(skip_special_tokens=True)), USER_DEFINED ones are matched in text too, as llama.cpp's
   partition of special tokens does; add_bos_token / add_eos_token become the post-processor.
 - attnlab's character tokenizer is written (attnlab.formats.gguf_write) as llama.cpp's "rwkv"
@@ -53,7 +63,8 @@ PRE_TOKENIZERS: dict[str, tuple[tuple[str, ...], bool]] = {
     "llama3": ((_LLAMA3,), True),
     "qwen2": ((_QWEN2,), False),
 }
-CONTROL, USER_DEFINED = 3, 4  # llama_token_type values in tokenizer.ggml.token_type
+# llama_token_type values in tokenizer.ggml.token_type
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED = 1, 2, 3, 4
 
 
 def tokenizer_from_gguf(file) -> Tokenizer | None:
@@ -63,18 +74,21 @@ def tokenizer_from_gguf(file) -> Tokenizer | None:
         return None
     if kind == "rwkv":
         return char_tokenizer(file)
-    if kind != "gpt2":
+    if kind not in ("gpt2", "llama"):
         raise UserError(
             f"{file.path}: tokenizer model {kind!r}, which attnlab does not build from a GGUF "
-            "file (it builds 'gpt2', byte-level BPE, and 'rwkv' of single characters)"
+            "file (it builds 'gpt2', byte-level BPE, 'llama', SentencePiece, and 'rwkv' of "
+            "single characters)"
         )
     pre = file.value("tokenizer.ggml.pre", "default")
-    if pre not in PRE_TOKENIZERS:
+    if kind == "gpt2" and pre not in PRE_TOKENIZERS:
         raise UserError(
             f"{file.path}: pre-tokenizer {pre!r}, which attnlab does not know (it knows "
             f"{', '.join(PRE_TOKENIZERS)}); the ids would differ from llama.cpp's"
         )
     try:
+        if kind == "llama":
+            return Tokenizer(_sentencepiece(file), "hf")
         return Tokenizer(_byte_level_bpe(file, *PRE_TOKENIZERS[pre]), "hf")
     except (TypeError, ValueError, AttributeError, IndexError) as exc:
         if isinstance(exc, UserError):
@@ -183,6 +197,65 @@ def _byte_level_bpe(file, regexes: tuple[str, ...], ignore_merges: bool):
         ]
     )
     backend.post_processor = _post_processor(file, tokens, processors, add_bos=ignore_merges)
+    return backend
+
+
+def _sentencepiece(file):
+    """llama.cpp's SentencePiece (module docstring) as a `tokenizers` BPE with byte fallback."""
+    from tokenizers import AddedToken, decoders, models, normalizers, processors
+    from tokenizers import Tokenizer as Backend
+
+    tokens = _strings(file, "tokenizer.ggml.tokens")
+    scores = file.value("tokenizer.ggml.scores")
+    types = file.value("tokenizer.ggml.token_type") or [1] * len(tokens)
+    if not isinstance(scores, list) or len(scores) != len(tokens) or len(types) != len(tokens):
+        raise UserError(
+            f"{file.path}: {len(tokens)} tokens but "
+            f"{len(scores) if isinstance(scores, list) else 'no'} scores and {len(types)} token "
+            "types; the tokenizer is damaged"
+        )
+    # as llama.cpp looks a text up: the last token of a text that appears twice
+    vocab = {token: index for index, token in enumerate(tokens)}
+    normal = [score for score, kind in zip(scores, types) if kind == NORMAL]
+    if len(set(normal)) != len(normal):
+        raise UserError(
+            f"{file.path}: {len(normal) - len(set(normal))} SentencePiece pieces share a score "
+            "with another; llama.cpp breaks such ties by position in the text, which attnlab's "
+            "tokenizer cannot, so its ids could differ from llama.cpp's"
+        )
+    # Every split of a token in two tokens, the best-scored joins first: llama.cpp merges the
+    # adjacent pair whose join scores highest (ties: the leftmost, as the BPE's queue does).
+    merges = []
+    for index in sorted(range(len(tokens)), key=lambda i: -scores[i]):
+        token = tokens[index]
+        if vocab[token] != index:
+            continue
+        for cut in range(1, len(token)):
+            left, right = token[:cut], token[cut:]
+            if left in vocab and right in vocab:
+                merges.append((left, right))
+    try:
+        backend = Backend(models.BPE(vocab, merges, byte_fallback=True, fuse_unk=False))
+    # the library raises a bare Exception
+    except Exception as exc:
+        raise UserError(f"{file.path}: the tokenizer cannot be built ({first_line(exc)})") from None
+    escape = [normalizers.Replace(" ", "▁")]
+    prefix = bool(file.value("tokenizer.ggml.add_space_prefix", True))
+    if prefix:  # llama.cpp puts it before each text fragment, every one following a special token
+        escape.insert(0, normalizers.Prepend("▁"))
+    backend.normalizer = normalizers.Sequence(escape)
+    backend.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+        + ([decoders.Strip(" ", 1, 0)] if prefix else [])
+    )
+    backend.add_tokens(
+        [
+            AddedToken(tokens[i], special=types[i] != USER_DEFINED, normalized=False)
+            for i in range(len(tokens))
+            if types[i] in (CONTROL, USER_DEFINED, UNKNOWN)
+        ]
+    )
+    backend.post_processor = _post_processor(file, tokens, processors, add_bos=True)
     return backend
 
 

@@ -265,11 +265,22 @@ def architecture_to_write(cfg: ModelConfig) -> Architecture:
             "no logit cap, so transformers would compute other logits); save with "
             "format='attnlab' instead"
         )
+    gemma = {
+        name: getattr(cfg, name)
+        for name in ("sandwich_norm", "scale_embed", "sliding_window_pattern", "rope_theta_local")
+        if getattr(cfg, name) not in (None, False)
+    }
+    if gemma:
+        name, value = next(iter(gemma.items()))
+        raise UserError(
+            f"cannot save as Hugging Face format: {name}={value!r} (a Gemma 3 setting, and "
+            "attnlab writes no Gemma 3 directory); save with format='attnlab' instead"
+        )
     if not cfg.causal:
         return archs["bert"]
     if cfg.positional == "rope":
         return (
-            archs["gpt_neox"] if cfg.norm == "layernorm" and cfg.mlp != "swiglu" else archs["llama"]
+            archs["gpt_neox"] if cfg.norm == "layernorm" and not cfg.gated_mlp else archs["llama"]
         )
     if cfg.positional == "learned":
         return archs["gpt2"]

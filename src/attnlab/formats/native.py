@@ -472,9 +472,11 @@ def empty_model(config: ModelConfig, device: str | torch.device = "cpu"):
         model.unembed.weight = model.embed.weight
     if model.rotary is not None:
         model.rotary.inv_freq = Rotary.for_config(config).inv_freq.to(device)
+    if model.rotary_local is not None:
+        model.rotary_local.inv_freq = Rotary.for_config(config, local=True).inv_freq.to(device)
     assert [name for name, _ in model.named_buffers()] == (
         ["rotary.inv_freq"] if model.rotary is not None else []
-    )
+    ) + (["rotary_local.inv_freq"] if model.rotary_local is not None else [])
     return model
 
 

@@ -4,9 +4,9 @@ loops (attnlab.generate.kernels) for the products and the attention.
 No graph to build, so no set-up per process, and the whole step is one C call (one OpenMP parallel
 region, its threads hot from the first product to the last) instead of the ~100 PyTorch operations
 per layer of the module path, whose per-call overhead was most of a step on a small model. A hooked
-model, a post-norm one, another dtype or device, or a machine without a C compiler takes the module
-path, which computes the same
-equation (`KernelDecoder.unsupported` says why).
+model, a post-norm one, one with sandwich norms or a sliding window (Gemma 3 has both), another
+dtype or device, or a machine without a C compiler takes the module path, which computes the same
+equation (`KernelDecoder.unsupported` says why; `attnlab sample` prints it).
 """
 
 from __future__ import annotations
@@ -216,6 +216,8 @@ class KernelDecoder:
             return "post-norm blocks take the module path"
         if model.config.mlp not in kernels.ACTIVATIONS and model.config.mlp != "swiglu":
             return f"the {model.config.mlp} MLP takes the module path"
+        if model.config.sandwich_norm:
+            return "sandwich norms (a norm on each sublayer's output, Gemma) take the module path"
         if model.config.sliding_window is not None:
             return (
                 "a sliding attention window takes the module path (the attention kernel sees "

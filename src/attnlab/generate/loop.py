@@ -114,11 +114,8 @@ def decode_one_token_at_slot(
 ) -> torch.Tensor:
     """`decode_one_token` with static shapes, for torch.compile: the cache slot is a (1,) tensor and
     the token attends to the whole buffer, key_mask (B, max_len) True at the keys it may see, its
-    own slot included. A sliding window, slots slot − W + 1 ... slot, joins the key mask (attention
-    applies none to a whole buffer)."""
-    window = model.config.sliding_window
-    if window is not None:
-        key_mask = key_mask & (torch.arange(cache.max_len, device=token.device) > slot - window)
+    own slot included. A windowed block adds its band, slots slot − W + 1 ... slot, to the key mask
+    itself (attnlab.model.attention: the cache's `slot`)."""
     return model(
         token,
         kv_cache=cache.at_slot(slot),

@@ -157,8 +157,8 @@ def run_sample(args: argparse.Namespace) -> int:
         if i:
             print("\n---------------")
         stream = TextStream(model.tokenizer)
-        if args.chat is None:
-            stream.push(ids[0].tolist())
+        if args.chat is None:  # the prompt as written: without the BOS its tokenizer adds (Gemma)
+            stream.push(model.tokenizer.encode(prompt, add_special_tokens=False))
 
         # the end-of-turn token ends the reply and is not part of it
         def show(token, stream=stream) -> None:

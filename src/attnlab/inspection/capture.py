@@ -68,7 +68,7 @@ def capture_patterns(
         k = expand_kv(q, k)[:, head_index]
         q = q[:, head_index]
         patterns[layer] = _chunked_pattern(
-            q, k, cfg.scale, cfg.causal, mask, query_chunk, cfg.sliding_window
+            q, k, cfg.scale, cfg.causal, mask, query_chunk, model.blocks[layer].attn.window
         )
     return patterns
 

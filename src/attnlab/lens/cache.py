@@ -133,6 +133,16 @@ class ActivationCache(dict):
                 "not a sum of its parts: residual-stream decompositions need a pre-norm model"
             )
 
+    def _check_parts_sum(self, parts: str) -> None:
+        """Heads and neurons add up to the stream only where nothing norms them before it: with
+        sandwich norms (Gemma) a norm takes each attention and MLP output first."""
+        if self._cfg.sandwich_norm:
+            raise UserError(
+                "this model norms each attention and MLP output before it joins the residual "
+                f"stream (sandwich norms, as Gemma), so {parts} do not add up to the stream; "
+                "decompose it by layer instead (decompose_resid)"
+            )
+
     def _layer(self, layer: int | None) -> int:
         n = self._cfg.n_layers
         layer = n if layer is None or layer == -1 else layer
@@ -252,6 +262,7 @@ class ActivationCache(dict):
         [layer · head, batch, pos, d_model], labels "L0H0", "L0H1", ...; `incl_remainder` adds the
         rest of
         the stream (resid_post of layer − 1 minus the heads) as a last term."""
+        self._check_parts_sum("the heads' outputs")
         layer = self._layer(layer)
         self.compute_head_results()
         parts, labels = [], []
@@ -280,6 +291,7 @@ class ActivationCache(dict):
     ):
         """Every MLP neuron's output (post_n · W_out[n]) for the layers before `layer`:
         [layer · d_mlp, batch, pos, d_model], labels "L0N0", ... (memory: d_mlp times mlp_out)."""
+        self._check_parts_sum("the neurons' outputs")
         layer = self._layer(layer)
         parts, labels = [], []
         for l in range(layer):

@@ -18,7 +18,8 @@ Design choices:
   (S − T) − W < j ≤ i + (S − T), itself and the W − 1 before it, as transformers counts it. It is
   part of the causal mask (`causal_mask(..., window=W)`), so every path (explicit, fused, chunked,
   cached) gets it from the same place; the fused kernel then takes an explicit mask instead of
-  `is_causal`.
+  `is_causal`. Each block has its own (`ModelConfig.layer_window`: Gemma 3 windows five blocks of
+  six).
 - A fully masked row (e.g. a padding query) gives zeros, never NaN.
 - The multi-head layer takes the fused path unless someone hooks the scores or the pattern, which
   are the only activations the fused kernel never materialises; hooks elsewhere keep it fused.
@@ -353,6 +354,7 @@ class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
         self.config, self.layer = config, layer
+        self.window = config.layer_window(layer)  # this block's sliding window (None: global)
         H, Hkv, D, d_model = config.n_heads, config.n_kv_heads, config.d_head, config.d_model
         self.W_Q = Linear(d_model, H * D, bias=config.use_qkv_bias)
         self.W_K = Linear(d_model, Hkv * D, bias=config.use_qkv_bias)
@@ -399,10 +401,14 @@ class Attention(nn.Module):
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer, start_pos, k, v)  # [B, Hkv, S, D], S = start_pos + T
         dropout_p = cfg.dropout if self.training else 0.0
-        # A cache that hands back its whole buffer (the compiled decode step's) puts the query at
-        # its slot rather
-        # than last: its caller's key mask holds the window instead.
-        window = None if kv_cache is not None and kv_cache.whole_buffer else cfg.sliding_window
+        window = self.window
+        if window is not None and kv_cache is not None and kv_cache.whole_buffer:
+            # A cache that hands back its whole buffer (the compiled decode step's) puts the query
+            # at its slot rather than last: the band, slots slot − W + 1 ... slot, joins the key
+            # mask.
+            band = torch.arange(k.shape[-2], device=k.device) > kv_cache.slot - window  # [key_pos]
+            mask = band if mask is None else mask & band
+            window = None
         if self.needs_pattern:
             scores = self.hook_attn_scores(
                 apply_mask(

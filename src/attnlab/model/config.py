@@ -27,7 +27,8 @@ POSITIONS = ("learned", "sinusoidal", "rope", "none")
 ROPE_SCALINGS = ("none", "linear", "llama3")
 NORMS = ("layernorm", "rmsnorm")
 NORM_PLACEMENTS = ("pre", "post")
-MLPS = ("gelu", "gelu_tanh", "relu", "relu2", "swiglu")
+MLPS = ("gelu", "gelu_tanh", "relu", "relu2", "swiglu", "geglu_tanh")
+GATED_MLPS = ("swiglu", "geglu_tanh")  # act(W_gate x) ⊙ W_in x
 
 
 @functools.cache  # the annotations of a class do not change; every ModelConfig asks
@@ -84,9 +85,15 @@ class ModelConfig:
     # attention and MLP both read resid_pre and add to it (GPT-J, GPT-NeoX/Pythia)
     parallel_residual: bool = False
     final_norm: bool = True  # a norm after the last block (pre-norm models need it; BERT has none)
+    # pre-norm blocks whose attention and MLP outputs are normed again before they join the residual
+    # stream (ln1_post, ln2_post: Gemma 2/3; CogView's "sandwich" LayerNorm, Ding et al. 2021)
+    sandwich_norm: bool = False
+    # the token embedding times √d_model before the first block (Vaswani et al. 2017, §3.4; Gemma),
+    # the LM head reading the unscaled table
+    scale_embed: bool = False
     embed_norm: bool = False  # a norm right after the embeddings (BERT's embeddings.LayerNorm)
     # gelu (exact erf) | gelu_tanh (GPT-2's gelu_new) | relu | relu2 (ReLU², Primer) | swiglu
-    # (LLaMA)
+    # (LLaMA: silu(W_gate x) ⊙ W_in x) | geglu_tanh (Gemma: gelu_tanh(W_gate x) ⊙ W_in x)
     mlp: str = "gelu"
     attn_only: bool = False  # no MLPs at all: attention-only models for circuit studies
     bias: bool = True  # biases in the linear layers and LayerNorms (nanoGPT's --bias)
@@ -94,6 +101,12 @@ class ModelConfig:
     qkv_bias: bool | None = None
     # causal only: each query sees itself and the W − 1 keys before it (Mistral)
     sliding_window: int | None = None
+    # with sliding_window: every Nth block (N − 1, 2N − 1, ...) is global, it sees every earlier
+    # key, and the others have the window (Gemma 3: 6, llama.cpp's swa pattern); None: all windowed
+    sliding_window_pattern: int | None = None
+    # RoPE base of the windowed blocks, which then take no rope_scaling (Gemma 3: 10,000, where
+    # the global blocks have rope_theta 1,000,000); None: rope_theta and its scaling everywhere
+    rope_theta_local: float | None = None
     qk_norm: bool = False  # RMSNorm on each head's q and k before the scores (Qwen3, OLMo-2)
     tie_embeddings: bool = True  # LM head shares its weight with the token embedding
     # logits = c·tanh(logits / c) (Gemma 2, modded-nanogpt); None = no cap
@@ -198,6 +211,34 @@ class ModelConfig:
                 "earlier key); "
                 f"got {self.sliding_window!r} with causal={self.causal}"
             )
+        if self.sliding_window_pattern is not None and (
+            not isinstance(self.sliding_window_pattern, int)
+            or isinstance(self.sliding_window_pattern, bool)
+            or self.sliding_window_pattern < 2
+            or self.sliding_window is None
+        ):
+            raise UserError(
+                "sliding_window_pattern must be an integer >= 2 with a sliding_window (every Nth "
+                f"block global); got {self.sliding_window_pattern!r} with sliding_window="
+                f"{self.sliding_window!r}"
+            )
+        if self.rope_theta_local is not None and (
+            self.positional != "rope"
+            or self.sliding_window is None
+            or not self.rope_theta_local > 0
+        ):
+            raise UserError(
+                "rope_theta_local is the RoPE base of the sliding-window blocks: it needs "
+                "positional='rope', a sliding_window and a positive value; got "
+                f"{self.rope_theta_local!r} with positional={self.positional!r}, sliding_window="
+                f"{self.sliding_window!r}"
+            )
+        if self.sandwich_norm and (self.wiring != "pre" or self.attn_only):
+            raise UserError(
+                "sandwich_norm norms the attention and MLP outputs of pre-norm blocks; got "
+                f"norm_placement={self.norm_placement!r}, parallel_residual="
+                f"{self.parallel_residual}, attn_only={self.attn_only}"
+            )
         if self.parallel_residual and (self.norm_placement != "pre" or self.attn_only):
             raise UserError(
                 "parallel_residual needs pre-norm blocks with an MLP (attention and MLP both read "
@@ -293,8 +334,29 @@ class ModelConfig:
         parallel (GPT-J, GPT-NeoX/Pythia):
             resid_post = resid_pre + attn(ln1(resid_pre)) + mlp(ln2(resid_pre)),
             no resid_mid (hook_resid_mid never fires, as in TransformerLens).
-        An attention-only block (attn_only) stops at resid_mid, which is its resid_post."""
+        An attention-only block (attn_only) stops at resid_mid, which is its resid_post.
+        With sandwich_norm (pre only, Gemma): attn_out = ln1_post(attn(ln1(resid_pre))) and
+            mlp_out = ln2_post(mlp(ln2(resid_mid))), the hooks' attn_out and mlp_out being what
+            joins the residual stream (as TransformerLens's ln1_post / ln2_post)."""
         return "parallel" if self.parallel_residual else self.norm_placement
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of block `layer`, None where it sees every earlier key: the one place
+        that says which blocks are windowed (llama.cpp's swa pattern: with N, block i is global
+        when i % N == N − 1)."""
+        pattern = self.sliding_window_pattern
+        if pattern is not None and layer % pattern == pattern - 1:
+            return None
+        return self.sliding_window
+
+    def layer_rope_local(self, layer: int) -> bool:
+        """Whether block `layer` rotates by the windowed blocks' RoPE (rope_theta_local)."""
+        return self.rope_theta_local is not None and self.layer_window(layer) is not None
+
+    @property
+    def gated_mlp(self) -> bool:
+        """act(W_gate x) ⊙ W_in x (SwiGLU, GeGLU), where the plain MLP is act(W_in x)."""
+        return self.mlp in GATED_MLPS
 
     @property
     def use_qkv_bias(self) -> bool:

@@ -15,8 +15,9 @@ Design choices:
   takes effect; tests/test_lens.py holds the equation to the fused kernel.
 - The MLP expands d_model -> d_mlp (default 4×), applies GELU (exact or tanh), ReLU or ReLU²
   (relu(x)², So et al. 2021's Primer; a record of the modded-nanogpt speedrun), and projects back;
-  SwiGLU (Shazeer 2020) multiplies silu(W_gate x) by W_in x. hook_pre is the pre-activation,
-  hook_post what goes into W_out.
+  the gated ones (Shazeer 2020) multiply act(W_gate x) by W_in x: SwiGLU with silu (LLaMA), GeGLU
+  with the tanh GELU (Gemma). hook_pre is the pre-activation (of the gate), hook_post what goes
+  into W_out.
 - `Linear` is F.linear, nothing faster: the fast layers (the C kernels, int8 weights) live in
   attnlab.generate.fast_layers and are swapped in by the code that wants them.
 """
@@ -112,16 +113,17 @@ _ACTIVATIONS = {
     "relu": F.relu,
     "relu2": lambda x: F.relu(x).square(),
     "swiglu": F.silu,  # the gate's nonlinearity
+    "geglu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # the gate's nonlinearity
 }
 
 
 class MLP(nn.Module):
-    """Position-wise feed-forward: W_out · act(W_in · x), or W_out · (silu(W_gate · x) ⊙ W_in · x)
-    for SwiGLU."""
+    """Position-wise feed-forward: W_out · act(W_in · x), or W_out · (act(W_gate · x) ⊙ W_in · x)
+    for the gated ones (SwiGLU, GeGLU)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.gated = config.mlp == "swiglu"
+        self.gated = config.gated_mlp
         self.act = _ACTIVATIONS[config.mlp]
         self.W_in = Linear(config.d_model, config.d_mlp, bias=config.bias)
         self.W_gate = Linear(config.d_model, config.d_mlp, bias=config.bias) if self.gated else None

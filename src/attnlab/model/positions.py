@@ -95,7 +95,11 @@ class Rotary(nn.Module):
         )
 
     @classmethod
-    def for_config(cls, config) -> "Rotary":
+    def for_config(cls, config, local: bool = False) -> "Rotary":
+        """The model's RoPE, or with `local` the sliding-window blocks' own (rope_theta_local, no
+        scaling: Gemma 3's local layers)."""
+        if local:
+            return cls(config.rotary_dim, config.rope_theta_local)
         return cls(
             config.rotary_dim,
             config.rope_theta,

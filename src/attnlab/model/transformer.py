@@ -5,9 +5,12 @@ Design choices:
   residual)
   and `Transformer` (embeddings, blocks, head). Decoder-only language models (GPT-2, LLaMA, Qwen2)
   and BERT-style encoders are settings of `ModelConfig`, not separate code.
-- A block is wired one of three ways, `ModelConfig.wiring` (pre-norm, post-norm, parallel): its
-  docstring holds the equations, and the kernel decode program and the explorer's stages read the
-  same description.
+- A block is wired one of three ways, `ModelConfig.wiring` (pre-norm, post-norm, parallel), a
+  pre-norm one with or without sandwich norms: its docstring holds the equations, and the kernel
+  decode program and the explorer's stages read the same description.
+- Gemma 3's other parts are settings too: the embedding times √d_model (`scale_embed`), windowed
+  and global blocks (`ModelConfig.layer_window`), each kind with its own RoPE base
+  (`rope_theta_local`: the angles are computed once per forward for each kind).
 - Hook names are TransformerLens's (see attnlab.lens.hooks); every hook point carries its shape in a
   comment.
 - TransformerLens's views of the weights (W_Q ... W_U, QK/OV circuits) and its token helpers
@@ -52,6 +55,11 @@ class Block(nn.Module):
         self.attn = Attention(config, layer)
         self.ln2 = None if config.attn_only else make_norm(config)
         self.mlp = None if config.attn_only else MLP(config)
+        # sandwich_norm: the sublayers' outputs normed before the residual add (ModelConfig.wiring)
+        self.ln1_post = make_norm(config) if config.sandwich_norm else None
+        self.ln2_post = make_norm(config) if config.sandwich_norm else None
+        # the RoPE angles this block rotates by: the windowed blocks' own (rope_theta_local) or not
+        self.rope_local = config.layer_rope_local(layer)
         self.dropout = nn.Dropout(config.dropout)
         self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
         self.hook_attn_out = HookPoint()  # [batch, pos, d_model]
@@ -67,11 +75,17 @@ class Block(nn.Module):
             mlp_out = self.hook_mlp_out(self.mlp(self.ln2(resid_pre)))
             return self.hook_resid_post(resid_pre + self.dropout(attn_out) + self.dropout(mlp_out))
         if self.wiring == "pre":
-            attn_out = self.hook_attn_out(self.attn(self.ln1(resid_pre), **attn_kwargs))
+            attn_out = self.attn(self.ln1(resid_pre), **attn_kwargs)
+            if self.ln1_post is not None:
+                attn_out = self.ln1_post(attn_out)
+            attn_out = self.hook_attn_out(attn_out)
             resid_mid = self.hook_resid_mid(resid_pre + self.dropout(attn_out))
             if self.mlp is None:
                 return self.hook_resid_post(resid_mid)
-            mlp_out = self.hook_mlp_out(self.mlp(self.ln2(resid_mid)))
+            mlp_out = self.mlp(self.ln2(resid_mid))
+            if self.ln2_post is not None:
+                mlp_out = self.ln2_post(mlp_out)
+            mlp_out = self.hook_mlp_out(mlp_out)
             return self.hook_resid_post(resid_mid + self.dropout(mlp_out))
         attn_out = self.hook_attn_out(self.attn(resid_pre, **attn_kwargs))
         resid_mid = self.hook_resid_mid(self.ln1(resid_pre + self.dropout(attn_out)))
@@ -104,6 +118,12 @@ class Transformer(HookedModule, TransformerLensViews):
             )
             self.ln_embed = make_norm(config) if config.embed_norm else None
             self.rotary = Rotary.for_config(config) if config.positional == "rope" else None
+            # the windowed blocks' RoPE where it has a base of its own (Gemma 3), unscaled
+            self.rotary_local = (
+                Rotary.for_config(config, local=True)
+                if config.rope_theta_local is not None
+                else None
+            )
             self.drop = nn.Dropout(config.dropout)
             self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
             self.ln_final = make_norm(config) if config.final_norm else None
@@ -153,7 +173,10 @@ class Transformer(HookedModule, TransformerLensViews):
         """resid_pre of block 0: token embedding + absolute positions + token types (as
         configured)."""
         cfg = self.config
-        x = self.hook_embed(self.embed(ids))
+        x = self.embed(ids)
+        if cfg.scale_embed:
+            x = x * math.sqrt(cfg.d_model)
+        x = self.hook_embed(x)
         if cfg.positional == "learned":
             x = x + self.hook_pos_embed(self.pos_embed(positions))
         elif cfg.positional == "sinusoidal":
@@ -228,11 +251,20 @@ class Transformer(HookedModule, TransformerLensViews):
             self._check_values(ids, positions)
         resid = self.embed_tokens(ids, positions, token_type_ids)
         rope = self.rotary(positions, resid.dtype) if self.rotary is not None else None
+        rope_local = (
+            self.rotary_local(positions, resid.dtype) if self.rotary_local is not None else None
+        )
         mask = None
         if attention_mask is not None:
             mask = attention_mask.to(torch.bool)[:, None, None, :]  # [batch, 1, 1, key_pos]
         for block in self.blocks[:stop_at_layer]:
-            resid = block(resid, rope=rope, mask=mask, kv_cache=kv_cache, start_pos=start_pos)
+            resid = block(
+                resid,
+                rope=rope_local if block.rope_local else rope,
+                mask=mask,
+                kv_cache=kv_cache,
+                start_pos=start_pos,
+            )
         if stop_at_layer is not None:
             return resid
         if self.ln_final is not None:

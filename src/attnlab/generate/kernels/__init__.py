@@ -40,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from ...env import cache_root
 from ...model.layers import LayerNorm
 from ..blocks import BLOCK, BLOCK_TYPES
 
@@ -139,8 +140,7 @@ class OpCall(ctypes.Structure):
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("ATTNLAB_CACHE")
-    return (Path(root) if root else Path.home() / ".cache" / "attnlab") / "kernels"
+    return cache_root() / "kernels"
 
 
 def _cpu_id() -> str:

@@ -1,0 +1,113 @@
+"""Gemma 3 (Gemma Team 2025) as a GGUF file holds it: the metadata as a Hugging Face
+Gemma3TextConfig-style dict (attnlab.formats.gguf.hf_config makes it) onto ModelConfig, and the
+weight-name table.
+
+Design choices:
+- Every part of Gemma 3 is a ModelConfig setting, named for what it does: sandwich norms
+  (`sandwich_norm`: post_attention_layernorm and post_feedforward_layernorm norm each sublayer's
+  output before the residual add; pre_feedforward_layernorm is the MLP's pre-norm, ln2), the
+  embedding times √d_model (`scale_embed`), QK-norm (`qk_norm`: an RMSNorm over each head's d_head,
+  as Qwen3's), sliding-window blocks interleaved with global ones (`sliding_window`,
+  `sliding_window_pattern`: five of six windowed), each kind with its own RoPE base
+  (`rope_theta_local` on the windowed blocks, unscaled; `rope_theta` and any scaling on the global
+  ones), the gated MLP with the tanh GELU (`mlp="geglu_tanh"`), queries scaled by
+  query_pre_attn_scalar^(-1/2) (`attn_scale`), the final logit soft-cap where the file has one
+  (`logit_softcap`) and the tied embedding.
+- Gemma's RMSNorm multiplies by (1 + w) and its Hugging Face checkpoints store w; llama.cpp's
+  converter adds the 1 to every norm weight (convert_hf_to_gguf.py, Gemma3Model.norm_shift), and
+  llama.cpp's graph multiplies by the stored value. So a GGUF file holds the multiplier itself,
+  which is what attnlab's RMSNorm multiplies by: the file's values load as they are (transformers'
+  reader subtracts the 1 and its model adds it back). A Hugging Face Gemma 3 directory, whose
+  norms lack the 1, is not read through this table (attnlab.formats.hf does not list it), and
+  attnlab writes no Gemma 3 directory.
+"""
+
+from __future__ import annotations
+
+from ..errors import UserError
+from ..model.config import ModelConfig
+from .architecture import Architecture, Weight, hf_value, rope_from_hf, sizes_from_hf, special_ids
+
+MODEL_TYPE = "gemma3_text"
+
+
+def config_from_hf(hf: dict, source: str) -> ModelConfig:
+    if hf.get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
+        raise UserError(
+            f"{source}: hidden_activation {hf['hidden_activation']!r} is not supported for Gemma "
+            "3; expected 'gelu_pytorch_tanh' (GeGLU with the tanh GELU)"
+        )
+    sizes = sizes_from_hf(hf, source)
+    d_head = hf_value(hf, "head_dim", source)
+    window = hf.get("sliding_window")
+    if window is not None and (not isinstance(window, int) or window <= 0):
+        raise UserError(f"{source}: sliding_window must be a positive integer, got {window!r}")
+    scalar = hf.get("query_pre_attn_scalar", d_head)
+    if not isinstance(scalar, (int, float)) or isinstance(scalar, bool) or not scalar > 0:
+        raise UserError(f"{source}: query_pre_attn_scalar must be positive, got {scalar!r}")
+    return ModelConfig(
+        **sizes,
+        n_kv_heads=hf.get("num_key_value_heads") or sizes["n_heads"],
+        d_head=d_head,
+        **rope_from_hf(hf, source, d_head),
+        rope_theta_local=float(hf.get("rope_local_base_freq", 10000.0)) if window else None,
+        sliding_window=window,
+        sliding_window_pattern=hf.get("sliding_window_pattern") if window else None,
+        norm="rmsnorm",
+        norm_eps=hf.get("rms_norm_eps", 1e-6),
+        sandwich_norm=True,
+        scale_embed=True,
+        mlp="geglu_tanh",
+        bias=False,
+        qk_norm=True,
+        attn_scale=None if scalar == d_head else float(scalar) ** -0.5,
+        logit_softcap=hf.get("final_logit_softcapping"),
+        tie_embeddings=hf.get("tie_word_embeddings", True),
+        extra=special_ids(hf),
+    )
+
+
+def config_to_hf(cfg: ModelConfig) -> dict:
+    raise UserError(
+        "attnlab writes no Hugging Face Gemma 3 directory (its norms store w where attnlab keeps "
+        "1 + w); save with format='attnlab' instead"
+    )
+
+
+def weights(hf: dict, cfg: ModelConfig) -> list[Weight]:
+    table = [
+        Weight("embed_tokens.weight", "embed.weight"),
+        Weight("norm.weight", "ln_final.weight"),
+    ]
+    for i in range(cfg.n_layers):
+        h, b = f"layers.{i}.", f"blocks.{i}."
+        table += [
+            Weight(h + "input_layernorm.weight", b + "ln1.weight"),
+            Weight(h + "post_attention_layernorm.weight", b + "ln1_post.weight"),
+            Weight(h + "pre_feedforward_layernorm.weight", b + "ln2.weight"),
+            Weight(h + "post_feedforward_layernorm.weight", b + "ln2_post.weight"),
+            Weight(h + "self_attn.q_norm.weight", b + "attn.q_norm.weight"),
+            Weight(h + "self_attn.k_norm.weight", b + "attn.k_norm.weight"),
+            Weight(h + "self_attn.q_proj.weight", b + "attn.W_Q.weight"),
+            Weight(h + "self_attn.k_proj.weight", b + "attn.W_K.weight"),
+            Weight(h + "self_attn.v_proj.weight", b + "attn.W_V.weight"),
+            Weight(h + "self_attn.o_proj.weight", b + "attn.W_O.weight"),
+            Weight(h + "mlp.gate_proj.weight", b + "mlp.W_gate.weight"),
+            Weight(h + "mlp.up_proj.weight", b + "mlp.W_in.weight"),
+            Weight(h + "mlp.down_proj.weight", b + "mlp.W_out.weight"),
+        ]
+    if not cfg.tie_embeddings:
+        table.append(Weight("lm_head.weight", "unembed.weight"))
+    return table
+
+
+GEMMA3 = Architecture(
+    model_types=(MODEL_TYPE,),
+    read_prefixes=("model.",),
+    write_prefix="model.",
+    head_keys=("lm_head.weight",),
+    ignored=(),
+    config_from_hf=config_from_hf,
+    config_to_hf=config_to_hf,
+    weights=weights,
+)

