@@ -109,15 +109,19 @@ def compare(
     text: str | None = None,
     ids: torch.Tensor | None = None,
     revision: str | None = None,
+    model=None,
+    reference=None,
 ) -> Comparison:
-    """Run attnlab and transformers on the same input; the largest differences, layer by layer."""
+    """Run attnlab and transformers on the same input; the largest differences, layer by layer.
+    `model` / `reference`: the two already loaded from `path` (a test that goes on using them)."""
     path = model_dir(path, revision)
-    model = load(path)
+    model = load(path) if model is None else model
     if ids is None:
         ids = sample_ids(model, text)
     with tempfile.TemporaryDirectory() as tmp:
-        hf_dir = save_hf(model, tmp) if is_native(path) else path
-        reference = load_transformers(hf_dir, model.config.causal)
+        if reference is None:
+            hf_dir = save_hf(model, tmp) if is_native(path) else path
+            reference = load_transformers(hf_dir, model.config.causal)
         theirs = reference(ids, output_attentions=True, output_hidden_states=True)
     names = lambda name: (
         name == "blocks.0.hook_resid_pre" or name.endswith(("hook_resid_post", "hook_pattern"))
