@@ -20,7 +20,9 @@ Design choices:
   its quantized products and keeps an F16 cache, so single-token agreement and KL are the fair
   measure, not equal logits.)
 - The tokens llama-perplexity used are in the same file: the script checks attnlab's tokenizer gives
-  the same ids.
+  the same ids. The file holds the text's tokens as they are; where the tokenizer adds a BOS,
+  llama-perplexity replaces each chunk's first token by it (without, Gemma 3's perplexity is 20.6
+  instead of 13.6), and so does this script.
 - The file is read as a memory map and attnlab's log-probabilities a few positions at a time: with
   Gemma 3's 262,144 tokens each scored position is 0.5 MB there and 2 MB here in float64.
 """
@@ -118,9 +120,15 @@ def main() -> int:
     ours_ids = model.tokenizer.encode(text)
     same_ids = ours_ids == theirs_ids
     first, agree, count, nll_ours, nll_theirs, kls = n_ctx // 2, 0, 0, 0.0, 0.0, []
+    # the file holds the text's tokens; where the tokenizer adds a BOS (Gemma), llama-perplexity
+    # puts it in the first place of every chunk, and so does this
+    bos = model.tokenizer.encode("")
     with torch.no_grad():
         for c in range(tokens.shape[0]):
-            logits = model(torch.from_numpy(tokens[c : c + 1].astype(np.int64)))[0]
+            chunk = tokens[c : c + 1].astype(np.int64)
+            if bos:
+                chunk[0, 0] = bos[0]
+            logits = model(torch.from_numpy(chunk))[0]
             # scale, min_log_prob
             head = np.array(records[c, :, :4]).view(np.float32).astype(np.float64)
             for i in range(records.shape[1]):
