@@ -57,6 +57,7 @@ CKT = "tests/test_training_checkpoints.py"
 UNTRUSTED = "tests/test_formats_untrusted.py"
 SEC = "tests/test_explorer_security.py"
 QT = "tests/test_explorer_queue.py"
+GEMMA3 = "tests/test_formats_gemma3.py"
 
 BREAKS = [
     # Training: nothing is lost
@@ -742,6 +743,56 @@ BREAKS = [
         "src/attnlab/explorer/static/views/dict.js",
         [("guarded, patternEncoding, show, softmaxRow", "guarded, patternEncoding, softmaxRow")],
         ["tests/test_explorer_modules.py::test_each_view_module_draws_its_view_alone -k dict"],
+    ),
+    # issue 24: Gemma 3 from GGUF
+    Break(
+        "gemma3-norms",
+        "Gemma 3's norms as the GGUF holds them (1 + w): the file's values, as they are",
+        "the 1 added again on loading",
+        "src/attnlab/formats/gguf.py",
+        [
+            (
+                "            tensor = torch.from_numpy(values)\n",
+                "            tensor = torch.from_numpy(values)\n"
+                '            tensor = tensor + float(gguf_arch == "gemma3" and "norm" in name)\n',
+            )
+        ],
+        [GEMMA3 + "::test_tiny_file_matches_transformers_gguf_reader"],
+    ),
+    Break(
+        "gemma3-window-pattern",
+        "a window on five blocks of six (llama.cpp's pattern), the sixth global",
+        "every block windowed",
+        "src/attnlab/model/config.py",
+        [("if pattern is not None and layer % pattern == pattern - 1:", "if False:")],
+        [
+            GEMMA3 + "::test_tiny_file_matches_transformers_gguf_reader",
+            "tests/test_model.py::test_decoder_matches_reference -k gemma",
+        ],
+    ),
+    Break(
+        "gemma3-window-in-cache",
+        "cached decoding keeps each block's window, compiled too (the whole buffer)",
+        "the band left out of a whole buffer's key mask",
+        "src/attnlab/model/attention.py",
+        [("mask = band if mask is None else mask & band", "pass")],
+        [GEMMA3 + "::test_each_decode_step_sees_its_blocks_window"],
+    ),
+    Break(
+        "gemma3-sentencepiece",
+        "SentencePiece ids equal llama-tokenize's",
+        "the lowest-scored joins merge first",
+        "src/attnlab/formats/gguf_tokenizer.py",
+        [("key=lambda i: -scores[i]", "key=lambda i: scores[i]")],
+        [GEMMA3 + "::test_sentencepiece_equals_llama_cpps_algorithm"],
+    ),
+    Break(
+        "gemma3-special-pieces",
+        "Gemma's user-defined pieces (runs of spaces, newlines) split the text first (llama.cpp)",
+        "user-defined pieces left to the merges",
+        "src/attnlab/formats/gguf_tokenizer.py",
+        [("if types[i] in (CONTROL, USER_DEFINED, UNKNOWN)", "if types[i] in (CONTROL, UNKNOWN)")],
+        [GEMMA3 + "::test_sentencepiece_equals_llama_cpps_algorithm"],
     ),
 ]
 
