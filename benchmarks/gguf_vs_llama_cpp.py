@@ -21,8 +21,8 @@ Design choices:
   measure, not equal logits.)
 - The tokens llama-perplexity used are in the same file: the script checks attnlab's tokenizer gives
   the same ids. The file holds the text's tokens as they are; where the tokenizer adds a BOS,
-  llama-perplexity replaces each chunk's first token by it (without, Gemma 3's perplexity is 20.6
-  instead of 13.6), and so does this script.
+  llama-perplexity replaces each chunk's first token by it (without it Gemma 3's perplexity read
+  20.6 where llama.cpp's is 13.6), and so does this script.
 - The file is read as a memory map and attnlab's log-probabilities a few positions at a time: with
   Gemma 3's 262,144 tokens each scored position is 0.5 MB there and 2 MB here in float64.
 """
