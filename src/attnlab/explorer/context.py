@@ -208,8 +208,9 @@ def masked_scores(
     scores = torch.matmul(q[a:b] * cfg.scale, k[c:d].T)
     if not cfg.causal:
         return scores
-    if cfg.sliding_window is not None:
-        return apply_mask(scores, causal=True, diagonal=a - c, window=cfg.sliding_window)
+    window = context.entry.model.blocks[layer].attn.window  # per block (Gemma 3: 5 in 6)
+    if window is not None:
+        return apply_mask(scores, causal=True, diagonal=a - c, window=window)
     first = max(c, a + 1)  # the first key some row of the block cannot see
     if first < d:
         crossed = scores[:, first - c :]

@@ -128,11 +128,8 @@ def block_stages(
     )
     # the model's own masked scores: apply_mask(raw) in the layer
     masked = cache[p + "attn.hook_attn_scores"][0]
-    band = (
-        f" and more than {cfg.sliding_window - 1} keys back (sliding window {cfg.sliding_window})"
-        if cfg.sliding_window
-        else ""
-    )
+    window = block.attn.window  # this block's own (Gemma 3 windows 5 blocks in 6)
+    band = f" and more than {window - 1} keys back (sliding window {window})" if window else ""
     stages.append(
         stage(
             "masked",

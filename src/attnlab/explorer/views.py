@@ -103,7 +103,7 @@ class ExplorerViews:
             "tokens": tokens,
             "scale": entry.model.config.scale,
             "causal": entry.model.config.causal,
-            "sliding_window": entry.model.config.sliding_window,
+            "sliding_window": entry.model.blocks[layer].attn.window,
             "raw": encode_matrix(raw, encoding),
             "pattern": encode_matrix(
                 pattern, encoding, lower=encoding == "f16" and entry.model.config.causal
@@ -124,9 +124,10 @@ class ExplorerViews:
         keeps a sliding window's band as the model does, or "none")."""
         entry, tokens, raw, pattern = self.head_matrices(name, text, layer, head, variant)
         cfg = entry.model.config
+        window = entry.model.blocks[layer].attn.window  # this block's (Gemma 3: 5 blocks in 6)
         scaled = raw * cfg.scale
         masked = apply_mask(
-            scaled, causal=mask == "causal", window=cfg.sliding_window if mask == "causal" else None
+            scaled, causal=mask == "causal", window=window if mask == "causal" else None
         )
         return {
             "layer": layer,
@@ -134,7 +135,7 @@ class ExplorerViews:
             "tokens": tokens,
             "scale": cfg.scale,
             "causal": cfg.causal,
-            "sliding_window": cfg.sliding_window,
+            "sliding_window": window,
             "pattern": encode_matrix(pattern, "json"),
             "mask": mask,
             "raw": encode_matrix(raw, "json"),
