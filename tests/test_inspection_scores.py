@@ -194,3 +194,51 @@ def test_random_tokens_skip_special_tokens_and_repeat():
     model.tokenizer = tok
     special = tok.backend.token_to_id("[X]")
     assert not (repeated_random_tokens(model, batch=8, span=5) == special).any()
+
+
+def test_local_window_targets_the_query_and_the_keys_just_before_it():
+    from attnlab.inspection.scores import local_window_targets
+
+    targets = local_window_targets(6, window=3)
+    # queries 0-2 have no target: their window would reach key 0 (the sink) or hold every key
+    assert targets[:3].sum() == 0
+    assert [row.nonzero().flatten().tolist() for row in targets[3:]] == [
+        [1, 2, 3],
+        [2, 3, 4],
+        [3, 4, 5],
+    ]
+
+
+def test_local_window_scores_a_local_head_one_and_a_sink_zero():
+    from attnlab.inspection.scores import LOCAL_WINDOW
+
+    T = 20
+    local = torch.zeros(1, 1, T, T)
+    for i in range(T):  # uniform over the query and the two keys before it
+        keys = list(range(max(0, i - 2), i + 1))
+        local[0, 0, i, keys] = 1 / len(keys)
+    sink = torch.zeros(1, 1, T, T)
+    sink[0, 0, :, 0] = 1.0
+    tokens = torch.arange(T)[None]
+    assert pattern_scores(local, tokens)["local_window"].item() == pytest.approx(1.0)
+    assert pattern_scores(sink, tokens)["local_window"].item() == 0.0
+    # causal uniform: query i puts LOCAL_WINDOW / (i + 1) in its window, for i >= LOCAL_WINDOW
+    expected = sum(LOCAL_WINDOW / (i + 1) for i in range(LOCAL_WINDOW, T)) / (T - LOCAL_WINDOW)
+    uniform = pattern_scores(causal_uniform(T), tokens)["local_window"].item()
+    assert uniform == pytest.approx(expected)
+
+
+def test_scoring_layer_by_layer_equals_scoring_the_cached_patterns():
+    """score_patterns scores each layer as the forward pass makes it: the same numbers as
+    pattern_scores on run_with_cache's patterns."""
+    from attnlab.inspection.scores import score_patterns
+
+    torch.manual_seed(0)
+    model = attnlab.Transformer(attnlab.preset("llama-tiny", d_vocab=50, n_ctx=64))
+    tokens = repeated_random_tokens(model, batch=2)
+    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_pattern"))
+    scores = score_patterns(model, tokens)
+    for layer in range(model.config.n_layers):
+        expected = pattern_scores(cache[f"blocks.{layer}.attn.hook_pattern"], tokens)
+        for name, values in expected.items():
+            assert torch.equal(scores[name][layer], values), (name, layer)

@@ -1,7 +1,7 @@
 """Looking inside a model: head scores, interventions, memory-light pattern capture, experiments.
 
 - `scores`: the head detectors of Olsson et al. 2022 (previous-token, induction/prefix-matching,
-  duplicate-token, copying, first-token) computed from cached attention patterns and weights.
+  duplicate-token, first-token, local-window, copying) computed from attention patterns and weights.
 - `interventions`: hook functions for `model.run_with_hooks` that ablate a head or patch an
   activation.
 - `capture`: attention patterns of chosen layers and heads for long inputs, without every T×T

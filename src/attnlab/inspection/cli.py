@@ -215,7 +215,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "heads",
-        help="score every head (previous-token, induction, duplicate, copying, first-token)",
+        help="score every head (previous-token, induction, duplicate, first-token, local-window, "
+        "copying)",
     )
     p.add_argument("model", help=MODEL_HELP)
     add_revision_flag(p)

@@ -10,13 +10,17 @@ Design choices:
     duplicate-token  earlier keys j < i holding the same token as query i;
     induction        keys j ≤ i right after an earlier occurrence of the query's token (tokens[j−1]
     = tokens[i],
-                     j − 1 < i): Olsson et al.'s "prefix matching".
+                     j − 1 < i): Olsson et al.'s "prefix matching";
+    local-window     the query itself and the LOCAL_WINDOW − 1 keys before it, for queries
+                     i ≥ LOCAL_WINDOW (so key 0, the sink, is never in a scored window).
   So a pure previous-token pattern scores exactly 1 and a uniform (non-causal) T×T pattern scores
   1/T.
 - The input is Olsson et al.'s: random tokens (fixed seed; special tokens of the model's tokenizer
   left out) repeated `n_repeats` times, so induction and duplicates have exact, known targets.
-- Scores read the cached patterns (`run_with_cache` with only the pattern hooks) and never write to
-  them.
+- Scores read the patterns and never write to them, one layer at a time as the forward pass makes
+  them (`score_patterns`, a hook on each hook_pattern), so only one layer's T × T patterns exist at
+  once. The same function scores the random tokens (`head_scores`, `attnlab heads`) and any text
+  (`score_patterns(model, ids)`, the explorer's atlas on its current text).
 - Copying score (weights only, models with an unembedding): for each head the OV circuit
   W_E · W_V^h · W_O^h · W_U (d_vocab × d_vocab) maps the attended token to the logits it raises. Its
   score
@@ -49,8 +53,11 @@ STANDOUT = {
     "induction": 0.3,
     "duplicate_token": 0.3,
     "first_token": 0.8,
+    "local_window": 0.8,
     "copying": 0.7,
 }
+# the local-window score's window: the query and the 3 keys before it
+LOCAL_WINDOW = 4
 
 
 # Targets
@@ -65,6 +72,15 @@ def first_token_targets(T: int, device: torch.device | str | None = None) -> tor
     targets = torch.zeros(T, T, dtype=torch.bool, device=device)
     targets[1:, 0] = True
     return targets
+
+
+def local_window_targets(
+    T: int, window: int = LOCAL_WINDOW, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """(T, T) bool: queries i ≥ window target keys i − window + 1 ... i (themselves included)."""
+    band = torch.ones(T, T, dtype=torch.bool, device=device).tril().triu(-(window - 1))
+    band[:window] = False
+    return band
 
 
 def duplicate_token_targets(tokens: torch.Tensor) -> torch.Tensor:
@@ -109,14 +125,52 @@ def attention_to(pattern: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def pattern_scores(pattern: torch.Tensor, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The four attention scores of one layer's pattern [batch, head, T, T] on `tokens` (B, T): name
-    -> [head]."""
+    """The five attention scores of one layer's pattern [batch, head, T, T] on `tokens` (B, T):
+    name -> [head]."""
     T = tokens.shape[-1]
     return {
         "previous_token": attention_to(pattern, previous_token_targets(T)),
         "induction": attention_to(pattern, induction_targets(tokens)),
         "duplicate_token": attention_to(pattern, duplicate_token_targets(tokens)),
         "first_token": attention_to(pattern, first_token_targets(T)),
+        "local_window": attention_to(pattern, local_window_targets(T)),
+    }
+
+
+def score_patterns(model, tokens: torch.Tensor, hooks=()) -> dict[str, torch.Tensor]:
+    """`pattern_scores` of every layer of `model` on `tokens` (B, T): name -> [n_layers, n_heads].
+
+    Each layer's pattern is scored as the forward pass makes it (a hook on every hook_pattern) and
+    then dropped, so one layer's patterns are in memory at a time. `hooks`: fwd_hooks to run first
+    (the explorer's knocked-out heads). Reads the patterns only; the model's mode is left as it was,
+    in eval for the pass.
+    """
+    per_layer: dict[int, dict[str, torch.Tensor]] = {}
+    layer_of = {
+        f"blocks.{layer}.attn.hook_pattern": layer for layer in range(model.config.n_layers)
+    }
+    cpu_tokens = tokens.cpu()
+
+    def score(pattern: torch.Tensor, hook) -> None:  # [batch, head, query_pos, key_pos]
+        per_layer[layer_of[hook.name]] = {
+            name: values.cpu() for name, values in pattern_scores(pattern, cpu_tokens).items()
+        }
+
+    was_training = model.training
+    model.eval()
+    try:
+        with (
+            torch.no_grad(),
+            model.hooks(list(hooks)),
+            model.hooks([(layer_of.__contains__, score)]),
+        ):
+            model(tokens)
+    finally:
+        model.train(was_training)
+    names = per_layer[0]
+    return {
+        name: torch.stack([per_layer[layer][name] for layer in range(model.config.n_layers)])
+        for name in names
     }
 
 
@@ -217,20 +271,7 @@ def head_scores(
 ) -> HeadScores:
     """Every score of every head of `model` (any attnlab Transformer, built or loaded)."""
     tokens = repeated_random_tokens(model, n_repeats=n_repeats, span=span, batch=batch, seed=seed)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            _, cache = model.run_with_cache(
-                tokens, names_filter=lambda name: name.endswith("attn.hook_pattern")
-            )
-    finally:
-        model.train(was_training)
-    per_layer = [
-        pattern_scores(cache[f"blocks.{l}.attn.hook_pattern"], tokens.cpu())
-        for l in range(model.config.n_layers)
-    ]
-    scores = {name: torch.stack([p[name].cpu() for p in per_layer]) for name in per_layer[0]}
+    scores = score_patterns(model, tokens)
     copying = copying_scores(model)
     notes = {
         "input": f"{batch} sequences of {tokens.shape[1] // n_repeats} random tokens repeated "
