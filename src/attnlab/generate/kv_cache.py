@@ -14,6 +14,19 @@ from ..errors import UserError
 CACHE_ROUND = 64
 
 
+def buffer_length(positions: int) -> int:
+    """The length generation allocates for `positions` (prompt + new tokens): rounded up to a
+    multiple of CACHE_ROUND."""
+    return -(-positions // CACHE_ROUND) * CACHE_ROUND
+
+
+def bytes_per_position(model) -> int:
+    """What one position costs the cache: a key and a value per layer and kv head, in the model's
+    dtype."""
+    cfg = model.config
+    return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.d_head * model.dtype.itemsize
+
+
 class KVCache:
     """Keys and values of every layer for positions [0, max_len): k[layer], v[layer] of shape
     [batch, kv_head, pos, d_head].

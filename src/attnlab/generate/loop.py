@@ -35,7 +35,7 @@ import torch
 from ..errors import UserError
 from .fast_layers import fast_linears
 from .kernel_decoder import KernelDecoder
-from .kv_cache import CACHE_ROUND, KVCache
+from .kv_cache import KVCache, buffer_length
 from .sampling import sample_next
 
 EOS_CHECK_EVERY = 16  # tokens between reads of the "every row has ended" flag
@@ -147,13 +147,14 @@ def generate(
     on_token: Callable[[torch.Tensor], None] | None = None,
     compile: bool | str = False,
     use_kernels: bool = True,
+    on_logits: Callable[[torch.Tensor], None] | None = None,
 ) -> torch.Tensor:
     """The prompt followed by `max_new_tokens` new tokens: (B, T) -> (B, T + new).
 
     attention_mask (B, T): 1 for real prompt tokens, 0 for left padding. `on_token` receives each
-    new
-    token column (B, 1) as it is chosen (for streaming). Stops early once every row has produced
-    `eos_token_id`, padding the rest with it. `compile=True` runs the decode step through
+    new token column (B, 1) as it is chosen (for streaming), `on_logits` the logits (B, V) it is
+    drawn from, just before (the explorer shows the candidates). Stops early once every row has
+    produced `eos_token_id`, padding the rest with it. `compile=True` runs the decode step through
     torch.compile (or a backend's name: compile="aot_eager"): the first call with a new shape
     compiles for a while (tens of seconds on a CPU), later calls reuse it. Otherwise the decode step
     is `KernelDecoder` where it applies (`use_kernels=False`: always the modules, eager).
@@ -183,6 +184,7 @@ def generate(
                 on_token,
                 compile,
                 use_kernels,
+                on_logits,
             )
     finally:
         if switch:
@@ -202,13 +204,14 @@ def _generate(
     on_token,
     compile,
     use_kernels,
+    on_logits,
 ) -> torch.Tensor:
     generator = None
     if seed is not None:
         generator = torch.Generator(device=ids.device).manual_seed(seed)
     B, T = ids.shape  # batch, prompt positions
     device = ids.device
-    max_len = -(-(T + max_new_tokens) // CACHE_ROUND) * CACHE_ROUND
+    max_len = buffer_length(T + max_new_tokens)
     cache = KVCache.for_model(model, B, max_len, values_position_minor=bool(compile))
     # [batch, key slot]: may be attended to
     key_mask = torch.zeros(B, max_len, dtype=torch.bool, device=device)
@@ -239,6 +242,8 @@ def _generate(
     done = torch.zeros(B, 1, dtype=torch.bool, device=device)
     n = max_new_tokens
     for i in range(max_new_tokens):
+        if on_logits is not None:
+            on_logits(logits)
         token = sample_next(logits, temperature, top_k, top_p, generator)
         if eos_token_id is not None:
             token = token.masked_fill(done, eos_token_id)
