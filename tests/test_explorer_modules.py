@@ -46,6 +46,7 @@ def test_app_js_reaches_every_module_in_static_and_each_ships_in_the_package():
     reached = module_order()
     assert reached[-1] == "app.js" and reached[0] == "core.js", reached  # dependencies first
     views = {"dict", "matrix", "heads", "block", "next", "knockout", "training"}
+    views |= {"generate", "atlas"}
     assert {f"views/{view}.js" for view in views} <= set(reached)
     on_disk = {p.relative_to(STATIC).as_posix() for p in STATIC.rglob("*.js")}
     assert set(reached) == on_disk, f"in static/ but imported by nothing: {on_disk - set(reached)}"
@@ -182,6 +183,8 @@ ALONE = {
     "knockout": ("knockout", "state.ablate = [[1, 2]];"),
     "training": ("training", ""),
     "map": ("view-matrix", "document.getElementById('matrix-map').hidden = false;"),
+    "generate": ("view-generate", ""),
+    "atlas": ("view-atlas", ""),
 }
 
 
@@ -281,6 +284,17 @@ def test_each_view_module_draws_its_view_alone(server, page, view):
         )  # float16 rows
         page.click("#map-zoom-in")
         assert page.evaluate("window.view.map.view.z") > geometry["z"]
+    elif view == "generate":
+        page.fill("#gen-max", "6")
+        page.click("#gen-start")  # streams from the test server into the view
+        page.wait_for_selector("body[data-generated='6']", state="attached")
+        assert page.locator("#gen-tokens .gen-chip.new").count() == 6
+        page.click("#gen-tokens .gen-chip.new >> nth=0")
+        assert page.locator("#gen-candidates .gen-candidate").count() == 10
+    elif view == "atlas":
+        assert page.locator("#atlas-grid .atlas-cell").count() == 2 * 4
+        page.click(".atlas-cell[data-layer='1'][data-head='2']")  # opens its matrix: a refresh
+        assert page.evaluate("window.calls") == [["refresh", 1, 2, []]]
     elif view == "training":
         assert page.is_visible("#training")
         assert page.inner_text("#step-out").startswith("10 (2 of 3)")

@@ -12,7 +12,9 @@ Design choices:
   and head scores,
   the next-token distribution at the page's default controls (causal models), and the block trace of
   every token in every layer, or of the last token only when that would be more than MAX_TRACES.
-  Interactions that need new numbers (another text, sampling) say that they need `attnlab explore`.
+  The atlas (every head's scores on the probes and on the text) travels as data too. Interactions
+  that need new numbers (another text, sampling, generation, which streams from a server) say that
+  they need `attnlab explore`.
 - With `ablate` (heads to knock out), every view's data is the ablated model's, as the page asks for
   it with those heads off, plus the knockout bar's comparison and the intact next-token
   distribution.
@@ -30,6 +32,7 @@ from urllib.parse import quote
 
 from ..errors import UserError
 from . import STATIC, VIEWS
+from .atlas import atlas
 from .models import Variant
 from .page_modules import inline_modules
 from .service import Explorer
@@ -140,6 +143,7 @@ def export_data(
                 explorer.trace(name, text, layer, token, variant),
             )
     put("/api/heads", {}, explorer.heads(name, text, variant=variant))
+    put("/api/atlas", {}, atlas(explorer, name, text, variant))
     # app.js asks for this with GET and no body, by a path built with encodeURIComponent (quote's
     # safe set)
     responses[f"/api/models/{quote(name, safe=SAFE_IN_URI)}/head-scores"] = _round(

@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 from annotated_types import Ge, Le
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, StrictInt
 
+from .generation import MAX_NEW_TOKENS
 from .models import Variant
 from .service import MAX_CHARS
 
@@ -123,3 +124,49 @@ class NextTokenRequest(TextRequest):
     sample: bool = Field(False, description="also draw one token from the distribution")
     # exact as a double
     seed: integer_or_none(Ge(-(2**53)), Le(2**53)) = Field(None, description="seed of that draw")
+
+
+class GenerateRequest(BaseModel):
+    model_config = ConfigDict(strict=True)
+
+    model: str = Field(description="a model name from GET /api/models", examples=["minilm"])
+    text: str = Field(
+        min_length=1,
+        max_length=MAX_CHARS,
+        description="the prompt to continue, or with `chat` the user's message",
+        examples=[TEXT_EXAMPLE],
+    )
+    chat: bool = Field(
+        False,
+        description="put the text through the model's chat template as one user message, and end "
+        "the reply at its end-of-turn token",
+    )
+    max_new_tokens: Integer = Field(
+        64,
+        ge=1,
+        le=MAX_NEW_TOKENS,
+        description="the most new tokens (fewer where the model's context or the explorer's "
+        "token limit ends first)",
+    )
+    temperature: float = Field(0.8, ge=0.0, le=100.0, description="divides the logits; 0 is greedy")
+    top_k: integer_or_none(Ge(1)) = Field(200, description="keep only the k most likely tokens")
+    top_p: float | None = Field(
+        None,
+        gt=0.0,
+        le=1.0,
+        description="keep the smallest set of tokens whose probability reaches p",
+    )
+    # exact as a double
+    seed: integer_or_none(Ge(-(2**53)), Le(2**53)) = Field(
+        1337, description="seed of the draws (none: a fresh one)"
+    )
+    k: Integer = Field(10, ge=1, le=100, description="how many candidates each token shows")
+    encoding: Literal["f16", "f32"] = Field(
+        "f16",
+        description="each step's attention rows as base64 float16 times `scale`, or float32",
+    )
+    step: integer_or_none(Ge(0)) = Field(
+        None,
+        description="a training step with a snapshot (GET /api/models lists them); "
+        "none: the served weights",
+    )

@@ -88,6 +88,7 @@ class Explorer(ExplorerViews):
         }
         self.max_tokens = max_tokens
         self.contexts = ContextStore(context_budget)  # the whole context's kept queries and keys
+        self.generations: set = set()  # the generation streams running (generation.py)
 
     # Looking things up --------------------------------------------------------------------------
     def entry(self, name: str, variant: Variant = PLAIN) -> ModelEntry:
@@ -179,6 +180,8 @@ class Explorer(ExplorerViews):
             "attn_only": cfg.attn_only,
             "scale": cfg.scale,
             "tokenizer": tok.kind if tok is not None else None,
+            # a chat template to put a message through (the generation view's chat)
+            "chat": isinstance(cfg.extra.get("chat_template"), str),
             "max_tokens": self.token_limit(entry.model),
             "steps": list(entry.run.snapshots) if entry.run else [],
             "start_step": entry.run.start_step if entry.run else None,

@@ -13,11 +13,14 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 from pydantic import TypeAdapter
 
+from ..atlas import atlas as compute_atlas
+from ..generation import open_generation
 from ..schemas import (
     AttributionRequest,
+    GenerateRequest,
     HeadRequest,
     NextTokenRequest,
     PatternRequest,
@@ -205,4 +208,66 @@ def next_token(
             body.seed,
             body.variant(),
         )
+    )
+
+
+@router.post(
+    "/atlas",
+    summary="Every head scored for what it does (previous token, induction, duplicate token, "
+    "first-token sink, local window), on the standard probes (as `attnlab heads`) and on this text",
+    responses=ERRORS,
+)
+def atlas(body: TextRequest, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
+    return answer(compute_atlas(explorer, body.model, body.text, body.variant()))
+
+
+# one line of the generation stream (explorer/generation.py): what a client can rely on
+GENERATE_LINE = {
+    "type": "object",
+    "required": ["event"],
+    "properties": {
+        "event": {"enum": ["start", "token", "end", "error"]},
+        "index": {"type": "integer", "description": "token: its position in the sequence"},
+        "id": {"type": "integer"},
+        "piece": {"type": "string", "description": "token: the text it adds"},
+        "rows": {
+            "type": "object",
+            "description": "token: every head's attention row of the step that wrote it, "
+            "[n_layers · n_heads, key_pos], encoded as /api/pattern's matrices",
+        },
+        "candidates": {"type": "array", "items": {"type": "object"}},
+        "kv_positions": {"type": "integer"},
+        "detail": {"type": "string", "description": "error: what went wrong"},
+    },
+}
+
+
+@router.post(
+    "/generate",
+    summary="Generate from a prompt (or a chat message), streamed: one JSON line per new token "
+    "with every head's attention row and the top candidates",
+    description="NDJSON (application/x-ndjson): a `start` line, one `token` line per token as it "
+    "is computed, then `end` (or `error`). Closing the connection stops the generation.",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "description": "the stream, one JSON object per line",
+            "content": {"application/x-ndjson": {"schema": GENERATE_LINE}},
+        },
+        **CAUSAL_ERRORS,
+        409: {
+            "description": "the model is an encoder, or chat was asked of a model without a chat "
+            "template"
+        },
+        413: {"description": "the prompt is over the token limit or leaves no room to generate"},
+    },
+)
+def generate(
+    body: GenerateRequest, explorer: Explorer = Depends(get_explorer)
+) -> StreamingResponse:
+    generation = open_generation(explorer, body)  # every refusal before the first byte
+    return StreamingResponse(
+        generation.lines(),
+        media_type="application/x-ndjson",
+        headers={"Cache-Control": "no-store"},
     )

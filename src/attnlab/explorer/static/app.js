@@ -11,15 +11,17 @@
 
 import { $, EXPORT, api, body, fillSelect, page, setStatus, state } from "./core.js";
 import { pictureSvg, wireSave } from "./save.js";
+import { atlasCells, loadAtlas, wireAtlas } from "./views/atlas.js";
 import { loadBlock, wireBlock } from "./views/block.js";
 import { loadDict, wireDict } from "./views/dict.js";
+import { generationState, loadGenerate, wireGenerate } from "./views/generate.js";
 import { loadHeads, wireHeads } from "./views/heads.js";
 import { loadKnockout, wireKnockout } from "./views/knockout.js";
 import { loadMatrix, wireMatrix } from "./views/matrix.js";
 import { loadNext, wireNext } from "./views/next.js";
 import { fetchTraining, loadTraining, wireTraining } from "./views/training.js";
 
-const LOADERS = { dict: loadDict, matrix: loadMatrix, heads: loadHeads, block: loadBlock, next: loadNext };
+const LOADERS = { dict: loadDict, matrix: loadMatrix, heads: loadHeads, block: loadBlock, next: loadNext, generate: loadGenerate, atlas: loadAtlas };
 
 let refreshing = null, refreshAgain = false;
 
@@ -45,7 +47,7 @@ function refresh() {
 async function refreshOnce() {
   document.querySelectorAll("#tabs button[data-view]").forEach((b) => b.classList.toggle("active", b.dataset.view === state.view));
   document.querySelectorAll(".view").forEach((v) => v.classList.toggle("active", v.id === "view-" + state.view));
-  $("picker").style.visibility = state.view === "next" ? "hidden" : "visible";
+  $("picker").style.visibility = state.view === "next" || state.view === "atlas" ? "hidden" : "visible";
   document.querySelector(".head-pick").style.visibility = state.view === "block" || state.view === "next" ? "hidden" : "visible";
   try {
     await loadTraining();
@@ -91,7 +93,7 @@ function wire() {
   $("layer").addEventListener("change", () => { state.layer = Number($("layer").value); refresh(); });
   $("head").addEventListener("change", () => { state.head = Number($("head").value); refresh(); });
   document.querySelectorAll("#tabs button[data-view]").forEach((b) => b.addEventListener("click", () => { state.view = b.dataset.view; refresh(); }));
-  for (const wireView of [wireDict, wireMatrix, wireHeads, wireBlock, wireNext, wireKnockout, wireTraining, wireSave]) wireView();
+  for (const wireView of [wireDict, wireMatrix, wireHeads, wireBlock, wireNext, wireKnockout, wireTraining, wireSave, wireGenerate, wireAtlas]) wireView();
 }
 
 async function start() {
@@ -126,5 +128,5 @@ page.refresh = refresh;
 page.runText = runText;
 
 // A small handle for tests and the curious: the current state and the numbers each view shows.
-window.attnlab = { state, matrixValues: () => state.matrix.shown, dictWeights: () => state.dict.weights, refresh, pictureSvg };
+window.attnlab = { state, matrixValues: () => state.matrix.shown, dictWeights: () => state.dict.weights, refresh, pictureSvg, generationState, atlasCells };
 document.addEventListener("DOMContentLoaded", start);
