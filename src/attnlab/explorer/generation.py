@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -134,14 +135,14 @@ class Generation:
             "token": tokenizer.id_to_token(step.token),
             "piece": pieces.take(),
             "end_of_turn": end,
-            "prob": float(probs[step.token]),
+            "prob": _finite(float(probs[step.token])),
             "candidates": [
                 {
                     "id": i,
                     "token": tokenizer.id_to_token(i),
                     "piece": tokenizer.decode([i]),
-                    "prob": p,
-                    "logit": float(logits[0, i]),
+                    "prob": _finite(p),
+                    "logit": _finite(float(logits[0, i])),
                 }
                 for p, i in zip(top.values.tolist(), top.indices.tolist())
             ],
@@ -233,6 +234,11 @@ class Generation:
                 yield _line(event)
         finally:  # the stream ended, or the page went (the response was cancelled)
             self.stop.set()
+
+
+def _finite(x: float) -> float | None:
+    """JSON has no NaN or infinity (a temperature so small that the logits overflow): null."""
+    return x if math.isfinite(x) else None
 
 
 def _line(event: dict[str, Any]) -> bytes:
