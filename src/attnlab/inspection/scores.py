@@ -164,7 +164,7 @@ def score_patterns(model, tokens: torch.Tensor, hooks=()) -> dict[str, torch.Ten
             model.hooks(list(hooks)),
             model.hooks([(layer_of.__contains__, score)]),
         ):
-            model(tokens)
+            model(tokens, stop_at_layer=model.config.n_layers)  # no unembedding: no logits
     finally:
         model.train(was_training)
     names = per_layer[0]

@@ -48,7 +48,7 @@ async function refreshOnce() {
   document.querySelectorAll("#tabs button[data-view]").forEach((b) => b.classList.toggle("active", b.dataset.view === state.view));
   document.querySelectorAll(".view").forEach((v) => v.classList.toggle("active", v.id === "view-" + state.view));
   $("picker").style.visibility = state.view === "next" || state.view === "atlas" ? "hidden" : "visible";
-  document.querySelector(".head-pick").style.visibility = state.view === "block" || state.view === "next" ? "hidden" : "visible";
+  document.querySelector(".head-pick").style.visibility = ["block", "next", "atlas"].includes(state.view) ? "hidden" : "visible";
   try {
     await loadTraining();
     await Promise.all([LOADERS[state.view](), loadKnockout()]);
