@@ -404,8 +404,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "explore",
         help="the local web explorer: attention on real models, in the browser",
-        description="Serve the explorer's five views (soft dictionary, attention matrix, heads, "
-        "through a block, next token) for the given models.",
+        description="Serve the explorer's seven views (soft dictionary, attention matrix, heads, "
+        "through a block, next token, generate, atlas) for the given models.",
     )
     p.add_argument(
         "models",

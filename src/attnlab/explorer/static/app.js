@@ -1,4 +1,4 @@
-// attnlab explorer: five views of attention on a real model, drawn with SVG and Canvas. This file is the
+// attnlab explorer: seven views of attention on a real model, drawn with SVG and Canvas. This file is the
 // page: it wires the header (model, text, layer, head, tabs), runs the text and refreshes the view shown.
 //
 // Design choices:
