@@ -20,6 +20,17 @@ from collections.abc import Callable
 
 import torch
 
+# headless chromium as the explorer benchmarks start it (Debian's chromium, no network of its own)
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 

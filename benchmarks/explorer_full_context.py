@@ -34,15 +34,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE)]
 
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
+from _common import CHROMIUM_ARGS  # noqa: E402
 
 # In the page: change a <select>, then wait for the map to paint that head, and two frames.
 SWITCH = """async ([id, value]) => {

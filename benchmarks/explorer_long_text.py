@@ -36,15 +36,7 @@ HERE = Path(__file__).resolve().parent
 # _common, train_speed; explorer_models (the tests' models)
 sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
 
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
+from _common import CHROMIUM_ARGS  # noqa: E402
 
 
 def one_round(browser, url: str, text: str, encoding: str) -> dict:
