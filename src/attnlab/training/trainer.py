@@ -613,10 +613,13 @@ def train(
 ) -> TrainResult:
     """Train as `cfg` says, into cfg.out; see Trainer. Under torchrun, leaves the process group when
     done."""
+    finished = False
     try:
-        return Trainer(
+        result = Trainer(
             cfg, resume=resume, overwrite=overwrite, progress=progress, checkpoint=checkpoint
         ).run()
+        finished = True
+        return result
     except RunComplete as done:
         records = read_metrics(done.out)
         return TrainResult(
@@ -630,6 +633,11 @@ def train(
             import torch.distributed as dist
 
             if dist.is_initialized():
+                if finished:
+                    # every rank tears down together: a rank that destroyed its group while rank 0
+                    # was still writing the last checkpoint aborted in gloo's threads ("terminate
+                    # called without an active exception", exit -6) now and then
+                    dist.barrier()
                 dist.destroy_process_group()
 
 
