@@ -434,6 +434,21 @@ def test_a_model_without_tokenizer_is_a_clear_error(models):
     assert response.status_code == 422 and "no tokenizer" in response.json()["detail"]
 
 
+def test_byte_level_tokens_arrive_as_the_text_they_read_as(models):
+    """A byte-level BPE model's tokens are labelled with their text (" cat", "\n"), not the
+    vocabulary's stand-ins ("Ġcat", "Ċ"), in /api/run and in the generation stream's tokens."""
+    import attnlab
+    from attnlab.tokenizer import Tokenizer
+
+    text = "The cat sat.\n\nIt was tired."
+    tokenizer = Tokenizer.train_bpe([text * 10], vocab_size=280)
+    model = attnlab.Transformer(models["gpt"].config.replace(d_vocab=tokenizer.vocab_size)).eval()
+    model.tokenizer = tokenizer
+    with TestClient(create_app({"bpe": model}), base_url=LOCAL) as c:
+        tokens = post(c, "/api/run", model="bpe", text=text)["tokens"]
+    assert "".join(tokens) == text and len(tokens) == len(tokenizer.encode(text))
+
+
 def test_trace_of_a_parallel_block_has_no_resid_mid_and_sums_both_branches():
     """Pythia-style blocks: the MLP reads resid_pre, and resid_post = x + attn_out + mlp_out."""
     from explorer_models import char_tokenizer

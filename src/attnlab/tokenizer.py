@@ -21,6 +21,17 @@ from .errors import UserError, first_line
 _UNKNOWN_CHAR = "\x00"  # declared but never in a char vocabulary: an unseen character fails loudly
 
 
+def _byte_alphabet() -> dict[str, int]:
+    """Byte-level BPE's alphabet (GPT-2's bytes_to_unicode), inverted: each byte that is printable
+    Latin-1 stands for itself, the other 68 are shifted to U+0100 onward in byte order."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    rest = [b for b in range(256) if b not in printable]
+    return {chr(b): b for b in printable} | {chr(0x100 + i): b for i, b in enumerate(rest)}
+
+
+_BYTE_OF = _byte_alphabet()
+
+
 class Tokenizer:
     def __init__(self, backend, kind: str = "hf") -> None:
         self.backend = backend  # a tokenizers.Tokenizer
@@ -132,13 +143,33 @@ class Tokenizer:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def tokens(self, text: str, add_special_tokens: bool = True) -> list[str]:
-        """The token strings of `text`, for labelling views: what each id stands for."""
+        """The token strings of `text`, for labelling views: what each id stands for, as `label`
+        shows it."""
         if self.kind == "char":
             return list(text)
-        return self.backend.encode(text, add_special_tokens=add_special_tokens).tokens
+        pieces = self.backend.encode(text, add_special_tokens=add_special_tokens).tokens
+        return [self._readable(t) for t in pieces]
 
     def id_to_token(self, index: int) -> str:
+        """The vocabulary's own string for an id (byte-level BPE's stand-ins included)."""
         return self.backend.id_to_token(index) or ""
+
+    def label(self, index: int) -> str:
+        """What one token reads as, for labelling views: byte-level BPE writes each byte as a
+        printable stand-in (GPT-2's alphabet: "Ġ" a space, "Ċ" a newline); here they are the
+        text's own characters again (a piece of a multi-byte character shows as U+FFFD)."""
+        return self._readable(self.id_to_token(index))
+
+    def _readable(self, piece: str) -> str:
+        if not self._byte_level():
+            return piece
+        raw = bytes(_BYTE_OF.get(c, 0x3F) for c in piece)  # "?" for a char outside the alphabet
+        return raw.decode("utf-8", errors="replace")
+
+    def _byte_level(self) -> bool:
+        from tokenizers import decoders
+
+        return isinstance(self.backend.decoder, decoders.ByteLevel)
 
     def __repr__(self) -> str:
         return f"Tokenizer(kind={self.kind!r}, vocab_size={self.vocab_size})"

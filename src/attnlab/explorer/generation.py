@@ -132,14 +132,14 @@ class Generation:
             "event": "token",
             "index": step.index,
             "id": step.token,
-            "token": tokenizer.id_to_token(step.token),
+            "token": tokenizer.label(step.token),
             "piece": pieces.take(),
             "end_of_turn": end,
             "prob": _finite(float(probs[step.token])),
             "candidates": [
                 {
                     "id": i,
-                    "token": tokenizer.id_to_token(i),
+                    "token": tokenizer.label(i),
                     "piece": tokenizer.decode([i]),
                     "prob": _finite(p),
                     "logit": _finite(float(logits[0, i])),
@@ -267,7 +267,7 @@ def open_generation(explorer, request) -> Generation:
                 f"the chat prompt is {len(ids)} tokens; the explorer's limit for model "
                 f"{entry.name!r} is {explorer.token_limit(model)} tokens; shorten the message"
             )
-        tokens = [model.tokenizer.id_to_token(i) for i in ids]
+        tokens = [model.tokenizer.label(i) for i in ids]
     else:
         ids_tensor, tokens = explorer.encode(entry, request.text)
         ids = ids_tensor[0].tolist()

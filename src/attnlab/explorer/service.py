@@ -217,7 +217,7 @@ class Explorer(ExplorerViews):
         tokens = tokenizer.tokens(text)
         # a tokenizer whose token strings don't line up: label by id instead
         if len(tokens) != len(ids):
-            tokens = [tokenizer.id_to_token(i) for i in ids]
+            tokens = [tokenizer.label(i) for i in ids]
         return torch.tensor([ids]), tokens
 
     def check_index(

@@ -278,7 +278,7 @@ class ExplorerViews:
         candidates = [
             {
                 "id": i,
-                "token": tokenizer.id_to_token(i),
+                "token": tokenizer.label(i),
                 "piece": tokenizer.decode([i]),
                 "prob": p,
                 "logit": float(logits[0, i]),
@@ -292,7 +292,7 @@ class ExplorerViews:
             i = int(sample_next(logits, temperature, top_k, top_p, generator)[0, 0])
             chosen = {
                 "id": i,
-                "token": tokenizer.id_to_token(i),
+                "token": tokenizer.label(i),
                 "piece": tokenizer.decode([i]),
                 "prob": float(probs[0, i]),
                 "text": tokenizer.decode(ids_list + [i]),

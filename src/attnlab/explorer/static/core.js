@@ -143,7 +143,10 @@ export async function guarded(fn) {
 // ---------------------------------------------------------------------------------------------
 // Small helpers: numbers, colours, SVG
 export const fmt = (x, d = 4) => (x === null || x === undefined || !isFinite(x) ? "−∞" : Number(x).toPrecision(d));
-export const show = (t) => t.replace(/\n/g, "⏎").replace(/ /g, "␣").replace(/^Ġ/, "␣").replace(/^▁/, "␣");
+// Tokens arrive as the text they read as (the server turns byte-level BPE's stand-ins back into
+// characters); SentencePiece pieces keep their "▁" for a space and "<0x0A>" for a byte.
+export const show = (t) =>
+  t.replace(/<0x0A>/g, "\n").replace(/\n/g, "⏎").replace(/\t/g, "⇥").replace(/[ ▁]/g, "␣");
 
 export function svg(tag, attrs, parent) {
   const el = document.createElementNS(SVG_NS, tag);
