@@ -529,7 +529,12 @@ def test_an_int8_model_stays_close_to_float_and_every_path_agrees(seed, name):
         quantize(model, "int8")
         logits = model(ids)
     assert all(not isinstance(m, torch.nn.Linear) for m in model.modules())
-    assert (logits - reference).abs().max() <= 0.1 * reference.std()
+    # int8 with one scale per row: over 300 seeds the relative RMS error was at most 0.017 (gpt2) /
+    # 0.021 (llama-gqa) and the largest error 0.057 / 0.108 of the logits' std (the old bound, 0.1
+    # std, failed about one seed in a hundred); rows rounded to 4 bits: 0.107-0.175 and 0.26-0.54
+    error = logits - reference
+    assert error.pow(2).mean().sqrt() <= 0.04 * reference.pow(2).mean().sqrt()
+    assert error.abs().max() <= 0.25 * reference.std()
     kernel = generate(model, ids, 8, temperature=0)
     assert torch.equal(kernel, generate(model, ids, 8, temperature=0, use_kernels=False))
     assert torch.equal(kernel, generate(model, ids, 8, temperature=0, compile="aot_eager"))
