@@ -29,6 +29,7 @@ Design choices (after gpt-fast):
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import contextmanager
 
 import torch
 
@@ -164,107 +165,80 @@ def generate(
     _check_args(model, ids, max_new_tokens, temperature, top_k, top_p)
     if max_new_tokens == 0:
         return ids
+    with _in_eval_mode(model), fast_linears(model):
+        generator = None
+        if seed is not None:
+            generator = torch.Generator(device=ids.device).manual_seed(seed)
+        B, T = ids.shape  # batch, prompt positions
+        device = ids.device
+        max_len = buffer_length(T + max_new_tokens)
+        cache = KVCache.for_model(model, B, max_len, values_position_minor=bool(compile))
+        # [batch, key slot]: may be attended to
+        key_mask = torch.zeros(B, max_len, dtype=torch.bool, device=device)
+        if attention_mask is None:
+            key_mask[:, :T] = True
+            positions = torch.arange(T, device=device).expand(B, T)
+        else:
+            attention_mask = attention_mask.to(device=device, dtype=torch.bool)
+            key_mask[:, :T] = attention_mask
+            # padding doesn't advance positions
+            positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        out = torch.empty(B, T + max_new_tokens, dtype=ids.dtype, device=device)
+        out[:, :T] = ids
+        fast = None
+        if not compile and use_kernels and KernelDecoder.unsupported(model) is None:
+            fast = KernelDecoder(model, cache, key_mask if attention_mask is not None else None)
+        step = _decode_step(model, cache, key_mask, attention_mask is not None, compile, fast)
+        # a short prompt: through the decode step, token by token
+        if fast is not None and T <= PREFILL_IN_STEPS:
+            model._check_ids(ids)  # as the module path's prefill does: the C lookup trusts the ids
+            model._check_values(ids, positions)
+            for t in range(T):
+                logits = fast(ids[:, t : t + 1], t, positions[:, t : t + 1])
+        else:
+            logits = prefill(model, ids, cache, positions, attention_mask)
+        slot = torch.tensor([T], device=device)  # the cache slot the next token is written to
+        position = positions[:, -1:] + 1  # [batch, 1]
+        done = torch.zeros(B, 1, dtype=torch.bool, device=device)
+        n = max_new_tokens
+        for i in range(max_new_tokens):
+            if on_logits is not None:
+                on_logits(logits)
+            token = sample_next(logits, temperature, top_k, top_p, generator)
+            if eos_token_id is not None:
+                token = token.masked_fill(done, eos_token_id)
+                done |= token == eos_token_id
+            out[:, T + i : T + i + 1] = token
+            if on_token is not None:
+                on_token(token)
+            if i == max_new_tokens - 1:
+                break
+            # a streaming caller reads every token anyway: then the flag costs nothing to read
+            check = on_token is not None or (i + 1) % EOS_CHECK_EVERY == 0
+            if eos_token_id is not None and check and bool(done.all()):
+                n = i + 1
+                break
+            logits = step(token, T + i, slot, position)
+            slot += 1
+            position += 1
+        if n < max_new_tokens:
+            out[:, T + n :] = eos_token_id
+        return out
+
+
+@contextmanager
+def _in_eval_mode(model):
+    """eval() for as long as generation runs, then the model's own mode again. eval() sets every
+    module's flag, a walk of every module: only when one is training."""
     was_training = model.training
-    # eval() sets every module's flag, a walk of every module: only when needed
     switch = any(m.training for m in model.modules())
     if switch:
         model.eval()
     try:
-        with fast_linears(model):
-            return _generate(
-                model,
-                ids,
-                max_new_tokens,
-                temperature,
-                top_k,
-                top_p,
-                seed,
-                attention_mask,
-                eos_token_id,
-                on_token,
-                compile,
-                use_kernels,
-                on_logits,
-            )
+        yield
     finally:
         if switch:
             model.train(was_training)
-
-
-def _generate(
-    model,
-    ids,
-    max_new_tokens,
-    temperature,
-    top_k,
-    top_p,
-    seed,
-    attention_mask,
-    eos_token_id,
-    on_token,
-    compile,
-    use_kernels,
-    on_logits,
-) -> torch.Tensor:
-    generator = None
-    if seed is not None:
-        generator = torch.Generator(device=ids.device).manual_seed(seed)
-    B, T = ids.shape  # batch, prompt positions
-    device = ids.device
-    max_len = buffer_length(T + max_new_tokens)
-    cache = KVCache.for_model(model, B, max_len, values_position_minor=bool(compile))
-    # [batch, key slot]: may be attended to
-    key_mask = torch.zeros(B, max_len, dtype=torch.bool, device=device)
-    if attention_mask is None:
-        key_mask[:, :T] = True
-        positions = torch.arange(T, device=device).expand(B, T)
-    else:
-        attention_mask = attention_mask.to(device=device, dtype=torch.bool)
-        key_mask[:, :T] = attention_mask
-        # padding doesn't advance positions
-        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    out = torch.empty(B, T + max_new_tokens, dtype=ids.dtype, device=device)
-    out[:, :T] = ids
-    fast = None
-    if not compile and use_kernels and KernelDecoder.unsupported(model) is None:
-        fast = KernelDecoder(model, cache, key_mask if attention_mask is not None else None)
-    step = _decode_step(model, cache, key_mask, attention_mask is not None, compile, fast)
-    # a short prompt: through the decode step, token by token
-    if fast is not None and T <= PREFILL_IN_STEPS:
-        model._check_ids(ids)  # as the module path's prefill does: the C lookup trusts the ids
-        model._check_values(ids, positions)
-        for t in range(T):
-            logits = fast(ids[:, t : t + 1], t, positions[:, t : t + 1])
-    else:
-        logits = prefill(model, ids, cache, positions, attention_mask)
-    slot = torch.tensor([T], device=device)  # the cache slot the next token is written to
-    position = positions[:, -1:] + 1  # [batch, 1]
-    done = torch.zeros(B, 1, dtype=torch.bool, device=device)
-    n = max_new_tokens
-    for i in range(max_new_tokens):
-        if on_logits is not None:
-            on_logits(logits)
-        token = sample_next(logits, temperature, top_k, top_p, generator)
-        if eos_token_id is not None:
-            token = token.masked_fill(done, eos_token_id)
-            done |= token == eos_token_id
-        out[:, T + i : T + i + 1] = token
-        if on_token is not None:
-            on_token(token)
-        if i == max_new_tokens - 1:
-            break
-        # A streaming caller reads every token anyway, so then the flag costs nothing to read each
-        # time.
-        check = on_token is not None or (i + 1) % EOS_CHECK_EVERY == 0
-        if eos_token_id is not None and check and bool(done.all()):
-            n = i + 1
-            break
-        logits = step(token, T + i, slot, position)
-        slot += 1
-        position += 1
-    if n < max_new_tokens:
-        out[:, T + n :] = eos_token_id
-    return out
 
 
 def _decode_step(
