@@ -136,6 +136,37 @@ def test_copying_score_of_a_hand_built_copying_head():
     assert copying_scores(model)[0].tolist() == pytest.approx([1.0, -1.0])
 
 
+def test_copying_scores_are_the_eigenvalues_of_the_whole_ov_circuit():
+    """The score from each head's [d_head, d_head] product equals Σλ/Σ|λ| of the literal
+    [d_vocab, d_vocab] circuit W_E diag(ln1) W_V,h W_O,h diag(ln_final) W_U (same nonzero
+    eigenvalues), on a grouped-query model with norm gains."""
+    cfg = attnlab.preset(
+        "llama-tiny", d_vocab=40, n_layers=2, n_heads=4, n_kv_heads=2, d_model=24, d_mlp=32
+    )
+    model = attnlab.Transformer(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.5)
+    scores = copying_scores(model)
+    D = cfg.d_head
+    for layer, block in enumerate(model.blocks):
+        for h in range(cfg.n_heads):
+            kv = h // (cfg.n_heads // cfg.n_kv_heads)
+            W_V = block.attn.W_V.weight.double()[kv * D : (kv + 1) * D].T  # [d_model, D]
+            W_O = block.attn.W_O.weight.double()[:, h * D : (h + 1) * D].T  # [D, d_model]
+            circuit = (
+                model.embed.weight.double()
+                @ torch.diag(block.ln1.weight.double())
+                @ W_V
+                @ W_O
+                @ torch.diag(model.ln_final.weight.double())
+                @ model.unembed.weight.double().T
+            )
+            eig = torch.linalg.eigvals(circuit.detach())
+            expected = float(eig.sum().real / eig.abs().sum())
+            assert float(scores[layer, h]) == pytest.approx(expected, abs=1e-5), (layer, h)
+
+
 def test_encoder_has_no_copying_score():
     model = attnlab.Transformer(
         attnlab.preset(
