@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 from gguf.quants import dequantize as gguf_dequantize
 from gguf_files import Q, random_blocks, smollm2_path, write_model
 
@@ -177,9 +177,8 @@ def test_random_file_matches_transformers_gguf_reader(name, tmp_path):
 
 def test_a_mistral_file_computes_as_llama_cpp_runs_it(tmp_path):
     """llama.cpp's converter writes Mistral 7B as architecture llama and runs it without a sliding
-    window, and so does attnlab. (transformers would read a file named exactly "mistral" as
-    MistralForCausalLM, but its GGUF reader then fails with gguf 0.19: gguf-py has no architecture
-    named mistral.)"""
+    window, and so does attnlab (transformers' reader, seeing "mistral" in general.name, builds a
+    MistralForCausalLM with MistralConfig's default window of 4,096)."""
     settings = dict(ARCHITECTURES["mistral-7b-style"])
     settings.pop("arch")
     named = attnlab.load(write_model(tmp_path / "named.gguf", "llama", name="mistral", **settings))
@@ -187,6 +186,59 @@ def test_a_mistral_file_computes_as_llama_cpp_runs_it(tmp_path):
     assert named.config.sliding_window is None
     ids = torch.randint(0, 300, (1, 24), generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(named(ids), plain(ids), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("arch", ["mistral", "mistral3"])
+def test_a_mistral_architecture_file_is_the_llama_file_with_the_same_weights(arch, tmp_path):
+    """general.architecture `mistral3` (llama.cpp's name for Mistral Small 3.x / Ministral 3) and
+    `mistral` (transformers' name) hold llama's tensors, names and permuted q/k rows under their
+    own key prefix: the same weights give exactly the llama file's logits, and with keep_blocks the
+    same blocks. (transformers 5.24 cannot read either: `mistral` fails in its tensor-name map
+    with NotImplementedError, gguf-py has no architecture named mistral; `mistral3` is not among
+    its GGUF architectures.)"""
+    settings = dict(ARCHITECTURES["llama"], matrix=Q.Q8_0, tied=False)
+    settings.pop("arch")
+    llama_path = write_model(tmp_path / "llama.gguf", "llama", **settings)
+    path = write_model(tmp_path / f"{arch}.gguf", arch, **settings)
+    ids = torch.randint(0, 300, (1, 24), generator=torch.Generator().manual_seed(1))
+    for keep_blocks in (False, True):
+        model = attnlab.load(path, keep_blocks=keep_blocks)
+        assert model.config.extra["gguf_architecture"] == arch
+        assert model.config.sliding_window is None
+        reference = attnlab.load(llama_path, keep_blocks=keep_blocks)
+        torch.testing.assert_close(model(ids), reference(ids), rtol=0, atol=0)
+        if keep_blocks:
+            assert model.quantization == reference.quantization == "q8_0"
+            before = attnlab.load(llama_path)
+            assert (before(ids) - model(ids)).abs().max() == 0  # blocks dequantize to the file
+
+
+def test_a_mistral_file_with_a_window_is_windowed(tmp_path):
+    """A `mistral` file's attention.sliding_window is Mistral's window on every block (llama.cpp
+    does not run `mistral`; transformers' MistralConfig reads the same field from a config.json):
+    positions within the window compute as without one, later ones differ."""
+    window = 6
+    path = write_model(
+        tmp_path / "windowed.gguf",
+        "mistral",
+        extra_metadata={"mistral.attention.sliding_window": (window, GGUFValueType.UINT32)},
+    )
+    windowed, plain = attnlab.load(path), attnlab.load(write_model(tmp_path / "p.gguf", "mistral"))
+    assert windowed.config.sliding_window == window and plain.config.sliding_window is None
+    ids = torch.randint(0, 300, (1, 16), generator=torch.Generator().manual_seed(3))
+    a, b = windowed(ids), plain(ids)
+    torch.testing.assert_close(a[:, :window], b[:, :window], rtol=0, atol=0)
+    assert (a[:, window:] - b[:, window:]).abs().amax(-1).min() > 1e-4
+
+
+def test_a_mistral3_query_temperature_is_refused_by_name(tmp_path):
+    path = write_model(
+        tmp_path / "ministral.gguf",
+        "mistral3",
+        extra_metadata={"mistral3.attention.temperature_scale": (0.1, GGUFValueType.FLOAT32)},
+    )
+    with pytest.raises(UserError, match=r"mistral3\.attention\.temperature_scale 0\.1.*Llama 4"):
+        attnlab.load(path)
 
 
 def test_llama_q_and_k_rows_are_put_back_for_rotate_half_rope(tmp_path):

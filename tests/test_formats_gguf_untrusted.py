@@ -134,7 +134,8 @@ def test_architecture_attnlab_cannot_run_is_named_with_the_list(pristine, tmp_pa
     )
     path.write_bytes(data)
     message = refused(path, "architecture 'bloom', which attnlab cannot run; it runs llama, ")
-    assert all(name in message for name in ("qwen2", "qwen3", "gpt2", "gemma3")), message
+    supported = ("mistral", "mistral3", "qwen2", "qwen3", "gpt2", "gemma3")
+    assert all(name in message for name in supported), message
 
 
 def test_tensor_past_the_end_of_the_file(pristine, tmp_path):

@@ -33,9 +33,10 @@ Design choices:
   llama.cpp does. A tied embedding's table stays float32 for the lookup, and its LM head reads the
   blocks. Other types (the K-quants, Q5_0, floats) are dequantized as by default.
 - Architectures: llama (SmolLM, TinyLlama, Llama 2/3 without rope_freqs, and Mistral 7B files, which
-  llama.cpp writes as llama and runs without a sliding window), qwen2, qwen3, gpt2 and gemma3 (its
-  table and its settings in attnlab.formats.gemma3: the file's norms already hold Gemma's 1 + w).
-  Any other is refused by name.
+  llama.cpp writes as llama and runs without a sliding window), mistral and mistral3 (llama's
+  tensors under their own key prefix: _mistral_settings), qwen2, qwen3, gpt2 and gemma3 (its table
+  and its settings in attnlab.formats.gemma3: the file's norms already hold Gemma's 1 + w). Any
+  other is refused by name.
 """
 
 from __future__ import annotations
@@ -62,11 +63,17 @@ MAX_DIMS = 4  # GGML_MAX_DIMS
 # general.architecture -> the model_type of the Hugging Face config the metadata becomes
 ARCHITECTURES = {
     "llama": "llama",
+    "mistral": "llama",  # "mistral" with a window (_mistral_settings)
+    "mistral3": "llama",
     "qwen2": "qwen2",
     "qwen3": "qwen3",
     "gpt2": "gpt2",
     "gemma3": GEMMA3_TYPE,
 }
+# the architectures whose q and k rows llama.cpp's converter permuted (LLAMA_ROPE_TYPE_NORM)
+PERMUTED = ("llama", "mistral", "mistral3")
+# the tensor-name map each one is written by (gguf-py has no "mistral": llama's names)
+NAME_MAPS = {"mistral": "llama"}
 # the tensor types read here
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K")
 
@@ -349,7 +356,26 @@ def hf_config(file: GGUFFile) -> dict:
         hf["model_type"], hf["attention_bias"] = "llama", False
     if arch == "gemma3":
         hf.update(_gemma3_settings(file, hf))
+    if arch in ("mistral", "mistral3"):
+        hf.update(_mistral_settings(file, arch))
     return hf
+
+
+def _mistral_settings(file: GGUFFile, arch: str) -> dict:
+    """Mistral's files are llama's (the same tensors, names and permuted q/k rows) under their own
+    key prefix. `mistral3` is what llama.cpp's converter names Mistral Small 3.x, Devstral and
+    Ministral 3 (src/models/mistral3.cpp: llama's graph, no window, plus a Llama-4-style query
+    temperature, refused here); `mistral` is what transformers' GGUF reader calls a Mistral (its
+    keys `mistral.*`) but llama.cpp has no such architecture (its converter writes Mistral 7B as
+    llama): its `attention.sliding_window`, when the file has one, is Mistral's window."""
+    if file.value(f"{arch}.attention.temperature_scale"):
+        raise UserError(
+            f"{file.path}: {arch}.attention.temperature_scale "
+            f"{file.value(f'{arch}.attention.temperature_scale')} (Llama 4's query temperature, as "
+            "in Ministral 3), which attnlab does not implement"
+        )
+    window = file.value(f"{arch}.attention.sliding_window") if arch == "mistral" else None
+    return {"model_type": "mistral", "sliding_window": window} if window else {}
 
 
 def _gemma3_settings(file: GGUFFile, hf: dict) -> dict:
@@ -454,8 +480,9 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", keep_blocks:
 
     # Which GGUF tensor holds each Hugging Face tensor: gguf-py's own name map (the converter's
     # table).
+    map_name = NAME_MAPS.get(gguf_arch, gguf_arch)
     names = get_tensor_name_map(
-        next(k for k, v in MODEL_ARCH_NAMES.items() if v == gguf_arch), config.n_layers
+        next(k for k, v in MODEL_ARCH_NAMES.items() if v == map_name), config.n_layers
     )
     shapes = {
         name: tuple(t.shape) for name, t in Transformer(config, device="meta").state_dict().items()
@@ -499,9 +526,9 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", keep_blocks:
             tensor = torch.from_numpy(values)
             if not np.isfinite(values).all():  # numpy's check: 10x faster here than torch.isfinite
                 non_finite[name] = tensor
-            if gguf_arch == "llama" and ".attn_q." in name:
+            if gguf_arch in PERMUTED and ".attn_q." in name:
                 tensor = _unpermute(tensor, config.n_heads)
-            elif gguf_arch == "llama" and ".attn_k." in name:
+            elif gguf_arch in PERMUTED and ".attn_k." in name:
                 tensor = _unpermute(tensor, config.n_kv_heads)
             if w.conv1d and tensor.dim() == 2:
                 tensor = tensor.t()  # back to the Hugging Face checkpoint's Conv1D (in, out)
@@ -554,9 +581,9 @@ def _blocks_of(tensor, name: str, w, model, gguf_arch: str, shapes: dict) -> dic
     rows = int(tensor.shape[1])
     # a copy of the file's bytes, one row of blocks per output feature: [rows, bytes per row]
     blocks = torch.from_numpy(np.array(tensor.data, dtype=np.uint8).reshape(rows, -1))
-    if gguf_arch == "llama" and ".attn_q." in name:
+    if gguf_arch in PERMUTED and ".attn_q." in name:
         blocks = _unpermute(blocks, model.config.n_heads)
-    elif gguf_arch == "llama" and ".attn_k." in name:
+    elif gguf_arch in PERMUTED and ".attn_k." in name:
         blocks = _unpermute(blocks, model.config.n_kv_heads)
     plain = type(w)(w.hf, *w.ours, heads=w.heads)  # the same split of rows, without a transpose
     kept = {}
