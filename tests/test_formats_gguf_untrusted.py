@@ -206,6 +206,39 @@ def test_array_lengths_that_lie(pristine, tmp_path):
     at = data.index(key) + len(key) + 8
     patch(path, at, struct.pack("<Q", 2**40))
     refused(path, "ends past the end of the file")
+    # one string inside the array: the first token's length
+    path = fresh(pristine, tmp_path)
+    key = b"tokenizer.ggml.tokens"
+    at = data.index(key) + len(key) + 4 + 4 + 8
+    patch(path, at, struct.pack("<Q", 2**40))
+    refused(path, r"string 0 of the array at byte [\d,]+ ends past the end of the file")
+    for length in (2**64 - 1, len(data)):  # the largest length; one that ends a few bytes too late
+        patch(path, at, struct.pack("<Q", length))
+        refused(path, "ends past the end of the file")
+
+
+def test_string_arrays_read_as_gguf_py_reads_them(tmp_path):
+    """attnlab's one-loop walk of a string array (attnlab.formats.gguf) against gguf-py's own
+    reader, the reference: the same values for every key, empty, multi-byte and long strings
+    included; Python's garbage collector is back on after a read and after a refusal."""
+    import gc
+
+    odd = ["", "é", "日本語", "a" * 1000, "\n\n", "▁the", "\x00"]
+    path = write_model(
+        tmp_path / "strings.gguf",
+        "llama",
+        extra_metadata={"test.strings": (odd, GGUFValueType.ARRAY, GGUFValueType.STRING)},
+    )
+    ours = read_gguf(path).metadata
+    theirs = {k: f.contents() for k, f in GGUFReader(path).fields.items() if "GGUF." not in k}
+    assert ours == theirs and ours["test.strings"] == odd
+    assert len(ours["tokenizer.ggml.tokens"]) == 300
+    assert gc.isenabled()
+    data = path.read_bytes()
+    path.write_bytes(data[: data.index(b"a" * 1000) + 500])  # the file ends inside a string
+    with pytest.raises(UserError, match="string 3 of the array at byte [\\d,]+ ends past the end"):
+        read_gguf(path)
+    assert gc.isenabled()
 
 
 def test_metadata_that_does_not_match_the_tensors(pristine, tmp_path, monkeypatch):

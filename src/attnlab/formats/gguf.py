@@ -14,8 +14,10 @@ Design choices:
   is checked against the file's size (check_fits) and each tensor's shape against the config before
   the model is built.
 - The reader reads an array of numbers as one view of the file rather than one small array per
-  element (gguf-py's way): measured on SmolLM2-135M (49k tokens, 49k merges) 5.5 s -> 0.8 s and
-  Gemma 3 270M (262k tokens) 11 s -> 2 s for the header, on a busy 2-core machine.
+  element (gguf-py's way), walks an array of strings in one loop (gguf-py makes two numpy views,
+  an enum and a recursive call per string), and reads with Python's garbage collector off (its
+  passes over the growing lists of parts took two thirds of what was left). gguf-py still lays out
+  every other part of the header; the cost was measured (benchmarks/README.md, "GGUF header").
 - One model for every reader: a GGUF file is turned into what a Hugging Face checkpoint of the same
   model holds (its config.json as a dict, its tensors by their Hugging Face names), and from there
   the weight tables of attnlab.formats.llama and .gpt2 (the ones `load` uses for Hugging Face
@@ -41,6 +43,8 @@ Design choices:
 
 from __future__ import annotations
 
+import gc
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,13 +117,47 @@ def _reader_class():
                 if scalar is not None:
                     values = self._get(orig_offs + 12, scalar, int(length[0]))
                     return 12 + values.nbytes, [item_type, length, values], [2], [raw_type, item]
-                # each string takes at least its 8-byte length
+                # each string or array takes at least its 8-byte length
                 if int(length[0]) * 8 > self._plain.size - orig_offs:
                     raise _OutsideFile(
                         f"an array at byte {orig_offs:,} claims {int(length[0]):,} entries, more "
                         "than the rest of the file holds"
                     )
+                if item == GGUFValueType.STRING:
+                    return self._string_array(orig_offs, item_type, length, [raw_type, item])
             return super()._get_field_parts(orig_offs, raw_type)
+
+        def _string_array(self, orig_offs, item_type, length, types):
+            """An array of strings (Gemma 3's vocabulary: 262,144) as gguf-py's parts (each
+            string's length and bytes, `data` pointing at the bytes), walked in one loop over the
+            file's bytes: gguf-py's own walk makes two numpy views, a GGUFValueType and a recursive
+            call per string (measured in benchmarks/README.md, "GGUF header"). The parts are
+            memoryviews of the file, which have what ReaderField.contents() uses of a part
+            (.tobytes(), .nbytes). Every length is checked against the file before it is used."""
+            count, size = int(length[0]), self._plain.size
+            view = self.__dict__.get("_view")
+            if view is None:
+                view = self._view = memoryview(self._plain)
+            unpack, offset = struct.Struct("<Q").unpack_from, int(orig_offs) + 12
+            parts, data = [item_type, length], []
+            append, point = parts.append, data.append
+            for _ in range(count):
+                start = offset + 8
+                if start > size:
+                    break
+                end = start + unpack(view, offset)[0]
+                if end > size:
+                    break
+                append(view[offset:start])
+                append(view[start:end])
+                point(len(parts) - 1)
+                offset = end
+            else:
+                return offset - orig_offs, parts, data, types
+            raise _OutsideFile(
+                f"string {len(data):,} of the array at byte {orig_offs:,} ends past the end of "
+                f"the file ({size:,} bytes)"
+            )
 
         def _build_tensors(self, start_offs, fields):
             check_tensor_infos(self, start_offs, fields)
@@ -226,6 +264,10 @@ def read_gguf(path: str | Path) -> GGUFFile:
         check_start(path)
     except OSError as exc:
         raise UserError(f"{path}: cannot read it ({first_line(exc)})") from None
+    collecting = gc.isenabled()
+    # the header's objects hold no cycles, and the collector's passes over a growing list of
+    # 524k parts (a 262k vocabulary) took two thirds of the time (benchmarks/README.md)
+    gc.disable()
     try:
         reader = _reader_class()(path)
         metadata = {
@@ -244,6 +286,9 @@ def read_gguf(path: str | Path) -> GGUFFile:
     # unknown value types, bad UTF-8, alignment
     except (ValueError, OverflowError, IndexError, TypeError) as exc:
         raise UserError(f"{path}: not a readable GGUF file ({first_line(exc)})") from None
+    finally:
+        if collecting:
+            gc.enable()
     return GGUFFile(path, metadata, {tensor.name: tensor for tensor in reader.tensors})
 
 
