@@ -153,20 +153,29 @@ def test_each_decode_step_sees_its_blocks_window(compile):
     torch.testing.assert_close(torch.cat(steps), expected, rtol=1e-4, atol=1e-4)
 
 
-def test_generation_names_why_gemma3_takes_the_module_path(tiny):
-    """The C decode program has no GeGLU, sandwich norms or per-block windows: the module path
-    runs, and `unsupported` says why in one line."""
-    reason = KernelDecoder.unsupported(tiny)
-    assert reason is not None and "module path" in reason and "\n" not in reason
-    plain = dict(mlp="swiglu", sandwich_norm=False, sliding_window=None)
-    plain.update(sliding_window_pattern=None, rope_theta_local=None)
-    assert KernelDecoder.unsupported(attnlab.Transformer(tiny.config.replace(**plain))) is None
-    for part in ("mlp", "sandwich_norm", "sliding_window"):
-        changes = {**plain, part: getattr(tiny.config, part)}
-        other = attnlab.Transformer(tiny.config.replace(**changes))
-        assert KernelDecoder.unsupported(other) is not None, part
-    ids = torch.randint(0, 300, (1, 5), generator=torch.Generator().manual_seed(4))
-    assert generate(tiny, ids, 8, temperature=0)[0].tolist() == _greedy_without_cache(tiny, ids, 8)
+def test_gemma3_decodes_through_the_kernels_as_through_the_modules(tiny):
+    """The C decode program runs each Gemma 3 part (GeGLU, sandwich norms, the windowed blocks'
+    band of keys and their own RoPE base, √d_model on the embedding): every step's logits equal
+    the uncached forward's, past the window and through the global block 5, and generate() takes
+    that path and picks the module path's tokens, a padded batch included."""
+    from attnlab.generate.kernel_decoder import step_logits
+
+    assert KernelDecoder.unsupported(tiny) is None
+    ids = torch.randint(0, 300, (2, 12), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        expected = tiny(ids)
+    torch.testing.assert_close(step_logits(tiny, ids), expected, rtol=1e-4, atol=1e-4)
+    prompt = ids[:1, :5]
+    assert generate(tiny, prompt, 8, temperature=0)[0].tolist() == _greedy_without_cache(
+        tiny, prompt, 8
+    )
+    mask = torch.ones_like(ids[:, :5])
+    mask[1, :2] = 0  # the second prompt is three tokens, left-padded
+    padded = ids[:, :5].masked_fill(mask == 0, 0)
+    assert torch.equal(
+        generate(tiny, padded, 10, temperature=0, attention_mask=mask),
+        generate(tiny, padded, 10, temperature=0, attention_mask=mask, use_kernels=False),
+    )
 
 
 def test_greedy_continuation_equals_transformers_on_the_tiny_file(tiny, tiny_path):
@@ -466,10 +475,9 @@ def test_gemma3_tokenizer_equals_llama_cpp(gemma3):
         assert text == case["text"].replace("▁", " "), case["text"]
 
 
-def test_gemma3_samples_greedily_on_the_module_path(gemma3, monkeypatch, capsys):
+def test_gemma3_samples_greedily_through_the_c_decode_program(gemma3, monkeypatch, capsys):
     """`attnlab sample gemma3-270m` as a user runs it (the model loaded once for the module): the
-    module path (the C decode program has no GeGLU nor sandwich norms), the prompt without its
-    <bos>, then the continuation generate() gives."""
+    C decode program, the prompt without its <bos>, then the continuation generate() gives."""
     import attnlab.formats
     from attnlab.cli import main
 
@@ -479,7 +487,7 @@ def test_gemma3_samples_greedily_on_the_module_path(gemma3, monkeypatch, capsys)
         ["sample", "gemma3-270m", "--prompt", prompt, "--temperature", "0", "--max-new-tokens", "8"]
     )
     out = capsys.readouterr().out
-    assert KernelDecoder.unsupported(gemma3) is not None
+    assert KernelDecoder.unsupported(gemma3) is None  # the C decode program
     ids = torch.tensor([gemma3.tokenizer.encode(prompt)])
     expected = gemma3.tokenizer.decode(generate(gemma3, ids, 8, temperature=0)[0, 1:].tolist())
     assert code == 0 and out.strip() == expected.strip() and out.startswith(prompt)

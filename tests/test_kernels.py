@@ -89,6 +89,32 @@ CONFIGS = {
     "speedrun-relu2-softcap": dict(
         positional="rope", norm="rmsnorm", mlp="relu2", bias=False, logit_softcap=3.0
     ),
+    "mistral-window": dict(
+        positional="rope",
+        norm="rmsnorm",
+        mlp="swiglu",
+        bias=False,
+        n_kv_heads=2,
+        sliding_window=4,
+    ),
+    # Gemma 3's shape: GeGLU, sandwich norms, √d_model on the embedding, QK-norm, one key-value
+    # head of its own size, block 0 windowed with its own RoPE base and block 1 global
+    "gemma3": dict(
+        positional="rope",
+        norm="rmsnorm",
+        mlp="geglu_tanh",
+        bias=False,
+        sandwich_norm=True,
+        scale_embed=True,
+        qk_norm=True,
+        n_kv_heads=1,
+        d_head=16,
+        attn_scale=0.2,
+        sliding_window=4,
+        sliding_window_pattern=2,
+        rope_theta=1_000_000.0,
+        rope_theta_local=10_000.0,
+    ),
 }
 
 
@@ -480,7 +506,6 @@ def test_hooked_post_norm_and_narrow_models_take_the_module_path(monkeypatch):
     assert seen == [3, 1, 1, 1]  # the prompt, then every decode step ran the hook
     assert KernelDecoder.unsupported(model) is None
     assert "post-norm" in KernelDecoder.unsupported(build(dict(norm_placement="post")))
-    assert "sliding" in KernelDecoder.unsupported(build(dict(sliding_window=4)))
     # an MLP the kernels would not know (every one of config.MLPS is known)
     with monkeypatch.context() as patch:
         patch.delitem(kernels.ACTIVATIONS, "relu2")

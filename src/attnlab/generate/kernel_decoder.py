@@ -4,9 +4,17 @@ loops (attnlab.generate.kernels) for the products and the attention.
 No graph to build, so no set-up per process, and the whole step is one C call (one OpenMP parallel
 region, its threads hot from the first product to the last) instead of the ~100 PyTorch operations
 per layer of the module path, whose per-call overhead was most of a step on a small model. A hooked
-model, a post-norm one, one with sandwich norms or a sliding window (Gemma 3 has both), another
-dtype or device, or a machine without a C compiler takes the module path, which computes the same
-equation (`KernelDecoder.unsupported` says why; `attnlab sample` prints it).
+model, a post-norm one, another dtype or device, or a machine without a C compiler takes the
+module path, which computes the same equation (`KernelDecoder.unsupported` says why; `attnlab
+sample` prints it).
+
+Gemma 3's parts run here too, from the kernels there are: GeGLU as the gelu_tanh activation then
+a product with W_in's output; sandwich norms as the sublayer's output written to a buffer, normed
+in place and added to the residual; per-block windows as a second key mask (the window's band of
+cache slots, made once per step; Mistral's window too); the windowed blocks' own RoPE table;
+√d_model on the embedding through PyTorch's lookup. The product and the add are PyTorch calls
+between the C programs (a step program has no such op yet), so such a step is a few programs
+rather than one.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..model.config import GATED_MLPS
 from ..model.layers import Linear
 from . import kernels
 from .blocks import BLOCK_TYPES, BlockLinear
@@ -83,6 +92,11 @@ class KernelDecoder:
         self.k, self.v = new(B, Hkv, D), new(B, Hkv, D)  # [batch, kv_head, d_head]
         self.scores = new(B, H, max_len)  # [batch, head, key slot]: the attention kernel's scratch
         self.pre, self.gate = new(B, cfg.d_mlp), new(B, cfg.d_mlp)  # [batch, d_mlp]
+        # sandwich norms: a sublayer's output, normed before it joins the residual [batch, d_model]
+        self.sublayer_out = new(B, cfg.d_model) if cfg.sandwich_norm else None
+        # the windowed blocks' keys: key_mask and the band slot - W + 1 ... slot [batch, key slot]
+        windowed = any(cfg.layer_window(i) is not None for i in range(cfg.n_layers))
+        self.window_mask = torch.zeros(B, max_len, dtype=torch.bool) if windowed else None
         self.logits = new(B, cfg.d_vocab)
         self.ids = torch.zeros(B, dtype=torch.int64)  # this step's tokens
         self.position = torch.zeros(B, dtype=torch.int64)  # and their positions
@@ -95,6 +109,11 @@ class KernelDecoder:
                 cos.view(max_len, -1).contiguous(),
                 sin.view(max_len, -1).contiguous(),
             )
+        # the windowed blocks' own angles (rope_theta_local, Gemma 3)
+        if model.rotary_local is not None:
+            cos, sin = model.rotary_local(torch.arange(max_len).unsqueeze(0))
+            self.cos_local = cos.view(max_len, -1).contiguous()
+            self.sin_local = sin.view(max_len, -1).contiguous()
 
     def _embedding_steps(self) -> list:
         """The embedding in C when it is a lookup (+ learned positions); sinusoids, token types, a
@@ -104,6 +123,7 @@ class KernelDecoder:
             cfg.positional in ("rope", "none", "learned")
             and model.token_type_embed is None
             and model.ln_embed is None
+            and not cfg.scale_embed
         )
         if not self.embed_in_c:
             return []
@@ -132,10 +152,13 @@ class KernelDecoder:
                 kernels.norm_call(attn.k_norm, k, k),
             ]
         if self.model.rotary is not None:
+            local = block.rope_local  # the windowed blocks' own angles
+            cos, sin = (self.cos_local, self.sin_local) if local else (self.cos, self.sin)
             steps += [
-                independent(kernels.rope_call(q, self.cos, self.sin, self.position)),
-                kernels.rope_call(k, self.cos, self.sin, self.position),
+                independent(kernels.rope_call(q, cos, sin, self.position)),
+                kernels.rope_call(k, cos, sin, self.position),
             ]
+        windowed = self.model.config.layer_window(layer) is not None
         steps.append(
             kernels.attend_call(
                 q,
@@ -145,13 +168,25 @@ class KernelDecoder:
                 self.cache.v[layer],
                 self.slot,
                 self.model.config.scale,
-                self.key_mask,
+                self.window_mask if windowed else self.key_mask,
                 self.scores,
                 z,
             )
         )
-        steps.append(product(attn.W_O, z, x, accumulate=True))  # resid_mid = resid_pre + attn_out
+        # resid_mid = resid_pre + attn_out
+        steps += self._output_steps(attn.W_O, z, block.ln1_post)
         return steps
+
+    def _output_steps(self, linear, x: torch.Tensor, post_norm) -> list:
+        """residual += linear(x), or with a sandwich norm residual += post_norm(linear(x))."""
+        if post_norm is None:
+            return [self._product(linear, x, self.x, accumulate=True)]
+        out, residual = self.sublayer_out, self.x
+        return [
+            self._product(linear, x, out),
+            kernels.norm_call(post_norm, out, out),  # in place, as qk-norm
+            lambda: residual.add_(out),
+        ]
 
     def _mlp_steps(self, block) -> list:
         """resid_post = resid_mid + mlp(ln2(resid_mid)) (a parallel block's ln2 read resid_pre,
@@ -162,10 +197,15 @@ class KernelDecoder:
         steps.append(product(mlp.W_in, h_mlp, self.pre))
         if mlp.gated:
             steps[-1] = independent(steps[-1])  # W_in and W_gate both read h_mlp
-            steps += [
-                product(mlp.W_gate, h_mlp, self.gate),
-                kernels.silu_mul_call(self.gate, self.pre),
-            ]
+            steps.append(product(mlp.W_gate, h_mlp, self.gate))
+            gate, pre = self.gate, self.pre
+            if self.model.config.mlp == "swiglu":
+                steps.append(kernels.silu_mul_call(gate, pre))
+            else:  # geglu_tanh: gelu_tanh(W_gate x) ⊙ W_in x
+                steps += [
+                    kernels.activate_call(gate, kernels.Activation.GELU_TANH),
+                    lambda: gate.mul_(pre),
+                ]
             post = self.gate
         else:
             steps.append(
@@ -173,7 +213,7 @@ class KernelDecoder:
             )
             post = self.pre
         # resid_post = resid_mid + mlp_out
-        steps.append(product(mlp.W_out, post, self.x, accumulate=True))
+        steps += self._output_steps(mlp.W_out, post, block.ln2_post)
         return steps
 
     def _head_steps(self) -> list:
@@ -214,15 +254,8 @@ class KernelDecoder:
             return "the kernels run float32 on a CPU"
         if model.config.wiring == "post":
             return "post-norm blocks take the module path"
-        if model.config.mlp not in kernels.ACTIVATIONS and model.config.mlp != "swiglu":
+        if model.config.mlp not in kernels.ACTIVATIONS and model.config.mlp not in GATED_MLPS:
             return f"the {model.config.mlp} MLP takes the module path"
-        if model.config.sandwich_norm:
-            return "sandwich norms (a norm on each sublayer's output, Gemma) take the module path"
-        if model.config.sliding_window is not None:
-            return (
-                "a sliding attention window takes the module path (the attention kernel sees "
-                "every earlier key)"
-            )
         for m in model.modules():  # one walk over every module
             if m._forward_hooks or m._forward_pre_hooks:
                 return "a hook is attached: the module path runs it"
@@ -266,6 +299,12 @@ class KernelDecoder:
         if not self.embed_in_c:
             self.x.copy_(self.model.embed_tokens(token, positions, None).view(self.x.shape))
         self.slot.fill_(slot)
+        if self.window_mask is not None:  # the keys a windowed block sees: the last W slots
+            if self.key_mask is None:
+                self.window_mask.fill_(True)
+            else:
+                self.window_mask.copy_(self.key_mask)
+            self.window_mask[:, : max(0, slot - self.model.config.sliding_window + 1)] = False
         for run in self.run:
             run()
         return self.logits
