@@ -161,6 +161,28 @@ class Counting:
         self.calls += 1
 
 
+@pytest.mark.parametrize("name", ["gpt", "llama", "bert", "window"])
+def test_a_long_texts_heads_grid_comes_from_the_kept_queries_and_keys(served, name, monkeypatch):
+    """Past LONG_TEXT tokens the heads grid is pooled from the context ROWS query rows at a time,
+    never a T × T matrix, and equals adaptive_max_pool2d of the model's own pattern (600 tokens to
+    32 cells: bins that overlap by a row; 70 query rows at a time: blocks that split bins)."""
+    from attnlab.explorer import context as context_module
+    from attnlab.explorer import views
+
+    client, models_ = served
+    text = TEXT[:120] if name == "gpt" else TEXT
+    monkeypatch.setattr(views, "LONG_TEXT", 50)
+    monkeypatch.setattr(context_module, "ROWS", 70)
+    data = client.post("/api/heads", json={"model": name, "text": text}).json()
+    assert data["pooled"] and data["tokens"] == list(text)
+    thumbs = torch.tensor(data["thumbnails"])
+    for layer, pattern in reference(models_[name], text).items():
+        expected = F.adaptive_max_pool2d(pattern, (32, 32))
+        torch.testing.assert_close(thumbs[layer], expected, atol=1e-4, rtol=0)
+    status = client.get("/api/context/status").json()
+    assert any(c["n_tokens"] == len(text) and c["model"] == name for c in status["contexts"])
+
+
 def test_a_head_switch_or_the_same_text_again_never_runs_the_model(served):
     client, models_ = served
     counting = Counting(models_["llama"])

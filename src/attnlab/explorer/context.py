@@ -286,6 +286,33 @@ def pooled_pattern(
     return out
 
 
+def thumbnail(context: Context, layer: int, head: int, size: int) -> torch.Tensor:
+    """One head's pattern max-pooled to n × n cells, n = min(T, size), exactly as
+    F.adaptive_max_pool2d pools it (cell i covers rows ⌊iT/n⌋ to ⌈(i+1)T/n⌉, which may overlap by
+    one), computed ROWS query rows at a time: the heads grid of a long text without any T × T
+    matrix (a layer's patterns at 8,192 tokens are 2.4 GB for SmolLM2's nine heads)."""
+    T = context.n_tokens
+    n = min(T, size)
+    first = [i * T // n for i in range(n)]
+    last = [-(-(i + 1) * T // n) for i in range(n)]  # exclusive
+    causal = context.entry.model.config.causal
+    out = torch.zeros(n, n)
+    with torch.no_grad():
+        for s in range(0, T, ROWS):
+            e = min(s + ROWS, T)
+            end = e if causal else T  # causal: the keys after the block's last row weigh 0
+            weights = torch.zeros(e - s, T)
+            weights[:, :end] = torch.softmax(
+                masked_scores(context, layer, head, (s, e), (0, end)), -1
+            )
+            columns = F.adaptive_max_pool1d(weights[None], n)[0]  # [e − s, n]
+            for i in range(n):
+                lo, hi = max(first[i], s), min(last[i], e)
+                if lo < hi:
+                    torch.maximum(out[i], columns[lo - s : hi - s].amax(0), out=out[i])
+    return out
+
+
 def encode_cells(
     values: torch.Tensor, level: int, first: tuple[int, int], n_tokens: int, dtype: str
 ) -> bytes:

@@ -17,16 +17,27 @@ from ..inspection.attribution import direct_logit_attribution
 from ..model.attention import apply_mask, attention_pattern, attention_scores
 from ..model.transformer import next_token_loss
 from ..training.report import read_metrics
+from .context import context_id, thumbnail
 from .encoding import encode_matrix
 from .models import PLAIN, ModelEntry, NotFound, Unsupported, Variant
 from .stages import block_stages
 
 # heads-grid thumbnails are max-pooled down to at most this many rows and columns
 THUMBNAIL_SIZE = 32
+# a longer text's thumbnails come from its kept queries and keys (context.thumbnail), a shorter
+# one's from one forward pass with the patterns pooled as they pass (a layer's T × T at a time)
+LONG_TEXT = 1024
 
 
 # head scores over training at most at this many snapshots (each costs a scoring run)
 CURVE_POINTS = 26
+
+
+def _rounded(thumbnails: list) -> list:
+    """[layer][head][row][col] to 4 decimals: the page draws them, JSON carries them."""
+    return [
+        [[[round(x, 4) for x in row] for row in head] for head in layer] for layer in thumbnails
+    ]
 
 
 def _top2_basis(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -191,6 +202,14 @@ class ExplorerViews:
         entry = self.entry(name, variant)
         ids, tokens = self.encode(entry, text)
         T, pooled = len(tokens), {}
+        if T > LONG_TEXT:  # the whole context's kept queries and keys: no T × T matrix at all
+            context = self.contexts.create(context_id(name, variant, text), entry, ids, tokens)
+            cfg = entry.model.config
+            thumbnails = [
+                [thumbnail(context, layer, head, size).tolist() for head in range(cfg.n_heads)]
+                for layer in range(cfg.n_layers)
+            ]
+            return {"tokens": tokens, "pooled": True, "thumbnails": _rounded(thumbnails)}
 
         # [batch, head, query_pos, key_pos], pooled as it passes
         def pool(pattern: torch.Tensor, hook) -> None:
@@ -211,14 +230,7 @@ class ExplorerViews:
         patterns = torch.stack(
             [pooled[f"blocks.{layer}.attn.hook_pattern"] for layer in range(model.config.n_layers)]
         )
-        return {
-            "tokens": tokens,
-            "pooled": T > size,
-            "thumbnails": [
-                [[[round(x, 4) for x in row] for row in head] for head in layer]
-                for layer in patterns.tolist()
-            ],
-        }
+        return {"tokens": tokens, "pooled": T > size, "thumbnails": _rounded(patterns.tolist())}
 
     def head_scores(self, name: str, step: int | None = None) -> dict[str, Any]:
         """attnlab.inspection's scores of every head (they don't depend on the text); `available`
