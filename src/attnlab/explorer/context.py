@@ -301,11 +301,14 @@ def thumbnail(context: Context, layer: int, head: int, size: int) -> torch.Tenso
         for s in range(0, T, ROWS):
             e = min(s + ROWS, T)
             end = e if causal else T  # causal: the keys after the block's last row weigh 0
-            weights = torch.zeros(e - s, T)
-            weights[:, :end] = torch.softmax(
-                masked_scores(context, layer, head, (s, e), (0, end)), -1
-            )
-            columns = F.adaptive_max_pool1d(weights[None], n)[0]  # [e − s, n]
+            scores = masked_scores(context, layer, head, (s, e), (0, end))
+            # a cell's largest weight is exp(its largest score − the row's log Σ exp): the scores
+            # are pooled first and only their maxima exponentiated (a cell past `end` weighs 0)
+            columns = torch.full((e - s, n), float("-inf"))  # [e − s, n]
+            for j in range(n):
+                if first[j] < end:
+                    columns[:, j] = scores[:, first[j] : min(last[j], end)].amax(-1)
+            columns = torch.exp(columns - torch.logsumexp(scores, -1, keepdim=True))
             for i in range(n):
                 lo, hi = max(first[i], s), min(last[i], e)
                 if lo < hi:
