@@ -217,3 +217,81 @@ def test_mistakes_are_one_line_errors():
     with pytest.raises(UserError, match="clean cache has no"):
         partial = model.run_with_cache(clean, names_filter="blocks.0.hook_resid_pre")[1]
         patching.get_act_patch_attn_out(model, corrupted, partial, metric)
+
+
+# The fast path against the reference one
+# --------------------------------------------------------------------------------------------------
+SWEEPS = [n for n in dir(patching) if n.startswith("get_act_patch_") and not n.endswith("_every")]
+
+
+@pytest.mark.parametrize("config", [GPT2, LLAMA, PYTHIA], ids=["gpt2", "llama-gqa", "pythia"])
+def test_fast_sweeps_equal_the_reference_ones(config):
+    """Every named sweep, its patched runs stacked three at a time (a count that splits a layer's
+    heads and positions unevenly) and started at the patched layer, equals one whole run per
+    index."""
+    model, clean, corrupted, cache, metric, clean_value = setup(config)
+    for name in SWEEPS:
+        if name == "get_act_patch_resid_mid" and config.parallel_residual:
+            continue
+        sweep = getattr(patching, name)
+        fast = sweep(model, corrupted, cache, metric, path="fast", batch_size=3)
+        reference = sweep(model, corrupted, cache, metric, path="reference")
+        assert fast.notes == {"path": "fast"}, name
+        assert reference.notes["path"] == "reference", name
+        torch.testing.assert_close(fast.values, reference.values, **TOL, msg=name)
+        assert fast.corrupted == pytest.approx(reference.corrupted, rel=1e-12)
+        # the default stack: every patched run of a layer in one forward pass
+        torch.testing.assert_close(
+            sweep(model, corrupted, cache, metric).values, reference.values, **TOL, msg=name
+        )
+
+
+def test_fast_path_falls_back_visibly_or_refuses(caplog):
+    model, clean, corrupted, cache, metric, _ = setup(LLAMA)
+
+    def own_setter(activation, index, clean_act):  # a caller's setter: the fast path won't guess
+        activation[:, index[1]] = clean_act[:, index[1]]
+        return activation
+
+    args = (model, corrupted, cache, metric, own_setter, "resid_pre", ("layer", "pos"))
+    with caplog.at_level("INFO", logger="attnlab.inspection.patching"):
+        result = patching.generic_activation_patch(*args)
+    assert result.notes == {
+        "path": "reference",
+        "why": "patch_setter 'own_setter' is the caller's own",
+    }
+    assert "patch resid_pre: reference path (patch_setter 'own_setter'" in caplog.text
+    reference = patching.get_act_patch_resid_pre(model, corrupted, cache, metric)
+    torch.testing.assert_close(result.values, reference.values, **TOL)
+    with pytest.raises(UserError, match="fast patching path does not apply: patch_setter"):
+        patching.generic_activation_patch(*args, path="fast")
+    # a hook of the caller's on the model: it must run as the reference path runs it
+    with model.hooks([("blocks.0.hook_resid_pre", lambda x, hook: x * 1.5)]):
+        hooked = patching.get_act_patch_attn_head_out_all_pos(model, corrupted, cache, metric)
+        with pytest.raises(UserError, match=r"hooks are attached to the model \(blocks.0.hook_re"):
+            patching.get_act_patch_attn_head_out_all_pos(
+                model, corrupted, cache, metric, path="fast"
+            )
+    assert hooked.notes["path"] == "reference" and "hooks are attached" in hooked.notes["why"]
+    every = patching.get_act_patch_attn_head_all_pos_every(model, corrupted, cache, metric)
+    assert every.notes["path"] == "fast" and set(every.notes["paths"].values()) == {"fast"}
+    with pytest.raises(UserError, match="path must be one of auto, fast, reference"):
+        patching.get_act_patch_resid_pre(model, corrupted, cache, metric, path="quick")
+    with pytest.raises(UserError, match="batch_size must be at least 1"):
+        patching.get_act_patch_resid_pre(model, corrupted, cache, metric, batch_size=0)
+
+
+def test_start_at_layer_continues_the_run():
+    model, clean, corrupted, cache, metric, _ = setup(LLAMA)
+    with torch.no_grad():
+        logits = model(clean)
+        torch.testing.assert_close(model(cache["resid_pre", 1], start_at_layer=1), logits, **TOL)
+        torch.testing.assert_close(
+            model(cache["resid_pre", 0], start_at_layer=0, stop_at_layer=1),
+            cache["resid_pre", 1],
+            **TOL,
+        )
+    with pytest.raises(UserError, match=r"start_at_layer=2 is not a block of this model; give 0"):
+        model(cache["resid_pre", 1], start_at_layer=2)
+    with pytest.raises(UserError, match=r"the input is the residual stream \[batch, pos, d_model"):
+        model(clean, start_at_layer=1)

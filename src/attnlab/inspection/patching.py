@@ -22,11 +22,22 @@ Wild" (IOI) patching plots of Wang et al. 2022):
 - Patch everything and the corrupted run becomes the clean one (the clean metric); patch nothing and
   it stays the corrupted one; both are tested. A sweep never writes into the activations it is
   given.
+- Two paths give the same values (tested against each other on every model style). The reference
+  path runs the whole model once per index, as TransformerLens does. The fast path does not
+  recompute what a patch cannot change: a patch in block L leaves the residual stream going into
+  block L as the corrupted run had it, so each patched run starts there (`start_at_layer`, from the
+  corrupted run's cached resid_pre), and the patched runs of one layer go through the model
+  together, `batch_size` of them stacked along the batch axis (each a copy of the corrupted input,
+  with its own slice patched, and the metric read on its own rows). It applies to this module's
+  setters on an eval-mode model with no hooks of the caller's attached; anything else (a caller's
+  own setter, attached hooks, training mode) takes the reference path, and the result says which
+  (`notes["path"]`, `notes["why"]`, and a log line); `path="fast"` refuses instead of falling back.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +50,12 @@ from ..lens.names import get_act_name
 from .experiments.common import new_figure, save_figure
 
 Metric = Callable[[torch.Tensor], torch.Tensor]
+Setter = Callable[[torch.Tensor, tuple[int, ...], torch.Tensor], torch.Tensor]
+PATHS = ("auto", "fast", "reference")
+# the fast path stacks patched runs until their logits would pass this many bytes
+LOGITS_BUDGET = 256 * 2**20
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -165,19 +182,29 @@ def generic_activation_patch(
     corrupted_tokens: torch.Tensor,
     clean_cache,
     patching_metric: Metric,
-    patch_setter: Callable[[torch.Tensor, tuple[int, ...], torch.Tensor], torch.Tensor],
+    patch_setter: Setter,
     activation_name: str,
     index_axis_names: Sequence[str],
     *,
     clean_metric: float | None = None,
     pos_labels: list[str] | None = None,
     progress: bool = False,
+    path: str = "auto",
+    batch_size: int | None = None,
 ) -> PatchingResult:
     """Patch `activation_name` of every layer, at every index over `index_axis_names` (layer first),
     from clean_cache into the run on corrupted_tokens; record patching_metric(logits) (a scalar) for
     each.
     clean_metric: the metric on the clean run (for normalized()); pos_labels: the positions' tick
-    labels (default: the corrupted tokens)."""
+    labels (default: the corrupted tokens).
+    path: "auto" (the fast path where it applies, else the reference one), "fast" (refuse where it
+    does not apply) or "reference" (one whole forward pass per index, as TransformerLens runs).
+    batch_size: patched runs per forward pass on the fast path (default: as many of one layer's as
+    keep their logits under LOGITS_BUDGET bytes)."""
+    if path not in PATHS:
+        raise UserError(f"path must be one of {', '.join(PATHS)}, got {path!r}")
+    if batch_size is not None and batch_size < 1:
+        raise UserError(f"batch_size must be at least 1, got {batch_size}")
     cfg = model.config
     if corrupted_tokens.dim() == 1:
         corrupted_tokens = corrupted_tokens[None]
@@ -221,22 +248,120 @@ def generic_activation_patch(
         return float(out)
 
     indices = list(itertools.product(*(range(n) for n in shape)))
-    with torch.no_grad():
-        corrupted = scalar(model(corrupted_tokens))
-        for index in tqdm(
-            indices, desc=f"patch {activation_name}", disable=not progress, leave=False
-        ):
-            name = get_act_name(activation_name, index[0])
-            clean = clean_cache[name]
+    why = _why_not_fast(model, patch_setter)
+    if why is not None and path == "fast":
+        raise UserError(f"the fast patching path does not apply: {why}; pass path='auto'")
+    fast = why is None and path != "reference"
+    if path == "reference":
+        why = "path='reference' was asked for"
+    bar = tqdm(
+        total=len(indices), desc=f"patch {activation_name}", disable=not progress, leave=False
+    )
+    with torch.no_grad(), bar:
+        if fast:
+            corrupted = _fast_sweep(
+                model,
+                corrupted_tokens,
+                clean_cache,
+                scalar,
+                patch_setter,
+                activation_name,
+                indices,
+                values,
+                batch_size,
+                bar,
+            )
+        else:
+            corrupted = scalar(model(corrupted_tokens))
+            for index in indices:
+                name = get_act_name(activation_name, index[0])
+                clean = clean_cache[name]
 
-            def hook(activation: torch.Tensor, hook, index=index, clean=clean) -> torch.Tensor:
-                return patch_setter(activation.clone(), index, clean.to(activation.dtype))
+                def hook(activation: torch.Tensor, hook, index=index, clean=clean) -> torch.Tensor:
+                    return patch_setter(activation.clone(), index, clean.to(activation.dtype))
 
-            values[index] = scalar(model.run_with_hooks(corrupted_tokens, fwd_hooks=[(name, hook)]))
+                values[index] = scalar(
+                    model.run_with_hooks(corrupted_tokens, fwd_hooks=[(name, hook)])
+                )
+                bar.update()
+    notes = {"path": "fast" if fast else "reference"}
+    if not fast:
+        notes["why"] = why
+    logger.info(
+        "patch %s: %s path%s", activation_name, notes["path"], f" ({why})" if not fast else ""
+    )
     labels = axis_labels(model, corrupted_tokens, n_heads, pos_labels)
     return PatchingResult(
-        values, tuple(index_axis_names), labels, activation_name, clean_metric, corrupted
+        values, tuple(index_axis_names), labels, activation_name, clean_metric, corrupted, notes
     )
+
+
+def _why_not_fast(model, patch_setter: Setter) -> str | None:
+    """Why the fast path cannot stand in for the reference one here, or None when it can."""
+    if patch_setter not in SETTERS:
+        # a caller's setter may read or write across the batch, which the stacked runs share
+        name = getattr(patch_setter, "__name__", patch_setter)
+        return f"patch_setter {name!r} is the caller's own"
+    if model.training:
+        return "the model is in training mode (dropout would differ between the paths)"
+    hooked = [name for name, point in model.hook_dict.items() if point.has_hooks]
+    if hooked:
+        # such a hook would run once for all the stacked runs, and not at all before the patch
+        return f"hooks are attached to the model ({', '.join(hooked[:3])})"
+    return None
+
+
+def _fast_sweep(
+    model,
+    corrupted_tokens: torch.Tensor,
+    clean_cache,
+    scalar: Callable[[torch.Tensor], float],
+    patch_setter: Setter,
+    activation_name: str,
+    indices: list[tuple[int, ...]],
+    values: torch.Tensor,
+    batch_size: int | None,
+    bar,
+) -> float:
+    """The fast path (module docstring): fill `values` at `indices`; return the corrupted metric.
+
+    Patched run i of a stack holds batch rows i·B ... (i+1)·B − 1, B the corrupted batch."""
+    cfg = model.config
+    resid_names = [get_act_name("resid_pre", l) for l in range(cfg.n_layers)]
+    logits, corrupted_cache = model.run_with_cache(corrupted_tokens, names_filter=resid_names)
+    corrupted = scalar(logits)
+    B, T = corrupted_tokens.shape
+    if batch_size is None:
+        batch_size = max(1, LOGITS_BUDGET // (B * T * logits.shape[-1] * logits.element_size()))
+    del logits
+    for layer, group in itertools.groupby(indices, key=lambda index: index[0]):
+        group = list(group)
+        name = get_act_name(activation_name, layer)
+        clean = clean_cache[name]
+        # [B, T, d_model]: no patch in `layer` alters it
+        resid = corrupted_cache[resid_names[layer]]
+        for start in range(0, len(group), batch_size):
+            stack = group[start : start + batch_size]
+
+            def hook(activation: torch.Tensor, hook, stack=stack, clean=clean) -> torch.Tensor:
+                activation = activation.clone()  # [len(stack) · B, ...]
+                patch = clean.to(activation.dtype)
+                for i, index in enumerate(stack):
+                    rows = activation[i * B : (i + 1) * B]
+                    patched = patch_setter(rows, index, patch)
+                    if patched is not rows:
+                        rows.copy_(patched)
+                return activation
+
+            logits = model.run_with_hooks(
+                resid.repeat(len(stack), *([1] * (resid.dim() - 1))),
+                start_at_layer=layer,
+                fwd_hooks=[(name, hook)],
+            )
+            for i, index in enumerate(stack):
+                values[index] = scalar(logits[i * B : (i + 1) * B])
+            bar.update(len(stack))
+    return corrupted
 
 
 def axis_labels(
@@ -291,6 +416,16 @@ def layer_head_pos_pattern_patch_setter(activation, index, clean):
     _, head, dest = index
     activation[:, head, dest] = clean[:, head, dest]
     return activation
+
+
+# the setters the fast path knows: each writes rows [batch, ...] of its own index, nothing else
+SETTERS = (
+    layer_pos_patch_setter,
+    layer_head_vector_patch_setter,
+    layer_pos_head_vector_patch_setter,
+    layer_head_pattern_patch_setter,
+    layer_head_pos_pattern_patch_setter,
+)
 
 
 def _sweep(activation: str, setter, axes: tuple[str, ...], doc: str):
@@ -402,6 +537,11 @@ def _stack(
     labels = dict(first.labels, activation=names)
     if n_heads is not None:
         labels["head"] = [str(h) for h in range(n_heads)]
+    paths = {name: r.notes.get("path") for name, r in zip(names, results)}
+    notes = {"path": paths[names[0]] if len(set(paths.values())) == 1 else "mixed", "paths": paths}
+    whys = {name: r.notes["why"] for name, r in zip(names, results) if "why" in r.notes}
+    if whys:
+        notes["why"] = "; ".join(f"{name}: {why}" for name, why in whys.items())
     return PatchingResult(
         torch.stack(values),
         ("activation", *first.axis_names),
@@ -409,6 +549,7 @@ def _stack(
         ", ".join(names),
         first.clean,
         first.corrupted,
+        notes,
     )
 
 

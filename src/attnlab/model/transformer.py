@@ -197,6 +197,21 @@ class Transformer(HookedModule, TransformerLensViews):
         if ids.shape[-1] == 0:
             raise UserError("the input has no tokens; give at least one")
 
+    def _check_resid(self, resid: torch.Tensor, start_at_layer: int) -> None:
+        """UserError for a start_at_layer input that is not a residual stream (B, T, d_model)."""
+        d_model, n_layers = self.config.d_model, self.config.n_layers
+        if not 0 <= start_at_layer < n_layers:
+            raise UserError(
+                f"start_at_layer={start_at_layer} is not a block of this model; give 0 to "
+                f"{n_layers - 1}"
+            )
+        if resid.dim() != 3 or resid.shape[-1] != d_model or not resid.is_floating_point():
+            raise UserError(
+                f"with start_at_layer the input is the residual stream [batch, pos, d_model="
+                f"{d_model}] (floats), got {tuple(resid.shape)} of {resid.dtype}; pass "
+                f"cache['resid_pre', {start_at_layer}]"
+            )
+
     def _check_values(self, ids: torch.Tensor, positions: torch.Tensor) -> None:
         """UserError for a token id outside the vocabulary or a position past a learned table, in
         one host read."""
@@ -223,6 +238,7 @@ class Transformer(HookedModule, TransformerLensViews):
         positions: torch.Tensor | None = None,
         kv_cache=None,
         start_pos: int = 0,
+        start_at_layer: int | None = None,
         stop_at_layer: int | None = None,
         check_inputs: bool = True,
     ) -> torch.Tensor:
@@ -234,22 +250,33 @@ class Transformer(HookedModule, TransformerLensViews):
         positions: (B, T) position of each token; default start_pos, start_pos+1, ...
         kv_cache / start_pos: cached decoding (see attnlab.generate.loop); the new tokens sit at
         start_pos.
+        start_at_layer: `ids` is then the residual stream (B, T, d_model) going into that block
+        (its resid_pre), and the embeddings are skipped (as TransformerLens does); patching sweeps
+        use it to start a patched run where the patch is.
         stop_at_layer: return the residual stream before that block (as TransformerLens does).
         check_inputs: check token ids (and learned positions) against the model's ranges: one host
         read.
         """
-        if ids.dim() == 1:
-            ids = ids.unsqueeze(0)
-        B, T = ids.shape  # batch, query positions
-        self._check_ids(ids)
+        if start_at_layer is None:
+            if ids.dim() == 1:
+                ids = ids.unsqueeze(0)
+            B, T = ids.shape  # batch, query positions
+            self._check_ids(ids)
+        else:
+            self._check_resid(ids, start_at_layer)
+            B, T = ids.shape[:2]  # batch, query positions
         if positions is None:
             positions = torch.arange(start_pos, start_pos + T, device=ids.device).expand(B, T)
-        # The decode step skips the value checks (check_inputs=False, and always when compiled): its
-        # token is an argmax over the vocabulary and generate checked the length up front, so a host
-        # read per token would buy nothing, and in a compiled graph it would break the graph.
-        if check_inputs and not torch.compiler.is_compiling():
-            self._check_values(ids, positions)
-        resid = self.embed_tokens(ids, positions, token_type_ids)
+        if start_at_layer is None:
+            # The decode step skips the value checks (check_inputs=False, and always when
+            # compiled): its token is an argmax over the vocabulary and generate checked the length
+            # up front, so a host read per token would buy nothing, and in a compiled graph it
+            # would break the graph.
+            if check_inputs and not torch.compiler.is_compiling():
+                self._check_values(ids, positions)
+            resid = self.embed_tokens(ids, positions, token_type_ids)
+        else:
+            resid = ids  # [batch, pos, d_model]: resid_pre of block start_at_layer
         rope = self.rotary(positions, resid.dtype) if self.rotary is not None else None
         rope_local = (
             self.rotary_local(positions, resid.dtype) if self.rotary_local is not None else None
@@ -257,7 +284,7 @@ class Transformer(HookedModule, TransformerLensViews):
         mask = None
         if attention_mask is not None:
             mask = attention_mask.to(torch.bool)[:, None, None, :]  # [batch, 1, 1, key_pos]
-        for block in self.blocks[:stop_at_layer]:
+        for block in self.blocks[start_at_layer:stop_at_layer]:
             resid = block(
                 resid,
                 rope=rope_local if block.rope_local else rope,
