@@ -293,3 +293,18 @@ def test_the_bandwidth_limit_counts_the_bytes_an_int8_model_reads():
     # the blocks' matrices in one byte each plus a float32 scale per row; norms and the tied
     # embedding stay float32
     assert 0.25 * float_bytes < int8_bytes < 0.6 * float_bytes, (float_bytes, int8_bytes)
+
+
+def test_patching_benchmark_without_transformer_lens_is_one_line():
+    try:
+        import transformer_lens  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("TransformerLens is installed here: the benchmark would run in full")
+    done = run_script("patching_speed.py", "--model", "tiny")
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == [
+        "this benchmark needs TransformerLens, which attnlab does not depend on: run it with a "
+        "throwaway venv that has it (see this script's docstring)"
+    ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import attnlab
 from attnlab import Transformer
 from attnlab.errors import UserError
 from attnlab.inspection import patching
@@ -244,6 +245,47 @@ def test_fast_sweeps_equal_the_reference_ones(config):
         torch.testing.assert_close(
             sweep(model, corrupted, cache, metric).values, reference.values, **TOL, msg=name
         )
+
+
+@pytest.mark.slow
+def test_fast_head_sweep_equals_the_reference_on_smollm2():
+    """The real grouped-query model (30 layers x 9 heads, 3 key/value heads), float32, a short
+    prompt: the whole head-output sweep on the fast path against the reference path's own runs
+    (its hook, one whole run each) for every head of the first, a middle and the last layer (the
+    whole reference sweep is 270 runs)."""
+    model = attnlab.load("smollm2")
+    clean = model.to_tokens("The cat sat on the mat because it")
+    corrupted = model.to_tokens("The dog sat on the mat because it")
+    assert clean.shape == corrupted.shape
+    metric = patching.logit_diff_metric(model.to_single_token(" was"), model.to_single_token(" is"))
+    with torch.no_grad():
+        _, cache = model.run_with_cache(clean)
+        fast = patching.get_act_patch_attn_head_out_all_pos(model, corrupted, cache, metric)
+        assert fast.notes == {"path": "fast"} and fast.shape == (30, 9)
+        assert fast.corrupted == pytest.approx(float(metric(model(corrupted))), abs=1e-5)
+        reference = torch.stack(
+            [
+                torch.tensor(
+                    [
+                        float(metric(patched_run(model, corrupted, cache, layer, head)))
+                        for head in range(9)
+                    ]
+                )
+                for layer in (0, 15, 29)
+            ]
+        ).double()
+    scale = float(reference.abs().max())
+    torch.testing.assert_close(fast[[0, 15, 29]], reference, rtol=1e-5, atol=1e-5 * scale)
+
+
+def patched_run(model, corrupted, cache, layer: int, head: int) -> torch.Tensor:
+    """The reference path's run for one index: the whole model, the sweep's setter in a hook."""
+    name = f"blocks.{layer}.attn.hook_z"
+
+    def hook(z, hook):
+        return patching.layer_head_vector_patch_setter(z.clone(), (layer, head), cache[name])
+
+    return model.run_with_hooks(corrupted, fwd_hooks=[(name, hook)])
 
 
 def test_fast_path_falls_back_visibly_or_refuses(caplog):

@@ -1,0 +1,230 @@
+"""Interpretability at speed: a full head-patching sweep and `run_with_cache`, attnlab against
+TransformerLens on the same weights, side by side and alternating (run outside the test suite).
+
+    python benchmarks/patching_speed.py                  # SmolLM2-135M (attnlab.load("smollm2"))
+    python benchmarks/patching_speed.py --model tiny --tokens 12 --repeats 1   # a check in seconds
+
+TransformerLens is not a dependency of attnlab; run this with a Python that has both, as
+benchmarks/compare_transformer_lens.py says (a throwaway venv that sees attnlab's venv through a
+.pth file, plus `pip install transformer_lens`).
+
+What it does:
+- The model: attnlab loads it (SmolLM2's GGUF file, float32 after dequantization; or `--model tiny`,
+  a random 2-layer LLaMA-style model with grouped key/value heads), writes it as a Hugging Face
+  directory (`attnlab.save(model, dir, format="hf")`) and TransformerLens boots its
+  TransformerBridge on that directory, so both hold the same float32 weights (the logits are
+  compared first).
+- The sweep: every head of every layer, its output z patched at all positions from a clean prompt
+  into a corrupted one of `--tokens` tokens (random token ids; the corrupted prompt differs in two
+  positions), metric the logit difference of two tokens at the last position.
+  TransformerLens: `transformer_lens.patching.get_act_patch_attn_head_out_all_pos` (one whole run
+  per head); attnlab: the same-named function (its fast path: each run starts at the patched layer,
+  a layer's runs stacked in one batch). The two results are compared (largest difference relative
+  to the largest value), and `--reference` also times attnlab's reference path (one whole run per
+  head, as TransformerLens does).
+- run_with_cache: `--cache-batch` x `--cache-tokens` random tokens, every hook cached (both sides'
+  defaults), and a plain forward for scale; tokens per second.
+- Each measurement is the median of `--repeats`, the two libraries alternating (TransformerLens
+  first in odd repeats, attnlab first in even ones), after one untimed run of each.
+- `--profile`: also prints torch.profiler's top operators of attnlab's run_with_cache and forward
+  (where the time of caching goes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import machine_line  # noqa: E402
+from compare_transformer_lens import boot, build, relative  # noqa: E402
+
+import attnlab  # noqa: E402
+from attnlab.inspection import patching  # noqa: E402
+
+FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
+
+
+def cpu_flags() -> str:
+    """The vector extensions of FLAGS that /proc/cpuinfo lists (what lscpu's Flags line says)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next(
+                (line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []
+            )
+    except OSError:
+        flags = []
+    return " ".join(f for f in FLAGS if f in flags) or "none of " + " ".join(FLAGS)
+
+
+def alternate(
+    runs: dict[str, Callable[[], object]], repeats: int
+) -> tuple[dict[str, float], dict[str, object]]:
+    """Median seconds of each run over `repeats` rounds, the order reversed every other round,
+    after one untimed round; also the last output of each."""
+    outputs = {name: fn() for name, fn in runs.items()}
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for round_ in range(repeats):
+        order = list(runs) if round_ % 2 == 0 else list(reversed(runs))
+        for name in order:
+            start = time.perf_counter()
+            outputs[name] = runs[name]()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}, outputs
+
+
+def load(model_name: str, out: Path):
+    """attnlab's model and TransformerLens's bridge on the same weights (a Hugging Face directory
+    that attnlab wrote)."""
+    path = out / model_name
+    if model_name == "tiny":
+        model = build("llama", path)
+    else:
+        model = attnlab.load(model_name)
+        attnlab.save(model, path, format="hf")
+    return model.eval(), boot(path)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2", help="smollm2 (default) or tiny")
+    parser.add_argument("--tokens", type=int, default=64, help="prompt length of the sweep")
+    parser.add_argument("--cache-batch", type=int, default=4)
+    parser.add_argument("--cache-tokens", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
+    parser.add_argument("--reference", action="store_true", help="also time the reference path")
+    parser.add_argument("--profile", action="store_true", help="top operators of run_with_cache")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from importlib.metadata import version
+
+    try:
+        from transformer_lens import patching as tl_patching
+    except ImportError:
+        raise SystemExit(
+            "this benchmark needs TransformerLens, which attnlab does not depend on: run it with a "
+            "throwaway venv that has it (see this script's docstring)"
+        ) from None
+
+    print(machine_line())
+    print(f"CPU flags: {cpu_flags()}")
+    print(
+        f"attnlab {attnlab.__version__}, TransformerLens {version('transformer_lens')}, "
+        f"model {args.model}, float32, {args.repeats} repeats (median), alternating"
+    )
+    with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
+        model, bridge = load(args.model, Path(tmp))
+        cfg = model.config
+        g = torch.Generator().manual_seed(0)
+        # token ids below 256 exist in every vocabulary here (the tiny one has 30)
+        vocab = min(cfg.d_vocab, 256 if args.model == "tiny" else cfg.d_vocab)
+        clean = torch.randint(0, vocab, (1, args.tokens), generator=g)
+        corrupted = clean.clone()
+        for pos in (1, args.tokens // 2):  # two tokens differ, as a name swap would
+            corrupted[0, pos] = (clean[0, pos] + 1) % vocab
+        answer, wrong = (int(t) for t in torch.randint(0, vocab, (2,), generator=g))
+        metric = patching.logit_diff_metric(answer, wrong)
+        logits, cache = model.run_with_cache(clean)
+        tl_logits, tl_cache = bridge.run_with_cache(clean)
+        print(
+            "logits, attnlab vs TransformerLens: relative difference "
+            f"{relative(logits, tl_logits):.1e}"
+        )
+
+        # the full head-patching sweep
+        runs = {
+            "TransformerLens": lambda: tl_patching.get_act_patch_attn_head_out_all_pos(
+                bridge, corrupted, tl_cache, metric
+            ),
+            "attnlab": lambda: patching.get_act_patch_attn_head_out_all_pos(
+                model, corrupted, cache, metric
+            ),
+        }
+        if args.reference:
+            runs["attnlab reference path"] = lambda: patching.get_act_patch_attn_head_out_all_pos(
+                model, corrupted, cache, metric, path="reference"
+            )
+        times, outputs = alternate(runs, args.repeats)
+        theirs, ours = outputs["TransformerLens"], outputs["attnlab"]
+        print(
+            f"\nhead-patching sweep: {cfg.n_layers} layers x {cfg.n_heads} heads, "
+            f"{args.tokens} tokens, logit difference; attnlab took the {ours.notes['path']} path"
+        )
+        difference = relative(ours.values, theirs)
+        print(
+            f"  results, attnlab vs TransformerLens: relative difference {difference:.1e} "
+            f"({'equal' if difference < 1e-4 else 'DIFFERENT'})"
+        )
+        if args.reference:
+            reference = outputs["attnlab reference path"].values
+            print(
+                "  attnlab fast vs reference path: relative difference "
+                f"{relative(ours.values, reference):.1e}"
+            )
+        for name, seconds in times.items():
+            print(f"  {name:24} {seconds:8.2f} s")
+        sweep_ratio = times["TransformerLens"] / times["attnlab"]
+        print(f"  attnlab / TransformerLens speed: {sweep_ratio:.2f}x")
+
+        # run_with_cache and a plain forward
+        ids = torch.randint(
+            0,
+            vocab,
+            (args.cache_batch, args.cache_tokens),
+            generator=torch.Generator().manual_seed(1),
+        )
+        n = ids.numel()
+        runs = {
+            "TransformerLens run_with_cache": lambda: bridge.run_with_cache(ids),
+            "attnlab run_with_cache": lambda: model.run_with_cache(ids),
+        }
+        cache_times, _ = alternate(runs, args.repeats)
+        runs = {
+            "TransformerLens forward": lambda: bridge(ids),
+            "attnlab forward": lambda: model(ids),
+        }
+        forward_times, _ = alternate(runs, args.repeats)
+        print(
+            f"\nrun_with_cache and forward, {args.cache_batch} x {args.cache_tokens} tokens (tok/s)"
+        )
+        for name, seconds in {**cache_times, **forward_times}.items():
+            print(f"  {name:32} {n / seconds:8.0f}")
+        cache_ratio = (
+            cache_times["TransformerLens run_with_cache"] / cache_times["attnlab run_with_cache"]
+        )
+        forward_ratio = forward_times["TransformerLens forward"] / forward_times["attnlab forward"]
+        print(
+            f"  attnlab / TransformerLens speed: run_with_cache {cache_ratio:.2f}x, "
+            f"forward {forward_ratio:.2f}x"
+        )
+        print(
+            f"\nratios: head-patching sweep {sweep_ratio:.2f}x (goal 3x), "
+            f"run_with_cache {cache_ratio:.2f}x (goal 2x)"
+        )
+        if args.profile:
+            from torch.profiler import ProfilerActivity, profile
+
+            for what, fn in (
+                ("run_with_cache", lambda: model.run_with_cache(ids)),
+                ("forward", lambda: model(ids)),
+            ):
+                with profile(activities=[ProfilerActivity.CPU]) as prof:
+                    fn()
+                print(f"\nattnlab {what}, top operators by own time:")
+                print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
