@@ -93,7 +93,8 @@ def apply_mask(
 def attention_pattern(masked_scores: torch.Tensor) -> torch.Tensor:
     """weights = softmax over keys; each row sums to 1, and a row with every key masked is all
     zeros."""
-    all_masked = torch.isneginf(masked_scores).all(dim=-1, keepdim=True)
+    # a row is all masked when its largest score is −∞: one read of the scores, no boolean copy
+    all_masked = torch.isneginf(masked_scores.amax(dim=-1, keepdim=True))
     # softmax of an all −∞ row is 0/0 = NaN, in the forward pass and in its gradient (which
     # masked_fill afterwards does not stop for additive masks): give such rows finite scores before
     # the softmax.
