@@ -108,6 +108,7 @@ def test_patch_command(model_dir, tmp_path, capsys):
     )
     printed = capsys.readouterr().out
     assert "restored fraction, top 5" in printed
+    assert "head-outputs (layer x head, fast path), restored fraction" in printed
     for name in ("patch-block.png", "patch-heads.png", "patch-head-outputs.png"):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
     data = json.loads((out / "patching.json").read_text())
@@ -115,6 +116,7 @@ def test_patch_command(model_dir, tmp_path, capsys):
     assert data["sweeps"]["heads"]["shape"] == [5, 2, 2]
     # head-outputs is the first panel of heads (each head's output z), alone
     assert data["sweeps"]["head-outputs"]["shape"] == [2, 2]
+    assert {sweep["path"] for sweep in data["sweeps"].values()} == {"fast"}
     assert data["sweeps"]["head-outputs"]["values"] == data["sweeps"]["heads"]["values"][:4]
 
 

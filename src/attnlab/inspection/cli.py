@@ -180,7 +180,12 @@ def run_patch(args: argparse.Namespace) -> int:
                 ", ".join(f"{a}={result.labels[a][i]}" for a, i in zip(result.axis_names, at))
                 + f": {float(flat[index]):.2f}"
             )
-        print(f"\n{name} ({' x '.join(result.axis_names)}), restored fraction, top 5:")
+        path = result.notes.get("path", "reference")
+        why = f": {result.notes['why']}" if "why" in result.notes else ""
+        print(
+            f"\n{name} ({' x '.join(result.axis_names)}, {path} path{why}), restored fraction, "
+            "top 5:"
+        )
         print("\n".join("  " + c for c in cells))
         print(f"wrote {out / f'patch-{name}.png'}")
     print(f"wrote {out / 'patching.json'}")

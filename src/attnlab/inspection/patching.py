@@ -96,6 +96,7 @@ class PatchingResult:
             "shape": list(self.values.shape),
             "clean": self.clean,
             "corrupted": self.corrupted,
+            "path": self.notes.get("path"),  # the sweep's path: fast or reference (or mixed)
         }
 
     def plot(
