@@ -226,18 +226,27 @@ SWEEPS = [n for n in dir(patching) if n.startswith("get_act_patch_") and not n.e
 
 
 @pytest.mark.parametrize("config", [GPT2, LLAMA, PYTHIA], ids=["gpt2", "llama-gqa", "pythia"])
-def test_fast_sweeps_equal_the_reference_ones(config):
+@pytest.mark.parametrize("reads", ["last position", "position 2", "every position"])
+def test_fast_sweeps_equal_the_reference_ones(config, reads):
     """Every named sweep, its patched runs stacked three at a time (a count that splits a layer's
     heads and positions unevenly) and started at the patched layer, equals one whole run per
-    index."""
-    model, clean, corrupted, cache, metric, clean_value = setup(config)
+    index; with a metric that names the one position it reads (unembedded alone) and one that
+    does not (every position's logits)."""
+    model, clean, corrupted, cache, _, clean_value = setup(config)
+    if reads == "every position":  # the same numbers, but nothing says which logits it reads
+        last = patching.logit_diff_metric(answer=2, wrong=5)
+        metric = lambda logits: last(logits)  # noqa: E731
+        expected_notes = {"path": "fast"}
+    else:
+        metric = patching.logit_diff_metric(answer=2, wrong=5, pos=-1 if "last" in reads else 2)
+        expected_notes = {"path": "fast", "logits": f"position {metric.logits_position} only"}
     for name in SWEEPS:
         if name == "get_act_patch_resid_mid" and config.parallel_residual:
             continue
         sweep = getattr(patching, name)
         fast = sweep(model, corrupted, cache, metric, path="fast", batch_size=3)
         reference = sweep(model, corrupted, cache, metric, path="reference")
-        assert fast.notes == {"path": "fast"}, name
+        assert fast.notes == expected_notes, name
         assert reference.notes["path"] == "reference", name
         torch.testing.assert_close(fast.values, reference.values, **TOL, msg=name)
         assert fast.corrupted == pytest.approx(reference.corrupted, rel=1e-12)
@@ -261,7 +270,8 @@ def test_fast_head_sweep_equals_the_reference_on_smollm2():
     with torch.no_grad():
         _, cache = model.run_with_cache(clean)
         fast = patching.get_act_patch_attn_head_out_all_pos(model, corrupted, cache, metric)
-        assert fast.notes == {"path": "fast"} and fast.shape == (30, 9)
+        assert fast.notes == {"path": "fast", "logits": "position -1 only"}
+        assert fast.shape == (30, 9)
         assert fast.corrupted == pytest.approx(float(metric(model(corrupted))), abs=1e-5)
         reference = torch.stack(
             [
@@ -321,6 +331,9 @@ def test_fast_path_falls_back_visibly_or_refuses(caplog):
         patching.get_act_patch_resid_pre(model, corrupted, cache, metric, path="quick")
     with pytest.raises(UserError, match="batch_size must be at least 1"):
         patching.get_act_patch_resid_pre(model, corrupted, cache, metric, batch_size=0)
+    metric.logits_position = T
+    with pytest.raises(UserError, match=r"logits_position \(5\) is not a position of the 5 tokens"):
+        patching.get_act_patch_resid_pre(model, corrupted, cache, metric)
 
 
 def test_start_at_layer_continues_the_run():

@@ -28,7 +28,10 @@ Wild" (IOI) patching plots of Wang et al. 2022):
   block L as the corrupted run had it, so each patched run starts there (`start_at_layer`, from the
   corrupted run's cached resid_pre), and the patched runs of one layer go through the model
   together, `batch_size` of them stacked along the batch axis (each a copy of the corrupted input,
-  with its own slice patched, and the metric read on its own rows). It applies to this module's
+  with its own slice patched, and the metric read on its own rows). A metric that reads the logits
+  at one position and says so (`logits_position`, as `logit_diff_metric` does) gets that
+  position's logits only, unembedded for it alone (the other positions of the tensor it gets are
+  views of the same row); any other metric gets every position's. It applies to this module's
   setters on an eval-mode model with no hooks of the caller's attached; anything else (a caller's
   own setter, attached hooks, training mode) takes the reference path, and the result says which
   (`notes["path"]`, `notes["why"]`, and a log line); `path="fast"` refuses instead of falling back.
@@ -52,8 +55,10 @@ from .experiments.common import new_figure, save_figure
 Metric = Callable[[torch.Tensor], torch.Tensor]
 Setter = Callable[[torch.Tensor, tuple[int, ...], torch.Tensor], torch.Tensor]
 PATHS = ("auto", "fast", "reference")
-# the fast path stacks patched runs until their logits would pass this many bytes
+# the fast path stacks patched runs until their logits would pass this many bytes, or their
+# tokens this many
 LOGITS_BUDGET = 256 * 2**20
+STACK_TOKENS = 4096
 
 logger = logging.getLogger(__name__)
 
@@ -201,7 +206,7 @@ def generic_activation_patch(
     path: "auto" (the fast path where it applies, else the reference one), "fast" (refuse where it
     does not apply) or "reference" (one whole forward pass per index, as TransformerLens runs).
     batch_size: patched runs per forward pass on the fast path (default: as many of one layer's as
-    keep their logits under LOGITS_BUDGET bytes)."""
+    keep their logits under LOGITS_BUDGET bytes and their tokens under STACK_TOKENS)."""
     if path not in PATHS:
         raise UserError(f"path must be one of {', '.join(PATHS)}, got {path!r}")
     if batch_size is not None and batch_size < 1:
@@ -270,6 +275,7 @@ def generic_activation_patch(
                 indices,
                 values,
                 batch_size,
+                logits_position(patching_metric, T),
                 bar,
             )
         else:
@@ -286,6 +292,8 @@ def generic_activation_patch(
                 )
                 bar.update()
     notes = {"path": "fast" if fast else "reference"}
+    if fast and logits_position(patching_metric, T) is not None:
+        notes["logits"] = f"position {patching_metric.logits_position} only"
     if not fast:
         notes["why"] = why
     logger.info(
@@ -322,6 +330,7 @@ def _fast_sweep(
     indices: list[tuple[int, ...]],
     values: torch.Tensor,
     batch_size: int | None,
+    position: int | None,
     bar,
 ) -> float:
     """The fast path (module docstring): fill `values` at `indices`; return the corrupted metric.
@@ -333,7 +342,8 @@ def _fast_sweep(
     corrupted = scalar(logits)
     B, T = corrupted_tokens.shape
     if batch_size is None:
-        batch_size = max(1, LOGITS_BUDGET // (B * T * logits.shape[-1] * logits.element_size()))
+        logits_bytes = B * (T if position is None else 1) * logits.shape[-1] * logits.element_size()
+        batch_size = max(1, min(LOGITS_BUDGET // logits_bytes, STACK_TOKENS // (B * T)))
     del logits
     for layer, group in itertools.groupby(indices, key=lambda index: index[0]):
         group = list(group)
@@ -354,11 +364,18 @@ def _fast_sweep(
                         rows.copy_(patched)
                 return activation
 
-            logits = model.run_with_hooks(
-                resid.repeat(len(stack), *([1] * (resid.dim() - 1))),
-                start_at_layer=layer,
-                fwd_hooks=[(name, hook)],
-            )
+            stacked = resid.repeat(len(stack), *([1] * (resid.dim() - 1)))
+            if position is None:
+                logits = model.run_with_hooks(
+                    stacked, start_at_layer=layer, fwd_hooks=[(name, hook)]
+                )
+            else:
+                with model.hooks([(name, hook)]):
+                    final = model(stacked, start_at_layer=layer, stop_at_layer=cfg.n_layers)
+                # [len(stack) · B, d_vocab]: the one position the metric reads, seen at every
+                # position of a [len(stack) · B, T, d_vocab] view (no copy)
+                row = model.logits_from_resid(final[:, position])
+                logits = row[:, None, :].expand(-1, T, -1)
             for i, index in enumerate(stack):
                 values[index] = scalar(logits[i * B : (i + 1) * B])
             bar.update(len(stack))
@@ -586,9 +603,27 @@ def get_act_patch_attn_head_all_pos_every(
 
 
 def logit_diff_metric(answer: int, wrong: int, pos: int = -1) -> Metric:
-    """logits[:, pos, answer] − logits[:, pos, wrong], averaged over the batch."""
+    """logits[:, pos, answer] − logits[:, pos, wrong], averaged over the batch. It reads the
+    logits at `pos` only, and says so (`metric.logits_position`), so the fast path unembeds that
+    position only."""
 
     def metric(logits: torch.Tensor) -> torch.Tensor:
         return (logits[:, pos, answer] - logits[:, pos, wrong]).mean()
 
+    metric.logits_position = pos
     return metric
+
+
+def logits_position(metric: Metric, T: int) -> int | None:
+    """The one position of the logits that `metric` reads, when it says so (an int attribute
+    `logits_position`, as logit_diff_metric's), else None: the metric gets the logits of every
+    position."""
+    position = getattr(metric, "logits_position", None)
+    if position is None:
+        return None
+    if not isinstance(position, int) or not -T <= position < T:
+        raise UserError(
+            f"the metric's logits_position ({position!r}) is not a position of the {T} tokens; "
+            f"give an int from {-T} to {T - 1}"
+        )
+    return position

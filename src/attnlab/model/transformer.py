@@ -294,6 +294,11 @@ class Transformer(HookedModule, TransformerLensViews):
             )
         if stop_at_layer is not None:
             return resid
+        return self.logits_from_resid(resid)
+
+    def logits_from_resid(self, resid: torch.Tensor) -> torch.Tensor:
+        """The end of the forward pass: final norm, LM head and soft-cap of the residual stream
+        after the last block (..., d_model) -> logits (..., d_vocab); an encoder's hidden states."""
         if self.ln_final is not None:
             resid = self.ln_final(resid)
         if self.unembed is None:
