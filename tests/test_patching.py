@@ -325,6 +325,13 @@ def test_fast_path_falls_back_visibly_or_refuses(caplog):
                 model, corrupted, cache, metric, path="fast"
             )
     assert hooked.notes["path"] == "reference" and "hooks are attached" in hooked.notes["why"]
+    # a plain torch hook on any module counts too
+    handle = model.blocks[1].mlp.register_forward_pre_hook(lambda module, args: None)
+    try:
+        plain = patching.get_act_patch_attn_head_out_all_pos(model, corrupted, cache, metric)
+    finally:
+        handle.remove()
+    assert plain.notes["why"] == "hooks are attached to the model (blocks.1.mlp)"
     every = patching.get_act_patch_attn_head_all_pos_every(model, corrupted, cache, metric)
     assert every.notes["path"] == "fast" and set(every.notes["paths"].values()) == {"fast"}
     with pytest.raises(UserError, match="path must be one of auto, fast, reference"):

@@ -32,9 +32,9 @@ Wild" (IOI) patching plots of Wang et al. 2022):
   at one position and says so (`logits_position`, as `logit_diff_metric` does) gets that
   position's logits only, unembedded for it alone (the other positions of the tensor it gets are
   views of the same row); any other metric gets every position's. It applies to this module's
-  setters on an eval-mode model with no hooks of the caller's attached; anything else (a caller's
-  own setter, attached hooks, training mode) takes the reference path, and the result says which
-  (`notes["path"]`, `notes["why"]`, and a log line); `path="fast"` refuses instead of falling back.
+  setters on an eval-mode model with no hooks attached to any of its modules; anything else (a
+  caller's own setter, attached hooks, training mode) takes the reference path, and the result
+  says which (`notes["path"]`, `notes["why"]`, a log line); `path="fast"` refuses instead.
 """
 
 from __future__ import annotations
@@ -313,7 +313,11 @@ def _why_not_fast(model, patch_setter: Setter) -> str | None:
         return f"patch_setter {name!r} is the caller's own"
     if model.training:
         return "the model is in training mode (dropout would differ between the paths)"
-    hooked = [name for name, point in model.hook_dict.items() if point.has_hooks]
+    hooked = [
+        name
+        for name, module in model.named_modules()
+        if module._forward_hooks or module._forward_pre_hooks
+    ]
     if hooked:
         # such a hook would run once for all the stacked runs, and not at all before the patch
         return f"hooks are attached to the model ({', '.join(hooked[:3])})"
