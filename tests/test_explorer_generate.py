@@ -80,6 +80,7 @@ def test_the_streamed_rows_are_the_full_pattern_of_the_final_text(
     )
     start, tokens, end = lines[0], lines[1:-1], lines[-1]
     assert start["event"] == "start" and end["event"] == "end"
+    assert start["decode"] == {"path": "kernels", "reason": None}  # attnlab's C decode step
     assert all(t["event"] == "token" for t in tokens) and len(tokens) == 20 == end["tokens"]
     ids = end["ids"]
     assert ids == start["prompt_ids"] + [t["id"] for t in tokens]
@@ -93,6 +94,24 @@ def test_the_streamed_rows_are_the_full_pattern_of_the_final_text(
     # the text the pieces make is the decoded ids
     assert "".join(t["piece"] for t in tokens) + end["tail"] == end["text"]
     assert end["text"] == model.tokenizer.decode(ids[len(start["prompt_ids"]) :])
+
+
+def test_a_model_the_c_step_does_not_run_streams_through_the_modules_and_says_why():
+    """A hooked model takes the module path: the first line says so and why, and the rows are still
+    the full pattern's."""
+    model = small_models()["llama"]
+    model.blocks[1].register_forward_hook(lambda module, inputs, output: None)
+    with TestClient(create_app({"llama": model}), base_url=LOCAL) as c:
+        lines = stream(
+            c, model="llama", text="The cat", max_new_tokens=6, temperature=0.0, encoding="f32"
+        )
+    start, tokens = lines[0], lines[1:-1]
+    assert start["decode"]["path"] == "modules" and "hook" in start["decode"]["reason"]
+    reference = full_patterns(model, lines[-1]["ids"])
+    L, H = model.config.n_layers, model.config.n_heads
+    for t in tokens:
+        expected = reference[:, :, t["index"] - 1, : t["index"]].reshape(L * H, -1).numpy()
+        np.testing.assert_allclose(decode(t["rows"]), expected, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize(

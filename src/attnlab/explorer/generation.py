@@ -12,11 +12,13 @@ Design choices:
   button aborts the request) or closes, the server sees the connection close, the response is
   cancelled, and the generating thread's next step raises `Stopped`: generation ends within one
   token, and it leaves `Explorer.generations` (the streams being generated).
-- The lines: "start" (the prompt's tokens, the budget, the KV cache's bytes per position and the
-  length it allocates), one "token" per new token (id, string, the text it adds, every head's
-  attention row of the step that wrote it as one [n_layers · n_heads, key_pos] matrix encoded as
-  the pattern view's are, the top candidates with their probabilities, the positions in the KV
-  cache, the step's time), and "end" (why it ended, tokens per second on the server, the text).
+  - The lines: "start" (the prompt's tokens, the budget, the KV cache's bytes per position and the
+  length it allocates, the decode step that runs: attnlab's C decode program, or the modules and why
+  the C step does not apply to this model), one "token" per new token (id, string, the text it adds,
+  every head's attention row of the step that wrote it as one [n_layers · n_heads, key_pos] matrix
+  encoded as the pattern view's are, the top candidates with their probabilities, the positions in
+  the KV cache, the step's time), and "end" (why it ended, tokens per second on the server, the
+  text).
 - Candidates are the distribution the token is drawn from (temperature, top-k, top-p); with
   temperature 0 (greedy) the model's own softmax, whose most likely token wins.
 - One stream holds the work queue's slot (work_queue.py) for as long as it runs, as any computation
@@ -40,7 +42,7 @@ from ..formats.gguf_tokenizer import chat_ids
 from ..generate.kv_cache import buffer_length, bytes_per_position
 from ..generate.sample import TextStream
 from ..generate.sampling import filter_logits
-from ..generate.watch import Step, generate_watched
+from ..generate.watch import Step, decode_path, generate_watched
 from .encoding import encode_matrix
 from .models import ModelEntry, TextTooLong, Unsupported, Variant
 
@@ -93,6 +95,7 @@ class Generation:
     def start_event(self) -> dict[str, Any]:
         model, r = self.entry.model, self.request
         per_position = bytes_per_position(model)
+        path, why = decode_path(model)
         return {
             "event": "start",
             "model": self.entry.name,
@@ -107,6 +110,8 @@ class Generation:
             "d_head": model.config.d_head,
             "kv_bytes_per_position": per_position,
             "kv_allocated_positions": buffer_length(len(self.ids) + self.budget),
+            # "kernels" (the C decode program) or "modules", and why the C step does not apply
+            "decode": {"path": path, "reason": why},
             "settings": {
                 "temperature": r.temperature,
                 "top_k": r.top_k,

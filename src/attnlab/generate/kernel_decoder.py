@@ -58,11 +58,23 @@ class KernelDecoder:
     marks.
     Returns a buffer that the next call overwrites. Batches of more than fast_layers.MATVEC_MAX_ROWS
     rows with float32 weights multiply through BLAS (torch.addmm into the same buffers).
+
+    `keep_weights=True` gives every layer's attention call a scratch of its own, so that after a
+    step all of them still hold what the attention kernel leaves there, each head's unnormalised
+    weights over the keys (kernels.attend_call); `weights()` hands them out as the step's pattern
+    rows, with no extra pass over the keys (the explorer's generation view, generate's `on_rows`).
     """
 
-    def __init__(self, model, cache: KVCache, key_mask: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        model,
+        cache: KVCache,
+        key_mask: torch.Tensor | None = None,
+        keep_weights: bool = False,
+    ) -> None:
         self.model, self.cache = model, cache
         self.key_mask = key_mask  # kept alive: the attention calls read it
+        self.keep_weights = keep_weights
         self._allocate(cache.k[0].shape[0])
         # before any call is prepared (they bind addresses): the weights into 2 MB pages, in the
         # order read
@@ -90,7 +102,9 @@ class KernelDecoder:
         self.h_mlp = new(B, cfg.d_model) if cfg.wiring == "parallel" else self.h
         self.q, self.z = new(B, H, D), new(B, H, D)  # [batch, head, d_head]
         self.k, self.v = new(B, Hkv, D), new(B, Hkv, D)  # [batch, kv_head, d_head]
-        self.scores = new(B, H, max_len)  # [batch, head, key slot]: the attention kernel's scratch
+        # [layer or 1, batch, head, key slot]: the attention kernel's scratch, one per layer when
+        # the weights are kept
+        self.scores = new(cfg.n_layers if self.keep_weights else 1, B, H, max_len)
         self.pre, self.gate = new(B, cfg.d_mlp), new(B, cfg.d_mlp)  # [batch, d_mlp]
         # sandwich norms: a sublayer's output, normed before it joins the residual [batch, d_model]
         self.sublayer_out = new(B, cfg.d_model) if cfg.sandwich_norm else None
@@ -169,7 +183,7 @@ class KernelDecoder:
                 self.slot,
                 self.model.config.scale,
                 self.window_mask if windowed else self.key_mask,
-                self.scores,
+                self.scores[layer if self.keep_weights else 0],
                 z,
             )
         )
@@ -308,6 +322,16 @@ class KernelDecoder:
         for run in self.run:
             run()
         return self.logits
+
+    def weights(self) -> torch.Tensor:
+        """The last step's attention pattern rows [batch, layer, head, key slot 0 … slot]: each
+        head's weights over the keys, softmax(q·Kᵀ · scale) with the mask and window the step used
+        (0 on masked keys); needs keep_weights=True. Read from what the attention kernel left in
+        its scratch (exp(score − max), the kernel's own normaliser not kept), divided by its
+        sum."""
+        assert self.keep_weights, "KernelDecoder(keep_weights=True) keeps the weights"
+        p = self.scores[..., : int(self.slot) + 1]  # [layer, batch, head, key]
+        return (p / p.sum(-1, keepdim=True)).transpose(0, 1)
 
 
 @torch.no_grad()

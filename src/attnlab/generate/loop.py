@@ -20,6 +20,11 @@ Design choices (after gpt-fast):
   streaming to `on_token`, which reads each token anyway). Sampling: attnlab.generate.sampling.
 - Left-padded batches: `attention_mask` marks real tokens; positions count real tokens only, and
   padded keys stay masked, so each row generates exactly what it would alone.
+- `on_rows` (generation you can watch, attnlab.generate.watch): each new token's attention rows,
+  those of the query whose logits chose it, over every key before it. The kernel decode program
+  keeps each layer's weights (`KernelDecoder(keep_weights=True)`); a prefill through the modules and
+  the module path hand them out through a hook on every hook_pattern, attached after the decode
+  step is chosen (a hook sends the step to the module path: `KernelDecoder.unsupported`).
 - Lower precision is the model's dtype (`model.to(torch.bfloat16)`): the cache takes the model's
   dtype, norms compute in float32, and sampling reads float32 logits. Or only the weights
   (`attnlab.generate.fast_layers.store_weights_as(model, torch.bfloat16)`): half the bytes per
@@ -29,7 +34,7 @@ Design choices (after gpt-fast):
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import torch
 
@@ -149,23 +154,31 @@ def generate(
     compile: bool | str = False,
     use_kernels: bool = True,
     on_logits: Callable[[torch.Tensor], None] | None = None,
+    on_rows: Callable[[torch.Tensor], None] | None = None,
 ) -> torch.Tensor:
     """The prompt followed by `max_new_tokens` new tokens: (B, T) -> (B, T + new).
 
     attention_mask (B, T): 1 for real prompt tokens, 0 for left padding. `on_token` receives each
     new token column (B, 1) as it is chosen (for streaming), `on_logits` the logits (B, V) it is
-    drawn from, just before (the explorer shows the candidates). Stops early once every row has
-    produced `eos_token_id`, padding the rest with it. `compile=True` runs the decode step through
-    torch.compile (or a backend's name: compile="aot_eager"): the first call with a new shape
-    compiles for a while (tens of seconds on a CPU), later calls reuse it. Otherwise the decode step
-    is `KernelDecoder` where it applies (`use_kernels=False`: always the modules, eager).
+    drawn from, just before (the explorer shows the candidates), and `on_rows` before that the
+    attention rows [B, layer, head, key] of the step that computed those logits (its query over
+    every key so far: row T + i − 1 of the final text's pattern, for new token i). Stops early once
+    every row has produced `eos_token_id`, padding the rest with it. `compile=True` runs the decode
+    step through torch.compile (or a backend's name: compile="aot_eager"): the first call with a new
+    shape compiles for a while (tens of seconds on a CPU), later calls reuse it. Otherwise the
+    decode step is `KernelDecoder` where it applies (`use_kernels=False`: always the modules,
+    eager).
     """
     if ids.dim() == 1:
         ids = ids.unsqueeze(0)
     _check_args(model, ids, max_new_tokens, temperature, top_k, top_p)
+    if on_rows is not None and compile:
+        raise UserError(
+            "the attention rows of each step (on_rows) come from the eager steps; drop compile="
+        )
     if max_new_tokens == 0:
         return ids
-    with _in_eval_mode(model), fast_linears(model):
+    with _in_eval_mode(model), fast_linears(model), ExitStack() as context:
         generator = None
         if seed is not None:
             generator = torch.Generator(device=ids.device).manual_seed(seed)
@@ -187,10 +200,18 @@ def generate(
         out[:, :T] = ids
         fast = None
         if not compile and use_kernels and KernelDecoder.unsupported(model) is None:
-            fast = KernelDecoder(model, cache, key_mask if attention_mask is not None else None)
+            fast = KernelDecoder(
+                model,
+                cache,
+                key_mask if attention_mask is not None else None,
+                keep_weights=on_rows is not None,
+            )
         step = _decode_step(model, cache, key_mask, attention_mask is not None, compile, fast)
+        if on_rows is not None:  # after the step was chosen: a hook would have chosen the modules
+            hooked_rows = context.enter_context(_last_query_rows(model))
         # a short prompt: through the decode step, token by token
-        if fast is not None and T <= PREFILL_IN_STEPS:
+        in_steps = fast is not None and T <= PREFILL_IN_STEPS
+        if in_steps:
             model._check_ids(ids)  # as the module path's prefill does: the C lookup trusts the ids
             model._check_values(ids, positions)
             for t in range(T):
@@ -202,6 +223,8 @@ def generate(
         done = torch.zeros(B, 1, dtype=torch.bool, device=device)
         n = max_new_tokens
         for i in range(max_new_tokens):
+            if on_rows is not None:  # the kernels' weights once they computed the logits
+                on_rows(fast.weights() if fast is not None and (i or in_steps) else hooked_rows())
             if on_logits is not None:
                 on_logits(logits)
             token = sample_next(logits, temperature, top_k, top_p, generator)
@@ -224,6 +247,22 @@ def generate(
         if n < max_new_tokens:
             out[:, T + n :] = eos_token_id
         return out
+
+
+@contextmanager
+def _last_query_rows(model):
+    """While open, a hook on every layer's hook_pattern keeps its last query's rows; yields a
+    function giving those of the latest forward pass, [batch, layer, head, key]."""
+    n_layers = model.config.n_layers
+    layer_of = {f"blocks.{layer}.attn.hook_pattern": layer for layer in range(n_layers)}
+    rows: list[torch.Tensor | None] = [None] * n_layers
+
+    def keep(pattern: torch.Tensor, hook) -> None:  # [batch, head, query_pos, key_pos]
+        # copied: a view would keep the prompt's whole T × T pattern alive
+        rows[layer_of[hook.name]] = pattern[:, :, -1].float().clone()
+
+    with model.hooks([(layer_of.__contains__, keep)]):
+        yield lambda: torch.stack(rows, dim=1)
 
 
 @contextmanager

@@ -474,7 +474,9 @@ def attend_call(
     """Write k_new, v_new (rows, n_kv_heads, d_head) at cache slot `slot` (a one-element int64
     tensor, read at each call) of k_cache, v_cache (rows, n_kv_heads, max_len, d_head), then out
     (rows, heads, d_head) = softmax(q Kᵀ · scale) V over slots [0, slot] that key_mask (rows,
-    max_len) bool allows (None: all). `scores` is scratch of rows · heads · max_len floats."""
+    max_len) bool allows (None: all). `scores` is scratch of rows · heads · max_len floats; the call
+    leaves there each head's unnormalised weights, exp(score − max) at the slots it attended to and
+    0 at masked ones (KernelDecoder.weights reads them)."""
     rows, heads, d_head = q.shape
     n_kv_heads, max_len = k_cache.shape[1], k_cache.shape[2]
     # the C code trusts these layouts: check them once here, where the call is prepared

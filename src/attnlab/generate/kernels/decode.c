@@ -561,7 +561,8 @@ static inline void weighted_sum(const float *p, const float *v, int64_t n, int64
  * head h / (heads / kv_heads) (grouped-query attention) at slots [0, slot], those with key_mask[r, s] set
  * (key_mask NULL: all); the slot is read from *slot_at, so a prepared call serves every step. q, out [rows, heads, d_head]; k_new, v_new [rows, kv_heads, d_head]; k_cache, v_cache
  * [rows, kv_heads, max_len, d_head]; key_mask [rows, mask_stride] bytes; scores: room for rows * heads * max_len
- * floats. A row that may see no key gets zeros, as attnlab.attention does. */
+ * floats; on return scores[rh, 0 .. slot] holds the unnormalised weights exp(score - max), 0 at masked keys
+ * (KernelDecoder.weights reads them). A row that may see no key gets zeros, as attnlab.attention does. */
 static void attend(const float *q, const float *k_new, const float *v_new, float *k_cache, float *v_cache,
                    const uint8_t *key_mask, int64_t mask_stride, float *scores, float *out, int64_t rows,
                    int64_t heads, int64_t kv_heads, int64_t d_head, int64_t max_len, const int64_t *slot_at,

@@ -238,6 +238,7 @@ function drawCache() {
   el.textContent = `${filled} positions × ${(s.kv_bytes_per_position / 1024).toFixed(1)} kB = ${bytes(filled)} ` +
     `(a key and a value per layer and kv head: 2 × ${s.n_layers} × ${s.n_kv_heads} × ${s.d_head} numbers) · ` +
     `allocated once for ${s.kv_allocated_positions} positions: ${bytes(s.kv_allocated_positions)}` +
+    (s.decode.path === "kernels" ? " · decoded by attnlab's C step" : ` · decoded through the modules (${s.decode.reason})`) +
     (rate ? ` · ${rate.toFixed(1)} tokens/s as received here` : "") +
     (gen.end && gen.end.tokens_per_s ? ` · ${gen.end.tokens_per_s.toFixed(1)} tokens/s on the server` : "");
 }
