@@ -8,8 +8,9 @@ Same prompt, same settings (attnlab sample's: temperature 0.8, top-k 200, seed 1
 prompt, so every run writes exactly --tokens tokens), in one process, each the median of --repeats:
 - sample: `model.generate`, what `attnlab sample` runs (the kernel decode program by default);
 - modules: the same loop through the model's modules (use_kernels=False), no hooks;
-- watched: attnlab.generate.watch.generate_watched, the modules plus a hook on every layer's pattern
-  keeping each step's rows (what the explorer's stream computes);
+- watched: attnlab.generate.watch.generate_watched, what the explorer's stream computes: the decode
+  step generate takes (the kernel decode program where it applies, each layer's attention weights
+  kept; the modules with a hook on every layer's pattern where it does not), printed as the path;
 - page: the explorer served in this process (uvicorn, 127.0.0.1), the generation view in Debian's
   chromium driven by Playwright: tokens per second as the page receives them (first token to
   the last) and as the server's stream reports them;
@@ -143,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     import attnlab
     from attnlab.explorer.app import create_app
     from attnlab.explorer.cli import serving
+    from attnlab.generate.watch import decode_path
 
     machine = machine_line()
     print(machine)
@@ -158,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     text = model.tokenizer.decode(model.tokenizer.encode(words)[: args.atlas_tokens])
     results["atlas"] = atlas_times(model, name, text, args.repeats)
 
+    path = results["watched_path"] = decode_path(model)[0]
     rates = results["tokens_per_s"]
     print(f"\n{args.model}: {args.tokens} new tokens after {ids.shape[1]} prompt tokens, "
           f"median of {args.repeats}")  # fmt: skip
@@ -165,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     labels = {
         "sample": "model.generate (attnlab sample's loop)",
         "modules": "the same loop through the modules",
-        "watched": "watched: modules + every head's rows",
+        "watched": f"watched ({path}) + every head's rows",
         "server": "explorer stream, as the server reports",
         "page": "explorer stream, as the page receives it",
     }

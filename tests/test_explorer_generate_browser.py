@@ -16,6 +16,7 @@ from test_explorer_browser import OUT, open_page, settle, show, wait_until
 import attnlab
 from attnlab.explorer.app import create_app
 from attnlab.explorer.cli import serving
+from attnlab.generate.kernel_decoder import KernelDecoder
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -89,8 +90,11 @@ def test_a_generation_streams_into_the_page_with_the_rows_of_the_full_pattern(se
     assert page.input_value("#text") == text
 
 
-def test_stop_ends_the_generation_on_the_server(served, page):
+def test_stop_ends_the_generation_on_the_server(served, page, monkeypatch):
     url, explorer = served
+    # each C decode step ~20 ms (the small model's would be done before Stop could be pressed)
+    weights = KernelDecoder.weights
+    monkeypatch.setattr(KernelDecoder, "weights", lambda self: time.sleep(0.02) or weights(self))
     open_page(page, url, model="llama")
     show(page, "generate")
     generate(page, TEXT, 1000, temperature="0.8")
