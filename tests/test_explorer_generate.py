@@ -158,6 +158,43 @@ def test_each_token_carries_its_candidates_and_the_kv_cache(client, models):
     assert first["candidates"][0]["prob"] == pytest.approx(float(p.max()), rel=1e-4)
 
 
+def byte_level_model_that_writes_newlines(models):
+    """gpt with a byte-level BPE vocabulary whose every step's top candidate is the newline (its
+    vocabulary's stand-in "Ċ"): the final norm gives one constant vector whose only logit is the
+    newline's."""
+    from attnlab.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.train_bpe(["The cat sat.\n\nIt was tired." * 10], vocab_size=280)
+    (newline,) = tokenizer.encode("\n")
+    assert tokenizer.id_to_token(newline) == "Ċ"
+    config = models["gpt"].config.replace(d_vocab=tokenizer.vocab_size, tie_embeddings=False)
+    model = attnlab.Transformer(config).eval()
+    with torch.no_grad():
+        model.ln_final.weight.zero_()
+        model.ln_final.bias.zero_()
+        model.ln_final.bias[0] = 1.0
+        model.unembed.weight.zero_()
+        model.unembed.weight[newline, 0] = 5.0
+    model.tokenizer = tokenizer
+    return model, newline
+
+
+def test_the_stream_labels_byte_level_tokens_and_candidates_with_their_text(models):
+    """SmolLM2's newline is "Ċ" in its vocabulary: the stream labels the token and every candidate
+    with the text they stand for (Tokenizer.label), so the page shows a newline as ⏎."""
+    model, newline = byte_level_model_that_writes_newlines(models)
+    with TestClient(create_app({"bpe": model}), base_url=LOCAL) as c:
+        lines = stream(c, model="bpe", text="The cat", max_new_tokens=3, temperature=0.0, k=20)
+    tokens = lines[1:-1]
+    assert [t["id"] for t in tokens] == [newline] * 3
+    for t in tokens:
+        assert t["token"] == "\n" and t["candidates"][0]["token"] == "\n"
+        assert [c["token"] for c in t["candidates"]] == [
+            model.tokenizer.label(c["id"]) for c in t["candidates"]
+        ]
+    assert "Ċ" not in json.dumps(lines, ensure_ascii=False)
+
+
 def test_the_budget_stops_at_the_context(client):
     """gpt learns 128 positions: a 120-character prompt leaves 8 tokens, whatever is asked."""
     lines = stream(client, model="gpt", text="a" * 120, max_new_tokens=50, temperature=0.0)

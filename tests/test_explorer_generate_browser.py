@@ -12,6 +12,7 @@ import pytest
 import test_explorer_browser as chromium
 from explorer_models import TEXT, small_models
 from test_explorer_browser import OUT, open_page, settle, show, wait_until
+from test_explorer_generate import byte_level_model_that_writes_newlines
 
 import attnlab
 from attnlab.explorer.app import create_app
@@ -88,6 +89,22 @@ def test_a_generation_streams_into_the_page_with_the_rows_of_the_full_pattern(se
     page.click("#gen-use")
     settle(page, "generate")
     assert page.input_value("#text") == text
+
+
+def test_a_newline_candidate_shows_as_the_return_sign(page):
+    """A byte-level BPE model writing newlines ("Ċ" in its vocabulary): the generated chips and the
+    candidates show ⏎, never the vocabulary's stand-in."""
+    model, _ = byte_level_model_that_writes_newlines(small_models())
+    with serving(create_app({"bpe": model})) as url:
+        open_page(page, url)
+        show(page, "generate")
+        generate(page, "The cat", 3)
+        page.wait_for_selector("body[data-generated='3']", state="attached")
+        assert page.locator("#gen-tokens .gen-chip.new").all_inner_texts() == ["⏎"] * 3
+        page.click("#gen-tokens .gen-chip.new >> nth=0")
+        candidates = page.inner_text("#gen-candidates")
+        assert page.inner_text("#gen-candidates .gen-candidate.chosen").startswith("⏎")
+        assert "Ċ" not in candidates + page.inner_text("#gen-tokens")
 
 
 def test_stop_ends_the_generation_on_the_server(served, page, monkeypatch):
