@@ -33,15 +33,35 @@ from hypothesis import strategies as st
 import attnlab
 from attnlab.errors import UserError
 from attnlab.generate import kernels
-from attnlab.generate.blocks import BLOCK_TYPES, BlockLinear, dequantize, quantize_blocks
+from attnlab.generate.blocks import (
+    BLOCK_TYPES,
+    QUANTIZABLE,
+    BlockLinear,
+    dequantize,
+    quantize_blocks,
+)
 from attnlab.generate.fast_layers import KernelBlockLinear, fast_linears
 from attnlab.generate.kernel_decoder import KernelDecoder
 from attnlab.generate.kv_cache import KVCache
 from attnlab.generate.loop import generate
 from attnlab.model.config import ModelConfig
 
-KINDS = list(BLOCK_TYPES)
-GGML = {"q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1}
+KINDS = list(QUANTIZABLE)  # the kinds attnlab makes from float weights
+MORE = [kind for kind in BLOCK_TYPES if kind not in QUANTIZABLE]  # read from files only
+GGML = {kind: Q[t.name] for kind, t in BLOCK_TYPES.items()}
+
+
+def block_layer(kind: str, d_out: int, d_in: int, seed: int, bias: bool = False) -> BlockLinear:
+    """A BlockLinear of `kind`: float weights quantized (the kinds attnlab makes), or valid random
+    blocks (finite scales, random quants) for the kinds only files hold."""
+    g = torch.Generator().manual_seed(seed)
+    b = torch.randn(d_out, generator=g) if bias else None
+    if kind in QUANTIZABLE:
+        w = torch.randn(d_out, d_in, generator=g) * torch.rand(d_out, 1, generator=g)
+        return BlockLinear.from_float(w, kind, b)
+    t = BLOCK_TYPES[kind]
+    raw = random_blocks(GGML[kind], d_out * d_in // t.weights, np.random.default_rng(seed))
+    return BlockLinear.from_blocks(torch.from_numpy(raw.reshape(d_out, -1)), kind, d_in, b)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -55,12 +75,12 @@ def built_kernels():
 # The reference dequantizer and quantizer against gguf-py ---------------------------------------
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS + MORE)
 def test_dequantize_equals_gguf_py_on_random_blocks(kind, rng):
     blocks = random_blocks(GGML[kind], 7 * 5, rng).reshape(7, -1)  # 7 rows of 5 blocks
     ours = dequantize(torch.from_numpy(blocks), kind)
     expected = gguf_dequantize(blocks, GGML[kind])
-    assert ours.shape == (7, 160) and ours.dtype == torch.float32
+    assert ours.shape == (7, 5 * BLOCK_TYPES[kind].weights) and ours.dtype == torch.float32
     assert torch.equal(ours, torch.from_numpy(np.ascontiguousarray(expected)))
 
 
@@ -104,8 +124,12 @@ def test_quantize_blocks_is_bit_equal_to_gguf_py(kind, values, special):
 def test_quantize_blocks_refuses_rows_that_are_not_whole_blocks():
     with pytest.raises(UserError, match="do not divide into Q4_0 blocks of 32"):
         quantize_blocks(torch.randn(3, 40), "q4_0")
-    with pytest.raises(UserError, match="unknown block type 'q5_0'"):
+    with pytest.raises(UserError, match="unknown block type 'q5_1'"):
+        quantize_blocks(torch.randn(3, 32), "q5_1")
+    with pytest.raises(UserError, match="reads Q5_0 blocks from GGUF files but does not make"):
         quantize_blocks(torch.randn(3, 32), "q5_0")
+    with pytest.raises(UserError, match="do not divide into Q4_K blocks of 256"):
+        BlockLinear(640, 4, "q4_k")
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -162,26 +186,27 @@ def check_product(x, blocks, kind, bias, out, w):
         (out.double() - reference).abs() / bound
     ).max()
     exact = emulated(x, blocks, kind) + (0 if bias is None else bias.double())
-    torch.testing.assert_close(out.double(), exact, rtol=2e-5, atol=2e-5 * exact.abs().max())
+    # float32 sums in another order: their error grows with the terms' magnitudes, not the sum's
+    # (one output of 576 terms that nearly cancel was 8e-5 apart relative to itself)
+    terms = (x.double().abs() @ w.double().abs().T).max()
+    torch.testing.assert_close(out.double(), exact, rtol=2e-5, atol=2e-6 * terms)
 
 
-SHAPES = st.tuples(
-    st.sampled_from([1, 2, 3, 4, 7, 8, 9, 32]),  # rows: few (the decode step), and batches
-    st.sampled_from([32, 64, 96, 576, 1536]),  # d_in: whole blocks
-    st.integers(1, 140),  # d_out: not always a multiple of the four rows at once
-)
+ROWS = st.sampled_from([1, 2, 3, 4, 7, 8, 9, 32])  # few (the decode step), and batches
+D_OUT = st.integers(1, 140)  # not always a multiple of the four rows at once
+SHAPES = st.tuples(ROWS, st.sampled_from([32, 64, 96, 576, 1536]), D_OUT)  # d_in: whole blocks
+SHAPES_256 = st.tuples(ROWS, st.sampled_from([256, 512, 1280, 2048]), D_OUT)  # K-quants' blocks
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@given(shape=SHAPES, bias=st.booleans(), accumulate=st.booleans(), seed=st.integers(0, 2**31))
+@pytest.mark.parametrize("kind", KINDS + MORE)
+@given(data=st.data(), bias=st.booleans(), accumulate=st.booleans(), seed=st.integers(0, 2**31))
 def test_block_products_stay_within_the_rounding_bound_of_the_float_product(
-    kind, shape, bias, accumulate, seed
+    kind, data, bias, accumulate, seed
 ):
-    rows, d_in, d_out = shape
+    rows, d_in, d_out = data.draw(SHAPES_256 if BLOCK_TYPES[kind].weights == 256 else SHAPES)
     g = torch.Generator().manual_seed(seed)
-    w = torch.randn(d_out, d_in, generator=g) * torch.rand(d_out, 1, generator=g)
     x = torch.randn(rows, d_in, generator=g) * torch.rand(1, d_in, generator=g) * 3
-    layer = BlockLinear.from_float(w, kind, torch.randn(d_out, generator=g) if bias else None)
+    layer = block_layer(kind, d_out, d_in, seed, bias)
     start = torch.randn(rows, d_out, generator=g)
     out = start.clone() if accumulate else None
     kind_c = BLOCK_TYPES[kind].kernel
@@ -191,10 +216,10 @@ def test_block_products_stay_within_the_rounding_bound_of_the_float_product(
     )
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS + MORE)
 def test_block_products_on_two_threads_equal_one(kind, seed, monkeypatch):
-    x, w = torch.randn(3, 1536), torch.randn(300, 1536)  # large enough to split over threads
-    layer = BlockLinear.from_float(w, kind)
+    x = torch.randn(3, 1536)
+    layer = block_layer(kind, 300, 1536, seed)  # large enough to split over threads
     one = kernels.block_linear(x, layer.blocks, BLOCK_TYPES[kind].kernel)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     assert torch.equal(kernels.block_linear(x, layer.blocks, BLOCK_TYPES[kind].kernel), one)
@@ -207,61 +232,67 @@ def test_a_nan_in_the_activation_makes_nan_as_the_float_product_does():
     assert torch.isnan(kernels.block_linear(x, layer.blocks, BLOCK_TYPES["q4_0"].kernel)).all()
 
 
-@pytest.fixture(scope="module", params=["portable", "avx2", "native-without-vnni"])
+@pytest.fixture(scope="module", params=["portable", "avx2", "avx512", "avx512-without-vnni"])
 def other_build(request, tmp_path_factory):
-    """decode.c built as another CPU would: portable C, AVX2 only (a Zen 3), or this CPU without
-    its VNNI instructions (maddubs in their place); in a temporary cache."""
-    flags = {
-        "portable": kernels.FLAG_SETS[1],
-        "avx2": kernels.FLAG_SETS[1] + ["-mavx2", "-mfma", "-mf16c"],
-        "native-without-vnni": kernels.FLAG_SETS[0] + ["-mno-avx512vnni", "-mno-avxvnni"],
-    }[request.param]
+    """decode.c as each of its builds (kernels.VARIANTS: portable C, AVX2 as on a Zen 3, AVX-512
+    with VNNI), and AVX-512 without its VNNI instructions (maddubs in their place); in a temporary
+    cache. The AVX-512 ones only where this CPU and its OS allow AVX-512."""
+    name = request.param.removesuffix("-without-vnni")
+    if name not in kernels.variants_here():
+        pytest.skip(f"this CPU or its operating system does not allow {name}")
+    flags = kernels.VARIANTS[name][0]
+    if request.param.endswith("-without-vnni"):
+        flags = flags + ["-mno-avx512vnni", "-mno-avxvnni"]
     with mock.patch.dict(os.environ, {"ATTNLAB_CACHE": str(tmp_path_factory.mktemp("kernels"))}):
         path = kernels.build(flag_sets=(flags,))
     assert path is not None
     return kernels.load(path)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS + MORE)
 def test_every_build_of_the_block_products_stays_within_the_bound(
     kind, other_build, seed, monkeypatch
 ):
     monkeypatch.setattr(kernels, "library", lambda: other_build)
-    for rows, d_in, d_out in ((1, 32, 5), (3, 96, 67), (9, 576, 130)):
-        x, w = torch.randn(rows, d_in) * 2, torch.randn(d_out, d_in)
-        layer = BlockLinear.from_float(w, kind, torch.randn(d_out))
+    k = BLOCK_TYPES[kind].weights // 32
+    for rows, d_in, d_out in ((1, 32 * k, 5), (3, 96 * k, 67), (9, 576 * k // 2, 130)):
+        x = torch.randn(rows, d_in) * 2
+        layer = block_layer(kind, d_out, d_in, seed + d_out, bias=True)
         got = kernels.block_linear(x, layer.blocks, BLOCK_TYPES[kind].kernel, layer.bias)
         check_product(x, layer.blocks, kind, layer.bias, got, layer.weight)
 
 
 def every_half_as_a_scale(kind: str) -> torch.Tensor:
     """One row of 65,536 blocks of `kind`, block i scaled by the float16 with bits i (subnormals,
-    infinities and NaNs included; Q4_1's offset too), random quants."""
+    infinities and NaNs included; the second float16 of Q4_1, Q4_K and Q5_K too), random quants
+    and (K-quants) random sub-block scales."""
     nbytes = BLOCK_TYPES[kind].nbytes
     blocks = torch.randint(0, 256, (2**16, nbytes), dtype=torch.uint8)
     bits = torch.arange(2**16, dtype=torch.int32)
-    blocks[:, 0], blocks[:, 1] = (bits & 255).to(torch.uint8), (bits >> 8).to(torch.uint8)
-    if kind == "q4_1":
+    at = 208 if kind == "q6_k" else 0  # the block's d
+    blocks[:, at], blocks[:, at + 1] = (bits & 255).to(torch.uint8), (bits >> 8).to(torch.uint8)
+    if kind in ("q4_1", "q4_k", "q5_k"):
         blocks[:, 2], blocks[:, 3] = blocks[:, 1], blocks[:, 0]
     return blocks.reshape(1, -1)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS + MORE)
 def test_the_c_dequantizer_equals_the_reference_bit_for_bit_in_every_build(
     kind, other_build, monkeypatch
 ):
     for library in (kernels.library(), other_build):
         monkeypatch.setattr(kernels, "library", lambda: library)
         blocks = every_half_as_a_scale(kind)
-        d_in = blocks.shape[1] // BLOCK_TYPES[kind].nbytes * 32
+        d_in = blocks.shape[1] // BLOCK_TYPES[kind].nbytes * BLOCK_TYPES[kind].weights
         ours = kernels.dequantize(blocks, BLOCK_TYPES[kind].kernel, d_in)
         torch.testing.assert_close(ours, dequantize(blocks, kind), rtol=0, atol=0, equal_nan=True)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS + MORE)
 def test_generation_multiplies_a_prompt_exactly_and_a_few_rows_as_the_decode_step(kind, seed):
-    layer = BlockLinear.from_float(torch.randn(70, 96), kind, torch.randn(70))
-    prompt, few = torch.randn(2, 12, 96), torch.randn(3, 96)
+    d_in = 3 * BLOCK_TYPES[kind].weights
+    layer = block_layer(kind, 70, d_in, seed, bias=True)
+    prompt, few = torch.randn(2, 12, d_in), torch.randn(3, d_in)
     kernel = BLOCK_TYPES[kind].kernel
     decode = kernels.block_linear(few, layer.blocks, kernel, layer.bias)
     with torch.no_grad():

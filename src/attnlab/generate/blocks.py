@@ -1,4 +1,5 @@
-"""Weights in ggml's own blocks (Q8_0, Q4_0, Q4_1): the bytes a GGUF file holds, kept as they are.
+"""Weights in ggml's own blocks (Q8_0, Q4_0, Q4_1, Q5_0 and the K-quants Q4_K, Q5_K, Q6_K): the
+bytes a GGUF file holds, kept as they are.
 
 Design choices:
 - One block is 32 weights of a row with their own scale (ggml-common.h's block_q8_0, block_q4_0,
@@ -7,6 +8,16 @@ Design choices:
     Q4_0, 18 bytes: d (float16), 16 bytes of 4-bit n;     w_j = d (n_j - 8)
     Q4_1, 20 bytes: d, m (float16), 16 bytes of 4-bit n;  w_j = d n_j + m
   In Q4_0 and Q4_1, byte j holds n_j in its low four bits and n_{j+16} in its high four.
+- What a GGUF file holds beyond those (ggml-common.h's block_q5_0, block_q4_K, block_q5_K,
+  block_q6_K), read and multiplied as they are but never made here (`attnlab.quantize` offers
+  the three above):
+    Q5_0, 22 bytes per 32: d, qh (the 32 fifth bits), 16 bytes of nibbles;  w_j = d (n_j - 16)
+    Q4_K, 144 bytes per 256: d, dmin, 12 bytes of eight 6-bit scales sc and mins m, 128 of nibbles;
+          sub-block s of 32 weights: w = d sc_s n - dmin m_s
+    Q5_K, 176 bytes per 256: Q4_K's head, 32 bytes of fifth bits, 128 of nibbles; as Q4_K
+    Q6_K, 210 bytes per 256: 128 bytes of low nibbles, 64 of 2-bit highs, 16 int8 scales (one per
+          16 weights), d;  w = d sc (n - 32)
+  A K-quant's rows must be whole blocks of 256 (the GGUF reader checks that of every tensor).
 - `BlockLinear` keeps a matrix as those bytes (a uint8 tensor [d_out, blocks per row · block bytes])
   and nothing else: no float copy. Its forward is the reference: `dequantize` (the one dequantizer
   here, checked bit for bit against gguf-py's `gguf.quants.dequantize`, which nobody here wrote),
@@ -38,15 +49,26 @@ BLOCK = 32  # weights per block (QK8_0 = QK4_0 = QK4_1 in ggml)
 class BlockType:
     name: str  # ggml's name, as GGUF's tensor types spell it
     ggml_type: int  # its number in GGUF's tensor info (GGMLQuantizationType)
-    nbytes: int  # bytes per block of BLOCK weights
+    nbytes: int  # bytes per block
     kernel: int  # decode.c's attnlab_block_type (attnlab.generate.kernels.BlockKind)
+    weights: int = BLOCK  # weights per block (QK_K = 256 for the K-quants)
+
+    def row_bytes(self, d_in: int) -> int:
+        """Bytes of one row of d_in weights (a whole number of blocks)."""
+        return d_in // self.weights * self.nbytes
 
 
 BLOCK_TYPES = {
     "q8_0": BlockType("Q8_0", 8, 34, 0),
     "q4_0": BlockType("Q4_0", 2, 18, 1),
     "q4_1": BlockType("Q4_1", 3, 20, 2),
+    "q5_0": BlockType("Q5_0", 6, 22, 3),
+    "q4_k": BlockType("Q4_K", 12, 144, 4, 256),
+    "q5_k": BlockType("Q5_K", 13, 176, 5, 256),
+    "q6_k": BlockType("Q6_K", 14, 210, 6, 256),
 }
+# the types attnlab.quantize makes from float weights (quantize_blocks)
+QUANTIZABLE = ("q8_0", "q4_0", "q4_1")
 BY_GGML_NAME = {t.name: kind for kind, t in BLOCK_TYPES.items()}
 
 
@@ -67,6 +89,8 @@ def dequantize(blocks: torch.Tensor, kind: str) -> torch.Tensor:
     t = block_type(kind)
     assert blocks.dtype == torch.uint8 and blocks.shape[-1] % t.nbytes == 0
     b = blocks.reshape(-1, t.nbytes)  # one block per row
+    if kind not in QUANTIZABLE:
+        return _dequantize_more(b, kind).reshape(*blocks.shape[:-1], -1)
     d = _halves(b, 0)  # [n, 1]
     if kind == "q8_0":
         w = d * b[:, 2:].contiguous().view(torch.int8).float()
@@ -75,6 +99,40 @@ def dequantize(blocks: torch.Tensor, kind: str) -> torch.Tensor:
         n = torch.cat([packed & 15, packed >> 4], dim=1)  # [n, 32]: low nibbles, then high
         w = d * (n.float() - 8) if kind == "q4_0" else d * n.float() + _halves(b, 2)
     return w.reshape(*blocks.shape[:-1], -1)
+
+
+def _bits(v: torch.Tensor, shifts: list[int], mask: int, dim: int) -> torch.Tensor:
+    """(v >> s) & mask for each s in shifts, stacked along a new dimension `dim`."""
+    return torch.stack([(v >> s) & mask for s in shifts], dim=dim)
+
+
+def _dequantize_more(b: torch.Tensor, kind: str) -> torch.Tensor:
+    """Q5_0 and the K-quants (module docstring): b [n, block bytes] -> [n, weights per block], in
+    gguf-py's order of float32 operations (its `quants.dequantize`), so equal to it bit for bit."""
+    n = b.shape[0]
+    if kind == "q5_0":
+        qh = sum(b[:, 2 + i : 3 + i].long() << (8 * i) for i in range(4))  # [n, 1], little-endian
+        high = (qh >> torch.arange(32)) & 1  # [n, 32]
+        low = torch.cat([b[:, 6:] & 15, b[:, 6:] >> 4], dim=1)
+        return _halves(b, 0) * ((low | (high.to(torch.uint8) << 4)).float() - 16)
+    if kind == "q6_k":
+        low = _bits(b[:, :128].reshape(n, 2, 64), [0, 4], 15, 2).reshape(n, 8, 32)
+        high = _bits(b[:, 128:192].reshape(n, 2, 32), [0, 2, 4, 6], 3, 2).reshape(n, 8, 32)
+        q = (low | (high << 4)).float() - 32  # [n, 8 sub-blocks, 32]
+        scales = b[:, 192:208].contiguous().view(torch.int8).float()  # one per 16 weights
+        d = _halves(b, 208) * scales  # [n, 16]
+        return (d[:, :, None] * q.reshape(n, 16, 16)).reshape(n, 256)
+    # Q4_K, Q5_K: the eight 6-bit scales and mins of bytes 4-15 (ggml's get_scale_min_k4)
+    s = b[:, 4:16].reshape(n, 3, 4).int()
+    sc = torch.cat([s[:, 0] & 63, (s[:, 2] & 15) | ((s[:, 0] >> 2) & 48)], dim=1)  # [n, 8]
+    m = torch.cat([s[:, 1] & 63, (s[:, 2] >> 4) | ((s[:, 1] >> 2) & 48)], dim=1)
+    d = (_halves(b, 0) * sc.float())[:, :, None]  # [n, 8, 1]
+    dm = (_halves(b, 2) * m.float())[:, :, None]
+    qs = b[:, 48:] if kind == "q5_k" else b[:, 16:]  # sub-blocks 2i, 2i + 1: bytes 32i.. low, high
+    q = _bits(qs.reshape(n, 4, 32), [0, 4], 15, 2).reshape(n, 8, 32)
+    if kind == "q5_k":  # bit s of byte j: the fifth bit of weight j of sub-block s
+        q = q | (_bits(b[:, 16:48], list(range(8)), 1, 1) << 4)
+    return (d * q.float() - dm).reshape(n, 256)
 
 
 def _round_half_away(v: torch.Tensor) -> torch.Tensor:
@@ -89,6 +147,11 @@ def quantize_blocks(weight: torch.Tensor, kind: str) -> torch.Tensor:
     block bytes], bit-equal to gguf-py's `gguf.quants.quantize` (ggml's C reference: the scale
     rounded to float16 only when stored, the weights scaled by the float32 one)."""
     t = block_type(kind)
+    if kind not in QUANTIZABLE:
+        raise UserError(
+            f"attnlab reads {t.name} blocks from GGUF files but does not make them; quantize to "
+            f"{', '.join(QUANTIZABLE)}"
+        )
     d_out, d_in = weight.shape
     if d_in % BLOCK:
         raise UserError(
@@ -132,16 +195,14 @@ class BlockLinear(nn.Module):
     ) -> None:
         super().__init__()
         t = block_type(kind)
-        if in_features % BLOCK:
+        if in_features % t.weights:
             raise UserError(
-                f"rows of {in_features} weights do not divide into {t.name} blocks of {BLOCK}"
+                f"rows of {in_features} weights do not divide into {t.name} blocks of {t.weights}"
             )
         self.in_features, self.out_features, self.kind = in_features, out_features, kind
         self.register_buffer(
             "blocks",
-            torch.zeros(
-                out_features, in_features // BLOCK * t.nbytes, dtype=torch.uint8, device=device
-            ),
+            torch.zeros(out_features, t.row_bytes(in_features), dtype=torch.uint8, device=device),
         )
         self.bias = (
             nn.Parameter(torch.zeros(out_features, device=device), requires_grad=False)

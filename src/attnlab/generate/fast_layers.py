@@ -29,7 +29,7 @@ from torch import nn
 from ..errors import UserError
 from ..model.layers import Linear
 from . import kernels
-from .blocks import BLOCK, BLOCK_TYPES, BlockLinear
+from .blocks import BLOCK, BLOCK_TYPES, QUANTIZABLE, BlockLinear
 
 # up to this many rows a few-row product beat BLAS (benchmarks/README.md, "Figures behind the
 # code"): the compiled multiply-and-sum form and the C kernel (attnlab.generate.kernels), in
@@ -176,7 +176,7 @@ class Int8Linear(nn.Module):
         )
 
 
-QUANTIZATIONS = ("int8", *BLOCK_TYPES)
+QUANTIZATIONS = ("int8", *QUANTIZABLE)
 
 
 def quantize(model: nn.Module, scheme: str = "int8") -> nn.Module:
@@ -203,7 +203,7 @@ def quantize(model: nn.Module, scheme: str = "int8") -> nn.Module:
         for name, child in parent.named_children()
         if isinstance(child, nn.Linear)
     ]
-    if scheme in BLOCK_TYPES:  # every row must divide into blocks, checked before any change
+    if scheme in QUANTIZABLE:  # every row must divide into blocks, checked before any change
         for parent, name, child in linears:
             if child.in_features % BLOCK:
                 raise UserError(

@@ -2,12 +2,20 @@
 machine.
 
 Design choices:
-- Plain C, no torch headers: one `cc -O3 -march=native -fopenmp` of decode.c is quick, where a torch
-  C++ extension is slow to build; loaded with ctypes, a call costs little. The shared library is
+- Plain C, no torch headers: one `cc -O3 -fopenmp` of decode.c is quick, where a torch C++
+  extension is slow to build; loaded with ctypes, a call costs little. The shared library is
   cached under ~/.cache/attnlab/kernels (or $ATTNLAB_CACHE/kernels), named by a hash of the source,
   the flags, the compiler and the CPU, so the build is paid once per machine, never once per
   process, and a new CPU or a new decode.c builds anew. Written to a temporary name, then renamed: a
   parallel build never leaves a torn file.
+- The instruction set is chosen at run time, not by -march=native: decode.c has three builds on
+  x86-64 (VARIANTS: AVX-512 with VNNI, AVX2 with FMA and F16C, portable C), and the process uses the
+  best one that (1) the CPU reports, (2) the operating system enables (XCR0's register state, read
+  by cpu.c: a CPU flag is not permission) and (3) passes a self-check in a child process (exact
+  integer products through each kind of kernel), so that an instruction that faults here kills the
+  child, never the user's process; the verdict is cached beside the library. ATTNLAB_KERNELS=avx512,
+  avx2 or portable forces one (tests, the AVX2 benchmark column); one this machine does not allow is
+  a one-line error. Off x86-64 the builds are -march=native and portable.
 - OpenMP links to libgomp.so.1, which torch's wheel has already loaded under that name: the kernels
   share torch's thread pool and its `torch.set_num_threads`.
 - No compiler, a compiler that fails, a non-CPU tensor or ATTNLAB_KERNELS=0: `available()` is False
@@ -33,6 +41,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from functools import cache
@@ -41,11 +50,31 @@ from pathlib import Path
 import torch
 
 from ...env import cache_root
+from ...errors import UserError
 from ...model.layers import LayerNorm
-from ..blocks import BLOCK, BLOCK_TYPES
+from ..blocks import BLOCK_TYPES
 
 SOURCE = Path(__file__).with_name("decode.c")
-FLAG_SETS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-fopenmp"], ["-O3"])  # best first
+CPU_SOURCE = Path(__file__).with_name("cpu.c")  # what the CPU and the OS allow (CpuLevel)
+
+
+class CpuLevel(enum.IntFlag):
+    """cpu.c's ATTNLAB_CPU_* bits: the instruction sets of the x86 builds, usable here."""
+
+    AVX2 = 1  # AVX2, FMA, F16C; ymm state enabled by the OS
+    AVX512 = 2  # AVX-512 F, BW, VL, DQ, VNNI; zmm and opmask state enabled by the OS
+
+
+_AVX2 = ["-mavx2", "-mfma", "-mf16c"]
+_AVX512 = [*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni"]
+# decode.c's builds, best first: name -> (compiler flags, the CpuLevel it needs). On x86-64 the
+# first three; elsewhere "native" and "portable". -mtune=native only schedules instructions.
+VARIANTS: dict[str, tuple[list[str], CpuLevel]] = {
+    "avx512": (["-O3", "-mtune=native", *_AVX512, "-fopenmp"], CpuLevel.AVX512),
+    "avx2": (["-O3", "-mtune=native", *_AVX2, "-fopenmp"], CpuLevel.AVX2),
+    "native": (["-O3", "-march=native", "-fopenmp"], CpuLevel(0)),
+    "portable": (["-O3", "-fopenmp"], CpuLevel(0)),
+}
 HUGE_PAGE = 2 << 20
 # bytes of weights from which `place_in_huge_pages` moves them (smaller ones sit in cache)
 HUGE_PAGES_FROM = 4 << 20
@@ -108,6 +137,10 @@ class BlockKind(enum.IntEnum):
     Q8_0 = 0
     Q4_0 = 1
     Q4_1 = 2
+    Q5_0 = 3
+    Q4_K = 4
+    Q5_K = 5
+    Q6_K = 6
 
 
 class Activation(enum.IntEnum):
@@ -163,26 +196,32 @@ def _compiler() -> str | None:
     )
 
 
-def build(verbose: bool = False, flag_sets: tuple[list[str], ...] = FLAG_SETS) -> Path | None:
-    """The cached shared library for this machine, compiling decode.c first if needed with the first
-    of `flag_sets` that compiles; None when none does."""
+def _is_x86() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+
+
+def compile_library(
+    source: Path, flag_sets: tuple[list[str], ...], verbose: bool = False
+) -> Path | None:
+    """The cached shared library of `source` for this machine, compiled first if needed with the
+    first of `flag_sets` that compiles; None when none does."""
     compiler = _compiler()
     if compiler is None:
         return None
-    source = SOURCE.read_bytes()
+    text = source.read_bytes()
     for flags in flag_sets:
         key = hashlib.sha256(
-            b"\0".join([source, " ".join(flags).encode(), compiler.encode(), _cpu_id().encode()])
+            b"\0".join([text, " ".join(flags).encode(), compiler.encode(), _cpu_id().encode()])
         )
-        target = cache_dir() / f"decode-{key.hexdigest()[:16]}.so"
+        target = cache_dir() / f"{source.stem}-{key.hexdigest()[:16]}.so"
         if target.is_file():
             return target
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".decode-", suffix=".so", dir=target.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{source.stem}-", suffix=".so", dir=target.parent)
         os.close(fd)
         try:
             result = subprocess.run(
-                [compiler, *flags, "-shared", "-fPIC", str(SOURCE), "-o", tmp, "-lm"],
+                [compiler, *flags, "-shared", "-fPIC", str(source), "-o", tmp, "-lm"],
                 capture_output=True,
                 text=True,
                 timeout=300,
@@ -200,15 +239,163 @@ def build(verbose: bool = False, flag_sets: tuple[list[str], ...] = FLAG_SETS) -
     return None
 
 
+def cpu_levels() -> CpuLevel:
+    """The x86 instruction sets this CPU reports and its operating system enables (cpu.c); none
+    off x86-64 or without a compiler."""
+    if not _is_x86():
+        return CpuLevel(0)
+    path = compile_library(CPU_SOURCE, (["-O2"],))
+    if path is None:
+        return CpuLevel(0)
+    return CpuLevel(ctypes.CDLL(str(path)).attnlab_cpu_levels())
+
+
+def variants_here() -> list[str]:
+    """The names of VARIANTS this machine may run, best first (before the self-check)."""
+    if not _is_x86():
+        return ["native", "portable"]
+    levels = cpu_levels()
+    return [
+        name
+        for name in ("avx512", "avx2", "portable")
+        if VARIANTS[name][1] & levels == VARIANTS[name][1]
+    ]
+
+
+# The self-check a child process runs on a fresh build: exact small-integer products through the
+# float32, int8 and Q8_0 / Q4_0 block kernels (every block scale 1, every x an integer of at most
+# 127, so that rounding x to 8 bits changes nothing and every build must give the same sums).
+SELF_CHECK = """
+import ctypes, struct, sys
+lib = ctypes.CDLL(sys.argv[1])
+P, I, N = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+d_in, d_out = 256, 6
+x = [127.0 if i % 32 == 5 else float((7 * i) % 23 - 11) for i in range(d_in)]  # 127 in each block
+w = [[(3 * i + 5 * o) % 15 - 7 for i in range(d_in)] for o in range(d_out)]
+want = [sum(a * b for a, b in zip(x, row)) for row in w]
+buf = lambda fmt, v: ctypes.create_string_buffer(struct.pack(f"<{len(v)}{fmt}", *v), 8 * len(v))
+out = lambda: ctypes.create_string_buffer(4 * d_out)
+got = lambda o: list(struct.unpack(f"<{d_out}f", o.raw[: 4 * d_out]))
+X = buf("f", x)
+y = out()
+lib.attnlab_linear_f32.argtypes = [P, P, P, P, I, I, I, N, N]
+lib.attnlab_linear_f32(X, buf("f", [float(v) for r in w for v in r]), None, y, 1, d_in, d_out, 0, 1)
+assert got(y) == want, ("f32", got(y), want)
+y = out()
+lib.attnlab_linear_i8.argtypes = [P, P, P, P, P, I, I, I, N, N]
+lib.attnlab_linear_i8(X, buf("b", [v for r in w for v in r]), buf("f", [1.0] * d_out), None, y,
+                      1, d_in, d_out, 0, 1)
+assert got(y) == want, ("int8", got(y), want)
+lib.attnlab_linear_q_scratch.restype = I
+lib.attnlab_linear_q_scratch.argtypes = [I, I]
+lib.attnlab_linear_q.argtypes = [P, P, P, P, P, I, I, I, N, N, N]
+one = struct.pack("<e", 1.0)  # every block scale
+q8 = b"".join(one + struct.pack("<32b", *r[i : i + 32]) for r in w for i in range(0, d_in, 32))
+q4 = b"".join(
+    one + bytes(((r[i + j] + 8) | ((r[i + j + 16] + 8) << 4)) for j in range(16))
+    for r in w for i in range(0, d_in, 32)
+)
+for kind, blocks in ((0, q8), (1, q4)):
+    scratch = ctypes.create_string_buffer(lib.attnlab_linear_q_scratch(1, d_in) + 64)
+    aligned = ctypes.addressof(scratch) + (-ctypes.addressof(scratch) % 64)
+    y = out()
+    lib.attnlab_linear_q(X, ctypes.create_string_buffer(blocks, len(blocks)), None, y, aligned,
+                         1, d_in, d_out, kind, 0, 1)
+    assert got(y) == want, (kind, got(y), want)
+print("ok")
+"""
+
+
+def self_check(path: Path) -> str | None:
+    """None when the library at `path` passes SELF_CHECK in a child process, else why not (a
+    fault, a wrong sum). The verdict is cached in a file beside the library."""
+    verdict = path.with_suffix(".checked")
+    if verdict.is_file():
+        text = verdict.read_text()
+        return None if text == "ok" else text
+    try:
+        result = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", SELF_CHECK, str(path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        why = None
+        if result.returncode != 0 or result.stdout.strip() != "ok":
+            lines = (result.stderr.strip() or f"exit status {result.returncode}").splitlines()
+            why = f"its self-check failed ({lines[-1][:200]}; exit status {result.returncode})"
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"its self-check could not run ({exc})"
+    fd, tmp = tempfile.mkstemp(prefix=".check-", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(why or "ok")
+    os.replace(tmp, verdict)
+    return why
+
+
+def choose_variant(verbose: bool = False) -> tuple[str, Path] | None:
+    """(name, library) of the decode.c build this process runs: ATTNLAB_KERNELS's when it names
+    one, else the best of `variants_here()` that compiles and passes its self-check; None when
+    none does (or ATTNLAB_KERNELS=0). A forced build this machine does not allow is a UserError."""
+    wanted = os.environ.get("ATTNLAB_KERNELS", "1").strip().lower()
+    if wanted == "0":
+        return None
+    here = variants_here()
+    if wanted not in ("1", ""):
+        names = ("avx512", "avx2", "portable") if _is_x86() else ("native", "portable")
+        if wanted not in names:
+            raise UserError(
+                f"ATTNLAB_KERNELS={wanted}: not a build of attnlab's kernels on this machine; "
+                f"use one of {', '.join(names)}, 1 (the best allowed) or 0 (none)"
+            )
+        if wanted not in here:
+            raise UserError(
+                f"ATTNLAB_KERNELS={wanted}: this CPU or its operating system does not allow "
+                f"{wanted} instructions; use one of {', '.join(here)}"
+            )
+        here = [wanted]
+    for name in here:
+        flags = VARIANTS[name][0]
+        path = compile_library(SOURCE, (flags, [f for f in flags if f != "-fopenmp"]), verbose)
+        why = "it does not compile" if path is None else self_check(path)
+        if why is None:
+            return name, path
+        if wanted == name:
+            raise UserError(f"ATTNLAB_KERNELS={wanted}: the {name} build cannot run here: {why}")
+        if verbose:
+            print(f"attnlab kernels: the {name} build is not used: {why}")
+    return None
+
+
+def build(verbose: bool = False, flag_sets: tuple[list[str], ...] | None = None) -> Path | None:
+    """The cached shared library this machine runs (`choose_variant`), built first if needed; or,
+    given `flag_sets`, decode.c compiled with the first of them that compiles (tests build the
+    other variants so). None when there is none."""
+    if flag_sets is not None:
+        return compile_library(SOURCE, flag_sets, verbose)
+    chosen = choose_variant(verbose)
+    return None if chosen is None else chosen[1]
+
+
+@cache
+def chosen_variant() -> tuple[str, Path] | None:
+    """This process's `choose_variant()`, decided once."""
+    return choose_variant()
+
+
+def variant() -> str | None:
+    """The name of the decode.c build this process runs (VARIANTS), None without kernels."""
+    chosen = chosen_variant()
+    return None if chosen is None else chosen[0]
+
+
 @cache
 def library() -> ctypes.CDLL | None:
     """The loaded kernels, or None (no compiler, build failed, or ATTNLAB_KERNELS=0): callers fall
     back to PyTorch."""
-    if os.environ.get("ATTNLAB_KERNELS", "1") == "0":
-        return None
+    chosen = chosen_variant()
     try:
-        path = build()
-        return None if path is None else load(path)
+        return None if chosen is None else load(chosen[1])
     except OSError:
         return None
 
@@ -350,9 +537,13 @@ def linear(
     return out
 
 
+def _block_type(kind: BlockKind):
+    return next(t for t in BLOCK_TYPES.values() if t.kernel == kind)
+
+
 def block_bytes(kind: BlockKind) -> int:
-    """Bytes per block of 32 weights of `kind`."""
-    return next(t.nbytes for t in BLOCK_TYPES.values() if t.kernel == kind)
+    """Bytes per block of `kind` (of 32 weights, or 256 for a K-quant)."""
+    return _block_type(kind).nbytes
 
 
 def block_linear_call(
@@ -367,9 +558,9 @@ def block_linear_call(
     `kind`: blocks uint8 (d_out, d_in / 32 · block bytes), x (rows, d_in) float32, rounded to 8 bits
     per block of 32 on the way (decode.c, attnlab_linear_q); all contiguous."""
     rows, d_in = x.numel() // x.shape[-1], x.shape[-1]
-    d_out = blocks.shape[0]
+    d_out, t = blocks.shape[0], _block_type(kind)
     # the C code trusts these shapes: check them once here, where the call is prepared
-    assert d_in % BLOCK == 0 and tuple(blocks.shape) == (d_out, d_in // BLOCK * block_bytes(kind))
+    assert d_in % t.weights == 0 and tuple(blocks.shape) == (d_out, t.row_bytes(d_in))
     assert blocks.dtype == torch.uint8 and blocks.is_contiguous()
     assert x.is_contiguous() and out.is_contiguous() and out.numel() == rows * d_out
     assert x.dtype == out.dtype == torch.float32
@@ -414,8 +605,8 @@ def dequantize(blocks: torch.Tensor, kind: BlockKind, d_in: int) -> torch.Tensor
     """The float32 matrix (d_out, d_in) that `blocks` (uint8, contiguous) of `kind` stand for, on
     torch's threads: attnlab.generate.blocks.dequantize's values, bit for bit. Callers check
     `usable`."""
-    d_out = blocks.shape[0]
-    assert tuple(blocks.shape) == (d_out, d_in // BLOCK * block_bytes(kind)) and d_in % BLOCK == 0
+    d_out, t = blocks.shape[0], _block_type(kind)
+    assert tuple(blocks.shape) == (d_out, t.row_bytes(d_in)) and d_in % t.weights == 0
     assert blocks.dtype == torch.uint8 and blocks.is_contiguous()
     out = torch.empty(d_out, d_in)
     library().attnlab_dequantize(

@@ -254,10 +254,15 @@ typedef enum {
   BLOCK_Q8_0,
   BLOCK_Q4_0,
   BLOCK_Q4_1,
+  BLOCK_Q5_0,
+  BLOCK_Q4_K,
+  BLOCK_Q5_K,
+  BLOCK_Q6_K,
 } attnlab_block_type;
 
 #define QK 32
-static const int64_t BLOCK_BYTES[] = {34, 18, 20}; /* per attnlab_block_type */
+static const int64_t BLOCK_BYTES[] = {34, 18, 20, 22, 144, 176, 210}; /* per attnlab_block_type */
+static const int64_t BLOCK_WEIGHTS[] = {32, 32, 32, 32, 256, 256, 256}; /* weights per block, the same order */
 
 /* IEEE half -> float (F16C's instruction where the build has it) */
 static inline float half_to_float(const uint8_t *p) {
@@ -414,6 +419,173 @@ static inline void dot4_q(int type, const uint8_t *const w[4], q8_row r, int64_t
 #endif
 }
 
+/* Q5_0 and the K-quants (ggml-common.h's block_q5_0, block_q4_K, block_q5_K, block_q6_K; their values as
+ * ggml-quants.c's dequantize_row_* and gguf-py's quants.py read them):
+ *   Q5_0, 22 bytes per 32 weights: d, qh (32 high bits), 16 bytes of low nibbles;   w = d (n - 16), n in 0..31
+ *   Q4_K, 144 bytes per 256: d, dmin, 12 bytes of eight 6-bit scales and mins, 128 bytes of nibbles;
+ *         sub-block s of 32: w = d sc_s n - dmin m_s, n in 0..15
+ *   Q5_K, 176 bytes per 256: Q4_K's head, 32 bytes of high bits (bit s of byte j: weight j of sub-block s),
+ *         128 bytes of nibbles; w = d sc_s n - dmin m_s, n in 0..31
+ *   Q6_K, 210 bytes per 256: 128 bytes of low nibbles, 64 of 2-bit highs, 16 int8 scales (one per 16 weights), d;
+ *         w = d sc (n - 32), n in 0..63
+ * The products read the same 8-bit activation rows as Q8_0/Q4_0/Q4_1 above (one scale per 32 values), so a
+ * sub-block of 32 is one integer dot product (dpbusd or maddubs: unsigned n times signed q, the offsets -16 and
+ * -32 folded into the lane sums' start as Q4_0's -8 is) and one multiply by its float scales. llama.cpp instead
+ * rounds the activations of a K-quant product to Q8_K (one scale per 256) so that it can add a super-block's
+ * scaled integer sums before one float multiply; a scale per 32 rounds less (the tests' bound is the same as for
+ * the 32-weight types) and costs one FMA per 32 weights, which a 4.5-6.5-bit stream of weights hides. */
+
+/* sub-block j's 6-bit scale and min (j < 8) from a Q4_K / Q5_K block's 12 bytes: bytes 0-3 hold the low six bits
+ * of scales 0-3, bytes 4-7 those of mins 0-3, bytes 8-11 the low four bits of scales and mins 4-7, whose top two
+ * bits sit in the top two bits of bytes 0-7 (ggml-quants.c, get_scale_min_k4) */
+static inline void scale_min_k(const uint8_t *s, int j, int *sc, int *m) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *m = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+    *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+/* the 32 unsigned values n of sub-block s of block p (type Q5_0: s = 0; K-quants: s < 8), in weight order */
+static inline void values_of(int type, const uint8_t *p, int s, uint8_t *n) {
+  if (type == BLOCK_Q5_0) {
+    uint32_t qh;
+    memcpy(&qh, p + 2, 4);
+    for (int j = 0; j < QK / 2; j++) {
+      n[j] = (uint8_t)((p[6 + j] & 15) | ((qh >> j) & 1) << 4);
+      n[j + QK / 2] = (uint8_t)((p[6 + j] >> 4) | ((qh >> (j + 16)) & 1) << 4);
+    }
+  } else if (type == BLOCK_Q6_K) { /* half h of the block, quarter t of that half */
+    int h = s / 4, t = s % 4;
+    const uint8_t *ql = p + 64 * h + 32 * (t & 1), *qh = p + 128 + 32 * h;
+    for (int j = 0; j < QK; j++) n[j] = (uint8_t)(((ql[j] >> (4 * (t >> 1))) & 15) | ((qh[j] >> (2 * t)) & 3) << 4);
+  } else { /* Q4_K, Q5_K: sub-blocks 2i and 2i + 1 are the low and high nibbles of bytes 32i .. 32i + 31 */
+    const uint8_t *qs = p + (type == BLOCK_Q5_K ? 48 : 16) + 32 * (s / 2);
+    for (int j = 0; j < QK; j++) n[j] = (qs[j] >> (4 * (s & 1))) & 15;
+    if (type == BLOCK_Q5_K)
+      for (int j = 0; j < QK; j++) n[j] |= (uint8_t)(((p[16 + j] >> s) & 1) << 4);
+  }
+}
+
+#if defined(__AVX2__)
+/* values_of in a register */
+static inline __m256i values_of_256(int type, const uint8_t *p, int s) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  if (type == BLOCK_Q5_0) { /* byte j takes bit j of qh: qh's byte j / 8 to byte j, then a test of bit j % 8 */
+    uint32_t qh;
+    memcpy(&qh, p + 2, 4);
+    __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                                                                       0x0101010101010101, 0));
+    __m256i bit = _mm256_set1_epi64x(0x8040201008040201);
+    __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+    return _mm256_or_si256(nibbles32(p + 6), high);
+  }
+  if (type == BLOCK_Q6_K) {
+    int h = s / 4, t = s % 4;
+    __m256i ql = _mm256_loadu_si256((const __m256i *)(p + 64 * h + 32 * (t & 1)));
+    __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));
+    __m256i low = _mm256_and_si256(_mm256_srli_epi16(ql, 4 * (t >> 1)), low4);
+    __m256i high = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * t), _mm256_set1_epi8(3)), 4);
+    return _mm256_or_si256(low, high);
+  }
+  __m256i qs = _mm256_loadu_si256((const __m256i *)(p + (type == BLOCK_Q5_K ? 48 : 16) + 32 * (s / 2)));
+  __m256i n = _mm256_and_si256(_mm256_srli_epi16(qs, 4 * (s & 1)), low4);
+  if (type == BLOCK_Q5_K) {
+    __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 16));
+    n = _mm256_or_si256(n, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, s), _mm256_set1_epi8(1)), 4));
+  }
+  return n;
+}
+#endif
+
+/* The product of one row of blocks w of `type` (Q5_0 or a K-quant; nb sub-blocks of 32) with the rounded row r */
+static float dot_q_more(int type, const uint8_t *w, q8_row r, int64_t nb) {
+  int per = type == BLOCK_Q5_0 ? 1 : 8; /* sub-blocks of 32 per block */
+  int64_t bytes = BLOCK_BYTES[type];
+  float offset_sum = 0.0f; /* Q4_K / Q5_K: - dmin sum_s m_s dx_s sum q */
+#if defined(__AVX2__)
+  __m256 acc = _mm256_setzero_ps();
+#else
+  float total = 0.0f;
+#endif
+  for (int64_t b0 = 0; b0 < nb; b0 += per) {
+    const uint8_t *p = w + b0 / per * bytes;
+    float d = half_to_float(type == BLOCK_Q6_K ? p + 208 : p);
+    int sc[8], m[8];
+    if (type == BLOCK_Q4_K || type == BLOCK_Q5_K) {
+      float dmin = half_to_float(p + 2);
+      for (int s = 0; s < 8; s++) {
+        scale_min_k(p + 4, s, sc + s, m + s);
+        offset_sum -= dmin * (float)m[s] * r.sx[b0 + s];
+      }
+    }
+    for (int s = 0; s < per; s++) {
+      int64_t b = b0 + s;
+      const int8_t *q = r.q + b * QK;
+      const int8_t *sc6 = (const int8_t *)(p + 192) + 2 * s; /* Q6_K: the scales of this sub-block's two 16s */
+#if defined(__AVX2__)
+      __m256i start = _mm256_setzero_si256();
+      if (type == BLOCK_Q5_0 || type == BLOCK_Q6_K) /* -16 or -32 times each lane's four q */
+        start = _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(r.c8 + b * 8)), type == BLOCK_Q5_0 ? 1 : 2);
+      __m256i isum = DPBUSD(start, values_of_256(type, p, s), _mm256_loadu_si256((const __m256i *)q));
+      __m256 scale;
+      if (type == BLOCK_Q6_K) /* lanes 0-3 sum weights 0-15, lanes 4-7 weights 16-31 */
+        scale = _mm256_set_m128(_mm_set1_ps(d * (float)sc6[1] * r.dx[b]), _mm_set1_ps(d * (float)sc6[0] * r.dx[b]));
+      else
+        scale = _mm256_set1_ps(d * (type == BLOCK_Q5_0 ? 1.0f : (float)sc[s]) * r.dx[b]);
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc);
+#else
+      uint8_t n[QK];
+      values_of(type, p, s, n);
+      int32_t lo = 0, hi = 0, start = 0;
+      for (int j = 0; j < QK / 2; j++) lo += n[j] * q[j], hi += n[j + QK / 2] * q[j + QK / 2];
+      if (type == BLOCK_Q6_K) {
+        for (int l = 0; l < 4; l++) lo += 4 * r.c8[b * 8 + l], hi += 4 * r.c8[b * 8 + 4 + l];
+        total += d * r.dx[b] * (float)(sc6[0] * lo + sc6[1] * hi);
+      } else {
+        if (type == BLOCK_Q5_0)
+          for (int l = 0; l < 8; l++) start += 2 * r.c8[b * 8 + l];
+        total += d * (type == BLOCK_Q5_0 ? 1.0f : (float)sc[s]) * r.dx[b] * (float)(lo + hi + start);
+      }
+#endif
+    }
+  }
+#if defined(__AVX2__)
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  float total = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+#endif
+  return total + offset_sum;
+}
+
+/* out [32 per sub-block] = the float32 values of one block of `type` (Q5_0 or a K-quant), in gguf-py's order of
+ * float operations (d sc computed first, then times n, then minus dmin m), so equal to it bit for bit: d sc and
+ * dmin m are exact in float32, and so is d sc n but in Q6_K (one rounding there, as gguf-py's) */
+static void dequantize_more(int type, const uint8_t *p, float *out) {
+  int per = type == BLOCK_Q5_0 ? 1 : 8;
+  float d = half_to_float(type == BLOCK_Q6_K ? p + 208 : p);
+  for (int s = 0; s < per; s++) {
+    uint8_t n[QK];
+    values_of(type, p, s, n);
+    float *o = out + s * QK;
+    if (type == BLOCK_Q5_0) {
+      for (int j = 0; j < QK; j++) o[j] = d * (float)(n[j] - 16);
+    } else if (type == BLOCK_Q6_K) {
+      const int8_t *sc = (const int8_t *)(p + 192) + 2 * s;
+      float d0 = d * (float)sc[0], d1 = d * (float)sc[1];
+      for (int j = 0; j < QK / 2; j++) o[j] = d0 * (float)(n[j] - 32);
+      for (int j = QK / 2; j < QK; j++) o[j] = d1 * (float)(n[j] - 32);
+    } else {
+      int sc, m;
+      scale_min_k(p + 4, s, &sc, &m);
+      float ds = d * (float)sc, dm = half_to_float(p + 2) * (float)m;
+      for (int j = 0; j < QK; j++) o[j] = ds * (float)n[j] - dm;
+    }
+  }
+}
+
 /* y[r, o] (=, or += when accumulate) sum_i x[r, i] w[o, i] + b[o] for w in blocks of `type`: each thread rounds
  * x to 8 bits into its own part of `scratch` (attnlab_linear_q_scratch bytes per thread; a few hundred
  * nanoseconds, cheaper than making the threads wait for one copy), then takes its share of four output features
@@ -425,7 +597,7 @@ static void linear_q(const float *x, const uint8_t *w, const float *b, float *y,
 #else
   int64_t t = 0;
 #endif
-  int64_t nb = d_in / QK, row_bytes = nb * BLOCK_BYTES[type], per_row = q8_row_bytes(d_in);
+  int64_t nb = d_in / QK, row_bytes = d_in / BLOCK_WEIGHTS[type] * BLOCK_BYTES[type], per_row = q8_row_bytes(d_in);
   int8_t *mine = scratch + t * rows * per_row;
   for (int64_t r = 0; r < rows; r++) quantize_row_q8(x + r * d_in, d_in, q8_row_at(mine + r * per_row, d_in));
   int64_t groups = (d_out + ROWS_AT_ONCE - 1) / ROWS_AT_ONCE;
@@ -439,7 +611,10 @@ static void linear_q(const float *x, const uint8_t *w, const float *b, float *y,
       __builtin_prefetch((const char *)w4[0] + off + PREFETCH_AHEAD, 0, 3);
     for (int64_t r = 0; r < rows; r++) {
       float sums[ROWS_AT_ONCE];
-      dot4_q(type, w4, q8_row_at(mine + r * per_row, d_in), nb, sums);
+      if (type >= BLOCK_Q5_0) /* Q5_0 and the K-quants: a row at a time */
+        for (int k = 0; k < ROWS_AT_ONCE; k++) sums[k] = dot_q_more(type, w4[k], q8_row_at(mine + r * per_row, d_in), nb);
+      else
+        dot4_q(type, w4, q8_row_at(mine + r * per_row, d_in), nb, sums);
       for (int64_t k = 0; k < n; k++) {
         float v = sums[k] + (b ? b[o + k] : 0.0f);
         y[r * d_out + o + k] = accumulate ? y[r * d_out + o + k] + v : v;
@@ -463,6 +638,12 @@ void attnlab_linear_q(const float *x, const uint8_t *w, const float *b, float *y
  * so only the one addition of Q4_1's m rounds. */
 void attnlab_dequantize(const uint8_t *w, float *out, int64_t rows, int64_t d_in, int type, int threads) {
   int64_t nb = d_in / QK, bytes = BLOCK_BYTES[type];
+  if (type >= BLOCK_Q5_0) {
+    int64_t n = rows * d_in / BLOCK_WEIGHTS[type];
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows * d_in > 65536)
+    for (int64_t i = 0; i < n; i++) dequantize_more(type, w + i * bytes, out + i * BLOCK_WEIGHTS[type]);
+    return;
+  }
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows * d_in > 65536)
   for (int64_t i = 0; i < rows * nb; i++) {
     const uint8_t *p = w + i * bytes;
