@@ -36,6 +36,7 @@ from attnlab.generate import kernels
 from attnlab.generate.blocks import (
     BLOCK_TYPES,
     QUANTIZABLE,
+    BlockEmbedding,
     BlockLinear,
     dequantize,
     quantize_blocks,
@@ -323,12 +324,26 @@ LLAMA = dict(
 )
 
 
-def block_model(kind: str, **overrides) -> tuple[attnlab.Transformer, attnlab.Transformer]:
-    """A random LLaMA-style model quantized to `kind`, and a float model on the same values."""
+def embed_as_blocks(model: attnlab.Transformer, kind: str) -> None:
+    """The model's token embedding as blocks of `kind` (BlockEmbedding), as a GGUF file's is kept;
+    a tied LM head made a BlockLinear on the same tensor."""
+    blocks = quantize_blocks(model.embed.weight, kind)
+    model.embed = BlockEmbedding(blocks, kind, model.config.d_model)
+    if model.config.tie_embeddings:
+        model.unembed = BlockLinear.from_blocks(blocks, kind, model.config.d_model)
+
+
+def block_model(
+    kind: str, embed_blocks: bool = False, **overrides
+) -> tuple[attnlab.Transformer, attnlab.Transformer]:
+    """A random LLaMA-style model quantized to `kind` (its embedding too when embed_blocks), and a
+    float model on the same values."""
     model = attnlab.Transformer(ModelConfig(**{**LLAMA, **overrides})).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.3)
+    if embed_blocks:
+        embed_as_blocks(model, kind)
     attnlab.quantize(model, kind)
     floats = attnlab.Transformer(model.config).eval()
     state = {
@@ -346,8 +361,11 @@ def block_model(kind: str, **overrides) -> tuple[attnlab.Transformer, attnlab.Tr
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("B", [1, 3, 12])  # few rows, and past the few-row threshold
-def test_the_kernel_decode_step_of_a_block_model_stays_near_the_float_model(kind, B, seed):
-    model, floats = block_model(kind, tie_embeddings=(kind == "q8_0"))
+@pytest.mark.parametrize("embed_blocks", [False, True])
+def test_the_kernel_decode_step_of_a_block_model_stays_near_the_float_model(
+    kind, B, embed_blocks, seed
+):
+    model, floats = block_model(kind, embed_blocks, tie_embeddings=(kind != "q4_1"))
     ids = torch.randint(0, LLAMA["d_vocab"], (B, 10))
     with torch.no_grad():
         full = floats(ids)
@@ -409,27 +427,25 @@ def test_quantize_makes_blocks_for_every_linear_and_saves_and_loads_them(seed, t
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS + MORE)
 def test_a_gguf_files_blocks_are_kept_as_they_are_and_compute_the_default_logits(
     arch, kind, tmp_path
 ):
-    path = write_model(tmp_path / "m.gguf", arch, matrix=GGML[kind], embedding=Q.Q8_0)
+    d = dict(d_model=256, d_mlp=512) if BLOCK_TYPES[kind].weights == 256 else {}
+    path = write_model(tmp_path / "m.gguf", arch, matrix=GGML[kind], embedding=Q.Q8_0, **d)
     default, kept = attnlab.load(path), attnlab.load(path, keep_blocks=True)
     blocks = [m for m in kept.modules() if isinstance(m, BlockLinear)]
     assert len(blocks) == len(KernelDecoder.linears_in_step_order(kept))  # the tied head too
-    assert kept.unembed.kind == "q8_0"
+    assert {m.kind for m in blocks} == {kind, "q8_0"}
+    # the embedding is the file's Q8_0 rows, and the tied head the same tensor: no float table
+    assert isinstance(kept.embed, BlockEmbedding) and kept.unembed.blocks is kept.embed.blocks
+    assert kept.unembed.kind == kept.embed.kind == "q8_0"
     ids = torch.randint(0, 300, (2, 9))
     with torch.no_grad():
         assert torch.equal(kept(ids), default(ids))
-    if kind == "q8_0":  # one kind for every matrix: saved as attnlab.quantize's q8_0 would be
-        assert kept.quantization == "q8_0"
+    assert kept.quantization == "gguf:" + "+".join(sorted({kind, "q8_0"}))
+    with pytest.raises(UserError, match="mixed with other types"):
         attnlab.save(kept, tmp_path / "out")
-        with torch.no_grad():
-            assert torch.equal(attnlab.load(tmp_path / "out")(ids), default(ids))
-    else:
-        assert kept.quantization == f"gguf:{kind}+q8_0"
-        with pytest.raises(UserError, match="mixed with other types"):
-            attnlab.save(kept, tmp_path / "out")
     attnlab.save(default, tmp_path / "native")
     with pytest.raises(UserError, match="keep_blocks=True keeps a GGUF file's blocks"):
         attnlab.load(tmp_path / "native", keep_blocks=True)
@@ -445,10 +461,12 @@ def test_smollm2_kept_as_blocks_holds_the_files_bytes():
     assert torch.equal(
         down.blocks, torch.from_numpy(np.array(file.tensors["blk.3.ffn_down.weight"].data))
     )
-    # no float copy of a matrix: only norms and the embedding's lookup table are float
+    # no float copy of a matrix or of the embedding: only the norms are float
     floats = sum(t.numel() for t in model.state_dict().values() if t.dtype == torch.float32)
-    assert floats == model.embed.weight.numel() + sum(
-        p.numel() for n, p in model.named_parameters() if "ln" in n or "norm" in n
+    assert floats == sum(p.numel() for n, p in model.named_parameters() if "ln" in n or "norm" in n)
+    assert model.embed.kind == "q8_0" and model.embed.blocks is model.unembed.blocks
+    assert torch.equal(
+        model.embed.blocks, torch.from_numpy(np.array(file.tensors["token_embd.weight"].data))
     )
 
 

@@ -500,3 +500,32 @@ def test_gemma3_file_has_no_chat_template_and_chat_says_so(gemma3):
 
     with pytest.raises(UserError, match="no chat template"):
         chat_ids(gemma3, [{"role": "user", "content": "hi"}])
+
+
+def test_gemma3_kept_as_blocks_holds_every_matrix_and_the_embedding_as_the_files_blocks(gemma3):
+    """keep_blocks=True on the shipped Q4_K_M file: every matrix (Q5_0, Q4_K, Q6_K, Q8_0) and the
+    tied embedding stay the file's bytes, no float matrix is held; the module path computes the
+    default's logits exactly, and generation's block products (8-bit activations, a few rows) stay
+    near them with the same most likely token."""
+    from attnlab.generate.blocks import BlockEmbedding, BlockLinear
+    from attnlab.generate.fast_layers import fast_linears
+
+    kept = attnlab.load("gemma3-270m", keep_blocks=True)
+    linears = [m for m in kept.modules() if isinstance(m, torch.nn.Linear | BlockLinear)]
+    assert all(isinstance(m, BlockLinear) for m in linears) and len(linears) == 1 + 7 * 18
+    assert {m.kind for m in linears} == {"q5_0", "q4_k", "q6_k", "q8_0"}
+    assert isinstance(kept.embed, BlockEmbedding) and kept.unembed.blocks is kept.embed.blocks
+    assert all(t.dim() < 2 for t in kept.state_dict().values() if t.dtype.is_floating_point)
+    file = read_gguf(gemma3_path())
+    down = file.tensors["blk.5.ffn_down.weight"]
+    assert kept.blocks[5].mlp.W_out.kind == "q4_k"
+    assert torch.equal(kept.blocks[5].mlp.W_out.blocks, torch.from_numpy(down.data.view("uint8")))
+    ids = torch.tensor([gemma3.tokenizer.encode("The capital of France is Paris, and the")])
+    with torch.no_grad():
+        reference = gemma3(ids)
+        assert torch.equal(kept(ids), reference)
+        with fast_linears(kept):
+            fast = kept(ids[:, :8])  # a few rows: the C block products
+    assert (fast.argmax(-1) == reference[:, :8].argmax(-1)).all()
+    # each product within its rounding bound, over 18 layers: seen 0.14 of the spread
+    assert (fast - reference[:, :8]).abs().max() <= 0.25 * reference.std()

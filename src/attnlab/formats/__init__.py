@@ -132,9 +132,9 @@ def load(
     ("minilm", "smollm2", "gemma3-270m") or a Hugging Face Hub name ("gpt2"; `revision`: a branch,
     tag or commit of it), in eval mode, with .config and .tokenizer (None when the model has no
     tokenizer). `file`: a GGUF file in a directory or a Hub repository ("OWNER/REPO",
-    file="model-Q4_K_M.gguf"). keep_blocks (GGUF only): its Q8_0, Q4_0 and Q4_1 matrices stay the
-    file's blocks, which generation multiplies as they are (attnlab.formats.gguf); by default every
-    tensor is dequantized to float32."""
+    file="model-Q4_K_M.gguf"). keep_blocks (GGUF only): its matrices and embedding in blocks (Q8_0,
+    Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K) stay the file's blocks, which generation multiplies as they
+    are (attnlab.formats.gguf); by default every tensor is dequantized to float32."""
     if file is not None:
         return load_gguf(gguf_in(path, file, revision), device=device, keep_blocks=keep_blocks)
     path = model_dir(path, revision)

@@ -28,12 +28,13 @@ Design choices:
 - The model computes with exactly the file's values: every tensor is dequantized to float32
   (gguf-py's numpy code, checked in the tests against a block-by-block transcription of ggml's C
   reference).
-- `keep_blocks=True` keeps each Q8_0, Q4_0 and Q4_1 matrix as the file's blocks instead
-  (attnlab.generate.blocks.BlockLinear: the bytes as they are, no float copy; llama's q and k rows
-  are put back in their order as whole rows of blocks). Its forward dequantizes, so the model's
-  logits are the default's; generation multiplies the blocks in C with 8-bit activations, as
-  llama.cpp does. A tied embedding's table stays float32 for the lookup, and its LM head reads the
-  blocks. Other types (the K-quants, Q5_0, floats) are dequantized as by default.
+- `keep_blocks=True` keeps each matrix in blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K) as
+  the file's blocks instead (attnlab.generate.blocks.BlockLinear: the bytes as they are, no float
+  copy; llama's q and k rows are put back in their order as whole rows of blocks). Its forward
+  dequantizes, so the model's logits are the default's; generation multiplies the blocks in C with
+  8-bit activations, as llama.cpp does. A token embedding in blocks stays blocks too
+  (BlockEmbedding: a lookup dequantizes only its rows), and a tied LM head is a BlockLinear on the
+  same tensor. Float tensors (F32, F16, BF16) are read as by default.
 - Architectures: llama (SmolLM, TinyLlama, Llama 2/3 without rope_freqs, and Mistral 7B files, which
   llama.cpp writes as llama and runs without a sliding window), mistral and mistral3 (llama's
   tensors under their own key prefix: _mistral_settings), qwen2, qwen3, gpt2 and gemma3 (its table
@@ -493,10 +494,10 @@ def _unpermute(tensor: torch.Tensor, heads: int) -> torch.Tensor:
 def load_gguf(path: str | Path, device: str | torch.device = "cpu", keep_blocks: bool = False):
     """A Transformer from a GGUF file, in eval mode, computing with the file's values dequantized to
     float32, with .config and .tokenizer (from the file's tokenizer.ggml.* keys). keep_blocks: the
-    Q8_0, Q4_0 and Q4_1 matrices stay the file's blocks (module docstring)."""
+    matrices and the embedding in blocks stay the file's blocks (module docstring)."""
     from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
 
-    from ..generate.blocks import BlockLinear
+    from ..generate.blocks import BlockEmbedding, BlockLinear
 
     file = read_gguf(path)
     source = str(file.path)
@@ -567,6 +568,9 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", keep_blocks:
         for name, w in found.items():
             if keep_blocks:
                 kept.update(_blocks_of(file.tensors[name], name, w, model, gguf_arch, shapes))
+                if all(ours.removesuffix(".weight") in kept for ours in w.ours):
+                    covered.update(w.ours)  # its blocks only: never dequantized here
+                    continue
             values = dequantize(file.tensors[name])
             tensor = torch.from_numpy(values)
             if not np.isfinite(values).all():  # numpy's check: 10x faster here than torch.isfinite
@@ -590,17 +594,22 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", keep_blocks:
                 tensor.zero_()
     if non_finite:
         warn_non_finite(non_finite, source)
+    on_device = {id(b): b.to(device) for b, _ in kept.values()}  # a tied head: the same tensor
     for module_name, (blocks, kind) in kept.items():
         parent, _, child = module_name.rpartition(".")
-        old = model.get_submodule(module_name)
-        new = BlockLinear.from_blocks(blocks.to(device), kind, old.in_features, old.bias)
+        blocks = on_device[id(blocks)]
+        if module_name == "embed":
+            new = BlockEmbedding(blocks, kind, config.d_model)
+        else:
+            old = model.get_submodule(module_name)
+            new = BlockLinear.from_blocks(blocks, kind, old.in_features, old.bias)
         setattr(model.get_submodule(parent) if parent else model, child, new)
     if kept:
-        # one kind for every matrix: what attnlab.quantize(model, kind) makes (and saves as); else a
-        # mix that attnlab's own format cannot record
+        # one kind for every matrix and a float embedding: what attnlab.quantize(model, kind) makes
+        # (and saves as); else a mix that attnlab's own format cannot record
         kinds = sorted({kind for _, kind in kept.values()})
         every = not any(isinstance(m, torch.nn.Linear) for m in model.modules())
-        mixed = len(kinds) > 1 or not every
+        mixed = len(kinds) > 1 or not every or "embed" in kept
         model.quantization = "gguf:" + "+".join(kinds) if mixed else kinds[0]
     model.tokenizer = tokenizer_from_gguf(file)
     if model.tokenizer is not None and model.tokenizer.vocab_size > config.d_vocab:
@@ -612,10 +621,10 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", keep_blocks:
 
 
 def _blocks_of(tensor, name: str, w, model, gguf_arch: str, shapes: dict) -> dict:
-    """{module name: (blocks, kind)} for the Linear modules the GGUF tensor `name` fills, when it
-    holds Q8_0, Q4_0 or Q4_1 blocks; {} otherwise. The file's rows of blocks go through what the
-    float path does to rows (llama's q/k unpermute, the split of a fused matrix); GPT-2's two
-    transposes cancel. A tied token embedding also becomes the LM head's blocks."""
+    """{module name: (blocks, kind)} for the Linear modules (and the token embedding) the GGUF
+    tensor `name` fills, when it holds blocks attnlab multiplies; {} otherwise. The file's rows
+    of blocks go through what the float path does to rows (llama's q/k unpermute, the split of a
+    fused matrix); GPT-2's two transposes cancel. A tied token embedding's blocks are also the LM head's (one tensor)."""
     from gguf import GGMLQuantizationType
 
     from ..generate.blocks import BY_GGML_NAME
@@ -638,6 +647,8 @@ def _blocks_of(tensor, name: str, w, model, gguf_arch: str, shapes: dict) -> dic
             model.get_submodule(module_name), torch.nn.Linear
         ):
             kept[module_name] = (part.contiguous(), kind)
-        elif ours == "embed.weight" and model.config.tie_embeddings and model.unembed is not None:
-            kept["unembed"] = (part.contiguous(), kind)  # the lookup keeps the float table
+        elif ours == "embed.weight":  # looked up row by row (BlockEmbedding)
+            kept["embed"] = (part.contiguous(), kind)
+            if model.config.tie_embeddings and model.unembed is not None:
+                kept["unembed"] = kept["embed"]  # the LM head reads the same tensor
     return kept

@@ -250,3 +250,32 @@ class BlockLinear(nn.Module):
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"bias={self.bias is not None}, {BLOCK_TYPES[self.kind].name} blocks"
         )
+
+
+class BlockEmbedding(nn.Module):
+    """A token embedding kept as ggml blocks: `blocks` uint8 [d_vocab, row bytes], one row of
+    blocks per token. A lookup dequantizes only the rows it reads (so no float table of d_vocab x
+    d_model is ever held); a tied LM head is a BlockLinear on the same tensor. `weight` is the
+    whole dequantized table, made at each read, for the weight views that want it."""
+
+    def __init__(self, blocks: torch.Tensor, kind: str, embedding_dim: int) -> None:
+        super().__init__()
+        t = block_type(kind)
+        if embedding_dim % t.weights or tuple(blocks.shape[1:]) != (t.row_bytes(embedding_dim),):
+            raise UserError(
+                f"{kind} blocks of shape {tuple(blocks.shape)} cannot hold an embedding of "
+                f"{embedding_dim} values per token"
+            )
+        self.num_embeddings, self.embedding_dim, self.kind = blocks.shape[0], embedding_dim, kind
+        self.register_buffer("blocks", blocks)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The dequantized table (d_vocab, d_model), made at each read."""
+        return dequantize(self.blocks, self.kind)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return dequantize(self.blocks[ids], self.kind)  # [*ids.shape, d_model]
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, {BLOCK_TYPES[self.kind].name} blocks"

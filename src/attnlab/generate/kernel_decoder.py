@@ -26,7 +26,7 @@ import torch
 from ..model.config import GATED_MLPS
 from ..model.layers import Linear
 from . import kernels
-from .blocks import BLOCK_TYPES, BlockLinear
+from .blocks import BLOCK_TYPES, BlockEmbedding, BlockLinear
 from .fast_layers import Int8Linear, few_rows
 from .kernels import independent
 from .kv_cache import KVCache
@@ -139,6 +139,12 @@ class KernelDecoder:
             and model.ln_embed is None
             and not cfg.scale_embed
         )
+        if isinstance(model.embed, BlockEmbedding):  # the rows of its blocks, dequantized in C
+            self.embed_in_c = self.embed_in_c and cfg.positional != "learned"
+            if not self.embed_in_c:
+                return []
+            kind = BLOCK_TYPES[model.embed.kind].kernel
+            return [lambda: kernels.embed_blocks(self.ids, model.embed.blocks, kind, self.x)]
         if not self.embed_in_c:
             return []
         table = model.pos_embed.weight if cfg.positional == "learned" else None

@@ -161,11 +161,15 @@ class Transformer(HookedModule, TransformerLensViews):
 
     @property
     def device(self) -> torch.device:
-        return self.embed.weight.device
+        # the embedding's parameter, or its blocks (attnlab.generate.blocks.BlockEmbedding, whose
+        # `weight` is made at each read)
+        weight = next(self.embed.parameters(), None)
+        return (self.embed.blocks if weight is None else weight).device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed.weight.dtype
+        weight = next(self.embed.parameters(), None)
+        return torch.float32 if weight is None else weight.dtype  # blocks dequantize to float32
 
     def embed_tokens(
         self, ids: torch.Tensor, positions: torch.Tensor, token_type_ids: torch.Tensor | None

@@ -615,6 +615,23 @@ def dequantize(blocks: torch.Tensor, kind: BlockKind, d_in: int) -> torch.Tensor
     return out
 
 
+def embed_blocks(
+    ids: torch.Tensor, blocks: torch.Tensor, kind: BlockKind, out: torch.Tensor
+) -> None:
+    """out (rows, d) = the rows ids (rows int64) of a table in blocks (uint8 (d_vocab, row bytes),
+    contiguous), each dequantized alone in C (attnlab_dequantize, bit-equal to the reference): a
+    lookup never makes the whole float table. Callers check `usable`."""
+    rows, d = out.shape
+    row_bytes, lib = blocks.shape[1], library()
+    assert blocks.is_contiguous() and out.is_contiguous() and out.dtype == torch.float32
+    assert row_bytes == _block_type(kind).row_bytes(d) and ids.numel() == rows
+    base, at = blocks.data_ptr(), out.data_ptr()  # read at each call: the blocks may have moved
+    for r, token in enumerate(ids.tolist()):
+        if not 0 <= token < blocks.shape[0]:  # as torch's lookup: never a read past the table
+            raise IndexError(f"token id {token} is out of range for {blocks.shape[0]} rows")
+        lib.attnlab_dequantize(base + token * row_bytes, at + 4 * r * d, 1, d, int(kind), 1)
+
+
 def rope_call(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor
 ) -> Callable[[], None]:
