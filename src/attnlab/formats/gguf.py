@@ -624,7 +624,8 @@ def _blocks_of(tensor, name: str, w, model, gguf_arch: str, shapes: dict) -> dic
     """{module name: (blocks, kind)} for the Linear modules (and the token embedding) the GGUF
     tensor `name` fills, when it holds blocks attnlab multiplies; {} otherwise. The file's rows
     of blocks go through what the float path does to rows (llama's q/k unpermute, the split of a
-    fused matrix); GPT-2's two transposes cancel. A tied token embedding's blocks are also the LM head's (one tensor)."""
+    fused matrix); GPT-2's two transposes cancel. A tied token embedding's blocks are also the
+    LM head's (one tensor)."""
     from gguf import GGMLQuantizationType
 
     from ..generate.blocks import BY_GGML_NAME
