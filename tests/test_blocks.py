@@ -534,3 +534,54 @@ def test_the_sample_commands_quantize_choices_are_quantizes():
     sample = build_parser()._subparsers._group_actions[0].choices["sample"]
     (flag,) = [a for a in sample._actions if a.dest == "quantize"]
     assert tuple(flag.choices) == QUANTIZATIONS
+
+
+# Block models written to GGUF ------------------------------------------------------------------
+
+
+def block_modules(model) -> dict:
+    return {
+        name: (m.kind, m.blocks)
+        for name, m in model.named_modules()
+        if isinstance(m, BlockLinear | BlockEmbedding)
+    }
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("recipe", ["llama-tied", "llama", "gpt2"])
+def test_a_quantized_model_saves_to_gguf_and_reads_back_with_the_same_blocks_and_logits(
+    kind, recipe, seed, tmp_path
+):
+    gpt2 = dict(positional="learned", norm="layernorm", mlp="gelu_tanh", bias=True, n_kv_heads=4)
+    overrides = {**(gpt2 if recipe == "gpt2" else {}), "tie_embeddings": recipe != "llama"}
+    model, _ = block_model(kind, **overrides)
+    attnlab.save(model, tmp_path / "x.gguf")
+    back = attnlab.load(tmp_path / "x.gguf", keep_blocks=True)
+    ours, theirs = block_modules(model), block_modules(back)
+    assert ours.keys() == theirs.keys() and len(ours) == 1 + 7 * LLAMA["n_layers"] - (
+        recipe == "gpt2"  # no gate
+    ) * LLAMA["n_layers"]
+    for name, (k, blocks) in ours.items():
+        assert theirs[name][0] == k and torch.equal(theirs[name][1], blocks), name
+    ids = torch.randint(0, LLAMA["d_vocab"], (2, 7))
+    with torch.no_grad():
+        expected = model(ids)
+        assert torch.equal(back(ids), expected)
+        assert torch.equal(attnlab.load(tmp_path / "x.gguf")(ids), expected)  # dequantized
+
+
+@pytest.mark.parametrize("kind", MORE + ["q4_0"])
+def test_a_gguf_files_kept_blocks_are_written_back_bit_for_bit(kind, tmp_path):
+    d = dict(d_model=256, d_mlp=512) if BLOCK_TYPES[kind].weights == 256 else {}
+    path = write_model(tmp_path / "m.gguf", "llama", matrix=GGML[kind], embedding=Q.Q8_0, **d)
+    kept = attnlab.load(path, keep_blocks=True)
+    attnlab.save(kept, tmp_path / "again.gguf")
+    back = attnlab.load(tmp_path / "again.gguf", keep_blocks=True)
+    ours, theirs = block_modules(kept), block_modules(back)
+    assert ours.keys() == theirs.keys() and "embed" in ours
+    for name, (k, blocks) in ours.items():
+        assert theirs[name][0] == k and torch.equal(theirs[name][1], blocks), name
+    assert back.unembed.blocks is back.embed.blocks  # still tied, one tensor
+    ids = torch.randint(0, 300, (2, 9))
+    with torch.no_grad():
+        assert torch.equal(back(ids), kept(ids))

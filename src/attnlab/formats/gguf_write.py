@@ -25,7 +25,11 @@ Design choices:
 - A tensor can also come as ready-made blocks (`Blocks`: the raw bytes and their ggml type, e.g. the
   Q8_0 or Q4_1 blocks a quantized model already holds); they are written as they are, whatever
   `dtype` says, moved only as whole rows (the q/k permutation and GPT-2's fused q, k, v are row
-  operations).
+  operations). A model that holds blocks (`attnlab.quantize(model, "q4_0" | "q4_1" | "q8_0")`, or
+  a GGUF file loaded with keep_blocks=True) gives its own (`own_blocks`), so it is written bit for
+  bit and reads back with the same blocks and logits. quantize gives a tied LM head blocks of its
+  own beside the float embedding: the file then holds that head as output.weight (an untied file,
+  which computes what the model computes); a head on the embedding's own blocks stays tied.
 - The tokenizer goes into tokenizer.ggml.* so that llama.cpp tokenizes text as attnlab does: byte-
   level BPE (attnlab's `--tokenizer bpe`, GPT-2's, and those read from GGUF files) as llama.cpp's
   "gpt2" vocabulary with its merges and the pre-tokenizer llama.cpp knows by name; attnlab's
@@ -173,18 +177,51 @@ def permute_rows(rows: int, heads: int) -> np.ndarray:
     return np.arange(rows).reshape(heads, 2, rows // heads // 2).swapaxes(1, 2).reshape(-1)
 
 
+def own_blocks(model) -> dict[str, Blocks]:
+    """The blocks `model` holds (BlockLinear, BlockEmbedding), by the parameter each stands for
+    ("blocks.0.attn.W_Q.weight", "embed.weight"); a tied LM head on the embedding's own tensor
+    only once, as the embedding."""
+    from ..generate.blocks import BLOCK_TYPES, BlockEmbedding, BlockLinear
+
+    found = {}
+    for name, module in model.named_modules():
+        if not isinstance(module, BlockLinear | BlockEmbedding):
+            continue
+        if name == "unembed" and module.blocks is getattr(model.embed, "blocks", None):
+            continue
+        columns = module.in_features if isinstance(module, BlockLinear) else module.embedding_dim
+        found[f"{name}.weight"] = Blocks(
+            module.blocks.detach().cpu().numpy(),
+            BLOCK_TYPES[module.kind].name,
+            (module.blocks.shape[0], columns),
+        )
+    return found
+
+
 def gguf_tensors(
-    model, arch: Architecture, gguf_arch: str, blocks: Mapping[str, Blocks] | None = None
+    model,
+    arch: Architecture,
+    gguf_arch: str,
+    blocks: Mapping[str, Blocks] | None = None,
+    config: ModelConfig | None = None,
 ) -> dict[str, torch.Tensor | Blocks]:
     """llama.cpp's name -> each tensor of `model` laid out as llama.cpp reads it (module docstring);
-    `blocks`: attnlab parameter name -> ready-made blocks that stand for that parameter."""
+    `blocks`: attnlab parameter name -> ready-made blocks that stand for that parameter (the model's
+    own blocks are always written as they are); `config`: the model's, or the one to write it as."""
     from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
 
-    cfg = model.config
-    state = {**state_dict_for_saving(model), **(blocks or {})}
-    unknown = sorted(set(blocks or {}) - set(model.state_dict()))
+    cfg = config or model.config
+    own = own_blocks(model)
+    unknown = sorted(set(blocks or {}) - set(model.state_dict()) - set(own))
     if unknown:
         raise UserError(f"Blocks given for {unknown[0]!r}, which is not a tensor of this model")
+    # a block module's bytes ("x.blocks") are written as the parameter they stand for ("x.weight")
+    state = {
+        k: v
+        for k, v in state_dict_for_saving(model).items()
+        if not (k.endswith(".blocks") and isinstance(model.get_submodule(k[:-7]), _block_modules()))
+    }
+    state = {**state, **own, **(blocks or {})}
     hf = arch.config_to_hf(cfg)
     names = get_tensor_name_map(
         next(k for k, v in MODEL_ARCH_NAMES.items() if v == gguf_arch), cfg.n_layers
@@ -216,6 +253,12 @@ def gguf_tensors(
                 tensor = tensor[torch.from_numpy(order).to(tensor.device)]
         tensors[name] = tensor
     return tensors
+
+
+def _block_modules() -> tuple[type, ...]:
+    from ..generate.blocks import BlockEmbedding, BlockLinear
+
+    return (BlockLinear, BlockEmbedding)
 
 
 def tensor_type(name: str, tensor: torch.Tensor, dtype: str) -> str:
@@ -371,7 +414,8 @@ def save_gguf(
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{path} is a folder; give the GGUF file's name (for example model.gguf)")
-    if getattr(model, "quantization", None):
+    own = own_blocks(model)
+    if getattr(model, "quantization", None) and not own:
         raise UserError(
             f"this model is quantized ({model.quantization}), which GGUF's block types do not "
             "hold; save the float model and choose dtype='q8_0'"
@@ -379,7 +423,9 @@ def save_gguf(
     cfg = model.config
     gguf_arch, arch = refuse_unrunnable(cfg)
     vocab = tokenizer_metadata(model.tokenizer, cfg)
-    tensors = gguf_tensors(model, arch, gguf_arch, blocks)
+    # a tied head with blocks of its own (quantize's) is written as output.weight (docstring)
+    untied = cfg.replace(tie_embeddings=False) if "unembed.weight" in own else cfg
+    tensors = gguf_tensors(model, arch, gguf_arch, blocks, untied)
 
     writer = GGUFWriter(None, gguf_arch)
     writer.add_name(cfg.extra.get("name") or path.stem)
