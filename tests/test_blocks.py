@@ -558,9 +558,16 @@ def test_a_quantized_model_saves_to_gguf_and_reads_back_with_the_same_blocks_and
     attnlab.save(model, tmp_path / "x.gguf")
     back = attnlab.load(tmp_path / "x.gguf", keep_blocks=True)
     ours, theirs = block_modules(model), block_modules(back)
-    assert ours.keys() == theirs.keys() and len(ours) == 1 + 7 * LLAMA["n_layers"] - (
-        recipe == "gpt2"  # no gate
-    ) * LLAMA["n_layers"]
+    assert (
+        ours.keys() == theirs.keys()
+        and len(ours)
+        == 1
+        + 7 * LLAMA["n_layers"]
+        - (
+            recipe == "gpt2"  # no gate
+        )
+        * LLAMA["n_layers"]
+    )
     for name, (k, blocks) in ours.items():
         assert theirs[name][0] == k and torch.equal(theirs[name][1], blocks), name
     ids = torch.randint(0, LLAMA["d_vocab"], (2, 7))

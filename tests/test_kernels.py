@@ -609,3 +609,92 @@ def test_the_decode_step_moves_the_weights_it_reads_into_huge_pages_and_nothing_
     assert torch.equal(
         generate(attnlab.load(tmp_path / "m"), ids, 6, temperature=0, use_kernels=False), reference
     )
+
+
+# Which build runs: chosen at run time ------------------------------------------------------------
+
+
+def test_the_cpu_probe_agrees_with_the_kernels_flags(tmp_path, monkeypatch):
+    """cpu.c's CPUID + XCR0 test against Linux's /proc/cpuinfo (which drops a flag whose register
+    state the kernel does not enable): the same AVX2 and AVX-512 verdicts."""
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
+    flags = next(
+        set(line.split(":", 1)[1].split())
+        for line in open("/proc/cpuinfo")
+        if line.startswith("flags")
+    )
+    levels = kernels.cpu_levels()
+    assert bool(levels & kernels.CpuLevel.AVX2) == ({"avx2", "fma", "f16c"} <= flags)
+    avx512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"}
+    assert bool(levels & kernels.CpuLevel.AVX512) == (avx512 <= flags and "avx2" in flags)
+
+
+@pytest.mark.parametrize("name", ["avx512", "avx2", "portable"])
+def test_attnlab_kernels_forces_a_build_and_it_computes_the_reference(name, tmp_path, monkeypatch):
+    if name not in kernels.variants_here():
+        pytest.skip(f"this CPU or its operating system does not allow {name}")
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
+    monkeypatch.setenv("ATTNLAB_KERNELS", name)
+    chosen, path = kernels.choose_variant()
+    assert chosen == name and path.with_suffix(".checked").read_text() == "ok"
+    monkeypatch.setattr(kernels, "library", lambda: kernels.load(path))
+    x, w, b = torch.randn(3, 129), torch.randn(67, 129), torch.randn(67)
+    torch.testing.assert_close(kernels.linear(x, w, b), F.linear(x, w, b), **product_tolerance(129))
+
+
+def test_the_best_allowed_build_runs_by_default(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
+    monkeypatch.delenv("ATTNLAB_KERNELS", raising=False)
+    assert kernels.choose_variant()[0] == kernels.variants_here()[0]
+    monkeypatch.setenv("ATTNLAB_KERNELS", "0")
+    assert kernels.choose_variant() is None
+
+
+def test_a_build_the_machine_does_not_allow_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(kernels, "_is_x86", lambda: True)
+    monkeypatch.setattr(kernels, "cpu_levels", lambda: kernels.CpuLevel.AVX2)  # a Zen 3
+    monkeypatch.setenv("ATTNLAB_KERNELS", "avx512")
+    with pytest.raises(UserError, match="does not allow avx512 instructions; use one of avx2, p"):
+        kernels.choose_variant()
+    monkeypatch.setenv("ATTNLAB_KERNELS", "sse4")
+    with pytest.raises(UserError, match="ATTNLAB_KERNELS=sse4: not a build .* avx512, avx2, port"):
+        kernels.choose_variant()
+    monkeypatch.delenv("ATTNLAB_KERNELS")
+    assert kernels.choose_variant()[0] == "avx2"
+
+
+TRAP = """
+#include <stdint.h>
+void attnlab_linear_f32(const float *x, const float *w, const float *b, float *y, int64_t rows,
+                        int64_t d_in, int64_t d_out, int accumulate, int threads) {
+  __builtin_trap(); /* an illegal instruction, as an instruction set the OS does not enable */
+}
+"""
+
+
+def test_a_build_that_faults_in_its_self_check_is_passed_over_and_the_process_lives(
+    tmp_path, monkeypatch
+):
+    """The self-check runs in a child: a build whose instructions fault here kills the child only;
+    the next build runs, and forcing the faulty one is one line."""
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
+    source = tmp_path / "trap.c"
+    source.write_text(TRAP)
+    trap = kernels.compile_library(source, (["-O1"],))
+    assert trap is not None
+    why = kernels.self_check(trap)
+    assert why is not None and "self-check failed" in why and "exit status -" in why
+    assert kernels.self_check(trap) == why  # the verdict is cached beside the library
+    real = kernels.compile_library
+
+    def compile_library(source, flag_sets, verbose=False):  # the best build faults
+        return trap if flag_sets[0] == kernels.VARIANTS[best][0] else real(source, flag_sets)
+
+    best = kernels.variants_here()[0]
+    monkeypatch.setattr(kernels, "compile_library", compile_library)
+    monkeypatch.delenv("ATTNLAB_KERNELS", raising=False)
+    assert kernels.choose_variant()[0] == kernels.variants_here()[1]
+    monkeypatch.setenv("ATTNLAB_KERNELS", best)
+    with pytest.raises(UserError, match=f"ATTNLAB_KERNELS={best}: the {best} build cannot run"):
+        kernels.choose_variant()

@@ -1,8 +1,9 @@
 /* attnlab's CPU kernels for one decoding step: the few-row products and the single query's attention.
  *
- * Plain C with `#pragma omp simd` reductions, compiled at first use with -O3 -march=native (see
- * attnlab/generate/kernels/__init__.py): the compiler vectorises the loops for whatever the machine has (AVX-512,
- * AVX2, NEON), and the same source compiles to scalar code anywhere else. The two products also have an AVX-512
+ * Plain C with `#pragma omp simd` reductions, compiled at first use once per instruction set (on x86-64: AVX-512
+ * with VNNI, AVX2 with FMA and F16C, portable; elsewhere -march=native), the best one the CPU and the operating
+ * system allow chosen at run time (see attnlab/generate/kernels/__init__.py and cpu.c): the compiler vectorises the
+ * loops for that instruction set, and the same source compiles to scalar code anywhere else. The two products also have an AVX-512
  * form written with intrinsics (`#if AVX512`), where that measured faster; the portable loop stays the fallback,
  * and tests/test_kernels.py builds and checks both. Threads: OpenMP, the runtime
  * torch itself runs on, split over output features. Every function here is tested against the PyTorch
@@ -246,8 +247,8 @@ void attnlab_linear_i8(const float *x, const int8_t *q, const float *scale, cons
  * Each |x - dx q| <= dx / 2, so a product moves by at most sum over blocks of dx / 2 sum |w| (the tests' bound).
  * The integer dot product: AVX-512 VNNI's dpbusd (unsigned 8-bit times signed 8-bit, four products added into
  * each 32-bit lane) where the compiler targets it, AVX2's maddubs + madd otherwise, a plain loop anywhere else;
- * which one is fixed when decode.c is built for this CPU (-march=native: the compiler enables only what the CPU
- * and the operating system's saved register state allow). Q8_0's signed weights take the sign trick (|w| times
+ * which one is fixed by the build (attnlab.generate.kernels.VARIANTS; the process runs the best build the CPU and
+ * the operating system's saved register state allow). Q8_0's signed weights take the sign trick (|w| times
  * x with w's sign). Q4_0's -8 is folded into the lane sums' start (-8 times each lane's four q_x, made once per
  * row of x), Q4_1's m term uses the row's dx sum q_x per block. */
 typedef enum {
