@@ -501,65 +501,125 @@ static inline __m256i values_of_256(int type, const uint8_t *p, int s) {
 }
 #endif
 
+#if defined(__AVX2__)
+/* acc + the product of sub-block s of block p with the rounded row r's sub-block b, as eight float lanes: the
+ * integer dot product and one multiply by the scales ds (d sc_s: Q4_K / Q5_K; d: Q5_0, Q6_K, whose two int8
+ * scales of 16 weights are applied here) and dx */
+static inline __attribute__((always_inline)) __m256 sub_fma(__m256 acc, int type, const uint8_t *p, int s, q8_row r,
+                                                            int64_t b, float ds) {
+  __m256i start = _mm256_setzero_si256();
+  if (type == BLOCK_Q5_0 || type == BLOCK_Q6_K) /* -16 or -32 times each lane's four q */
+    start = _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(r.c8 + b * 8)), type == BLOCK_Q5_0 ? 1 : 2);
+  __m256i isum = DPBUSD(start, values_of_256(type, p, s), _mm256_loadu_si256((const __m256i *)(r.q + b * QK)));
+  __m256 scale;
+  if (type == BLOCK_Q6_K) { /* lanes 0-3 sum weights 0-15, lanes 4-7 weights 16-31 */
+    const int8_t *sc = (const int8_t *)(p + 192) + 2 * s;
+    float dx = ds * r.dx[b];
+    scale = _mm256_set_m128(_mm_set1_ps(dx * (float)sc[1]), _mm_set1_ps(dx * (float)sc[0]));
+  } else
+    scale = _mm256_set1_ps(ds * r.dx[b]);
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc);
+}
+
+/* dot_q_more for one `type`, inlined into each caller with a constant type: four independent sums (one FMA chain
+ * would wait on the last at every sub-block) */
+static inline __attribute__((always_inline)) float dot_q_more_of(int type, const uint8_t *w, q8_row r, int64_t nb) {
+  int64_t bytes = BLOCK_BYTES[type];
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  __m256 mins = a0; /* Q4_K / Q5_K: dmin m_s dx_s sum q, per sub-block s, to be subtracted */
+  if (type == BLOCK_Q5_0) {
+    int64_t b = 0;
+    for (; b + 4 <= nb; b += 4) {
+      const uint8_t *p = w + b * bytes;
+      a0 = sub_fma(a0, type, p, 0, r, b, half_to_float(p));
+      a1 = sub_fma(a1, type, p + bytes, 0, r, b + 1, half_to_float(p + bytes));
+      a2 = sub_fma(a2, type, p + 2 * bytes, 0, r, b + 2, half_to_float(p + 2 * bytes));
+      a3 = sub_fma(a3, type, p + 3 * bytes, 0, r, b + 3, half_to_float(p + 3 * bytes));
+    }
+    for (; b < nb; b++) a0 = sub_fma(a0, type, w + b * bytes, 0, r, b, half_to_float(w + b * bytes));
+  } else {
+    for (int64_t b0 = 0; b0 < nb; b0 += 8) {
+      const uint8_t *p = w + b0 / 8 * bytes;
+      float d = half_to_float(type == BLOCK_Q6_K ? p + 208 : p), ds[8];
+      if (type == BLOCK_Q6_K)
+        for (int s = 0; s < 8; s++) ds[s] = d;
+      else { /* the eight scales and mins unpacked as bytes, then widened and scaled as vectors (eight scalar
+                int -> float conversions each cost more than the sub-block's product) */
+        uint8_t sc[8], m[8];
+        for (int s = 0; s < 8; s++) {
+          int a, b;
+          scale_min_k(p + 4, s, &a, &b);
+          sc[s] = (uint8_t)a, m[s] = (uint8_t)b;
+        }
+        __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sc)));
+        __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)m)));
+        _mm256_storeu_ps(ds, _mm256_mul_ps(scf, _mm256_set1_ps(d)));
+        mins = _mm256_fmadd_ps(_mm256_mul_ps(mf, _mm256_set1_ps(half_to_float(p + 2))),
+                               _mm256_loadu_ps(r.sx + b0), mins);
+      }
+      a0 = sub_fma(a0, type, p, 0, r, b0, ds[0]);
+      a1 = sub_fma(a1, type, p, 1, r, b0 + 1, ds[1]);
+      a2 = sub_fma(a2, type, p, 2, r, b0 + 2, ds[2]);
+      a3 = sub_fma(a3, type, p, 3, r, b0 + 3, ds[3]);
+      a0 = sub_fma(a0, type, p, 4, r, b0 + 4, ds[4]);
+      a1 = sub_fma(a1, type, p, 5, r, b0 + 5, ds[5]);
+      a2 = sub_fma(a2, type, p, 6, r, b0 + 6, ds[6]);
+      a3 = sub_fma(a3, type, p, 7, r, b0 + 7, ds[7]);
+    }
+  }
+  __m256 acc = _mm256_sub_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)), mins);
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+
 /* The product of one row of blocks w of `type` (Q5_0 or a K-quant; nb sub-blocks of 32) with the rounded row r */
+static float dot_q_more(int type, const uint8_t *w, q8_row r, int64_t nb) {
+  switch (type) {
+  case BLOCK_Q5_0:
+    return dot_q_more_of(BLOCK_Q5_0, w, r, nb);
+  case BLOCK_Q4_K:
+    return dot_q_more_of(BLOCK_Q4_K, w, r, nb);
+  case BLOCK_Q5_K:
+    return dot_q_more_of(BLOCK_Q5_K, w, r, nb);
+  default:
+    return dot_q_more_of(BLOCK_Q6_K, w, r, nb);
+  }
+}
+#else
+/* The product of one row of blocks w of `type` (Q5_0 or a K-quant; nb sub-blocks of 32) with the rounded row r:
+ * the integer sums of each sub-block in plain C */
 static float dot_q_more(int type, const uint8_t *w, q8_row r, int64_t nb) {
   int per = type == BLOCK_Q5_0 ? 1 : 8; /* sub-blocks of 32 per block */
   int64_t bytes = BLOCK_BYTES[type];
-  float offset_sum = 0.0f; /* Q4_K / Q5_K: - dmin sum_s m_s dx_s sum q */
-#if defined(__AVX2__)
-  __m256 acc = _mm256_setzero_ps();
-#else
   float total = 0.0f;
-#endif
   for (int64_t b0 = 0; b0 < nb; b0 += per) {
     const uint8_t *p = w + b0 / per * bytes;
     float d = half_to_float(type == BLOCK_Q6_K ? p + 208 : p);
-    int sc[8], m[8];
-    if (type == BLOCK_Q4_K || type == BLOCK_Q5_K) {
-      float dmin = half_to_float(p + 2);
-      for (int s = 0; s < 8; s++) {
-        scale_min_k(p + 4, s, sc + s, m + s);
-        offset_sum -= dmin * (float)m[s] * r.sx[b0 + s];
-      }
-    }
     for (int s = 0; s < per; s++) {
       int64_t b = b0 + s;
       const int8_t *q = r.q + b * QK;
-      const int8_t *sc6 = (const int8_t *)(p + 192) + 2 * s; /* Q6_K: the scales of this sub-block's two 16s */
-#if defined(__AVX2__)
-      __m256i start = _mm256_setzero_si256();
-      if (type == BLOCK_Q5_0 || type == BLOCK_Q6_K) /* -16 or -32 times each lane's four q */
-        start = _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(r.c8 + b * 8)), type == BLOCK_Q5_0 ? 1 : 2);
-      __m256i isum = DPBUSD(start, values_of_256(type, p, s), _mm256_loadu_si256((const __m256i *)q));
-      __m256 scale;
-      if (type == BLOCK_Q6_K) /* lanes 0-3 sum weights 0-15, lanes 4-7 weights 16-31 */
-        scale = _mm256_set_m128(_mm_set1_ps(d * (float)sc6[1] * r.dx[b]), _mm_set1_ps(d * (float)sc6[0] * r.dx[b]));
-      else
-        scale = _mm256_set1_ps(d * (type == BLOCK_Q5_0 ? 1.0f : (float)sc[s]) * r.dx[b]);
-      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc);
-#else
       uint8_t n[QK];
       values_of(type, p, s, n);
       int32_t lo = 0, hi = 0, start = 0;
       for (int j = 0; j < QK / 2; j++) lo += n[j] * q[j], hi += n[j + QK / 2] * q[j + QK / 2];
-      if (type == BLOCK_Q6_K) {
+      if (type == BLOCK_Q6_K) { /* its two int8 scales of 16 weights each */
+        const int8_t *sc6 = (const int8_t *)(p + 192) + 2 * s;
         for (int l = 0; l < 4; l++) lo += 4 * r.c8[b * 8 + l], hi += 4 * r.c8[b * 8 + 4 + l];
         total += d * r.dx[b] * (float)(sc6[0] * lo + sc6[1] * hi);
+      } else if (type == BLOCK_Q5_0) {
+        for (int l = 0; l < 8; l++) start += 2 * r.c8[b * 8 + l];
+        total += d * r.dx[b] * (float)(lo + hi + start);
       } else {
-        if (type == BLOCK_Q5_0)
-          for (int l = 0; l < 8; l++) start += 2 * r.c8[b * 8 + l];
-        total += d * (type == BLOCK_Q5_0 ? 1.0f : (float)sc[s]) * r.dx[b] * (float)(lo + hi + start);
+        int sc, m;
+        scale_min_k(p + 4, s, &sc, &m);
+        total += d * (float)sc * r.dx[b] * (float)(lo + hi) - half_to_float(p + 2) * (float)m * r.sx[b];
       }
-#endif
     }
   }
-#if defined(__AVX2__)
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  float total = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-#endif
-  return total + offset_sum;
+  return total;
 }
+#endif
 
 /* out [32 per sub-block] = the float32 values of one block of `type` (Q5_0 or a K-quant), in gguf-py's order of
  * float operations (d sc computed first, then times n, then minus dmin m), so equal to it bit for bit: d sc and
