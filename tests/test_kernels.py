@@ -698,3 +698,21 @@ def test_a_build_that_faults_in_its_self_check_is_passed_over_and_the_process_li
     monkeypatch.setenv("ATTNLAB_KERNELS", best)
     with pytest.raises(UserError, match=f"ATTNLAB_KERNELS={best}: the {best} build cannot run"):
         kernels.choose_variant()
+
+
+def test_use_variant_switches_the_build_a_benchmark_runs(monkeypatch):
+    """benchmarks/blocks_speed.py's AVX2 columns: the same process runs the AVX2 build, then the
+    default again."""
+    default = kernels.variant()
+    if "avx2" not in kernels.variants_here():
+        pytest.skip("this CPU or its operating system does not allow AVX2")
+    monkeypatch.delenv("ATTNLAB_KERNELS", raising=False)
+    try:
+        kernels.use_variant("avx2")
+        assert kernels.variant() == "avx2"
+        assert kernels.library()._name == str(kernels.chosen_variant()[1])
+        x, w = torch.randn(2, 96), torch.randn(5, 96)
+        torch.testing.assert_close(kernels.linear(x, w), F.linear(x, w), **product_tolerance(96))
+    finally:
+        kernels.use_variant(None)
+    assert kernels.variant() == default

@@ -383,6 +383,18 @@ def chosen_variant() -> tuple[str, Path] | None:
     return choose_variant()
 
 
+def use_variant(name: str | None) -> None:
+    """From now on this process runs decode.c's build `name` (as ATTNLAB_KERNELS=name would have
+    chosen it; None: the default choice again), so that a benchmark can time two builds side by
+    side in one run. Kernel calls prepared before keep the build they were prepared with."""
+    if name is None:
+        os.environ.pop("ATTNLAB_KERNELS", None)
+    else:
+        os.environ["ATTNLAB_KERNELS"] = name
+    chosen_variant.cache_clear()
+    library.cache_clear()
+
+
 def variant() -> str | None:
     """The name of the decode.c build this process runs (VARIANTS), None without kernels."""
     chosen = chosen_variant()
