@@ -20,13 +20,14 @@ MODEL_HELP = (
 
 
 def add_keep_blocks_flag(parser: argparse.ArgumentParser) -> None:
-    """--keep-blocks: a GGUF file's Q8_0, Q4_0 and Q4_1 matrices as the file's blocks (load's
+    """--keep-blocks: a GGUF file's matrices and embedding in blocks as the file's blocks (load's
     keep_blocks)."""
     parser.add_argument(
         "--keep-blocks",
         action="store_true",
-        help="keep a GGUF file's Q8_0, Q4_0 and Q4_1 matrices as the file's blocks and multiply "
-        "them with 8-bit activations, as llama.cpp does (default: dequantized to float32)",
+        help="keep a GGUF file's matrices and embedding in blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, "
+        "Q5_K, Q6_K) as the file's blocks and multiply them with 8-bit activations, as llama.cpp "
+        "does (default: dequantized to float32)",
     )
 
 
