@@ -41,7 +41,7 @@ from attnlab.generate.blocks import (
     dequantize,
     quantize_blocks,
 )
-from attnlab.generate.fast_layers import KernelBlockLinear, fast_linears
+from attnlab.generate.fast_layers import PROMPT_KINDS, KernelBlockLinear, fast_linears
 from attnlab.generate.kernel_decoder import KernelDecoder
 from attnlab.generate.kv_cache import KVCache
 from attnlab.generate.loop import generate
@@ -289,22 +289,109 @@ def test_the_c_dequantizer_equals_the_reference_bit_for_bit_in_every_build(
         torch.testing.assert_close(ours, dequantize(blocks, kind), rtol=0, atol=0, equal_nan=True)
 
 
+# A prompt's products: many rows at once, tiled (decode.c, attnlab_linear_q_rows / _f_rows) -------
+
+# rows: past the few-row threshold (8), not always a multiple of the register tile (6 rows with
+# 8-bit activations, 12 in float32); d_out: not always a multiple of the 32 features of a tile
+PROMPT_SHAPES = ((9, 32, 1), (13, 96, 67), (31, 576, 130), (64, 1536, 33), (25, 64, 32))
+
+
+def check_float_product(x, w, bias, out):
+    """out against F.linear in float64: float32 summation slack only."""
+    reference = F.linear(x.double(), w.double(), None if bias is None else bias.double())
+    slack = 1e-5 * (x.double().abs() @ w.double().abs().T).max() + 1e-6
+    assert (out.double() - reference).abs().max() <= slack
+
+
+def prompt_products_in_this_build(kind: str) -> None:
+    """Every prompt product of `kernels.library()` against its reference on PROMPT_SHAPES."""
+    g = torch.Generator().manual_seed(0)
+    for rows, d_in, d_out in PROMPT_SHAPES:
+        w = torch.randn(d_out, d_in, generator=g) * torch.rand(d_out, 1, generator=g)
+        x = torch.randn(rows, d_in, generator=g) * torch.rand(1, d_in, generator=g) * 3
+        bias = torch.randn(d_out, generator=g) if rows % 2 else None
+        layer = BlockLinear.from_float(w, kind, bias)
+        kernel = BLOCK_TYPES[kind].kernel
+        got = kernels.block_linear_rows(x, layer.blocks, kernel, layer.bias)
+        check_product(x, layer.blocks, kind, layer.bias, got, layer.weight)
+        got = kernels.block_linear_rows(x, layer.blocks, kernel, layer.bias, "float32")
+        check_float_product(x, layer.weight, layer.bias, got)
+        check_float_product(x, w, bias, kernels.linear_rows(x, w, bias))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_prompt_products_stay_with_their_references(kind):
+    """8-bit activations: within the rounding bound of the float product and equal to the emulated
+    integer arithmetic (as the decode step's product); float32 (blocks dequantized a tile at a
+    time, or float weights): F.linear's product up to summation order."""
+    prompt_products_in_this_build(kind)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_build_of_the_prompt_products_stays_with_their_references(
+    kind, other_build, monkeypatch
+):
+    monkeypatch.setattr(kernels, "library", lambda: other_build)
+    prompt_products_in_this_build(kind)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_prompt_products_on_two_threads_equal_one(kind, monkeypatch):
+    x, w = torch.randn(40, 576), torch.randn(300, 576)  # tiles for both threads
+    layer = BlockLinear.from_float(w, kind)
+    kernel = BLOCK_TYPES[kind].kernel
+    products = lambda: [  # noqa: E731
+        kernels.block_linear_rows(x, layer.blocks, kernel),
+        kernels.block_linear_rows(x, layer.blocks, kernel, activations="float32"),
+        kernels.linear_rows(x, w),
+    ]
+    one = products()
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    for a, b in zip(products(), one, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_nan_in_a_prompt_makes_nan_in_its_row_only():
+    layer = BlockLinear.from_float(torch.randn(40, 64), "q4_1")
+    x = torch.randn(10, 64)
+    x[3, 40] = float("nan")
+    for activations in ("8-bit", "float32"):
+        out = kernels.block_linear_rows(
+            x, layer.blocks, BLOCK_TYPES["q4_1"].kernel, None, activations
+        )
+        assert torch.isnan(out[3]).all() and not torch.isnan(out[torch.arange(10) != 3]).any()
+
+
 @pytest.mark.parametrize("kind", KINDS + MORE)
-def test_generation_multiplies_a_prompt_exactly_and_a_few_rows_as_the_decode_step(kind, seed):
+def test_generation_multiplies_a_prompt_and_a_few_rows_by_the_kernels_of_this_build(kind, seed):
+    """A few rows: the decode step's product; a prompt: the tiled GEMM of this build for the kinds
+    it unpacks (PROMPT_KINDS), else the C dequantizer and the module path's F.linear exactly."""
     d_in = 3 * BLOCK_TYPES[kind].weights
     layer = block_layer(kind, 70, d_in, seed, bias=True)
     prompt, few = torch.randn(2, 12, d_in), torch.randn(3, d_in)
     kernel = BLOCK_TYPES[kind].kernel
     decode = kernels.block_linear(few, layer.blocks, kernel, layer.bias)
+    eight_bits, floats = kernels.rows_vectorized()
     with torch.no_grad():
         reference, few_reference = layer(prompt), layer(few)
+        tiled = kind in PROMPT_KINDS and (eight_bits or floats)
+        if tiled:  # the tiled GEMM of this build
+            activations = "8-bit" if eight_bits else "float32"
+            expected = kernels.block_linear_rows(
+                prompt, layer.blocks, kernel, layer.bias, activations
+            )
+        else:
+            expected = reference  # C dequantizer, then the same F.linear
         with fast_linears(layer):
             assert type(layer) is KernelBlockLinear
-            assert torch.equal(layer(prompt), reference)  # C dequantizer, then the same F.linear
+            assert torch.equal(layer(prompt), expected)
             assert torch.equal(layer(few), decode)  # 8-bit activations: the decode step's product
         assert type(layer) is BlockLinear
     check_product(few, layer.blocks, kind, layer.bias, decode, layer.weight)
     assert not torch.equal(few_reference, decode)
+    if tiled and eight_bits:
+        flat = prompt.reshape(-1, d_in)
+        check_product(flat, layer.blocks, kind, layer.bias, expected.reshape(-1, 70), layer.weight)
 
 
 # Whole models ------------------------------------------------------------------------------

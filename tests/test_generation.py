@@ -229,3 +229,23 @@ def test_decode_steps_read_nothing_on_the_host(monkeypatch):
     )
     generate(model, torch.tensor([[1, 2, 3]]), 5, temperature=0)
     assert checked == [(1, 3)]
+
+
+def test_a_hook_on_the_final_norm_sees_every_prompt_position_in_generation():
+    """prefill sends only the last position through the final norm and the LM head, except when a
+    hook there expects a forward's every position."""
+    model = build(CONFIGS[next(iter(CONFIGS))])
+    ids = torch.randint(0, BASE["d_vocab"], (2, 7))
+    seen = []
+    handle = model.ln_final.register_forward_hook(lambda m, i, out: seen.append(out.shape[1]))
+    try:
+        generate(model, ids, 2, temperature=0)
+    finally:
+        handle.remove()
+    assert seen[0] == 7
+    widths, logits_from_resid = [], model.logits_from_resid
+    model.logits_from_resid = lambda resid: (
+        widths.append(resid.shape[1]) or logits_from_resid(resid)
+    )
+    generate(model, ids, 2, temperature=0)
+    assert widths[0] == 1  # no hook: the prompt's last position only

@@ -35,6 +35,9 @@ from .blocks import BLOCK, BLOCK_TYPES, QUANTIZABLE, BlockLinear
 # code"): the compiled multiply-and-sum form and the C kernel (attnlab.generate.kernels), in
 # KernelLinear and the kernel decode step alike
 MATVEC_MAX_ROWS = 8
+# the block kinds decode.c's prompt products unpack (32 weights a block: block_values); Q5_0 and
+# the K-quants multiply a prompt through the C dequantizer and F.linear
+PROMPT_KINDS = ("q8_0", "q4_0", "q4_1")
 
 
 def few_rows(x: torch.Tensor) -> bool:
@@ -68,6 +71,14 @@ class KernelLinear(Linear):
             and kernels.usable(x, self.weight)
         ):
             return kernels.linear(x, self.weight, self.bias)
+        if (
+            x.dtype == self.weight.dtype == torch.float32
+            and x.shape[-1] == self.weight.shape[-1]
+            and self.weight.is_contiguous()
+            and kernels.usable(x, self.weight)
+            and kernels.rows_vectorized()[1]
+        ):  # a prompt: the tiled float32 GEMM, which measured faster than torch's (MKL's) here
+            return kernels.linear_rows(x, self.weight, self.bias)
         weight = self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype)
         return F.linear(x, weight, self.bias)
 
@@ -75,8 +86,10 @@ class KernelLinear(Linear):
 class KernelBlockLinear(BlockLinear):
     """BlockLinear with generation's fast paths (eager, float32, on a CPU): a few rows multiply the
     blocks in C with 8-bit activations (decode.c, attnlab_linear_q: the decode step's product);
-    more rows (a prompt) dequantize in C, bit-equal to the reference dequantizer, then F.linear, so
-    a prompt computes the module path's numbers exactly."""
+    more rows (a prompt) of the kinds in PROMPT_KINDS take the tiled GEMM with the same 8-bit
+    activations (attnlab_linear_q_rows) where this build runs it on AVX-512 VNNI, else the tiled
+    float32 GEMM on dequantized tiles where it has AVX-512; anything else dequantizes in C and runs
+    F.linear (the module path's numbers)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (
@@ -89,6 +102,10 @@ class KernelBlockLinear(BlockLinear):
         kind = BLOCK_TYPES[self.kind].kernel
         if few_rows(x):
             return kernels.block_linear(x, self.blocks, kind, self.bias)
+        eight_bits, floats = kernels.rows_vectorized()
+        if self.kind in PROMPT_KINDS and (eight_bits or floats):
+            activations = "8-bit" if eight_bits else "float32"
+            return kernels.block_linear_rows(x, self.blocks, kind, self.bias, activations)
         return F.linear(x, kernels.dequantize(self.blocks, kind, self.in_features), self.bias)
 
 

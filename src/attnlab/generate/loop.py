@@ -81,10 +81,30 @@ def prefill(
     positions: torch.Tensor | None = None,
     attention_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Run the prompt (B, T), filling the cache; return the logits of its last position (B, V)."""
-    return model(
-        ids, kv_cache=cache, start_pos=0, positions=positions, attention_mask=attention_mask
-    )[:, -1]
+    """Run the prompt (B, T), filling the cache; return the logits of its last position (B, V).
+    Only that position goes through the final norm and the LM head (as llama.cpp's prompt
+    processing: the other T - 1 rows of the largest product are never used), unless a hook on the
+    model, the final norm or the head expects every position."""
+    if any(m._forward_hooks or m._forward_pre_hooks for m in _tail_modules(model)):
+        return model(
+            ids, kv_cache=cache, start_pos=0, positions=positions, attention_mask=attention_mask
+        )[:, -1]
+    resid = model(
+        ids,
+        kv_cache=cache,
+        start_pos=0,
+        positions=positions,
+        attention_mask=attention_mask,
+        stop_at_layer=len(model.blocks),
+    )  # [batch, pos, d_model]
+    return model.logits_from_resid(resid[:, -1:])[:, -1]
+
+
+def _tail_modules(model) -> list:
+    """The model and every module of its final norm and LM head."""
+    return [model] + [
+        m for part in (model.ln_final, model.unembed) if part is not None for m in part.modules()
+    ]
 
 
 @torch.no_grad()

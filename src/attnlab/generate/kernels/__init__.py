@@ -126,8 +126,16 @@ KERNELS: dict[Op, tuple[str, list]] = {
 RUN = ("attnlab_run", [_ptr, _i64, _int])  # runs a program: its ops, their number, the threads
 # bytes of scratch attnlab_linear_q needs per thread, for rows and d_in
 SCRATCH = ("attnlab_linear_q_scratch", [_i64, _i64])
-# blocks -> float32 (blocks, out, rows, d_in, block type, threads): a prompt's products
+# blocks -> float32 (blocks, out, rows, d_in, block type, threads)
 DEQUANTIZE = ("attnlab_dequantize", [_ptr, _ptr, _i64, _i64, _int, _int])
+# a prompt's products, many rows at once (x, weights, bias, y, scratch, rows, d_in, d_out, block
+# type, threads): blocks with 8-bit activations, and float32 on tiles of float or dequantized ones
+LINEAR_ROWS = [
+    ("attnlab_linear_q_rows", [_ptr] * 5 + [_i64] * 3 + [_int, _int]),
+    ("attnlab_linear_f_rows", [_ptr] * 5 + [_i64] * 3 + [_int, _int]),
+]
+ROWS_SCRATCH = ("attnlab_linear_rows_scratch", [_i64, _i64, _int])  # bytes for rows, d_in, threads
+ROWS_VECTORIZED = ("attnlab_linear_rows_vectorized", [])  # bit 0: 8-bit product, bit 1: float32
 
 
 class BlockKind(enum.IntEnum):
@@ -415,11 +423,16 @@ def library() -> ctypes.CDLL | None:
 def load(path: Path) -> ctypes.CDLL:
     """The kernels of the shared library at `path`, their argument types declared."""
     lib = ctypes.CDLL(str(path))
-    for name, argtypes in [*KERNELS.values(), RUN, DEQUANTIZE]:
+    for name, argtypes in [*KERNELS.values(), RUN, DEQUANTIZE, *LINEAR_ROWS]:
         getattr(lib, name).argtypes = argtypes
         getattr(lib, name).restype = None
-    getattr(lib, SCRATCH[0]).argtypes = SCRATCH[1]
-    getattr(lib, SCRATCH[0]).restype = _i64
+    for (name, argtypes), restype in (
+        (SCRATCH, _i64),
+        (ROWS_SCRATCH, _i64),
+        (ROWS_VECTORIZED, _int),
+    ):
+        getattr(lib, name).argtypes = argtypes
+        getattr(lib, name).restype = restype
     return lib
 
 
@@ -642,6 +655,75 @@ def embed_blocks(
         if not 0 <= token < blocks.shape[0]:  # as torch's lookup: never a read past the table
             raise IndexError(f"token id {token} is out of range for {blocks.shape[0]} rows")
         lib.attnlab_dequantize(base + token * row_bytes, at + 4 * r * d, 1, d, int(kind), 1)
+
+
+def rows_vectorized() -> tuple[bool, bool]:
+    """Whether this build's prompt products (`block_linear_rows`, `linear_rows`) run vectorised:
+    (the 8-bit product on AVX-512 VNNI, the float32 one on AVX-512). Generation takes them for
+    prompts only then (attnlab.generate.fast_layers); elsewhere they are plain loops, for tests."""
+    bits = getattr(library(), ROWS_VECTORIZED[0])()
+    return bool(bits & 1), bool(bits & 2)
+
+
+def _rows_product(
+    name: str, x: torch.Tensor, weight: torch.Tensor, kind: int, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """decode.c's `name` (attnlab_linear_q_rows or attnlab_linear_f_rows) for x (..., d_in):
+    (..., d_out), a new tensor."""
+    x = x.contiguous()
+    rows, d_in, d_out = x.numel() // x.shape[-1], x.shape[-1], weight.shape[0]
+    assert x.dtype == torch.float32 and weight.is_contiguous()
+    assert bias is None or (bias.is_contiguous() and bias.dtype == torch.float32)
+    threads = torch.get_num_threads()
+    scratch = torch.empty(
+        getattr(library(), ROWS_SCRATCH[0])(rows, d_in, threads) + 64, dtype=torch.int8
+    )
+    scratch = scratch[-scratch.data_ptr() % 64 :]  # 64-byte aligned
+    out = torch.empty(*x.shape[:-1], d_out)
+    getattr(library(), name)(
+        x.data_ptr(),
+        weight.data_ptr(),
+        None if bias is None else bias.data_ptr(),
+        out.data_ptr(),
+        scratch.data_ptr(),
+        rows,
+        d_in,
+        d_out,
+        kind,
+        threads,
+    )
+    return out
+
+
+def block_linear_rows(
+    x: torch.Tensor,
+    blocks: torch.Tensor,
+    kind: BlockKind,
+    bias: torch.Tensor | None = None,
+    activations: str = "8-bit",
+) -> torch.Tensor:
+    """x Wᵀ + b for many rows x (..., d_in) (a prompt), W (d_out, d_in) in blocks of `kind`, as a
+    tiled GEMM that reads each weight once per tile: activations "8-bit", rounded per block of 32
+    as the decode step rounds them (decode.c, attnlab_linear_q_rows: `block_linear`'s numbers up
+    to float32 summation order), or "float32", each tile of weights dequantized in turn
+    (attnlab_linear_f_rows: the module path's product up to summation order). Returns a new tensor
+    (..., d_out). Callers check `usable`."""
+    d_in = x.shape[-1]
+    assert BlockKind(kind) <= BlockKind.Q4_1  # decode.c's block_values unpacks these three only
+    assert d_in % BLOCK == 0 and blocks.dtype == torch.uint8
+    assert tuple(blocks.shape) == (blocks.shape[0], d_in // BLOCK * block_bytes(kind))
+    name = {"8-bit": LINEAR_ROWS[0][0], "float32": LINEAR_ROWS[1][0]}[activations]
+    return _rows_product(name, x, blocks, int(BlockKind(kind)), bias)
+
+
+def linear_rows(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x Wᵀ + b for many rows x (..., d_in) and float32 W (d_out, d_in), as `block_linear_rows`'s
+    float32 product (decode.c, attnlab_linear_f_rows). Returns a new tensor (..., d_out). Callers
+    check `usable`."""
+    assert weight.dtype == torch.float32 and x.shape[-1] == weight.shape[1]
+    return _rows_product(LINEAR_ROWS[1][0], x, weight, -1, bias)
 
 
 def rope_call(

@@ -726,6 +726,329 @@ void attnlab_dequantize(const uint8_t *w, float *out, int64_t rows, int64_t d_in
   }
 }
 
+/* Prompts: the same products for many rows at once (a prompt's T tokens), as tiled matrix products.
+ *
+ * Torch's float32 GEMM is MKL's, which on this AMD EPYC runs its AVX2 code at a fraction of the AVX-512 FMA rate,
+ * and a block model first dequantized every matrix into a float copy for it (benchmarks/README.md, issue 25).
+ * Here the weights are read once per tile of TILE_N output features: the tile is laid out (and, for blocks,
+ * unpacked) into a small buffer that stays in the core's cache while every row of x passes over it, a register
+ * tile of rows at a time.
+ *
+ * Two products:
+ * - attnlab_linear_q_rows, blocks times 8-bit activations (the decode step's arithmetic, attnlab_linear_q's
+ *   numbers up to float32 summation order): each row of x is rounded once by quantize_row_q8 and stored as
+ *   unsigned bytes q + 128; a tile holds each feature's block as signed bytes (Q8_0's q, Q4_0's n - 8, Q4_1's n)
+ *   in the order AVX-512 VNNI's dpbusd reads them (four consecutive weights of 16 features per 64 bytes), with
+ *   per block its scale d, Q4_1's offset m and -128 times its sum, which takes the +128 back out of the integer
+ *   sum: sum (q + 128) w - 128 sum w = sum q w. Per block and row the integer sum then takes one multiply by
+ *   d dx (and Q4_1's m dx sum q, as attnlab_linear_q does).
+ * - attnlab_linear_f_rows, float32 weights (a float model's, or blocks dequantized a tile at a time) times float32
+ *   x: the product a float model's prompt computes, with its own summation order.
+ * Without AVX-512 VNNI the 8-bit product is a plain loop (for the tests of other builds; callers then take the
+ * float one, written with GCC's vector types, which compile to whatever vectors the target has). */
+#define TILE_N 32      /* output features per packed tile: two vectors of 16 */
+#define TILE_ROWS_Q 6  /* rows of x per register tile, 8-bit products: 12 integer and 12 float sums */
+#define TILE_ROWS_F 12 /* rows per register tile, float32 products: 24 sums */
+
+#if AVX512 && defined(__AVX512VNNI__)
+#define ROWS_VNNI 1
+#else
+#define ROWS_VNNI 0
+#endif
+
+static int64_t this_thread(void) {
+#ifdef _OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
+
+/* One tile of TILE_N features, 8-bit: w [blocks][8 groups][TILE_N][4], then d, m [blocks][TILE_N] float and corr
+ * [blocks][TILE_N] int32 (-128 sum w). */
+typedef struct {
+  int8_t *w;
+  float *d, *m;
+  int32_t *corr;
+} q_tile;
+
+static int64_t q_tile_bytes(int64_t nb) { return nb * TILE_N * (QK + 12); }
+
+static q_tile q_tile_at(int8_t *base, int64_t nb) {
+  q_tile t;
+  t.w = base;
+  t.d = (float *)(base + nb * TILE_N * QK);
+  t.m = t.d + nb * TILE_N;
+  t.corr = (int32_t *)(t.m + nb * TILE_N);
+  return t;
+}
+
+/* block b of a row of `type` as 32 signed bytes in weight order (Q8_0's q, Q4_0's n - 8, Q4_1's n), its d and m */
+static inline void block_values(const uint8_t *p, int type, int8_t *v, float *d, float *m) {
+  *d = half_to_float(p);
+  *m = type == BLOCK_Q4_1 ? half_to_float(p + 2) : 0.0f;
+  if (type == BLOCK_Q8_0) {
+    memcpy(v, p + 2, QK);
+    return;
+  }
+  const uint8_t *n = p + (type == BLOCK_Q4_1 ? 4 : 2);
+  int offset = type == BLOCK_Q4_0 ? 8 : 0;
+  for (int j = 0; j < QK / 2; j++) {
+    v[j] = (int8_t)((n[j] & 15) - offset);
+    v[j + QK / 2] = (int8_t)((n[j] >> 4) - offset);
+  }
+}
+
+/* features o0 .. o0 + n - 1 of w (rows of nb blocks of `type`) into tile t; features n .. TILE_N - 1 zero */
+static void pack_q_tile(const uint8_t *w, int type, int64_t o0, int64_t n, int64_t nb, q_tile t) {
+  int64_t bytes = BLOCK_BYTES[type];
+#if ROWS_VNNI
+  /* sixteen features at a time: each group of four weights gathered from the sixteen rows (one dword each), the
+   * nibbles split with a shift and a mask, the sums by dpbusd with ones; the plain loop below computed the same
+   * bytes five times slower (benchmarks/README.md) */
+  const __m512i ones = _mm512_set1_epi8(1), low = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
+  const int64_t data = type == BLOCK_Q4_1 ? 4 : 2;
+  for (int64_t half = 0; half < TILE_N / 16; half++) {
+    int64_t j0 = half * 16, valid = n - j0 < 0 ? 0 : (n - j0 < 16 ? n - j0 : 16);
+    __mmask16 mask = (__mmask16)((1u << valid) - 1);
+    const uint8_t *base = w + (o0 + j0) * nb * bytes;
+    __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                      _mm512_set1_epi32((int32_t)(nb * bytes)));
+    for (int64_t b = 0; b < nb; b++) {
+      __m512i at = _mm512_add_epi32(rows, _mm512_set1_epi32((int32_t)(b * bytes)));
+      __m512i head = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mask, at, base, 1);
+      __m512i sum = _mm512_setzero_si512();
+      __m512i *out = (__m512i *)(t.w + b * TILE_N * QK) + half;
+      if (type == BLOCK_Q8_0) {
+        for (int g = 0; g < QK / 4; g++) {
+          __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mask,
+                                                  _mm512_add_epi32(at, _mm512_set1_epi32(data + 4 * g)), base, 1);
+          _mm512_store_si512(out + 2 * g, v);
+          sum = _mm512_dpbusd_epi32(sum, ones, v);
+        }
+      } else {
+        for (int g = 0; g < QK / 8; g++) { /* bytes 4g .. 4g + 3: weights 4g.. (low nibbles), 16 + 4g.. (high) */
+          __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mask,
+                                                  _mm512_add_epi32(at, _mm512_set1_epi32(data + 4 * g)), base, 1);
+          __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi32(v, 4), low);
+          if (type == BLOCK_Q4_0) lo = _mm512_sub_epi8(lo, eight), hi = _mm512_sub_epi8(hi, eight);
+          lo = _mm512_maskz_mov_epi32(mask, lo), hi = _mm512_maskz_mov_epi32(mask, hi);
+          _mm512_store_si512(out + 2 * g, lo);
+          _mm512_store_si512(out + 2 * (g + QK / 8), hi);
+          sum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(sum, ones, lo), ones, hi);
+        }
+      }
+      _mm512_storeu_si512(t.corr + b * TILE_N + j0, _mm512_mullo_epi32(sum, _mm512_set1_epi32(-128)));
+      _mm512_storeu_ps(t.d + b * TILE_N + j0, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head)));
+      _mm512_storeu_ps(t.m + b * TILE_N + j0, type == BLOCK_Q4_1
+                                                  ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)))
+                                                  : _mm512_setzero_ps());
+    }
+  }
+  return;
+#endif
+  for (int64_t j = 0; j < TILE_N; j++)
+    for (int64_t b = 0; b < nb; b++) {
+      int8_t v[QK];
+      float d = 0.0f, m = 0.0f;
+      if (j < n)
+        block_values(w + (o0 + j) * nb * bytes + b * bytes, type, v, &d, &m);
+      else
+        memset(v, 0, QK);
+      int32_t sum = 0;
+      for (int g = 0; g < QK / 4; g++)
+        for (int i = 0; i < 4; i++) {
+          t.w[((b * (QK / 4) + g) * TILE_N + j) * 4 + i] = v[4 * g + i];
+          sum += v[4 * g + i];
+        }
+      t.d[b * TILE_N + j] = d, t.m[b * TILE_N + j] = m, t.corr[b * TILE_N + j] = -128 * sum;
+    }
+}
+
+/* out[r][j] = sum over blocks of (d_j dx_r isum + m_j sx_r), isum the integer product of row r's block (unsigned
+ * bytes xq[r], scales dx[r], dx sum q sx[r]) with feature j's, for r < TILE_ROWS_Q, j < TILE_N */
+static void q_tile_rows(q_tile t, int64_t nb, int type, const uint8_t *const *xq, const float *const *dx,
+                        const float *const *sx, float *out) {
+#if ROWS_VNNI
+  __m512 f[TILE_ROWS_Q][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < TILE_ROWS_Q; r++) f[r][0] = f[r][1] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; b++) {
+    const __m512i *wv = (const __m512i *)(t.w + b * TILE_N * QK);
+    __m512i c0 = _mm512_loadu_si512(t.corr + b * TILE_N), c1 = _mm512_loadu_si512(t.corr + b * TILE_N + 16);
+    __m512i s[TILE_ROWS_Q][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < TILE_ROWS_Q; r++) s[r][0] = c0, s[r][1] = c1;
+#pragma GCC unroll 8
+    for (int g = 0; g < QK / 4; g++) {
+      __m512i w0 = _mm512_load_si512(wv + 2 * g), w1 = _mm512_load_si512(wv + 2 * g + 1);
+#pragma GCC unroll 8
+      for (int r = 0; r < TILE_ROWS_Q; r++) {
+        int32_t four;
+        memcpy(&four, xq[r] + b * QK + 4 * g, 4);
+        __m512i xb = _mm512_set1_epi32(four);
+        s[r][0] = _mm512_dpbusd_epi32(s[r][0], xb, w0);
+        s[r][1] = _mm512_dpbusd_epi32(s[r][1], xb, w1);
+      }
+    }
+    __m512 d0 = _mm512_loadu_ps(t.d + b * TILE_N), d1 = _mm512_loadu_ps(t.d + b * TILE_N + 16);
+#pragma GCC unroll 8
+    for (int r = 0; r < TILE_ROWS_Q; r++) {
+      __m512 scale = _mm512_set1_ps(dx[r][b]);
+      f[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r][0]), _mm512_mul_ps(d0, scale), f[r][0]);
+      f[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r][1]), _mm512_mul_ps(d1, scale), f[r][1]);
+    }
+    if (type == BLOCK_Q4_1) {
+      __m512 m0 = _mm512_loadu_ps(t.m + b * TILE_N), m1 = _mm512_loadu_ps(t.m + b * TILE_N + 16);
+#pragma GCC unroll 8
+      for (int r = 0; r < TILE_ROWS_Q; r++) {
+        __m512 sum = _mm512_set1_ps(sx[r][b]);
+        f[r][0] = _mm512_fmadd_ps(m0, sum, f[r][0]);
+        f[r][1] = _mm512_fmadd_ps(m1, sum, f[r][1]);
+      }
+    }
+  }
+  for (int r = 0; r < TILE_ROWS_Q; r++) {
+    _mm512_storeu_ps(out + r * TILE_N, f[r][0]);
+    _mm512_storeu_ps(out + r * TILE_N + 16, f[r][1]);
+  }
+#else
+  for (int r = 0; r < TILE_ROWS_Q; r++)
+    for (int j = 0; j < TILE_N; j++) {
+      float total = 0.0f;
+      for (int64_t b = 0; b < nb; b++) {
+        int32_t isum = t.corr[b * TILE_N + j];
+        for (int g = 0; g < QK / 4; g++)
+          for (int i = 0; i < 4; i++)
+            isum += xq[r][b * QK + 4 * g + i] * t.w[((b * (QK / 4) + g) * TILE_N + j) * 4 + i];
+        total += (float)isum * (t.d[b * TILE_N + j] * dx[r][b]);
+        if (type == BLOCK_Q4_1) total += t.m[b * TILE_N + j] * sx[r][b];
+      }
+      out[r * TILE_N + j] = total;
+    }
+#endif
+}
+
+/* y[r, o] = (tile's out) + b[o] for the n features of the tile at o0 and the rows r0 .. r0 + m - 1 */
+static void store_tile(const float *out, const float *b, float *y, int64_t r0, int64_t m, int64_t o0, int64_t n,
+                       int64_t d_out) {
+  for (int64_t r = 0; r < m; r++)
+    for (int64_t j = 0; j < n; j++) y[(r0 + r) * d_out + o0 + j] = out[r * TILE_N + j] + (b ? b[o0 + j] : 0.0f);
+}
+
+/* The scratch bytes attnlab_linear_q_rows and attnlab_linear_f_rows need: the rounded rows, and one tile per
+ * thread. */
+int64_t attnlab_linear_rows_scratch(int64_t rows, int64_t d_in, int threads) {
+  int64_t rounded = align64(rows * q8_row_bytes(d_in)), q = q_tile_bytes(d_in / QK);
+  int64_t f = d_in * TILE_N * (int64_t)sizeof(float);
+  return rounded + threads * align64(q > f ? q : f);
+}
+
+/* Which of the two products run vectorised in this build: bit 0 attnlab_linear_q_rows (AVX-512 VNNI; otherwise a
+ * plain loop), bit 1 attnlab_linear_f_rows on AVX-512 registers (otherwise whatever vectors the target has, where
+ * callers keep torch's GEMM). */
+int attnlab_linear_rows_vectorized(void) { return ROWS_VNNI | (AVX512 << 1); }
+
+/* y [rows, d_out] = x [rows, d_in] W^T + b (b may be NULL), W in blocks of `type`, x rounded to 8 bits per block
+ * as attnlab_linear_q rounds it; scratch: attnlab_linear_rows_scratch bytes, 64-byte aligned. */
+void attnlab_linear_q_rows(const float *x, const uint8_t *w, const float *b, float *y, int8_t *scratch, int64_t rows,
+                           int64_t d_in, int64_t d_out, int type, int threads) {
+  int64_t nb = d_in / QK, per_row = q8_row_bytes(d_in), tiles = (d_out + TILE_N - 1) / TILE_N;
+  int64_t tile_bytes = align64(attnlab_linear_rows_scratch(0, d_in, 1));
+#pragma omp parallel num_threads(threads)
+  {
+    int64_t thread = this_thread();
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+      q8_row qr = q8_row_at(scratch + r * per_row, d_in);
+      quantize_row_q8(x + r * d_in, d_in, qr);
+      for (int64_t i = 0; i < d_in; i++) qr.q[i] = (int8_t)(qr.q[i] ^ 0x80); /* q + 128, as an unsigned byte */
+    }
+    q_tile t = q_tile_at(scratch + align64(rows * per_row) + thread * tile_bytes, nb);
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < tiles; i++) {
+      int64_t o0 = i * TILE_N, n = d_out - o0 < TILE_N ? d_out - o0 : TILE_N;
+      pack_q_tile(w, type, o0, n, nb, t);
+      for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS_Q) {
+        int64_t m = rows - r0 < TILE_ROWS_Q ? rows - r0 : TILE_ROWS_Q;
+        const uint8_t *xq[TILE_ROWS_Q];
+        const float *dx[TILE_ROWS_Q], *sx[TILE_ROWS_Q];
+        for (int64_t r = 0; r < TILE_ROWS_Q; r++) { /* rows past the last repeat row r0; their sums are dropped */
+          q8_row qr = q8_row_at(scratch + (r0 + (r < m ? r : 0)) * per_row, d_in);
+          xq[r] = (const uint8_t *)qr.q, dx[r] = qr.dx, sx[r] = qr.sx;
+        }
+        float out[TILE_ROWS_Q * TILE_N];
+        q_tile_rows(t, nb, type, xq, dx, sx, out);
+        store_tile(out, b, y, r0, m, o0, n, d_out);
+      }
+    }
+  }
+}
+
+typedef float f16v __attribute__((vector_size(64), aligned(4))); /* sixteen floats, whatever vectors build them */
+
+/* out[r][j] = sum_k x[r][k] tile[k][j] for r < TILE_ROWS_F, j < TILE_N: tile [d_in][TILE_N] */
+static void f_tile_rows(const float *tile, int64_t d_in, const float *const *x, float *out) {
+  f16v a[TILE_ROWS_F][2];
+  memset(a, 0, sizeof(a));
+  for (int64_t k = 0; k < d_in; k++) {
+    f16v w0, w1;
+    memcpy(&w0, tile + k * TILE_N, sizeof(w0));
+    memcpy(&w1, tile + k * TILE_N + 16, sizeof(w1));
+#pragma GCC unroll 16
+    for (int r = 0; r < TILE_ROWS_F; r++) {
+      f16v xb = {0};
+      xb += x[r][k];
+      a[r][0] += xb * w0;
+      a[r][1] += xb * w1;
+    }
+  }
+  memcpy(out, a, sizeof(a));
+}
+
+/* y [rows, d_out] = x [rows, d_in] W^T + b in float32: W float32 [d_out, d_in] (type < 0) or rows of blocks of
+ * `type`, dequantized a tile at a time (attnlab_dequantize's values); scratch as attnlab_linear_q_rows's. */
+void attnlab_linear_f_rows(const float *x, const void *w, const float *b, float *y, int8_t *scratch, int64_t rows,
+                           int64_t d_in, int64_t d_out, int type, int threads) {
+  int64_t tiles = (d_out + TILE_N - 1) / TILE_N, tile_bytes = align64(attnlab_linear_rows_scratch(0, d_in, 1));
+#pragma omp parallel num_threads(threads)
+  {
+    int64_t thread = this_thread();
+    float *tile = (float *)(scratch + thread * tile_bytes);
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < tiles; i++) {
+      int64_t o0 = i * TILE_N, n = d_out - o0 < TILE_N ? d_out - o0 : TILE_N;
+      for (int64_t j = 0; j < TILE_N; j++) { /* tile[k][j] = W[o0 + j, k], zeros past the last feature */
+        float v[256];
+        for (int64_t k0 = 0; k0 < d_in; k0 += 256) {
+          int64_t len = d_in - k0 < 256 ? d_in - k0 : 256;
+          if (j >= n)
+            memset(v, 0, sizeof(v));
+          else if (type < 0)
+            memcpy(v, (const float *)w + (o0 + j) * d_in + k0, len * sizeof(float));
+          else
+            for (int64_t c = 0; c < len; c += QK) {
+              int8_t q[QK];
+              float d, m;
+              block_values((const uint8_t *)w + ((o0 + j) * d_in + k0 + c) / QK * BLOCK_BYTES[type], type, q, &d,
+                           &m);
+              for (int e = 0; e < QK; e++) v[c + e] = d * (float)q[e] + m;
+            }
+          for (int64_t k = 0; k < len; k++) tile[(k0 + k) * TILE_N + j] = v[k];
+        }
+      }
+      for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS_F) {
+        int64_t m = rows - r0 < TILE_ROWS_F ? rows - r0 : TILE_ROWS_F;
+        const float *xr[TILE_ROWS_F];
+        for (int64_t r = 0; r < TILE_ROWS_F; r++) xr[r] = x + (r0 + (r < m ? r : 0)) * d_in;
+        float out[TILE_ROWS_F * TILE_N];
+        f_tile_rows(tile, d_in, xr, out);
+        store_tile(out, b, y, r0, m, o0, n, d_out);
+      }
+    }
+  }
+}
+
 /* RoPE on a single position per row, in place (LLaMA's rotate-half pairing, attnlab.positions.apply_rope):
  * x [rows, heads, d_head]; cos, sin [n, rotary_dim], the angles of positions 0..n-1, read at row r's
  * positions[r]. For i < rotary_dim / 2, with c, s that position's angles and h = rotary_dim / 2:
