@@ -374,6 +374,63 @@ def test_attend_kernel_writes_the_cache_and_equals_the_chapters_equation(
     torch.testing.assert_close(out, expected.squeeze(2), **F32)
 
 
+def prompt_attention_equals_the_chapters_equation() -> None:
+    """kernels.attend_rows against the explicit equation in float64, on prompts whose length is
+    not a multiple of the kernel's 12 queries or 32 keys, grouped and plain heads, a batch of 2."""
+    g = torch.Generator().manual_seed(0)
+    for B, T, H, Hkv, D in (
+        (1, 1, 2, 1, 32),
+        (2, 37, 4, 2, 32),
+        (1, 70, 6, 3, 64),
+        (2, 13, 3, 3, 96),
+    ):
+        q = torch.randn(B, T, H, D, generator=g).transpose(1, 2)  # [batch, head, pos, d_head]
+        k, v = (torch.randn(B, T, Hkv, D, generator=g).transpose(1, 2) * 2 for _ in range(2))
+        expected = scaled_dot_product_attention(
+            q.double(), k.double(), v.double(), causal=True, scale=0.2, return_weights=True
+        )[0]
+        got = kernels.attend_rows(q, k, v, 0.2)
+        assert got.shape == (B, H, T, D) and got.transpose(1, 2).is_contiguous()
+        torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_prompt_attention_equals_the_chapters_equation():
+    prompt_attention_equals_the_chapters_equation()
+
+
+def test_every_build_of_the_prompt_attention_equals_the_chapters_equation(
+    portable_library, monkeypatch
+):
+    monkeypatch.setattr(kernels, "library", lambda: portable_library)
+    prompt_attention_equals_the_chapters_equation()
+
+
+def test_prompt_attention_on_two_threads_equals_one(monkeypatch):
+    q, k, v = torch.randn(1, 4, 50, 64), torch.randn(1, 2, 50, 64), torch.randn(1, 2, 50, 64)
+    one = kernels.attend_rows(q, k, v, 0.125)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert torch.equal(kernels.attend_rows(q, k, v, 0.125), one)
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "gpt2"])
+def test_generation_takes_the_prompt_attention_where_it_applies(name, monkeypatch):
+    """In generation a float32 prompt from position 0 calls attend_rows in every block (where this
+    build runs it vectorised), and the prefill's logits stay with the module path's."""
+    model = build({**CONFIGS[name], "d_model": 128})  # d_head 32
+    ids = torch.randint(0, BASE["d_vocab"], (2, 11))
+    calls, attend_rows = [], kernels.attend_rows
+    monkeypatch.setattr(
+        kernels, "attend_rows", lambda *a: calls.append(a[0].shape) or attend_rows(*a)
+    )
+    with torch.no_grad(), fast_linears(model):
+        cache = KVCache.for_model(model, 2, 16)
+        logits = generation.prefill(model, ids, cache)
+    expected = model(ids)[:, -1]
+    torch.testing.assert_close(logits, expected, **F32)
+    vectorised = kernels.rows_vectorized()[1]
+    assert len(calls) == (model.config.n_layers if vectorised else 0)
+
+
 # two: the step program's threads share every product and wait
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("name", list(CONFIGS))

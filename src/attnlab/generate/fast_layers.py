@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UserError
+from ..model.attention import Attention
 from ..model.layers import Linear
 from . import kernels
 from .blocks import BLOCK, BLOCK_TYPES, QUANTIZABLE, BlockLinear
@@ -109,11 +110,36 @@ class KernelBlockLinear(BlockLinear):
         return F.linear(x, kernels.dequantize(self.blocks, kind, self.in_features), self.bias)
 
 
+class KernelAttention(Attention):
+    """Attention with generation's fast path for a prompt (eager, float32, on a CPU whose build of
+    the kernels has AVX-512): causal attention over the whole prompt from position 0, without mask,
+    window or dropout, in C (decode.c, attnlab_attend_rows); everything else as Attention."""
+
+    def attend(self, q, k, v, *, mask, dropout_p, window):
+        cfg = self.config
+        if (
+            cfg.causal
+            and mask is None
+            and window is None
+            and dropout_p == 0
+            and q.dim() == 4
+            and q.shape[-2] == k.shape[-2]  # the queries are every key: a prompt from position 0
+            and q.shape[-1] % 32 == 0
+            and q.dtype == k.dtype == v.dtype == torch.float32
+            and not torch.compiler.is_compiling()
+            and kernels.usable(q, k, v)
+            and kernels.rows_vectorized()[1]
+        ):
+            return kernels.attend_rows(q, k, v, cfg.scale)
+        return super().attend(q, k, v, mask=mask, dropout_p=dropout_p, window=window)
+
+
 @contextlib.contextmanager
 def fast_linears(model: nn.Module) -> Iterator[nn.Module]:
-    """Within the block, the model's Linear modules are KernelLinear and its BlockLinear modules
-    KernelBlockLinear (class swapped in place, then back)."""
-    fast = {Linear: KernelLinear, BlockLinear: KernelBlockLinear}
+    """Within the block, the model's Linear modules are KernelLinear, its BlockLinear modules
+    KernelBlockLinear and its Attention modules KernelAttention (class swapped in place, then
+    back)."""
+    fast = {Linear: KernelLinear, BlockLinear: KernelBlockLinear, Attention: KernelAttention}
     swapped = [(m, type(m)) for m in model.modules() if type(m) in fast]
     for module, cls in swapped:
         module.__class__ = fast[cls]

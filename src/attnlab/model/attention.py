@@ -378,6 +378,31 @@ class Attention(nn.Module):
         computes."""
         return self.hook_attn_scores.has_hooks or self.hook_pattern.has_hooks
 
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        mask: torch.Tensor | None,
+        dropout_p: float,
+        window: int | None,
+    ) -> torch.Tensor:
+        """z = softmax(Q Kᵀ · scale + mask) V [batch, head, pos, d_head] when no hook wants the
+        pattern: torch's fused kernel (scaled_dot_product_attention). Generation swaps in a C
+        kernel for a prompt (attnlab.generate.fast_layers.KernelAttention)."""
+        cfg = self.config
+        return scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            causal=cfg.causal,
+            mask=mask,
+            scale=cfg.scale,
+            dropout_p=dropout_p,
+            window=window,
+        )
+
     def forward(
         self,
         x: torch.Tensor,
@@ -422,16 +447,7 @@ class Attention(nn.Module):
             pattern = self.hook_pattern(attention_pattern(scores))
             z = torch.matmul(F.dropout(pattern, dropout_p, self.training), expand_kv(q, v))
         else:
-            z = scaled_dot_product_attention(
-                q,
-                k,
-                v,
-                causal=cfg.causal,
-                mask=mask,
-                scale=cfg.scale,
-                dropout_p=dropout_p,
-                window=window,
-            )
+            z = self.attend(q, k, v, mask=mask, dropout_p=dropout_p, window=window)
         z = self.hook_z(z.transpose(1, 2))  # [B, T, H, D]
         # each head's share of attn_out: attn_out = Σ_h result_h + b_O
         if self.hook_result.has_hooks:

@@ -135,6 +135,10 @@ LINEAR_ROWS = [
     ("attnlab_linear_f_rows", [_ptr] * 5 + [_i64] * 3 + [_int, _int]),
 ]
 ROWS_SCRATCH = ("attnlab_linear_rows_scratch", [_i64, _i64, _int])  # bytes for rows, d_in, threads
+# a prompt's causal attention from position 0 (q, k, v, out, scratch, batch, T, heads, kv_heads,
+# d_head, scale, threads), and its scratch bytes (batch, T, kv_heads, d_head, threads)
+ATTEND_ROWS = ("attnlab_attend_rows", [_ptr] * 5 + [_i64] * 5 + [_float, _int])
+ATTEND_ROWS_SCRATCH = ("attnlab_attend_rows_scratch", [_i64] * 4 + [_int])
 ROWS_VECTORIZED = ("attnlab_linear_rows_vectorized", [])  # bit 0: 8-bit product, bit 1: float32
 
 
@@ -423,13 +427,14 @@ def library() -> ctypes.CDLL | None:
 def load(path: Path) -> ctypes.CDLL:
     """The kernels of the shared library at `path`, their argument types declared."""
     lib = ctypes.CDLL(str(path))
-    for name, argtypes in [*KERNELS.values(), RUN, DEQUANTIZE, *LINEAR_ROWS]:
+    for name, argtypes in [*KERNELS.values(), RUN, DEQUANTIZE, *LINEAR_ROWS, ATTEND_ROWS]:
         getattr(lib, name).argtypes = argtypes
         getattr(lib, name).restype = None
     for (name, argtypes), restype in (
         (SCRATCH, _i64),
         (ROWS_SCRATCH, _i64),
         (ROWS_VECTORIZED, _int),
+        (ATTEND_ROWS_SCRATCH, _i64),
     ):
         getattr(lib, name).argtypes = argtypes
         getattr(lib, name).restype = restype
@@ -724,6 +729,39 @@ def linear_rows(
     check `usable`."""
     assert weight.dtype == torch.float32 and x.shape[-1] == weight.shape[1]
     return _rows_product(LINEAR_ROWS[1][0], x, weight, -1, bias)
+
+
+def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal attention of a whole prompt from position 0: softmax(q Kᵀ · scale, each query seeing
+    the keys up to its own position) V, for q [batch, head, T, d_head] and k, v [batch, kv_head, T,
+    d_head] (grouped-query), float32, d_head a multiple of 32 (decode.c, attnlab_attend_rows).
+    Returns [batch, head, T, d_head], a view of a [batch, T, head, d_head] tensor. Callers check
+    `usable`."""
+    B, H, T, D = q.shape
+    Hkv = k.shape[1]
+    assert k.shape == v.shape == (B, Hkv, T, D) and H % Hkv == 0 and D % 32 == 0
+    assert q.dtype == k.dtype == v.dtype == torch.float32
+    # [batch, pos, head, d_head], as the projections made them (no copy then)
+    q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    threads = torch.get_num_threads()
+    lib = library()
+    scratch = torch.empty(getattr(lib, ATTEND_ROWS_SCRATCH[0])(B, T, Hkv, D, threads) // 4)
+    out = torch.empty(B, T, H, D)
+    getattr(lib, ATTEND_ROWS[0])(
+        q.data_ptr(),
+        k.data_ptr(),
+        v.data_ptr(),
+        out.data_ptr(),
+        scratch.data_ptr(),
+        B,
+        T,
+        H,
+        Hkv,
+        D,
+        scale,
+        threads,
+    )
+    return out.transpose(1, 2)
 
 
 def rope_call(

@@ -987,14 +987,15 @@ void attnlab_linear_q_rows(const float *x, const uint8_t *w, const float *b, flo
 
 typedef float f16v __attribute__((vector_size(64), aligned(4))); /* sixteen floats, whatever vectors build them */
 
-/* out[r][j] = sum_k x[r][k] tile[k][j] for r < TILE_ROWS_F, j < TILE_N: tile [d_in][TILE_N] */
-static void f_tile_rows(const float *tile, int64_t d_in, const float *const *x, float *out) {
+/* out[r][j] = sum_k x[r][k] tile[k][j] for r < TILE_ROWS_F, j < TILE_N: tile [d_in][TILE_N], its rows `ld` floats
+ * apart */
+static void f_tile_rows(const float *tile, int64_t ld, int64_t d_in, const float *const *x, float *out) {
   f16v a[TILE_ROWS_F][2];
   memset(a, 0, sizeof(a));
   for (int64_t k = 0; k < d_in; k++) {
     f16v w0, w1;
-    memcpy(&w0, tile + k * TILE_N, sizeof(w0));
-    memcpy(&w1, tile + k * TILE_N + 16, sizeof(w1));
+    memcpy(&w0, tile + k * ld, sizeof(w0));
+    memcpy(&w1, tile + k * ld + 16, sizeof(w1));
 #pragma GCC unroll 16
     for (int r = 0; r < TILE_ROWS_F; r++) {
       f16v xb = {0};
@@ -1042,8 +1043,78 @@ void attnlab_linear_f_rows(const float *x, const void *w, const float *b, float 
         const float *xr[TILE_ROWS_F];
         for (int64_t r = 0; r < TILE_ROWS_F; r++) xr[r] = x + (r0 + (r < m ? r : 0)) * d_in;
         float out[TILE_ROWS_F * TILE_N];
-        f_tile_rows(tile, d_in, xr, out);
+        f_tile_rows(tile, TILE_N, d_in, xr, out);
         store_tile(out, b, y, r0, m, o0, n, d_out);
+      }
+    }
+  }
+}
+
+
+/* Causal attention over a whole prompt from position 0 (generation's prefill): softmax(q K^T scale, keys up to the
+ * query's own position) V, with grouped-query heads; q, out [batch, T, heads, d_head], k, v [batch, T, kv_heads,
+ * d_head], d_head a multiple of TILE_N. Torch's fused CPU attention ran at a fifth of the float32 tile product's
+ * rate here (benchmarks/README.md, issue 25); this one is that product twice per TILE_ROWS_F queries of a head:
+ * their scores against blocks of TILE_N keys (K^T laid out once per kv head in scratch), a softmax per row (exp_),
+ * then the scores times V, read in place. scratch: attnlab_attend_rows_scratch bytes. */
+int64_t attnlab_attend_rows_scratch(int64_t batch, int64_t T, int64_t kv_heads, int64_t d_head, int threads) {
+  int64_t padded = (T + TILE_N - 1) / TILE_N * TILE_N;
+  return (batch * kv_heads * padded * d_head + threads * TILE_ROWS_F * padded) * (int64_t)sizeof(float);
+}
+
+void attnlab_attend_rows(const float *q, const float *k, const float *v, float *out, float *scratch, int64_t batch,
+                         int64_t T, int64_t heads, int64_t kv_heads, int64_t d_head, float scale, int threads) {
+  int64_t padded = (T + TILE_N - 1) / TILE_N * TILE_N, key_blocks = padded / TILE_N, group = heads / kv_heads;
+  int64_t query_blocks = (T + TILE_ROWS_F - 1) / TILE_ROWS_F;
+  float *kt = scratch; /* [batch, kv_heads, key block, d_head, TILE_N]: each block of keys transposed */
+#pragma omp parallel num_threads(threads)
+  {
+    float *p = scratch + batch * kv_heads * padded * d_head + this_thread() * TILE_ROWS_F * padded;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < batch * kv_heads * key_blocks; i++) {
+      int64_t bg = i / key_blocks, s0 = i % key_blocks * TILE_N, b = bg / kv_heads, g = bg % kv_heads;
+      float *tile = kt + i * d_head * TILE_N;
+      for (int64_t j = 0; j < TILE_N; j++)
+        for (int64_t c = 0; c < d_head; c++)
+          tile[c * TILE_N + j] = s0 + j < T ? k[((b * T + s0 + j) * kv_heads + g) * d_head + c] : 0.0f;
+    }
+    /* the last blocks of queries see the most keys: dynamic, so that the threads end together */
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < batch * heads * query_blocks; i++) {
+      int64_t t0 = (query_blocks - 1 - i % query_blocks) * TILE_ROWS_F, bh = i / query_blocks;
+      int64_t b = bh / heads, h = bh % heads, g = h / group, m = T - t0 < TILE_ROWS_F ? T - t0 : TILE_ROWS_F;
+      int64_t n = t0 + m; /* keys that any of these queries sees */
+      const float *qr[TILE_ROWS_F], *pr[TILE_ROWS_F];
+      for (int64_t r = 0; r < TILE_ROWS_F; r++) { /* rows past the last repeat t0; dropped */
+        qr[r] = q + ((b * T + t0 + (r < m ? r : 0)) * heads + h) * d_head;
+        pr[r] = p + r * padded;
+      }
+      float tile_out[TILE_ROWS_F * TILE_N];
+      for (int64_t s0 = 0; s0 < n; s0 += TILE_N) {
+        f_tile_rows(kt + ((b * kv_heads + g) * key_blocks + s0 / TILE_N) * d_head * TILE_N, TILE_N, d_head, qr,
+                    tile_out);
+        for (int64_t r = 0; r < TILE_ROWS_F; r++) memcpy(p + r * padded + s0, tile_out + r * TILE_N, sizeof(float) * TILE_N);
+      }
+      float inv[TILE_ROWS_F];
+      for (int64_t r = 0; r < m; r++) { /* query t0 + r sees keys 0 .. t0 + r */
+        float *row = p + r * padded, top = -INFINITY, total = 0.0f;
+        int64_t seen = t0 + r + 1;
+#pragma omp simd reduction(max : top)
+        for (int64_t s = 0; s < seen; s++) top = row[s] * scale > top ? row[s] * scale : top;
+#pragma omp simd reduction(+ : total)
+        for (int64_t s = 0; s < seen; s++) {
+          row[s] = exp_(row[s] * scale - top);
+          total += row[s];
+        }
+        for (int64_t s = seen; s < n; s++) row[s] = 0.0f;
+        inv[r] = 1.0f / total;
+      }
+      const float *vh = v + g * d_head + b * T * kv_heads * d_head;
+      for (int64_t c0 = 0; c0 < d_head; c0 += TILE_N) {
+        f_tile_rows(vh + c0, kv_heads * d_head, n, pr, tile_out);
+        for (int64_t r = 0; r < m; r++)
+          for (int64_t j = 0; j < TILE_N; j++)
+            out[((b * T + t0 + r) * heads + h) * d_head + c0 + j] = tile_out[r * TILE_N + j] * inv[r];
       }
     }
   }
