@@ -367,36 +367,45 @@ static inline void dot4_q(int type, const uint8_t *const w[4], q8_row r, int64_t
   int64_t bytes = BLOCK_BYTES[type];
 #if defined(__AVX2__)
   __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  float m_sum[4] = {0, 0, 0, 0};
+  __m256 m_sum = _mm256_setzero_ps(); /* Q4_1: m_k sx summed in lane 2k + 1 */
+  /* the four rows' scales (and Q4_1's offsets) come together: the first dword of each row's block (d, then m) in
+   * one gather, eight halves converted at once, each row's d dx spread over its vector by one permute; one scalar
+   * conversion and broadcast per row and block before, which made the 4-bit kernels compute-bound */
+  const __m256i lane[4] = {_mm256_set1_epi32(0), _mm256_set1_epi32(2), _mm256_set1_epi32(4), _mm256_set1_epi32(6)};
   for (int64_t b = 0; b < nb; b++) {
     __m256i xq = _mm256_loadu_si256((const __m256i *)(r.q + b * QK));
-    float dx = r.dx[b];
+    uint8_t head[16];
+    for (int k = 0; k < 4; k++) memcpy(head + 4 * k, w[k] + b * bytes, 4);
+#if defined(__F16C__)
+    __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)head));
+#else
+    float halves[8];
+    for (int i = 0; i < 8; i++) halves[i] = half_to_float(head + 2 * i);
+    __m256 dm = _mm256_loadu_ps(halves);
+#endif
+    __m256 scale = _mm256_mul_ps(dm, _mm256_set1_ps(r.dx[b])); /* d_k dx in lane 2k */
+    __m256i isum[4];
     if (type == BLOCK_Q8_0) {
       for (int k = 0; k < 4; k++) {
-        const uint8_t *p = w[k] + b * bytes;
-        __m256i wq = _mm256_loadu_si256((const __m256i *)(p + 2));
-        __m256i isum = DPBUSD(_mm256_setzero_si256(), _mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
-        acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(half_to_float(p) * dx), acc[k]);
+        __m256i wq = _mm256_loadu_si256((const __m256i *)(w[k] + b * bytes + 2));
+        isum[k] = DPBUSD(_mm256_setzero_si256(), _mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
       }
     } else if (type == BLOCK_Q4_0) {
       __m256i start = _mm256_loadu_si256((const __m256i *)(r.c8 + b * 8));
-      for (int k = 0; k < 4; k++) {
-        const uint8_t *p = w[k] + b * bytes;
-        __m256i isum = DPBUSD(start, nibbles32(p + 2), xq);
-        acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(half_to_float(p) * dx), acc[k]);
-      }
+      for (int k = 0; k < 4; k++) isum[k] = DPBUSD(start, nibbles32(w[k] + b * bytes + 2), xq);
     } else {
-      float sx = r.sx[b];
-      for (int k = 0; k < 4; k++) {
-        const uint8_t *p = w[k] + b * bytes;
-        __m256i isum = DPBUSD(_mm256_setzero_si256(), nibbles32(p + 4), xq);
-        acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(half_to_float(p) * dx), acc[k]);
-        m_sum[k] += half_to_float(p + 2) * sx;
-      }
+      for (int k = 0; k < 4; k++) isum[k] = DPBUSD(_mm256_setzero_si256(), nibbles32(w[k] + b * bytes + 4), xq);
+      m_sum = _mm256_fmadd_ps(dm, _mm256_set1_ps(r.sx[b]), m_sum);
     }
+    for (int k = 0; k < 4; k++)
+      acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[k]), _mm256_permutevar8x32_ps(scale, lane[k]), acc[k]);
   }
   _mm_storeu_ps(s, sum4_256(acc[0], acc[1], acc[2], acc[3]));
-  for (int k = 0; k < 4; k++) s[k] += m_sum[k];
+  if (type == BLOCK_Q4_1) {
+    float m[8];
+    _mm256_storeu_ps(m, m_sum);
+    for (int k = 0; k < 4; k++) s[k] += m[2 * k + 1];
+  }
 #else
   for (int k = 0; k < 4; k++) {
     float total = 0.0f;
