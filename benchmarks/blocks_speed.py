@@ -32,9 +32,10 @@ Design choices:
   bytes a decode step streams (the matrices as stored) times tokens/s over the read bandwidth.
 - Quality: perplexity of --text (default: 24,000 characters of attnlab's built-in corpus) in
   chunks of 512 tokens, every position scored, through the decode step one token at a time
-  (`step_logits`: with blocks, 8-bit activations) against the module path on the same dequantized
-  weights (float32 everywhere); and a chat prompt's greedy reply, 100 tokens, blocks against the
-  float model (where they part, the first differing position).
+  (`step_logits`: with blocks, 8-bit activations) and through generation's prompt products (each
+  chunk one prompt) against the module path on the same dequantized weights (float32
+  everywhere); and a chat prompt's greedy reply, 100 tokens, blocks against the float model (where
+  they part, the first differing position).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from _common import copy_bandwidth, machine_line, median_time  # noqa: E402
 
 import attnlab  # noqa: E402
 from attnlab.generate import kernels  # noqa: E402
+from attnlab.generate.fast_layers import fast_linears  # noqa: E402
 from attnlab.generate.kernel_decoder import KernelDecoder, step_logits, stored_weight  # noqa: E402
 from attnlab.generate.loop import generate  # noqa: E402
 
@@ -198,9 +200,18 @@ def run_speed(args, files: dict[str, Path]) -> list[str]:
         rate = statistics.median(r for r, _ in values)
         return rate, " / ".join(load for _, load in values)
 
+    eight_bits, floats = kernels.rows_vectorized()
+    prompt_path = (
+        "blocks: tiled GEMM, 8-bit activations (AVX-512 VNNI)"
+        if eight_bits
+        else "blocks: tiled float32 GEMM on dequantized tiles"
+        if floats
+        else "blocks: dequantized, then torch's GEMM"
+    ) + ("; float32: tiled GEMM; attention: C" if floats else "; float32: torch's GEMM")
     lines = [
         f"\n## SmolLM2-135M-Instruct, {threads} threads, tg128 and pp512 (tokens/s, median of "
         f"{args.repeats} alternating rounds)",
+        f"prompt products (pp512): {prompt_path}",
         f"read bandwidth {read / 1e9:.1f} GB/s (read-only pass, 1 GiB, {threads} threads), copy "
         f"{copy / 1e9:.1f} GB/s (read + write bytes); load average at the end {load_text()}",
         "",
@@ -261,9 +272,9 @@ def run_quality(args, files: dict[str, Path]) -> list[str]:
         f"\n## Quality: 8-bit activations (blocks, decode step) against the float computation on "
         f"the same dequantized weights; text: {args.text or 'built-in corpus, 24,000 characters'}",
         "",
-        "| format | tokens scored | perplexity, float | perplexity, blocks | difference | greedy "
-        "chat reply, 100 tokens |",
-        "|---|---:|---:|---:|---:|---|",
+        "| format | tokens scored | perplexity, float | perplexity, blocks | difference | "
+        "perplexity, blocks as prompts | difference | greedy chat reply, 100 tokens |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for kind, file in files.items():
         if kind == "f32":
@@ -271,14 +282,17 @@ def run_quality(args, files: dict[str, Path]) -> list[str]:
         model = load_model(kind, file)
         ids = torch.tensor([model.tokenizer.encode(text)])
         chunks = [ids[:, i : i + 512] for i in range(0, ids.shape[1] - 1, 512)][: args.chunks]
-        totals = {"float": [0.0, 0], "blocks": [0.0, 0]}
+        totals = {"float": [0.0, 0], "blocks": [0.0, 0], "prompts": [0.0, 0]}
         for chunk in chunks:
             if chunk.shape[1] < 2:
                 continue
             with torch.no_grad():
+                with fast_linears(model):  # each chunk as one prompt: generation's products
+                    prompt = model(chunk)
                 for name, logits in (
                     ("float", model(chunk)),
                     ("blocks", step_logits(model, chunk)),
+                    ("prompts", prompt),
                 ):
                     nll, n = negative_log_likelihood(logits, chunk)
                     totals[name][0] += nll
@@ -295,7 +309,8 @@ def run_quality(args, files: dict[str, Path]) -> list[str]:
         same = "equal" if len(differ) == 0 else f"equal up to token {int(differ[0])}"
         lines.append(
             f"| {kind.upper()} | {totals['float'][1]} | {ppl['float']:.4f} | {ppl['blocks']:.4f} | "
-            f"{100 * (ppl['blocks'] / ppl['float'] - 1):+.3f} % | {same} |"
+            f"{100 * (ppl['blocks'] / ppl['float'] - 1):+.3f} % | {ppl['prompts']:.4f} | "
+            f"{100 * (ppl['prompts'] / ppl['float'] - 1):+.3f} % | {same} |"
         )
     return lines
 
