@@ -1007,8 +1007,7 @@ static void f_tile_rows(const float *tile, int64_t ld, int64_t d_in, const float
     memcpy(&w1, tile + k * ld + 16, sizeof(w1));
 #pragma GCC unroll 16
     for (int r = 0; r < TILE_ROWS_F; r++) {
-      f16v xb = {0};
-      xb += x[r][k];
+      f16v xb = x[r][k] - (f16v){0}; /* x broadcast (minus zero, an identity the compiler drops; plus zero is not) */
       a[r][0] += xb * w0;
       a[r][1] += xb * w1;
     }
