@@ -412,11 +412,17 @@ def test_prompt_attention_on_two_threads_equals_one(monkeypatch):
     assert torch.equal(kernels.attend_rows(q, k, v, 0.125), one)
 
 
-@pytest.mark.parametrize("name", ["llama-gqa", "gpt2"])
-def test_generation_takes_the_prompt_attention_where_it_applies(name, monkeypatch):
+@pytest.mark.parametrize(
+    "name, window, calls_per_layer",
+    [("llama-gqa", None, 1), ("gpt2", None, 1), ("llama-gqa", 11, 1), ("llama-gqa", 6, 0)],
+)
+def test_generation_takes_the_prompt_attention_where_it_applies(
+    name, window, calls_per_layer, monkeypatch
+):
     """In generation a float32 prompt from position 0 calls attend_rows in every block (where this
-    build runs it vectorised), and the prefill's logits stay with the module path's."""
-    model = build({**CONFIGS[name], "d_model": 128})  # d_head 32
+    build runs it vectorised) whose window, if any, is no shorter than the prompt, and the
+    prefill's logits stay with the module path's."""
+    model = build({**CONFIGS[name], "d_model": 128, "sliding_window": window})  # d_head 32
     ids = torch.randint(0, BASE["d_vocab"], (2, 11))
     calls, attend_rows = [], kernels.attend_rows
     monkeypatch.setattr(
@@ -428,7 +434,7 @@ def test_generation_takes_the_prompt_attention_where_it_applies(name, monkeypatc
     expected = model(ids)[:, -1]
     torch.testing.assert_close(logits, expected, **F32)
     vectorised = kernels.rows_vectorized()[1]
-    assert len(calls) == (model.config.n_layers if vectorised else 0)
+    assert len(calls) == (calls_per_layer * model.config.n_layers if vectorised else 0)
 
 
 # two: the step program's threads share every product and wait

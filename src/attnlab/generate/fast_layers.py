@@ -112,15 +112,16 @@ class KernelBlockLinear(BlockLinear):
 
 class KernelAttention(Attention):
     """Attention with generation's fast path for a prompt (eager, float32, on a CPU whose build of
-    the kernels has AVX-512): causal attention over the whole prompt from position 0, without mask,
-    window or dropout, in C (decode.c, attnlab_attend_rows); everything else as Attention."""
+    the kernels has AVX-512): causal attention over the whole prompt from position 0, without mask
+    or dropout, and without a window or with one no shorter than the prompt, in C (decode.c,
+    attnlab_attend_rows); everything else as Attention."""
 
     def attend(self, q, k, v, *, mask, dropout_p, window):
         cfg = self.config
         if (
             cfg.causal
             and mask is None
-            and window is None
+            and (window is None or window >= q.shape[-2])  # a window the prompt never outgrows
             and dropout_p == 0
             and q.dim() == 4
             and q.shape[-2] == k.shape[-2]  # the queries are every key: a prompt from position 0
