@@ -715,8 +715,9 @@ def block_linear_rows(
     (..., d_out). Callers check `usable`."""
     d_in = x.shape[-1]
     assert BlockKind(kind) <= BlockKind.Q4_1  # decode.c's block_values unpacks these three only
-    assert d_in % BLOCK == 0 and blocks.dtype == torch.uint8
-    assert tuple(blocks.shape) == (blocks.shape[0], d_in // BLOCK * block_bytes(kind))
+    t = _block_type(kind)
+    assert d_in % t.weights == 0 and blocks.dtype == torch.uint8
+    assert tuple(blocks.shape) == (blocks.shape[0], t.row_bytes(d_in))
     name = {"8-bit": LINEAR_ROWS[0][0], "float32": LINEAR_ROWS[1][0]}[activations]
     return _rows_product(name, x, blocks, int(BlockKind(kind)), bias)
 
