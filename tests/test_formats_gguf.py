@@ -208,7 +208,8 @@ def test_a_mistral_architecture_file_is_the_llama_file_with_the_same_weights(arc
         reference = attnlab.load(llama_path, keep_blocks=keep_blocks)
         torch.testing.assert_close(model(ids), reference(ids), rtol=0, atol=0)
         if keep_blocks:
-            assert model.quantization == reference.quantization == "q8_0"
+            # Q8_0 matrices and the file's embedding kept as blocks too: "gguf:q8_0"
+            assert model.quantization == reference.quantization == "gguf:q8_0"
             before = attnlab.load(llama_path)
             assert (before(ids) - model(ids)).abs().max() == 0  # blocks dequantize to the file
 
