@@ -204,7 +204,8 @@ def main() -> int:
                 if dtype == "q8_0":
                     # what llama.cpp computes: the blocks times activations rounded to 8 bits
                     blocks = attnlab.load(path, keep_blocks=True)
-                    assert blocks.quantization == "q8_0", blocks.quantization
+                    # every matrix Q8_0; with the embedding kept as blocks too: "gguf:q8_0"
+                    assert blocks.quantization in ("q8_0", "gguf:q8_0"), blocks.quantization
                     # the C step is what rounds the activations; the module path would not
                     assert KernelDecoder.unsupported(blocks) is None, KernelDecoder.unsupported(
                         blocks
