@@ -221,16 +221,21 @@ def run_speed(args, files: dict[str, Path]) -> list[str]:
     ]
     fmt = lambda v: "–" if v is None else f"{v:.1f}"  # noqa: E731
     ratio = lambda a, b: "–" if a is None or b is None else f"{a / b:.2f}"  # noqa: E731
+
+    def rates(kind, build=""):
+        """(llama tg, ours tg, llama pp, ours pp, our loads) of one file, medians of the rounds."""
+        (lt, _), (ot, ot_load), (lp, _), (op, op_load) = (
+            med(kind, f"{what}{build}") for what in ("llama tg", "ours tg", "llama pp", "ours pp")
+        )
+        return lt, ot, lp, op, f"{ot_load}; {op_load}"
+
     for kind in files:
         nbytes = step_bytes(models[kind])
-        lt, _ = med(kind, "llama tg")
-        ot, ot_load = med(kind, "ours tg")
-        lp, _ = med(kind, "llama pp")
-        op, op_load = med(kind, "ours pp")
+        lt, ot, lp, op, loads = rates(kind)
         lines.append(
             f"| {kind.upper()} | {nbytes / 2**20:.0f} | {fmt(lt)} | {fmt(ot)} | {ratio(ot, lt)} | "
             f"{nbytes * ot / 1e9:.1f} | {100 * nbytes * ot / read:.0f} % | {fmt(lp)} | {fmt(op)} "
-            f"| {ratio(op, lp)} | {ot_load}; {op_load} |"
+            f"| {ratio(op, lp)} | {loads} |"
         )
     lines.insert(2, f"attnlab's kernels: the {default} build (attnlab.generate.kernels.VARIANTS)")
     if args.avx2:
@@ -245,14 +250,11 @@ def run_speed(args, files: dict[str, Path]) -> list[str]:
         ]
         for kind in files:
             nbytes = step_bytes(models[kind])
-            lt, _ = med(kind, "llama tg avx2")
-            ot, ot_load = med(kind, "ours tg avx2")
-            lp, _ = med(kind, "llama pp avx2")
-            op, op_load = med(kind, "ours pp avx2")
+            lt, ot, lp, op, loads = rates(kind, " avx2")
             lines.append(
                 f"| {kind.upper()} | {fmt(lt)} | {fmt(ot)} | {ratio(ot, lt)} | "
                 f"{100 * nbytes * ot / read:.0f} % | {fmt(lp)} | {fmt(op)} | {ratio(op, lp)} | "
-                f"{ot_load}; {op_load} |"
+                f"{loads} |"
             )
     return lines
 

@@ -34,9 +34,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE)]
 
+from _common import CHROMIUM_ARGS  # noqa: E402
+
 PROMPT = "The history of the printing press begins"
 SETTINGS = {"temperature": 0.8, "top_k": 200, "seed": 1337}
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
 
 
 def median(values):

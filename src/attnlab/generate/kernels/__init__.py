@@ -155,6 +155,11 @@ class BlockKind(enum.IntEnum):
     Q6_K = 6
 
 
+# the block kinds the prompt products (attnlab_linear_q_rows / _f_rows) unpack: decode.c's
+# block_values reads these 32-weight blocks only
+ROWS_KINDS = (BlockKind.Q8_0, BlockKind.Q4_0, BlockKind.Q4_1)
+
+
 class Activation(enum.IntEnum):
     """decode.c's attnlab_activation: the MLP nonlinearities attnlab_activate computes, in the same
     order."""
@@ -714,7 +719,7 @@ def block_linear_rows(
     (attnlab_linear_f_rows: the module path's product up to summation order). Returns a new tensor
     (..., d_out). Callers check `usable`."""
     d_in = x.shape[-1]
-    assert BlockKind(kind) <= BlockKind.Q4_1  # decode.c's block_values unpacks these three only
+    assert BlockKind(kind) in ROWS_KINDS
     t = _block_type(kind)
     assert d_in % t.weights == 0 and blocks.dtype == torch.uint8
     assert tuple(blocks.shape) == (blocks.shape[0], t.row_bytes(d_in))
