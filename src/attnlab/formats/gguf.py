@@ -561,16 +561,28 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", keep_blocks:
             + f" has no place in a {gguf_arch} model with this metadata"
         )
 
-    model = empty_model(config, device)
-    params, covered, non_finite = model.state_dict(), set(), {}
     kept = {}  # module name -> (its blocks, their kind): the matrices that stay blocks
+    if keep_blocks:
+        meta = Transformer(config, device="meta")
+        for name, w in found.items():
+            kept.update(_blocks_of(file.tensors[name], name, w, meta, gguf_arch, shapes))
+    on_device = {id(b): b.to(device) for b, _ in kept.values()}  # a tied head: the same tensor
+    modules = {}
+    for module_name, (blocks, kind) in kept.items():
+        blocks = on_device[id(blocks)]
+        if module_name == "embed":
+            modules[module_name] = BlockEmbedding(blocks, kind, config.d_model)
+        else:
+            old = meta.get_submodule(module_name)
+            modules[module_name] = BlockLinear.from_blocks(blocks, kind, old.in_features, old.bias)
+    # the kept matrices go in before the model gets memory: their float weights never exist
+    model = empty_model(config, device, modules)
+    params, covered, non_finite = model.state_dict(), set(), {}
     with torch.no_grad():
         for name, w in found.items():
-            if keep_blocks:
-                kept.update(_blocks_of(file.tensors[name], name, w, model, gguf_arch, shapes))
-                if all(ours.removesuffix(".weight") in kept for ours in w.ours):
-                    covered.update(w.ours)  # its blocks only: never dequantized here
-                    continue
+            if all(ours.removesuffix(".weight") in kept for ours in w.ours):
+                covered.update(w.ours)  # its blocks only: never dequantized here
+                continue
             values = dequantize(file.tensors[name])
             tensor = torch.from_numpy(values)
             if not np.isfinite(values).all():  # numpy's check: 10x faster here than torch.isfinite
@@ -587,6 +599,8 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", keep_blocks:
                 covered.add(ours)
         for name, tensor in params.items():
             if name not in covered and not (name == "unembed.weight" and config.tie_embeddings):
+                if name.endswith(".blocks"):
+                    continue
                 assert name.endswith(".bias"), (
                     f"{name} has no entry in the {hf['model_type']} table"
                 )
@@ -594,16 +608,6 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", keep_blocks:
                 tensor.zero_()
     if non_finite:
         warn_non_finite(non_finite, source)
-    on_device = {id(b): b.to(device) for b, _ in kept.values()}  # a tied head: the same tensor
-    for module_name, (blocks, kind) in kept.items():
-        parent, _, child = module_name.rpartition(".")
-        blocks = on_device[id(blocks)]
-        if module_name == "embed":
-            new = BlockEmbedding(blocks, kind, config.d_model)
-        else:
-            old = model.get_submodule(module_name)
-            new = BlockLinear.from_blocks(blocks, kind, old.in_features, old.bias)
-        setattr(model.get_submodule(parent) if parent else model, child, new)
     if kept:
         # one kind for every matrix and a float embedding: what attnlab.quantize(model, kind) makes
         # (and saves as); else a mix that attnlab's own format cannot record

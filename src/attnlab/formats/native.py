@@ -453,7 +453,11 @@ def load_state(model, state: dict[str, torch.Tensor], source: str | Path) -> Non
             expected[key].copy_(tensor)
 
 
-def empty_model(config: ModelConfig, device: str | torch.device = "cpu"):
+def empty_model(
+    config: ModelConfig,
+    device: str | torch.device = "cpu",
+    modules: dict[str, torch.nn.Module] | None = None,
+):
     """A Transformer whose weights a loader is about to overwrite, every one of them.
 
     Skipping the random init matters for real checkpoints: GPT-2's init of a 1B-parameter model
@@ -462,21 +466,46 @@ def empty_model(config: ModelConfig, device: str | torch.device = "cpu"):
     back here: the tied head (to_empty gives it its own tensor) and RoPE's inverse frequencies (a
     buffer computed, not loaded). Small models are simply initialised: the meta path's first use
     imports torch's Python meta kernels, which costs seconds, more than their init.
+
+    modules: {name: module} put in the model in place of its own (a GGUF file's matrices kept as
+    blocks); on the meta path before the model gets memory, so the float weights they replace are
+    never allocated (Gemma 3 270M's would be about 1 GB).
     """
+    modules = modules or {}
     d, n = config.d_model, config.n_layers
     rough_params = config.d_vocab * d * 2 + n * d * (4 * d + 3 * config.d_mlp)
     if rough_params < META_BUILD_ABOVE:
-        return Transformer(config, device=device)
-    model = Transformer(config, device="meta").to_empty(device=device)
-    if model.unembed is not None and config.tie_embeddings:
+        return _install(Transformer(config, device=device), modules, device)
+    model = _install(Transformer(config, device="meta"), modules, device)
+    tied = isinstance(model.unembed, torch.nn.Linear) and isinstance(model.embed, torch.nn.Embedding)
+    if tied and config.tie_embeddings:
         model.unembed.weight = model.embed.weight
     if model.rotary is not None:
         model.rotary.inv_freq = Rotary.for_config(config).inv_freq.to(device)
     if model.rotary_local is not None:
         model.rotary_local.inv_freq = Rotary.for_config(config, local=True).inv_freq.to(device)
-    assert [name for name, _ in model.named_buffers()] == (
-        ["rotary.inv_freq"] if model.rotary is not None else []
-    ) + (["rotary_local.inv_freq"] if model.rotary_local is not None else [])
+    assert {name for name, _ in model.named_buffers()} - {
+        f"{module}.blocks" for module in modules
+    } == ({"rotary.inv_freq"} if model.rotary is not None else set()) | (
+        {"rotary_local.inv_freq"} if model.rotary_local is not None else set()
+    )
+    return model
+
+
+def _install(model, modules: dict[str, torch.nn.Module], device: str | torch.device):
+    """`model` with `modules` in place of its own, then memory (uninitialised) for every tensor
+    still on the meta device, and only those."""
+    for name, module in modules.items():
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, module)
+    for module in model.modules():
+        for name, p in list(module.named_parameters(recurse=False)):
+            if p.is_meta:
+                empty = torch.empty_like(p, device=device)
+                setattr(module, name, torch.nn.Parameter(empty, requires_grad=p.requires_grad))
+        for name, b in list(module.named_buffers(recurse=False)):
+            if b.is_meta:
+                setattr(module, name, torch.empty_like(b, device=device))
     return model
 
 
