@@ -763,6 +763,29 @@ def test_a_build_that_faults_in_its_self_check_is_passed_over_and_the_process_li
         kernels.choose_variant()
 
 
+KILLED = """
+#include <signal.h>
+#include <stdint.h>
+void attnlab_linear_f32(const float *x, const float *w, const float *b, float *y, int64_t rows,
+                        int64_t d_in, int64_t d_out, int accumulate, int threads) {
+  raise(SIGKILL); /* as the out-of-memory killer would, from outside */
+}
+"""
+
+
+def test_a_self_check_killed_from_outside_is_not_cached(tmp_path, monkeypatch):
+    """A child killed from outside says nothing about the build: the build is passed over this
+    time, and the next process checks it again (no verdict file)."""
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
+    source = tmp_path / "killed.c"
+    source.write_text(KILLED)
+    killed = kernels.compile_library(source, (["-O1"],))
+    assert killed is not None
+    why = kernels.self_check(killed)
+    assert why is not None and "exit status -9" in why
+    assert not killed.with_suffix(".checked").exists()
+
+
 def test_use_variant_switches_the_build_a_benchmark_runs(monkeypatch):
     """benchmarks/blocks_speed.py's AVX2 columns: the same process runs the AVX2 build, then the
     default again."""

@@ -40,6 +40,7 @@ import mmap
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -323,9 +324,15 @@ print("ok")
 """
 
 
+# signals that stop a child from outside: they say nothing about the build it was checking
+NOT_THE_BUILD = {signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+
+
 def self_check(path: Path) -> str | None:
     """None when the library at `path` passes SELF_CHECK in a child process, else why not (a
-    fault, a wrong sum). The verdict is cached in a file beside the library."""
+    fault, a wrong sum). A verdict that would be the same next time (passed, an instruction
+    fault, a wrong sum) is cached in a file beside the library; the child killed from outside (an
+    out-of-memory kill, a Ctrl-C) or out of time is not, so the next process checks again."""
     verdict = path.with_suffix(".checked")
     if verdict.is_file():
         text = verdict.read_text()
@@ -343,6 +350,8 @@ def self_check(path: Path) -> str | None:
             why = f"its self-check failed ({lines[-1][:200]}; exit status {result.returncode})"
     except (OSError, subprocess.SubprocessError) as exc:
         return f"its self-check could not run ({exc})"
+    if -result.returncode in NOT_THE_BUILD:
+        return why
     fd, tmp = tempfile.mkstemp(prefix=".check-", dir=path.parent)
     with os.fdopen(fd, "w") as f:
         f.write(why or "ok")
