@@ -27,9 +27,12 @@ Design choices:
   512 tokens, 1)`: the prompt's forward and one sampled token); tokens/s. Each round runs
   llama-bench (-r 1) and attnlab alternately on every file; the table shows medians over --repeats
   rounds, and the load average at each measurement beside them (a shared machine moves them).
-- Bandwidth: a read-only pass (torch.sum, every thread) over a 1 GiB float32 buffer, far larger
-  than the caches, and a copy loop (read + write bytes counted), medians of 7. "% of read" is the
-  bytes a decode step streams (the matrices as stored) times tokens/s over the read bandwidth.
+- Bandwidth: kernels.read_bandwidth, a read-only pass in C (decode.c, attnlab_read_pass: each
+  thread its half, 512-bit loads, prefetched as the decode products are) over 1 GiB in 2 MB pages
+  (as the decode step's weights are), far larger than the caches, best of 7 passes; beside it the
+  same on one thread, torch.sum's rate (median of 7) and a copy loop (read + write bytes counted).
+  "% of read" is the bytes a decode step streams (the matrices as stored) times tokens/s over the
+  read bandwidth on the benchmark's threads.
 - Quality: perplexity of --text (default: 24,000 characters of attnlab's built-in corpus) in
   chunks of 512 tokens, every position scored, through the decode step one token at a time
   (`step_logits`: with blocks, 8-bit activations) and through generation's prompt products (each
@@ -70,9 +73,10 @@ def load_text() -> str:
     return ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def read_bandwidth(megabytes: int = 1024, repeats: int = 7) -> float:
-    """Bytes per second of a read-only pass (a sum) over a buffer far larger than the caches, on
-    every thread torch runs."""
+def torch_sum_bandwidth(megabytes: int = 1024, repeats: int = 7) -> float:
+    """Bytes per second of torch.sum over a float32 buffer far larger than the caches, on every
+    thread torch runs (median): the probe this benchmark used before kernels.read_bandwidth, kept
+    beside it for comparison (it read slower than the float32 decode step itself streams)."""
     buffer = torch.ones(megabytes * 2**20 // 4)
     seconds = median_time(lambda: buffer.sum(), repeats=repeats, warmup=2)
     return buffer.numel() * 4 / seconds
@@ -191,7 +195,8 @@ def run_speed(args, files: dict[str, Path]) -> list[str]:
                     512 / median_time(lambda: generate(model, prompt, 1, temperature=0), **once),
                 )
     kernels.use_variant(None)
-    read, copy = read_bandwidth(), copy_bandwidth(1024)
+    read, copy = kernels.read_bandwidth(), copy_bandwidth(1024)
+    read_one, torch_sum = kernels.read_bandwidth(threads=1), torch_sum_bandwidth()
 
     def med(kind, what):
         values = results.get((kind, what))
@@ -212,8 +217,10 @@ def run_speed(args, files: dict[str, Path]) -> list[str]:
         f"\n## SmolLM2-135M-Instruct, {threads} threads, tg128 and pp512 (tokens/s, median of "
         f"{args.repeats} alternating rounds)",
         f"prompt products (pp512): {prompt_path}",
-        f"read bandwidth {read / 1e9:.1f} GB/s (read-only pass, 1 GiB, {threads} threads), copy "
-        f"{copy / 1e9:.1f} GB/s (read + write bytes); load average at the end {load_text()}",
+        f"read bandwidth {read / 1e9:.1f} GB/s (kernels.read_bandwidth: read-only pass in C, 1 GiB "
+        f"in 2 MB pages, {threads} threads, best of 7; one thread {read_one / 1e9:.1f} GB/s; "
+        f"torch.sum {torch_sum / 1e9:.1f} GB/s), copy {copy / 1e9:.1f} GB/s (read + write bytes); "
+        f"load average at the end {load_text()}",
         "",
         "| format | MiB streamed | llama.cpp tg128 | attnlab tg128 | × | attnlab GB/s | % of read "
         "| llama.cpp pp512 | attnlab pp512 | × | load averages (attnlab tg, pp) |",

@@ -182,6 +182,25 @@ def test_the_portable_products_equal_f_linear(seed, portable_library, monkeypatc
         )
 
 
+def test_the_read_probe_reads_every_byte_once_in_every_build(portable_library):
+    """attnlab_read_pass (kernels.read_bandwidth's probe) returns the sum of the buffer's 64-bit
+    words modulo 2^64: every word read once, whichever thread reads it, whatever the threads'
+    shares, in this machine's build, the portable and the AVX2 one."""
+    words = torch.randint(-(2**62), 2**62, (3 * 2**17 + 128,))  # 3 MiB + 1 KiB
+    assert words.data_ptr() % 64 == 0
+    want = int(words.numpy().view("uint64").sum(dtype="uint64"))  # numpy's sum wraps at 2^64
+    for library in (kernels.library(), portable_library):
+        for threads in (1, 2, 3):
+            assert library.attnlab_read_pass(words.data_ptr(), 8 * words.numel(), threads) == want
+    assert kernels.read_bandwidth(megabytes=8, repeats=1) > 0
+
+
+def test_the_read_bandwidth_without_kernels_is_one_line(monkeypatch):
+    monkeypatch.setattr(kernels, "library", lambda: None)
+    with pytest.raises(UserError, match="read bandwidth is measured by attnlab's C kernels"):
+        kernels.read_bandwidth(megabytes=8)
+
+
 @pytest.mark.parametrize("int8", [False, True])
 def test_the_portable_step_program_gives_the_module_paths_logits(
     seed, portable_library, monkeypatch, int8

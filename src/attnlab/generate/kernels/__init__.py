@@ -44,6 +44,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -141,6 +142,8 @@ ROWS_SCRATCH = ("attnlab_linear_rows_scratch", [_i64, _i64, _int])  # bytes for 
 ATTEND_ROWS = ("attnlab_attend_rows", [_ptr] * 5 + [_i64] * 5 + [_float, _int])
 ATTEND_ROWS_SCRATCH = ("attnlab_attend_rows_scratch", [_i64] * 4 + [_int])
 ROWS_VECTORIZED = ("attnlab_linear_rows_vectorized", [])  # bit 0: 8-bit product, bit 1: float32
+# one read-only pass over a buffer (its address, bytes, threads): the read bandwidth's probe
+READ_PASS = ("attnlab_read_pass", [_ptr, _i64, _int])
 
 
 class BlockKind(enum.IntEnum):
@@ -449,6 +452,7 @@ def load(path: Path) -> ctypes.CDLL:
         (ROWS_SCRATCH, _i64),
         (ROWS_VECTORIZED, _int),
         (ATTEND_ROWS_SCRATCH, _i64),
+        (READ_PASS, ctypes.c_uint64),
     ):
         getattr(lib, name).argtypes = argtypes
         getattr(lib, name).restype = restype
@@ -942,3 +946,30 @@ def place_in_huge_pages(tensors: list[torch.Tensor]) -> bool:
             t._attnlab_huge_pages = t.data_ptr()
             offset += size
     return True
+
+
+def read_bandwidth(megabytes: int = 1024, repeats: int = 7, threads: int | None = None) -> float:
+    """The machine's streaming read bandwidth, bytes per second: the best of `repeats` read-only
+    passes (decode.c, attnlab_read_pass: each thread its own half, widest vector loads, prefetched
+    as the decode products are) over `megabytes` of memory in 2 MB pages, as the decode step's
+    weights are (place_in_huge_pages), on `threads` threads (default: torch's). The bound of a
+    decode step, which streams every weight once: tokens/s <= this / bytes of weights."""
+    lib = library()
+    if lib is None:
+        raise UserError(
+            "the read bandwidth is measured by attnlab's C kernels, which are not built here "
+            "(no C compiler, or ATTNLAB_KERNELS=0)"
+        )
+    threads = threads or torch.get_num_threads()
+    nbytes = megabytes * 2**20
+    buffer = torch.full((nbytes,), 1, dtype=torch.uint8)
+    place_in_huge_pages([buffer])
+    assert buffer.data_ptr() % 64 == 0
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first pass warms up the threads and the page tables
+        start = time.perf_counter()
+        total = lib.attnlab_read_pass(buffer.data_ptr(), nbytes, threads)
+        best = min(best, time.perf_counter() - start)
+    # every byte 1: each 64-bit word 0x0101...01, their sum modulo 2^64 (every word was read)
+    assert total == nbytes // 8 * 0x0101010101010101 % 2**64, total
+    return nbytes / best

@@ -362,8 +362,88 @@ static inline __m128 sum4_256(__m256 a, __m256 b, __m256 c, __m256 d) {
 }
 #endif
 
+#if AVX512 && defined(__AVX512VNNI__)
+/* Two blocks per step in 512-bit vectors (AVX-512 with VNNI): each weight row's two blocks come in one (masked)
+ * load, which also holds their d (and Q4_1's m); one word permute (vpermw) lays their bytes out as dpbusd reads
+ * them, so that one dpbusd, one conversion and one FMA serve 64 weights of a row where the 256-bit loop spends
+ * them on 32, and the four rows' scales come out of those loads by three permutes instead of eight scalar loads
+ * (benchmarks/README.md, issue 25: the 256-bit loop kept the 4-bit products compute-bound on two threads).
+ *   Q4_0 / Q4_1: the 36 / 40 bytes of blocks b and b + 1 are words 0..17 / 0..19 of the load; vpermw gives
+ *     [block b's 16 nibble bytes twice | block b + 1's twice], then the upper copy of each is shifted right by 4
+ *     (weights 0-15 in the low nibbles, 16-31 in the high), so that the 64 bytes are the two blocks' 4-bit values
+ *     in weight order, opposite x's 64 bytes.
+ *   Q8_0: 68 bytes, one 64-byte load (d, q of block b, d of b + 1, most of its q) and one of b + 1's 32 q bytes;
+ *     a two-source word permute puts the 64 q bytes together; dpbusd multiplies unsigned by signed bytes, so the
+ *     weights go in as q + 128 (xor 0x80) and the lane sums start at -128 times x's sums of four, 16 c8.
+ * A row's last block, when nb is odd, goes alone through the same steps with masked loads (the missing block's
+ * bytes, x, scales read as zeros). Lanes 0-7 of a row's sums are block b's, 8-15 block b + 1's. */
+static inline __attribute__((always_inline)) void dot4_q(int type, const uint8_t *const w[4], q8_row r, int64_t nb, float *s) {
+  const int64_t bytes = BLOCK_BYTES[type];
+  const int h = (int)bytes / 2;                   /* the word where block b + 1 begins */
+  const int at = type == BLOCK_Q4_1 ? 2 : 1;      /* the word where block b's values begin */
+  /* vpermw: [values of b (8 words) twice | values of b + 1 twice]; Q8_0: its 32 words of q, b then b + 1 */
+  __m512i take = type == BLOCK_Q8_0
+                     ? _mm512_set_epi16(47, 46, 45, 44, 43, 42, 41, 40, 39, 38, 37, 36, 35, 34, 33, 32, 16, 15, 14, 13, 12,
+                                        11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1)
+                     : _mm512_set_epi16(h + at + 7, h + at + 6, h + at + 5, h + at + 4, h + at + 3, h + at + 2,
+                                        h + at + 1, h + at, h + at + 7, h + at + 6, h + at + 5, h + at + 4, h + at + 3,
+                                        h + at + 2, h + at + 1, h + at, at + 7, at + 6, at + 5, at + 4, at + 3, at + 2,
+                                        at + 1, at, at + 7, at + 6, at + 5, at + 4, at + 3, at + 2, at + 1, at);
+  /* two rows' heads: words 0, 1, h, h + 1 of each (d, m of block b, then of b + 1) */
+  const __m512i heads = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                         32 + h + 1, 32 + h, 33, 32, h + 1, h, 1, 0);
+  const __m512i shift = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0), low4 = _mm512_set1_epi8(0x0F);
+  /* row k's scale d dx: lane 4k of the heads' products for block b, 4k + 2 for block b + 1 */
+  const __m512i lane[4] = {
+      _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0),
+      _mm512_set_epi32(6, 6, 6, 6, 6, 6, 6, 6, 4, 4, 4, 4, 4, 4, 4, 4),
+      _mm512_set_epi32(10, 10, 10, 10, 10, 10, 10, 10, 8, 8, 8, 8, 8, 8, 8, 8),
+      _mm512_set_epi32(14, 14, 14, 14, 14, 14, 14, 14, 12, 12, 12, 12, 12, 12, 12, 12)};
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  __m512 m_sum = _mm512_setzero_ps(); /* Q4_1: m sx in lanes 4k + 1 and 4k + 3 */
+  for (int64_t b = 0; b < nb; b += 2) {
+    const int two = b + 1 < nb;
+    const __mmask64 row_mask = two ? (bytes >= 32 ? ~(__mmask64)0 : ((__mmask64)1 << (2 * bytes)) - 1)
+                                   : ((__mmask64)1 << bytes) - 1;
+    const __mmask16 half = two ? 0xFFFF : 0x00FF;
+    __m512i xq = _mm512_maskz_loadu_epi32(half, r.q + b * QK);
+    /* the lane sums' start: Q4_0's -8 per group of four x (c8), Q8_0's -128 (16 c8), none for Q4_1 */
+    __m512i start = type == BLOCK_Q4_1 ? _mm512_setzero_si512() : _mm512_maskz_loadu_epi32(half, r.c8 + b * 8);
+    __m512i row[4], v[4];
+    for (int k = 0; k < 4; k++) row[k] = _mm512_maskz_loadu_epi8(row_mask, w[k] + b * bytes);
+    if (type == BLOCK_Q8_0) {
+      start = _mm512_slli_epi32(start, 4);
+      for (int k = 0; k < 4; k++) {
+        __m512i next = _mm512_castsi256_si512(
+            _mm256_maskz_loadu_epi32(two ? 0xFF : 0x00, w[k] + (b + 1) * bytes + 2)); /* block b + 1's q */
+        v[k] = _mm512_xor_si512(_mm512_permutex2var_epi16(row[k], take, next), _mm512_set1_epi8((char)0x80));
+      }
+    } else {
+      for (int k = 0; k < 4; k++)
+        v[k] = _mm512_and_si512(_mm512_srlv_epi64(_mm512_permutexvar_epi16(take, row[k]), shift), low4);
+    }
+    /* d (m) of both blocks, four rows: [d0 m0 d0' m0' d1 m1 d1' m1' ...] (' block b + 1) */
+    __m256i dm16 = _mm256_inserti128_si256(
+        _mm512_castsi512_si256(_mm512_permutex2var_epi16(row[0], heads, row[1])),
+        _mm512_castsi512_si128(_mm512_permutex2var_epi16(row[2], heads, row[3])), 1);
+    __m512 dm = _mm512_cvtph_ps(dm16);
+    __m128 dx2 = _mm_maskz_loadu_ps(two ? 3 : 1, r.dx + b), sx2 = _mm_maskz_loadu_ps(two ? 3 : 1, r.sx + b);
+    __m512 scale = _mm512_mul_ps(dm, _mm512_broadcast_f32x4(_mm_unpacklo_ps(dx2, sx2))); /* d dx, m sx, d' dx', ... */
+    if (type == BLOCK_Q4_1) m_sum = _mm512_add_ps(m_sum, scale);
+    for (int k = 0; k < 4; k++)
+      acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, v[k], xq)),
+                               _mm512_permutexvar_ps(lane[k], scale), acc[k]);
+  }
+  _mm_storeu_ps(s, sum4(acc[0], acc[1], acc[2], acc[3]));
+  if (type == BLOCK_Q4_1) {
+    float m[16];
+    _mm512_storeu_ps(m, m_sum);
+    for (int k = 0; k < 4; k++) s[k] += m[4 * k + 1] + m[4 * k + 3];
+  }
+}
+#else
 /* s[k] = the product of block rows w[k] (k < 4, nb blocks each) with the rounded row r of x */
-static inline void dot4_q(int type, const uint8_t *const w[4], q8_row r, int64_t nb, float *s) {
+static inline __attribute__((always_inline)) void dot4_q(int type, const uint8_t *const w[4], q8_row r, int64_t nb, float *s) {
   int64_t bytes = BLOCK_BYTES[type];
 #if defined(__AVX2__)
   __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
@@ -428,6 +508,8 @@ static inline void dot4_q(int type, const uint8_t *const w[4], q8_row r, int64_t
   }
 #endif
 }
+
+#endif /* two blocks per step in 512-bit vectors */
 
 /* Q5_0 and the K-quants (ggml-common.h's block_q5_0, block_q4_K, block_q5_K, block_q6_K; their values as
  * ggml-quants.c's dequantize_row_* and gguf-py's quants.py read them):
@@ -684,7 +766,11 @@ static void linear_q(const float *x, const uint8_t *w, const float *b, float *y,
       if (type >= BLOCK_Q5_0) /* Q5_0 and the K-quants: a row at a time */
         for (int k = 0; k < ROWS_AT_ONCE; k++) sums[k] = dot_q_more(type, w4[k], q8_row_at(mine + r * per_row, d_in), nb);
       else
-        dot4_q(type, w4, q8_row_at(mine + r * per_row, d_in), nb, sums);
+        switch (type) { /* one loop per type, its constants folded */
+        case BLOCK_Q8_0: dot4_q(BLOCK_Q8_0, w4, q8_row_at(mine + r * per_row, d_in), nb, sums); break;
+        case BLOCK_Q4_0: dot4_q(BLOCK_Q4_0, w4, q8_row_at(mine + r * per_row, d_in), nb, sums); break;
+        default: dot4_q(BLOCK_Q4_1, w4, q8_row_at(mine + r * per_row, d_in), nb, sums); break;
+        }
       for (int64_t k = 0; k < n; k++) {
         float v = sums[k] + (b ? b[o + k] : 0.0f);
         y[r * d_out + o + k] = accumulate ? y[r * d_out + o + k] + v : v;
@@ -1445,4 +1531,42 @@ void attnlab_run(const attnlab_op *ops, int64_t n, int threads) {
 #pragma omp barrier
     }
   }
+}
+
+
+/* The machine's streaming read bandwidth, the bound of a decode step, which reads every weight once from memory:
+ * one read-only pass over `bytes` of `buf` (64-byte aligned; far larger than the caches), each thread streaming
+ * its own contiguous share, in this build's widest loads (four 512-bit loads per 256 bytes with AVX-512, the
+ * compiler's vectors elsewhere) into integer sums (an add per load, no chain a load waits on), asking for the
+ * lines PREFETCH_AHEAD bytes ahead as the decode products do. The sums' total is returned so that no load can be
+ * dropped (the sum of the buffer's 64-bit words, modulo 2^64). `bytes` a multiple of 1024. kernels.read_bandwidth
+ * times it (best of several passes). */
+uint64_t attnlab_read_pass(const uint8_t *buf, int64_t bytes, int threads) {
+  uint64_t total = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+  {
+    int64_t lo, hi;
+    share(bytes / 64, &lo, &hi); /* in 64-byte lines, each thread's in whole multiples of 16 lines */
+    const uint8_t *p = buf + 64 * lo, *end = buf + 64 * hi;
+#if AVX512
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+    for (; p + 256 <= end; p += 256) {
+      for (int k = 0; k < 256; k += 64) __builtin_prefetch(p + k + PREFETCH_AHEAD, 0, 3);
+      a0 = _mm512_add_epi64(a0, _mm512_load_si512((const void *)p));
+      a1 = _mm512_add_epi64(a1, _mm512_load_si512((const void *)(p + 64)));
+      a2 = _mm512_add_epi64(a2, _mm512_load_si512((const void *)(p + 128)));
+      a3 = _mm512_add_epi64(a3, _mm512_load_si512((const void *)(p + 192)));
+    }
+    total += (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
+#endif
+    uint64_t s = 0;
+    for (; p + 256 <= end; p += 256) { /* the other builds: 256 bytes per pass, vectorised by the compiler */
+      const uint64_t *q = (const uint64_t *)p;
+      for (int k = 0; k < 256; k += 64) __builtin_prefetch(p + k + PREFETCH_AHEAD, 0, 3);
+#pragma omp simd reduction(+ : s)
+      for (int i = 0; i < 32; i++) s += q[i];
+    }
+    total += s;
+  }
+  return total;
 }
