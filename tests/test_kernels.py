@@ -190,8 +190,9 @@ def test_the_read_probe_reads_every_byte_once_in_every_build(portable_library):
     assert words.data_ptr() % 64 == 0
     want = int(words.numpy().view("uint64").sum(dtype="uint64"))  # numpy's sum wraps at 2^64
     for library in (kernels.library(), portable_library):
-        for threads in (1, 2, 3):
-            assert library.attnlab_read_pass(words.data_ptr(), 8 * words.numel(), threads) == want
+        for threads, ahead in ((1, 0), (2, 0), (3, 0), (2, 8192)):  # plain, and prefetching
+            read = library.attnlab_read_pass(words.data_ptr(), 8 * words.numel(), threads, ahead)
+            assert read == want, (threads, ahead)
     assert kernels.read_bandwidth(megabytes=8, repeats=1) > 0
 
 

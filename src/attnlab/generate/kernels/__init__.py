@@ -142,8 +142,10 @@ ROWS_SCRATCH = ("attnlab_linear_rows_scratch", [_i64, _i64, _int])  # bytes for 
 ATTEND_ROWS = ("attnlab_attend_rows", [_ptr] * 5 + [_i64] * 5 + [_float, _int])
 ATTEND_ROWS_SCRATCH = ("attnlab_attend_rows_scratch", [_i64] * 4 + [_int])
 ROWS_VECTORIZED = ("attnlab_linear_rows_vectorized", [])  # bit 0: 8-bit product, bit 1: float32
-# one read-only pass over a buffer (its address, bytes, threads): the read bandwidth's probe
-READ_PASS = ("attnlab_read_pass", [_ptr, _i64, _int])
+# one read-only pass over a buffer (its address, bytes, threads, prefetch distance or 0): the read
+# bandwidth's probe; and the decode products' prefetch distance
+READ_PASS = ("attnlab_read_pass", [_ptr, _i64, _int, _i64])
+PREFETCH_AHEAD = ("attnlab_prefetch_ahead", [])
 
 
 class BlockKind(enum.IntEnum):
@@ -453,6 +455,7 @@ def load(path: Path) -> ctypes.CDLL:
         (ROWS_VECTORIZED, _int),
         (ATTEND_ROWS_SCRATCH, _i64),
         (READ_PASS, ctypes.c_uint64),
+        (PREFETCH_AHEAD, _i64),
     ):
         getattr(lib, name).argtypes = argtypes
         getattr(lib, name).restype = restype
@@ -950,10 +953,11 @@ def place_in_huge_pages(tensors: list[torch.Tensor]) -> bool:
 
 def read_bandwidth(megabytes: int = 1024, repeats: int = 7, threads: int | None = None) -> float:
     """The machine's streaming read bandwidth, bytes per second: the best of `repeats` read-only
-    passes (decode.c, attnlab_read_pass: each thread its own half, widest vector loads, prefetched
-    as the decode products are) over `megabytes` of memory in 2 MB pages, as the decode step's
-    weights are (place_in_huge_pages), on `threads` threads (default: torch's). The bound of a
-    decode step, which streams every weight once: tokens/s <= this / bytes of weights."""
+    passes of each kind (decode.c, attnlab_read_pass: each thread its own part, the widest vector
+    loads; a plain sequential read, and one that also prefetches as the decode products do,
+    alternating) over `megabytes` of memory in 2 MB pages, as the decode step's weights are
+    (place_in_huge_pages), on `threads` threads (default: torch's). The bound of a decode step,
+    which streams every weight once: tokens/s <= this / bytes of weights."""
     lib = library()
     if lib is None:
         raise UserError(
@@ -964,12 +968,14 @@ def read_bandwidth(megabytes: int = 1024, repeats: int = 7, threads: int | None 
     nbytes = megabytes * 2**20
     buffer = torch.full((nbytes,), 1, dtype=torch.uint8)
     place_in_huge_pages([buffer])
-    assert buffer.data_ptr() % 64 == 0
+    assert buffer.data_ptr() % 64 == 0 and nbytes % 1024 == 0
+    read = getattr(lib, READ_PASS[0])
     best = float("inf")
-    for _ in range(repeats + 1):  # the first pass warms up the threads and the page tables
-        start = time.perf_counter()
-        total = lib.attnlab_read_pass(buffer.data_ptr(), nbytes, threads)
-        best = min(best, time.perf_counter() - start)
-    # every byte 1: each 64-bit word 0x0101...01, their sum modulo 2^64 (every word was read)
-    assert total == nbytes // 8 * 0x0101010101010101 % 2**64, total
+    for _ in range(repeats):
+        for ahead in (0, getattr(lib, PREFETCH_AHEAD[0])()):
+            start = time.perf_counter()
+            total = read(buffer.data_ptr(), nbytes, threads, ahead)
+            best = min(best, time.perf_counter() - start)
+            # every byte 1: each 64-bit word 0x0101...01, their sum modulo 2^64 (all were read)
+            assert total == nbytes // 8 * 0x0101010101010101 % 2**64, total
     return nbytes / best

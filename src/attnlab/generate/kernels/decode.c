@@ -738,29 +738,70 @@ static void dequantize_more(int type, const uint8_t *p, float *out) {
   }
 }
 
+/* This thread's share of a block product of d_out rows of row_bytes each: groups of four rows [g0, g1), the same
+ * contiguous split as OpenMP's static schedule, so that the thread also knows where its share of the next product
+ * begins (below). */
+typedef struct {
+  int64_t g0, g1;
+  const uint8_t *start; /* its first weight byte */
+  int64_t bytes;        /* and how many follow */
+} q_share;
+
+static q_share share_of(const uint8_t *w, int64_t d_out, int64_t row_bytes) {
+#ifdef _OPENMP
+  int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+  int64_t t = 0, nt = 1;
+#endif
+  int64_t groups = (d_out + ROWS_AT_ONCE - 1) / ROWS_AT_ONCE, per = (groups + nt - 1) / nt;
+  q_share s;
+  s.g0 = t * per < groups ? t * per : groups;
+  s.g1 = s.g0 + per < groups ? s.g0 + per : groups;
+  int64_t first = s.g0 * ROWS_AT_ONCE, end = s.g1 * ROWS_AT_ONCE < d_out ? s.g1 * ROWS_AT_ONCE : d_out;
+  s.start = w + first * row_bytes;
+  s.bytes = (end - first) * row_bytes;
+  return s;
+}
+
 /* y[r, o] (=, or += when accumulate) sum_i x[r, i] w[o, i] + b[o] for w in blocks of `type`: each thread rounds
  * x to 8 bits into its own part of `scratch` (attnlab_linear_q_scratch bytes per thread; a few hundred
  * nanoseconds, cheaper than making the threads wait for one copy), then takes its share of four output features
- * at a time, streaming their rows once, prefetched as attnlab_linear_i8's are. */
+ * at a time, streaming their rows once.
+ *
+ * Prefetched in software, PREFETCH_AHEAD bytes ahead of the rows being read: on this project's AMD EPYC host the
+ * hardware prefetchers barely help (without these prefetches the products ran at a sixth of the speed,
+ * benchmarks/README.md, issue 25). Near the end of its share a thread's prefetches run on into `next`, its share
+ * of the product that the decode program runs after this one (next_bytes bytes; NULL: none), so that the next
+ * product's first rows are on their way while this one ends, the barrier passes and the small ops between run;
+ * a prefetch past the share's end would otherwise fetch rows another thread has already read. `prologue` asks
+ * for the share's first PREFETCH_AHEAD bytes at once, for a product that no earlier one prefetched for. */
 static void linear_q(const float *x, const uint8_t *w, const float *b, float *y, int8_t *scratch, int64_t rows,
-                     int64_t d_in, int64_t d_out, int type, int accumulate) {
+                     int64_t d_in, int64_t d_out, int type, int accumulate, const uint8_t *next, int64_t next_bytes,
+                     int prologue) {
 #ifdef _OPENMP
   int64_t t = omp_get_thread_num();
 #else
   int64_t t = 0;
 #endif
   int64_t nb = d_in / QK, row_bytes = d_in / BLOCK_WEIGHTS[type] * BLOCK_BYTES[type], per_row = q8_row_bytes(d_in);
+  q_share mine_w = share_of(w, d_out, row_bytes);
+  if (prologue)
+    for (int64_t off = 0; off < mine_w.bytes && off < PREFETCH_AHEAD; off += 64)
+      __builtin_prefetch((const char *)mine_w.start + off, 0, 3);
   int8_t *mine = scratch + t * rows * per_row;
   for (int64_t r = 0; r < rows; r++) quantize_row_q8(x + r * d_in, d_in, q8_row_at(mine + r * per_row, d_in));
-  int64_t groups = (d_out + ROWS_AT_ONCE - 1) / ROWS_AT_ONCE;
-#pragma omp for schedule(static) nowait
-  for (int64_t g = 0; g < groups; g++) {
+  for (int64_t g = mine_w.g0; g < mine_w.g1; g++) {
     int64_t o = g * ROWS_AT_ONCE, n = d_out - o < ROWS_AT_ONCE ? d_out - o : ROWS_AT_ONCE;
     /* a last group of fewer than four rows repeats its first row in the missing ones and stores only n sums */
     const uint8_t *w4[ROWS_AT_ONCE];
     for (int k = 0; k < ROWS_AT_ONCE; k++) w4[k] = w + (o + (k < n ? k : 0)) * row_bytes;
-    for (int64_t off = 0; off < ROWS_AT_ONCE * row_bytes; off += 64)
-      __builtin_prefetch((const char *)w4[0] + off + PREFETCH_AHEAD, 0, 3);
+    for (int64_t at = (g - mine_w.g0) * ROWS_AT_ONCE * row_bytes + PREFETCH_AHEAD, end = at + ROWS_AT_ONCE * row_bytes;
+         at < end; at += 64) { /* at: bytes from the share's start */
+      if (at < mine_w.bytes)
+        __builtin_prefetch((const char *)mine_w.start + at, 0, 3);
+      else if (next && at - mine_w.bytes < next_bytes)
+        __builtin_prefetch((const char *)next + (at - mine_w.bytes), 0, 3);
+    }
     for (int64_t r = 0; r < rows; r++) {
       float sums[ROWS_AT_ONCE];
       if (type >= BLOCK_Q5_0) /* Q5_0 and the K-quants: a row at a time */
@@ -785,7 +826,7 @@ int64_t attnlab_linear_q_scratch(int64_t rows, int64_t d_in) { return rows * q8_
 void attnlab_linear_q(const float *x, const uint8_t *w, const float *b, float *y, int8_t *scratch, int64_t rows,
                       int64_t d_in, int64_t d_out, int type, int accumulate, int threads) {
 #pragma omp parallel num_threads(threads) if (d_in * d_out > 65536)
-  linear_q(x, w, b, y, scratch, rows, d_in, d_out, type, accumulate);
+  linear_q(x, w, b, y, scratch, rows, d_in, d_out, type, accumulate, NULL, 0, 1);
 }
 
 /* out [rows, d_in] = the float32 values of rows of blocks of `type` (attnlab.generate.blocks.dequantize's
@@ -1469,7 +1510,9 @@ static void share(int64_t n, int64_t *lo, int64_t *hi) {
   *hi = *lo + chunk < n ? *lo + chunk : n;
 }
 
-static void run_op(const attnlab_op *op) {
+/* run_op's `next`: the block product that the program runs after this op (NULL: none), and whether this op is the
+ * program's first block product (linear_q's prologue). */
+static void run_op(const attnlab_op *op, const attnlab_op *next, int first) {
   int64_t lo, hi;
   switch (op->kind) {
   case OP_LINEAR_F32:
@@ -1516,32 +1559,49 @@ static void run_op(const attnlab_op *op) {
     share(op->a[1], &lo, &hi);
     attnlab_softcap(ARG(0, float *) + lo, hi - lo, (float)op->f);
     break;
-  case OP_LINEAR_Q:
+  case OP_LINEAR_Q: {
+    q_share after = {0, 0, NULL, 0}; /* this thread's share of the next product, which linear_q prefetches */
+    if (next) {
+      int64_t type = next->a[8];
+      after = share_of((const uint8_t *)(intptr_t)next->a[1], next->a[7],
+                       next->a[6] / BLOCK_WEIGHTS[type] * BLOCK_BYTES[type]);
+    }
     linear_q(ARG(0, const float *), ARG(1, const uint8_t *), ARG(2, const float *), ARG(3, float *),
-             ARG(4, int8_t *), op->a[5], op->a[6], op->a[7], (int)op->a[8], (int)op->a[9]);
+             ARG(4, int8_t *), op->a[5], op->a[6], op->a[7], (int)op->a[8], (int)op->a[9], after.start, after.bytes,
+             first);
     break;
+  }
   }
 }
 
 void attnlab_run(const attnlab_op *ops, int64_t n, int threads) {
 #pragma omp parallel num_threads(threads)
-  for (int64_t i = 0; i < n; i++) {
-    run_op(ops + i);
-    if (ops[i].wait) {
+  {
+    int first = 1; /* no block product yet */
+    for (int64_t i = 0; i < n; i++) {
+      const attnlab_op *next = NULL;
+      if (ops[i].kind == OP_LINEAR_Q)
+        for (int64_t j = i + 1; j < n && !next; j++)
+          if (ops[j].kind == OP_LINEAR_Q) next = ops + j;
+      run_op(ops + i, next, first && ops[i].kind == OP_LINEAR_Q);
+      first = first && ops[i].kind != OP_LINEAR_Q;
+      if (ops[i].wait) {
 #pragma omp barrier
+      }
     }
   }
 }
 
 
 /* The machine's streaming read bandwidth, the bound of a decode step, which reads every weight once from memory:
- * one read-only pass over `bytes` of `buf` (64-byte aligned; far larger than the caches), each thread streaming
- * its own contiguous share, in this build's widest loads (four 512-bit loads per 256 bytes with AVX-512, the
- * compiler's vectors elsewhere) into integer sums (an add per load, no chain a load waits on), asking for the
- * lines PREFETCH_AHEAD bytes ahead as the decode products do. The sums' total is returned so that no load can be
- * dropped (the sum of the buffer's 64-bit words, modulo 2^64). `bytes` a multiple of 1024. kernels.read_bandwidth
- * times it (best of several passes). */
-uint64_t attnlab_read_pass(const uint8_t *buf, int64_t bytes, int threads) {
+ * one read-only pass over `bytes` of `buf` (64-byte aligned, a multiple of 1024; far larger than the caches), each
+ * thread streaming its own contiguous share, in this build's widest loads (four 512-bit loads per 256 bytes with
+ * AVX-512, the compiler's vectors elsewhere) into integer sums (an add per load: no chain a load waits on). With
+ * `ahead` > 0 each pass also asks for the lines `ahead` bytes further on (as the decode products do); a plain
+ * sequential read is what the hardware prefetchers see best, so kernels.read_bandwidth takes the best of both.
+ * Returns the sum of the buffer's 64-bit words modulo 2^64, so that no load can be dropped (and a test can check
+ * that every word was read once). */
+uint64_t attnlab_read_pass(const uint8_t *buf, int64_t bytes, int threads, int64_t ahead) {
   uint64_t total = 0;
 #pragma omp parallel num_threads(threads) reduction(+ : total)
   {
@@ -1551,7 +1611,8 @@ uint64_t attnlab_read_pass(const uint8_t *buf, int64_t bytes, int threads) {
 #if AVX512
     __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
     for (; p + 256 <= end; p += 256) {
-      for (int k = 0; k < 256; k += 64) __builtin_prefetch(p + k + PREFETCH_AHEAD, 0, 3);
+      if (ahead)
+        for (int k = 0; k < 256; k += 64) __builtin_prefetch(p + k + ahead, 0, 3);
       a0 = _mm512_add_epi64(a0, _mm512_load_si512((const void *)p));
       a1 = _mm512_add_epi64(a1, _mm512_load_si512((const void *)(p + 64)));
       a2 = _mm512_add_epi64(a2, _mm512_load_si512((const void *)(p + 128)));
@@ -1562,7 +1623,8 @@ uint64_t attnlab_read_pass(const uint8_t *buf, int64_t bytes, int threads) {
     uint64_t s = 0;
     for (; p + 256 <= end; p += 256) { /* the other builds: 256 bytes per pass, vectorised by the compiler */
       const uint64_t *q = (const uint64_t *)p;
-      for (int k = 0; k < 256; k += 64) __builtin_prefetch(p + k + PREFETCH_AHEAD, 0, 3);
+      if (ahead)
+        for (int k = 0; k < 256; k += 64) __builtin_prefetch(p + k + ahead, 0, 3);
 #pragma omp simd reduction(+ : s)
       for (int i = 0; i < 32; i++) s += q[i];
     }
@@ -1570,3 +1632,6 @@ uint64_t attnlab_read_pass(const uint8_t *buf, int64_t bytes, int threads) {
   }
   return total;
 }
+
+/* The distance attnlab_read_pass's prefetching pass asks ahead: the decode products' */
+int64_t attnlab_prefetch_ahead(void) { return PREFETCH_AHEAD; }
