@@ -19,15 +19,20 @@ Design choices:
   (divided by the threads): on a crowded host, with one thread, near what an idle core takes.
 - The bound: bytes the part streams / the read bandwidth (kernels.read_bandwidth, measured at the
   start and the end).
+- `--against FILE`: another decode.c (say main's, `git show main:src/attnlab/generate/kernels/
+  decode.c > main.c`), built with this process's flags, its whole step one more part of the same
+  rounds (same model, same weights in memory): this source against that one, A/B in one process.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import ctypes
 import statistics
 import sys
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -85,16 +90,43 @@ def parts(decoder: KernelDecoder, threads: int) -> dict[str, tuple[kernels.Progr
     }
 
 
+def other_library(source: Path) -> ctypes.CDLL:
+    """decode.c from `source` built with this process's flags, the functions a step program calls
+    declared (an older decode.c may lack newer ones that kernels.load declares)."""
+    flags = kernels.VARIANTS[kernels.variant()][0]
+    path = kernels.compile_library(source, (flags,))
+    if path is None:
+        raise SystemExit(f"--against {source}: it does not compile with {' '.join(flags)}")
+    lib = ctypes.CDLL(str(path))
+    for name, argtypes in [
+        *kernels.KERNELS.values(),
+        kernels.RUN,
+        kernels.SCRATCH,
+        kernels.DEQUANTIZE,
+    ]:
+        getattr(lib, name).argtypes = argtypes
+    lib.attnlab_linear_q_scratch.restype = ctypes.c_int64
+    return lib
+
+
+def warm_decoder(model) -> KernelDecoder:
+    """The step of `model` after 64 tokens, its cache slot then fixed at 64."""
+    decoder = KernelDecoder(model, KVCache.for_model(model, 1, 256, values_position_minor=False))
+    for t in range(64):
+        decoder(torch.tensor([[100 + t]]), t, torch.tensor([[t]]))
+    decoder.slot.fill_(64)
+    return decoder
+
+
 def profile(name: str, file: Path, threads: int, args, read: float) -> list:
     steps, rounds, tick = args.steps, args.rounds, CLOCKS[args.clock]
     torch.set_num_threads(threads)
     model = attnlab.load(file, keep_blocks=True)
-    cache = KVCache.for_model(model, 1, 256, values_position_minor=False)
-    decoder = KernelDecoder(model, cache)
-    for t in range(64):  # a cache of 64 positions, the slot fixed at 64 from here on
-        decoder(torch.tensor([[100 + t]]), t, torch.tensor([[t]]))
-    decoder.slot.fill_(64)
-    programs = parts(decoder, threads)
+    programs = parts(warm_decoder(model), threads)
+    if args.against:
+        with mock.patch.object(kernels, "library", lambda: args.against_library):
+            (other,) = [p for p in warm_decoder(model).run if isinstance(p, kernels.Program)]
+        programs[f"whole step, {args.against.name}"] = (other, programs["whole step"][1])
     times: dict[str, list[float]] = {key: [] for key in programs}
     for _ in range(rounds):
         for key, (program, _) in programs.items():
@@ -130,6 +162,7 @@ def main() -> int:
     parser.add_argument(
         "--clock", choices=CLOCKS, default="wall", help="cpu: process time / threads (loaded host)"
     )
+    parser.add_argument("--against", type=Path, default=None, help="another decode.c to A/B")
     args = parser.parse_args()
     if args.files is None:
         from attnlab.formats import model_dir
@@ -139,6 +172,8 @@ def main() -> int:
         files = dict(item.split("=", 1) for item in args.files)
     if not kernels.available():
         raise SystemExit("attnlab's C kernels are not built here: nothing to profile")
+    if args.against:
+        args.against_library = other_library(args.against)
     read = kernels.read_bandwidth()
     lines = [
         "# benchmarks/decode_profile.py",
