@@ -227,6 +227,32 @@ def test_block_products_on_two_threads_equal_one(kind, seed, monkeypatch):
     assert torch.equal(kernels.block_linear(x, layer.blocks, BLOCK_TYPES[kind].kernel), one)
 
 
+@pytest.mark.parametrize("kind", KINDS + MORE)
+def test_products_of_one_x_in_a_program_round_it_once_and_equal_their_calls_alone(
+    kind, seed, monkeypatch
+):
+    """In a step program, a block product right after another on the same x (k and v after q)
+    reads that one's rounding of x instead of rounding it again (decode.c, attnlab_run): bit for
+    bit the outputs of each product called alone; one after a product on another x rounds x."""
+    d_in = 96 * BLOCK_TYPES[kind].weights // 32
+    x, other = torch.randn(3, d_in), torch.randn(3, d_in) * 5
+    inputs = [x, x, x, other, x]  # a chain of three (q, k, v), then x again after another
+    layers = [block_layer(kind, d_out, d_in, seed + d_out) for d_out in (40, 13, 9, 300, 7)]
+    kind_c = BLOCK_TYPES[kind].kernel
+    alone = [kernels.block_linear(a, layer.blocks, kind_c) for a, layer in zip(inputs, layers)]
+    for threads in (1, 2):
+        monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+        outs = [torch.full_like(a, float("nan")) for a in alone]
+        calls = [
+            kernels.independent(kernels.block_linear_call(a, layer.blocks, kind_c, None, out))
+            for a, layer, out in zip(inputs, layers, outs)
+        ]
+        (program,) = kernels.program(calls)
+        program()
+        for got, want in zip(outs, alone):
+            assert torch.equal(got, want)
+
+
 def test_a_nan_in_the_activation_makes_nan_as_the_float_product_does():
     layer = BlockLinear.from_float(torch.randn(4, 64), "q4_0")
     x = torch.randn(1, 64)

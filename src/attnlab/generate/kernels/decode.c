@@ -774,10 +774,13 @@ static q_share share_of(const uint8_t *w, int64_t d_out, int64_t row_bytes) {
  * of the product that the decode program runs after this one (next_bytes bytes; NULL: none), so that the next
  * product's first rows are on their way while this one ends, the barrier passes and the small ops between run;
  * a prefetch past the share's end would otherwise fetch rows another thread has already read. `prologue` asks
- * for the share's first PREFETCH_AHEAD bytes at once, for a product that no earlier one prefetched for. */
+ * for the share's first PREFETCH_AHEAD bytes at once, for a product that no earlier one prefetched for.
+ * `rounded`: the scratch of the product just before this one, which read the same x (q, k and v; the MLP's two
+ * input products): each thread's rounding of x is already there, in its own part, and is read instead of made
+ * again (NULL: round x here). */
 static void linear_q(const float *x, const uint8_t *w, const float *b, float *y, int8_t *scratch, int64_t rows,
                      int64_t d_in, int64_t d_out, int type, int accumulate, const uint8_t *next, int64_t next_bytes,
-                     int prologue) {
+                     int prologue, int8_t *rounded) {
 #ifdef _OPENMP
   int64_t t = omp_get_thread_num();
 #else
@@ -788,8 +791,9 @@ static void linear_q(const float *x, const uint8_t *w, const float *b, float *y,
   if (prologue)
     for (int64_t off = 0; off < mine_w.bytes && off < PREFETCH_AHEAD; off += 64)
       __builtin_prefetch((const char *)mine_w.start + off, 0, 3);
-  int8_t *mine = scratch + t * rows * per_row;
-  for (int64_t r = 0; r < rows; r++) quantize_row_q8(x + r * d_in, d_in, q8_row_at(mine + r * per_row, d_in));
+  int8_t *mine = (rounded ? rounded : scratch) + t * rows * per_row;
+  if (!rounded)
+    for (int64_t r = 0; r < rows; r++) quantize_row_q8(x + r * d_in, d_in, q8_row_at(mine + r * per_row, d_in));
   for (int64_t g = mine_w.g0; g < mine_w.g1; g++) {
     int64_t o = g * ROWS_AT_ONCE, n = d_out - o < ROWS_AT_ONCE ? d_out - o : ROWS_AT_ONCE;
     /* a last group of fewer than four rows repeats its first row in the missing ones and stores only n sums */
@@ -826,7 +830,7 @@ int64_t attnlab_linear_q_scratch(int64_t rows, int64_t d_in) { return rows * q8_
 void attnlab_linear_q(const float *x, const uint8_t *w, const float *b, float *y, int8_t *scratch, int64_t rows,
                       int64_t d_in, int64_t d_out, int type, int accumulate, int threads) {
 #pragma omp parallel num_threads(threads) if (d_in * d_out > 65536)
-  linear_q(x, w, b, y, scratch, rows, d_in, d_out, type, accumulate, NULL, 0, 1);
+  linear_q(x, w, b, y, scratch, rows, d_in, d_out, type, accumulate, NULL, 0, 1, NULL);
 }
 
 /* out [rows, d_in] = the float32 values of rows of blocks of `type` (attnlab.generate.blocks.dequantize's
@@ -1510,9 +1514,10 @@ static void share(int64_t n, int64_t *lo, int64_t *hi) {
   *hi = *lo + chunk < n ? *lo + chunk : n;
 }
 
-/* run_op's `next`: the block product that the program runs after this op (NULL: none), and whether this op is the
- * program's first block product (linear_q's prologue). */
-static void run_op(const attnlab_op *op, const attnlab_op *next, int first) {
+/* run_op's `next`: the block product that the program runs after this op (NULL: none); `first`: whether this op is
+ * the program's first block product (linear_q's prologue); `rounded`: where this thread's rounding of the op's x
+ * already is (linear_q's; NULL: none). */
+static void run_op(const attnlab_op *op, const attnlab_op *next, int first, int8_t *rounded) {
   int64_t lo, hi;
   switch (op->kind) {
   case OP_LINEAR_F32:
@@ -1568,7 +1573,7 @@ static void run_op(const attnlab_op *op, const attnlab_op *next, int first) {
     }
     linear_q(ARG(0, const float *), ARG(1, const uint8_t *), ARG(2, const float *), ARG(3, float *),
              ARG(4, int8_t *), op->a[5], op->a[6], op->a[7], (int)op->a[8], (int)op->a[9], after.start, after.bytes,
-             first);
+             first, rounded);
     break;
   }
   }
@@ -1577,14 +1582,22 @@ static void run_op(const attnlab_op *op, const attnlab_op *next, int first) {
 void attnlab_run(const attnlab_op *ops, int64_t n, int threads) {
 #pragma omp parallel num_threads(threads)
   {
-    int first = 1; /* no block product yet */
+    int first = 1;           /* no block product yet */
+    int8_t *rounding = NULL; /* the scratch holding the last op's rounding of its x, when it was a block product */
     for (int64_t i = 0; i < n; i++) {
-      const attnlab_op *next = NULL;
-      if (ops[i].kind == OP_LINEAR_Q)
+      const attnlab_op *op = ops + i, *next = NULL;
+      int8_t *rounded = NULL;
+      if (op->kind == OP_LINEAR_Q) {
         for (int64_t j = i + 1; j < n && !next; j++)
           if (ops[j].kind == OP_LINEAR_Q) next = ops + j;
-      run_op(ops + i, next, first && ops[i].kind == OP_LINEAR_Q);
-      first = first && ops[i].kind != OP_LINEAR_Q;
+        /* the block product right before this one read the same rows of x: its rounding of them is read again
+         * (nothing ran in between that could have written x) */
+        if (rounding && op[-1].a[0] == op->a[0] && op[-1].a[5] == op->a[5] && op[-1].a[6] == op->a[6])
+          rounded = rounding;
+      }
+      run_op(op, next, first && op->kind == OP_LINEAR_Q, rounded);
+      first = first && op->kind != OP_LINEAR_Q;
+      rounding = op->kind != OP_LINEAR_Q ? NULL : rounded ? rounded : (int8_t *)(intptr_t)op->a[4];
       if (ops[i].wait) {
 #pragma omp barrier
       }
