@@ -28,6 +28,10 @@ Design choices:
   benchmarks/README.md, issue 14). llama.cpp asks for no huge pages: it reads the weights through a
   plain mmap of the GGUF file or from buffers of posix_memalign, which get whatever pages the
   kernel's transparent-huge-page setting gives.
+- The bound those weights are read at, `read_bandwidth`, is measured by decode.c itself
+  (attnlab_read_pass: every thread its part, the build's widest loads, integer sums, 2 MB pages;
+  the best of a plain and a prefetching pass), not by a torch reduction, which read slower than
+  the float32 decode step streams (benchmarks/README.md, issue 25).
 """
 
 from __future__ import annotations
