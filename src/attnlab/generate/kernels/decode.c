@@ -367,7 +367,7 @@ static inline __m128 sum4_256(__m256 a, __m256 b, __m256 c, __m256 d) {
  * load, which also holds their d (and Q4_1's m); one word permute (vpermw) lays their bytes out as dpbusd reads
  * them, so that one dpbusd, one conversion and one FMA serve 64 weights of a row where the 256-bit loop spends
  * them on 32, and the four rows' scales come out of those loads by three permutes instead of eight scalar loads
- * (benchmarks/README.md, issue 25: the 256-bit loop kept the 4-bit products compute-bound on two threads).
+ * (benchmarks/README.md, issue 25: with the 256-bit loop a product's compute took 77-90 % of its streamed time).
  *   Q4_0 / Q4_1: the 36 / 40 bytes of blocks b and b + 1 are words 0..17 / 0..19 of the load; vpermw gives
  *     [block b's 16 nibble bytes twice | block b + 1's twice], then the upper copy of each is shifted right by 4
  *     (weights 0-15 in the low nibbles, 16-31 in the high), so that the 64 bytes are the two blocks' 4-bit values
