@@ -51,7 +51,9 @@ if what.startswith("decode"):
         rate = decode()
     else:  # as the explorer generates: in a thread of its own
         out = []
-        thread = threading.Thread(target=lambda: out.append(decode())); thread.start(); thread.join()
+        thread = threading.Thread(target=lambda: out.append(decode()))
+        thread.start()
+        thread.join()
         rate = out[0]
 elif what == "linear":
     from attnlab.generate import kernels
@@ -64,7 +66,8 @@ else:
     import attnlab
     from attnlab.model.config import ModelConfig
     torch.manual_seed(0)
-    model = attnlab.Transformer(ModelConfig(n_layers=4, n_heads=4, d_model=128, d_mlp=512, n_ctx=64, d_vocab=65))
+    config = ModelConfig(n_layers=4, n_heads=4, d_model=128, d_mlp=512, n_ctx=64, d_vocab=65)
+    model = attnlab.Transformer(config)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randint(0, 65, (12, 64))
     def step():
@@ -127,9 +130,8 @@ def main() -> int:
         finally:
             if busy is not None:
                 busy.kill()
-    print(
-        f"\n| condition | work | GOMP_SPINCOUNT | rate | vs {args.settings[0]} |\n|---|---|---|---:|---:|"
-    )
+    print(f"\n| condition | work | GOMP_SPINCOUNT | rate | vs {args.settings[0]} |")
+    print("|---|---|---|---:|---:|")
     for condition, what, setting, m, ratio in rows:
         print(f"| {condition} | {what} ({UNITS[what]}) | {setting} | {m:.1f} | {ratio:.2f}x |")
     return 0
