@@ -33,7 +33,8 @@ from hypothesis import strategies as st
 
 import attnlab
 from attnlab.errors import UserError
-from attnlab.generate import kernels
+from attnlab.generate import fast_layers, kernels
+from attnlab.generate import loop as generation
 from attnlab.generate.blocks import (
     BLOCK_TYPES,
     QUANTIZABLE,
@@ -362,6 +363,63 @@ def test_every_build_of_the_prompt_products_stays_with_their_references(
 ):
     monkeypatch.setattr(kernels, "library", lambda: other_build)
     prompt_products_in_this_build(kind)
+
+
+def products_sharing_one_rounding_in_this_build() -> None:
+    """block_linear_rows_many of `kernels.library()` equals block_linear_rows on each matrix, bit for
+    bit: three matrices of different kinds and widths (a tile of 32 features never spans two), rows
+    below and above the few-row threshold and not a multiple of the register tile, biases or none;
+    each within the rounding bound of the float product."""
+    g = torch.Generator().manual_seed(1)
+    for rows, d_in in ((1, 64), (5, 96), (9, 576), (31, 160)):
+        x = torch.randn(rows, d_in, generator=g) * torch.rand(1, d_in, generator=g) * 3
+        layers = [
+            BlockLinear.from_float(torch.randn(d_out, d_in, generator=g), kind, bias)
+            for kind, d_out, bias in (
+                ("q4_0", 33, torch.randn(33, generator=g)),
+                ("q8_0", 7, None),
+                ("q4_1", 70, torch.randn(70, generator=g)),
+            )
+        ]
+        matrices = [(m.blocks, BLOCK_TYPES[m.kind].kernel, m.bias) for m in layers]
+        together = kernels.block_linear_rows_many(x, matrices)
+        for layer, (blocks, kernel, bias), got in zip(layers, matrices, together, strict=True):
+            assert torch.equal(got, kernels.block_linear_rows(x, blocks, kernel, bias))
+            check_product(x, blocks, layer.kind, bias, got, layer.weight)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_products_sharing_one_rounding_equal_each_alone(threads, monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    products_sharing_one_rounding_in_this_build()
+
+
+def test_every_build_of_the_products_sharing_one_rounding_equals_each_alone(
+    other_build, monkeypatch
+):
+    monkeypatch.setattr(kernels, "library", lambda: other_build)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    products_sharing_one_rounding_in_this_build()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_prompt_rounds_each_layer_input_once_for_q_k_v_and_for_gate_up(kind, monkeypatch):
+    """In generation a block model's prompt multiplies W_Q, W_K, W_V in one call, and W_gate, W_in
+    in one, x rounded once each (where this build's 8-bit prompt product is vectorised); the logits
+    equal those of the same products called one by one, bit for bit."""
+    model, _ = block_model(kind)
+    ids = torch.randint(0, LLAMA["d_vocab"], (2, 12))
+    many = kernels.block_linear_rows_many
+    calls = []
+    monkeypatch.setattr(
+        kernels, "block_linear_rows_many", lambda x, m: calls.append(len(m)) or many(x, m)
+    )
+    with torch.no_grad(), fast_linears(model):
+        together = generation.prefill(model, ids, KVCache.for_model(model, 2, 16))
+        monkeypatch.setattr(fast_layers, "shared_rounding", lambda *a: False)
+        alone = generation.prefill(model, ids, KVCache.for_model(model, 2, 16))
+    assert calls == ([3, 2] * LLAMA["n_layers"] if kernels.rows_vectorized()[0] else [])
+    assert torch.equal(together, alone)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -457,6 +457,100 @@ def test_generation_takes_the_prompt_attention_where_it_applies(
     assert len(calls) == (calls_per_layer * model.config.n_layers if vectorised else 0)
 
 
+def prompt_elementwise_kernels_in_this_build() -> None:
+    """rms_norm_rows, silu_mul_rows and rope_rows of `kernels.library()` against the modules'
+    equations, on row counts below and above the few-row threshold and on sizes the threads split
+    (more than 16,384 values), a rotation of every dim and of the first half only (partial RoPE)."""
+    norm = RMSNorm(40, 1e-5)
+    with torch.no_grad():
+        norm.weight.normal_()
+    for shape in [(1, 3, 40), (2, 13, 40), (2, 300, 40)]:
+        x = torch.randn(shape) * 3
+        with torch.no_grad():
+            torch.testing.assert_close(kernels.rms_norm_rows(x, norm.weight, 1e-5), norm(x), **F32)
+        gate, up = torch.randn(shape) * 4, torch.randn(shape)
+        expected = F.silu(gate) * up
+        assert kernels.silu_mul_rows(gate, up) is gate
+        torch.testing.assert_close(gate, expected, **F32)
+    for B, T, H, D, rotary_dim in [(1, 3, 2, 8, 8), (2, 13, 3, 10, 10), (2, 300, 4, 32, 16)]:
+        x = torch.randn(B, T, H, D)
+        cos, sin = Rotary(rotary_dim, 10_000.0)(torch.arange(T).expand(B, T), torch.float32)
+        before = x.clone()
+        torch.testing.assert_close(kernels.rope_rows(x, cos, sin), apply_rope(x, cos, sin), **F32)
+        assert torch.equal(x, before)  # out of place
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_prompt_elementwise_kernels_equal_the_modules(threads, monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    prompt_elementwise_kernels_in_this_build()
+
+
+def test_every_build_of_the_prompt_elementwise_kernels_equals_the_modules(
+    portable_library, monkeypatch
+):
+    monkeypatch.setattr(kernels, "library", lambda: portable_library)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    prompt_elementwise_kernels_in_this_build()
+
+
+def counting(monkeypatch, *names: str) -> dict[str, int]:
+    """Count the calls of each kernels.<name> from here on."""
+    calls = dict.fromkeys(names, 0)
+    for name in names:
+        function = getattr(kernels, name)
+
+        def counted(*args, _name=name, _function=function, **kwargs):
+            calls[_name] += 1
+            return _function(*args, **kwargs)
+
+        monkeypatch.setattr(kernels, name, counted)
+    return calls
+
+
+ELEMENTWISE = ("rms_norm_rows", "rope_rows", "silu_mul_rows")
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "qwen-qk-norm-partial-rope", "gpt2"])
+def test_generation_runs_a_prompts_norms_rope_and_swiglu_in_c(name, monkeypatch):
+    """A prompt's RMSNorms (both of every block; the final norm sees the last position only), its
+    RoPE (q and k of every block) and SwiGLU's product (every block) run in C, and the prefill's
+    logits stay with the module path's; a model without them (GPT-2) calls none."""
+    model = build(CONFIGS[name])
+    ids = torch.randint(0, BASE["d_vocab"], (2, 11))
+    calls = counting(monkeypatch, *ELEMENTWISE)
+    with torch.no_grad(), fast_linears(model):
+        logits = generation.prefill(model, ids, KVCache.for_model(model, 2, 16))
+    torch.testing.assert_close(logits, model(ids)[:, -1], rtol=1e-4, atol=1e-4)
+    cfg, layers = model.config, model.config.n_layers
+    norms = (2 + 2 * cfg.qk_norm) * layers if cfg.norm == "rmsnorm" else 0  # q_norm, k_norm too
+    assert calls == {
+        "rms_norm_rows": norms,
+        "rope_rows": 2 * layers if cfg.positional == "rope" else 0,
+        "silu_mul_rows": layers if cfg.mlp == "swiglu" else 0,
+    }
+
+
+def test_a_prompts_c_elementwise_kernels_step_aside_for_a_hook(monkeypatch):
+    """A hook that reads or replaces what a C kernel would compute or overwrite (the MLP's
+    pre-activation, a norm's scale) gets the module path in that block: the hook runs and its edit
+    counts, and the other block keeps the kernels."""
+    model = build(CONFIGS["llama-gqa"])
+    ids = torch.randint(0, BASE["d_vocab"], (2, 11))
+    seen = []
+    model.blocks[0].mlp.hook_pre.add_hook(lambda t, hook: seen.append(t.clone()) or t * 2)
+    model.blocks[1].ln1.hook_scale.add_hook(lambda t, hook: t * 3)
+    with torch.no_grad():
+        expected = model(ids)[:, -1]
+    seen.clear()
+    calls = counting(monkeypatch, *ELEMENTWISE)
+    with torch.no_grad(), fast_linears(model):
+        logits = generation.prefill(model, ids, KVCache.for_model(model, 2, 16))
+    torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
+    assert len(seen) == 1 and seen[0].shape == (2, 11, BASE["d_mlp"])
+    assert calls == {"rms_norm_rows": 2 * 2 - 1, "rope_rows": 4, "silu_mul_rows": 1}
+
+
 # two: the step program's threads share every product and wait
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("name", list(CONFIGS))

@@ -28,7 +28,7 @@ from torch import nn
 
 from ..errors import UserError
 from ..model.attention import Attention
-from ..model.layers import Linear
+from ..model.layers import MLP, Linear, RMSNorm
 from . import kernels
 from .blocks import BLOCK, BLOCK_TYPES, QUANTIZABLE, BlockLinear
 
@@ -110,11 +110,107 @@ class KernelBlockLinear(BlockLinear):
         return F.linear(x, kernels.dequantize(self.blocks, kind, self.in_features), self.bias)
 
 
+def prompt_rows(x: torch.Tensor, *modules: nn.Module) -> bool:
+    """A prompt's activations (more than MATVEC_MAX_ROWS rows, eager, float32, where the C kernels
+    run) for modules that no torch hook watches: the prompt kernels that replace several PyTorch
+    calls at once (one rounding of x for q, k, v; RoPE, RMSNorm, SwiGLU in C) may skip no hook."""
+    return (
+        not torch.compiler.is_compiling()
+        and x.dtype == torch.float32
+        and not few_rows(x)
+        and kernels.usable(x)
+        and not any(m._forward_hooks or m._forward_pre_hooks for m in modules)
+    )
+
+
+def shared_rounding(x: torch.Tensor, *linears: nn.Module) -> bool:
+    """Whether `linears` (taking x) may multiply a prompt with one 8-bit rounding of x
+    (kernels.block_linear_rows_many): all blocks of PROMPT_KINDS, in generation's fast layers, on a
+    build whose 8-bit prompt product is vectorised."""
+    return (
+        all(
+            type(m) is KernelBlockLinear and m.kind in PROMPT_KINDS and m.in_features == x.shape[-1]
+            for m in linears
+        )
+        and prompt_rows(x, *linears)
+        and kernels.usable(*(m.blocks for m in linears))
+        and kernels.rows_vectorized()[0]
+    )
+
+
+def multiply_sharing_rounding(x: torch.Tensor, *linears: KernelBlockLinear) -> list[torch.Tensor]:
+    """[m(x) for m in linears] as the tiled 8-bit GEMM computes each, x rounded once."""
+    return kernels.block_linear_rows_many(
+        x, [(m.blocks, BLOCK_TYPES[m.kind].kernel, m.bias) for m in linears]
+    )
+
+
+class KernelRMSNorm(RMSNorm):
+    """RMSNorm with generation's fast path for a prompt whose norm no hook reads: decode.c's RMSNorm
+    (the decode step's), the rows shared by the threads; everything else as RMSNorm."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (
+            prompt_rows(x, self.hook_scale, self.hook_normalized)
+            and self.weight.dtype == torch.float32
+            and x.shape[-1] == self.weight.shape[0]
+            and kernels.usable(self.weight)
+        ):
+            return kernels.rms_norm_rows(x, self.weight, self.eps)
+        return super().forward(x)
+
+
+class KernelMLP(MLP):
+    """MLP with generation's fast path for a SwiGLU prompt that no hook reads inside: the gate and up
+    products share one rounding of x where both are blocks (`shared_rounding`), and
+    silu(gate) · up runs in C (decode.c's, the decode step's); everything else as MLP."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not (
+            self.gated
+            and self.act is F.silu
+            # silu(gate) · up is written over gate: no hook may hold it
+            and prompt_rows(x, self.hook_pre, self.hook_post, self.W_gate, self.W_in)
+        ):
+            return super().forward(x)
+        if shared_rounding(x, self.W_gate, self.W_in):
+            gate, up = multiply_sharing_rounding(x, self.W_gate, self.W_in)
+        else:
+            gate, up = self.W_gate(x), self.W_in(x)
+        if not (gate.is_contiguous() and up.is_contiguous() and gate.dtype == torch.float32):
+            return self.W_out(F.silu(gate) * up)
+        return self.W_out(kernels.silu_mul_rows(gate, up))
+
+
 class KernelAttention(Attention):
-    """Attention with generation's fast path for a prompt (eager, float32, on a CPU whose build of
-    the kernels has AVX-512): causal attention over the whole prompt from position 0, without mask
-    or dropout, and without a window or with one no shorter than the prompt, in C (decode.c,
-    attnlab_attend_rows); everything else as Attention."""
+    """Attention with generation's fast paths for a prompt (eager, float32, on a CPU): W_Q, W_K and
+    W_V of blocks share one rounding of x (`shared_rounding`); RoPE in C (decode.c's rotation, the
+    decode step's) where no hook reads the rotation; and, where this build of the kernels has
+    AVX-512, causal attention over the whole prompt from position 0, without mask or dropout, and
+    without a window or with one no shorter than the prompt, in C (decode.c, attnlab_attend_rows);
+    everything else as Attention."""
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if shared_rounding(x, self.W_Q, self.W_K, self.W_V):
+            q, k, v = multiply_sharing_rounding(x, self.W_Q, self.W_K, self.W_V)
+            return q, k, v
+        return super().project(x)
+
+    def rotate(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
+        cos, sin = rope
+        if (
+            prompt_rows(x)
+            and x.dim() == 4
+            and cos.shape == sin.shape == (*x.shape[:2], 1, cos.shape[-1])
+            and cos.dtype == sin.dtype == torch.float32
+            and cos.shape[-1] % 2 == 0
+            and cos.shape[-1] <= x.shape[-1]
+            and kernels.usable(cos, sin)
+        ):
+            return kernels.rope_rows(x, cos, sin)
+        return super().rotate(x, rope)
 
     def attend(self, q, k, v, *, mask, dropout_p, window):
         cfg = self.config
@@ -138,9 +234,15 @@ class KernelAttention(Attention):
 @contextlib.contextmanager
 def fast_linears(model: nn.Module) -> Iterator[nn.Module]:
     """Within the block, the model's Linear modules are KernelLinear, its BlockLinear modules
-    KernelBlockLinear and its Attention modules KernelAttention (class swapped in place, then
-    back)."""
-    fast = {Linear: KernelLinear, BlockLinear: KernelBlockLinear, Attention: KernelAttention}
+    KernelBlockLinear, its Attention modules KernelAttention, its RMSNorm modules KernelRMSNorm and
+    its MLP modules KernelMLP (class swapped in place, then back)."""
+    fast = {
+        Linear: KernelLinear,
+        BlockLinear: KernelBlockLinear,
+        Attention: KernelAttention,
+        RMSNorm: KernelRMSNorm,
+        MLP: KernelMLP,
+    }
     swapped = [(m, type(m)) for m in model.modules() if type(m) in fast]
     for module, cls in swapped:
         module.__class__ = fast[cls]

@@ -378,6 +378,17 @@ class Attention(nn.Module):
         computes."""
         return self.hook_attn_scores.has_hooks or self.hook_pattern.has_hooks
 
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """W_Q x, W_K x, W_V x [batch, pos, heads · d_head]. Generation's fast layers multiply a
+        prompt's three with one rounding of x (attnlab.generate.fast_layers.KernelAttention)."""
+        return self.W_Q(x), self.W_K(x), self.W_V(x)
+
+    def rotate(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
+        """RoPE of x [batch, pos, head, d_head] by rope's (cos, sin) (a new tensor)."""
+        return apply_rope(x, *rope)
+
     def attend(
         self,
         q: torch.Tensor,
@@ -415,14 +426,15 @@ class Attention(nn.Module):
         cfg = self.config
         B, T, _ = x.shape  # batch, query positions, d_model
         H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
-        q = self.hook_q(self.W_Q(x).view(B, T, H, D))
-        k = self.hook_k(self.W_K(x).view(B, T, Hkv, D))
-        v = self.hook_v(self.W_V(x).view(B, T, Hkv, D))
+        q, k, v = self.project(x)
+        q = self.hook_q(q.view(B, T, H, D))
+        k = self.hook_k(k.view(B, T, Hkv, D))
+        v = self.hook_v(v.view(B, T, Hkv, D))
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
-            q = self.hook_rot_q(apply_rope(q, *rope))
-            k = self.hook_rot_k(apply_rope(k, *rope))
+            q = self.hook_rot_q(self.rotate(q, rope))
+            k = self.hook_rot_k(self.rotate(k, rope))
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, T, D]
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer, start_pos, k, v)  # [B, Hkv, S, D], S = start_pos + T

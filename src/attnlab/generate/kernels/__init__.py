@@ -140,7 +140,18 @@ LINEAR_ROWS = [
     ("attnlab_linear_q_rows", [_ptr] * 5 + [_i64] * 3 + [_int, _int]),
     ("attnlab_linear_f_rows", [_ptr] * 5 + [_i64] * 3 + [_int, _int]),
 ]
+# several block matrices times the same x, rounded once (x, n, weights[], biases[], ys[], d_outs[],
+# block types[] int32, scratch, rows, d_in, threads): a layer's q, k, v, or its gate and up
+LINEAR_Q_ROWS_MANY = ("attnlab_linear_q_rows_many", [_ptr, _i64] + [_ptr] * 6 + [_i64, _i64, _int])
 ROWS_SCRATCH = ("attnlab_linear_rows_scratch", [_i64, _i64, _int])  # bytes for rows, d_in, threads
+# a prompt's elementwise kernels, rows shared by the threads: RMSNorm (x, w, out, rows, d, eps,
+# threads), SwiGLU's product in place (gate, up, n, threads), RoPE out of place (x, out, cos, sin,
+# rows, heads, d_head, rotary_dim, threads)
+ELEMENTWISE_ROWS = [
+    ("attnlab_rms_norm_rows", [_ptr] * 3 + [_i64, _i64, _float, _int]),
+    ("attnlab_silu_mul_rows", [_ptr, _ptr, _i64, _int]),
+    ("attnlab_rope_rows", [_ptr] * 4 + [_i64] * 4 + [_int]),
+]
 # a prompt's causal attention from position 0 (q, k, v, out, scratch, batch, T, heads, kv_heads,
 # d_head, scale, threads), and its scratch bytes (batch, T, kv_heads, d_head, threads)
 ATTEND_ROWS = ("attnlab_attend_rows", [_ptr] * 5 + [_i64] * 5 + [_float, _int])
@@ -450,7 +461,15 @@ def library() -> ctypes.CDLL | None:
 def load(path: Path) -> ctypes.CDLL:
     """The kernels of the shared library at `path`, their argument types declared."""
     lib = ctypes.CDLL(str(path))
-    for name, argtypes in [*KERNELS.values(), RUN, DEQUANTIZE, *LINEAR_ROWS, ATTEND_ROWS]:
+    for name, argtypes in [
+        *KERNELS.values(),
+        RUN,
+        DEQUANTIZE,
+        *LINEAR_ROWS,
+        LINEAR_Q_ROWS_MANY,
+        ATTEND_ROWS,
+        *ELEMENTWISE_ROWS,
+    ]:
         getattr(lib, name).argtypes = argtypes
         getattr(lib, name).restype = None
     for (name, argtypes), restype in (
@@ -745,6 +764,87 @@ def block_linear_rows(
     assert tuple(blocks.shape) == (blocks.shape[0], t.row_bytes(d_in))
     name = {"8-bit": LINEAR_ROWS[0][0], "float32": LINEAR_ROWS[1][0]}[activations]
     return _rows_product(name, x, blocks, int(BlockKind(kind)), bias)
+
+
+def block_linear_rows_many(
+    x: torch.Tensor, matrices: list[tuple[torch.Tensor, BlockKind, torch.Tensor | None]]
+) -> list[torch.Tensor]:
+    """[x W_iᵀ + b_i] for each (blocks, kind, bias) of `matrices` (W_i (d_out_i, d_in) in blocks of
+    a kind in ROWS_KINDS), x (..., d_in) rounded to 8 bits once for all of them: a layer's q, k and
+    v, or its gate and up (decode.c, attnlab_linear_q_rows_many; each product is
+    `block_linear_rows`'s, bit for bit). Returns new tensors (..., d_out_i). Callers check
+    `usable`."""
+    x = x.contiguous()
+    rows, d_in = x.numel() // x.shape[-1], x.shape[-1]
+    assert x.dtype == torch.float32
+    outs = []
+    for blocks, kind, bias in matrices:
+        t = _block_type(kind)
+        assert BlockKind(kind) in ROWS_KINDS and d_in % t.weights == 0
+        assert blocks.dtype == torch.uint8 and blocks.is_contiguous()
+        assert tuple(blocks.shape) == (blocks.shape[0], t.row_bytes(d_in))
+        assert bias is None or (bias.is_contiguous() and bias.dtype == torch.float32)
+        outs.append(torch.empty(*x.shape[:-1], blocks.shape[0]))
+    n, lib, threads = len(matrices), library(), torch.get_num_threads()
+    scratch = torch.empty(getattr(lib, ROWS_SCRATCH[0])(rows, d_in, threads) + 64, dtype=torch.int8)
+    scratch = scratch[-scratch.data_ptr() % 64 :]  # 64-byte aligned
+    addresses = lambda ts: (ctypes.c_void_p * n)(*(t.data_ptr() if t is not None else None for t in ts))  # noqa: E731
+    getattr(lib, LINEAR_Q_ROWS_MANY[0])(
+        x.data_ptr(),
+        n,
+        addresses([m[0] for m in matrices]),
+        addresses([m[2] for m in matrices]),
+        addresses(outs),
+        (ctypes.c_int64 * n)(*(m[0].shape[0] for m in matrices)),
+        (ctypes.c_int32 * n)(*(int(BlockKind(m[1])) for m in matrices)),
+        scratch.data_ptr(),
+        rows,
+        d_in,
+        threads,
+    )
+    return outs
+
+
+def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of every row of x (..., d) float32, the rows shared by the threads (decode.c,
+    attnlab_rms_norm_rows: the decode step's RMSNorm). Returns a new tensor."""
+    x = x.contiguous()
+    assert x.dtype == weight.dtype == torch.float32 and weight.is_contiguous()
+    out = torch.empty_like(x)
+    d = x.shape[-1]
+    getattr(library(), ELEMENTWISE_ROWS[0][0])(
+        x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // d, d, eps,
+        torch.get_num_threads(),
+    )  # fmt: skip
+    return out
+
+
+def silu_mul_rows(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """gate = silu(gate) · up in place (SwiGLU's product; gate and up contiguous float32 of the same
+    shape, the values shared by the threads: decode.c, attnlab_silu_mul_rows). Returns gate."""
+    assert gate.is_contiguous() and up.is_contiguous() and gate.shape == up.shape
+    assert gate.dtype == up.dtype == torch.float32
+    getattr(library(), ELEMENTWISE_ROWS[1][0])(
+        gate.data_ptr(), up.data_ptr(), gate.numel(), torch.get_num_threads()
+    )
+    return gate
+
+
+def rope_rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE of x [batch, pos, head, d_head] by cos, sin [batch, pos, 1, rotary_dim] (each position's
+    angles, as attnlab.model.positions.Rotary gives them), out of place, the rows shared by the
+    threads (decode.c, attnlab_rope_rows: the decode step's rotation). Returns a new tensor."""
+    B, T, H, D = x.shape
+    rotary_dim = cos.shape[-1]
+    assert cos.shape == sin.shape == (B, T, 1, rotary_dim) and rotary_dim <= D
+    assert x.dtype == cos.dtype == sin.dtype == torch.float32
+    x, cos, sin = x.contiguous(), cos.contiguous(), sin.contiguous()
+    out = torch.empty_like(x)
+    getattr(library(), ELEMENTWISE_ROWS[2][0])(
+        x.data_ptr(), out.data_ptr(), cos.data_ptr(), sin.data_ptr(), B * T, H, D, rotary_dim,
+        torch.get_num_threads(),
+    )  # fmt: skip
+    return out
 
 
 def linear_rows(

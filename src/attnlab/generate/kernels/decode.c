@@ -884,16 +884,31 @@ void attnlab_dequantize(const uint8_t *w, float *out, int64_t rows, int64_t d_in
  *   d dx (and Q4_1's m dx sum q, as attnlab_linear_q does).
  * - attnlab_linear_f_rows, float32 weights (a float model's, or blocks dequantized a tile at a time) times float32
  *   x: the product a float model's prompt computes, with its own summation order.
- * Without AVX-512 VNNI the 8-bit product is a plain loop (for the tests of other builds; callers then take the
- * float one, written with GCC's vector types, which compile to whatever vectors the target has). */
+ * The 8-bit product has three forms, fixed by the build: AVX-512 VNNI (x as unsigned bytes q + 128, weights signed,
+ * the +128 taken out by the tile's corr), AVX2 (maddubs + madd: unsigned times signed bytes into 16 bits, where
+ * q + 128 times a weight would saturate, so x stays signed and the weights are the unsigned ones: Q4_0/Q4_1's
+ * nibbles n, Q4_0's -8 added back as -8 sum q per block of x; Q8_0's signed weights take the sign trick, |w| times
+ * x with w's sign, as the decode step's), and a plain loop with AVX2's layout anywhere else (for the tests). The
+ * float32 one is written with GCC's vector types, which compile to whatever vectors the target has; generation takes
+ * it on AVX-512 builds only. */
 #define TILE_N 32      /* output features per packed tile: two vectors of 16 */
-#define TILE_ROWS_Q 6  /* rows of x per register tile, 8-bit products: 12 integer and 12 float sums */
-#define TILE_ROWS_F 12 /* rows per register tile, float32 products: 24 sums */
+#if AVX512
+#define TILE_ROWS_F 12 /* rows per register tile, float32 products: 24 sums of 16 floats */
+#else
+#define TILE_ROWS_F 3 /* 12 sums of 8 floats */
+#endif
 
 #if AVX512 && defined(__AVX512VNNI__)
 #define ROWS_VNNI 1
+#define TILE_ROWS_Q 6 /* rows of x per register tile, 8-bit products: 12 integer and 12 float sums */
 #else
 #define ROWS_VNNI 0
+#define TILE_ROWS_Q 4 /* AVX2: 4 rows x 16 features, 8 integer sums, the float sums in the core's cache */
+#endif
+#if defined(__AVX2__) && !ROWS_VNNI
+#define ROWS_AVX2 1
+#else
+#define ROWS_AVX2 0
 #endif
 
 static int64_t this_thread(void) {
@@ -904,8 +919,90 @@ static int64_t this_thread(void) {
 #endif
 }
 
-/* One tile of TILE_N features, 8-bit: w [blocks][8 groups][TILE_N][4], then d, m [blocks][TILE_N] float and corr
- * [blocks][TILE_N] int32 (-128 sum w). */
+/* A row of x rounded for the prompt products (quantize_row_q8's numbers): q [d_in] bytes (q + 128 as unsigned bytes
+ * for VNNI, q signed otherwise), dx [blocks], sx [blocks] (dx sum q) and qs [blocks] (sum q, int32). */
+typedef struct {
+  uint8_t *q;
+  float *dx, *sx;
+  int32_t *qs;
+} x_row;
+
+static int64_t x_row_bytes(int64_t d_in) { return align64(d_in) + 3 * align64(4 * (d_in / QK)); }
+
+static x_row x_row_at(int8_t *base, int64_t d_in) {
+  int64_t nb = d_in / QK;
+  x_row r;
+  r.q = (uint8_t *)base;
+  r.dx = (float *)(base + align64(d_in));
+  r.sx = (float *)(base + align64(d_in) + align64(4 * nb));
+  r.qs = (int32_t *)(base + align64(d_in) + 2 * align64(4 * nb));
+  return r;
+}
+
+/* One block of 32 values of x rounded as quantize_row_q8 rounds it (the same float operations, so the same q):
+ * dx = max|x| / 127 (NaN for a block holding a NaN or an infinity), q = round-to-even(x / dx) via the reciprocal. */
+static inline void round_block(const float *xb, uint8_t *q, float *dx, float *sx, int32_t *qs) {
+#if AVX512
+  __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
+  float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+  __m512 z0 = _mm512_mul_ps(v0, _mm512_setzero_ps()), z1 = _mm512_mul_ps(v1, _mm512_setzero_ps());
+  int bad = _mm512_cmp_ps_mask(z0, z1, _CMP_UNORD_Q) != 0; /* NaN when a value is NaN or infinite */
+  float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+  if (bad) d = NAN, id = 0.0f;
+  __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(id))); /* the rounding mode: to even */
+  __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)));
+  int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+  __m128i b0 = _mm512_cvtepi32_epi8(q0), b1 = _mm512_cvtepi32_epi8(q1); /* |q| <= 127 */
+  if (ROWS_VNNI) b0 = _mm_xor_si128(b0, _mm_set1_epi8((char)0x80)), b1 = _mm_xor_si128(b1, _mm_set1_epi8((char)0x80));
+  _mm_storeu_si128((__m128i *)q, b0);
+  _mm_storeu_si128((__m128i *)(q + 16), b1);
+#elif defined(__AVX2__)
+  __m256 v[4], top = _mm256_setzero_ps(), probe = _mm256_setzero_ps();
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int i = 0; i < 4; i++) {
+    v[i] = _mm256_loadu_ps(xb + 8 * i);
+    top = _mm256_max_ps(top, _mm256_andnot_ps(sign, v[i]));
+    probe = _mm256_add_ps(probe, _mm256_mul_ps(v[i], _mm256_setzero_ps()));
+  }
+  __m128 t4 = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+  t4 = _mm_max_ps(t4, _mm_movehl_ps(t4, t4));
+  t4 = _mm_max_ss(t4, _mm_movehdup_ps(t4));
+  float amax = _mm_cvtss_f32(t4);
+  int bad = _mm256_movemask_ps(_mm256_cmp_ps(probe, probe, _CMP_UNORD_Q)) != 0;
+  float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+  if (bad) d = NAN, id = 0.0f;
+  __m256i qi[4];
+  for (int i = 0; i < 4; i++) qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(id)));
+  __m256i s = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
+  __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+  int32_t sum = _mm_cvtsi128_si32(s4);
+  /* packs interleave the 128-bit lanes; one permute puts the 32 bytes back in order */
+  __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+  _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+#else
+  float amax = 0.0f, probe = 0.0f;
+  for (int j = 0; j < QK; j++) {
+    float a = fabsf(xb[j]);
+    amax = a > amax ? a : amax;
+    probe += xb[j] * 0.0f;
+  }
+  float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+  if (probe != 0.0f) d = NAN, id = 0.0f;
+  int32_t sum = 0;
+  for (int j = 0; j < QK; j++) {
+    int32_t n = (int32_t)nearbyintf(xb[j] * id);
+    q[j] = (uint8_t)(int8_t)n;
+    sum += n;
+  }
+#endif
+  *dx = d, *sx = d * (float)sum, *qs = sum;
+}
+
+/* One tile of TILE_N features, 8-bit: w [blocks][8 groups][TILE_N][4] (four consecutive weights of a feature per
+ * dword, as dpbusd and maddubs + madd read them), then d, m [blocks][TILE_N] float and corr [blocks][TILE_N] int32
+ * (VNNI: -128 sum w). */
 typedef struct {
   int8_t *w;
   float *d, *m;
@@ -923,8 +1020,9 @@ static q_tile q_tile_at(int8_t *base, int64_t nb) {
   return t;
 }
 
-/* block b of a row of `type` as 32 signed bytes in weight order (Q8_0's q, Q4_0's n - 8, Q4_1's n), its d and m */
-static inline void block_values(const uint8_t *p, int type, int8_t *v, float *d, float *m) {
+/* block b of a row of `type` as 32 bytes in weight order (Q8_0's q; Q4_0's n - 8, or n when `nibbles`, as the
+ * non-VNNI tiles hold them; Q4_1's n), its d and m */
+static inline void block_values(const uint8_t *p, int type, int nibbles, int8_t *v, float *d, float *m) {
   *d = half_to_float(p);
   *m = type == BLOCK_Q4_1 ? half_to_float(p + 2) : 0.0f;
   if (type == BLOCK_Q8_0) {
@@ -932,7 +1030,7 @@ static inline void block_values(const uint8_t *p, int type, int8_t *v, float *d,
     return;
   }
   const uint8_t *n = p + (type == BLOCK_Q4_1 ? 4 : 2);
-  int offset = type == BLOCK_Q4_0 ? 8 : 0;
+  int offset = type == BLOCK_Q4_0 && !nibbles ? 8 : 0;
   for (int j = 0; j < QK / 2; j++) {
     v[j] = (int8_t)((n[j] & 15) - offset);
     v[j + QK / 2] = (int8_t)((n[j] >> 4) - offset);
@@ -987,28 +1085,97 @@ static void pack_q_tile(const uint8_t *w, int type, int64_t o0, int64_t n, int64
   }
   return;
 #endif
+  /* one feature at a time: its block's 32 values, then each group of four stored as one dword at its place */
   for (int64_t j = 0; j < TILE_N; j++)
     for (int64_t b = 0; b < nb; b++) {
       int8_t v[QK];
       float d = 0.0f, m = 0.0f;
       if (j < n)
-        block_values(w + (o0 + j) * nb * bytes + b * bytes, type, v, &d, &m);
+        block_values(w + (o0 + j) * nb * bytes + b * bytes, type, !ROWS_VNNI, v, &d, &m);
       else
         memset(v, 0, QK);
       int32_t sum = 0;
-      for (int g = 0; g < QK / 4; g++)
-        for (int i = 0; i < 4; i++) {
-          t.w[((b * (QK / 4) + g) * TILE_N + j) * 4 + i] = v[4 * g + i];
-          sum += v[4 * g + i];
-        }
+      for (int g = 0; g < QK / 4; g++) memcpy(t.w + ((b * (QK / 4) + g) * TILE_N + j) * 4, v + 4 * g, 4);
+      for (int i = 0; i < QK; i++) sum += v[i];
       t.d[b * TILE_N + j] = d, t.m[b * TILE_N + j] = m, t.corr[b * TILE_N + j] = -128 * sum;
     }
 }
 
-/* out[r][j] = sum over blocks of (d_j dx_r isum + m_j sx_r), isum the integer product of row r's block (unsigned
- * bytes xq[r], scales dx[r], dx sum q sx[r]) with feature j's, for r < TILE_ROWS_Q, j < TILE_N */
-static void q_tile_rows(q_tile t, int64_t nb, int type, const uint8_t *const *xq, const float *const *dx,
-                        const float *const *sx, float *out) {
+#if ROWS_AVX2
+/* q_tile_rows on AVX2, one copy per block type (the type a constant: no branch in the loops). Per half of the tile
+ * (16 features, two vectors) and block: 4 rows x 2 integer sums in registers, each group's weights loaded once and
+ * used by the four rows, the float sums kept in `out` (in L1). The loop over groups is not unrolled: unrolled, the
+ * compiler loaded a block's weights ahead into more registers than there are and spilled them. */
+static inline __attribute__((always_inline)) void q_tile_rows_avx2(q_tile t, int64_t nb, const int type,
+                                                                   const x_row *xr, float *out) {
+  for (int i = 0; i < TILE_ROWS_Q * TILE_N; i++) out[i] = 0.0f;
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int half = 0; half < 2; half++)
+    for (int64_t b = 0; b < nb; b++) {
+      const __m256i *wv = (const __m256i *)(t.w + b * TILE_N * QK) + 2 * half;
+      const uint8_t *xq[TILE_ROWS_Q];
+      for (int r = 0; r < TILE_ROWS_Q; r++) xq[r] = xr[r].q + b * QK;
+      __m256i s[TILE_ROWS_Q][2];
+      if (type == BLOCK_Q8_0) { /* |w| times x with w's sign: pairs up to 2 x 128 x 127, into 32 bits each time */
+        for (int r = 0; r < TILE_ROWS_Q; r++) s[r][0] = s[r][1] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+        for (int g = 0; g < QK / 4; g++) {
+          __m256i w0 = _mm256_load_si256(wv + 4 * g), w1 = _mm256_load_si256(wv + 4 * g + 1);
+          __m256i a0 = _mm256_sign_epi8(w0, w0), a1 = _mm256_sign_epi8(w1, w1);
+#pragma GCC unroll 4
+          for (int r = 0; r < TILE_ROWS_Q; r++) {
+            int32_t four;
+            memcpy(&four, xq[r] + 4 * g, 4);
+            __m256i xb = _mm256_set1_epi32(four);
+            __m256i x0 = _mm256_sign_epi8(xb, w0), x1 = _mm256_sign_epi8(xb, w1);
+            s[r][0] = _mm256_add_epi32(s[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(a0, x0), ones));
+            s[r][1] = _mm256_add_epi32(s[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(a1, x1), ones));
+          }
+        }
+      } else { /* nibbles: a pair is at most 2 x 15 x 127, the block's eight at most 30,480: 16-bit sums, widened
+                  once per block */
+        __m256i h[TILE_ROWS_Q][2];
+        for (int r = 0; r < TILE_ROWS_Q; r++) h[r][0] = h[r][1] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+        for (int g = 0; g < QK / 4; g++) {
+          __m256i w0 = _mm256_load_si256(wv + 4 * g), w1 = _mm256_load_si256(wv + 4 * g + 1);
+#pragma GCC unroll 4
+          for (int r = 0; r < TILE_ROWS_Q; r++) {
+            int32_t four;
+            memcpy(&four, xq[r] + 4 * g, 4);
+            __m256i xb = _mm256_set1_epi32(four);
+            h[r][0] = _mm256_add_epi16(h[r][0], _mm256_maddubs_epi16(w0, xb));
+            h[r][1] = _mm256_add_epi16(h[r][1], _mm256_maddubs_epi16(w1, xb));
+          }
+        }
+        for (int r = 0; r < TILE_ROWS_Q; r++) { /* Q4_0: -8 sum q, the nibbles' offset */
+          __m256i start = _mm256_set1_epi32(type == BLOCK_Q4_0 ? -8 * xr[r].qs[b] : 0);
+          s[r][0] = _mm256_add_epi32(start, _mm256_madd_epi16(h[r][0], ones));
+          s[r][1] = _mm256_add_epi32(start, _mm256_madd_epi16(h[r][1], ones));
+        }
+      }
+      const float *d = t.d + b * TILE_N + 16 * half, *m = t.m + b * TILE_N + 16 * half;
+      __m256 d0 = _mm256_loadu_ps(d), d1 = _mm256_loadu_ps(d + 8);
+      for (int r = 0; r < TILE_ROWS_Q; r++) {
+        float *o = out + r * TILE_N + 16 * half;
+        __m256 scale = _mm256_set1_ps(xr[r].dx[b]);
+        __m256 f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r][0]), _mm256_mul_ps(d0, scale), _mm256_loadu_ps(o));
+        __m256 f1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r][1]), _mm256_mul_ps(d1, scale), _mm256_loadu_ps(o + 8));
+        if (type == BLOCK_Q4_1) {
+          __m256 sum = _mm256_set1_ps(xr[r].sx[b]);
+          f0 = _mm256_fmadd_ps(_mm256_loadu_ps(m), sum, f0);
+          f1 = _mm256_fmadd_ps(_mm256_loadu_ps(m + 8), sum, f1);
+        }
+        _mm256_storeu_ps(o, f0);
+        _mm256_storeu_ps(o + 8, f1);
+      }
+    }
+}
+#endif
+
+/* out[r][j] = sum over blocks of (d_j dx_r isum + m_j sx_r), isum the integer product of row r's block with
+ * feature j's, for r < TILE_ROWS_Q, j < TILE_N */
+static void q_tile_rows(q_tile t, int64_t nb, int type, const x_row *xr, float *out) {
 #if ROWS_VNNI
   __m512 f[TILE_ROWS_Q][2];
 #pragma GCC unroll 8
@@ -1025,7 +1192,7 @@ static void q_tile_rows(q_tile t, int64_t nb, int type, const uint8_t *const *xq
 #pragma GCC unroll 8
       for (int r = 0; r < TILE_ROWS_Q; r++) {
         int32_t four;
-        memcpy(&four, xq[r] + b * QK + 4 * g, 4);
+        memcpy(&four, xr[r].q + b * QK + 4 * g, 4);
         __m512i xb = _mm512_set1_epi32(four);
         s[r][0] = _mm512_dpbusd_epi32(s[r][0], xb, w0);
         s[r][1] = _mm512_dpbusd_epi32(s[r][1], xb, w1);
@@ -1034,7 +1201,7 @@ static void q_tile_rows(q_tile t, int64_t nb, int type, const uint8_t *const *xq
     __m512 d0 = _mm512_loadu_ps(t.d + b * TILE_N), d1 = _mm512_loadu_ps(t.d + b * TILE_N + 16);
 #pragma GCC unroll 8
     for (int r = 0; r < TILE_ROWS_Q; r++) {
-      __m512 scale = _mm512_set1_ps(dx[r][b]);
+      __m512 scale = _mm512_set1_ps(xr[r].dx[b]);
       f[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r][0]), _mm512_mul_ps(d0, scale), f[r][0]);
       f[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r][1]), _mm512_mul_ps(d1, scale), f[r][1]);
     }
@@ -1042,7 +1209,7 @@ static void q_tile_rows(q_tile t, int64_t nb, int type, const uint8_t *const *xq
       __m512 m0 = _mm512_loadu_ps(t.m + b * TILE_N), m1 = _mm512_loadu_ps(t.m + b * TILE_N + 16);
 #pragma GCC unroll 8
       for (int r = 0; r < TILE_ROWS_Q; r++) {
-        __m512 sum = _mm512_set1_ps(sx[r][b]);
+        __m512 sum = _mm512_set1_ps(xr[r].sx[b]);
         f[r][0] = _mm512_fmadd_ps(m0, sum, f[r][0]);
         f[r][1] = _mm512_fmadd_ps(m1, sum, f[r][1]);
       }
@@ -1052,17 +1219,24 @@ static void q_tile_rows(q_tile t, int64_t nb, int type, const uint8_t *const *xq
     _mm512_storeu_ps(out + r * TILE_N, f[r][0]);
     _mm512_storeu_ps(out + r * TILE_N + 16, f[r][1]);
   }
+#elif ROWS_AVX2
+  if (type == BLOCK_Q8_0)
+    q_tile_rows_avx2(t, nb, BLOCK_Q8_0, xr, out);
+  else if (type == BLOCK_Q4_0)
+    q_tile_rows_avx2(t, nb, BLOCK_Q4_0, xr, out);
+  else
+    q_tile_rows_avx2(t, nb, BLOCK_Q4_1, xr, out);
 #else
   for (int r = 0; r < TILE_ROWS_Q; r++)
     for (int j = 0; j < TILE_N; j++) {
       float total = 0.0f;
       for (int64_t b = 0; b < nb; b++) {
-        int32_t isum = t.corr[b * TILE_N + j];
+        int32_t isum = type == BLOCK_Q4_0 ? -8 * xr[r].qs[b] : 0;
         for (int g = 0; g < QK / 4; g++)
           for (int i = 0; i < 4; i++)
-            isum += xq[r][b * QK + 4 * g + i] * t.w[((b * (QK / 4) + g) * TILE_N + j) * 4 + i];
-        total += (float)isum * (t.d[b * TILE_N + j] * dx[r][b]);
-        if (type == BLOCK_Q4_1) total += t.m[b * TILE_N + j] * sx[r][b];
+            isum += (int8_t)xr[r].q[b * QK + 4 * g + i] * t.w[((b * (QK / 4) + g) * TILE_N + j) * 4 + i];
+        total += (float)isum * (t.d[b * TILE_N + j] * xr[r].dx[b]);
+        if (type == BLOCK_Q4_1) total += t.m[b * TILE_N + j] * xr[r].sx[b];
       }
       out[r * TILE_N + j] = total;
     }
@@ -1076,72 +1250,106 @@ static void store_tile(const float *out, const float *b, float *y, int64_t r0, i
     for (int64_t j = 0; j < n; j++) y[(r0 + r) * d_out + o0 + j] = out[r * TILE_N + j] + (b ? b[o0 + j] : 0.0f);
 }
 
-/* The scratch bytes attnlab_linear_q_rows and attnlab_linear_f_rows need: the rounded rows, and one tile per
+/* The scratch bytes attnlab_linear_q_rows(_many) and attnlab_linear_f_rows need: the rounded rows, and one tile per
  * thread. */
 int64_t attnlab_linear_rows_scratch(int64_t rows, int64_t d_in, int threads) {
-  int64_t rounded = align64(rows * q8_row_bytes(d_in)), q = q_tile_bytes(d_in / QK);
+  int64_t rounded = align64(rows * x_row_bytes(d_in)), q = q_tile_bytes(d_in / QK);
   int64_t f = d_in * TILE_N * (int64_t)sizeof(float);
   return rounded + threads * align64(q > f ? q : f);
 }
 
-/* Which of the two products run vectorised in this build: bit 0 attnlab_linear_q_rows (AVX-512 VNNI; otherwise a
- * plain loop), bit 1 attnlab_linear_f_rows on AVX-512 registers (otherwise whatever vectors the target has, where
- * callers keep torch's GEMM). */
-int attnlab_linear_rows_vectorized(void) { return ROWS_VNNI | (AVX512 << 1); }
+/* Which of the two products run vectorised in this build: bit 0 attnlab_linear_q_rows (AVX-512 VNNI or AVX2;
+ * otherwise a plain loop), bit 1 attnlab_linear_f_rows on AVX-512 registers (otherwise whatever vectors the target
+ * has, where callers keep torch's GEMM). */
+int attnlab_linear_rows_vectorized(void) { return (ROWS_VNNI || ROWS_AVX2) | (AVX512 << 1); }
 
-/* y [rows, d_out] = x [rows, d_in] W^T + b (b may be NULL), W in blocks of `type`, x rounded to 8 bits per block
- * as attnlab_linear_q rounds it; scratch: attnlab_linear_rows_scratch bytes, 64-byte aligned. */
-void attnlab_linear_q_rows(const float *x, const uint8_t *w, const float *b, float *y, int8_t *scratch, int64_t rows,
-                           int64_t d_in, int64_t d_out, int type, int threads) {
-  int64_t nb = d_in / QK, per_row = q8_row_bytes(d_in), tiles = (d_out + TILE_N - 1) / TILE_N;
+/* y_i [rows, d_out[i]] = x [rows, d_in] W_i^T + b_i for the n matrices W_i (blocks of type[i]; b_i may be NULL), x
+ * rounded to 8 bits per block once for all of them (as attnlab_linear_q rounds it): a layer's q, k and v, or its
+ * gate and up, share x. One parallel region; the threads share the tiles of every matrix. scratch:
+ * attnlab_linear_rows_scratch bytes, 64-byte aligned. */
+void attnlab_linear_q_rows_many(const float *x, int64_t n, const uint8_t *const *w, const float *const *b,
+                                float *const *y, const int64_t *d_out, const int32_t *type, int8_t *scratch,
+                                int64_t rows, int64_t d_in, int threads) {
+  int64_t nb = d_in / QK, per_row = x_row_bytes(d_in), tiles = 0;
   int64_t tile_bytes = align64(attnlab_linear_rows_scratch(0, d_in, 1));
+  for (int64_t i = 0; i < n; i++) tiles += (d_out[i] + TILE_N - 1) / TILE_N;
 #pragma omp parallel num_threads(threads)
   {
     int64_t thread = this_thread();
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
-      q8_row qr = q8_row_at(scratch + r * per_row, d_in);
-      quantize_row_q8(x + r * d_in, d_in, qr);
-      for (int64_t i = 0; i < d_in; i++) qr.q[i] = (int8_t)(qr.q[i] ^ 0x80); /* q + 128, as an unsigned byte */
+      x_row xr = x_row_at(scratch + r * per_row, d_in);
+      for (int64_t k = 0; k < nb; k++) round_block(x + r * d_in + k * QK, xr.q + k * QK, xr.dx + k, xr.sx + k, xr.qs + k);
     }
     q_tile t = q_tile_at(scratch + align64(rows * per_row) + thread * tile_bytes, nb);
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < tiles; i++) {
-      int64_t o0 = i * TILE_N, n = d_out - o0 < TILE_N ? d_out - o0 : TILE_N;
-      pack_q_tile(w, type, o0, n, nb, t);
+      int64_t k = 0, o0 = i * TILE_N; /* matrix k, its tile at feature o0 */
+      while (o0 >= (d_out[k] + TILE_N - 1) / TILE_N * TILE_N) o0 -= (d_out[k] + TILE_N - 1) / TILE_N * TILE_N, k++;
+      int64_t features = d_out[k] - o0 < TILE_N ? d_out[k] - o0 : TILE_N;
+      pack_q_tile(w[k], type[k], o0, features, nb, t);
       for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS_Q) {
         int64_t m = rows - r0 < TILE_ROWS_Q ? rows - r0 : TILE_ROWS_Q;
-        const uint8_t *xq[TILE_ROWS_Q];
-        const float *dx[TILE_ROWS_Q], *sx[TILE_ROWS_Q];
-        for (int64_t r = 0; r < TILE_ROWS_Q; r++) { /* rows past the last repeat row r0; their sums are dropped */
-          q8_row qr = q8_row_at(scratch + (r0 + (r < m ? r : 0)) * per_row, d_in);
-          xq[r] = (const uint8_t *)qr.q, dx[r] = qr.dx, sx[r] = qr.sx;
-        }
+        x_row xr[TILE_ROWS_Q];
+        for (int64_t r = 0; r < TILE_ROWS_Q; r++) /* rows past the last repeat row r0; their sums are dropped */
+          xr[r] = x_row_at(scratch + (r0 + (r < m ? r : 0)) * per_row, d_in);
         float out[TILE_ROWS_Q * TILE_N];
-        q_tile_rows(t, nb, type, xq, dx, sx, out);
-        store_tile(out, b, y, r0, m, o0, n, d_out);
+        q_tile_rows(t, nb, type[k], xr, out);
+        store_tile(out, b[k], y[k], r0, m, o0, features, d_out[k]);
       }
     }
   }
 }
 
-typedef float f16v __attribute__((vector_size(64), aligned(4))); /* sixteen floats, whatever vectors build them */
+/* y [rows, d_out] = x [rows, d_in] W^T + b (b may be NULL), W in blocks of `type`: attnlab_linear_q_rows_many for
+ * one matrix. */
+void attnlab_linear_q_rows(const float *x, const uint8_t *w, const float *b, float *y, int8_t *scratch, int64_t rows,
+                           int64_t d_in, int64_t d_out, int type, int threads) {
+  int32_t kind = type;
+  attnlab_linear_q_rows_many(x, 1, &w, &b, &y, &d_out, &kind, scratch, rows, d_in, threads);
+}
+
+/* The float32 tile product's vectors: sixteen floats on AVX-512 (2 per row of the tile, 24 sums for 12 rows), eight
+ * elsewhere (4 per row; AVX2's sixteen registers hold 3 rows' 12 sums: sixteen-float vectors there spilled every
+ * sum, 3 GFLOP/s). GCC's vector types compile to whatever vectors the target has. */
+#if AVX512
+#define F_LANES 16
+#else
+#define F_LANES 8
+#endif
+typedef float fvec __attribute__((vector_size(4 * F_LANES), aligned(4)));
+#define F_VECS (TILE_N / F_LANES)
 
 /* out[r][j] = sum_k x[r][k] tile[k][j] for r < TILE_ROWS_F, j < TILE_N: tile [d_in][TILE_N], its rows `ld` floats
  * apart */
 static void f_tile_rows(const float *tile, int64_t ld, int64_t d_in, const float *const *x, float *out) {
-  f16v a[TILE_ROWS_F][2];
+  fvec a[TILE_ROWS_F][F_VECS];
   memset(a, 0, sizeof(a));
   for (int64_t k = 0; k < d_in; k++) {
-    f16v w0, w1;
+#if F_LANES == 16
+    fvec w0, w1;
     memcpy(&w0, tile + k * ld, sizeof(w0));
     memcpy(&w1, tile + k * ld + 16, sizeof(w1));
 #pragma GCC unroll 16
     for (int r = 0; r < TILE_ROWS_F; r++) {
-      f16v xb = x[r][k] - (f16v){0}; /* x broadcast (minus zero, an identity the compiler drops; plus zero is not) */
+      fvec xb = x[r][k] - (fvec){0}; /* x broadcast (minus zero, an identity the compiler drops; plus zero is not) */
       a[r][0] += xb * w0;
       a[r][1] += xb * w1;
     }
+#else
+    /* loads through the (4-byte aligned) vector type: memcpy here went through the stack in 16-byte halves, which
+     * the 32-byte reads then waited on */
+    const fvec *wk = (const fvec *)(tile + k * ld);
+    fvec w0 = wk[0], w1 = wk[1], w2 = wk[2], w3 = wk[3];
+#pragma GCC unroll 16
+    for (int r = 0; r < TILE_ROWS_F; r++) {
+      fvec xb = x[r][k] - (fvec){0};
+      a[r][0] += xb * w0;
+      a[r][1] += xb * w1;
+      a[r][2] += xb * w2;
+      a[r][3] += xb * w3;
+    }
+#endif
   }
   memcpy(out, a, sizeof(a));
 }
@@ -1170,8 +1378,8 @@ void attnlab_linear_f_rows(const float *x, const void *w, const float *b, float 
             for (int64_t c = 0; c < len; c += QK) {
               int8_t q[QK];
               float d, m;
-              block_values((const uint8_t *)w + ((o0 + j) * d_in + k0 + c) / QK * BLOCK_BYTES[type], type, q, &d,
-                           &m);
+              block_values((const uint8_t *)w + ((o0 + j) * d_in + k0 + c) / QK * BLOCK_BYTES[type], type, 0, q,
+                           &d, &m);
               for (int e = 0; e < QK; e++) v[c + e] = d * (float)q[e] + m;
             }
           for (int64_t k = 0; k < len; k++) tile[(k0 + k) * TILE_N + j] = v[k];
@@ -1462,6 +1670,40 @@ void attnlab_silu_mul(float *gate, const float *up, int64_t n) {
   }
 }
 
+
+/* A prompt's elementwise kernels, rows shared by the threads (each of the serial kernels above on its share):
+ * RMSNorm of `rows` rows of d; SwiGLU's product on n values; RoPE out of place, x and out [rows, heads, d_head],
+ * cos, sin [rows, rotary_dim] (each row's own angles; the dims past rotary_dim copied). */
+void attnlab_rms_norm_rows(const float *x, const float *w, float *out, int64_t rows, int64_t d, float eps,
+                           int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows * d > 16384)
+  for (int64_t r = 0; r < rows; r++) attnlab_rms_norm(x + r * d, w, out + r * d, 1, d, eps);
+}
+
+void attnlab_silu_mul_rows(float *gate, const float *up, int64_t n, int threads) {
+  int64_t chunks = (n + 4095) / 4096;
+#pragma omp parallel for schedule(static) num_threads(threads) if (n > 16384)
+  for (int64_t i = 0; i < chunks; i++)
+    attnlab_silu_mul(gate + i * 4096, up + i * 4096, n - i * 4096 < 4096 ? n - i * 4096 : 4096);
+}
+
+void attnlab_rope_rows(const float *x, float *out, const float *cos_, const float *sin_, int64_t rows, int64_t heads,
+                       int64_t d_head, int64_t rotary_dim, int threads) {
+  int64_t half = rotary_dim / 2;
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows * heads * d_head > 16384)
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t h = 0; h < heads; h++) {
+      const float *v = x + (r * heads + h) * d_head, *c = cos_ + r * rotary_dim, *s = sin_ + r * rotary_dim;
+      float *o = out + (r * heads + h) * d_head;
+#pragma omp simd
+      for (int64_t i = 0; i < half; i++) {
+        float a = v[i], b = v[i + half];
+        o[i] = a * c[i] - b * s[i];
+        o[i + half] = b * c[i + half] + a * s[i + half];
+      }
+      for (int64_t i = rotary_dim; i < d_head; i++) o[i] = v[i];
+    }
+}
 
 /* A whole decode step in one parallel region.
  *
