@@ -155,6 +155,26 @@ def step_bytes(model) -> int:
     )
 
 
+def prompt_path_of_this_build() -> str:
+    """What a prompt runs on the kernels' build this process uses now."""
+    eight_bits, floats = kernels.rows_vectorized()
+    arithmetic = "AVX-512 VNNI" if kernels.variant() == "avx512" else "AVX2 maddubs + madd"
+    return (
+        (
+            f"blocks: tiled GEMM, 8-bit activations ({arithmetic}), x rounded once for q/k/v "
+            "and for gate/up"
+        )
+        if eight_bits
+        else "blocks: tiled float32 GEMM on dequantized tiles"
+        if floats
+        else "blocks: dequantized, then torch's GEMM"
+    ) + (
+        ("; float32: tiled GEMM; attention: C" if floats else "; float32: torch's GEMM; "
+         "attention: torch's")
+        + "; RMSNorm, RoPE, SwiGLU: C"
+    )  # fmt: skip
+
+
 def run_speed(args, files: dict[str, Path]) -> list[str]:
     threads = torch.get_num_threads()
     models = {kind: load_model(kind, file) for kind, file in files.items()}
@@ -194,6 +214,10 @@ def run_speed(args, files: dict[str, Path]) -> list[str]:
                     (kind, "ours pp" + suffix),
                     512 / median_time(lambda: generate(model, prompt, 1, temperature=0), **once),
                 )
+    avx2_path = ""
+    if args.avx2:
+        kernels.use_variant("avx2")
+        avx2_path = prompt_path_of_this_build()
     kernels.use_variant(None)
     read, copy = kernels.read_bandwidth(), copy_bandwidth(1024)
     read_one, torch_sum = kernels.read_bandwidth(threads=1), torch_sum_bandwidth()
@@ -205,14 +229,7 @@ def run_speed(args, files: dict[str, Path]) -> list[str]:
         rate = statistics.median(r for r, _ in values)
         return rate, " / ".join(load for _, load in values)
 
-    eight_bits, floats = kernels.rows_vectorized()
-    prompt_path = (
-        "blocks: tiled GEMM, 8-bit activations (AVX-512 VNNI)"
-        if eight_bits
-        else "blocks: tiled float32 GEMM on dequantized tiles"
-        if floats
-        else "blocks: dequantized, then torch's GEMM"
-    ) + ("; float32: tiled GEMM; attention: C" if floats else "; float32: torch's GEMM")
+    prompt_path = prompt_path_of_this_build()
     lines = [
         f"\n## SmolLM2-135M-Instruct, {threads} threads, tg128 and pp512 (tokens/s, median of "
         f"{args.repeats} alternating rounds)",
@@ -250,6 +267,7 @@ def run_speed(args, files: dict[str, Path]) -> list[str]:
             "",
             "AVX2 builds on the same machine: attnlab's kernels forced to avx2, llama.cpp built "
             "for AVX2 only (--llama-cpp-avx2)",
+            f"prompt products (pp512) of attnlab's avx2 build: {avx2_path}",
             "",
             "| format | llama.cpp tg128 | attnlab tg128 | × | % of read | llama.cpp pp512 | "
             "attnlab pp512 | × | load averages (attnlab tg, pp) |",
