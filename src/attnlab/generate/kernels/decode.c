@@ -1687,7 +1687,9 @@ void attnlab_silu_mul_rows(float *gate, const float *up, int64_t n, int threads)
     attnlab_silu_mul(gate + i * 4096, up + i * 4096, n - i * 4096 < 4096 ? n - i * 4096 : 4096);
 }
 
-void attnlab_rope_rows(const float *x, float *out, const float *cos_, const float *sin_, int64_t rows, int64_t heads,
+/* (no fused multiply-add here: the two products rounded, then added, as apply_rope's x cos + rotate_half(x) sin,
+ * so that the prompt's rotation is PyTorch's bit for bit) */
+__attribute__((optimize("fp-contract=off"))) void attnlab_rope_rows(const float *x, float *out, const float *cos_, const float *sin_, int64_t rows, int64_t heads,
                        int64_t d_head, int64_t rotary_dim, int threads) {
   int64_t half = rotary_dim / 2;
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows * heads * d_head > 16384)
