@@ -219,7 +219,10 @@ def generate(
         out = torch.empty(B, T + max_new_tokens, dtype=ids.dtype, device=device)
         out[:, :T] = ids
         fast = None
-        if not compile and use_kernels and KernelDecoder.unsupported(model) is None:
+        # one new token after a prompt longer than PREFILL_IN_STEPS takes no decode step: then the
+        # step program (a walk of every layer, a prepared call per kernel) is never built
+        steps = max_new_tokens > 1 or T <= PREFILL_IN_STEPS
+        if steps and not compile and use_kernels and KernelDecoder.unsupported(model) is None:
             fast = KernelDecoder(
                 model,
                 cache,
