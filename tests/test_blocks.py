@@ -422,6 +422,45 @@ def test_a_prompt_rounds_each_layer_input_once_for_q_k_v_and_for_gate_up(kind, m
     assert torch.equal(together, alone)
 
 
+def largest_products_blocks(kind: str, d_out: int, d_in: int) -> torch.Tensor:
+    """Blocks whose integer products with x at ±127 are the largest each kind allows: Q8_0's -128
+    and 127, Q4_0's and Q4_1's nibbles 15 (a pair of AVX2's maddubs at 2 x 128 x 127 = 32,512,
+    just inside 16 bits, a block of Q4 nibbles at 8 x 2 x 15 x 127 = 30,480), d = 1 (and Q4_1's m =
+    1): rows alternating between the two values, in whole blocks."""
+    nbytes, one = BLOCK_TYPES[kind].nbytes, (0x00, 0x3C)  # float16 1.0, little-endian
+    blocks = torch.zeros(d_out, d_in // 32, nbytes, dtype=torch.uint8)
+    blocks[..., 0], blocks[..., 1] = one
+    if kind == "q8_0":
+        blocks[..., 2:] = torch.tensor([-128, 127], dtype=torch.int8).view(torch.uint8).repeat(
+            d_out // 2 + 1
+        )[:d_out, None, None]
+    else:
+        head = 4 if kind == "q4_1" else 2
+        if kind == "q4_1":
+            blocks[..., 2], blocks[..., 3] = one
+        blocks[..., head:] = 0xFF
+    return blocks.reshape(d_out, -1)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_build_of_the_block_products_holds_the_largest_integer_sums(
+    kind, other_build, monkeypatch
+):
+    """x at ±127 in whole blocks (every value of a block the same) times the largest weights: the
+    prompt's tiles (AVX2: 16-bit pair sums, Q4's summed in 16 bits per block) and the decode step's
+    products equal the exact integer arithmetic, no sum saturated."""
+    monkeypatch.setattr(kernels, "library", lambda: other_build)
+    d_in, d_out = 96, 35
+    blocks = largest_products_blocks(kind, d_out, d_in)
+    w = dequantize(blocks, kind)
+    signs = torch.tensor([1.0, -1.0, -1.0, 1.0, 1.0, -1.0, 1.0, -1.0, -1.0, 1.0, 1.0, -1.0, 1.0])
+    x = (signs[:, None] * torch.tensor([1.0, -1.0, 1.0])).repeat_interleave(32, dim=1)  # 13 rows
+    kernel = BLOCK_TYPES[kind].kernel
+    exact = x.double() @ w.double().T  # x is exactly its rounding here: q = ±127, dx = 1 / 127
+    for got in (kernels.block_linear_rows(x, blocks, kernel), kernels.block_linear(x[:3], blocks, kernel)):
+        torch.testing.assert_close(got.double(), exact[: got.shape[0]], rtol=1e-6, atol=0)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_prompt_products_on_two_threads_equal_one(kind, monkeypatch):
     x, w = torch.randn(40, 576), torch.randn(300, 576)  # tiles for both threads
