@@ -366,10 +366,10 @@ def test_every_build_of_the_prompt_products_stays_with_their_references(
 
 
 def products_sharing_one_rounding_in_this_build() -> None:
-    """block_linear_rows_many of `kernels.library()` equals block_linear_rows on each matrix, bit for
-    bit: three matrices of different kinds and widths (a tile of 32 features never spans two), rows
-    below and above the few-row threshold and not a multiple of the register tile, biases or none;
-    each within the rounding bound of the float product."""
+    """block_linear_rows_many of `kernels.library()` equals block_linear_rows on each matrix, bit
+    for bit: three matrices of different kinds and widths (a tile of 32 features never spans two),
+    rows below and above the few-row threshold and not a multiple of the register tile, biases or
+    none; each within the rounding bound of the float product."""
     g = torch.Generator().manual_seed(1)
     for rows, d_in in ((1, 64), (5, 96), (9, 576), (31, 160)):
         x = torch.randn(rows, d_in, generator=g) * torch.rand(1, d_in, generator=g) * 3
@@ -431,9 +431,11 @@ def largest_products_blocks(kind: str, d_out: int, d_in: int) -> torch.Tensor:
     blocks = torch.zeros(d_out, d_in // 32, nbytes, dtype=torch.uint8)
     blocks[..., 0], blocks[..., 1] = one
     if kind == "q8_0":
-        blocks[..., 2:] = torch.tensor([-128, 127], dtype=torch.int8).view(torch.uint8).repeat(
-            d_out // 2 + 1
-        )[:d_out, None, None]
+        blocks[..., 2:] = (
+            torch.tensor([-128, 127], dtype=torch.int8)
+            .view(torch.uint8)
+            .repeat(d_out // 2 + 1)[:d_out, None, None]
+        )
     else:
         head = 4 if kind == "q4_1" else 2
         if kind == "q4_1":
@@ -457,7 +459,10 @@ def test_every_build_of_the_block_products_holds_the_largest_integer_sums(
     x = (signs[:, None] * torch.tensor([1.0, -1.0, 1.0])).repeat_interleave(32, dim=1)  # 13 rows
     kernel = BLOCK_TYPES[kind].kernel
     exact = x.double() @ w.double().T  # x is exactly its rounding here: q = ±127, dx = 1 / 127
-    for got in (kernels.block_linear_rows(x, blocks, kernel), kernels.block_linear(x[:3], blocks, kernel)):
+    for got in (
+        kernels.block_linear_rows(x, blocks, kernel),
+        kernels.block_linear(x[:3], blocks, kernel),
+    ):
         torch.testing.assert_close(got.double(), exact[: got.shape[0]], rtol=1e-6, atol=0)
 
 

@@ -459,8 +459,9 @@ def test_generation_takes_the_prompt_attention_where_it_applies(
 
 def prompt_elementwise_kernels_in_this_build() -> None:
     """rms_norm_rows and silu_mul_rows of `kernels.library()` against the modules' equations (up to
-    float32 rounding), rope_rows equal to apply_rope bit for bit, on row counts below and above the few-row threshold and on sizes the threads split
-    (more than 16,384 values), a rotation of every dim and of the first half only (partial RoPE)."""
+    float32 rounding), rope_rows equal to apply_rope bit for bit, on row counts below and above the
+    few-row threshold and on sizes the threads split (more than 16,384 values), a rotation of every
+    dim and of the first half only (partial RoPE)."""
     norm = RMSNorm(40, 1e-5)
     with torch.no_grad():
         norm.weight.normal_()

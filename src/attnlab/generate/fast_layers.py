@@ -161,8 +161,8 @@ class KernelRMSNorm(RMSNorm):
 
 
 class KernelMLP(MLP):
-    """MLP with generation's fast path for a SwiGLU prompt that no hook reads inside: the gate and up
-    products share one rounding of x where both are blocks (`shared_rounding`), and
+    """MLP with generation's fast path for a SwiGLU prompt that no hook reads inside: the gate and
+    up products share one rounding of x where both are blocks (`shared_rounding`), and
     silu(gate) · up runs in C (decode.c's, the decode step's); everything else as MLP."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -184,8 +184,8 @@ class KernelMLP(MLP):
 
 class KernelAttention(Attention):
     """Attention with generation's fast paths for a prompt (eager, float32, on a CPU): W_Q, W_K and
-    W_V of blocks share one rounding of x (`shared_rounding`); RoPE in C (decode.c's rotation, the
-    decode step's) where no hook reads the rotation; and, where this build of the kernels has
+    W_V of blocks share one rounding of x (`shared_rounding`); RoPE in C, out of place (decode.c,
+    attnlab_rope_rows: apply_rope's numbers bit for bit); and, where this build of the kernels has
     AVX-512, causal attention over the whole prompt from position 0, without mask or dropout, and
     without a window or with one no shorter than the prompt, in C (decode.c, attnlab_attend_rows);
     everything else as Attention."""
@@ -196,9 +196,7 @@ class KernelAttention(Attention):
             return q, k, v
         return super().project(x)
 
-    def rotate(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
-    ) -> torch.Tensor:
+    def rotate(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         cos, sin = rope
         if (
             prompt_rows(x)

@@ -383,9 +383,7 @@ class Attention(nn.Module):
         prompt's three with one rounding of x (attnlab.generate.fast_layers.KernelAttention)."""
         return self.W_Q(x), self.W_K(x), self.W_V(x)
 
-    def rotate(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
-    ) -> torch.Tensor:
+    def rotate(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """RoPE of x [batch, pos, head, d_head] by rope's (cos, sin) (a new tensor)."""
         return apply_rope(x, *rope)
 

@@ -788,7 +788,9 @@ def block_linear_rows_many(
     n, lib, threads = len(matrices), library(), torch.get_num_threads()
     scratch = torch.empty(getattr(lib, ROWS_SCRATCH[0])(rows, d_in, threads) + 64, dtype=torch.int8)
     scratch = scratch[-scratch.data_ptr() % 64 :]  # 64-byte aligned
-    addresses = lambda ts: (ctypes.c_void_p * n)(*(t.data_ptr() if t is not None else None for t in ts))  # noqa: E731
+    addresses = lambda ts: (ctypes.c_void_p * n)(
+        *(t.data_ptr() if t is not None else None for t in ts)
+    )  # noqa: E731
     getattr(lib, LINEAR_Q_ROWS_MANY[0])(
         x.data_ptr(),
         n,
