@@ -714,6 +714,15 @@ def rows_vectorized() -> tuple[bool, bool]:
     return bool(bits & 1), bool(bits & 2)
 
 
+def _rows_scratch(rows: int, d_in: int, threads: int) -> torch.Tensor:
+    """The prompt products' scratch for rows of d_in values on `threads` threads, 64-byte
+    aligned."""
+    scratch = torch.empty(
+        getattr(library(), ROWS_SCRATCH[0])(rows, d_in, threads) + 64, dtype=torch.int8
+    )
+    return scratch[-scratch.data_ptr() % 64 :]
+
+
 def _rows_product(
     name: str, x: torch.Tensor, weight: torch.Tensor, kind: int, bias: torch.Tensor | None
 ) -> torch.Tensor:
@@ -724,10 +733,7 @@ def _rows_product(
     assert x.dtype == torch.float32 and weight.is_contiguous()
     assert bias is None or (bias.is_contiguous() and bias.dtype == torch.float32)
     threads = torch.get_num_threads()
-    scratch = torch.empty(
-        getattr(library(), ROWS_SCRATCH[0])(rows, d_in, threads) + 64, dtype=torch.int8
-    )
-    scratch = scratch[-scratch.data_ptr() % 64 :]  # 64-byte aligned
+    scratch = _rows_scratch(rows, d_in, threads)
     out = torch.empty(*x.shape[:-1], d_out)
     getattr(library(), name)(
         x.data_ptr(),
@@ -786,11 +792,11 @@ def block_linear_rows_many(
         assert bias is None or (bias.is_contiguous() and bias.dtype == torch.float32)
         outs.append(torch.empty(*x.shape[:-1], blocks.shape[0]))
     n, lib, threads = len(matrices), library(), torch.get_num_threads()
-    scratch = torch.empty(getattr(lib, ROWS_SCRATCH[0])(rows, d_in, threads) + 64, dtype=torch.int8)
-    scratch = scratch[-scratch.data_ptr() % 64 :]  # 64-byte aligned
-    addresses = lambda ts: (ctypes.c_void_p * n)(
-        *(t.data_ptr() if t is not None else None for t in ts)
-    )  # noqa: E731
+    scratch = _rows_scratch(rows, d_in, threads)
+
+    def addresses(tensors):  # a C array of their addresses, NULL for None
+        return (ctypes.c_void_p * n)(*(t.data_ptr() if t is not None else None for t in tensors))
+
     getattr(lib, LINEAR_Q_ROWS_MANY[0])(
         x.data_ptr(),
         n,
