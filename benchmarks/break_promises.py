@@ -783,7 +783,7 @@ BREAKS = [
         "SentencePiece ids equal llama-tokenize's",
         "the lowest-scored joins merge first",
         "src/attnlab/formats/gguf_tokenizer.py",
-        [("key=lambda i: -scores[i]", "key=lambda i: scores[i]")],
+        [("key=scores.__getitem__, reverse=True", "key=scores.__getitem__, reverse=False")],
         [GEMMA3 + "::test_sentencepiece_equals_llama_cpps_algorithm"],
     ),
     Break(

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import torch
+from torch import nn
 
 from ..errors import UserError, first_line
 from ..files import atomic_write
@@ -477,8 +478,9 @@ def empty_model(
     if rough_params < META_BUILD_ABOVE:
         return _install(Transformer(config, device=device), modules, device)
     model = _install(Transformer(config, device="meta"), modules, device)
-    tied = isinstance(model.unembed, torch.nn.Linear) and isinstance(model.embed, torch.nn.Embedding)
-    if tied and config.tie_embeddings:
+    # (a head kept as blocks already shares the embedding's blocks)
+    floats = isinstance(model.unembed, nn.Linear) and isinstance(model.embed, nn.Embedding)
+    if config.tie_embeddings and floats:
         model.unembed.weight = model.embed.weight
     if model.rotary is not None:
         model.rotary.inv_freq = Rotary.for_config(config).inv_freq.to(device)
