@@ -677,6 +677,116 @@ static float dot_q_more(int type, const uint8_t *w, q8_row r, int64_t nb) {
     return dot_q_more_of(BLOCK_Q6_K, w, r, nb);
   }
 }
+
+/* The four float16 at the start of block b of rows w[0..3] (their d; the second is Q4_1's m, Q4_K's dmin, or the
+ * first half of Q5_0's high bits, never read), as eight floats: row k's d in lane 2k */
+static inline __m256 heads4(const uint8_t *const w[4], int64_t offset) {
+  uint8_t head[16];
+  for (int k = 0; k < 4; k++) memcpy(head + 4 * k, w[k] + offset, 4);
+  return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)head));
+}
+
+/* s[k] = the product of Q5_0 rows w[k] (k < 4, nb blocks each) with the rounded row r: dot4_q's pattern (x's
+ * bytes and -16 start loaded once for the four rows, their four d converted together) with values_of_256's five-bit
+ * values */
+static inline void dot4_q5_0(const uint8_t *const w[4], q8_row r, int64_t nb, float *s) {
+  const int64_t bytes = BLOCK_BYTES[BLOCK_Q5_0];
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  const __m256i lane[4] = {_mm256_set1_epi32(0), _mm256_set1_epi32(2), _mm256_set1_epi32(4), _mm256_set1_epi32(6)};
+  for (int64_t b = 0; b < nb; b++) {
+    __m256i xq = _mm256_loadu_si256((const __m256i *)(r.q + b * QK));
+    __m256i start = _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(r.c8 + b * 8)), 1); /* -16 sum q */
+    __m256 scale = _mm256_mul_ps(heads4(w, b * bytes), _mm256_set1_ps(r.dx[b]));       /* d_k dx in lane 2k */
+    for (int k = 0; k < 4; k++) {
+      __m256i isum = DPBUSD(start, values_of_256(BLOCK_Q5_0, w[k] + b * bytes, 0), xq);
+      acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_permutevar8x32_ps(scale, lane[k]), acc[k]);
+    }
+  }
+  _mm_storeu_ps(s, sum4_256(acc[0], acc[1], acc[2], acc[3]));
+}
+
+/* Q4_K / Q5_K: a block's eight 6-bit scales (bytes 0-7 of out) and mins (bytes 8-15) from its 12 bytes at q,
+ * four at a time with 32-bit masks and shifts (scale_min_k's layout; llama.cpp unpacks them the same way) */
+static inline void scales_mins_k(const uint8_t *q, uint8_t out[16]) {
+  uint32_t a[3], o[4];
+  memcpy(a, q, 12);
+  o[0] = a[0] & 0x3F3F3F3Fu;                                            /* scales 0-3 */
+  o[1] = (a[2] & 0x0F0F0F0Fu) | ((a[0] >> 6) & 0x03030303u) << 4;        /* scales 4-7 */
+  o[2] = a[1] & 0x3F3F3F3Fu;                                            /* mins 0-3 */
+  o[3] = ((a[2] >> 4) & 0x0F0F0F0Fu) | ((a[1] >> 6) & 0x03030303u) << 4; /* mins 4-7 */
+  memcpy(out, o, 16);
+}
+
+/* s[k] = the product of K-quant rows w[k] (k < 4, nb sub-blocks of 32 each) with the rounded row r. Per block of
+ * 256 and row: the eight sub-blocks' integer sums (dpbusd, eight lanes each) folded by horizontal adds into one
+ * vector whose lane j is sub-block j's sum (Q6_K: its two halves first, each times its int8 scale, in integers),
+ * then one FMA by the eight scales d sc_j dx_j (Q6_K: d dx_j) and, for Q4_K / Q5_K, one by the mins dmin m_j
+ * sx_j; x's bytes are loaded once for the four rows. (dot_q_more_of converted, scaled and added each sub-block's
+ * eight lanes alone: four of its operations per sub-block, where this fold costs about one.) */
+static inline __attribute__((always_inline)) void dot4_q_k(int type, const uint8_t *const w[4], q8_row r, int64_t nb,
+                                                           float *s) {
+  const int64_t bytes = BLOCK_BYTES[type];
+  __m256 acc[4], mins[4];
+  for (int k = 0; k < 4; k++) acc[k] = mins[k] = _mm256_setzero_ps();
+  /* Q6_K's sixteen scales in the order of the folded halves: sub-blocks 0-3's first halves, then their second */
+  const __m128i halves = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+  for (int64_t b0 = 0; b0 < nb; b0 += 8) {
+    const int64_t at = b0 / 8 * bytes;
+    __m256i xq[8], start[8];
+    for (int j = 0; j < 8; j++) {
+      xq[j] = _mm256_loadu_si256((const __m256i *)(r.q + (b0 + j) * QK));
+      start[j] = type == BLOCK_Q6_K /* -32 times each lane's four q */
+                     ? _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(r.c8 + (b0 + j) * 8)), 2)
+                     : _mm256_setzero_si256();
+    }
+    __m256 dx = _mm256_loadu_ps(r.dx + b0);
+    for (int k = 0; k < 4; k++) {
+      const uint8_t *p = w[k] + at;
+      __m256i is[8];
+      for (int j = 0; j < 8; j++) is[j] = DPBUSD(start[j], values_of_256(type, p, j), xq[j]);
+      /* lanes 0-3: sub-blocks 0-3's (or 4-7's) weights 0-15, lanes 4-7: their weights 16-31 */
+      __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(is[0], is[1]), _mm256_hadd_epi32(is[2], is[3]));
+      __m256i c = _mm256_hadd_epi32(_mm256_hadd_epi32(is[4], is[5]), _mm256_hadd_epi32(is[6], is[7]));
+      __m256 scale;
+      if (type == BLOCK_Q6_K) {
+        __m128i sc = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(p + 192)), halves);
+        a = _mm256_mullo_epi32(a, _mm256_cvtepi8_epi32(sc));
+        c = _mm256_mullo_epi32(c, _mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)));
+        scale = _mm256_mul_ps(_mm256_set1_ps(half_to_float(p + 208)), dx);
+      } else {
+        uint8_t sm[16];
+        scales_mins_k(p + 4, sm);
+        __m128i smv = _mm_loadu_si128((const __m128i *)sm);
+        scale = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(smv)), _mm256_set1_ps(half_to_float(p))), dx);
+        __m256 dm = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(smv, 8))),
+                                  _mm256_set1_ps(half_to_float(p + 2)));
+        mins[k] = _mm256_fmadd_ps(dm, _mm256_loadu_ps(r.sx + b0), mins[k]);
+      }
+      __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(a, c, 0x20), _mm256_permute2x128_si256(a, c, 0x31));
+      acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[k]);
+    }
+  }
+  for (int k = 0; k < 4; k++) acc[k] = _mm256_sub_ps(acc[k], mins[k]);
+  _mm_storeu_ps(s, sum4_256(acc[0], acc[1], acc[2], acc[3]));
+}
+
+/* s[k] = the product of rows w[k] (k < 4) of `type` (Q5_0 or a K-quant; nb sub-blocks of 32) with the rounded
+ * row r */
+static void dot4_q_more(int type, const uint8_t *const w[4], q8_row r, int64_t nb, float *s) {
+  switch (type) {
+  case BLOCK_Q5_0:
+    dot4_q5_0(w, r, nb, s);
+    break;
+  case BLOCK_Q4_K:
+    dot4_q_k(BLOCK_Q4_K, w, r, nb, s);
+    break;
+  case BLOCK_Q5_K:
+    dot4_q_k(BLOCK_Q5_K, w, r, nb, s);
+    break;
+  default:
+    dot4_q_k(BLOCK_Q6_K, w, r, nb, s);
+  }
+}
 #else
 /* The product of one row of blocks w of `type` (Q5_0 or a K-quant; nb sub-blocks of 32) with the rounded row r:
  * the integer sums of each sub-block in plain C */
@@ -709,6 +819,10 @@ static float dot_q_more(int type, const uint8_t *w, q8_row r, int64_t nb) {
     }
   }
   return total;
+}
+
+static void dot4_q_more(int type, const uint8_t *const w[4], q8_row r, int64_t nb, float *s) {
+  for (int k = 0; k < 4; k++) s[k] = dot_q_more(type, w[k], r, nb);
 }
 #endif
 
@@ -808,8 +922,8 @@ static void linear_q(const float *x, const uint8_t *w, const float *b, float *y,
     }
     for (int64_t r = 0; r < rows; r++) {
       float sums[ROWS_AT_ONCE];
-      if (type >= BLOCK_Q5_0) /* Q5_0 and the K-quants: a row at a time */
-        for (int k = 0; k < ROWS_AT_ONCE; k++) sums[k] = dot_q_more(type, w4[k], q8_row_at(mine + r * per_row, d_in), nb);
+      if (type >= BLOCK_Q5_0) /* Q5_0 and the K-quants */
+        dot4_q_more(type, w4, q8_row_at(mine + r * per_row, d_in), nb, sums);
       else
         switch (type) { /* one loop per type, its constants folded */
         case BLOCK_Q8_0: dot4_q(BLOCK_Q8_0, w4, q8_row_at(mine + r * per_row, d_in), nb, sums); break;
