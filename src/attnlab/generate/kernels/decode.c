@@ -522,10 +522,11 @@ static inline __attribute__((always_inline)) void dot4_q(int type, const uint8_t
  *         w = d sc (n - 32), n in 0..63
  * The products read the same 8-bit activation rows as Q8_0/Q4_0/Q4_1 above (one scale per 32 values), so a
  * sub-block of 32 is one integer dot product (dpbusd or maddubs: unsigned n times signed q, the offsets -16 and
- * -32 folded into the lane sums' start as Q4_0's -8 is) and one multiply by its float scales. llama.cpp instead
- * rounds the activations of a K-quant product to Q8_K (one scale per 256) so that it can add a super-block's
- * scaled integer sums before one float multiply; a scale per 32 rounds less (the tests' bound is the same as for
- * the 32-weight types) and costs one FMA per 32 weights, which a 4.5-6.5-bit stream of weights hides. */
+ * -32 folded into the lane sums' start as Q4_0's -8 is), times its float scales. llama.cpp instead rounds the
+ * activations of a K-quant product to Q8_K (one scale per 256) so that it can add a super-block's scaled integer
+ * sums before one float multiply; a scale per 32 rounds less (the tests' bound is the same as for the 32-weight
+ * types), and horizontal adds fold the eight sub-blocks' lane sums into one vector, so that the per-32 scales
+ * still cost one FMA per block of 256 (dot4_q_k); Q5_0 folds the four rows of a pass the same way (dot4_q5_0). */
 
 /* sub-block j's 6-bit scale and min (j < 8) from a Q4_K / Q5_K block's 12 bytes: bytes 0-3 hold the low six bits
  * of scales 0-3, bytes 4-7 those of mins 0-3, bytes 8-11 the low four bits of scales and mins 4-7, whose top two
@@ -565,9 +566,13 @@ static inline void values_of(int type, const uint8_t *p, int s, uint8_t *n) {
 /* values_of in a register */
 static inline __m256i values_of_256(int type, const uint8_t *p, int s) {
   const __m256i low4 = _mm256_set1_epi8(0x0F);
-  if (type == BLOCK_Q5_0) { /* byte j takes bit j of qh: qh's byte j / 8 to byte j, then a test of bit j % 8 */
+  if (type == BLOCK_Q5_0) { /* byte j takes bit j of qh */
     uint32_t qh;
     memcpy(&qh, p + 2, 4);
+#if AVX512 && defined(__AVX512VL__) /* qh is the mask of the bytes that get 16 */
+    return _mm256_mask_add_epi8(nibbles32(p + 6), (__mmask32)qh, nibbles32(p + 6), _mm256_set1_epi8(0x10));
+#endif
+    /* without AVX-512: qh's byte j / 8 to byte j, then a test of bit j % 8 */
     __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
                                                                                        0x0101010101010101, 0));
     __m256i bit = _mm256_set1_epi64x(0x8040201008040201);
@@ -586,6 +591,9 @@ static inline __m256i values_of_256(int type, const uint8_t *p, int s) {
   __m256i n = _mm256_and_si256(_mm256_srli_epi16(qs, 4 * (s & 1)), low4);
   if (type == BLOCK_Q5_K) {
     __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 16));
+#if AVX512 && defined(__AVX512VL__) /* the bytes whose bit s is set get 16 */
+    return _mm256_mask_add_epi8(n, _mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(1 << s))), n, _mm256_set1_epi8(0x10));
+#endif
     n = _mm256_or_si256(n, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, s), _mm256_set1_epi8(1)), 4));
   }
   return n;
@@ -593,97 +601,18 @@ static inline __m256i values_of_256(int type, const uint8_t *p, int s) {
 #endif
 
 #if defined(__AVX2__)
-/* acc + the product of sub-block s of block p with the rounded row r's sub-block b, as eight float lanes: the
- * integer dot product and one multiply by the scales ds (d sc_s: Q4_K / Q5_K; d: Q5_0, Q6_K, whose two int8
- * scales of 16 weights are applied here) and dx */
-static inline __attribute__((always_inline)) __m256 sub_fma(__m256 acc, int type, const uint8_t *p, int s, q8_row r,
-                                                            int64_t b, float ds) {
-  __m256i start = _mm256_setzero_si256();
-  if (type == BLOCK_Q5_0 || type == BLOCK_Q6_K) /* -16 or -32 times each lane's four q */
-    start = _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(r.c8 + b * 8)), type == BLOCK_Q5_0 ? 1 : 2);
-  __m256i isum = DPBUSD(start, values_of_256(type, p, s), _mm256_loadu_si256((const __m256i *)(r.q + b * QK)));
-  __m256 scale;
-  if (type == BLOCK_Q6_K) { /* lanes 0-3 sum weights 0-15, lanes 4-7 weights 16-31 */
-    const int8_t *sc = (const int8_t *)(p + 192) + 2 * s;
-    float dx = ds * r.dx[b];
-    scale = _mm256_set_m128(_mm_set1_ps(dx * (float)sc[1]), _mm_set1_ps(dx * (float)sc[0]));
-  } else
-    scale = _mm256_set1_ps(ds * r.dx[b]);
-  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc);
-}
-
-/* dot_q_more for one `type`, inlined into each caller with a constant type: four independent sums (one FMA chain
- * would wait on the last at every sub-block) */
-static inline __attribute__((always_inline)) float dot_q_more_of(int type, const uint8_t *w, q8_row r, int64_t nb) {
-  int64_t bytes = BLOCK_BYTES[type];
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  __m256 mins = a0; /* Q4_K / Q5_K: dmin m_s dx_s sum q, per sub-block s, to be subtracted */
-  if (type == BLOCK_Q5_0) {
-    int64_t b = 0;
-    for (; b + 4 <= nb; b += 4) {
-      const uint8_t *p = w + b * bytes;
-      a0 = sub_fma(a0, type, p, 0, r, b, half_to_float(p));
-      a1 = sub_fma(a1, type, p + bytes, 0, r, b + 1, half_to_float(p + bytes));
-      a2 = sub_fma(a2, type, p + 2 * bytes, 0, r, b + 2, half_to_float(p + 2 * bytes));
-      a3 = sub_fma(a3, type, p + 3 * bytes, 0, r, b + 3, half_to_float(p + 3 * bytes));
-    }
-    for (; b < nb; b++) a0 = sub_fma(a0, type, w + b * bytes, 0, r, b, half_to_float(w + b * bytes));
-  } else {
-    for (int64_t b0 = 0; b0 < nb; b0 += 8) {
-      const uint8_t *p = w + b0 / 8 * bytes;
-      float d = half_to_float(type == BLOCK_Q6_K ? p + 208 : p), ds[8];
-      if (type == BLOCK_Q6_K)
-        for (int s = 0; s < 8; s++) ds[s] = d;
-      else { /* the eight scales and mins unpacked as bytes, then widened and scaled as vectors (eight scalar
-                int -> float conversions each cost more than the sub-block's product) */
-        uint8_t sc[8], m[8];
-        for (int s = 0; s < 8; s++) {
-          int a, b;
-          scale_min_k(p + 4, s, &a, &b);
-          sc[s] = (uint8_t)a, m[s] = (uint8_t)b;
-        }
-        __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sc)));
-        __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)m)));
-        _mm256_storeu_ps(ds, _mm256_mul_ps(scf, _mm256_set1_ps(d)));
-        mins = _mm256_fmadd_ps(_mm256_mul_ps(mf, _mm256_set1_ps(half_to_float(p + 2))),
-                               _mm256_loadu_ps(r.sx + b0), mins);
-      }
-      a0 = sub_fma(a0, type, p, 0, r, b0, ds[0]);
-      a1 = sub_fma(a1, type, p, 1, r, b0 + 1, ds[1]);
-      a2 = sub_fma(a2, type, p, 2, r, b0 + 2, ds[2]);
-      a3 = sub_fma(a3, type, p, 3, r, b0 + 3, ds[3]);
-      a0 = sub_fma(a0, type, p, 4, r, b0 + 4, ds[4]);
-      a1 = sub_fma(a1, type, p, 5, r, b0 + 5, ds[5]);
-      a2 = sub_fma(a2, type, p, 6, r, b0 + 6, ds[6]);
-      a3 = sub_fma(a3, type, p, 7, r, b0 + 7, ds[7]);
-    }
-  }
-  __m256 acc = _mm256_sub_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)), mins);
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-}
-
-/* The product of one row of blocks w of `type` (Q5_0 or a K-quant; nb sub-blocks of 32) with the rounded row r */
-static float dot_q_more(int type, const uint8_t *w, q8_row r, int64_t nb) {
-  switch (type) {
-  case BLOCK_Q5_0:
-    return dot_q_more_of(BLOCK_Q5_0, w, r, nb);
-  case BLOCK_Q4_K:
-    return dot_q_more_of(BLOCK_Q4_K, w, r, nb);
-  case BLOCK_Q5_K:
-    return dot_q_more_of(BLOCK_Q5_K, w, r, nb);
-  default:
-    return dot_q_more_of(BLOCK_Q6_K, w, r, nb);
-  }
-}
-
 /* The four float16 at the start of block b of rows w[0..3] (their d; the second is Q4_1's m, Q4_K's dmin, or the
  * first half of Q5_0's high bits, never read), as eight floats: row k's d in lane 2k */
 static inline __m256 heads4(const uint8_t *const w[4], int64_t offset) {
   uint8_t head[16];
   for (int k = 0; k < 4; k++) memcpy(head + 4 * k, w[k] + offset, 4);
+#if defined(__F16C__)
   return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)head));
+#else
+  float halves[8];
+  for (int i = 0; i < 8; i++) halves[i] = half_to_float(head + 2 * i);
+  return _mm256_loadu_ps(halves);
+#endif
 }
 
 /* s[k] = the product of Q5_0 rows w[k] (k < 4, nb blocks each) with the rounded row r: dot4_q's pattern (x's
@@ -691,30 +620,33 @@ static inline __m256 heads4(const uint8_t *const w[4], int64_t offset) {
  * values */
 static inline void dot4_q5_0(const uint8_t *const w[4], q8_row r, int64_t nb, float *s) {
   const int64_t bytes = BLOCK_BYTES[BLOCK_Q5_0];
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  const __m256i lane[4] = {_mm256_set1_epi32(0), _mm256_set1_epi32(2), _mm256_set1_epi32(4), _mm256_set1_epi32(6)};
+  __m256 acc = _mm256_setzero_ps(); /* lanes k and k + 4: row k's sums of weights 0-15 and 16-31 */
+  const __m256i spread = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
   for (int64_t b = 0; b < nb; b++) {
     __m256i xq = _mm256_loadu_si256((const __m256i *)(r.q + b * QK));
     __m256i start = _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(r.c8 + b * 8)), 1); /* -16 sum q */
-    __m256 scale = _mm256_mul_ps(heads4(w, b * bytes), _mm256_set1_ps(r.dx[b]));       /* d_k dx in lane 2k */
-    for (int k = 0; k < 4; k++) {
-      __m256i isum = DPBUSD(start, values_of_256(BLOCK_Q5_0, w[k] + b * bytes, 0), xq);
-      acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_permutevar8x32_ps(scale, lane[k]), acc[k]);
-    }
+    __m256i is[4];
+    for (int k = 0; k < 4; k++) is[k] = DPBUSD(start, values_of_256(BLOCK_Q5_0, w[k] + b * bytes, 0), xq);
+    __m256i folded = _mm256_hadd_epi32(_mm256_hadd_epi32(is[0], is[1]), _mm256_hadd_epi32(is[2], is[3]));
+    __m256 scale = _mm256_mul_ps(_mm256_permutevar8x32_ps(heads4(w, b * bytes), spread), _mm256_set1_ps(r.dx[b]));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(folded), scale, acc);
   }
-  _mm_storeu_ps(s, sum4_256(acc[0], acc[1], acc[2], acc[3]));
+  _mm_storeu_ps(s, _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1)));
 }
 
-/* Q4_K / Q5_K: a block's eight 6-bit scales (bytes 0-7 of out) and mins (bytes 8-15) from its 12 bytes at q,
- * four at a time with 32-bit masks and shifts (scale_min_k's layout; llama.cpp unpacks them the same way) */
-static inline void scales_mins_k(const uint8_t *q, uint8_t out[16]) {
-  uint32_t a[3], o[4];
-  memcpy(a, q, 12);
-  o[0] = a[0] & 0x3F3F3F3Fu;                                            /* scales 0-3 */
-  o[1] = (a[2] & 0x0F0F0F0Fu) | ((a[0] >> 6) & 0x03030303u) << 4;        /* scales 4-7 */
-  o[2] = a[1] & 0x3F3F3F3Fu;                                            /* mins 0-3 */
-  o[3] = ((a[2] >> 4) & 0x0F0F0F0Fu) | ((a[1] >> 6) & 0x03030303u) << 4; /* mins 4-7 */
-  memcpy(out, o, 16);
+/* Q4_K / Q5_K: a block's eight 6-bit scales (bytes 0-7) and mins (bytes 8-15) from its 12 bytes at q (bytes
+ * 12-15 read but unused), as four 32-bit lanes of masks and shifts (scale_min_k's layout, four at a time; llama.cpp
+ * unpacks them with the same masks in scalar code): with a = q's dwords,
+ *   scales 0-3 = a0 & 3F..,  scales 4-7 = (a2 & 0F..) | ((a0 >> 6) & 03..) << 4,
+ *   mins 0-3 = a1 & 3F..,    mins 4-7 = ((a2 >> 4) & 0F..) | ((a1 >> 6) & 03..) << 4 */
+static inline __m128i scales_mins_k(const uint8_t *q) {
+  __m128i a = _mm_loadu_si128((const __m128i *)q);
+  __m128i low = _mm_shuffle_epi32(a, _MM_SHUFFLE(2, 1, 2, 0));  /* a0, a2, a1, a2 */
+  __m128i high = _mm_shuffle_epi32(a, _MM_SHUFFLE(1, 1, 0, 0)); /* -, a0, -, a1 */
+  low = _mm_and_si128(_mm_srlv_epi32(low, _mm_setr_epi32(0, 0, 0, 4)),
+                      _mm_setr_epi32(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F));
+  high = _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(high, 6), _mm_setr_epi32(0, 0x03030303, 0, 0x03030303)), 4);
+  return _mm_or_si128(low, high);
 }
 
 /* s[k] = the product of K-quant rows w[k] (k < 4, nb sub-blocks of 32 each) with the rounded row r. Per block of
@@ -754,9 +686,7 @@ static inline __attribute__((always_inline)) void dot4_q_k(int type, const uint8
         c = _mm256_mullo_epi32(c, _mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)));
         scale = _mm256_mul_ps(_mm256_set1_ps(half_to_float(p + 208)), dx);
       } else {
-        uint8_t sm[16];
-        scales_mins_k(p + 4, sm);
-        __m128i smv = _mm_loadu_si128((const __m128i *)sm);
+        __m128i smv = scales_mins_k(p + 4);
         scale = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(smv)), _mm256_set1_ps(half_to_float(p))), dx);
         __m256 dm = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(smv, 8))),
                                   _mm256_set1_ps(half_to_float(p + 2)));
