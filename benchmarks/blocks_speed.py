@@ -342,14 +342,14 @@ def run_quality(args, files: dict[str, Path]) -> list[str]:
                     totals[name][1] += n
         ppl = {k: math.exp(v[0] / v[1]) for k, v in totals.items()}
         floats = attnlab.load(file)  # dequantized: float32 kernels
-        prompt = render_chat(
-            model.config.extra["chat_template"], [{"role": "user", "content": CHAT}]
-        )
+        template = model.config.extra.get("chat_template")  # Gemma 3's file has none: plain text
+        prompt = render_chat(template, [{"role": "user", "content": CHAT}]) if template else CHAT
         chat = torch.tensor([model.tokenizer.encode(prompt)])
         ours = generate(model, chat, 100, temperature=0)[0, chat.shape[1] :]
         reference = generate(floats, chat, 100, temperature=0)[0, chat.shape[1] :]
         differ = (ours != reference).nonzero()
         same = "equal" if len(differ) == 0 else f"equal up to token {int(differ[0])}"
+        same += "" if template else " (no chat template: the plain question)"
         lines.append(
             f"| {LABELS.get(kind, kind.upper())} | {totals['float'][1]} | {ppl['float']:.4f} | "
             f"{ppl['blocks']:.4f} | "
