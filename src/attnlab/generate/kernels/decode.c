@@ -653,8 +653,8 @@ static inline __m128i scales_mins_k(const uint8_t *q) {
  * 256 and row: the eight sub-blocks' integer sums (dpbusd, eight lanes each) folded by horizontal adds into one
  * vector whose lane j is sub-block j's sum (Q6_K: its two halves first, each times its int8 scale, in integers),
  * then one FMA by the eight scales d sc_j dx_j (Q6_K: d dx_j) and, for Q4_K / Q5_K, one by the mins dmin m_j
- * sx_j; x's bytes are loaded once for the four rows. (dot_q_more_of converted, scaled and added each sub-block's
- * eight lanes alone: four of its operations per sub-block, where this fold costs about one.) */
+ * sx_j; x's bytes are loaded once for the four rows. (Converting, scaling and adding each sub-block's eight
+ * lanes alone cost four operations per sub-block, where this fold costs about one: benchmarks/README.md.) */
 static inline __attribute__((always_inline)) void dot4_q_k(int type, const uint8_t *const w[4], q8_row r, int64_t nb,
                                                            float *s) {
   const int64_t bytes = BLOCK_BYTES[type];
