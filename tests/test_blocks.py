@@ -333,14 +333,30 @@ def check_float_product(x, w, bias, out):
     assert (out.double() - reference).abs().max() <= slack
 
 
+# the kinds whose prompts take the tiles: attnlab's own, and Q5_0, Q4_K, Q5_K from files (Q6_K's
+# two scales per 32 weights do not fit the tiles' format: it dequantizes)
+PROMPT = KINDS + ["q5_0", "q4_k", "q5_k"]
+
+
+def test_the_prompt_kinds_are_the_tested_ones():
+    assert sorted(PROMPT_KINDS) == sorted(PROMPT)
+
+
 def prompt_products_in_this_build(kind: str) -> None:
-    """Every prompt product of `kernels.library()` against its reference on PROMPT_SHAPES."""
+    """Every prompt product of `kernels.library()` against its reference on PROMPT_SHAPES (d_in
+    rounded up to whole blocks of 256 for the K-quants; their blocks random, as files hold them)."""
     g = torch.Generator().manual_seed(0)
+    weights = BLOCK_TYPES[kind].weights
     for rows, d_in, d_out in PROMPT_SHAPES:
+        d_in = -(-d_in // weights) * weights
         w = torch.randn(d_out, d_in, generator=g) * torch.rand(d_out, 1, generator=g)
         x = torch.randn(rows, d_in, generator=g) * torch.rand(1, d_in, generator=g) * 3
         bias = torch.randn(d_out, generator=g) if rows % 2 else None
-        layer = BlockLinear.from_float(w, kind, bias)
+        if kind in QUANTIZABLE:
+            layer = BlockLinear.from_float(w, kind, bias)
+        else:
+            layer = block_layer(kind, d_out, d_in, rows, bias is not None)
+            w, bias = layer.weight, layer.bias
         kernel = BLOCK_TYPES[kind].kernel
         got = kernels.block_linear_rows(x, layer.blocks, kernel, layer.bias)
         check_product(x, layer.blocks, kind, layer.bias, got, layer.weight)
@@ -349,7 +365,7 @@ def prompt_products_in_this_build(kind: str) -> None:
         check_float_product(x, w, bias, kernels.linear_rows(x, w, bias))
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", PROMPT)
 def test_prompt_products_stay_with_their_references(kind):
     """8-bit activations: within the rounding bound of the float product and equal to the emulated
     integer arithmetic (as the decode step's product); float32 (blocks dequantized a tile at a
@@ -357,7 +373,7 @@ def test_prompt_products_stay_with_their_references(kind):
     prompt_products_in_this_build(kind)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", PROMPT)
 def test_every_build_of_the_prompt_products_stays_with_their_references(
     kind, other_build, monkeypatch
 ):
@@ -425,10 +441,12 @@ def test_a_prompt_rounds_each_layer_input_once_for_q_k_v_and_for_gate_up(kind, m
 def largest_products_blocks(kind: str, d_out: int, d_in: int) -> torch.Tensor:
     """Blocks whose integer products with x at ±127 are the largest each kind allows: Q8_0's -128
     and 127, Q4_0's and Q4_1's nibbles 15 (a pair of AVX2's maddubs at 2 x 128 x 127 = 32,512,
-    just inside 16 bits, a block of Q4 nibbles at 8 x 2 x 15 x 127 = 30,480), d = 1 (and Q4_1's m =
-    1): rows alternating between the two values, in whole blocks."""
+    just inside 16 bits, a block of Q4 nibbles at 8 x 2 x 15 x 127 = 30,480), Q5_0's -16, Q4_K's
+    15 and Q5_K's 31 (a block of 31s at 8 x 2 x 31 x 127 = 62,992: past 16 bits) with every 6-bit
+    scale and min 63, d = 1 (and Q4_1's m, the K-quants' dmin = 1): rows alternating between the
+    two values, in whole blocks."""
     nbytes, one = BLOCK_TYPES[kind].nbytes, (0x00, 0x3C)  # float16 1.0, little-endian
-    blocks = torch.zeros(d_out, d_in // 32, nbytes, dtype=torch.uint8)
+    blocks = torch.zeros(d_out, d_in // BLOCK_TYPES[kind].weights, nbytes, dtype=torch.uint8)
     blocks[..., 0], blocks[..., 1] = one
     if kind == "q8_0":
         blocks[..., 2:] = (
@@ -436,15 +454,15 @@ def largest_products_blocks(kind: str, d_out: int, d_in: int) -> torch.Tensor:
             .view(torch.uint8)
             .repeat(d_out // 2 + 1)[:d_out, None, None]
         )
-    else:
-        head = 4 if kind == "q4_1" else 2
-        if kind == "q4_1":
+    elif kind != "q5_0":  # Q5_0: every value 0 - 16
+        head = 4 if kind in ("q4_1", "q4_k", "q5_k") else 2
+        if head == 4:
             blocks[..., 2], blocks[..., 3] = one
         blocks[..., head:] = 0xFF
     return blocks.reshape(d_out, -1)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", PROMPT)
 def test_every_build_of_the_block_products_holds_the_largest_integer_sums(
     kind, other_build, monkeypatch
 ):
@@ -452,11 +470,12 @@ def test_every_build_of_the_block_products_holds_the_largest_integer_sums(
     prompt's tiles (AVX2: 16-bit pair sums, Q4's summed in 16 bits per block) and the decode step's
     products equal the exact integer arithmetic, no sum saturated."""
     monkeypatch.setattr(kernels, "library", lambda: other_build)
-    d_in, d_out = 96, 35
+    d_in, d_out = (96, 35) if BLOCK_TYPES[kind].weights == 32 else (256, 35)
     blocks = largest_products_blocks(kind, d_out, d_in)
     w = dequantize(blocks, kind)
     signs = torch.tensor([1.0, -1.0, -1.0, 1.0, 1.0, -1.0, 1.0, -1.0, -1.0, 1.0, 1.0, -1.0, 1.0])
-    x = (signs[:, None] * torch.tensor([1.0, -1.0, 1.0])).repeat_interleave(32, dim=1)  # 13 rows
+    pattern = torch.tensor([1.0, -1.0, 1.0] * 3)[: d_in // 32]
+    x = (signs[:, None] * pattern).repeat_interleave(32, dim=1)  # 13 rows
     kernel = BLOCK_TYPES[kind].kernel
     exact = x.double() @ w.double().T  # x is exactly its rounding here: q = ±127, dx = 1 / 127
     for got in (

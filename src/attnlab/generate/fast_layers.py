@@ -36,8 +36,8 @@ from .blocks import BLOCK, BLOCK_TYPES, QUANTIZABLE, BlockLinear
 # code"): the compiled multiply-and-sum form and the C kernel (attnlab.generate.kernels), in
 # KernelLinear and the kernel decode step alike
 MATVEC_MAX_ROWS = 8
-# the block kinds decode.c's prompt products unpack (kernels.ROWS_KINDS); Q5_0 and the K-quants
-# multiply a prompt through the C dequantizer and F.linear
+# the block kinds decode.c's prompt products unpack (kernels.ROWS_KINDS); Q6_K multiplies a prompt
+# through the C dequantizer and F.linear
 PROMPT_KINDS = tuple(k for k, t in BLOCK_TYPES.items() if t.kernel in kernels.ROWS_KINDS)
 
 

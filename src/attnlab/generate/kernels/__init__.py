@@ -177,8 +177,16 @@ class BlockKind(enum.IntEnum):
 
 
 # the block kinds the prompt products (attnlab_linear_q_rows / _f_rows) unpack: decode.c's
-# block_values reads these 32-weight blocks only
-ROWS_KINDS = (BlockKind.Q8_0, BlockKind.Q4_0, BlockKind.Q4_1)
+# block_values reads these per 32 weights (Q4_K's and Q5_K's sub-blocks as Q4_1's blocks; Q6_K's two
+# scales per 32 are not in the tiles' format)
+ROWS_KINDS = (
+    BlockKind.Q8_0,
+    BlockKind.Q4_0,
+    BlockKind.Q4_1,
+    BlockKind.Q5_0,
+    BlockKind.Q4_K,
+    BlockKind.Q5_K,
+)
 
 
 class Activation(enum.IntEnum):

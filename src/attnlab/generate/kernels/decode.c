@@ -1116,9 +1116,31 @@ static q_tile q_tile_at(int8_t *base, int64_t nb) {
   return t;
 }
 
-/* block b of a row of `type` as 32 bytes in weight order (Q8_0's q; Q4_0's n - 8, or n when `nibbles`, as the
- * non-VNNI tiles hold them; Q4_1's n), its d and m */
-static inline void block_values(const uint8_t *p, int type, int nibbles, int8_t *v, float *d, float *m) {
+/* Q4_1 and the K-quants Q4_K, Q5_K: a min term m per block of 32 (the tiles' m times the row's sum) */
+static inline int rows_have_min(int type) {
+  return type == BLOCK_Q4_1 || type == BLOCK_Q4_K || type == BLOCK_Q5_K;
+}
+
+/* block b (of 32 weights) of a row of `type` as 32 bytes in weight order, its d and m, the weights being
+ * d v + m: Q8_0's q; Q4_0's n - 8, or n when `nibbles`, as the non-VNNI tiles hold them; Q4_1's n; Q5_0's
+ * n - 16; Q4_K's and Q5_K's sub-block b % 8 of their block b / 8 as Q4_1 with d = d sc and m = -dmin m, in
+ * dequantize_more's float operations (so d v + m is its value bit for bit) */
+static inline void block_values(const uint8_t *row, int64_t b, int type, int nibbles, int8_t *v, float *d, float *m) {
+  if (type >= BLOCK_Q5_0) {
+    const uint8_t *p = row + b / (BLOCK_WEIGHTS[type] / QK) * BLOCK_BYTES[type];
+    int s = (int)(b % (BLOCK_WEIGHTS[type] / QK)), offset = type == BLOCK_Q5_0 ? 16 : 0;
+    uint8_t n[QK];
+    values_of(type, p, s, n);
+    for (int j = 0; j < QK; j++) v[j] = (int8_t)(n[j] - offset);
+    *d = half_to_float(p), *m = 0.0f;
+    if (type != BLOCK_Q5_0) {
+      int sc, mn;
+      scale_min_k(p + 4, s, &sc, &mn);
+      *d = *d * (float)sc, *m = -(half_to_float(p + 2) * (float)mn);
+    }
+    return;
+  }
+  const uint8_t *p = row + b * BLOCK_BYTES[type];
   *d = half_to_float(p);
   *m = type == BLOCK_Q4_1 ? half_to_float(p + 2) : 0.0f;
   if (type == BLOCK_Q8_0) {
@@ -1133,10 +1155,33 @@ static inline void block_values(const uint8_t *p, int type, int nibbles, int8_t 
   }
 }
 
+/* pack_q_tile one feature at a time: its block's 32 values, then each group of four stored as one dword at its
+ * place (the VNNI build's gathers below take Q8_0, Q4_0 and Q4_1 only) */
+static void pack_q_tile_plain(const uint8_t *w, int type, int64_t o0, int64_t n, int64_t nb, q_tile t) {
+  int64_t row_bytes = nb * QK / BLOCK_WEIGHTS[type] * BLOCK_BYTES[type];
+  for (int64_t j = 0; j < TILE_N; j++)
+    for (int64_t b = 0; b < nb; b++) {
+      int8_t v[QK];
+      float d = 0.0f, m = 0.0f;
+      if (j < n)
+        block_values(w + (o0 + j) * row_bytes, b, type, !ROWS_VNNI, v, &d, &m);
+      else
+        memset(v, 0, QK);
+      int32_t sum = 0;
+      for (int g = 0; g < QK / 4; g++) memcpy(t.w + ((b * (QK / 4) + g) * TILE_N + j) * 4, v + 4 * g, 4);
+      for (int i = 0; i < QK; i++) sum += v[i];
+      t.d[b * TILE_N + j] = d, t.m[b * TILE_N + j] = m, t.corr[b * TILE_N + j] = -128 * sum;
+    }
+}
+
 /* features o0 .. o0 + n - 1 of w (rows of nb blocks of `type`) into tile t; features n .. TILE_N - 1 zero */
 static void pack_q_tile(const uint8_t *w, int type, int64_t o0, int64_t n, int64_t nb, q_tile t) {
-  int64_t bytes = BLOCK_BYTES[type];
 #if ROWS_VNNI
+  if (type >= BLOCK_Q5_0) { /* Q5_0 and the K-quants: not vectorised yet */
+    pack_q_tile_plain(w, type, o0, n, nb, t);
+    return;
+  }
+  int64_t bytes = BLOCK_BYTES[type];
   /* sixteen features at a time: each group of four weights gathered from the sixteen rows (one dword each), the
    * nibbles split with a shift and a mask, the sums by dpbusd with ones; the plain loop below computed the same
    * bytes five times slower (benchmarks/README.md) */
@@ -1181,20 +1226,7 @@ static void pack_q_tile(const uint8_t *w, int type, int64_t o0, int64_t n, int64
   }
   return;
 #endif
-  /* one feature at a time: its block's 32 values, then each group of four stored as one dword at its place */
-  for (int64_t j = 0; j < TILE_N; j++)
-    for (int64_t b = 0; b < nb; b++) {
-      int8_t v[QK];
-      float d = 0.0f, m = 0.0f;
-      if (j < n)
-        block_values(w + (o0 + j) * nb * bytes + b * bytes, type, !ROWS_VNNI, v, &d, &m);
-      else
-        memset(v, 0, QK);
-      int32_t sum = 0;
-      for (int g = 0; g < QK / 4; g++) memcpy(t.w + ((b * (QK / 4) + g) * TILE_N + j) * 4, v + 4 * g, 4);
-      for (int i = 0; i < QK; i++) sum += v[i];
-      t.d[b * TILE_N + j] = d, t.m[b * TILE_N + j] = m, t.corr[b * TILE_N + j] = -128 * sum;
-    }
+  pack_q_tile_plain(w, type, o0, n, nb, t);
 }
 
 #if ROWS_AVX2
@@ -1212,7 +1244,9 @@ static inline __attribute__((always_inline)) void q_tile_rows_avx2(q_tile t, int
       const uint8_t *xq[TILE_ROWS_Q];
       for (int r = 0; r < TILE_ROWS_Q; r++) xq[r] = xr[r].q + b * QK;
       __m256i s[TILE_ROWS_Q][2];
-      if (type == BLOCK_Q8_0) { /* |w| times x with w's sign: pairs up to 2 x 128 x 127, into 32 bits each time */
+      /* |w| times x with w's sign: pairs up to 2 x 128 x 127, into 32 bits each time; five-bit values too (a block
+       * of them summed in 16 bits could reach 8 x 2 x 31 x 128) */
+      if (type == BLOCK_Q8_0 || type == BLOCK_Q5_0 || type == BLOCK_Q5_K) {
         for (int r = 0; r < TILE_ROWS_Q; r++) s[r][0] = s[r][1] = _mm256_setzero_si256();
 #pragma GCC unroll 1
         for (int g = 0; g < QK / 4; g++) {
@@ -1257,7 +1291,7 @@ static inline __attribute__((always_inline)) void q_tile_rows_avx2(q_tile t, int
         __m256 scale = _mm256_set1_ps(xr[r].dx[b]);
         __m256 f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r][0]), _mm256_mul_ps(d0, scale), _mm256_loadu_ps(o));
         __m256 f1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r][1]), _mm256_mul_ps(d1, scale), _mm256_loadu_ps(o + 8));
-        if (type == BLOCK_Q4_1) {
+        if (rows_have_min(type)) {
           __m256 sum = _mm256_set1_ps(xr[r].sx[b]);
           f0 = _mm256_fmadd_ps(_mm256_loadu_ps(m), sum, f0);
           f1 = _mm256_fmadd_ps(_mm256_loadu_ps(m + 8), sum, f1);
@@ -1301,7 +1335,7 @@ static void q_tile_rows(q_tile t, int64_t nb, int type, const x_row *xr, float *
       f[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r][0]), _mm512_mul_ps(d0, scale), f[r][0]);
       f[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r][1]), _mm512_mul_ps(d1, scale), f[r][1]);
     }
-    if (type == BLOCK_Q4_1) {
+    if (rows_have_min(type)) {
       __m512 m0 = _mm512_loadu_ps(t.m + b * TILE_N), m1 = _mm512_loadu_ps(t.m + b * TILE_N + 16);
 #pragma GCC unroll 8
       for (int r = 0; r < TILE_ROWS_Q; r++) {
@@ -1320,8 +1354,14 @@ static void q_tile_rows(q_tile t, int64_t nb, int type, const x_row *xr, float *
     q_tile_rows_avx2(t, nb, BLOCK_Q8_0, xr, out);
   else if (type == BLOCK_Q4_0)
     q_tile_rows_avx2(t, nb, BLOCK_Q4_0, xr, out);
-  else
+  else if (type == BLOCK_Q4_1)
     q_tile_rows_avx2(t, nb, BLOCK_Q4_1, xr, out);
+  else if (type == BLOCK_Q5_0)
+    q_tile_rows_avx2(t, nb, BLOCK_Q5_0, xr, out);
+  else if (type == BLOCK_Q4_K)
+    q_tile_rows_avx2(t, nb, BLOCK_Q4_K, xr, out);
+  else
+    q_tile_rows_avx2(t, nb, BLOCK_Q5_K, xr, out);
 #else
   for (int r = 0; r < TILE_ROWS_Q; r++)
     for (int j = 0; j < TILE_N; j++) {
@@ -1332,7 +1372,7 @@ static void q_tile_rows(q_tile t, int64_t nb, int type, const x_row *xr, float *
           for (int i = 0; i < 4; i++)
             isum += (int8_t)xr[r].q[b * QK + 4 * g + i] * t.w[((b * (QK / 4) + g) * TILE_N + j) * 4 + i];
         total += (float)isum * (t.d[b * TILE_N + j] * xr[r].dx[b]);
-        if (type == BLOCK_Q4_1) total += t.m[b * TILE_N + j] * xr[r].sx[b];
+        if (rows_have_min(type)) total += t.m[b * TILE_N + j] * xr[r].sx[b];
       }
       out[r * TILE_N + j] = total;
     }
@@ -1474,8 +1514,8 @@ void attnlab_linear_f_rows(const float *x, const void *w, const float *b, float 
             for (int64_t c = 0; c < len; c += QK) {
               int8_t q[QK];
               float d, m;
-              block_values((const uint8_t *)w + ((o0 + j) * d_in + k0 + c) / QK * BLOCK_BYTES[type], type, 0, q,
-                           &d, &m);
+              block_values((const uint8_t *)w + (o0 + j) * (d_in / BLOCK_WEIGHTS[type] * BLOCK_BYTES[type]),
+                           (k0 + c) / QK, type, 0, q, &d, &m);
               for (int e = 0; e < QK; e++) v[c + e] = d * (float)q[e] + m;
             }
           for (int64_t k = 0; k < len; k++) tile[(k0 + k) * TILE_N + j] = v[k];
