@@ -526,6 +526,10 @@ def test_gemma3_kept_as_blocks_holds_every_matrix_and_the_embedding_as_the_files
         assert torch.equal(kept(ids), reference)
         with fast_linears(kept):
             fast = kept(ids[:, :8])  # a few rows: the C block products
+            prompt = kept(ids)  # a prompt: Q5_0, Q4_K, Q8_0 through the tiles, Q6_K dequantized
+    assert ids.shape[1] > 8
     assert (fast.argmax(-1) == reference[:, :8].argmax(-1)).all()
+    assert (prompt.argmax(-1) == reference.argmax(-1)).all()
     # each product within its rounding bound, over 18 layers: seen 0.14 of the spread
     assert (fast - reference[:, :8]).abs().max() <= 0.25 * reference.std()
+    assert (prompt - reference).abs().max() <= 0.25 * reference.std()
