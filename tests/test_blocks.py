@@ -383,11 +383,11 @@ def test_every_build_of_the_prompt_products_stays_with_their_references(
 
 def products_sharing_one_rounding_in_this_build() -> None:
     """block_linear_rows_many of `kernels.library()` equals block_linear_rows on each matrix, bit
-    for bit: three matrices of different kinds and widths (a tile of 32 features never spans two),
+    for bit: matrices of different kinds and widths (a tile of 32 features never spans two),
     rows below and above the few-row threshold and not a multiple of the register tile, biases or
     none; each within the rounding bound of the float product."""
     g = torch.Generator().manual_seed(1)
-    for rows, d_in in ((1, 64), (5, 96), (9, 576), (31, 160)):
+    for rows, d_in in ((1, 64), (5, 96), (9, 576), (31, 160), (13, 512)):
         x = torch.randn(rows, d_in, generator=g) * torch.rand(1, d_in, generator=g) * 3
         layers = [
             BlockLinear.from_float(torch.randn(d_out, d_in, generator=g), kind, bias)
@@ -397,6 +397,9 @@ def products_sharing_one_rounding_in_this_build() -> None:
                 ("q4_1", 70, torch.randn(70, generator=g)),
             )
         ]
+        if d_in % 256 == 0:  # a file's kinds beside them (Gemma 3's q, k, v: Q5_0, Q4_K, Q8_0)
+            more = (("q5_0", 45, True), ("q4_k", 32, False), ("q5_k", 65, True))
+            layers += [block_layer(kind, d_out, d_in, d_out, bias) for kind, d_out, bias in more]
         matrices = [(m.blocks, BLOCK_TYPES[m.kind].kernel, m.bias) for m in layers]
         together = kernels.block_linear_rows_many(x, matrices)
         for layer, (blocks, kernel, bias), got in zip(layers, matrices, together, strict=True):
