@@ -5,7 +5,13 @@ activations.
 Design choices:
 - The model's `Linear` is F.linear and nothing else. `fast_linears(model)` turns its Linear modules
   into `KernelLinear` for as long as generation runs (the same modules, weights and hooks: only
-  their class changes, and changes back), so the model never chooses a fast path itself.
+  their class changes, and changes back), so no layer chooses a fast path itself.
+- A forward pass that needs no gradients (torch.no_grad, inference_mode), of float32 on the CPU and
+  of at least TILES_MIN_ROWS rows, runs with the float Linear and Attention modules swapped so too
+  (`inference_layers`, which Transformer.forward enters): run_with_cache, patching sweeps and plain
+  forwards get decode.c's tiled float32 GEMM, which measured faster than torch's (MKL's) here. Block
+  layers keep their module path there (their prompt product rounds activations to 8 bits). Where
+  the kernels cannot run, `inference_kernels_unusable()` says why, and a log line says so once.
 - ggml's blocks (`quantize(model, "q4_0" | "q4_1" | "q8_0")`, attnlab.generate.blocks): 32
   weights per block with their own scale, as llama.cpp stores them.
 - Weights in 8 bits (`quantize(model, "int8")`): each output feature's row w is stored as q =
@@ -20,6 +26,8 @@ round(w / s) in
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 from collections.abc import Iterator
 
 import torch
@@ -39,10 +47,24 @@ MATVEC_MAX_ROWS = 8
 # the block kinds decode.c's prompt products unpack (kernels.ROWS_KINDS); Q6_K multiplies a prompt
 # through the C dequantizer and F.linear
 PROMPT_KINDS = tuple(k for k, t in BLOCK_TYPES.items() if t.kernel in kernels.ROWS_KINDS)
+logger = logging.getLogger(__name__)
+
+
+# from this many rows, and this many multiply-adds, the tiled float32 GEMM (kernels.linear_rows)
+# beat torch's F.linear on every shape measured (benchmarks/README.md, "Interpretability at speed");
+# below, the tiles' layout of the weights costs more than the product saves
+TILES_MIN_ROWS = 64
+TILES_MIN_MACS = 1 << 20
 
 
 def few_rows(x: torch.Tensor) -> bool:
     return x.shape[:-1].numel() <= MATVEC_MAX_ROWS
+
+
+def tile_rows(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Enough rows (and arithmetic) for the tiled float32 GEMM to beat F.linear."""
+    rows = x.shape[:-1].numel()
+    return rows >= TILES_MIN_ROWS and rows * weight.shape[0] * weight.shape[1] >= TILES_MIN_MACS
 
 
 def kernel_rows(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -56,9 +78,10 @@ class KernelLinear(Linear):
     MATVEC_MAX_ROWS sequences), whose weights come from main memory at every token: eager, float32
     on a CPU, the C kernel of attnlab.generate.kernels, which streams each weight row once; inside a
     compiled graph, a row-wise multiply and sum, which inductor turns into one vectorised loop. Both
-    run faster than the BLAS call (benchmarks/README.md, "Generation speed"); every larger product
-    takes F.linear, and
-    tests/test_fast_paths.py and tests/test_kernels.py hold them to its numbers.
+    run faster than the BLAS call (benchmarks/README.md, "Generation speed"). From TILES_MIN_ROWS
+    rows (a prompt, a batch of sequences) the tiled float32 GEMM in C, where this build runs it on
+    AVX-512; everything else takes F.linear, and tests/test_fast_paths.py and tests/test_kernels.py
+    hold them to its numbers.
     The weight may be stored narrower than the activations (`store_weights_as`): it is widened where
     it is used, which a compiled graph fuses into the same loop."""
 
@@ -76,9 +99,10 @@ class KernelLinear(Linear):
             x.dtype == self.weight.dtype == torch.float32
             and x.shape[-1] == self.weight.shape[-1]
             and self.weight.is_contiguous()
-            and kernels.usable(x, self.weight)
+            and tile_rows(x, self.weight)
+            and kernels.usable(x, self.weight, *([] if self.bias is None else [self.bias]))
             and kernels.rows_vectorized()[1]
-        ):  # a prompt: the tiled float32 GEMM, which measured faster than torch's (MKL's) here
+        ):  # many rows: the tiled float32 GEMM, which measured faster than torch's (MKL's) here
             return kernels.linear_rows(x, self.weight, self.bias)
         weight = self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype)
         return F.linear(x, weight, self.bias)
@@ -230,17 +254,19 @@ class KernelAttention(Attention):
 
 
 @contextlib.contextmanager
-def fast_linears(model: nn.Module) -> Iterator[nn.Module]:
+def fast_linears(model: nn.Module, blocks: bool = True) -> Iterator[nn.Module]:
     """Within the block, the model's Linear modules are KernelLinear, its BlockLinear modules
-    KernelBlockLinear, its Attention modules KernelAttention, its RMSNorm modules KernelRMSNorm and
-    its MLP modules KernelMLP (class swapped in place, then back)."""
+    KernelBlockLinear (unless `blocks` is False), its Attention modules KernelAttention, its RMSNorm
+    modules KernelRMSNorm and its MLP modules KernelMLP (class swapped in place, then back).
+    Modules already swapped stay as they are, and are left so."""
     fast = {
         Linear: KernelLinear,
-        BlockLinear: KernelBlockLinear,
         Attention: KernelAttention,
         RMSNorm: KernelRMSNorm,
         MLP: KernelMLP,
     }
+    if blocks:
+        fast[BlockLinear] = KernelBlockLinear
     swapped = [(m, type(m)) for m in model.modules() if type(m) in fast]
     for module, cls in swapped:
         module.__class__ = fast[cls]
@@ -249,6 +275,43 @@ def fast_linears(model: nn.Module) -> Iterator[nn.Module]:
     finally:
         for module, cls in swapped:
             module.__class__ = cls
+
+
+def inference_kernels_unusable() -> str | None:
+    """Why a forward pass without gradients cannot take the C kernels here (None: it can): no
+    kernels (no compiler, a build that failed its self-check, ATTNLAB_KERNELS=0), or a build whose
+    float32 tiles are not vectorised (AVX2 and portable builds, where torch's GEMM is kept)."""
+    if not kernels.available():
+        return "attnlab's C kernels are not available (no C compiler, or ATTNLAB_KERNELS=0)"
+    if not kernels.rows_vectorized()[1]:
+        return f"the {kernels.variant()} build of the kernels has no vectorised float32 tiles"
+    return None
+
+
+@functools.cache
+def _say_once(why: str) -> None:
+    logger.info("attnlab: forward passes use torch's float32 products: %s", why)
+
+
+def inference_layers(model: nn.Module, resid: torch.Tensor) -> contextlib.AbstractContextManager:
+    """What Transformer.forward runs its blocks and LM head in: `fast_linears(model, blocks=False)`
+    for a pass that needs no gradients (torch.no_grad or inference_mode), outside a compiled graph,
+    whose residual stream `resid` [batch, pos, d_model] is float32 on the CPU with at least
+    TILES_MIN_ROWS rows, where `inference_kernels_unusable()` has no objection; else nothing
+    changes. Each swapped module still checks its own inputs and falls back to its module path."""
+    if (
+        torch.is_grad_enabled()
+        or torch.compiler.is_compiling()
+        or resid.dtype != torch.float32
+        or resid.device.type != "cpu"
+        or resid.shape[:-1].numel() < TILES_MIN_ROWS
+    ):
+        return contextlib.nullcontext(model)
+    why = inference_kernels_unusable()
+    if why is not None:
+        _say_once(why)
+        return contextlib.nullcontext(model)
+    return fast_linears(model, blocks=False)
 
 
 class Int8Linear(nn.Module):

@@ -23,6 +23,10 @@ Design choices:
   still reaches them.
 - `attention_mask` (B, S) marks real tokens (1) and padding (0); positions may be given per row so
   that left-padded batches generate correctly.
+- A pass that needs no gradients (torch.no_grad, inference_mode) over many float32 rows on the CPU
+  runs its blocks and LM head with the Linear and Attention modules swapped for the C kernels' ones
+  (attnlab.generate.fast_layers.inference_layers): the layers themselves stay the chapter's
+  equations, and tests hold the swapped ones to them.
 """
 
 from __future__ import annotations
@@ -288,17 +292,21 @@ class Transformer(HookedModule, TransformerLensViews):
         mask = None
         if attention_mask is not None:
             mask = attention_mask.to(torch.bool)[:, None, None, :]  # [batch, 1, 1, key_pos]
-        for block in self.blocks[start_at_layer:stop_at_layer]:
-            resid = block(
-                resid,
-                rope=rope_local if block.rope_local else rope,
-                mask=mask,
-                kv_cache=kv_cache,
-                start_pos=start_pos,
-            )
-        if stop_at_layer is not None:
-            return resid
-        return self.logits_from_resid(resid)
+        from ..generate.fast_layers import inference_layers  # (it imports the model's layers)
+
+        # a pass without gradients, of many float32 rows on the CPU: the products in C
+        with inference_layers(self, resid):
+            for block in self.blocks[start_at_layer:stop_at_layer]:
+                resid = block(
+                    resid,
+                    rope=rope_local if block.rope_local else rope,
+                    mask=mask,
+                    kv_cache=kv_cache,
+                    start_pos=start_pos,
+                )
+            if stop_at_layer is not None:
+                return resid
+            return self.logits_from_resid(resid)
 
     def logits_from_resid(self, resid: torch.Tensor) -> torch.Tensor:
         """The end of the forward pass: final norm, LM head and soft-cap of the residual stream

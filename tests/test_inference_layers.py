@@ -1,0 +1,256 @@
+"""Forward passes without gradients in C (attnlab.generate.fast_layers.inference_layers): the
+model's Linear and Attention modules swapped for the kernels' ones for a pass over many float32
+rows on the CPU, each against the module path it stands in for.
+
+Tolerances, derived: a float32 dot product of n terms summed in another order differs from the
+exact sum by at most about n · 2⁻²⁴ · Σ|xᵢwᵢ| (Higham's γₙ bound), so each product is checked
+against float64 within 1e-5 · (|x| |W|ᵀ) (n ≤ 600 here: n · 6e-8 ≤ 3.6e-5 in the worst case, ~√n
+times less in practice). Whole models stack a few such products: their logits and every cached
+activation are compared with the module path's float32 numbers within 1e-4 of each tensor's
+largest value, and with a float64 copy of the model.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attnlab
+from attnlab.generate import fast_layers, kernels
+from attnlab.generate.fast_layers import (
+    TILES_MIN_MACS,
+    TILES_MIN_ROWS,
+    KernelAttention,
+    KernelLinear,
+    inference_kernels_unusable,
+)
+from attnlab.model.config import ModelConfig
+from attnlab.model.layers import Linear
+
+NO_TILES = "this build of the kernels has no vectorised float32 tiles (AVX-512): torch's path runs"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def built_kernels():
+    """The kernels must build here (as tests/test_kernels.py requires); the tiled path needs an
+    AVX-512 build, which the CPUs these tests run on have (checked, not skipped, where it is)."""
+    if not kernels.available():
+        pytest.fail("attnlab's C kernels could not be built here (no C compiler)", pytrace=False)
+
+
+def tiles_here() -> bool:
+    return kernels.rows_vectorized()[1]
+
+
+def check_product(x, w, bias, out) -> None:
+    """out against x Wᵀ + b in float64: float32 summation slack only (the module docstring)."""
+    reference = F.linear(x.double(), w.double(), None if bias is None else bias.double())
+    slack = 1e-5 * (x.double().abs() @ w.double().abs().T) + 1e-6
+    assert ((out.double() - reference).abs() <= slack).all()
+
+
+def counting(monkeypatch, name: str) -> list:
+    """Count the calls of kernels.`name` (still computing them)."""
+    calls, original = [], getattr(kernels, name)
+    monkeypatch.setattr(kernels, name, lambda *a, **k: calls.append(1) or original(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("d_in, d_out", [(129, 67), (576, 192), (64, 1000)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_kernel_linear_takes_the_tiles_from_enough_rows_and_agrees_with_f_linear(
+    seed, d_in, d_out, bias, monkeypatch
+):
+    tiles = counting(monkeypatch, "linear_rows")
+    layer = KernelLinear(d_in, d_out, bias=bias)
+    with torch.no_grad():
+        layer.weight.normal_()
+        for rows in (1, 9, TILES_MIN_ROWS - 1, TILES_MIN_ROWS, 203):
+            x = torch.randn(rows, d_in) * 2
+            before = len(tiles)
+            out = layer(x)
+            check_product(x, layer.weight, layer.bias, out)
+            tiled = rows >= TILES_MIN_ROWS and rows * d_in * d_out >= TILES_MIN_MACS
+            assert len(tiles) - before == (1 if tiled and tiles_here() else 0), rows
+            if not few_or_tiled(rows, d_in, d_out):  # F.linear itself
+                assert torch.equal(out, F.linear(x, layer.weight, layer.bias))
+        # a batch of sequences: rows are every leading dimension
+        x = torch.randn(3, 50, d_in)
+        check_product(x.reshape(-1, d_in), layer.weight, layer.bias, layer(x).reshape(-1, d_out))
+    # gradients wanted: torch's product, whose backward exists
+    x = torch.randn(TILES_MIN_ROWS, d_in, requires_grad=True)
+    before = len(tiles)
+    layer(x).sum().backward()
+    assert len(tiles) == before and x.grad is not None
+
+
+def few_or_tiled(rows: int, d_in: int, d_out: int) -> bool:
+    return rows <= fast_layers.MATVEC_MAX_ROWS or (
+        tiles_here() and rows >= TILES_MIN_ROWS and rows * d_in * d_out >= TILES_MIN_MACS
+    )
+
+
+BASE = dict(d_vocab=97, n_ctx=128, d_model=128, n_layers=2, n_heads=4, d_mlp=192)  # d_head 32
+CONFIGS = {
+    "gpt2": dict(mlp="gelu_tanh"),
+    # SmolLM2's shape: grouped key/value heads, RMSNorm, SwiGLU, RoPE, no biases, d_head 32
+    "llama-gqa": dict(
+        positional="rope",
+        n_heads=2,
+        n_kv_heads=1,
+        norm="rmsnorm",
+        mlp="swiglu",
+        bias=False,
+        tie_embeddings=True,
+    ),
+    "qwen-qkv-bias-window": dict(
+        positional="rope", qkv_bias=True, norm="rmsnorm", mlp="swiglu", sliding_window=8
+    ),
+}
+
+
+def build(name: str) -> attnlab.Transformer:
+    model = attnlab.Transformer(ModelConfig(**{**BASE, **CONFIGS[name]})).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    return model
+
+
+def module_path(monkeypatch) -> None:
+    """From now on forward passes keep the model's own modules (the reference path)."""
+    monkeypatch.setattr(fast_layers, "inference_layers", lambda m, r: _nothing(m))
+
+
+class _nothing:
+    def __init__(self, model):
+        self.model = model
+
+    def __enter__(self):
+        return self.model
+
+    def __exit__(self, *exc):
+        return False
+
+
+def close(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+    scale = b.abs().max().item() if b.numel() else 0.0
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-4 * max(scale, 1e-3), msg=what)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_a_forward_without_gradients_takes_the_kernels_and_gives_the_module_paths_numbers(
+    seed, name, monkeypatch
+):
+    model = build(name)
+    ids = torch.randint(0, BASE["d_vocab"], (2, 64))  # 128 rows
+    tiles = counting(monkeypatch, "linear_rows")
+    with torch.no_grad():
+        fast = model(ids)
+        fast_cache = model.run_with_cache(ids)[1]
+        # every Linear of the blocks and the LM head large enough for the tiles, in both runs
+        rows = ids.numel()
+        linears = sum(
+            isinstance(m, Linear) and rows * m.in_features * m.out_features >= TILES_MIN_MACS
+            for m in model.modules()
+        )
+        assert linears >= 5 and len(tiles) == (2 * linears if tiles_here() else 0)
+        # and back: the model's own classes after the pass
+        assert not any(isinstance(m, (KernelLinear, KernelAttention)) for m in model.modules())
+        exact = model.double()(ids)
+        model.float()
+        module_path(monkeypatch)
+        reference = model(ids)
+        reference_cache = model.run_with_cache(ids)[1]
+    close(fast, reference, "logits")
+    close(fast.double(), exact, "logits against float64")
+    assert list(fast_cache.keys()) == list(reference_cache.keys())
+    for key in reference_cache.keys():
+        assert fast_cache[key].shape == reference_cache[key].shape, key
+        close(fast_cache[key], reference_cache[key], key)
+
+
+def test_a_hook_that_edits_changes_the_kernel_path_as_the_module_path(seed, monkeypatch):
+    """Hooks see the same activations, and what they replace flows on in both paths."""
+    model = build("llama-gqa")
+    ids = torch.randint(0, BASE["d_vocab"], (2, 64))
+
+    def zero_head_0(z, hook):
+        z = z.clone()
+        z[:, :, 0] = 0
+        return z
+
+    def edited():
+        return model.run_with_hooks(ids, fwd_hooks=[("blocks.0.attn.hook_z", zero_head_0)])
+
+    with torch.no_grad():
+        fast, plain = edited(), model(ids)
+        module_path(monkeypatch)
+        reference = edited()
+    close(fast, reference, "edited logits")
+    assert (fast - plain).abs().max() > 1e-3  # the edit did change something
+
+
+def test_training_keeps_torchs_path_and_its_gradients(seed, monkeypatch):
+    model = build("llama-gqa").train()
+    tiles = counting(monkeypatch, "linear_rows")
+    prompt = counting(monkeypatch, "attend_rows")
+    ids = torch.randint(0, BASE["d_vocab"], (2, 64))
+    model.loss(ids[:, :-1], ids[:, 1:]).backward()
+    assert tiles == [] and prompt == []
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_few_rows_keep_the_models_own_modules(seed, monkeypatch):
+    """Below TILES_MIN_ROWS rows the swap would not pay: the modules stay as they are."""
+    model = build("llama-gqa")
+    swapped = []
+    original = fast_layers.fast_linears
+
+    def spy(*a, **k):
+        swapped.append(1)
+        return original(*a, **k)
+
+    monkeypatch.setattr(fast_layers, "fast_linears", spy)
+    with torch.no_grad():
+        model(torch.randint(0, BASE["d_vocab"], (1, TILES_MIN_ROWS - 1)))
+        assert swapped == []
+        model(torch.randint(0, BASE["d_vocab"], (1, TILES_MIN_ROWS)))
+        assert swapped == ([1] if tiles_here() else [])
+
+
+def test_a_quantized_model_keeps_its_block_layers_module_path(seed, monkeypatch):
+    """Block layers are not swapped outside generation: their prompt product rounds activations
+    to 8 bits, which a forward pass of the model does not (attention still takes the kernel)."""
+    model = build("llama-gqa")
+    attnlab.quantize(model, "q8_0")
+    ids = torch.randint(0, BASE["d_vocab"], (2, 64))
+    blocks = counting(monkeypatch, "block_linear_rows")
+    with torch.no_grad():
+        fast = model(ids)
+        module_path(monkeypatch)
+        reference = model(ids)
+    assert blocks == []
+    close(fast, reference, "q8_0 logits")
+
+
+def test_without_vectorised_tiles_torchs_path_runs_and_says_why(
+    seed, monkeypatch, caplog, tmp_path
+):
+    """A portable build (or none at all) keeps torch's products, and says so in one log line."""
+    monkeypatch.setattr(kernels, "rows_vectorized", lambda: (False, False))
+    monkeypatch.setattr(kernels, "variant", lambda: "portable")
+    fast_layers._say_once.cache_clear()
+    tiles = counting(monkeypatch, "linear_rows")
+    model = build("llama-gqa")
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="attnlab.generate.fast_layers"):
+        model(torch.randint(0, BASE["d_vocab"], (2, 64)))
+    assert tiles == []
+    assert inference_kernels_unusable() == (
+        "the portable build of the kernels has no vectorised float32 tiles"
+    )
+    assert "forward passes use torch's float32 products: the portable build" in caplog.text
+    fast_layers._say_once.cache_clear()
