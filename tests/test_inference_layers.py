@@ -194,27 +194,35 @@ def test_a_hook_that_edits_changes_the_kernel_path_as_the_module_path(seed, monk
     assert (fast - plain).abs().max() > 1e-3  # the edit did change something
 
 
-def test_training_keeps_torchs_path_and_its_gradients(seed, monkeypatch):
-    model = build("llama-gqa").train()
-    tiles = counting(monkeypatch, "linear_rows")
-    prompt = counting(monkeypatch, "attend_rows")
-    ids = torch.randint(0, BASE["d_vocab"], (2, 64))
-    model.loss(ids[:, :-1], ids[:, 1:]).backward()
-    assert tiles == [] and prompt == []
-    assert all(p.grad is not None for p in model.parameters())
-
-
-def test_few_rows_keep_the_models_own_modules(seed, monkeypatch):
-    """Below TILES_MIN_ROWS rows the swap would not pay: the modules stay as they are."""
-    model = build("llama-gqa")
-    swapped = []
-    original = fast_layers.fast_linears
+def counting_swaps(monkeypatch) -> list:
+    """Count the times fast_layers.fast_linears swaps a model's modules."""
+    swapped, original = [], fast_layers.fast_linears
 
     def spy(*a, **k):
         swapped.append(1)
         return original(*a, **k)
 
     monkeypatch.setattr(fast_layers, "fast_linears", spy)
+    return swapped
+
+
+def test_training_keeps_torchs_path_and_its_gradients(seed, monkeypatch):
+    """With gradients on, the modules are never swapped (and each swapped one would check again:
+    kernels.usable)."""
+    model = build("llama-gqa").train()
+    tiles = counting(monkeypatch, "linear_rows")
+    prompt = counting(monkeypatch, "attend_rows")
+    swapped = counting_swaps(monkeypatch)
+    ids = torch.randint(0, BASE["d_vocab"], (2, 64))
+    model.loss(ids[:, :-1], ids[:, 1:]).backward()
+    assert tiles == [] and prompt == [] and swapped == []
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_few_rows_keep_the_models_own_modules(seed, monkeypatch):
+    """Below TILES_MIN_ROWS rows the swap would not pay: the modules stay as they are."""
+    model = build("llama-gqa")
+    swapped = counting_swaps(monkeypatch)
     with torch.no_grad():
         model(torch.randint(0, BASE["d_vocab"], (1, TILES_MIN_ROWS - 1)))
         assert swapped == []
