@@ -104,13 +104,18 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     parser.add_argument("--reference", action="store_true", help="also time the reference path")
     parser.add_argument("--profile", action="store_true", help="top operators of run_with_cache")
+    parser.add_argument(
+        "--only",
+        choices=["sweep", "cache"],
+        help="time only the patching sweep, or only run_with_cache and the forward",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     from importlib.metadata import version
 
     try:
-        from transformer_lens import patching as tl_patching
+        import transformer_lens  # noqa: F401
     except ImportError:
         raise SystemExit(
             "this benchmark needs TransformerLens, which attnlab does not depend on: run it with a "
@@ -141,78 +146,31 @@ def main() -> int:
             "logits, attnlab vs TransformerLens: relative difference "
             f"{relative(logits, tl_logits):.1e}"
         )
+        shared = [name for name in cache.keys() if name in tl_cache]
+        worst = max(shared, key=lambda name: relative(cache[name], tl_cache[name]))
+        print(
+            f"caches, the {len(shared)} hooks both have: largest relative difference "
+            f"{relative(cache[worst], tl_cache[worst]):.1e} ({worst})"
+        )
 
-        # the full head-patching sweep
-        runs = {
-            "TransformerLens": lambda: tl_patching.get_act_patch_attn_head_out_all_pos(
-                bridge, corrupted, tl_cache, metric
-            ),
-            "attnlab": lambda: patching.get_act_patch_attn_head_out_all_pos(
-                model, corrupted, cache, metric
-            ),
-        }
-        if args.reference:
-            runs["attnlab reference path"] = lambda: patching.get_act_patch_attn_head_out_all_pos(
-                model, corrupted, cache, metric, path="reference"
+        sweep_ratio = cache_ratio = None
+        if args.only != "cache":
+            sweep_ratio = sweep(args, model, bridge, corrupted, cache, tl_cache, metric)
+        if args.only != "sweep":
+            cache_ratio = cache_and_forward(args, model, bridge, vocab)
+        print(
+            "\nratios: "
+            + ", ".join(
+                f"{name} {ratio:.2f}x (goal {goal})"
+                for name, ratio, goal in (
+                    ("head-patching sweep", sweep_ratio, "3x"),
+                    ("run_with_cache", cache_ratio, "2x"),
+                )
+                if ratio is not None
             )
-        times, outputs = alternate(runs, args.repeats)
-        theirs, ours = outputs["TransformerLens"], outputs["attnlab"]
-        print(
-            f"\nhead-patching sweep: {cfg.n_layers} layers x {cfg.n_heads} heads, "
-            f"{args.tokens} tokens, logit difference; attnlab took the {ours.notes['path']} path"
-        )
-        difference = relative(ours.values, theirs)
-        print(
-            f"  results, attnlab vs TransformerLens: relative difference {difference:.1e} "
-            f"({'equal' if difference < 1e-4 else 'DIFFERENT'})"
-        )
-        if args.reference:
-            reference = outputs["attnlab reference path"].values
-            print(
-                "  attnlab fast vs reference path: relative difference "
-                f"{relative(ours.values, reference):.1e}"
-            )
-        for name, seconds in times.items():
-            print(f"  {name:24} {seconds:8.2f} s")
-        sweep_ratio = times["TransformerLens"] / times["attnlab"]
-        print(f"  attnlab / TransformerLens speed: {sweep_ratio:.2f}x")
-
-        # run_with_cache and a plain forward
-        ids = torch.randint(
-            0,
-            vocab,
-            (args.cache_batch, args.cache_tokens),
-            generator=torch.Generator().manual_seed(1),
-        )
-        n = ids.numel()
-        runs = {
-            "TransformerLens run_with_cache": lambda: bridge.run_with_cache(ids),
-            "attnlab run_with_cache": lambda: model.run_with_cache(ids),
-        }
-        cache_times, _ = alternate(runs, args.repeats)
-        runs = {
-            "TransformerLens forward": lambda: bridge(ids),
-            "attnlab forward": lambda: model(ids),
-        }
-        forward_times, _ = alternate(runs, args.repeats)
-        print(
-            f"\nrun_with_cache and forward, {args.cache_batch} x {args.cache_tokens} tokens (tok/s)"
-        )
-        for name, seconds in {**cache_times, **forward_times}.items():
-            print(f"  {name:32} {n / seconds:8.0f}")
-        cache_ratio = (
-            cache_times["TransformerLens run_with_cache"] / cache_times["attnlab run_with_cache"]
-        )
-        forward_ratio = forward_times["TransformerLens forward"] / forward_times["attnlab forward"]
-        print(
-            f"  attnlab / TransformerLens speed: run_with_cache {cache_ratio:.2f}x, "
-            f"forward {forward_ratio:.2f}x"
-        )
-        print(
-            f"\nratios: head-patching sweep {sweep_ratio:.2f}x (goal 3x), "
-            f"run_with_cache {cache_ratio:.2f}x (goal 2x)"
         )
         if args.profile:
+            ids = cache_ids(args, vocab)
             from torch.profiler import ProfilerActivity, profile
 
             for what, fn in (
@@ -224,6 +182,97 @@ def main() -> int:
                 print(f"\nattnlab {what}, top operators by own time:")
                 print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
     return 0
+
+
+def sweep(args, model, bridge, corrupted, cache, tl_cache, metric) -> float:
+    """Time the full head-patching sweep of both libraries (and attnlab's reference path with
+    --reference); print the results' differences and the times; return the speed ratio."""
+    from transformer_lens import patching as tl_patching
+
+    cfg = model.config
+    # the full head-patching sweep
+    runs = {
+        "TransformerLens": lambda: tl_patching.get_act_patch_attn_head_out_all_pos(
+            bridge, corrupted, tl_cache, metric
+        ),
+        "attnlab": lambda: patching.get_act_patch_attn_head_out_all_pos(
+            model, corrupted, cache, metric
+        ),
+    }
+    if args.reference:
+        runs["attnlab reference path"] = lambda: patching.get_act_patch_attn_head_out_all_pos(
+            model, corrupted, cache, metric, path="reference"
+        )
+    times, outputs = alternate(runs, args.repeats)
+    theirs, ours = outputs["TransformerLens"], outputs["attnlab"]
+    print(
+        f"\nhead-patching sweep: {cfg.n_layers} layers x {cfg.n_heads} heads, "
+        f"{args.tokens} tokens, logit difference; attnlab took the {ours.notes['path']} path"
+    )
+    difference = relative(ours.values, theirs)
+    print(
+        f"  results, attnlab vs TransformerLens: relative difference {difference:.1e} "
+        f"({'equal' if difference < 1e-4 else 'DIFFERENT'})"
+    )
+    if args.reference:
+        reference = outputs["attnlab reference path"].values
+        print(
+            "  attnlab fast vs reference path: relative difference "
+            f"{relative(ours.values, reference):.1e}"
+        )
+    for name, seconds in times.items():
+        print(f"  {name:24} {seconds:8.2f} s")
+    sweep_ratio = times["TransformerLens"] / times["attnlab"]
+    print(f"  attnlab / TransformerLens speed: {sweep_ratio:.2f}x")
+    return sweep_ratio
+
+
+def cache_ids(args, vocab: int) -> torch.Tensor:
+    """The run_with_cache benchmark's random tokens [cache_batch, cache_tokens]."""
+    return torch.randint(
+        0, vocab, (args.cache_batch, args.cache_tokens), generator=torch.Generator().manual_seed(1)
+    )
+
+
+def cache_and_forward(args, model, bridge, vocab: int) -> float:
+    """Time run_with_cache and a plain forward of both libraries on the same tokens; print the
+    tokens per second and which path attnlab's forward took; return run_with_cache's ratio."""
+    from attnlab.generate.fast_layers import inference_kernels_unusable
+
+    # run_with_cache and a plain forward
+    ids = cache_ids(args, vocab)
+    n = ids.numel()
+    runs = {
+        "TransformerLens run_with_cache": lambda: bridge.run_with_cache(ids),
+        "attnlab run_with_cache": lambda: model.run_with_cache(ids),
+    }
+    cache_times, _ = alternate(runs, args.repeats)
+    runs = {
+        "TransformerLens forward": lambda: bridge(ids),
+        "attnlab forward": lambda: model(ids),
+    }
+    forward_times, _ = alternate(runs, args.repeats)
+    print(f"\nrun_with_cache and forward, {args.cache_batch} x {args.cache_tokens} tokens (tok/s)")
+    for name, seconds in {**cache_times, **forward_times}.items():
+        print(f"  {name:32} {n / seconds:8.0f}")
+    cache_ratio = (
+        cache_times["TransformerLens run_with_cache"] / cache_times["attnlab run_with_cache"]
+    )
+    forward_ratio = forward_times["TransformerLens forward"] / forward_times["attnlab forward"]
+    print(
+        f"  attnlab / TransformerLens speed: run_with_cache {cache_ratio:.2f}x, "
+        f"forward {forward_ratio:.2f}x"
+    )
+    why = inference_kernels_unusable()
+    print(
+        "  attnlab's products and attention: "
+        + ("decode.c's kernels" if why is None else f"torch's ({why})")
+    )
+    with torch.no_grad():
+        fast = model(ids)
+        logits = bridge(ids)
+    print(f"  logits, attnlab vs TransformerLens: relative difference {relative(fast, logits):.1e}")
+    return cache_ratio
 
 
 if __name__ == "__main__":

@@ -111,3 +111,10 @@ def test_the_block_types_are_decode_cs_and_the_block_modules():
     # the scratch-size function the loader declares (it returns a size: not an op)
     found = re.search(r"\bint64_t " + kernels.SCRATCH[0] + r"\((.*?)\)", DECODE_C)
     assert found is not None and found.group(1).count("int64_t") == len(kernels.SCRATCH[1])
+
+
+def test_the_prompt_products_and_attention_steps_are_decode_cs():
+    """The functions outside the step programs that the loader declares: their parameters as
+    decode.c has them."""
+    for name, argtypes in (*kernels.LINEAR_ROWS, kernels.ATTEND_ROWS, *kernels.ATTEND_STEPS):
+        assert c_parameters(name) == argtypes, name

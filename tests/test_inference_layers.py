@@ -262,3 +262,137 @@ def test_without_vectorised_tiles_torchs_path_runs_and_says_why(
     )
     assert "forward passes use torch's float32 products: the portable build" in caplog.text
     fast_layers._say_once.cache_clear()
+
+
+# run_with_cache's attention: the explicit path's three steps in C --------------------------------
+
+
+@pytest.fixture(scope="module", params=["this build", "avx2", "portable"])
+def library(request, tmp_path_factory):
+    """decode.c as this process runs it, and as its AVX2 and portable builds (in a temporary
+    cache: the user's is left alone)."""
+    if request.param == "this build":
+        return kernels.library()
+    if request.param not in kernels.variants_here():
+        pytest.skip(f"this CPU or its operating system does not allow {request.param}")
+    flags = kernels.VARIANTS[request.param][0]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ATTNLAB_CACHE", str(tmp_path_factory.mktemp("kernels")))
+        path = kernels.build(flag_sets=(flags,))
+    assert path is not None
+    return kernels.load(path)
+
+
+# (batch, T, heads, kv_heads, d_head): T not a multiple of the kernels' 12 queries or 32 keys,
+# grouped and plain heads; the scores take any d_head, the product with V multiples of 32
+ATTENTION_SHAPES = ((1, 1, 2, 1, 32), (2, 37, 4, 2, 32), (1, 70, 6, 3, 64), (2, 13, 3, 3, 96))
+
+
+def test_the_attention_steps_equal_the_chapters_equation_in_every_build(library, monkeypatch):
+    """Scores: masked where the chapter's mask is (exactly −∞), q·k · scale elsewhere; pattern:
+    exactly 0 where masked, rows summing to 1; z = pattern V; against float64, within float32
+    summation slack (the module docstring's bound, ≤ 1e-5 of the terms' magnitudes here)."""
+    from attnlab.model.attention import apply_mask, attention_pattern, attention_scores, expand_kv
+
+    monkeypatch.setattr(kernels, "library", lambda: library)
+    g = torch.Generator().manual_seed(0)
+    for B, T, H, Hkv, D in (*ATTENTION_SHAPES, (1, 33, 2, 1, 20)):
+        q = torch.randn(B, T, H, D, generator=g).transpose(1, 2)  # [batch, head, pos, d_head]
+        k, v = (torch.randn(B, T, Hkv, D, generator=g).transpose(1, 2) * 2 for _ in range(2))
+        scores = apply_mask(
+            attention_scores(q.double(), expand_kv(q, k).double(), 0.2), causal=True
+        )
+        pattern = attention_pattern(scores)
+        got_scores = kernels.attend_scores(q, k, 0.2)
+        masked = torch.isneginf(scores)
+        assert torch.equal(torch.isneginf(got_scores), masked)
+        torch.testing.assert_close(
+            got_scores.double().masked_fill(masked, 0), scores.masked_fill(masked, 0), **SLACK
+        )
+        got_pattern = kernels.softmax_rows(got_scores)
+        assert (got_pattern[masked] == 0).all()
+        torch.testing.assert_close(got_pattern.double(), pattern, **SLACK)
+        if D % 32 == 0:
+            z = kernels.attend_mix(got_pattern, v)
+            assert z.shape == (B, H, T, D) and z.transpose(1, 2).is_contiguous()
+            expected = torch.matmul(pattern, expand_kv(q, v).double())
+            torch.testing.assert_close(z.double(), expected, **SLACK)
+
+
+SLACK = dict(rtol=1e-5, atol=1e-5)
+
+
+def test_the_softmax_of_a_row_without_a_visible_key_is_zeros_and_a_pattern_of_any_weights_mixes(
+    library, monkeypatch
+):
+    """A hook may mask a whole row or put weight on any key: the C steps follow the equation."""
+    from attnlab.model.attention import attention_pattern
+
+    monkeypatch.setattr(kernels, "library", lambda: library)
+    scores = torch.randn(2, 3, 5, 40)
+    scores[0, 1, 2] = float("-inf")
+    scores[1, 0, :, 7] = float("-inf")
+    pattern = kernels.softmax_rows(scores)
+    assert (pattern[0, 1, 2] == 0).all()
+    torch.testing.assert_close(pattern, attention_pattern(scores), **SLACK)
+    weights, v = torch.rand(2, 3, 5, 40), torch.randn(2, 1, 40, 64)  # every key weighted
+    torch.testing.assert_close(
+        kernels.attend_mix(weights, v), torch.matmul(weights, v.expand(2, 3, 40, 64)), **SLACK
+    )
+
+
+def test_the_attention_steps_on_two_threads_equal_one(monkeypatch):
+    q, k, v = torch.randn(2, 4, 50, 64), torch.randn(2, 2, 50, 64), torch.randn(2, 2, 50, 64)
+
+    def steps():
+        scores = kernels.attend_scores(q, k, 0.125)
+        pattern = kernels.softmax_rows(scores)
+        return scores, pattern, kernels.attend_mix(pattern, v)
+
+    one = steps()
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    for a, b in zip(steps(), one, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama-gqa"])
+def test_run_with_cache_takes_the_attention_steps_in_every_block(seed, name, monkeypatch):
+    model = build(name)
+    calls = {step: counting(monkeypatch, step) for step in ATTENTION_STEPS}
+    with torch.no_grad():
+        model.run_with_cache(torch.randint(0, BASE["d_vocab"], (2, 64)))
+    expected = model.config.n_layers if tiles_here() else 0
+    assert {step: len(c) for step, c in calls.items()} == dict.fromkeys(ATTENTION_STEPS, expected)
+
+
+ATTENTION_STEPS = ("attend_scores", "softmax_rows", "attend_mix")
+
+
+def test_hooks_that_edit_scores_and_patterns_change_both_paths_alike(seed, monkeypatch):
+    """A hook that edits the scores in place, one that replaces them and one that replaces the
+    pattern: each flows on through the steps after it, in C as in the module path."""
+    model = build("llama-gqa")
+    ids = torch.randint(0, BASE["d_vocab"], (2, 64))
+
+    def edit_in_place(scores, hook):
+        scores[:, :, :, 0] += 3.0  # every query sees key 0
+
+    def unmask_the_future(scores, hook):
+        return torch.where(torch.isneginf(scores), 0.0, scores)  # the queries see every key
+
+    def uniform(pattern, hook):
+        return torch.full_like(pattern, 1 / pattern.shape[-1])
+
+    hooks = [
+        ("blocks.0.attn.hook_attn_scores", edit_in_place),
+        ("blocks.1.attn.hook_attn_scores", unmask_the_future),
+        ("blocks.0.attn.hook_pattern", uniform),
+    ]
+    with torch.no_grad():
+        plain = model(ids)
+        edited = [model.run_with_hooks(ids, fwd_hooks=[hook]) for hook in hooks]
+        module_path(monkeypatch)
+        reference = [model.run_with_hooks(ids, fwd_hooks=[hook]) for hook in hooks]
+    for fast, slow, (where, _) in zip(edited, reference, hooks, strict=True):
+        close(fast, slow, where)
+        assert (fast - plain).abs().max() > 1e-3, where

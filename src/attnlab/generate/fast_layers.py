@@ -212,7 +212,9 @@ class KernelAttention(Attention):
     attnlab_rope_rows: apply_rope's numbers bit for bit); and, where this build of the kernels has
     AVX-512, causal attention over the whole prompt from position 0, without mask or dropout, and
     without a window or with one no shorter than the prompt, in C (decode.c, attnlab_attend_rows);
-    everything else as Attention."""
+    everything else as Attention. When a hook wants the scores or the pattern (run_with_cache),
+    the same prompts take the explicit path's three steps in C (attnlab_attend_scores,
+    _softmax_rows, _attend_mix), the hooks between them as in Attention.forward."""
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if shared_rounding(x, self.W_Q, self.W_K, self.W_V):
@@ -234,23 +236,62 @@ class KernelAttention(Attention):
             return kernels.rope_rows(x, cos, sin)
         return super().rotate(x, rope)
 
-    def attend(self, q, k, v, *, mask, dropout_p, window):
-        cfg = self.config
-        if (
-            cfg.causal
+    def prompt(self, q, k, *, mask, dropout_p, window) -> bool:
+        """A prompt from position 0 the kernels take: causal, the queries are every key, no mask,
+        dropout or window it outgrows, float32 on the CPU, no gradients, a vectorised build."""
+        return (
+            self.config.causal
             and mask is None
             and (window is None or window >= q.shape[-2])  # a window the prompt never outgrows
             and dropout_p == 0
             and q.dim() == 4
             and q.shape[-2] == k.shape[-2]  # the queries are every key: a prompt from position 0
-            and q.shape[-1] % 32 == 0
-            and q.dtype == k.dtype == v.dtype == torch.float32
+            and q.dtype == k.dtype == torch.float32
             and not torch.compiler.is_compiling()
-            and kernels.usable(q, k, v)
+            and kernels.usable(q, k)
+            and kernels.rows_vectorized()[1]
+        )
+
+    def attend(self, q, k, v, *, mask, dropout_p, window):
+        if (
+            q.shape[-1] % 32 == 0
+            and v.dtype == torch.float32
+            and self.prompt(q, k, mask=mask, dropout_p=dropout_p, window=window)
+            and kernels.usable(v)
+        ):
+            return kernels.attend_rows(q, k, v, self.config.scale)
+        return super().attend(q, k, v, mask=mask, dropout_p=dropout_p, window=window)
+
+    def score(self, q, k, *, mask, window):
+        if self.prompt(q, k, mask=mask, dropout_p=0.0, window=window):
+            return kernels.attend_scores(q, k, self.config.scale)
+        return super().score(q, k, mask=mask, window=window)
+
+    def weigh(self, scores):
+        if (
+            scores.dtype == torch.float32
+            and scores.shape[-1] > 0
+            and not torch.compiler.is_compiling()
+            and kernels.usable(scores)
             and kernels.rows_vectorized()[1]
         ):
-            return kernels.attend_rows(q, k, v, cfg.scale)
-        return super().attend(q, k, v, mask=mask, dropout_p=dropout_p, window=window)
+            return kernels.softmax_rows(scores)
+        return super().weigh(scores)
+
+    def mix(self, pattern, v):
+        if (
+            pattern.dim() == v.dim() == 4
+            and pattern.shape[-1] == v.shape[-2]
+            and pattern.shape[0] == v.shape[0]
+            and pattern.shape[1] % v.shape[1] == 0
+            and v.shape[-1] % 32 == 0
+            and pattern.dtype == v.dtype == torch.float32
+            and not torch.compiler.is_compiling()
+            and kernels.usable(pattern, v)
+            and kernels.rows_vectorized()[1]
+        ):
+            return kernels.attend_mix(pattern, v)
+        return super().mix(pattern, v)
 
 
 @contextlib.contextmanager

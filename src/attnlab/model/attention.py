@@ -412,6 +412,24 @@ class Attention(nn.Module):
             window=window,
         )
 
+    # The explicit path, in the three steps the hooks sit between (when the pattern is wanted); the
+    # C kernels' KernelAttention overrides each for a prompt.
+    def score(
+        self, q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | None, window: int | None
+    ) -> torch.Tensor:
+        """scores = Q Kᵀ · scale, masked  [batch, head, query_pos, key_pos]."""
+        cfg = self.config
+        scores = attention_scores(q, expand_kv(q, k), cfg.scale)
+        return apply_mask(scores, causal=cfg.causal, mask=mask, window=window)
+
+    def weigh(self, scores: torch.Tensor) -> torch.Tensor:
+        """pattern = softmax of the masked scores over the keys."""
+        return attention_pattern(scores)
+
+    def mix(self, pattern: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """z = pattern V  [batch, head, query_pos, d_head]."""
+        return torch.matmul(pattern, expand_kv(pattern, v))
+
     def forward(
         self,
         x: torch.Tensor,
@@ -446,16 +464,9 @@ class Attention(nn.Module):
             mask = band if mask is None else mask & band
             window = None
         if self.needs_pattern:
-            scores = self.hook_attn_scores(
-                apply_mask(
-                    attention_scores(q, expand_kv(q, k), cfg.scale),
-                    causal=cfg.causal,
-                    mask=mask,
-                    window=window,
-                )
-            )
-            pattern = self.hook_pattern(attention_pattern(scores))
-            z = torch.matmul(F.dropout(pattern, dropout_p, self.training), expand_kv(q, v))
+            scores = self.hook_attn_scores(self.score(q, k, mask=mask, window=window))
+            pattern = self.hook_pattern(self.weigh(scores))
+            z = self.mix(F.dropout(pattern, dropout_p, self.training), v)
         else:
             z = self.attend(q, k, v, mask=mask, dropout_p=dropout_p, window=window)
         z = self.hook_z(z.transpose(1, 2))  # [B, T, H, D]

@@ -161,6 +161,15 @@ ROWS_VECTORIZED = ("attnlab_linear_rows_vectorized", [])  # bit 0: 8-bit product
 # bandwidth's probe; and the decode products' prefetch distance
 READ_PASS = ("attnlab_read_pass", [_ptr, _i64, _int, _i64])
 PREFETCH_AHEAD = ("attnlab_prefetch_ahead", [])
+# a prompt's causal attention from position 0 in three steps, for hooks between them: the masked
+# scores (q, k, scores, scratch, batch, T, heads, kv_heads, d_head, scale, threads), each row's
+# softmax (scores, pattern, rows, n, threads) and the pattern times V (pattern, v, out, batch, T,
+# S, heads, kv_heads, d_head, threads)
+ATTEND_STEPS = [
+    ("attnlab_attend_scores", [_ptr] * 4 + [_i64] * 5 + [_float, _int]),
+    ("attnlab_softmax_rows", [_ptr, _ptr, _i64, _i64, _int]),
+    ("attnlab_attend_mix", [_ptr] * 3 + [_i64] * 6 + [_int]),
+]
 
 
 class BlockKind(enum.IntEnum):
@@ -477,6 +486,8 @@ def load(path: Path) -> ctypes.CDLL:
         LINEAR_Q_ROWS_MANY,
         ATTEND_ROWS,
         *ELEMENTWISE_ROWS,
+        ATTEND_ROWS,
+        *ATTEND_STEPS,
     ]:
         getattr(lib, name).argtypes = argtypes
         getattr(lib, name).restype = None
@@ -902,6 +913,75 @@ def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float)
         D,
         scale,
         threads,
+    )
+    return out.transpose(1, 2)
+
+
+def attend_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """The masked scores of a whole prompt's causal attention from position 0: q Kᵀ · scale where
+    the query sees the key (key position ≤ query position), −∞ elsewhere (apply_mask's values), for
+    q [batch, head, T, d_head], k [batch, kv_head, T, d_head] (grouped-query), float32 (decode.c,
+    attnlab_attend_scores). Returns a new [batch, head, T, T]. Callers check `usable`."""
+    B, H, T, D = q.shape
+    Hkv = k.shape[1]
+    assert k.shape == (B, Hkv, T, D) and H % Hkv == 0
+    assert q.dtype == k.dtype == torch.float32
+    q, k = (t.transpose(1, 2).contiguous() for t in (q, k))  # [batch, pos, head, d_head]
+    lib = library()
+    scratch = torch.empty(getattr(lib, ATTEND_ROWS_SCRATCH[0])(B, T, Hkv, D, 1) // 4)
+    scores = torch.empty(B, H, T, T)
+    getattr(lib, ATTEND_STEPS[0][0])(
+        q.data_ptr(),
+        k.data_ptr(),
+        scores.data_ptr(),
+        scratch.data_ptr(),
+        B,
+        T,
+        H,
+        Hkv,
+        D,
+        scale,
+        torch.get_num_threads(),
+    )
+    return scores
+
+
+def softmax_rows(scores: torch.Tensor) -> torch.Tensor:
+    """attention_pattern's softmax over the last dimension of float32 scores (−∞: weight 0; a row
+    of −∞ only: zeros), in C (decode.c, attnlab_softmax_rows). Returns a new tensor of the same
+    shape. Callers check `usable`."""
+    assert scores.dtype == torch.float32
+    scores = scores.contiguous()
+    pattern = torch.empty_like(scores)
+    n = scores.shape[-1]
+    getattr(library(), ATTEND_STEPS[1][0])(
+        scores.data_ptr(), pattern.data_ptr(), scores.numel() // n, n, torch.get_num_threads()
+    )
+    return pattern
+
+
+def attend_mix(pattern: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """z = pattern V for pattern [batch, head, T, S] and v [batch, kv_head, S, d_head]
+    (grouped-query), float32, d_head a multiple of 32 (decode.c, attnlab_attend_mix). Returns
+    [batch, head, T, d_head], a view of a [batch, T, head, d_head] tensor. Callers check
+    `usable`."""
+    B, H, T, S = pattern.shape
+    Hkv, D = v.shape[1], v.shape[-1]
+    assert v.shape == (B, Hkv, S, D) and H % Hkv == 0 and D % 32 == 0
+    assert pattern.dtype == v.dtype == torch.float32
+    pattern, v = pattern.contiguous(), v.transpose(1, 2).contiguous()  # v: [batch, pos, head, D]
+    out = torch.empty(B, T, H, D)
+    getattr(library(), ATTEND_STEPS[2][0])(
+        pattern.data_ptr(),
+        v.data_ptr(),
+        out.data_ptr(),
+        B,
+        T,
+        S,
+        H,
+        Hkv,
+        D,
+        torch.get_num_threads(),
     )
     return out.transpose(1, 2)
 

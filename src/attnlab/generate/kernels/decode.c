@@ -1545,6 +1545,21 @@ int64_t attnlab_attend_rows_scratch(int64_t batch, int64_t T, int64_t kv_heads, 
   return (batch * kv_heads * padded * d_head + threads * TILE_ROWS_F * padded) * (int64_t)sizeof(float);
 }
 
+/* kt [batch, kv_heads, key block, d_head, TILE_N] = each block of TILE_N keys of k [batch, T, kv_heads, d_head]
+ * transposed, zeros past the last key; shared out over the threads of the parallel region it is called in (which
+ * wait for each other at its end). */
+static void lay_out_keys(const float *k, float *kt, int64_t batch, int64_t T, int64_t kv_heads, int64_t d_head) {
+  int64_t key_blocks = (T + TILE_N - 1) / TILE_N;
+#pragma omp for schedule(static)
+  for (int64_t i = 0; i < batch * kv_heads * key_blocks; i++) {
+    int64_t bg = i / key_blocks, s0 = i % key_blocks * TILE_N, b = bg / kv_heads, g = bg % kv_heads;
+    float *tile = kt + i * d_head * TILE_N;
+    for (int64_t j = 0; j < TILE_N; j++)
+      for (int64_t c = 0; c < d_head; c++)
+        tile[c * TILE_N + j] = s0 + j < T ? k[((b * T + s0 + j) * kv_heads + g) * d_head + c] : 0.0f;
+  }
+}
+
 void attnlab_attend_rows(const float *q, const float *k, const float *v, float *out, float *scratch, int64_t batch,
                          int64_t T, int64_t heads, int64_t kv_heads, int64_t d_head, float scale, int threads) {
   int64_t padded = (T + TILE_N - 1) / TILE_N * TILE_N, key_blocks = padded / TILE_N, group = heads / kv_heads;
@@ -1553,14 +1568,7 @@ void attnlab_attend_rows(const float *q, const float *k, const float *v, float *
 #pragma omp parallel num_threads(threads)
   {
     float *p = scratch + batch * kv_heads * padded * d_head + this_thread() * TILE_ROWS_F * padded;
-#pragma omp for schedule(static)
-    for (int64_t i = 0; i < batch * kv_heads * key_blocks; i++) {
-      int64_t bg = i / key_blocks, s0 = i % key_blocks * TILE_N, b = bg / kv_heads, g = bg % kv_heads;
-      float *tile = kt + i * d_head * TILE_N;
-      for (int64_t j = 0; j < TILE_N; j++)
-        for (int64_t c = 0; c < d_head; c++)
-          tile[c * TILE_N + j] = s0 + j < T ? k[((b * T + s0 + j) * kv_heads + g) * d_head + c] : 0.0f;
-    }
+    lay_out_keys(k, kt, batch, T, kv_heads, d_head);
     /* the last blocks of queries see the most keys: dynamic, so that the threads end together */
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < batch * heads * query_blocks; i++) {
@@ -1599,6 +1607,86 @@ void attnlab_attend_rows(const float *q, const float *k, const float *v, float *
           for (int64_t j = 0; j < TILE_N; j++)
             out[((b * T + t0 + r) * heads + h) * d_head + c0 + j] = tile_out[r * TILE_N + j] * inv[r];
       }
+    }
+  }
+}
+
+/* A whole prompt's causal attention from position 0 in three steps, so that hooks can read and replace what lies
+ * between them (hook_attn_scores, hook_pattern: attnlab.generate.fast_layers.KernelAttention): the scores, the
+ * pattern, then the pattern times V; each is attnlab.model.attention's equation on float32 tensors.
+ *
+ * scores [batch, heads, T, T] = q K^T scale where query t sees key s (s <= t), -inf elsewhere (apply_mask's value);
+ * q [batch, T, heads, d_head], k [batch, T, kv_heads, d_head] (grouped-query); scratch:
+ * attnlab_attend_rows_scratch(batch, T, kv_heads, d_head, 1) bytes. */
+void attnlab_attend_scores(const float *q, const float *k, float *scores, float *scratch, int64_t batch, int64_t T,
+                           int64_t heads, int64_t kv_heads, int64_t d_head, float scale, int threads) {
+  int64_t padded = (T + TILE_N - 1) / TILE_N * TILE_N, key_blocks = padded / TILE_N, group = heads / kv_heads;
+  int64_t query_blocks = (T + TILE_ROWS_F - 1) / TILE_ROWS_F;
+#pragma omp parallel num_threads(threads)
+  {
+    lay_out_keys(k, scratch, batch, T, kv_heads, d_head);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < batch * heads * query_blocks; i++) {
+      int64_t t0 = (query_blocks - 1 - i % query_blocks) * TILE_ROWS_F, bh = i / query_blocks;
+      int64_t b = bh / heads, h = bh % heads, g = h / group, m = T - t0 < TILE_ROWS_F ? T - t0 : TILE_ROWS_F;
+      const float *qr[TILE_ROWS_F];
+      for (int64_t r = 0; r < TILE_ROWS_F; r++) /* rows past the last repeat t0; dropped */
+        qr[r] = q + ((b * T + t0 + (r < m ? r : 0)) * heads + h) * d_head;
+      float tile_out[TILE_ROWS_F * TILE_N], *rows = scores + (bh * T + t0) * T;
+      for (int64_t s0 = 0; s0 < t0 + m; s0 += TILE_N) { /* the key blocks any of these queries sees */
+        f_tile_rows(scratch + ((b * kv_heads + g) * key_blocks + s0 / TILE_N) * d_head * TILE_N, TILE_N, d_head, qr,
+                    tile_out);
+        int64_t n = T - s0 < TILE_N ? T - s0 : TILE_N;
+        for (int64_t r = 0; r < m; r++)
+          for (int64_t j = 0; j < n; j++)
+            rows[r * T + s0 + j] = s0 + j <= t0 + r ? tile_out[r * TILE_N + j] * scale : -INFINITY;
+      }
+      for (int64_t r = 0; r < m; r++) /* the keys no query of the block sees */
+        for (int64_t s = (t0 + m + TILE_N - 1) / TILE_N * TILE_N; s < T; s++) rows[r * T + s] = -INFINITY;
+    }
+  }
+}
+
+/* pattern = softmax over each row of n scores (attention_pattern): exp(x - max) / sum, a row whose scores are all
+ * -inf all zeros, and every -inf score exactly 0; rows contiguous. */
+void attnlab_softmax_rows(const float *scores, float *pattern, int64_t rows, int64_t n, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t r = 0; r < rows; r++) {
+    const float *x = scores + r * n;
+    float *p = pattern + r * n, top = -INFINITY, total = 0.0f;
+#pragma omp simd reduction(max : top)
+    for (int64_t s = 0; s < n; s++) top = x[s] > top ? x[s] : top;
+    if (top == -INFINITY) {
+      memset(p, 0, n * sizeof(float));
+      continue;
+    }
+#pragma omp simd reduction(+ : total)
+    for (int64_t s = 0; s < n; s++) {
+      p[s] = x[s] == -INFINITY ? 0.0f : exp_(x[s] - top);
+      total += p[s];
+    }
+    float inv = 1.0f / total;
+#pragma omp simd
+    for (int64_t s = 0; s < n; s++) p[s] *= inv;
+  }
+}
+
+/* out [batch, T, heads, d_head] = pattern V: pattern [batch, heads, T, S], v [batch, S, kv_heads, d_head]
+ * (grouped-query), d_head a multiple of TILE_N; every key of every row (a hook may have put weight anywhere). */
+void attnlab_attend_mix(const float *pattern, const float *v, float *out, int64_t batch, int64_t T, int64_t S,
+                        int64_t heads, int64_t kv_heads, int64_t d_head, int threads) {
+  int64_t query_blocks = (T + TILE_ROWS_F - 1) / TILE_ROWS_F, group = heads / kv_heads;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t i = 0; i < batch * heads * query_blocks; i++) {
+    int64_t t0 = i % query_blocks * TILE_ROWS_F, bh = i / query_blocks, b = bh / heads, h = bh % heads;
+    int64_t m = T - t0 < TILE_ROWS_F ? T - t0 : TILE_ROWS_F;
+    const float *pr[TILE_ROWS_F], *vh = v + (b * S * kv_heads + h / group) * d_head;
+    for (int64_t r = 0; r < TILE_ROWS_F; r++) pr[r] = pattern + (bh * T + t0 + (r < m ? r : 0)) * S;
+    float tile_out[TILE_ROWS_F * TILE_N];
+    for (int64_t c0 = 0; c0 < d_head; c0 += TILE_N) {
+      f_tile_rows(vh + c0, kv_heads * d_head, S, pr, tile_out);
+      for (int64_t r = 0; r < m; r++)
+        memcpy(out + ((b * T + t0 + r) * heads + h) * d_head + c0, tile_out + r * TILE_N, TILE_N * sizeof(float));
     }
   }
 }
