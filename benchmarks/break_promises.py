@@ -58,6 +58,7 @@ UNTRUSTED = "tests/test_formats_untrusted.py"
 SEC = "tests/test_explorer_security.py"
 QT = "tests/test_explorer_queue.py"
 GEMMA3 = "tests/test_formats_gemma3.py"
+INFERENCE = "tests/test_inference_layers.py"
 
 BREAKS = [
     # Training: nothing is lost
@@ -793,6 +794,68 @@ BREAKS = [
         "src/attnlab/formats/gguf_tokenizer.py",
         [("if types[i] in (CONTROL, USER_DEFINED, UNKNOWN)", "if types[i] in (CONTROL, UNKNOWN)")],
         [GEMMA3 + "::test_sentencepiece_equals_llama_cpps_algorithm"],
+    ),
+    # Forward passes in C (issue 25, run_with_cache)
+    # ---------------------------------------------------------------------------
+    Break(
+        "inference-tiles",
+        "the float32 tiles only from enough rows, where they beat F.linear",
+        "the tiles for any number of rows",
+        "src/attnlab/generate/fast_layers.py",
+        [("            and tile_rows(x, self.weight)\n", "")],
+        [
+            INFERENCE
+            + "::test_kernel_linear_takes_the_tiles_from_enough_rows_and_agrees_with_f_linear"
+        ],
+    ),
+    Break(
+        "inference-training",
+        "training keeps torch's path: the modules are never swapped with gradients on",
+        "the swap ignores whether gradients are wanted",
+        "src/attnlab/generate/fast_layers.py",
+        [("        torch.is_grad_enabled()\n        or torch.compiler", "        torch.compiler")],
+        [INFERENCE + "::test_training_keeps_torchs_path_and_its_gradients"],
+    ),
+    Break(
+        "inference-scores-diagonal",
+        "run_with_cache's scores in C: each query sees itself",
+        "the diagonal masked too",
+        "src/attnlab/generate/kernels/decode.c",
+        [("s0 + j <= t0 + r ? tile_out", "s0 + j < t0 + r ? tile_out")],
+        [INFERENCE + " -k attention_steps_equal", INFERENCE + " -k takes_the_kernels"],
+    ),
+    Break(
+        "inference-hooked-scores",
+        "the pattern comes from what hook_attn_scores passes on",
+        "the pattern from the scores before the hook",
+        "src/attnlab/model/attention.py",
+        [
+            (
+                "            scores = self.hook_attn_scores(self.score(q, k, mask=mask, "
+                "window=window))\n"
+                "            pattern = self.hook_pattern(self.weigh(scores))\n",
+                "            scores = self.score(q, k, mask=mask, window=window)\n"
+                "            pattern = self.weigh(scores)\n"
+                "            scores = self.hook_attn_scores(scores)\n"
+                "            pattern = self.hook_pattern(pattern)\n",
+            )
+        ],
+        [INFERENCE + "::test_hooks_that_edit_scores_and_patterns_change_both_paths_alike"],
+    ),
+    Break(
+        "inference-norm-reads",
+        "reading RMSNorm's hooks changes no number, in C too",
+        "a hooked norm's output computed again by division",
+        "src/attnlab/generate/fast_layers.py",
+        [
+            (
+                "            if hooked_normalized is normalized and hooked_scale is scale:\n"
+                "                return out\n",
+                "            if hooked_normalized is normalized and hooked_scale is scale:\n"
+                "                return x / scale * self.weight\n",
+            )
+        ],
+        [INFERENCE + "::test_a_norm_whose_hooks_only_read_gives_the_numbers_of_one_without_hooks"],
     ),
 ]
 

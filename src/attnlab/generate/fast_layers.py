@@ -7,11 +7,13 @@ Design choices:
   into `KernelLinear` for as long as generation runs (the same modules, weights and hooks: only
   their class changes, and changes back), so no layer chooses a fast path itself.
 - A forward pass that needs no gradients (torch.no_grad, inference_mode), of float32 on the CPU and
-  of at least TILES_MIN_ROWS rows, runs with the float Linear and Attention modules swapped so too
-  (`inference_layers`, which Transformer.forward enters): run_with_cache, patching sweeps and plain
-  forwards get decode.c's tiled float32 GEMM, which measured faster than torch's (MKL's) here. Block
-  layers keep their module path there (their prompt product rounds activations to 8 bits). Where
-  the kernels cannot run, `inference_kernels_unusable()` says why, and a log line says so once.
+  of at least TILES_MIN_ROWS rows, runs with its Linear, Attention, RMSNorm and MLP modules swapped
+  too (`inference_layers`, which Transformer.forward enters): run_with_cache, patching sweeps and
+  plain forwards get decode.c's tiled float32 GEMM, which measured faster than torch's (MKL's)
+  here, its attention (with the pattern in three steps, the hooks between them), and generation's
+  RoPE, RMSNorm and SwiGLU kernels where no hook reads inside them. Block layers keep their module
+  path there (their prompt product rounds activations to 8 bits). Where the kernels cannot run,
+  `inference_kernels_unusable()` says why, and a log line says so once.
 - ggml's blocks (`quantize(model, "q4_0" | "q4_1" | "q8_0")`, attnlab.generate.blocks): 32
   weights per block with their own scale, as llama.cpp stores them.
 - Weights in 8 bits (`quantize(model, "int8")`): each output feature's row w is stored as q =
