@@ -3,6 +3,7 @@ TransformerLens on the same weights, side by side and alternating (run outside t
 
     python benchmarks/patching_speed.py                  # SmolLM2-135M (attnlab.load("smollm2"))
     python benchmarks/patching_speed.py --model tiny --tokens 12 --repeats 1   # a check in seconds
+    python benchmarks/patching_speed.py --only cache     # run_with_cache and forward (~4 min)
 
 TransformerLens is not a dependency of attnlab; run this with a Python that has both, as
 benchmarks/compare_transformer_lens.py says (a throwaway venv that sees attnlab's venv through a
@@ -23,7 +24,9 @@ What it does:
   to the largest value), and `--reference` also times attnlab's reference path (one whole run per
   head, as TransformerLens does).
 - run_with_cache: `--cache-batch` x `--cache-tokens` random tokens, every hook cached (both sides'
-  defaults), and a plain forward for scale; tokens per second.
+  defaults), and a plain forward for scale; tokens per second; which products attnlab's forward
+  ran (decode.c's kernels, or torch's and why: fast_layers.inference_kernels_unusable) and its
+  logits against TransformerLens's. The caches of the first prompt are compared hook by hook.
 - Each measurement is the median of `--repeats`, the two libraries alternating (TransformerLens
   first in odd repeats, attnlab first in even ones), after one untimed run of each.
 - `--profile`: also prints torch.profiler's top operators of attnlab's run_with_cache and forward
