@@ -857,6 +857,19 @@ BREAKS = [
         ],
         [INFERENCE + "::test_a_norm_whose_hooks_only_read_gives_the_numbers_of_one_without_hooks"],
     ),
+    Break(
+        "inference-swiglu",
+        "SwiGLU's product in C is silu(pre) times up",
+        "silu's exponent of the wrong sign",
+        "src/attnlab/generate/kernels/decode.c",
+        [
+            (
+                "      out[i] = (g < -88.0f ? -0.0f : g / (1.0f + exp_(-g))) * up[i];",
+                "      out[i] = (g < -88.0f ? -0.0f : g / (1.0f + exp_(g))) * up[i];",
+            )
+        ],
+        [INFERENCE + "::test_the_swiglu_kernel_equals_the_mlps_product_in_every_build"],
+    ),
 ]
 
 
