@@ -267,7 +267,9 @@ def test_scoring_layer_by_layer_equals_scoring_the_cached_patterns():
     torch.manual_seed(0)
     model = attnlab.Transformer(attnlab.preset("llama-tiny", d_vocab=50, n_ctx=64))
     tokens = repeated_random_tokens(model, batch=2)
-    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_pattern"))
+    # without gradients, as score_patterns runs: the same path (the kernels' forward), the same sums
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_pattern"))
     scores = score_patterns(model, tokens)
     for layer in range(model.config.n_layers):
         expected = pattern_scores(cache[f"blocks.{layer}.attn.hook_pattern"], tokens)
