@@ -842,34 +842,6 @@ BREAKS = [
         ],
         [INFERENCE + "::test_hooks_that_edit_scores_and_patterns_change_both_paths_alike"],
     ),
-    Break(
-        "inference-norm-reads",
-        "reading RMSNorm's hooks changes no number, in C too",
-        "a hooked norm's output computed again by division",
-        "src/attnlab/generate/fast_layers.py",
-        [
-            (
-                "            if hooked_normalized is normalized and hooked_scale is scale:\n"
-                "                return out\n",
-                "            if hooked_normalized is normalized and hooked_scale is scale:\n"
-                "                return x / scale * self.weight\n",
-            )
-        ],
-        [INFERENCE + "::test_a_norm_whose_hooks_only_read_gives_the_numbers_of_one_without_hooks"],
-    ),
-    Break(
-        "inference-swiglu",
-        "SwiGLU's product in C is silu(pre) times up",
-        "silu's exponent of the wrong sign",
-        "src/attnlab/generate/kernels/decode.c",
-        [
-            (
-                "      out[i] = (g < -88.0f ? -0.0f : g / (1.0f + exp_(-g))) * up[i];",
-                "      out[i] = (g < -88.0f ? -0.0f : g / (1.0f + exp_(g))) * up[i];",
-            )
-        ],
-        [INFERENCE + "::test_the_swiglu_kernel_equals_the_mlps_product_in_every_build"],
-    ),
 ]
 
 
