@@ -599,12 +599,10 @@ def block_model(
     return model, floats
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("B", [1, 3, 12])  # few rows, and past the few-row threshold
-@pytest.mark.parametrize("embed_blocks", [False, True])
-def test_the_kernel_decode_step_of_a_block_model_stays_near_the_float_model(
-    kind, B, embed_blocks, seed
-):
+def decode_step_agreement(kind: str, B: int, embed_blocks: bool) -> float:
+    """The kernel decode step of a random block model over 10 positions, held to its float model
+    (asserted: each step within the products' bound) and to the module path with each product's
+    input rounded as the kernel rounds it: the fraction of row-steps equal to that emulation."""
     model, floats = block_model(kind, embed_blocks, tie_embeddings=(kind != "q4_1"))
     ids = torch.randint(0, LLAMA["d_vocab"], (B, 10))
     with torch.no_grad():
@@ -637,8 +635,24 @@ def test_the_kernel_decode_step_of_a_block_model_stays_near_the_float_model(
         # block maxima times |w|), compounded over 2 layers of 7 products of these large random
         # weights (N(0, 0.3)): seen up to 12 % of the spread; a wrong kernel is ~100 %
         assert (logits - full[:, t]).abs().max() <= 0.25 * spread
-    # a flip stays in that row's later steps (its cache holds it): seen in up to 1 row-step of 6
-    assert sum(exact) >= 0.5 * len(exact), exact
+    return sum(exact) / len(exact)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("B", [1, 3, 12])  # few rows, and past the few-row threshold
+@pytest.mark.parametrize("embed_blocks", [False, True])
+def test_the_kernel_decode_step_of_a_block_model_stays_near_the_float_model(
+    kind, B, embed_blocks, seed
+):
+    """A flip (see decode_step_agreement's comments) stays in its row's later steps, its cache
+    holds it: over 1,080 draws (60 seeds x the 18 cases) 5 agreed on fewer than half the row-steps,
+    one on none (a single row flipped at its first step); a wrong kernel agrees on none, every
+    time. So a draw under half is followed by a second, independent draw, and the test fails when
+    both are (about 2e-5 of cases where the kernel is right)."""
+    agreement = decode_step_agreement(kind, B, embed_blocks)
+    if agreement < 0.5:
+        agreement = max(agreement, decode_step_agreement(kind, B, embed_blocks))
+    assert agreement >= 0.5
 
 
 def test_quantize_makes_blocks_for_every_linear_and_saves_and_loads_them(seed, tmp_path):
