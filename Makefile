@@ -55,8 +55,11 @@ compiler:
 	   || (apt-get update -q >/dev/null && apt-get install -y -q gcc g++ >/dev/null)) \
 	  || echo "could not install a C compiler: the kernel tests will fail"; }
 
+# GOMP_SPINCOUNT=1000 (unless set): OpenMP's waiting threads spin 1,000 times, not 300,000, before they sleep;
+# beside one busy core the demo took 76 s instead of 122 (35 s idle either way; benchmarks/README.md,
+# "Waiting threads on a busy machine")
 demo: venv
-	$(VENV)/bin/attnlab demo
+	GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} $(VENV)/bin/attnlab demo
 
 # ruff first (line length 100, pyflakes, import order: pyproject.toml's [tool.ruff]), then the suite
 test: venv-test browser compiler
