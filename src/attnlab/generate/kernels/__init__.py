@@ -486,7 +486,6 @@ def load(path: Path) -> ctypes.CDLL:
         LINEAR_Q_ROWS_MANY,
         ATTEND_ROWS,
         *ELEMENTWISE_ROWS,
-        ATTEND_ROWS,
         *ATTEND_STEPS,
     ]:
         getattr(lib, name).argtypes = argtypes
