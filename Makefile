@@ -56,8 +56,8 @@ compiler:
 	  || echo "could not install a C compiler: the kernel tests will fail"; }
 
 # GOMP_SPINCOUNT=1000 (unless set): OpenMP's waiting threads spin 1,000 times, not 300,000, before they sleep;
-# beside one busy core the demo took 76 s instead of 122 (35 s idle either way; benchmarks/README.md,
-# "Waiting threads on a busy machine")
+# beside one busy core the demo reached its explorer after 86 s instead of 141, idle after 51 s instead of 43-50
+# (benchmarks/README.md, "Waiting threads on a busy machine")
 demo: venv
 	GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} $(VENV)/bin/attnlab demo
 
