@@ -843,13 +843,19 @@ def test_a_build_the_machine_does_not_allow_is_one_line(tmp_path, monkeypatch):
     assert kernels.choose_variant()[0] == "avx2"
 
 
-TRAP = """
-#include <stdint.h>
-void attnlab_linear_f32(const float *x, const float *w, const float *b, float *y, int64_t rows,
-                        int64_t d_in, int64_t d_out, int accumulate, int threads) {
-  __builtin_trap(); /* an illegal instruction, as an instruction set the OS does not enable */
-}
-"""
+def library_whose_product_does(tmp_path, name: str, statement: str):
+    """A library whose attnlab_linear_f32 (the self-check's first call) runs `statement`,
+    compiled into the cache at tmp_path."""
+    source = tmp_path / f"{name}.c"
+    source.write_text(
+        "#include <signal.h>\n#include <stdint.h>\n"
+        "void attnlab_linear_f32(const float *x, const float *w, const float *b, float *y,\n"
+        "    int64_t rows, int64_t d_in, int64_t d_out, int accumulate, int threads) {\n"
+        f"  {statement}\n}}\n"
+    )
+    path = kernels.compile_library(source, (["-O1"],))
+    assert path is not None
+    return path
 
 
 def test_a_build_that_faults_in_its_self_check_is_passed_over_and_the_process_lives(
@@ -858,10 +864,8 @@ def test_a_build_that_faults_in_its_self_check_is_passed_over_and_the_process_li
     """The self-check runs in a child: a build whose instructions fault here kills the child only;
     the next build runs, and forcing the faulty one is one line."""
     monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
-    source = tmp_path / "trap.c"
-    source.write_text(TRAP)
-    trap = kernels.compile_library(source, (["-O1"],))
-    assert trap is not None
+    # an illegal instruction, as an instruction set the OS does not enable
+    trap = library_whose_product_does(tmp_path, "trap", "__builtin_trap();")
     why = kernels.self_check(trap)
     assert why is not None and "self-check failed" in why and "exit status -" in why
     assert kernels.self_check(trap) == why  # the verdict is cached beside the library
@@ -879,24 +883,12 @@ def test_a_build_that_faults_in_its_self_check_is_passed_over_and_the_process_li
         kernels.choose_variant()
 
 
-KILLED = """
-#include <signal.h>
-#include <stdint.h>
-void attnlab_linear_f32(const float *x, const float *w, const float *b, float *y, int64_t rows,
-                        int64_t d_in, int64_t d_out, int accumulate, int threads) {
-  raise(SIGKILL); /* as the out-of-memory killer would, from outside */
-}
-"""
-
-
 def test_a_self_check_killed_from_outside_is_not_cached(tmp_path, monkeypatch):
     """A child killed from outside says nothing about the build: the build is passed over this
     time, and the next process checks it again (no verdict file)."""
     monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
-    source = tmp_path / "killed.c"
-    source.write_text(KILLED)
-    killed = kernels.compile_library(source, (["-O1"],))
-    assert killed is not None
+    # as the out-of-memory killer would, from outside
+    killed = library_whose_product_does(tmp_path, "killed", "raise(SIGKILL);")
     why = kernels.self_check(killed)
     assert why is not None and "exit status -9" in why
     assert not killed.with_suffix(".checked").exists()

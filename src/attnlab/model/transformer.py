@@ -24,9 +24,9 @@ Design choices:
 - `attention_mask` (B, S) marks real tokens (1) and padding (0); positions may be given per row so
   that left-padded batches generate correctly.
 - A pass that needs no gradients (torch.no_grad, inference_mode) over many float32 rows on the CPU
-  runs its blocks and LM head with the Linear and Attention modules swapped for the C kernels' ones
-  (attnlab.generate.fast_layers.inference_layers): the layers themselves stay the chapter's
-  equations, and tests hold the swapped ones to them.
+  runs its blocks and LM head with the Linear, Attention, RMSNorm and MLP modules swapped for the C
+  kernels' ones (attnlab.generate.fast_layers.inference_layers): the layers themselves stay the
+  chapter's equations, and tests hold the swapped ones to them.
 """
 
 from __future__ import annotations
