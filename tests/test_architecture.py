@@ -58,8 +58,8 @@ def c_enum(name: str) -> list[str]:
 
 
 def c_parameters(function: str) -> list[type]:
-    """The ctypes type of each parameter of decode.c's `void function(...)`."""
-    found = re.search(r"\bvoid " + function + r"\((.*?)\)\s*\{", DECODE_C, re.S)
+    """The ctypes type of each parameter of decode.c's `void function(...)` (or int64_t)."""
+    found = re.search(r"\b(?:void|int64_t) " + function + r"\((.*?)\)\s*\{", DECODE_C, re.S)
     assert found is not None, f"decode.c has no function {function}"
     types = []
     for parameter in found.group(1).split(","):
@@ -90,6 +90,7 @@ def test_each_kernels_parameters_are_the_tables(op):
 
 def test_the_program_runner_and_the_activation_kinds_are_decode_cs():
     assert c_parameters(kernels.RUN[0]) == kernels.RUN[1]
+    assert c_parameters(kernels.GENERATE_GREEDY[0]) == kernels.GENERATE_GREEDY[1]
     assert c_enum("attnlab_activation") == [
         f"ACTIVATION_{kind.name}" for kind in kernels.Activation
     ]

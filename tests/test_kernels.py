@@ -11,6 +11,7 @@ float model's spread (per-row int8 steps of max|w| / 127 on N(0, 0.3) weights: t
 from __future__ import annotations
 
 import gc
+import math
 import os
 import subprocess
 import sys
@@ -331,6 +332,29 @@ def test_embed_kernel_looks_up_tokens_and_learned_positions(seed):
     assert torch.equal(out, table[ids])
     kernels.embed_call(ids, table, positions, positions_table, out)()
     assert torch.equal(out, table[ids] + positions_table[positions])
+    # Gemma's √d_model, as embed_tokens multiplies: torch rounds the scale to float32
+    kernels.embed_call(ids, table, positions, None, out, math.sqrt(6))()
+    assert torch.equal(out, table[ids] * math.sqrt(6))
+    assert not torch.equal(out, (table[ids].double() * math.sqrt(6)).float())  # it would show
+
+
+def test_the_step_programs_small_ops_equal_torchs(seed):
+    """add, mul (sandwich norms, GeGLU) and the window mask (generate's band of the last W
+    slots), each against the PyTorch it replaced."""
+    y, x = torch.randn(37), torch.randn(37)
+    added, multiplied = y.clone(), y.clone()
+    kernels.add_call(added, x)()
+    kernels.mul_call(multiplied, x)()
+    assert torch.equal(added, y + x) and torch.equal(multiplied, y * x)
+    key_mask = torch.rand(3, 10) > 0.3
+    window, slot = torch.zeros(3, 10, dtype=torch.bool), torch.zeros(1, dtype=torch.int64)
+    for mask in (key_mask, None):
+        for at, W in ((0, 4), (2, 4), (7, 4), (9, 1), (9, 10), (5, 20)):
+            slot.fill_(at)
+            kernels.window_mask_call(window, mask, slot, W)()
+            expected = mask.clone() if mask is not None else torch.ones(3, 10, dtype=torch.bool)
+            expected[:, : max(0, at - W + 1)] = False
+            assert torch.equal(window, expected), (at, W)
 
 
 def test_norm_and_activation_kernels_equal_the_modules(seed):
@@ -632,19 +656,61 @@ def test_default_generation_takes_the_kernels_and_picks_the_module_paths_tokens(
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     reference = generate(model, ids, 12, temperature=0, attention_mask=mask, use_kernels=False)
-    steps = []
+    steps, loops = [], []
     monkeypatch.setattr(
         KernelDecoder, "__call__", lambda self, *a: steps.append(1) or kernel_call(self, *a)
     )
+    monkeypatch.setattr(
+        KernelDecoder,
+        "generate_greedy",
+        lambda self, *a: loops.append(a[1]) or greedy_in_c(self, *a),
+    )
     assert torch.equal(generate(model, ids, 12, temperature=0, attention_mask=mask), reference)
-    assert len(steps) == 11  # every decode step went through the kernels
+    # every decode step went through the kernels: greedy, the whole loop in one C call, but where
+    # the embedding is PyTorch's (sinusoids)
+    assert (loops, len(steps)) == (([], 11) if name == "sinusoidal-attn-only" else ([12], 0))
     assert torch.equal(
         generate(model, ids[:1], 12, temperature=0),
         generate(model, ids[:1], 12, temperature=0, use_kernels=False),
     )
+    # a streaming caller (or sampling) takes the Python loop around the same step
+    steps.clear()
+    streamed = generate(model, ids, 12, temperature=0, attention_mask=mask, on_token=lambda t: 0)
+    assert torch.equal(streamed, reference) and len(steps) == 11
 
 
-kernel_call = KernelDecoder.__call__
+kernel_call, greedy_in_c = KernelDecoder.__call__, KernelDecoder.generate_greedy
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("name", [n for n in CONFIGS if n != "sinusoidal-attn-only"])
+def test_greedy_generation_in_c_makes_the_python_loops_tokens(seed, name, threads, monkeypatch):
+    """The C loop (no Python between tokens) against generate's Python loop around the same step
+    (on_token set): equal tokens for left-padded rows, an eos that stops one row before the other
+    and then both, and ties (every logit equal: the first id, as torch.argmax)."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    model = build(CONFIGS[name])
+    ids = torch.tensor([[0, 0, 7, 2, 9, 4], [5, 3, 8, 1, 6, 2]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+
+    def both(**kw):  # (the C loop's tokens, the Python loop's)
+        in_c = generate(model, ids, 14, temperature=0, attention_mask=mask, **kw)
+        return in_c, generate(
+            model, ids, 14, temperature=0, attention_mask=mask, on_token=len, **kw
+        )
+
+    in_c, python = both()
+    assert torch.equal(in_c, python)
+    eos = int(python[0, 6 + 3])  # row 0's fourth new token
+    in_c, python = both(eos_token_id=eos)
+    assert torch.equal(in_c, python) and (in_c[0, 9:] == eos).all()
+    with torch.no_grad():
+        model.unembed.weight.zero_()  # every logit equal (or a bias's, with its ties)
+        if model.unembed.bias is not None:
+            model.unembed.bias.copy_(torch.arange(BASE["d_vocab"]) % 3)  # ties at 2, 5, 8 ...
+    in_c, python = both()
+    assert torch.equal(in_c, python)
+    assert (in_c[:, 6:] == (2 if model.unembed.bias is not None else 0)).all()
 
 
 @pytest.mark.parametrize("name", ["gpt2", "pythia-parallel-llama3-rope"])
@@ -666,7 +732,11 @@ def test_a_short_prompt_goes_through_the_decode_step_and_picks_the_module_paths_
     )
     monkeypatch.setattr(generation, "prefill", None)  # the module path's prefill is not called
     assert torch.equal(generate(model, ids, 10, temperature=0, attention_mask=mask), reference)
-    assert len(steps) == 3 + 9  # the prompt's three tokens, then every new token but the last
+    # the prompt's three tokens, then (greedy, in C) every new token but the last
+    assert len(steps) == 3 and torch.equal(
+        generate(model, ids, 10, temperature=0, attention_mask=mask, on_token=len), reference
+    )
+    assert len(steps) == 3 + 3 + 9  # the same, the new ones each a Python call
     assert torch.equal(generate(model, one, 10, temperature=0), reference_one)
     # checked before the C lookup reads the table
     with pytest.raises(UserError, match="outside the vocabulary"):

@@ -11,14 +11,18 @@ sample` prints it).
 Gemma 3's parts run here too, from the kernels there are: GeGLU as the gelu_tanh activation then
 a product with W_in's output; sandwich norms as the sublayer's output written to a buffer, normed
 in place and added to the residual; per-block windows as a second key mask (the window's band of
-cache slots, made once per step; Mistral's window too); the windowed blocks' own RoPE table;
-√d_model on the embedding through PyTorch's lookup. The product and the add are PyTorch calls
-between the C programs (a step program has no such op yet), so such a step is a few programs
-rather than one.
+cache slots, remade by the program's first op at each step; Mistral's window too); the windowed
+blocks' own RoPE table; √d_model on the embedding in the C lookup. So its step is one program too.
+
+Greedy generation runs its whole loop in C (`generate_greedy`, decode.c's
+attnlab_generate_greedy): the argmax of the logits, fed back as the next step's token, with no
+Python between tokens (benchmarks/README.md, issue 25: 0.8-1.2 ms a token went to the Python loop
+around the step).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -50,10 +54,10 @@ class KernelDecoder:
     product added to the residual in place; norm; MLP; and at the end the final norm and the LM
     head. A step then copies its tokens, positions and cache slot into the buffers the calls read
     and runs the list, which begins with the embedding lookup (PyTorch's embed_tokens for sinusoids,
-    token types or an embedding norm) and reads RoPE's angles from a table made once: ~12 kernels
-    per block, run as one program (kernels.program: one C call for the step, the threads waiting for
-    each other only where a kernel reads what the last one wrote; calls marked `independent` do
-    not), and three PyTorch copies. The cache must be
+    token types or an embedding norm: then the step is that and a program) and reads RoPE's angles
+    from a table made once: ~12 kernels per block, run as one program (kernels.program: one C call
+    for the step, the threads waiting for each other only where a kernel reads what the last one
+    wrote; calls marked `independent` do not), and three PyTorch copies. The cache must be
     position-major (`KVCache(values_position_minor=False)`), and `key_mask` the tensor every step
     marks.
     Returns a buffer that the next call overwrites. Batches of more than fast_layers.MATVEC_MAX_ROWS
@@ -137,18 +141,29 @@ class KernelDecoder:
             cfg.positional in ("rope", "none", "learned")
             and model.token_type_embed is None
             and model.ln_embed is None
-            and not cfg.scale_embed
         )
+        steps = []
+        if self.window_mask is not None:  # the windowed blocks' keys, remade at each step
+            steps.append(
+                kernels.window_mask_call(
+                    self.window_mask, self.key_mask, self.slot, cfg.sliding_window
+                )
+            )
+        scale = math.sqrt(cfg.d_model) if cfg.scale_embed else 1.0  # Gemma's
         if isinstance(model.embed, BlockEmbedding):  # the rows of its blocks, dequantized in C
             self.embed_in_c = self.embed_in_c and cfg.positional != "learned"
             if not self.embed_in_c:
-                return []
+                return steps
             kind = BLOCK_TYPES[model.embed.kind].kernel
-            return [lambda: kernels.embed_blocks(self.ids, model.embed.blocks, kind, self.x)]
+            return steps + [
+                kernels.embed_blocks_call(self.ids, model.embed.blocks, kind, self.x, scale)
+            ]
         if not self.embed_in_c:
-            return []
+            return steps
         table = model.pos_embed.weight if cfg.positional == "learned" else None
-        return [kernels.embed_call(self.ids, model.embed.weight, self.position, table, self.x)]
+        return steps + [
+            kernels.embed_call(self.ids, model.embed.weight, self.position, table, self.x, scale)
+        ]
 
     def _attention_steps(self, layer: int, block) -> list:
         """resid_mid = resid_pre + attn(ln1(resid_pre)), the new key and value written to the cache
@@ -205,7 +220,7 @@ class KernelDecoder:
         return [
             self._product(linear, x, out),
             kernels.norm_call(post_norm, out, out),  # in place, as qk-norm
-            lambda: residual.add_(out),
+            kernels.add_call(residual, out),
         ]
 
     def _mlp_steps(self, block) -> list:
@@ -224,7 +239,7 @@ class KernelDecoder:
             else:  # geglu_tanh: gelu_tanh(W_gate x) ⊙ W_in x
                 steps += [
                     kernels.activate_call(gate, kernels.Activation.GELU_TANH),
-                    lambda: gate.mul_(pre),
+                    kernels.mul_call(gate, pre),
                 ]
             post = self.gate
         else:
@@ -319,15 +334,46 @@ class KernelDecoder:
         if not self.embed_in_c:
             self.x.copy_(self.model.embed_tokens(token, positions, None).view(self.x.shape))
         self.slot.fill_(slot)
-        if self.window_mask is not None:  # the keys a windowed block sees: the last W slots
-            if self.key_mask is None:
-                self.window_mask.fill_(True)
-            else:
-                self.window_mask.copy_(self.key_mask)
-            self.window_mask[:, : max(0, slot - self.model.config.sliding_window + 1)] = False
         for run in self.run:
             run()
         return self.logits
+
+    def can_generate_greedy(self) -> bool:
+        """Whether `generate_greedy` applies: the whole step is one C program (its embedding a
+        lookup in C, no PyTorch call between kernels, no window mask to remake per step) and its
+        tokens, the argmax of d_vocab logits, are rows of the embedding table."""
+        return (
+            len(self.run) == 1
+            and isinstance(self.run[0], kernels.Program)
+            and self.embed_in_c
+            and self.model.config.d_vocab <= self.model.embed.num_embeddings
+        )
+
+    def generate_greedy(
+        self,
+        logits: torch.Tensor,
+        tokens: int,
+        out: torch.Tensor,
+        slot: int,
+        positions: torch.Tensor,
+        eos: int | None,
+        done: torch.Tensor,
+    ) -> int:
+        """Greedy generation in one C call (kernels.Program.generate_greedy): from `logits` (B,
+        V), those of the token at cache slot `slot` - 1 and `positions` (B, 1) - 1, `tokens` new
+        tokens into out (B, tokens), each argmax fed back as the next step's token at the next slot
+        and position, as generate's loop would. Returns how many were written (fewer once every row
+        made `eos`; done (B, 1) bool marks the rows that did)."""
+        assert self.can_generate_greedy()
+        if logits.data_ptr() != self.logits.data_ptr():
+            self.logits.copy_(logits)
+        self.position.copy_(positions.view(-1) - 1)  # the C loop moves them one on before a step
+        self.slot.fill_(slot - 1)
+        flags = done.view(-1)
+        n = self.run[0].generate_greedy(
+            tokens, self.logits, self.ids, self.position, self.slot, self.key_mask, out, eos, flags
+        )
+        return n
 
     def weights(self) -> torch.Tensor:
         """The last step's attention pattern rows [batch, layer, head, key slot 0 … slot]: each

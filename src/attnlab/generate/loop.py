@@ -18,6 +18,10 @@ Design choices (after gpt-fast):
   would not pay.
 - The end-of-sequence test reads one flag every 16 tokens, not every token (every token when
   streaming to `on_token`, which reads each token anyway). Sampling: attnlab.generate.sampling.
+- Greedy (temperature 0) on the kernel decode program, with no callback to call between tokens:
+  the whole loop runs in C (`KernelDecoder.generate_greedy`: argmax, the token fed back, the next
+  step), the same tokens as the loop here (tests/test_kernels.py), without its 0.8-1.2 ms of Python
+  a token.
 - Left-padded batches: `attention_mask` marks real tokens; positions count real tokens only, and
   padded keys stay masked, so each row generates exactly what it would alone.
 - `on_rows` (generation you can watch, attnlab.generate.watch): each new token's attention rows,
@@ -245,7 +249,14 @@ def generate(
         position = positions[:, -1:] + 1  # [batch, 1]
         done = torch.zeros(B, 1, dtype=torch.bool, device=device)
         n = max_new_tokens
-        for i in range(max_new_tokens):
+        # greedy, nothing to call between tokens, the step one C program: the whole loop in C
+        in_c = temperature == 0 and on_token is None and on_logits is None and on_rows is None
+        in_python = max_new_tokens  # the tokens the loop below makes
+        if in_c and fast is not None and fast.can_generate_greedy():
+            new = out[:, T:]
+            n = fast.generate_greedy(logits, max_new_tokens, new, T, position, eos_token_id, done)
+            in_python = 0
+        for i in range(in_python):
             if on_rows is not None:  # the kernels' weights once they computed the logits
                 on_rows(fast.weights() if fast is not None and (i or in_steps) else hooked_rows())
             if on_logits is not None:
@@ -267,7 +278,7 @@ def generate(
             logits = step(token, T + i, slot, position)
             slot += 1
             position += 1
-        if n < max_new_tokens:
+        if T + n < out.shape[1]:
             out[:, T + n :] = eos_token_id
         return out
 

@@ -102,6 +102,10 @@ class Op(enum.IntEnum):
     SILU_MUL = 8
     SOFTCAP = 9
     LINEAR_Q = 10
+    EMBED_Q = 11
+    ADD = 12
+    MUL = 13
+    WINDOW_MASK = 14
 
 
 # The one table of the C interface: each op's attnlab_* function and its parameters' types, in
@@ -114,7 +118,7 @@ KERNELS: dict[Op, tuple[str, list]] = {
         [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int, _int],
     ),
     Op.ROPE: ("attnlab_rope", [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64]),
-    Op.EMBED: ("attnlab_embed", [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64]),
+    Op.EMBED: ("attnlab_embed", [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _float]),
     Op.ATTEND: (
         "attnlab_attend",
         [_ptr] * 6 + [_i64, _ptr, _ptr] + [_i64] * 5 + [_ptr, _float, _int],
@@ -128,8 +132,19 @@ KERNELS: dict[Op, tuple[str, list]] = {
         "attnlab_linear_q",
         [_ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int, _int, _int],
     ),
+    Op.EMBED_Q: ("attnlab_embed_q", [_ptr, _ptr, _ptr, _i64, _i64, _int, _float]),
+    Op.ADD: ("attnlab_add", [_ptr, _ptr, _i64]),
+    Op.MUL: ("attnlab_mul", [_ptr, _ptr, _i64]),
+    Op.WINDOW_MASK: ("attnlab_window_mask", [_ptr, _ptr, _ptr, _i64, _i64, _i64]),
 }
 RUN = ("attnlab_run", [_ptr, _i64, _int])  # runs a program: its ops, their number, the threads
+# greedy generation in C (Program.generate_greedy): the program, its ops' number, the threads,
+# the tokens; the logits, rows, vocab; ids, position, slot, key mask, its length; out, its row
+# stride, eos, done
+GENERATE_GREEDY = (
+    "attnlab_generate_greedy",
+    [_ptr, _i64, _int, _i64, _ptr, _i64, _i64] + [_ptr] * 4 + [_i64, _ptr, _i64, _i64, _ptr],
+)
 # bytes of scratch attnlab_linear_q needs per thread, for rows and d_in
 SCRATCH = ("attnlab_linear_q_scratch", [_i64, _i64])
 # blocks -> float32 (blocks, out, rows, d_in, block type, threads)
@@ -497,6 +512,7 @@ def load(path: Path) -> ctypes.CDLL:
         (ATTEND_ROWS_SCRATCH, _i64),
         (READ_PASS, ctypes.c_uint64),
         (PREFETCH_AHEAD, _i64),
+        (GENERATE_GREEDY, _i64),
     ):
         getattr(lib, name).argtypes = argtypes
         getattr(lib, name).restype = restype
@@ -563,10 +579,54 @@ class Program:
         assert all(threads <= c.values[-1] for c in calls if c.kind == Op.LINEAR_Q)
         self.calls = calls  # which keep their tensors alive
         self.ops = (OpCall * len(calls))(*(call.op() for call in calls))
+        self.threads = threads
         self._run = functools.partial(library().attnlab_run, self.ops, len(calls), threads)
 
     def __call__(self) -> None:
         self._run()
+
+    def generate_greedy(
+        self,
+        tokens: int,
+        logits: torch.Tensor,
+        ids: torch.Tensor,
+        position: torch.Tensor,
+        slot: torch.Tensor,
+        key_mask: torch.Tensor | None,
+        out: torch.Tensor,
+        eos: int | None,
+        done: torch.Tensor,
+    ) -> int:
+        """Greedy generation with no Python between tokens (decode.c, attnlab_generate_greedy):
+        `tokens` times, the argmax of each row of `logits` (rows, vocab) goes to out[:, i] and,
+        unless it was the last, into this program's inputs (ids; position and slot one further;
+        key_mask's new slot marked), and the program runs, computing the next logits in `logits`.
+        A row that made `eos` makes it from then on (done: rows, bool), and generation ends once
+        every row has. Returns the number of tokens written. This program must be a whole decode
+        step that reads ids, position, slot and key_mask and writes `logits`."""
+        rows, vocab = logits.shape
+        assert logits.is_contiguous() and out.dtype == ids.dtype == position.dtype == torch.int64
+        assert out.shape[0] == rows and out.stride(1) == 1 and 0 <= tokens <= out.shape[1]
+        assert ids.numel() == position.numel() == done.numel() == rows and done.dtype == torch.bool
+        assert key_mask is None or (key_mask.dtype == torch.bool and key_mask.is_contiguous())
+        return library().attnlab_generate_greedy(
+            self.ops,
+            len(self.calls),
+            self.threads,
+            tokens,
+            logits.data_ptr(),
+            rows,
+            vocab,
+            ids.data_ptr(),
+            position.data_ptr(),
+            slot.data_ptr(),
+            None if key_mask is None else key_mask.data_ptr(),
+            0 if key_mask is None else key_mask.shape[1],
+            out.data_ptr(),
+            out.stride(0),
+            -1 if eos is None else eos,
+            done.data_ptr(),
+        )
 
 
 def program(steps: list[Callable[[], object]]) -> list[Callable[[], object]]:
@@ -705,6 +765,48 @@ def dequantize(blocks: torch.Tensor, kind: BlockKind, d_in: int) -> torch.Tensor
         blocks.data_ptr(), out.data_ptr(), d_out, d_in, int(kind), torch.get_num_threads()
     )
     return out
+
+
+def embed_blocks_call(
+    ids: torch.Tensor, blocks: torch.Tensor, kind: BlockKind, out: torch.Tensor, scale: float = 1.0
+) -> Call:
+    """out (rows, d) = the rows ids (rows int64, read at each call) of a table in blocks (uint8
+    (d_vocab, row bytes), contiguous), dequantized in C (decode.c, attnlab_embed_q: bit-equal to
+    `embed_blocks`), times scale (as embed_call's). The C code trusts the ids: the caller checks
+    them (generate: the prompt's before the first step, the argmax of d_vocab logits after it,
+    where d_vocab <= the table's rows)."""
+    rows, d = out.shape
+    assert blocks.is_contiguous() and out.is_contiguous() and out.dtype == torch.float32
+    assert blocks.shape[1] == _block_type(kind).row_bytes(d) and ids.dtype == torch.int64
+    assert ids.numel() == rows
+    return Call(Op.EMBED_Q, ids, blocks, out, rows, d, int(kind), scale)
+
+
+def add_call(y: torch.Tensor, x: torch.Tensor) -> Call:
+    """y += x in place; contiguous float32 of one size."""
+    assert y.is_contiguous() and x.is_contiguous() and y.dtype == x.dtype == torch.float32
+    assert y.numel() == x.numel()
+    return Call(Op.ADD, y, x, y.numel())
+
+
+def mul_call(y: torch.Tensor, x: torch.Tensor) -> Call:
+    """y *= x in place; contiguous float32 of one size."""
+    assert y.is_contiguous() and x.is_contiguous() and y.dtype == x.dtype == torch.float32
+    assert y.numel() == x.numel()
+    return Call(Op.MUL, y, x, y.numel())
+
+
+def window_mask_call(
+    window_mask: torch.Tensor, key_mask: torch.Tensor | None, slot: torch.Tensor, window: int
+) -> Call:
+    """window_mask (rows, max_len) bool = key_mask (or every slot, key_mask None) but the slots
+    before slot - window + 1 (slot: (1,) int64, read at each call): the keys a windowed block's
+    query at that slot sees."""
+    rows, max_len = window_mask.shape
+    assert window_mask.dtype == torch.bool and window_mask.is_contiguous() and window >= 1
+    assert key_mask is None or (key_mask.shape == window_mask.shape and key_mask.is_contiguous())
+    assert slot.dtype == torch.int64 and slot.numel() == 1
+    return Call(Op.WINDOW_MASK, window_mask, key_mask, slot, rows, max_len, window)
 
 
 def embed_blocks(
@@ -1007,9 +1109,10 @@ def embed_call(
     positions: torch.Tensor,
     positions_table: torch.Tensor | None,
     out: torch.Tensor,
+    scale: float = 1.0,
 ) -> Callable[[], None]:
-    """out (rows, d) = table[ids] (+ positions_table[positions]); ids, positions: rows int64, read
-    at each call."""
+    """out (rows, d) = table[ids] * scale (+ positions_table[positions]); ids, positions: rows
+    int64, read at each call; scale rounded to float32 (as torch's x * scale on a float32 x)."""
     rows, d = out.shape
     assert ids.dtype == positions.dtype == torch.int64 and ids.numel() == positions.numel() == rows
     assert (
@@ -1017,7 +1120,7 @@ def embed_call(
         and table.shape[1] == d
         and (positions_table is None or positions_table.is_contiguous())
     )
-    return Call(Op.EMBED, ids, table, positions, positions_table, out, rows, d)
+    return Call(Op.EMBED, ids, table, positions, positions_table, out, rows, d, scale)
 
 
 def attend_call(

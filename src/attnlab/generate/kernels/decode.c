@@ -1711,16 +1711,62 @@ void attnlab_rope(float *x, const float *cos_, const float *sin_, const int64_t 
     }
 }
 
-/* The residual stream's start for one token per row: out[r] = table[ids[r]] (+ positions_table[positions[r]] when
- * that is not NULL: learned absolute positions), d values per row (attnlab.Transformer.embed_tokens). */
+/* The residual stream's start for one token per row from a table kept as blocks of `type` (uint8 [d_vocab, row
+ * bytes]): out[r] = the dequantized row ids[r], d values (attnlab_dequantize's formulas: bit-equal to the reference;
+ * kernels.embed_blocks). The ids are trusted: the caller checks them. */
+void attnlab_embed_q(const int64_t *ids, const uint8_t *blocks, float *out, int64_t rows, int64_t d, int type,
+                     float scale) {
+  int64_t row_bytes = d / BLOCK_WEIGHTS[type] * BLOCK_BYTES[type];
+  for (int64_t r = 0; r < rows; r++) {
+    float *o = out + r * d;
+    attnlab_dequantize(blocks + ids[r] * row_bytes, o, 1, d, type, 1);
+    if (scale != 1.0f)
+      for (int64_t i = 0; i < d; i++) o[i] *= scale;
+  }
+}
+
+/* y += x, n values (a sandwich norm's sublayer output joining the residual stream). */
+void attnlab_add(float *y, const float *x, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+/* y *= x, n values (GeGLU's gelu_tanh(W_gate x) times W_in x). */
+void attnlab_mul(float *y, const float *x, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; i++) y[i] *= x[i];
+}
+
+/* The keys a windowed block sees this step [rows, max_len]: those of key_mask (every slot when it is NULL) from
+ * slot[0] - window + 1 on (the band of the last `window` slots, Gemma 3's local blocks, Mistral's window). */
+void attnlab_window_mask(uint8_t *window_mask, const uint8_t *key_mask, const int64_t *slot, int64_t rows,
+                         int64_t max_len, int64_t window) {
+  int64_t start = slot[0] - window + 1 > 0 ? slot[0] - window + 1 : 0;
+  start = start < max_len ? start : max_len;
+  for (int64_t r = 0; r < rows; r++) {
+    uint8_t *m = window_mask + r * max_len;
+    memset(m, 0, start);
+    if (key_mask)
+      memcpy(m + start, key_mask + r * max_len + start, max_len - start);
+    else
+      memset(m + start, 1, max_len - start);
+  }
+}
+
+/* The residual stream's start for one token per row: out[r] = table[ids[r]] * scale (+ positions_table[positions[r]]
+ * when that is not NULL: learned absolute positions), d values per row (attnlab.Transformer.embed_tokens; scale:
+ * Gemma's sqrt(d_model) as a float32, else 1). */
 void attnlab_embed(const int64_t *ids, const float *table, const int64_t *positions, const float *positions_table,
-                   float *out, int64_t rows, int64_t d) {
+                   float *out, int64_t rows, int64_t d, float scale) {
   for (int64_t r = 0; r < rows; r++) {
     const float *e = table + ids[r] * d, *p = positions_table ? positions_table + positions[r] * d : NULL;
     float *o = out + r * d;
     if (p) {
 #pragma omp simd
-      for (int64_t i = 0; i < d; i++) o[i] = e[i] + p[i];
+      for (int64_t i = 0; i < d; i++) o[i] = e[i] * scale + p[i];
+    } else if (scale != 1.0f) {
+#pragma omp simd
+      for (int64_t i = 0; i < d; i++) o[i] = e[i] * scale;
     } else
       memcpy(o, e, d * sizeof(float));
   }
@@ -1960,6 +2006,10 @@ typedef enum {
   OP_SILU_MUL,
   OP_SOFTCAP,
   OP_LINEAR_Q,
+  OP_EMBED_Q,
+  OP_ADD,
+  OP_MUL,
+  OP_WINDOW_MASK,
 } attnlab_op_kind;
 
 typedef struct {
@@ -2004,7 +2054,7 @@ static void run_op(const attnlab_op *op, const attnlab_op *next, int first, int8
   case OP_EMBED:
 #pragma omp single nowait
     attnlab_embed(ARG(0, const int64_t *), ARG(1, const float *), ARG(2, const int64_t *), ARG(3, const float *),
-                  ARG(4, float *), op->a[5], op->a[6]);
+                  ARG(4, float *), op->a[5], op->a[6], (float)op->f);
     break;
   case OP_ATTEND:
     attend(ARG(0, const float *), ARG(1, const float *), ARG(2, const float *), ARG(3, float *), ARG(4, float *),
@@ -2032,6 +2082,24 @@ static void run_op(const attnlab_op *op, const attnlab_op *next, int first, int8
     share(op->a[1], &lo, &hi);
     attnlab_softcap(ARG(0, float *) + lo, hi - lo, (float)op->f);
     break;
+  case OP_EMBED_Q:
+#pragma omp single nowait
+    attnlab_embed_q(ARG(0, const int64_t *), ARG(1, const uint8_t *), ARG(2, float *), op->a[3], op->a[4],
+                    (int)op->a[5], (float)op->f);
+    break;
+  case OP_ADD:
+    share(op->a[2], &lo, &hi);
+    attnlab_add(ARG(0, float *) + lo, ARG(1, const float *) + lo, hi - lo);
+    break;
+  case OP_MUL:
+    share(op->a[2], &lo, &hi);
+    attnlab_mul(ARG(0, float *) + lo, ARG(1, const float *) + lo, hi - lo);
+    break;
+  case OP_WINDOW_MASK:
+#pragma omp single nowait
+    attnlab_window_mask(ARG(0, uint8_t *), ARG(1, const uint8_t *), ARG(2, const int64_t *), op->a[3], op->a[4],
+                        op->a[5]);
+    break;
   case OP_LINEAR_Q: {
     q_share after = {0, 0, NULL, 0}; /* this thread's share of the next product, which linear_q prefetches */
     if (next) {
@@ -2047,32 +2115,94 @@ static void run_op(const attnlab_op *op, const attnlab_op *next, int first, int8
   }
 }
 
-void attnlab_run(const attnlab_op *ops, int64_t n, int threads) {
-#pragma omp parallel num_threads(threads)
-  {
-    int first = 1;           /* no block product yet */
-    int8_t *rounding = NULL; /* the scratch holding the last op's rounding of its x, when it was a block product */
-    for (int64_t i = 0; i < n; i++) {
-      const attnlab_op *op = ops + i, *next = NULL;
-      int8_t *rounded = NULL;
-      if (op->kind == OP_LINEAR_Q) {
-        for (int64_t j = i + 1; j < n && !next; j++)
-          if (ops[j].kind == OP_LINEAR_Q) next = ops + j;
-        /* the block product right before this one read the same rows of x: its rounding of them is read again
-         * (nothing ran in between that could have written x) */
-        if (rounding && op[-1].a[0] == op->a[0] && op[-1].a[5] == op->a[5] && op[-1].a[6] == op->a[6])
-          rounded = rounding;
-      }
-      run_op(op, next, first && op->kind == OP_LINEAR_Q, rounded);
-      first = first && op->kind != OP_LINEAR_Q;
-      rounding = op->kind != OP_LINEAR_Q ? NULL : rounded ? rounded : (int8_t *)(intptr_t)op->a[4];
-      if (ops[i].wait) {
+/* The body of a program's parallel region: every thread walks the ops (attnlab_run above) */
+static void run_program(const attnlab_op *ops, int64_t n) {
+  int first = 1;           /* no block product yet */
+  int8_t *rounding = NULL; /* the scratch holding the last op's rounding of its x, when it was a block product */
+  for (int64_t i = 0; i < n; i++) {
+    const attnlab_op *op = ops + i, *next = NULL;
+    int8_t *rounded = NULL;
+    if (op->kind == OP_LINEAR_Q) {
+      for (int64_t j = i + 1; j < n && !next; j++)
+        if (ops[j].kind == OP_LINEAR_Q) next = ops + j;
+      /* the block product right before this one read the same rows of x: its rounding of them is read again
+       * (nothing ran in between that could have written x) */
+      if (rounding && op[-1].a[0] == op->a[0] && op[-1].a[5] == op->a[5] && op[-1].a[6] == op->a[6])
+        rounded = rounding;
+    }
+    run_op(op, next, first && op->kind == OP_LINEAR_Q, rounded);
+    first = first && op->kind != OP_LINEAR_Q;
+    rounding = op->kind != OP_LINEAR_Q ? NULL : rounded ? rounded : (int8_t *)(intptr_t)op->a[4];
+    if (ops[i].wait) {
 #pragma omp barrier
-      }
     }
   }
 }
 
+void attnlab_run(const attnlab_op *ops, int64_t n, int threads) {
+#pragma omp parallel num_threads(threads)
+  run_program(ops, n);
+}
+
+/* The index of the largest of v[0..n): the first one where several are equal, the first NaN where there is one
+ * (torch.argmax's choices). A vectorised pass for the maximum, then a scan for its first place. */
+static int64_t argmax_first(const float *v, int64_t n) {
+  float m = -INFINITY;
+  int nan = 0;
+#pragma omp simd reduction(max : m) reduction(| : nan)
+  for (int64_t i = 0; i < n; i++) {
+    m = v[i] > m ? v[i] : m;
+    nan |= v[i] != v[i];
+  }
+  for (int64_t i = 0; i < n; i++)
+    if (nan ? v[i] != v[i] : v[i] == m) return i;
+  return 0; /* n == 0, or every value -inf: torch's choice too */
+}
+
+/* Greedy generation with no Python between tokens (attnlab.generate.loop.generate, temperature 0): `tokens` times,
+ * each row's next token is the argmax of its logits [rows, vocab] (those of the prompt when this is called, then
+ * each step's), written to out[r * out_stride + i]; then, unless it was the last, it becomes the step program's
+ * input: ids[r] = token, position[r] += 1, slot[0] += 1, key_mask[r, slot] = 1 (key_mask may be NULL: no padding),
+ * and the program (the decode step, whose last op is the LM head writing `logits`) runs, all inside one parallel
+ * region, the threads waiting for each other at the program's barriers and around the choice. With eos >= 0, a
+ * row that produced eos (done[r], kept across calls by the caller) gives eos from then on, and generation stops
+ * once every row has: the number of tokens written is returned (generate fills the rest with eos, as its Python
+ * loop does). The same arithmetic as the Python loop, op for op: the tokens are equal. */
+int64_t attnlab_generate_greedy(const attnlab_op *ops, int64_t n, int threads, int64_t tokens, const float *logits,
+                                int64_t rows, int64_t vocab, int64_t *ids, int64_t *position, int64_t *slot,
+                                uint8_t *key_mask, int64_t max_len, int64_t *out, int64_t out_stride, int64_t eos,
+                                uint8_t *done) {
+  int64_t made = 0;
+#pragma omp parallel num_threads(threads)
+  for (int64_t i = 0; i < tokens; i++) {
+#pragma omp single
+    { /* (the single's end is a barrier: every thread sees the choice and `made`) */
+      int all_done = eos >= 0;
+      for (int64_t r = 0; r < rows; r++) {
+        int64_t token = argmax_first(logits + r * vocab, vocab);
+        if (eos >= 0) {
+          if (done[r]) token = eos;
+          done[r] |= token == eos;
+          all_done = all_done && done[r];
+        }
+        out[r * out_stride + i] = token;
+        ids[r] = token;
+      }
+      made = all_done || i == tokens - 1 ? -(i + 1) : i + 1; /* negative: stop after this token */
+      if (made > 0) {
+        slot[0] += 1;
+        for (int64_t r = 0; r < rows; r++) {
+          position[r] += 1;
+          if (key_mask) key_mask[r * max_len + slot[0]] = 1;
+        }
+      }
+    }
+    if (made < 0) break;
+    run_program(ops, n);
+#pragma omp barrier /* the logits are whole before the next choice reads them */
+  }
+  return made < 0 ? -made : made;
+}
 
 /* The machine's streaming read bandwidth, the bound of a decode step, which reads every weight once from memory:
  * one read-only pass over `bytes` of `buf` (64-byte aligned, a multiple of 1024; far larger than the caches), each
