@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 
 import attnlab
 from attnlab.errors import UserError
-from attnlab.generate import fast_layers, kernels
+from attnlab.generate import fast_layers, kernel_decoder, kernels
 from attnlab.generate import loop as generation
 from attnlab.generate.blocks import (
     BLOCK_TYPES,
@@ -291,6 +291,93 @@ def test_every_build_of_the_block_products_stays_within_the_bound(
         layer = block_layer(kind, d_out, d_in, seed + d_out, bias=True)
         got = kernels.block_linear(x, layer.blocks, BLOCK_TYPES[kind].kernel, layer.bias)
         check_product(x, layer.blocks, kind, layer.bias, got, layer.weight)
+
+
+REPACKABLE = [k for k in BLOCK_TYPES if BLOCK_TYPES[k].kernel in kernels.REPACKABLE]
+
+
+def repacked_reference(blocks: torch.Tensor, kind: str) -> torch.Tensor:
+    """The 16-row decode layout (decode.c, attnlab_repack16) written out in torch: per group of 16
+    rows and per block, the quants in 64-byte chunks whose lane n (4 bytes) is row n's quant bytes
+    4j .. 4j + 3, then the 16 d's, then (Q4_1) the 16 m's."""
+    t = BLOCK_TYPES[kind]
+    head = 4 if kind == "q4_1" else 2
+    d_out = blocks.shape[0]
+    b = blocks.reshape(d_out // 16, 16, -1, t.nbytes).transpose(1, 2)  # [group, block, row, bytes]
+    quants = b[..., head:].reshape(*b.shape[:3], -1, 4).transpose(2, 3)  # [g, blk, chunk, row, 4]
+    parts = [quants.flatten(2), b[..., 0:2].flatten(2)]
+    if kind == "q4_1":
+        parts.append(b[..., 2:4].flatten(2))
+    return torch.cat(parts, -1).reshape(d_out, -1)
+
+
+@pytest.mark.parametrize("kind", REPACKABLE)
+def test_repack16_lays_out_sixteen_rows_as_the_decode_products_read_them(kind, seed):
+    layer = block_layer(kind, 48, 96, seed)
+    kind_c = BLOCK_TYPES[kind].kernel
+    packed = kernels.repack16(layer.blocks, kind_c, 96)
+    assert torch.equal(packed, repacked_reference(layer.blocks, kind))
+    assert packed.shape == layer.blocks.shape and not torch.equal(packed, layer.blocks)
+
+
+@pytest.mark.parametrize("kind", REPACKABLE)
+def test_every_build_of_the_repacked_products_stays_within_the_bound(
+    kind, other_build, seed, monkeypatch
+):
+    """The 16-row layout's products (AVX-512 VNNI: 16 rows a vector; the other builds a lane at a
+    time) within the bound of the float product, and with the products on the file's layout up to
+    float32 sums in another order; a NaN in x makes NaN, as there."""
+    monkeypatch.setattr(kernels, "library", lambda: other_build)
+    kind_c = BLOCK_TYPES[kind].kernel
+    for rows, d_in, d_out in ((1, 32, 16), (2, 64, 48), (3, 96, 64), (9, 288, 128), (1, 1536, 32)):
+        x = torch.randn(rows, d_in) * 2
+        layer = block_layer(kind, d_out, d_in, seed + d_out, bias=True)
+        packed = kernels.repack16(layer.blocks, kind_c, d_in)
+        for accumulate in (False, True):
+            start = torch.randn(rows, d_out)
+            got = start.clone()
+            kernels.block_linear_call(x, packed, kind_c, layer.bias, got, accumulate, True)()
+            got = got - (start if accumulate else 0)
+            check_product(x, layer.blocks, kind, layer.bias, got, layer.weight)
+            file_layout = kernels.block_linear(x, layer.blocks, kind_c, layer.bias)
+            terms = (x.abs() @ layer.weight.abs().T).max()  # (as check_product's float32 slack)
+            torch.testing.assert_close(got, file_layout, rtol=2e-5, atol=2e-6 * terms)
+    x[0, 7] = float("nan")
+    out = torch.zeros(rows, d_out)
+    kernels.block_linear_call(x, packed, kind_c, None, out, False, True)()
+    assert torch.isnan(out[0]).all() and not torch.isnan(out[1:]).any()
+
+
+@pytest.mark.parametrize("kind", REPACKABLE)
+def test_repacked_products_in_a_program_share_one_rounding_and_equal_their_calls_alone(
+    kind, seed, monkeypatch
+):
+    """As test_products_of_one_x_in_a_program_...: q, k, v in the 16-row layout read one rounding
+    of x, then one on another x, bit for bit their calls alone, on one thread and on two (whose
+    prefetches run on into the next product's share, rounded to whole groups of 16)."""
+    x, other = torch.randn(2, 576), torch.randn(2, 576) * 5
+    inputs = [x, x, x, other, x]
+    layers = [block_layer(kind, d_out, 576, seed + d_out) for d_out in (64, 16, 48, 320, 32)]
+    kind_c = BLOCK_TYPES[kind].kernel
+    packed = [kernels.repack16(layer.blocks, kind_c, 576) for layer in layers]
+
+    def alone(a, blocks):
+        out = torch.empty(a.shape[0], blocks.shape[0])
+        kernels.block_linear_call(a, blocks, kind_c, None, out, False, True)()
+        return out
+
+    expected = [alone(a, blocks) for a, blocks in zip(inputs, packed)]
+    for threads in (1, 2):
+        monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+        outs = [torch.full_like(e, float("nan")) for e in expected]
+        calls = [
+            kernels.independent(kernels.block_linear_call(a, b, kind_c, None, out, False, True))
+            for a, b, out in zip(inputs, packed, outs)
+        ]
+        (program,) = kernels.program(calls)
+        program()
+        for got, want in zip(outs, expected):
+            assert torch.equal(got, want)
 
 
 def every_half_as_a_scale(kind: str) -> torch.Tensor:
@@ -641,14 +728,18 @@ def decode_step_agreement(kind: str, B: int, embed_blocks: bool) -> float:
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("B", [1, 3, 12])  # few rows, and past the few-row threshold
 @pytest.mark.parametrize("embed_blocks", [False, True])
+# the 16-row layout where this build's products are fastest in it (d_model, d_mlp: multiples of
+# 16; d_vocab 50 is not: its head keeps the file's layout), and the file's layout everywhere
+@pytest.mark.parametrize("repack", [True, False])
 def test_the_kernel_decode_step_of_a_block_model_stays_near_the_float_model(
-    kind, B, embed_blocks, seed
+    kind, B, embed_blocks, repack, seed, monkeypatch
 ):
     """A flip (see decode_step_agreement's comments) stays in its row's later steps, its cache
     holds it: over 1,080 draws (60 seeds x the 18 cases) 5 agreed on fewer than half the row-steps,
     one on none (a single row flipped at its first step); a wrong kernel agrees on none, every
     time. So a draw under half is followed by a second, independent draw, and the test fails when
     both are (about 2e-5 of cases where the kernel is right)."""
+    monkeypatch.setattr(kernel_decoder, "REPACK", repack)
     agreement = decode_step_agreement(kind, B, embed_blocks)
     if agreement < 0.5:
         agreement = max(agreement, decode_step_agreement(kind, B, embed_blocks))

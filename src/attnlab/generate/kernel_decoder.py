@@ -35,10 +35,44 @@ from .fast_layers import Int8Linear, few_rows
 from .kernels import independent
 from .kv_cache import KVCache
 
+# Q8_0 / Q4_0 / Q4_1 products stream their blocks in the 16-row layout (kernels.repack16) where
+# this build's products are fastest in it; False: always the file's layout (A/B, tests)
+REPACK = True
+
 
 def stored_weight(linear) -> torch.Tensor:
-    """The tensor a step streams for `linear`: its blocks, or its weight."""
-    return linear.blocks if isinstance(linear, BlockLinear) else linear.weight
+    """The tensor a step streams for `linear`: its blocks (in the 16-row layout where `repacked`),
+    or its weight."""
+    if not isinstance(linear, BlockLinear):
+        return linear.weight
+    return repacked_blocks(linear) if repacked(linear) else linear.blocks
+
+
+def repacked(linear) -> bool:
+    """Whether a step multiplies by `linear` (a BlockLinear) in the 16-row layout: Q8_0, Q4_0
+    and Q4_1 with d_out a multiple of 16, on a build whose products are fastest so (AVX-512 VNNI:
+    about a third of the instructions per weight, benchmarks/README.md)."""
+    kind = BLOCK_TYPES[linear.kind].kernel
+    return (
+        REPACK
+        and kind in kernels.REPACKABLE
+        and linear.blocks.shape[0] % 16 == 0
+        and kernels.repack16_fast()
+    )
+
+
+def repacked_blocks(linear) -> torch.Tensor:
+    """`linear`'s blocks in the 16-row layout, made once and kept on the module beside them (the
+    same bytes again: the file's layout stays for prompts, the tied embedding and saving), made
+    again when the blocks change."""
+    blocks = linear.blocks
+    key = (blocks.data_ptr(), blocks._version)
+    kept = getattr(linear, "_attnlab_repacked", None)
+    if kept is None or kept[0] != key:
+        kind = BLOCK_TYPES[linear.kind].kernel
+        kept = (key, kernels.repack16(blocks, kind, linear.in_features))
+        linear._attnlab_repacked = kept
+    return kept[1]
 
 
 class KernelDecoder:
@@ -309,8 +343,10 @@ class KernelDecoder:
         B = x.shape[0]
         x2, out2 = x.view(B, -1), out.view(B, -1)  # [batch, d_in], [batch, d_out]
         if isinstance(linear, BlockLinear):  # always the blocks themselves, no float copy
-            kind = BLOCK_TYPES[linear.kind].kernel
-            return kernels.block_linear_call(x2, linear.blocks, kind, linear.bias, out2, accumulate)
+            kind, layout = BLOCK_TYPES[linear.kind].kernel, repacked(linear)
+            return kernels.block_linear_call(
+                x2, stored_weight(linear), kind, linear.bias, out2, accumulate, layout
+            )
         w = linear.weight
         # as KernelLinear.forward chooses (int8: always, no float copy)
         if w.dtype == torch.int8 or few_rows(x2):

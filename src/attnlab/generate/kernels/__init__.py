@@ -145,6 +145,9 @@ GENERATE_GREEDY = (
     "attnlab_generate_greedy",
     [_ptr, _i64, _int, _i64, _ptr, _i64, _i64] + [_ptr] * 4 + [_i64, _ptr, _i64, _i64, _ptr],
 )
+# block rows -> the 16-row decode layout (blocks, out, d_out, d_in, block type); is it fast here
+REPACK16 = ("attnlab_repack16", [_ptr, _ptr, _i64, _i64, _int])
+REPACK16_FAST = ("attnlab_repack16_fast", [])
 # bytes of scratch attnlab_linear_q needs per thread, for rows and d_in
 SCRATCH = ("attnlab_linear_q_scratch", [_i64, _i64])
 # blocks -> float32 (blocks, out, rows, d_in, block type, threads)
@@ -513,6 +516,8 @@ def load(path: Path) -> ctypes.CDLL:
         (READ_PASS, ctypes.c_uint64),
         (PREFETCH_AHEAD, _i64),
         (GENERATE_GREEDY, _i64),
+        (REPACK16, None),
+        (REPACK16_FAST, _int),
     ):
         getattr(lib, name).argtypes = argtypes
         getattr(lib, name).restype = restype
@@ -705,14 +710,17 @@ def block_linear_call(
     bias: torch.Tensor | None,
     out: torch.Tensor,
     accumulate: bool = False,
+    repacked: bool = False,
 ) -> Callable[[], None]:
     """out (=, or += when accumulate) x Wᵀ + b, prepared, for W (d_out, d_in) in ggml blocks of
     `kind`: blocks uint8 (d_out, d_in / 32 · block bytes), x (rows, d_in) float32, rounded to 8 bits
-    per block of 32 on the way (decode.c, attnlab_linear_q); all contiguous."""
+    per block of 32 on the way (decode.c, attnlab_linear_q); all contiguous. `repacked`: the blocks
+    are in the 16-row layout (`repack16`)."""
     rows, d_in = x.numel() // x.shape[-1], x.shape[-1]
     d_out, t = blocks.shape[0], _block_type(kind)
     # the C code trusts these shapes: check them once here, where the call is prepared
     assert d_in % t.weights == 0 and tuple(blocks.shape) == (d_out, t.row_bytes(d_in))
+    assert not repacked or (kind in REPACKABLE and d_out % 16 == 0)
     assert blocks.dtype == torch.uint8 and blocks.is_contiguous()
     assert x.is_contiguous() and out.is_contiguous() and out.numel() == rows * d_out
     assert x.dtype == out.dtype == torch.float32
@@ -730,10 +738,34 @@ def block_linear_call(
         rows,
         d_in,
         d_out,
-        BlockKind(kind),
+        int(BlockKind(kind)) | (REPACKED if repacked else 0),
         int(accumulate),
         threads,
     )
+
+
+# the block kinds with a 16-row decode layout (decode.c, attnlab_repack16), and the flag that marks
+# a LINEAR_Q op's weights as in it
+REPACKABLE = (BlockKind.Q8_0, BlockKind.Q4_0, BlockKind.Q4_1)
+REPACKED = 0x100
+
+
+def repack16(blocks: torch.Tensor, kind: BlockKind, d_in: int) -> torch.Tensor:
+    """The same blocks (uint8 (d_out, row bytes), d_out a multiple of 16, kind in REPACKABLE) in
+    the 16-row decode layout (decode.c, attnlab_repack16: sixteen rows' blocks interleaved so that
+    one 512-bit lane holds one row), a new tensor of the same shape and bytes."""
+    d_out, t = blocks.shape[0], _block_type(kind)
+    assert kind in REPACKABLE and d_out % 16 == 0 and blocks.is_contiguous()
+    assert blocks.dtype == torch.uint8 and tuple(blocks.shape) == (d_out, t.row_bytes(d_in))
+    out = torch.empty_like(blocks)
+    library().attnlab_repack16(blocks.data_ptr(), out.data_ptr(), d_out, d_in, int(kind))
+    return out
+
+
+def repack16_fast() -> bool:
+    """Whether this build's 16-row products are its fastest decode products (AVX-512 VNNI):
+    generation repacks only then (the other builds compute them a lane at a time, for tests)."""
+    return bool(library().attnlab_repack16_fast())
 
 
 def block_linear(

@@ -843,20 +843,168 @@ typedef struct {
   int64_t bytes;        /* and how many follow */
 } q_share;
 
-static q_share share_of(const uint8_t *w, int64_t d_out, int64_t row_bytes) {
+static q_share share_of(const uint8_t *w, int64_t d_out, int64_t row_bytes, int64_t group) {
 #ifdef _OPENMP
   int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
 #else
   int64_t t = 0, nt = 1;
 #endif
-  int64_t groups = (d_out + ROWS_AT_ONCE - 1) / ROWS_AT_ONCE, per = (groups + nt - 1) / nt;
+  int64_t groups = (d_out + group - 1) / group, per = (groups + nt - 1) / nt;
   q_share s;
   s.g0 = t * per < groups ? t * per : groups;
   s.g1 = s.g0 + per < groups ? s.g0 + per : groups;
-  int64_t first = s.g0 * ROWS_AT_ONCE, end = s.g1 * ROWS_AT_ONCE < d_out ? s.g1 * ROWS_AT_ONCE : d_out;
+  int64_t first = s.g0 * group, end = s.g1 * group < d_out ? s.g1 * group : d_out;
   s.start = w + first * row_bytes;
   s.bytes = (end - first) * row_bytes;
   return s;
+}
+
+/* Sixteen rows interleaved: the decode layout of Q4_0, Q4_1 and Q8_0 (after llama.cpp's repacked AMX/VNNI layout,
+ * ggml-cpu/amx/mmq.cpp, where one 512-bit lane holds one output row). The same blocks, bit for bit, rearranged
+ * for the decode step's products: rows come in groups of 16 (d_out a multiple of 16); a group's blocks follow
+ * each other, and block b of the group holds, in order,
+ *   its quants in 64-byte chunks j (4 for Q4_0 / Q4_1, 8 for Q8_0), bytes 4n .. 4n + 3 of chunk j being row n's
+ *     quant bytes 4j .. 4j + 3 (Q4: the low nibbles weights 4j .. 4j + 3, the high ones 16 + 4j ..; Q8_0: weights
+ *     4j .. 4j + 3);
+ *   the 16 rows' d (IEEE halves), then Q4_1's 16 m;
+ * so 16 x (18 | 20 | 34) bytes, as many as the 16 rows' blocks. A product then multiplies 16 rows at once by x's
+ * four bytes broadcast to every lane (one dpbusd per 64 weights of 16 rows, no permute), and scales 16 rows with
+ * one conversion of 16 halves and one FMA per block: about a third of the instructions of dot4_q's four rows
+ * (benchmarks/README.md, issue 25, "Sixteen rows at once"). */
+#define REPACKED 0x100 /* a LINEAR_Q op's type | REPACKED: its weights are in the 16-row layout */
+#define GROUP 16
+
+/* out = w (d_out rows of d_in weights in blocks of `type`: Q8_0, Q4_0 or Q4_1; d_out a multiple of 16) in the
+ * 16-row layout above. */
+void attnlab_repack16(const uint8_t *w, uint8_t *out, int64_t d_out, int64_t d_in, int type) {
+  int64_t bytes = BLOCK_BYTES[type], nb = d_in / QK, row_bytes = nb * bytes;
+  int64_t head = type == BLOCK_Q4_1 ? 4 : 2, quant_bytes = bytes - head;
+#pragma omp parallel for schedule(static) if (d_out * d_in > 65536)
+  for (int64_t g = 0; g < d_out / GROUP; g++)
+    for (int64_t b = 0; b < nb; b++) {
+      uint8_t *o = out + (g * nb + b) * GROUP * bytes;
+      for (int64_t n = 0; n < GROUP; n++) {
+        const uint8_t *src = w + (g * GROUP + n) * row_bytes + b * bytes;
+        for (int64_t j = 0; j < quant_bytes / 4; j++) memcpy(o + j * 64 + 4 * n, src + head + 4 * j, 4);
+        memcpy(o + GROUP * quant_bytes + 2 * n, src, 2);                        /* d */
+        if (type == BLOCK_Q4_1) memcpy(o + GROUP * quant_bytes + 32 + 2 * n, src + 2, 2); /* m */
+      }
+    }
+}
+
+/* s[n] = the product of row n of a 16-row group (its nb blocks at g) with the rounded row r of x; comp[b]: the
+ * lane sums' start for block b (Q4_0: -8 times the sum of x's 32 values; Q8_0: -128 times it; Q4_1: 0). */
+static inline __attribute__((always_inline)) void dot16_q(int type, const uint8_t *g, q8_row r, const int32_t *comp,
+                                                         int64_t nb, float *s) {
+  const int64_t bytes = BLOCK_BYTES[type], step = GROUP * bytes, quant = GROUP * (bytes - (type == BLOCK_Q4_1 ? 4 : 2));
+#if AVX512 && defined(__AVX512VNNI__)
+  const __m512i low4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
+  __m512 acc = _mm512_setzero_ps(), m_acc = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; b++, g += step) {
+    const int32_t *xq = (const int32_t *)(r.q + b * QK); /* x's weights 4i .. 4i + 3 as one 32-bit value */
+    __m512i sum = _mm512_set1_epi32(comp[b]);
+    if (type == BLOCK_Q8_0) { /* dpbusd multiplies unsigned by signed bytes: the weights go in as q + 128 */
+      for (int j = 0; j < 8; j++)
+        sum = _mm512_dpbusd_epi32(sum, _mm512_xor_si512(_mm512_loadu_si512((const void *)(g + 64 * j)), flip),
+                                  _mm512_set1_epi32(xq[j]));
+    } else {
+      for (int j = 0; j < 4; j++) {
+        __m512i v = _mm512_loadu_si512((const void *)(g + 64 * j));
+        sum = _mm512_dpbusd_epi32(sum, _mm512_and_si512(v, low4), _mm512_set1_epi32(xq[j]));
+        sum = _mm512_dpbusd_epi32(sum, _mm512_and_si512(_mm512_srli_epi16(v, 4), low4), _mm512_set1_epi32(xq[4 + j]));
+      }
+    }
+    __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g + quant)));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(r.dx[b])), acc);
+    if (type == BLOCK_Q4_1)
+      m_acc = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g + quant + 32))),
+                              _mm512_set1_ps(r.sx[b]), m_acc);
+  }
+  _mm512_storeu_ps(s, _mm512_add_ps(acc, m_acc));
+#else /* the same sums, a lane at a time (the builds without VNNI: for tests; generation repacks only where
+         attnlab_repack16_fast says so) */
+  float acc[GROUP] = {0}, m_acc[GROUP] = {0};
+  for (int64_t b = 0; b < nb; b++, g += step) {
+    const int8_t *x = r.q + b * QK;
+    for (int n = 0; n < GROUP; n++) {
+      int32_t sum = comp[b];
+      for (int j = 0; j < (type == BLOCK_Q8_0 ? 8 : 4); j++)
+        for (int i = 0; i < 4; i++) {
+          uint8_t v = g[64 * j + 4 * n + i];
+          if (type == BLOCK_Q8_0)
+            sum += (int32_t)(uint8_t)(v ^ 0x80) * x[4 * j + i];
+          else
+            sum += (int32_t)(v & 15) * x[4 * j + i] + (int32_t)(v >> 4) * x[16 + 4 * j + i];
+        }
+      acc[n] += (float)sum * (half_to_float(g + quant + 2 * n) * r.dx[b]);
+      if (type == BLOCK_Q4_1) m_acc[n] += half_to_float(g + quant + 32 + 2 * n) * r.sx[b];
+    }
+  }
+  for (int n = 0; n < GROUP; n++) s[n] = acc[n] + m_acc[n];
+#endif
+}
+
+/* linear_q for weights in the 16-row layout (type Q8_0, Q4_0 or Q4_1; d_out a multiple of 16): the same contract,
+ * each thread's share whole groups of 16 rows, which lie one after the other in memory. */
+static void linear_q16(const float *x, const uint8_t *w, const float *b, float *y, int8_t *scratch, int64_t rows,
+                       int64_t d_in, int64_t d_out, int type, int accumulate, const uint8_t *next, int64_t next_bytes,
+                       int prologue, int8_t *rounded) {
+#ifdef _OPENMP
+  int64_t t = omp_get_thread_num();
+#else
+  int64_t t = 0;
+#endif
+  int64_t nb = d_in / QK, group_bytes = GROUP * nb * BLOCK_BYTES[type], per_row = q8_row_bytes(d_in);
+  q_share mine_w = share_of(w, d_out, nb * BLOCK_BYTES[type], GROUP); /* a group's bytes are its 16 rows' */
+  int64_t g0 = mine_w.g0, g1 = mine_w.g1, share = mine_w.bytes;
+  const uint8_t *start = mine_w.start;
+  if (prologue)
+    for (int64_t off = 0; off < share && off < PREFETCH_AHEAD; off += 64) __builtin_prefetch((const char *)start + off, 0, 3);
+  int8_t *mine = (rounded ? rounded : scratch) + t * rows * per_row;
+  if (!rounded)
+    for (int64_t r = 0; r < rows; r++) quantize_row_q8(x + r * d_in, d_in, q8_row_at(mine + r * per_row, d_in));
+  /* each block's start of the lane sums, from x's sums of four (c8: -8 times each) */
+  int32_t comp_stack[1024], *comp = rows * nb <= 1024 ? comp_stack : malloc(rows * nb * sizeof(int32_t));
+  for (int64_t r = 0; r < rows; r++) {
+    q8_row q = q8_row_at(mine + r * per_row, d_in);
+    for (int64_t k = 0; k < nb; k++) {
+      int32_t c = 0;
+      for (int l = 0; l < 8; l++) c += q.c8[k * 8 + l];
+      comp[r * nb + k] = type == BLOCK_Q4_1 ? 0 : type == BLOCK_Q8_0 ? 16 * c : c;
+    }
+  }
+  for (int64_t g = g0; g < g1; g++) {
+    for (int64_t at = (g - g0) * group_bytes + PREFETCH_AHEAD, end = at + group_bytes; at < end; at += 64) {
+      if (at < share)
+        __builtin_prefetch((const char *)start + at, 0, 3);
+      else if (next && at - share < next_bytes)
+        __builtin_prefetch((const char *)next + (at - share), 0, 3);
+    }
+    for (int64_t r = 0; r < rows; r++) {
+      float sums[GROUP];
+      q8_row q = q8_row_at(mine + r * per_row, d_in);
+      switch (type) { /* one loop per type, its constants folded */
+      case BLOCK_Q8_0: dot16_q(BLOCK_Q8_0, w + g * group_bytes, q, comp + r * nb, nb, sums); break;
+      case BLOCK_Q4_0: dot16_q(BLOCK_Q4_0, w + g * group_bytes, q, comp + r * nb, nb, sums); break;
+      default: dot16_q(BLOCK_Q4_1, w + g * group_bytes, q, comp + r * nb, nb, sums); break;
+      }
+      for (int64_t k = 0; k < GROUP; k++) {
+        int64_t o = g * GROUP + k;
+        float v = sums[k] + (b ? b[o] : 0.0f);
+        y[r * d_out + o] = accumulate ? y[r * d_out + o] + v : v;
+      }
+    }
+  }
+  if (comp != comp_stack) free(comp);
+}
+
+/* Whether this build's 16-row products are its fast ones (AVX-512 VNNI): generation repacks only then. */
+int attnlab_repack16_fast(void) {
+#if AVX512 && defined(__AVX512VNNI__)
+  return 1;
+#else
+  return 0;
+#endif
 }
 
 /* y[r, o] (=, or += when accumulate) sum_i x[r, i] w[o, i] + b[o] for w in blocks of `type`: each thread rounds
@@ -882,8 +1030,13 @@ static void linear_q(const float *x, const uint8_t *w, const float *b, float *y,
 #else
   int64_t t = 0;
 #endif
+  if (type & REPACKED) {
+    linear_q16(x, w, b, y, scratch, rows, d_in, d_out, type & ~REPACKED, accumulate, next, next_bytes, prologue,
+               rounded);
+    return;
+  }
   int64_t nb = d_in / QK, row_bytes = d_in / BLOCK_WEIGHTS[type] * BLOCK_BYTES[type], per_row = q8_row_bytes(d_in);
-  q_share mine_w = share_of(w, d_out, row_bytes);
+  q_share mine_w = share_of(w, d_out, row_bytes, ROWS_AT_ONCE);
   if (prologue)
     for (int64_t off = 0; off < mine_w.bytes && off < PREFETCH_AHEAD; off += 64)
       __builtin_prefetch((const char *)mine_w.start + off, 0, 3);
@@ -2103,9 +2256,9 @@ static void run_op(const attnlab_op *op, const attnlab_op *next, int first, int8
   case OP_LINEAR_Q: {
     q_share after = {0, 0, NULL, 0}; /* this thread's share of the next product, which linear_q prefetches */
     if (next) {
-      int64_t type = next->a[8];
+      int64_t type = next->a[8] & ~REPACKED; /* (16 rows' blocks take the bytes of 16 rows: the same offsets) */
       after = share_of((const uint8_t *)(intptr_t)next->a[1], next->a[7],
-                       next->a[6] / BLOCK_WEIGHTS[type] * BLOCK_BYTES[type]);
+                       next->a[6] / BLOCK_WEIGHTS[type] * BLOCK_BYTES[type], next->a[8] & REPACKED ? GROUP : ROWS_AT_ONCE);
     }
     linear_q(ARG(0, const float *), ARG(1, const uint8_t *), ARG(2, const float *), ARG(3, float *),
              ARG(4, int8_t *), op->a[5], op->a[6], op->a[7], (int)op->a[8], (int)op->a[9], after.start, after.bytes,
