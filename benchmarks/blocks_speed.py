@@ -41,7 +41,11 @@ Design choices:
   (as the decode step's weights are), far larger than the caches, best of 7 passes; beside it the
   same on one thread, torch.sum's rate (median of 7) and a copy loop (read + write bytes counted).
   "% of read" is the bytes a decode step streams (the matrices as stored) times tokens/s over the
-  read bandwidth on the benchmark's threads.
+  read bandwidth on the benchmark's threads. A last-level cache as large as a model (the Intel
+  Xeon of 2026-12-02 reports 480 MiB of L3, more than every file here but the F32 ones) can hold
+  its weights from one step to the next, so beside it "% of its size": the same probe over as many
+  bytes as the step streams, passes repeated over one buffer (the fastest that many bytes can be
+  read over and over on this machine, caches included).
 - Quality: perplexity of --text (default: 24,000 characters of attnlab's built-in corpus) in
   chunks of 512 tokens, every position scored, through the decode step one token at a time
   (`step_logits`: with blocks, 8-bit activations) and through generation's prompt products (each
@@ -81,6 +85,12 @@ CHAT = "Explain in a few sentences why the sky is blue."
 
 def load_text() -> str:
     return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def last_level_cache() -> str:
+    """The size of the largest cache this CPU reports (sysfs), as the kernel names it."""
+    sizes = sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"))
+    return sizes[-1].read_text().strip() if sizes else "unknown"
 
 
 def torch_sum_bandwidth(megabytes: int = 1024, repeats: int = 7) -> float:
@@ -236,6 +246,11 @@ def run_speed(args, files: dict[str, Path]) -> list[str]:
     kernels.use_variant(None)
     read, copy = kernels.read_bandwidth(), copy_bandwidth(1024)
     read_one, torch_sum = kernels.read_bandwidth(threads=1), torch_sum_bandwidth()
+    # the probe over as many bytes as each step streams (a cache as large as the model holds them)
+    at_size = {
+        kind: kernels.read_bandwidth(megabytes=-(-step_bytes(models[kind]) // 2**20))
+        for kind in files
+    }
 
     def med(kind, what):
         values = results.get((kind, what))
@@ -252,11 +267,12 @@ def run_speed(args, files: dict[str, Path]) -> list[str]:
         f"read bandwidth {read / 1e9:.1f} GB/s (kernels.read_bandwidth: read-only pass in C, 1 GiB "
         f"in 2 MB pages, {threads} threads, best of 7; one thread {read_one / 1e9:.1f} GB/s; "
         f"torch.sum {torch_sum / 1e9:.1f} GB/s), copy {copy / 1e9:.1f} GB/s (read + write bytes); "
-        f"load average at the end {load_text()}",
+        f"last-level cache {last_level_cache()}; load average at the end {load_text()}",
         "",
         "| format | MiB streamed | llama.cpp tg128 | attnlab tg128 | × | attnlab GB/s | % of read "
-        "| llama.cpp pp512 | attnlab pp512 | × | load averages (attnlab tg, pp) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| read at its size, GB/s | % of it | llama.cpp pp512 | attnlab pp512 | × "
+        "| load averages (attnlab tg, pp) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     fmt = lambda v: "–" if v is None else f"{v:.1f}"  # noqa: E731
     ratio = lambda a, b: "–" if a is None or b is None else f"{a / b:.2f}"  # noqa: E731
@@ -274,8 +290,9 @@ def run_speed(args, files: dict[str, Path]) -> list[str]:
         lines.append(
             f"| {LABELS.get(kind, kind.upper())} | {nbytes / 2**20:.0f} | {fmt(lt)} | {fmt(ot)} | "
             f"{ratio(ot, lt)} | "
-            f"{nbytes * ot / 1e9:.1f} | {100 * nbytes * ot / read:.0f} % | {fmt(lp)} | {fmt(op)} "
-            f"| {ratio(op, lp)} | {loads} |"
+            f"{nbytes * ot / 1e9:.1f} | {100 * nbytes * ot / read:.0f} % | "
+            f"{at_size[kind] / 1e9:.1f} | {100 * nbytes * ot / at_size[kind]:.0f} % | {fmt(lp)} | "
+            f"{fmt(op)} | {ratio(op, lp)} | {loads} |"
         )
     lines.insert(2, f"attnlab's kernels: the {default} build (attnlab.generate.kernels.VARIANTS)")
     if args.avx2:
