@@ -921,7 +921,44 @@ static inline __attribute__((always_inline)) void dot16_q(int type, const uint8_
                               _mm512_set1_ps(r.sx[b]), m_acc);
   }
   _mm512_storeu_ps(s, _mm512_add_ps(acc, m_acc));
-#else /* the same sums, a lane at a time (the builds without VNNI: for tests; generation repacks only where
+#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+  /* 256 bits: rows 0-7 in the low half of each 64-byte chunk, 8-15 in the high half; u8 x s8 pairs into 16 bits
+   * (maddubs), then pairs of those into 32 (madd). Q4: a pair is at most 2 x 15 x 127, so the eight of a block's
+   * chunks and nibble halves add in 16 bits (at most 30,480) before one madd. Q8_0: |w| times x with w's sign
+   * (maddubs' first operand is unsigned): at most 2 x 128 x 127, one madd per chunk, no lane-sum start. */
+  const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  for (int h = 0; h < 2; h++) {
+    const uint8_t *gh = g + 32 * h;
+    __m256 acc = _mm256_setzero_ps(), m_acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, gh += step) {
+      const int32_t *xq = (const int32_t *)(r.q + b * QK);
+      __m256i sum;
+      if (type == BLOCK_Q8_0) {
+        sum = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+          __m256i w = _mm256_loadu_si256((const __m256i *)(gh + 64 * j)), x = _mm256_set1_epi32(xq[j]);
+          sum = _mm256_add_epi32(
+              sum, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)), ones));
+        }
+      } else {
+        __m256i pairs = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+          __m256i v = _mm256_loadu_si256((const __m256i *)(gh + 64 * j));
+          pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(_mm256_and_si256(v, low4), _mm256_set1_epi32(xq[j])));
+          pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4),
+                                                              _mm256_set1_epi32(xq[4 + j])));
+        }
+        sum = _mm256_add_epi32(_mm256_madd_epi16(pairs, ones), _mm256_set1_epi32(comp[b]));
+      }
+      __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + b * step + quant + 16 * h)));
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(r.dx[b])), acc);
+      if (type == BLOCK_Q4_1)
+        m_acc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + b * step + quant + 32 + 16 * h))),
+                                _mm256_set1_ps(r.sx[b]), m_acc);
+    }
+    _mm256_storeu_ps(s + 8 * h, _mm256_add_ps(acc, m_acc));
+  }
+#else /* the same sums, a lane at a time (the portable build: for tests; generation repacks only where
          attnlab_repack16_fast says so) */
   float acc[GROUP] = {0}, m_acc[GROUP] = {0};
   for (int64_t b = 0; b < nb; b++, g += step) {
@@ -1000,7 +1037,7 @@ static void linear_q16(const float *x, const uint8_t *w, const float *b, float *
 
 /* Whether this build's 16-row products are its fast ones (AVX-512 VNNI): generation repacks only then. */
 int attnlab_repack16_fast(void) {
-#if AVX512 && defined(__AVX512VNNI__)
+#if (AVX512 && defined(__AVX512VNNI__)) || (defined(__AVX2__) && defined(__F16C__) && defined(__FMA__))
   return 1;
 #else
   return 0;
