@@ -981,60 +981,6 @@ static inline __attribute__((always_inline)) void dot16_q(int type, const uint8_
 #endif
 }
 
-/* linear_q for weights in the 16-row layout (type Q8_0, Q4_0 or Q4_1; d_out a multiple of 16): the same contract,
- * each thread's share whole groups of 16 rows, which lie one after the other in memory. */
-static void linear_q16(const float *x, const uint8_t *w, const float *b, float *y, int8_t *scratch, int64_t rows,
-                       int64_t d_in, int64_t d_out, int type, int accumulate, const uint8_t *next, int64_t next_bytes,
-                       int prologue, int8_t *rounded) {
-#ifdef _OPENMP
-  int64_t t = omp_get_thread_num();
-#else
-  int64_t t = 0;
-#endif
-  int64_t nb = d_in / QK, group_bytes = GROUP * nb * BLOCK_BYTES[type], per_row = q8_row_bytes(d_in);
-  q_share mine_w = share_of(w, d_out, nb * BLOCK_BYTES[type], GROUP); /* a group's bytes are its 16 rows' */
-  int64_t g0 = mine_w.g0, g1 = mine_w.g1, share = mine_w.bytes;
-  const uint8_t *start = mine_w.start;
-  if (prologue)
-    for (int64_t off = 0; off < share && off < PREFETCH_AHEAD; off += 64) __builtin_prefetch((const char *)start + off, 0, 3);
-  int8_t *mine = (rounded ? rounded : scratch) + t * rows * per_row;
-  if (!rounded)
-    for (int64_t r = 0; r < rows; r++) quantize_row_q8(x + r * d_in, d_in, q8_row_at(mine + r * per_row, d_in));
-  /* each block's start of the lane sums, from x's sums of four (c8: -8 times each) */
-  int32_t comp_stack[1024], *comp = rows * nb <= 1024 ? comp_stack : malloc(rows * nb * sizeof(int32_t));
-  for (int64_t r = 0; r < rows; r++) {
-    q8_row q = q8_row_at(mine + r * per_row, d_in);
-    for (int64_t k = 0; k < nb; k++) {
-      int32_t c = 0;
-      for (int l = 0; l < 8; l++) c += q.c8[k * 8 + l];
-      comp[r * nb + k] = type == BLOCK_Q4_1 ? 0 : type == BLOCK_Q8_0 ? 16 * c : c;
-    }
-  }
-  for (int64_t g = g0; g < g1; g++) {
-    for (int64_t at = (g - g0) * group_bytes + PREFETCH_AHEAD, end = at + group_bytes; at < end; at += 64) {
-      if (at < share)
-        __builtin_prefetch((const char *)start + at, 0, 3);
-      else if (next && at - share < next_bytes)
-        __builtin_prefetch((const char *)next + (at - share), 0, 3);
-    }
-    for (int64_t r = 0; r < rows; r++) {
-      float sums[GROUP];
-      q8_row q = q8_row_at(mine + r * per_row, d_in);
-      switch (type) { /* one loop per type, its constants folded */
-      case BLOCK_Q8_0: dot16_q(BLOCK_Q8_0, w + g * group_bytes, q, comp + r * nb, nb, sums); break;
-      case BLOCK_Q4_0: dot16_q(BLOCK_Q4_0, w + g * group_bytes, q, comp + r * nb, nb, sums); break;
-      default: dot16_q(BLOCK_Q4_1, w + g * group_bytes, q, comp + r * nb, nb, sums); break;
-      }
-      for (int64_t k = 0; k < GROUP; k++) {
-        int64_t o = g * GROUP + k;
-        float v = sums[k] + (b ? b[o] : 0.0f);
-        y[r * d_out + o] = accumulate ? y[r * d_out + o] + v : v;
-      }
-    }
-  }
-  if (comp != comp_stack) free(comp);
-}
-
 /* Whether this build's 16-row products are its fast ones (AVX-512 VNNI): generation repacks only then. */
 int attnlab_repack16_fast(void) {
 #if (AVX512 && defined(__AVX512VNNI__)) || (defined(__AVX2__) && defined(__F16C__) && defined(__FMA__))
@@ -1058,7 +1004,8 @@ int attnlab_repack16_fast(void) {
  * for the share's first PREFETCH_AHEAD bytes at once, for a product that no earlier one prefetched for.
  * `rounded`: the scratch of the product just before this one, which read the same x (q, k and v; the MLP's two
  * input products): each thread's rounding of x is already there, in its own part, and is read instead of made
- * again (NULL: round x here). */
+ * again (NULL: round x here). `type | REPACKED`: the weights are in the 16-row layout (attnlab_repack16), a
+ * thread's share whole groups of 16 rows, each multiplied at once (dot16_q). */
 static void linear_q(const float *x, const uint8_t *w, const float *b, float *y, int8_t *scratch, int64_t rows,
                      int64_t d_in, int64_t d_out, int type, int accumulate, const uint8_t *next, int64_t next_bytes,
                      int prologue, int8_t *rounded) {
@@ -1067,40 +1014,58 @@ static void linear_q(const float *x, const uint8_t *w, const float *b, float *y,
 #else
   int64_t t = 0;
 #endif
-  if (type & REPACKED) {
-    linear_q16(x, w, b, y, scratch, rows, d_in, d_out, type & ~REPACKED, accumulate, next, next_bytes, prologue,
-               rounded);
-    return;
-  }
+  int repacked = (type & REPACKED) != 0; /* the 16-row layout: whole groups of 16 rows, dot16_q */
+  type &= ~REPACKED;
+  int64_t group = repacked ? GROUP : ROWS_AT_ONCE;
   int64_t nb = d_in / QK, row_bytes = d_in / BLOCK_WEIGHTS[type] * BLOCK_BYTES[type], per_row = q8_row_bytes(d_in);
-  q_share mine_w = share_of(w, d_out, row_bytes, ROWS_AT_ONCE);
+  q_share mine_w = share_of(w, d_out, row_bytes, group); /* (16 rows' blocks take 16 rows' bytes: the same offsets) */
   if (prologue)
     for (int64_t off = 0; off < mine_w.bytes && off < PREFETCH_AHEAD; off += 64)
       __builtin_prefetch((const char *)mine_w.start + off, 0, 3);
   int8_t *mine = (rounded ? rounded : scratch) + t * rows * per_row;
   if (!rounded)
     for (int64_t r = 0; r < rows; r++) quantize_row_q8(x + r * d_in, d_in, q8_row_at(mine + r * per_row, d_in));
+  /* dot16_q's start of each block's lane sums, from x's sums of four (c8: -8 times each) */
+  int32_t comp_stack[1024], *comp = comp_stack;
+  if (repacked) {
+    if (rows * nb > 1024) comp = malloc(rows * nb * sizeof(int32_t));
+    for (int64_t r = 0; r < rows; r++) {
+      q8_row q = q8_row_at(mine + r * per_row, d_in);
+      for (int64_t k = 0; k < nb; k++) {
+        int32_t c = 0;
+        for (int l = 0; l < 8; l++) c += q.c8[k * 8 + l];
+        comp[r * nb + k] = type == BLOCK_Q4_1 ? 0 : type == BLOCK_Q8_0 ? 16 * c : c;
+      }
+    }
+  }
   for (int64_t g = mine_w.g0; g < mine_w.g1; g++) {
-    int64_t o = g * ROWS_AT_ONCE, n = d_out - o < ROWS_AT_ONCE ? d_out - o : ROWS_AT_ONCE;
+    int64_t o = g * group, n = d_out - o < group ? d_out - o : group;
     /* a last group of fewer than four rows repeats its first row in the missing ones and stores only n sums */
     const uint8_t *w4[ROWS_AT_ONCE];
     for (int k = 0; k < ROWS_AT_ONCE; k++) w4[k] = w + (o + (k < n ? k : 0)) * row_bytes;
-    for (int64_t at = (g - mine_w.g0) * ROWS_AT_ONCE * row_bytes + PREFETCH_AHEAD, end = at + ROWS_AT_ONCE * row_bytes;
-         at < end; at += 64) { /* at: bytes from the share's start */
+    for (int64_t at = (g - mine_w.g0) * group * row_bytes + PREFETCH_AHEAD, end = at + group * row_bytes; at < end;
+         at += 64) { /* at: bytes from the share's start */
       if (at < mine_w.bytes)
         __builtin_prefetch((const char *)mine_w.start + at, 0, 3);
       else if (next && at - mine_w.bytes < next_bytes)
         __builtin_prefetch((const char *)next + (at - mine_w.bytes), 0, 3);
     }
     for (int64_t r = 0; r < rows; r++) {
-      float sums[ROWS_AT_ONCE];
-      if (type >= BLOCK_Q5_0) /* Q5_0 and the K-quants */
-        dot4_q_more(type, w4, q8_row_at(mine + r * per_row, d_in), nb, sums);
-      else
+      float sums[GROUP];
+      q8_row q = q8_row_at(mine + r * per_row, d_in);
+      if (repacked)
         switch (type) { /* one loop per type, its constants folded */
-        case BLOCK_Q8_0: dot4_q(BLOCK_Q8_0, w4, q8_row_at(mine + r * per_row, d_in), nb, sums); break;
-        case BLOCK_Q4_0: dot4_q(BLOCK_Q4_0, w4, q8_row_at(mine + r * per_row, d_in), nb, sums); break;
-        default: dot4_q(BLOCK_Q4_1, w4, q8_row_at(mine + r * per_row, d_in), nb, sums); break;
+        case BLOCK_Q8_0: dot16_q(BLOCK_Q8_0, w + o * row_bytes, q, comp + r * nb, nb, sums); break;
+        case BLOCK_Q4_0: dot16_q(BLOCK_Q4_0, w + o * row_bytes, q, comp + r * nb, nb, sums); break;
+        default: dot16_q(BLOCK_Q4_1, w + o * row_bytes, q, comp + r * nb, nb, sums); break;
+        }
+      else if (type >= BLOCK_Q5_0) /* Q5_0 and the K-quants */
+        dot4_q_more(type, w4, q, nb, sums);
+      else
+        switch (type) {
+        case BLOCK_Q8_0: dot4_q(BLOCK_Q8_0, w4, q, nb, sums); break;
+        case BLOCK_Q4_0: dot4_q(BLOCK_Q4_0, w4, q, nb, sums); break;
+        default: dot4_q(BLOCK_Q4_1, w4, q, nb, sums); break;
         }
       for (int64_t k = 0; k < n; k++) {
         float v = sums[k] + (b ? b[o + k] : 0.0f);
@@ -1108,6 +1073,7 @@ static void linear_q(const float *x, const uint8_t *w, const float *b, float *y,
       }
     }
   }
+  if (comp != comp_stack) free(comp);
 }
 
 /* The bytes of scratch attnlab_linear_q needs per thread for `rows` rows of d_in values. */
