@@ -377,63 +377,91 @@ static inline __m128 sum4_256(__m256 a, __m256 b, __m256 c, __m256 d) {
  *     weights go in as q + 128 (xor 0x80) and the lane sums start at -128 times x's sums of four, 16 c8.
  * A row's last block, when nb is odd, goes alone through the same steps with masked loads (the missing block's
  * bytes, x, scales read as zeros). Lanes 0-7 of a row's sums are block b's, 8-15 block b + 1's. */
+typedef struct {
+  __m512i take, heads, shift, nibble, lane[4];
+} q_consts;
+
+/* blocks b and b + 1 (b alone when !two) of rows w[0..3] into acc (and Q4_1's m_sum); `full`: both blocks there
+ * and 64 bytes readable from each row's block b, so that every load is a plain one (on Sapphire Rapids a masked
+ * load also takes a vector ALU uop, and a pass has ten of them) */
+static inline __attribute__((always_inline)) void pair_q(int type, const uint8_t *const w[4], q8_row r, int64_t b,
+                                                         int two, int full, const q_consts *c, __m512 acc[4],
+                                                         __m512 *m_sum) {
+  const int64_t bytes = BLOCK_BYTES[type];
+  const __mmask64 row_mask = two ? (bytes >= 32 ? ~(__mmask64)0 : ((__mmask64)1 << (2 * bytes)) - 1)
+                                 : ((__mmask64)1 << bytes) - 1;
+  const __mmask16 half = two ? 0xFFFF : 0x00FF;
+  __m512i xq = full ? _mm512_loadu_si512(r.q + b * QK) : _mm512_maskz_loadu_epi32(half, r.q + b * QK);
+  /* the lane sums' start: Q4_0's -8 per group of four x (c8; -128 in the lanes of high nibbles, which come 16
+   * times their value), Q8_0's -128 (16 c8), none for Q4_1 */
+  __m512i start = type == BLOCK_Q4_1 ? _mm512_setzero_si512()
+                  : full             ? _mm512_loadu_si512(r.c8 + b * 8)
+                                     : _mm512_maskz_loadu_epi32(half, r.c8 + b * 8);
+  if (type == BLOCK_Q4_0) start = _mm512_sllv_epi32(start, c->shift);
+  __m512i row[4], v[4];
+  for (int k = 0; k < 4; k++)
+    row[k] = full ? _mm512_loadu_si512(w[k] + b * bytes) : _mm512_maskz_loadu_epi8(row_mask, w[k] + b * bytes);
+  if (type == BLOCK_Q8_0) {
+    start = _mm512_slli_epi32(start, 4);
+    for (int k = 0; k < 4; k++) {
+      const uint8_t *q = w[k] + (b + 1) * bytes + 2; /* block b + 1's q */
+      __m512i next = _mm512_castsi256_si512(full ? _mm256_loadu_si256((const __m256i *)q)
+                                                 : _mm256_maskz_loadu_epi32(two ? 0xFF : 0x00, q));
+      v[k] = _mm512_xor_si512(_mm512_permutex2var_epi16(row[k], c->take, next), _mm512_set1_epi8((char)0x80));
+    }
+  } else {
+    for (int k = 0; k < 4; k++)
+      v[k] = _mm512_and_si512(_mm512_permutexvar_epi16(c->take, row[k]), c->nibble);
+  }
+  /* d (m) of both blocks, four rows: [d0 m0 d0' m0' d1 m1 d1' m1' ...] (' block b + 1) */
+  __m256i dm16 = _mm256_inserti128_si256(_mm512_castsi512_si256(_mm512_permutex2var_epi16(row[0], c->heads, row[1])),
+                                         _mm512_castsi512_si128(_mm512_permutex2var_epi16(row[2], c->heads, row[3])), 1);
+  __m512 dm = _mm512_cvtph_ps(dm16);
+  __m128 dx2 = full ? _mm_castpd_ps(_mm_load_sd((const double *)(r.dx + b))) : _mm_maskz_loadu_ps(two ? 3 : 1, r.dx + b);
+  __m128 sx2 = full ? _mm_castpd_ps(_mm_load_sd((const double *)(r.sx + b))) : _mm_maskz_loadu_ps(two ? 3 : 1, r.sx + b);
+  __m512 scale = _mm512_mul_ps(dm, _mm512_broadcast_f32x4(_mm_unpacklo_ps(dx2, sx2))); /* d dx, m sx, d' dx', ... */
+  if (type == BLOCK_Q4_1) *m_sum = _mm512_add_ps(*m_sum, scale);
+  /* the scales of the high nibbles' lanes divided by 16 (exact: a power of two), so that the FMA's product is the
+   * one of the integer sum that the low nibbles' shift would have given, bit for bit */
+  __m512 scale16 = type == BLOCK_Q8_0 ? scale : _mm512_mul_ps(scale, _mm512_set1_ps(1.0f / 16.0f));
+  for (int k = 0; k < 4; k++)
+    acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, v[k], xq)),
+                             _mm512_permutex2var_ps(scale, c->lane[k], scale16), acc[k]);
+}
+
 static inline __attribute__((always_inline)) void dot4_q(int type, const uint8_t *const w[4], q8_row r, int64_t nb, float *s) {
   const int64_t bytes = BLOCK_BYTES[type];
   const int h = (int)bytes / 2;                   /* the word where block b + 1 begins */
   const int at = type == BLOCK_Q4_1 ? 2 : 1;      /* the word where block b's values begin */
+  q_consts c;
   /* vpermw: [values of b (8 words) twice | values of b + 1 twice]; Q8_0: its 32 words of q, b then b + 1 */
-  __m512i take = type == BLOCK_Q8_0
-                     ? _mm512_set_epi16(47, 46, 45, 44, 43, 42, 41, 40, 39, 38, 37, 36, 35, 34, 33, 32, 16, 15, 14, 13, 12,
-                                        11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1)
-                     : _mm512_set_epi16(h + at + 7, h + at + 6, h + at + 5, h + at + 4, h + at + 3, h + at + 2,
-                                        h + at + 1, h + at, h + at + 7, h + at + 6, h + at + 5, h + at + 4, h + at + 3,
-                                        h + at + 2, h + at + 1, h + at, at + 7, at + 6, at + 5, at + 4, at + 3, at + 2,
-                                        at + 1, at, at + 7, at + 6, at + 5, at + 4, at + 3, at + 2, at + 1, at);
+  c.take = type == BLOCK_Q8_0
+               ? _mm512_set_epi16(47, 46, 45, 44, 43, 42, 41, 40, 39, 38, 37, 36, 35, 34, 33, 32, 16, 15, 14, 13, 12,
+                                  11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1)
+               : _mm512_set_epi16(h + at + 7, h + at + 6, h + at + 5, h + at + 4, h + at + 3, h + at + 2,
+                                  h + at + 1, h + at, h + at + 7, h + at + 6, h + at + 5, h + at + 4, h + at + 3,
+                                  h + at + 2, h + at + 1, h + at, at + 7, at + 6, at + 5, at + 4, at + 3, at + 2,
+                                  at + 1, at, at + 7, at + 6, at + 5, at + 4, at + 3, at + 2, at + 1, at);
   /* two rows' heads: words 0, 1, h, h + 1 of each (d, m of block b, then of b + 1) */
-  const __m512i heads = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                         32 + h + 1, 32 + h, 33, 32, h + 1, h, 1, 0);
-  const __m512i shift = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0), low4 = _mm512_set1_epi8(0x0F);
-  /* row k's scale d dx: lane 4k of the heads' products for block b, 4k + 2 for block b + 1 */
-  const __m512i lane[4] = {
-      _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0),
-      _mm512_set_epi32(6, 6, 6, 6, 6, 6, 6, 6, 4, 4, 4, 4, 4, 4, 4, 4),
-      _mm512_set_epi32(10, 10, 10, 10, 10, 10, 10, 10, 8, 8, 8, 8, 8, 8, 8, 8),
-      _mm512_set_epi32(14, 14, 14, 14, 14, 14, 14, 14, 12, 12, 12, 12, 12, 12, 12, 12)};
+  c.heads = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32 + h + 1,
+                             32 + h, 33, 32, h + 1, h, 1, 0);
+  /* the 4-bit values without a shift: the low nibbles of the first copy of each block's bytes (weights 0-15), the
+   * high nibbles of the second as they are, 16 times their value (weights 16-31; at most 240 x 127 x 4 in a lane) */
+  c.shift = _mm512_set_epi32(4, 4, 4, 4, 0, 0, 0, 0, 4, 4, 4, 4, 0, 0, 0, 0); /* 32-bit lanes of high nibbles: 4 */
+  c.nibble = _mm512_set_epi64(-0x0F0F0F0F0F0F0F10, -0x0F0F0F0F0F0F0F10, 0x0F0F0F0F0F0F0F0F, 0x0F0F0F0F0F0F0F0F,
+                              -0x0F0F0F0F0F0F0F10, -0x0F0F0F0F0F0F0F10, 0x0F0F0F0F0F0F0F0F, 0x0F0F0F0F0F0F0F0F);
+  /* row k's scale d dx: lane 4k of the heads' products for block b, 4k + 2 for block b + 1; the high nibbles'
+   * lanes (Q4_0, Q4_1) from the scales divided by 16 (indices 16 on) */
+  const int hi = type == BLOCK_Q8_0 ? 0 : 16;
+  for (int k = 0; k < 4; k++)
+    c.lane[k] = _mm512_set_epi32(hi + 4 * k + 2, hi + 4 * k + 2, hi + 4 * k + 2, hi + 4 * k + 2, 4 * k + 2,
+                                 4 * k + 2, 4 * k + 2, 4 * k + 2, hi + 4 * k, hi + 4 * k, hi + 4 * k, hi + 4 * k,
+                                 4 * k, 4 * k, 4 * k, 4 * k);
   __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
   __m512 m_sum = _mm512_setzero_ps(); /* Q4_1: m sx in lanes 4k + 1 and 4k + 3 */
-  for (int64_t b = 0; b < nb; b += 2) {
-    const int two = b + 1 < nb;
-    const __mmask64 row_mask = two ? (bytes >= 32 ? ~(__mmask64)0 : ((__mmask64)1 << (2 * bytes)) - 1)
-                                   : ((__mmask64)1 << bytes) - 1;
-    const __mmask16 half = two ? 0xFFFF : 0x00FF;
-    __m512i xq = _mm512_maskz_loadu_epi32(half, r.q + b * QK);
-    /* the lane sums' start: Q4_0's -8 per group of four x (c8), Q8_0's -128 (16 c8), none for Q4_1 */
-    __m512i start = type == BLOCK_Q4_1 ? _mm512_setzero_si512() : _mm512_maskz_loadu_epi32(half, r.c8 + b * 8);
-    __m512i row[4], v[4];
-    for (int k = 0; k < 4; k++) row[k] = _mm512_maskz_loadu_epi8(row_mask, w[k] + b * bytes);
-    if (type == BLOCK_Q8_0) {
-      start = _mm512_slli_epi32(start, 4);
-      for (int k = 0; k < 4; k++) {
-        __m512i next = _mm512_castsi256_si512(
-            _mm256_maskz_loadu_epi32(two ? 0xFF : 0x00, w[k] + (b + 1) * bytes + 2)); /* block b + 1's q */
-        v[k] = _mm512_xor_si512(_mm512_permutex2var_epi16(row[k], take, next), _mm512_set1_epi8((char)0x80));
-      }
-    } else {
-      for (int k = 0; k < 4; k++)
-        v[k] = _mm512_and_si512(_mm512_srlv_epi64(_mm512_permutexvar_epi16(take, row[k]), shift), low4);
-    }
-    /* d (m) of both blocks, four rows: [d0 m0 d0' m0' d1 m1 d1' m1' ...] (' block b + 1) */
-    __m256i dm16 = _mm256_inserti128_si256(
-        _mm512_castsi512_si256(_mm512_permutex2var_epi16(row[0], heads, row[1])),
-        _mm512_castsi512_si128(_mm512_permutex2var_epi16(row[2], heads, row[3])), 1);
-    __m512 dm = _mm512_cvtph_ps(dm16);
-    __m128 dx2 = _mm_maskz_loadu_ps(two ? 3 : 1, r.dx + b), sx2 = _mm_maskz_loadu_ps(two ? 3 : 1, r.sx + b);
-    __m512 scale = _mm512_mul_ps(dm, _mm512_broadcast_f32x4(_mm_unpacklo_ps(dx2, sx2))); /* d dx, m sx, d' dx', ... */
-    if (type == BLOCK_Q4_1) m_sum = _mm512_add_ps(m_sum, scale);
-    for (int k = 0; k < 4; k++)
-      acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, v[k], xq)),
-                               _mm512_permutexvar_ps(lane[k], scale), acc[k]);
-  }
+  int64_t b = 0;
+  for (; b + 1 < nb && b * bytes + 64 <= nb * bytes; b += 2) pair_q(type, w, r, b, 1, 1, &c, acc, &m_sum);
+  for (; b < nb; b += 2) pair_q(type, w, r, b, b + 1 < nb, 0, &c, acc, &m_sum);
   _mm_storeu_ps(s, sum4(acc[0], acc[1], acc[2], acc[3]));
   if (type == BLOCK_Q4_1) {
     float m[16];
