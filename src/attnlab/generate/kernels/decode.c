@@ -292,16 +292,22 @@ static inline float half_to_float(const uint8_t *p) {
 }
 
 /* One row of x rounded to 8 bits per block, as the products read it: q [d_in] int8, dx [blocks], sx [blocks]
- * (dx sum q, Q4_1's offset term), c8 [blocks][8] (-8 times each group of four q: Q4_0's start of the lane sums).
- * A block holding a NaN or an infinity gets dx = NaN, so that its products are NaN, as the float product's. */
+ * (dx sum q, Q4_1's offset term), c8 [blocks][8] (-8 times each group of four q: Q4_0's start of the lane sums);
+ * for the two-block AVX-512 products the same again laid out as they load it, so that a pass loads it without
+ * a shuffle: ds [blocks][2] (dx, sx of each block: blocks b and b + 1 in one 128-bit load) and c16 [blocks][8]
+ * (c8 with its last four, the high nibbles' lanes, times 16). A block holding a NaN or an infinity gets
+ * dx = NaN, so that its products are NaN, as the float product's. */
 typedef struct {
   int8_t *q;
-  float *dx, *sx;
-  int32_t *c8;
+  float *dx, *sx, *ds;
+  int32_t *c8, *c16;
 } q8_row;
 
 static int64_t align64(int64_t n) { return (n + 63) / 64 * 64; }
-static int64_t q8_row_bytes(int64_t d_in) { int64_t nb = d_in / QK; return align64(d_in) + 2 * align64(4 * nb) + 32 * nb; }
+static int64_t q8_row_bytes(int64_t d_in) {
+  int64_t nb = d_in / QK;
+  return align64(d_in) + 2 * align64(4 * nb) + align64(8 * nb) + 2 * 32 * nb;
+}
 
 static q8_row q8_row_at(int8_t *base, int64_t d_in) {
   int64_t nb = d_in / QK;
@@ -309,7 +315,9 @@ static q8_row q8_row_at(int8_t *base, int64_t d_in) {
   r.q = base;
   r.dx = (float *)(base + align64(d_in));
   r.sx = (float *)(base + align64(d_in) + align64(4 * nb));
-  r.c8 = (int32_t *)(base + align64(d_in) + 2 * align64(4 * nb));
+  r.ds = (float *)(base + align64(d_in) + 2 * align64(4 * nb));
+  r.c8 = (int32_t *)(base + align64(d_in) + 2 * align64(4 * nb) + align64(8 * nb));
+  r.c16 = r.c8 + 8 * nb;
   return r;
 }
 
@@ -333,9 +341,12 @@ static void quantize_row_q8(const float *x, int64_t d_in, q8_row r) {
       q[j] = (int8_t)v;
       sum += v;
     }
-    r.dx[b] = d;
-    r.sx[b] = d * (float)sum;
-    for (int l = 0; l < 8; l++) r.c8[b * 8 + l] = -8 * (q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]);
+    r.dx[b] = r.ds[2 * b] = d;
+    r.sx[b] = r.ds[2 * b + 1] = d * (float)sum;
+    for (int l = 0; l < 8; l++) {
+      r.c8[b * 8 + l] = -8 * (q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]);
+      r.c16[b * 8 + l] = r.c8[b * 8 + l] * (l < 4 ? 1 : 16);
+    }
   }
 }
 
@@ -378,7 +389,7 @@ static inline __m128 sum4_256(__m256 a, __m256 b, __m256 c, __m256 d) {
  * A row's last block, when nb is odd, goes alone through the same steps with masked loads (the missing block's
  * bytes, x, scales read as zeros). Lanes 0-7 of a row's sums are block b's, 8-15 block b + 1's. */
 typedef struct {
-  __m512i take, heads, shift, nibble, lane[4];
+  __m512i take, heads, nibble, lane[4];
 } q_consts;
 
 /* blocks b and b + 1 (b alone when !two) of rows w[0..3] into acc (and Q4_1's m_sum); `full`: both blocks there
@@ -394,10 +405,10 @@ static inline __attribute__((always_inline)) void pair_q(int type, const uint8_t
   __m512i xq = full ? _mm512_loadu_si512(r.q + b * QK) : _mm512_maskz_loadu_epi32(half, r.q + b * QK);
   /* the lane sums' start: Q4_0's -8 per group of four x (c8; -128 in the lanes of high nibbles, which come 16
    * times their value), Q8_0's -128 (16 c8), none for Q4_1 */
+  const int32_t *c8 = type == BLOCK_Q4_0 ? r.c16 : r.c8;
   __m512i start = type == BLOCK_Q4_1 ? _mm512_setzero_si512()
-                  : full             ? _mm512_loadu_si512(r.c8 + b * 8)
-                                     : _mm512_maskz_loadu_epi32(half, r.c8 + b * 8);
-  if (type == BLOCK_Q4_0) start = _mm512_sllv_epi32(start, c->shift);
+                  : full             ? _mm512_loadu_si512(c8 + b * 8)
+                                     : _mm512_maskz_loadu_epi32(half, c8 + b * 8);
   __m512i row[4], v[4];
   for (int k = 0; k < 4; k++)
     row[k] = full ? _mm512_loadu_si512(w[k] + b * bytes) : _mm512_maskz_loadu_epi8(row_mask, w[k] + b * bytes);
@@ -417,9 +428,8 @@ static inline __attribute__((always_inline)) void pair_q(int type, const uint8_t
   __m256i dm16 = _mm256_inserti128_si256(_mm512_castsi512_si256(_mm512_permutex2var_epi16(row[0], c->heads, row[1])),
                                          _mm512_castsi512_si128(_mm512_permutex2var_epi16(row[2], c->heads, row[3])), 1);
   __m512 dm = _mm512_cvtph_ps(dm16);
-  __m128 dx2 = full ? _mm_castpd_ps(_mm_load_sd((const double *)(r.dx + b))) : _mm_maskz_loadu_ps(two ? 3 : 1, r.dx + b);
-  __m128 sx2 = full ? _mm_castpd_ps(_mm_load_sd((const double *)(r.sx + b))) : _mm_maskz_loadu_ps(two ? 3 : 1, r.sx + b);
-  __m512 scale = _mm512_mul_ps(dm, _mm512_broadcast_f32x4(_mm_unpacklo_ps(dx2, sx2))); /* d dx, m sx, d' dx', ... */
+  __m128 ds = full ? _mm_loadu_ps(r.ds + 2 * b) : _mm_maskz_loadu_ps(two ? 15 : 3, r.ds + 2 * b); /* dx sx dx' sx' */
+  __m512 scale = _mm512_mul_ps(dm, _mm512_broadcast_f32x4(ds)); /* d dx, m sx, d' dx', m' sx', four rows */
   if (type == BLOCK_Q4_1) *m_sum = _mm512_add_ps(*m_sum, scale);
   /* the scales of the high nibbles' lanes divided by 16 (exact: a power of two), so that the FMA's product is the
    * one of the integer sum that the low nibbles' shift would have given, bit for bit */
@@ -447,7 +457,6 @@ static inline __attribute__((always_inline)) void dot4_q(int type, const uint8_t
                              32 + h, 33, 32, h + 1, h, 1, 0);
   /* the 4-bit values without a shift: the low nibbles of the first copy of each block's bytes (weights 0-15), the
    * high nibbles of the second as they are, 16 times their value (weights 16-31; at most 240 x 127 x 4 in a lane) */
-  c.shift = _mm512_set_epi32(4, 4, 4, 4, 0, 0, 0, 0, 4, 4, 4, 4, 0, 0, 0, 0); /* 32-bit lanes of high nibbles: 4 */
   c.nibble = _mm512_set_epi64(-0x0F0F0F0F0F0F0F10, -0x0F0F0F0F0F0F0F10, 0x0F0F0F0F0F0F0F0F, 0x0F0F0F0F0F0F0F0F,
                               -0x0F0F0F0F0F0F0F10, -0x0F0F0F0F0F0F0F10, 0x0F0F0F0F0F0F0F0F, 0x0F0F0F0F0F0F0F0F);
   /* row k's scale d dx: lane 4k of the heads' products for block b, 4k + 2 for block b + 1; the high nibbles'
