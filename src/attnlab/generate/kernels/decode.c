@@ -359,6 +359,13 @@ static void quantize_row_q8(const float *x, int64_t d_in, q8_row r) {
          pairs of those into 32 */
 #define DPBUSD(acc, u, s) _mm256_add_epi32((acc), _mm256_madd_epi16(_mm256_maddubs_epi16((u), (s)), _mm256_set1_epi16(1)))
 #endif
+/* whether DPBUSD sums its four products in 32 bits (VNNI), so that an unsigned byte may go up to 255 (maddubs'
+ * pairs saturate at 16 bits) */
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+#define DPBUSD_32 1
+#else
+#define DPBUSD_32 0
+#endif
 
 /* the 32 four-bit values of a block's 16 bytes, in weight order: low nibbles (weights 0-15), then high (16-31) */
 static inline __m256i nibbles32(const uint8_t *p) {
@@ -761,10 +768,24 @@ static inline __attribute__((always_inline)) void dot4_q_k(int type, const uint8
                      : _mm256_setzero_si256();
     }
     __m256 dx = _mm256_loadu_ps(r.dx + b0);
+#if DPBUSD_32
+    /* Q4_K's odd sub-blocks (the high nibbles) taken as they are, 16 times their value, their scales over 16
+     * (exact, a power of two): a shift fewer per sub-block pair, the same products bit for bit */
+    if (type == BLOCK_Q4_K) dx = _mm256_mul_ps(dx, _mm256_setr_ps(1.0f, 0.0625f, 1.0f, 0.0625f, 1.0f, 0.0625f, 1.0f, 0.0625f));
+#endif
     for (int k = 0; k < 4; k++) {
       const uint8_t *p = w[k] + at;
       __m256i is[8];
-      for (int j = 0; j < 8; j++) is[j] = DPBUSD(start[j], values_of_256(type, p, j), xq[j]);
+#if DPBUSD_32
+      if (type == BLOCK_Q4_K)
+        for (int i = 0; i < 4; i++) {
+          __m256i qs = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * i));
+          is[2 * i] = DPBUSD(start[2 * i], _mm256_and_si256(qs, _mm256_set1_epi8(0x0F)), xq[2 * i]);
+          is[2 * i + 1] = DPBUSD(start[2 * i + 1], _mm256_and_si256(qs, _mm256_set1_epi8((char)0xF0)), xq[2 * i + 1]);
+        }
+      else
+#endif
+        for (int j = 0; j < 8; j++) is[j] = DPBUSD(start[j], values_of_256(type, p, j), xq[j]);
       /* lanes 0-3: sub-blocks 0-3's (or 4-7's) weights 0-15, lanes 4-7: their weights 16-31 */
       __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(is[0], is[1]), _mm256_hadd_epi32(is[2], is[3]));
       __m256i c = _mm256_hadd_epi32(_mm256_hadd_epi32(is[4], is[5]), _mm256_hadd_epi32(is[6], is[7]));
