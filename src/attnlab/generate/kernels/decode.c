@@ -687,8 +687,10 @@ static inline void dot4_q5_0(const uint8_t *const w[4], q8_row r, int64_t nb, fl
     const int two = b + 1 < nb;
     const __mmask64 row_mask = ((__mmask64)1 << (two ? 2 * bytes : bytes)) - 1;
     const __mmask16 half = two ? 0xFFFF : 0x00FF;
-    __m512i xq = _mm512_maskz_loadu_epi32(half, r.q + b * QK);
-    __m512i start = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(half, r.c8 + b * 8), 1); /* -16 sum q */
+    /* plain loads where both blocks are there (a masked load also takes a vector ALU uop on Sapphire Rapids) */
+    __m512i xq = two ? _mm512_loadu_si512(r.q + b * QK) : _mm512_maskz_loadu_epi32(half, r.q + b * QK);
+    __m512i start = _mm512_slli_epi32(two ? _mm512_loadu_si512(r.c8 + b * 8) : _mm512_maskz_loadu_epi32(half, r.c8 + b * 8),
+                                      1); /* -16 sum q */
     __m512i row[4];
     if (b + 3 <= nb) /* 64 bytes stay inside the row (a masked load streamed ~10 % slower) */
       for (int k = 0; k < 4; k++) row[k] = _mm512_loadu_si512(w[k] + b * bytes);
@@ -697,7 +699,8 @@ static inline void dot4_q5_0(const uint8_t *const w[4], q8_row r, int64_t nb, fl
     __m256 d = _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm512_castsi512_si128(_mm512_permutex2var_epi16(row[0], heads, row[1])),
                                                   _mm512_castsi512_si128(_mm512_permutex2var_epi16(row[2], heads, row[3]))));
     /* dx of blocks b and b + 1 (zero for a missing one), repeated for the four rows */
-    __m256 dx = _mm256_blend_ps(_mm256_set1_ps(r.dx[b]), _mm256_set1_ps(two ? r.dx[b + 1] : 0.0f), 0xAA);
+    __m256 dx = two ? _mm256_castpd_ps(_mm256_broadcast_sd((const double *)(r.dx + b)))
+                    : _mm256_blend_ps(_mm256_set1_ps(r.dx[b]), _mm256_setzero_ps(), 0xAA);
     __m512 scale = _mm512_castps256_ps512(_mm256_mul_ps(d, dx));
     for (int k = 0; k < 4; k++) {
       const uint8_t *p = w[k] + b * bytes;
