@@ -373,6 +373,16 @@ static inline __m256i nibbles32(const uint8_t *p) {
   return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_set_epi64x(4, 4, 0, 0)), _mm256_set1_epi8(0x0F));
 }
 
+/* the first four bytes of each of w[0..3] + offset, in that order: four 32-bit loads and three unpacks (through a
+ * stack buffer, four 4-byte stores and one 16-byte load, the load cannot take its bytes from the stores: a
+ * store-forwarding stall per block) */
+static inline __m128i first4_of4(const uint8_t *const w[4], int64_t offset) {
+  int32_t h[4];
+  for (int k = 0; k < 4; k++) memcpy(h + k, w[k] + offset, 4);
+  return _mm_unpacklo_epi64(_mm_unpacklo_epi32(_mm_cvtsi32_si128(h[0]), _mm_cvtsi32_si128(h[1])),
+                            _mm_unpacklo_epi32(_mm_cvtsi32_si128(h[2]), _mm_cvtsi32_si128(h[3])));
+}
+
 /* the sums of a, b, c and d's eight lanes, in that order */
 static inline __m128 sum4_256(__m256 a, __m256 b, __m256 c, __m256 d) {
   __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
@@ -498,11 +508,11 @@ static inline __attribute__((always_inline)) void dot4_q(int type, const uint8_t
   const __m256i lane[4] = {_mm256_set1_epi32(0), _mm256_set1_epi32(2), _mm256_set1_epi32(4), _mm256_set1_epi32(6)};
   for (int64_t b = 0; b < nb; b++) {
     __m256i xq = _mm256_loadu_si256((const __m256i *)(r.q + b * QK));
+#if defined(__F16C__)
+    __m256 dm = _mm256_cvtph_ps(first4_of4(w, b * bytes));
+#else
     uint8_t head[16];
     for (int k = 0; k < 4; k++) memcpy(head + 4 * k, w[k] + b * bytes, 4);
-#if defined(__F16C__)
-    __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)head));
-#else
     float halves[8];
     for (int i = 0; i < 8; i++) halves[i] = half_to_float(head + 2 * i);
     __m256 dm = _mm256_loadu_ps(halves);
@@ -648,11 +658,11 @@ static inline __m256i values_of_256(int type, const uint8_t *p, int s) {
 /* The four float16 at the start of block b of rows w[0..3] (their d; the second is Q4_1's m, Q4_K's dmin, or the
  * first half of Q5_0's high bits, never read), as eight floats: row k's d in lane 2k */
 static inline __m256 heads4(const uint8_t *const w[4], int64_t offset) {
+#if defined(__F16C__)
+  return _mm256_cvtph_ps(first4_of4(w, offset));
+#else
   uint8_t head[16];
   for (int k = 0; k < 4; k++) memcpy(head + 4 * k, w[k] + offset, 4);
-#if defined(__F16C__)
-  return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)head));
-#else
   float halves[8];
   for (int i = 0; i < 8; i++) halves[i] = half_to_float(head + 2 * i);
   return _mm256_loadu_ps(halves);
