@@ -293,9 +293,9 @@ static inline float half_to_float(const uint8_t *p) {
 
 /* One row of x rounded to 8 bits per block, as the products read it: q [d_in] int8, dx [blocks], sx [blocks]
  * (dx sum q, Q4_1's offset term), c8 [blocks][8] (-8 times each group of four q: Q4_0's start of the lane sums);
- * for the two-block AVX-512 products the same again laid out as they load it, so that a pass loads it without
- * a shuffle: ds [blocks][2] (dx, sx of each block: blocks b and b + 1 in one 128-bit load) and c16 [blocks][8]
- * (c8 with its last four, the high nibbles' lanes, times 16). A block holding a NaN or an infinity gets
+ * for the two-block AVX-512 products (and only in their builds) the same again laid out as they load it, so that
+ * a pass loads it without a shuffle: ds [blocks][2] (dx, sx of each block: blocks b and b + 1 in one 128-bit
+ * load) and c16 [blocks][8] (c8 with its last four, the high nibbles' lanes, times 16). A block holding a NaN or an infinity gets
  * dx = NaN, so that its products are NaN, as the float product's. */
 typedef struct {
   int8_t *q;
@@ -341,12 +341,14 @@ static void quantize_row_q8(const float *x, int64_t d_in, q8_row r) {
       q[j] = (int8_t)v;
       sum += v;
     }
-    r.dx[b] = r.ds[2 * b] = d;
-    r.sx[b] = r.ds[2 * b + 1] = d * (float)sum;
-    for (int l = 0; l < 8; l++) {
-      r.c8[b * 8 + l] = -8 * (q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]);
-      r.c16[b * 8 + l] = r.c8[b * 8 + l] * (l < 4 ? 1 : 16);
-    }
+    r.dx[b] = d;
+    r.sx[b] = d * (float)sum;
+    for (int l = 0; l < 8; l++) r.c8[b * 8 + l] = -8 * (q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]);
+#if AVX512 && defined(__AVX512VNNI__) /* only the two-block products read them */
+    r.ds[2 * b] = r.dx[b];
+    r.ds[2 * b + 1] = r.sx[b];
+    for (int l = 0; l < 8; l++) r.c16[b * 8 + l] = r.c8[b * 8 + l] * (l < 4 ? 1 : 16);
+#endif
   }
 }
 
