@@ -182,7 +182,7 @@ def step_bytes(model) -> int:
 
 def prompt_path_of_this_build() -> str:
     """What a prompt runs on the kernels' build this process uses now."""
-    eight_bits, floats = kernels.rows_vectorized()
+    eight_bits, floats = kernels.rows_vectorized()[0], kernels.float_rows()
     arithmetic = "AVX-512 VNNI" if kernels.variant() == "avx512" else "AVX2 maddubs + madd"
     return (
         (

@@ -13,6 +13,10 @@ Design choices:
   hub_server.py).
 - tests/ is put on sys.path so test modules can `import reference` (the NumPy oracle) however
   pytest was started.
+- ATTNLAB_FLOAT_ROWS=c: float32 prompts and forward passes take the C kernels wherever the build
+  has vectorised tiles, whichever side the one-off timing (kernels.float_rows) would pick on the
+  machine the tests run on, so that the same tests check the same kernels everywhere; the choice
+  itself has its own tests (test_inference_layers.py).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import torch
 from hypothesis import HealthCheck, settings
 
 os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["ATTNLAB_FLOAT_ROWS"] = "c"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 settings.register_profile(

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import attnlab
+from attnlab.errors import UserError
 from attnlab.generate import fast_layers, kernels
 from attnlab.generate.fast_layers import (
     TILES_MIN_MACS,
@@ -262,6 +263,48 @@ def test_without_vectorised_tiles_torchs_path_runs_and_says_why(
     )
     assert "forward passes use torch's float32 products: the portable build" in caplog.text
     fast_layers._say_once.cache_clear()
+
+
+@pytest.mark.parametrize("tiles_win", [True, False])
+def test_float_prompts_take_whichever_measured_faster_here(seed, monkeypatch, tiles_win):
+    """Unforced, the float32 tiles run where they beat torch's GEMM in the one-off timing
+    (kernels.float_rows: MKL's AVX-512 path runs on Intel CPUs only); otherwise torch's products,
+    and the forward pass says why. ATTNLAB_FLOAT_ROWS forces either; anything else is one line."""
+    if not tiles_here():
+        pytest.fail("the tiled path needs an AVX-512 build of the kernels", pytrace=False)
+    monkeypatch.delenv("ATTNLAB_FLOAT_ROWS")
+    monkeypatch.setattr(kernels, "_tiles_beat_torch", lambda build, threads: tiles_win)
+    tiles = counting(monkeypatch, "linear_rows")
+    model = build("llama-gqa")
+    with torch.no_grad():
+        model(torch.randint(0, BASE["d_vocab"], (2, 64)))
+    assert bool(tiles) == tiles_win
+    assert (inference_kernels_unusable() is None) == tiles_win
+    monkeypatch.setenv("ATTNLAB_FLOAT_ROWS", "torch" if tiles_win else "c")
+    assert kernels.float_rows() == (not tiles_win)
+    monkeypatch.setenv("ATTNLAB_FLOAT_ROWS", "mkl")
+    with pytest.raises(UserError, match="ATTNLAB_FLOAT_ROWS=mkl: it takes c or torch"):
+        kernels.float_rows()
+
+
+def test_the_one_off_timing_compares_the_tiles_with_torchs_gemm(monkeypatch):
+    """_tiles_beat_torch times both on the same product and picks the faster: made slow on
+    purpose, each side loses."""
+    import time as clock
+
+    real = kernels.linear_rows
+    for slow, expected in (("c", False), ("torch", True)):
+        kernels._tiles_beat_torch.cache_clear()
+        if slow == "c":
+            monkeypatch.setattr(kernels, "linear_rows", lambda *a: clock.sleep(0.02) or real(*a))
+        else:
+            monkeypatch.setattr(kernels, "linear_rows", real)
+            linear = torch.nn.functional.linear
+            monkeypatch.setattr(
+                torch.nn.functional, "linear", lambda *a: clock.sleep(0.02) or linear(*a)
+            )
+        assert kernels._tiles_beat_torch("test", 1) is expected
+    kernels._tiles_beat_torch.cache_clear()
 
 
 # run_with_cache's attention: the explicit path's three steps in C --------------------------------

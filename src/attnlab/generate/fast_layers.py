@@ -103,7 +103,7 @@ class KernelLinear(Linear):
             and self.weight.is_contiguous()
             and tile_rows(x, self.weight)
             and kernels.usable(x, self.weight, *([] if self.bias is None else [self.bias]))
-            and kernels.rows_vectorized()[1]
+            and kernels.float_rows()
         ):  # many rows: the tiled float32 GEMM, which measured faster than torch's (MKL's) here
             return kernels.linear_rows(x, self.weight, self.bias)
         weight = self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype)
@@ -129,7 +129,7 @@ class KernelBlockLinear(BlockLinear):
         kind = BLOCK_TYPES[self.kind].kernel
         if few_rows(x):
             return kernels.block_linear(x, self.blocks, kind, self.bias)
-        eight_bits, floats = kernels.rows_vectorized()
+        eight_bits, floats = kernels.rows_vectorized()[0], kernels.float_rows()
         if self.kind in PROMPT_KINDS and (eight_bits or floats):
             activations = "8-bit" if eight_bits else "float32"
             return kernels.block_linear_rows(x, self.blocks, kind, self.bias, activations)
@@ -251,7 +251,7 @@ class KernelAttention(Attention):
             and q.dtype == k.dtype == torch.float32
             and not torch.compiler.is_compiling()
             and kernels.usable(q, k)
-            and kernels.rows_vectorized()[1]
+            and kernels.float_rows()
         )
 
     def attend(self, q, k, v, *, mask, dropout_p, window):
@@ -275,7 +275,7 @@ class KernelAttention(Attention):
             and scores.shape[-1] > 0
             and not torch.compiler.is_compiling()
             and kernels.usable(scores)
-            and kernels.rows_vectorized()[1]
+            and kernels.float_rows()
         ):
             return kernels.softmax_rows(scores)
         return super().weigh(scores)
@@ -290,7 +290,7 @@ class KernelAttention(Attention):
             and pattern.dtype == v.dtype == torch.float32
             and not torch.compiler.is_compiling()
             and kernels.usable(pattern, v)
-            and kernels.rows_vectorized()[1]
+            and kernels.float_rows()
         ):
             return kernels.attend_mix(pattern, v)
         return super().mix(pattern, v)
@@ -328,6 +328,8 @@ def inference_kernels_unusable() -> str | None:
         return "attnlab's C kernels are not available (no C compiler, or ATTNLAB_KERNELS=0)"
     if not kernels.rows_vectorized()[1]:
         return f"the {kernels.variant()} build of the kernels has no vectorised float32 tiles"
+    if not kernels.float_rows():
+        return "torch's float32 GEMM multiplies faster than the C tiles on this machine (measured)"
     return None
 
 

@@ -866,6 +866,45 @@ def rows_vectorized() -> tuple[bool, bool]:
     return bool(bits & 1), bool(bits & 2)
 
 
+FLOAT_ROWS = ("c", "torch")  # ATTNLAB_FLOAT_ROWS: force float_rows' choice
+
+
+def float_rows() -> bool:
+    """Whether float32 work of many rows (a prompt's products and attention, forward passes
+    without gradients: attnlab.generate.fast_layers) takes the C kernels: where this build's
+    float32 tiles are vectorised (AVX-512) and, measured once per process and build, multiply
+    faster than torch's GEMM on this machine. MKL takes its AVX-512 path on Intel CPUs and not on
+    AMD's: on the Intel Xeon of 2026-12-02 torch ran 385 GFLOP/s against the tiles' 93, on the
+    AMD EPYC before it the tiles won 2-3x (benchmarks/README.md, issue 25).
+    ATTNLAB_FLOAT_ROWS=c or torch chooses instead."""
+    if not rows_vectorized()[1]:
+        return False
+    forced = os.environ.get("ATTNLAB_FLOAT_ROWS")
+    if forced:
+        if forced not in FLOAT_ROWS:
+            raise UserError(
+                f"ATTNLAB_FLOAT_ROWS={forced}: it takes {' or '.join(FLOAT_ROWS)} (or unset: "
+                "measured)"
+            )
+        return forced == "c"
+    return _tiles_beat_torch(variant(), torch.get_num_threads())
+
+
+@cache
+def _tiles_beat_torch(build: str | None, threads: int) -> bool:
+    """The float32 tiles against torch's GEMM on a 256 x 576 by 576 x 576 product (SmolLM2's
+    q projection of 256 tokens), each the best of 5 after one warm-up, taking turns."""
+    x, w = torch.randn(256, 576), torch.randn(576, 576)
+    times = {"c": [], "torch": []}
+    runs = {"c": lambda: linear_rows(x, w, None), "torch": lambda: torch.nn.functional.linear(x, w)}
+    for _ in range(6):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    return min(times["c"][1:]) < min(times["torch"][1:])
+
+
 def _rows_scratch(rows: int, d_in: int, threads: int) -> torch.Tensor:
     """The prompt products' scratch for rows of d_in values on `threads` threads, 64-byte
     aligned."""
