@@ -308,3 +308,13 @@ def test_patching_benchmark_without_transformer_lens_is_one_line():
         "this benchmark needs TransformerLens, which attnlab does not depend on: run it with a "
         "throwaway venv that has it (see this script's docstring)"
     ]
+
+
+def test_decode_ab_times_both_layouts_and_both_loops_on_the_shipped_file():
+    """benchmarks/decode_ab.py end to end on SmolLM2's shipped Q4_1 file, one round: a table row
+    with the three variants and their two ratios."""
+    done = run_script("decode_ab.py", "--rounds", "1")
+    assert done.returncode == 0, done.stderr
+    (row,) = [line for line in done.stdout.splitlines() if "| q4_1 |" in line]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert len(cells) == 7 and all(float(c) > 0 for c in cells[2:])
