@@ -16,8 +16,8 @@ blocks' own RoPE table; √d_model on the embedding in the C lookup. So its step
 
 Greedy generation runs its whole loop in C (`generate_greedy`, decode.c's
 attnlab_generate_greedy): the argmax of the logits, fed back as the next step's token, with no
-Python between tokens (benchmarks/README.md, issue 25: 0.8-1.2 ms a token went to the Python loop
-around the step).
+Python between tokens (benchmarks/README.md, issue 25: the Python loop around the step cost
+0.8-1.2 ms a token on an AMD EPYC, 5-11 % of tg128 on an Intel Xeon).
 """
 
 from __future__ import annotations
@@ -50,8 +50,9 @@ def stored_weight(linear) -> torch.Tensor:
 
 def repacked(linear) -> bool:
     """Whether a step multiplies by `linear` (a BlockLinear) in the 16-row layout: Q8_0, Q4_0
-    and Q4_1 with d_out a multiple of 16, on a build whose products are fastest so (AVX-512 VNNI:
-    about a third of the instructions per weight, benchmarks/README.md)."""
+    and Q4_1 with d_out a multiple of 16, on a build whose products are fastest so (AVX-512 VNNI
+    and AVX2: 1.06-1.33x the step on the file's layout, benchmarks/README.md, "The idle run on the
+    Intel Xeon")."""
     kind = BLOCK_TYPES[linear.kind].kernel
     return (
         REPACK
@@ -376,8 +377,8 @@ class KernelDecoder:
 
     def can_generate_greedy(self) -> bool:
         """Whether `generate_greedy` applies: the whole step is one C program (its embedding a
-        lookup in C, no PyTorch call between kernels, no window mask to remake per step) and its
-        tokens, the argmax of d_vocab logits, are rows of the embedding table."""
+        lookup in C, no PyTorch call between kernels) and its tokens, the argmax of d_vocab logits,
+        are rows of the embedding table."""
         return (
             len(self.run) == 1
             and isinstance(self.run[0], kernels.Program)
@@ -406,10 +407,9 @@ class KernelDecoder:
         self.position.copy_(positions.view(-1) - 1)  # the C loop moves them one on before a step
         self.slot.fill_(slot - 1)
         flags = done.view(-1)
-        n = self.run[0].generate_greedy(
+        return self.run[0].generate_greedy(
             tokens, self.logits, self.ids, self.position, self.slot, self.key_mask, out, eos, flags
         )
-        return n
 
     def weights(self) -> torch.Tensor:
         """The last step's attention pattern rows [batch, layer, head, key slot 0 … slot]: each

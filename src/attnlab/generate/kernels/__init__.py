@@ -763,8 +763,9 @@ def repack16(blocks: torch.Tensor, kind: BlockKind, d_in: int) -> torch.Tensor:
 
 
 def repack16_fast() -> bool:
-    """Whether this build's 16-row products are its fastest decode products (AVX-512 VNNI):
-    generation repacks only then (the other builds compute them a lane at a time, for tests)."""
+    """Whether this build's 16-row products are its fastest decode products (AVX-512 VNNI, and
+    AVX2 with FMA and F16C): generation repacks only then (the portable build computes them a lane
+    at a time, for tests)."""
     return bool(library().attnlab_repack16_fast())
 
 
