@@ -40,12 +40,12 @@ from .kv_cache import KVCache
 REPACK = True
 
 
-def stored_weight(linear) -> torch.Tensor:
-    """The tensor a step streams for `linear`: its blocks (in the 16-row layout where `repacked`),
-    or its weight."""
+def stored_weight(linear, fill: bool = True) -> torch.Tensor:
+    """The tensor a step streams for `linear`: its blocks (in the 16-row layout where `repacked`;
+    `fill` False: that tensor, perhaps not yet written, see `repacked_blocks`), or its weight."""
     if not isinstance(linear, BlockLinear):
         return linear.weight
-    return repacked_blocks(linear) if repacked(linear) else linear.blocks
+    return repacked_blocks(linear, fill) if repacked(linear) else linear.blocks
 
 
 def repacked(linear) -> bool:
@@ -62,17 +62,21 @@ def repacked(linear) -> bool:
     )
 
 
-def repacked_blocks(linear) -> torch.Tensor:
+def repacked_blocks(linear, fill: bool = True) -> torch.Tensor:
     """`linear`'s blocks in the 16-row layout, made once and kept on the module beside them (the
     same bytes again: the file's layout stays for prompts, the tied embedding and saving), made
-    again when the blocks change."""
+    again when the blocks change. `fill` False hands out the tensor before it is written: the
+    decoder moves it into 2 MB pages first (never-written memory is copied without being backed),
+    then writes it there, so that the layout is never held twice."""
     blocks = linear.blocks
     key = (blocks.data_ptr(), blocks._version)
     kept = getattr(linear, "_attnlab_repacked", None)
     if kept is None or kept[0] != key:
+        kept = linear._attnlab_repacked = (key, torch.empty_like(blocks), False)
+    if fill and not kept[2]:
         kind = BLOCK_TYPES[linear.kind].kernel
-        kept = (key, kernels.repack16(blocks, kind, linear.in_features))
-        linear._attnlab_repacked = kept
+        kernels.repack16(blocks, kind, linear.in_features, out=kept[1])
+        kept = linear._attnlab_repacked = (key, kept[1], True)
     return kept[1]
 
 
@@ -118,7 +122,7 @@ class KernelDecoder:
         # before any call is prepared (they bind addresses): the weights into 2 MB pages, in the
         # order read
         kernels.place_in_huge_pages(
-            [stored_weight(linear) for linear in self.linears_in_step_order(model)]
+            [stored_weight(linear, fill=False) for linear in self.linears_in_step_order(model)]
         )
         steps = self._embedding_steps()
         for layer, block in enumerate(model.blocks):

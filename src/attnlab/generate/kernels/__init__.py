@@ -750,14 +750,19 @@ REPACKABLE = (BlockKind.Q8_0, BlockKind.Q4_0, BlockKind.Q4_1)
 REPACKED = 0x100
 
 
-def repack16(blocks: torch.Tensor, kind: BlockKind, d_in: int) -> torch.Tensor:
+def repack16(
+    blocks: torch.Tensor, kind: BlockKind, d_in: int, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """The same blocks (uint8 (d_out, row bytes), d_out a multiple of 16, kind in REPACKABLE) in
     the 16-row decode layout (decode.c, attnlab_repack16: sixteen rows' blocks interleaved so that
-    one 512-bit lane holds one row), a new tensor of the same shape and bytes."""
+    one 512-bit lane holds one row): a tensor of the same shape and bytes (`out`, or a new one)."""
     d_out, t = blocks.shape[0], _block_type(kind)
     assert kind in REPACKABLE and d_out % 16 == 0 and blocks.is_contiguous()
     assert blocks.dtype == torch.uint8 and tuple(blocks.shape) == (d_out, t.row_bytes(d_in))
-    out = torch.empty_like(blocks)
+    if out is None:
+        out = torch.empty_like(blocks)
+    assert out.shape == blocks.shape and out.dtype == torch.uint8 and out.is_contiguous()
+    assert out.data_ptr() != blocks.data_ptr()
     library().attnlab_repack16(blocks.data_ptr(), out.data_ptr(), d_out, d_in, int(kind))
     return out
 
