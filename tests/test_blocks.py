@@ -342,8 +342,9 @@ def test_every_build_of_the_repacked_products_stays_within_the_bound(
             file_layout = kernels.block_linear(x, layer.blocks, kind_c, layer.bias)
             terms = (x.abs() @ layer.weight.abs().T).max()  # (as check_product's float32 slack)
             torch.testing.assert_close(got, file_layout, rtol=2e-5, atol=2e-6 * terms)
+    x = torch.randn(3, d_in)
     x[0, 7] = float("nan")
-    out = torch.zeros(rows, d_out)
+    out = torch.zeros(3, d_out)
     kernels.block_linear_call(x, packed, kind_c, None, out, False, True)()
     assert torch.isnan(out[0]).all() and not torch.isnan(out[1:]).any()
 

@@ -129,8 +129,8 @@ class KernelBlockLinear(BlockLinear):
         kind = BLOCK_TYPES[self.kind].kernel
         if few_rows(x):
             return kernels.block_linear(x, self.blocks, kind, self.bias)
-        eight_bits, floats = kernels.rows_vectorized()[0], kernels.float_rows()
-        if self.kind in PROMPT_KINDS and (eight_bits or floats):
+        eight_bits = kernels.rows_vectorized()[0]  # (the float32 choice only measured without it)
+        if self.kind in PROMPT_KINDS and (eight_bits or kernels.float_rows()):
             activations = "8-bit" if eight_bits else "float32"
             return kernels.block_linear_rows(x, self.blocks, kind, self.bias, activations)
         return F.linear(x, kernels.dequantize(self.blocks, kind, self.in_features), self.bias)

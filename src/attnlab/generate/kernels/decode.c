@@ -295,18 +295,19 @@ static inline float half_to_float(const uint8_t *p) {
  * (dx sum q, Q4_1's offset term), c8 [blocks][8] (-8 times each group of four q: Q4_0's start of the lane sums);
  * for the two-block AVX-512 products (and only in their builds) the same again laid out as they load it, so that
  * a pass loads it without a shuffle: ds [blocks][2] (dx, sx of each block: blocks b and b + 1 in one 128-bit
- * load) and c16 [blocks][8] (c8 with its last four, the high nibbles' lanes, times 16). A block holding a NaN or an infinity gets
+ * load) and c16 [blocks][8] (c8 with its last four, the high nibbles' lanes, times 16); sq [blocks] (sum q: the
+ * 16-row products' start of the lane sums, -8 or -128 times it). A block holding a NaN or an infinity gets
  * dx = NaN, so that its products are NaN, as the float product's. */
 typedef struct {
   int8_t *q;
   float *dx, *sx, *ds;
-  int32_t *c8, *c16;
+  int32_t *c8, *c16, *sq;
 } q8_row;
 
 static int64_t align64(int64_t n) { return (n + 63) / 64 * 64; }
 static int64_t q8_row_bytes(int64_t d_in) {
   int64_t nb = d_in / QK;
-  return align64(d_in) + 2 * align64(4 * nb) + align64(8 * nb) + 2 * 32 * nb;
+  return align64(d_in) + 2 * align64(4 * nb) + align64(8 * nb) + 2 * 32 * nb + 4 * nb;
 }
 
 static q8_row q8_row_at(int8_t *base, int64_t d_in) {
@@ -318,6 +319,7 @@ static q8_row q8_row_at(int8_t *base, int64_t d_in) {
   r.ds = (float *)(base + align64(d_in) + 2 * align64(4 * nb));
   r.c8 = (int32_t *)(base + align64(d_in) + 2 * align64(4 * nb) + align64(8 * nb));
   r.c16 = r.c8 + 8 * nb;
+  r.sq = r.c16 + 8 * nb;
   return r;
 }
 
@@ -343,6 +345,7 @@ static void quantize_row_q8(const float *x, int64_t d_in, q8_row r) {
     }
     r.dx[b] = d;
     r.sx[b] = d * (float)sum;
+    r.sq[b] = sum;
     for (int l = 0; l < 8; l++) r.c8[b * 8 + l] = -8 * (q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]);
 #if AVX512 && defined(__AVX512VNNI__) /* only the two-block products read them */
     r.ds[2 * b] = r.dx[b];
@@ -942,8 +945,8 @@ static q_share share_of(const uint8_t *w, int64_t d_out, int64_t row_bytes, int6
  *   the 16 rows' d (IEEE halves), then Q4_1's 16 m;
  * so 16 x (18 | 20 | 34) bytes, as many as the 16 rows' blocks. A product then multiplies 16 rows at once by x's
  * four bytes broadcast to every lane (one dpbusd per 64 weights of 16 rows, no permute), and scales 16 rows with
- * one conversion of 16 halves and one FMA per block: about a third of the instructions of dot4_q's four rows
- * (benchmarks/README.md, issue 25, "Sixteen rows at once"). */
+ * one conversion of 16 halves and one FMA per block: the decode step 1.26-1.32x its speed on the file's layout
+ * (benchmarks/README.md, "The idle run on the Intel Xeon"). */
 #define REPACKED 0x100 /* a LINEAR_Q op's type | REPACKED: its weights are in the 16-row layout */
 #define GROUP 16
 
@@ -965,17 +968,18 @@ void attnlab_repack16(const uint8_t *w, uint8_t *out, int64_t d_out, int64_t d_i
     }
 }
 
-/* s[n] = the product of row n of a 16-row group (its nb blocks at g) with the rounded row r of x; comp[b]: the
- * lane sums' start for block b (Q4_0: -8 times the sum of x's 32 values; Q8_0: -128 times it; Q4_1: 0). */
-static inline __attribute__((always_inline)) void dot16_q(int type, const uint8_t *g, q8_row r, const int32_t *comp,
-                                                         int64_t nb, float *s) {
+/* s[n] = the product of row n of a 16-row group (its nb blocks at g) with the rounded row r of x. A block's lane
+ * sums start at `offset` times the sum of its 32 rounded x (r.sq): Q4_0's -8, Q8_0's -128 (weights taken as
+ * q + 128), none for Q4_1. */
+static inline __attribute__((always_inline)) void dot16_q(int type, const uint8_t *g, q8_row r, int64_t nb, float *s) {
   const int64_t bytes = BLOCK_BYTES[type], step = GROUP * bytes, quant = GROUP * (bytes - (type == BLOCK_Q4_1 ? 4 : 2));
+  const int32_t offset = type == BLOCK_Q4_0 ? -8 : type == BLOCK_Q8_0 ? -128 : 0;
 #if AVX512 && defined(__AVX512VNNI__)
   const __m512i low4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
   __m512 acc = _mm512_setzero_ps(), m_acc = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; b++, g += step) {
     const int32_t *xq = (const int32_t *)(r.q + b * QK); /* x's weights 4i .. 4i + 3 as one 32-bit value */
-    __m512i sum = _mm512_set1_epi32(comp[b]);
+    __m512i sum = _mm512_set1_epi32(offset * r.sq[b]);
     if (type == BLOCK_Q8_0) { /* dpbusd multiplies unsigned by signed bytes: the weights go in as q + 128 */
       for (int j = 0; j < 8; j++)
         sum = _mm512_dpbusd_epi32(sum, _mm512_xor_si512(_mm512_loadu_si512((const void *)(g + 64 * j)), flip),
@@ -1025,7 +1029,7 @@ static inline __attribute__((always_inline)) void dot16_q(int type, const uint8_
           pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4),
                                                               _mm256_set1_epi32(xq[4 + j])));
         }
-        sum = _mm256_add_epi32(_mm256_madd_epi16(pairs, ones), _mm256_set1_epi32(comp[b]));
+        sum = _mm256_add_epi32(_mm256_madd_epi16(pairs, ones), _mm256_set1_epi32(offset * r.sq[b]));
       }
       __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + b * step + quant + 16 * h)));
       acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(r.dx[b])), acc);
@@ -1041,7 +1045,7 @@ static inline __attribute__((always_inline)) void dot16_q(int type, const uint8_
   for (int64_t b = 0; b < nb; b++, g += step) {
     const int8_t *x = r.q + b * QK;
     for (int n = 0; n < GROUP; n++) {
-      int32_t sum = comp[b];
+      int32_t sum = offset * r.sq[b];
       for (int j = 0; j < (type == BLOCK_Q8_0 ? 8 : 4); j++)
         for (int i = 0; i < 4; i++) {
           uint8_t v = g[64 * j + 4 * n + i];
@@ -1058,7 +1062,7 @@ static inline __attribute__((always_inline)) void dot16_q(int type, const uint8_
 #endif
 }
 
-/* Whether this build's 16-row products are its fast ones (AVX-512 VNNI): generation repacks only then. */
+/* Whether this build's 16-row products are its fast ones (AVX-512 VNNI, AVX2): generation repacks only then. */
 int attnlab_repack16_fast(void) {
 #if (AVX512 && defined(__AVX512VNNI__)) || (defined(__AVX2__) && defined(__F16C__) && defined(__FMA__))
   return 1;
@@ -1102,19 +1106,6 @@ static void linear_q(const float *x, const uint8_t *w, const float *b, float *y,
   int8_t *mine = (rounded ? rounded : scratch) + t * rows * per_row;
   if (!rounded)
     for (int64_t r = 0; r < rows; r++) quantize_row_q8(x + r * d_in, d_in, q8_row_at(mine + r * per_row, d_in));
-  /* dot16_q's start of each block's lane sums, from x's sums of four (c8: -8 times each) */
-  int32_t comp_stack[1024], *comp = comp_stack;
-  if (repacked) {
-    if (rows * nb > 1024) comp = malloc(rows * nb * sizeof(int32_t));
-    for (int64_t r = 0; r < rows; r++) {
-      q8_row q = q8_row_at(mine + r * per_row, d_in);
-      for (int64_t k = 0; k < nb; k++) {
-        int32_t c = 0;
-        for (int l = 0; l < 8; l++) c += q.c8[k * 8 + l];
-        comp[r * nb + k] = type == BLOCK_Q4_1 ? 0 : type == BLOCK_Q8_0 ? 16 * c : c;
-      }
-    }
-  }
   for (int64_t g = mine_w.g0; g < mine_w.g1; g++) {
     int64_t o = g * group, n = d_out - o < group ? d_out - o : group;
     /* a last group of fewer than four rows repeats its first row in the missing ones and stores only n sums */
@@ -1132,9 +1123,9 @@ static void linear_q(const float *x, const uint8_t *w, const float *b, float *y,
       q8_row q = q8_row_at(mine + r * per_row, d_in);
       if (repacked)
         switch (type) { /* one loop per type, its constants folded */
-        case BLOCK_Q8_0: dot16_q(BLOCK_Q8_0, w + o * row_bytes, q, comp + r * nb, nb, sums); break;
-        case BLOCK_Q4_0: dot16_q(BLOCK_Q4_0, w + o * row_bytes, q, comp + r * nb, nb, sums); break;
-        default: dot16_q(BLOCK_Q4_1, w + o * row_bytes, q, comp + r * nb, nb, sums); break;
+        case BLOCK_Q8_0: dot16_q(BLOCK_Q8_0, w + o * row_bytes, q, nb, sums); break;
+        case BLOCK_Q4_0: dot16_q(BLOCK_Q4_0, w + o * row_bytes, q, nb, sums); break;
+        default: dot16_q(BLOCK_Q4_1, w + o * row_bytes, q, nb, sums); break;
         }
       else if (type >= BLOCK_Q5_0) /* Q5_0 and the K-quants */
         dot4_q_more(type, w4, q, nb, sums);
@@ -1150,7 +1141,6 @@ static void linear_q(const float *x, const uint8_t *w, const float *b, float *y,
       }
     }
   }
-  if (comp != comp_stack) free(comp);
 }
 
 /* The bytes of scratch attnlab_linear_q needs per thread for `rows` rows of d_in values. */
