@@ -240,6 +240,7 @@ def cache_ids(args, vocab: int) -> torch.Tensor:
 def cache_and_forward(args, model, bridge, vocab: int) -> float:
     """Time run_with_cache and a plain forward of both libraries on the same tokens; print the
     tokens per second and which path attnlab's forward took; return run_with_cache's ratio."""
+    from attnlab.generate import kernels
     from attnlab.generate.fast_layers import inference_kernels_unusable
 
     # run_with_cache and a plain forward
@@ -267,10 +268,16 @@ def cache_and_forward(args, model, bridge, vocab: int) -> float:
         f"forward {forward_ratio:.2f}x"
     )
     why = inference_kernels_unusable()
-    print(
-        "  attnlab's products and attention: "
-        + ("decode.c's kernels" if why is None else f"torch's ({why})")
-    )
+    if why is None:
+        products = (
+            "decode.c's float32 tiles and attention"
+            if kernels.float_rows()
+            else "torch's GEMM and attention (measured faster here: kernels.float_rows), RoPE, "
+            "RMSNorm and SwiGLU in C"
+        )
+    else:
+        products = f"torch's ({why})"
+    print(f"  attnlab's products and attention: {products}")
     with torch.no_grad():
         fast = model(ids)
         logits = bridge(ids)

@@ -279,7 +279,9 @@ def test_float_prompts_take_whichever_measured_faster_here(seed, monkeypatch, ti
     with torch.no_grad():
         model(torch.randint(0, BASE["d_vocab"], (2, 64)))
     assert bool(tiles) == tiles_win
-    assert (inference_kernels_unusable() is None) == tiles_win
+    # the layers are swapped either way (RoPE, RMSNorm and SwiGLU in C; torch's products and
+    # attention where they measured faster, in the fewest tensors: the test below)
+    assert inference_kernels_unusable() is None
     monkeypatch.setenv("ATTNLAB_FLOAT_ROWS", "torch" if tiles_win else "c")
     assert kernels.float_rows() == (not tiles_win)
     monkeypatch.setenv("ATTNLAB_FLOAT_ROWS", "mkl")
@@ -439,3 +441,74 @@ def test_hooks_that_edit_scores_and_patterns_change_both_paths_alike(seed, monke
     for fast, slow, (where, _) in zip(edited, reference, hooks, strict=True):
         close(fast, slow, where)
         assert (fast - plain).abs().max() > 1e-3, where
+
+
+def torchs_products(monkeypatch) -> None:
+    """As where torch's GEMM measured faster than the tiles (kernels.float_rows: the Intel Xeon of
+    2026-12-02): the swapped layers keep torch's products and attention."""
+    monkeypatch.setattr(kernels, "float_rows", lambda: False)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_where_torch_multiplies_run_with_cache_equals_the_module_path_bit_for_bit(
+    seed, name, monkeypatch
+):
+    """With torch's products, the swapped layers' attention (scores scaled and masked in place, the
+    softmax without its all-masked guard where no row needs it) and MLP (act(gate) · up in place)
+    change no number of run_with_cache: logits and every cached activation equal the module
+    path's, bit for bit, and no attention step runs in C."""
+    torchs_products(monkeypatch)
+    model = build(name)
+    ids = torch.randint(0, BASE["d_vocab"], (2, 64))
+    calls = {step: counting(monkeypatch, step) for step in ATTENTION_STEPS}
+    swapped = counting_swaps(monkeypatch)
+    with torch.no_grad():
+        fast, fast_cache = model.run_with_cache(ids)
+        module_path(monkeypatch)
+        reference, reference_cache = model.run_with_cache(ids)
+    assert swapped == [1] and all(c == [] for c in calls.values())
+    assert torch.equal(fast, reference)
+    assert list(fast_cache.keys()) == list(reference_cache.keys())
+    for key in reference_cache.keys():
+        assert torch.equal(fast_cache[key], reference_cache[key]), key
+
+
+def test_where_torch_multiplies_hooks_that_edit_scores_and_patterns_flow_on(seed, monkeypatch):
+    """The in-place attention under hooks that edit: the scores edited in place, unmasked, a row
+    left with no visible key (its pattern is zeros, as the module path makes it) and a pattern
+    replaced; each equals the module path's logits bit for bit and changes them."""
+    torchs_products(monkeypatch)
+    model = build("llama-gqa")
+    ids = torch.randint(0, BASE["d_vocab"], (2, 64))
+
+    def edit_in_place(scores, hook):
+        scores[:, :, :, 0] += 3.0
+
+    def unmask_the_future(scores, hook):
+        return torch.where(torch.isneginf(scores), 0.0, scores)
+
+    def hide_every_key_of_query_5(scores, hook):
+        scores[:, :, 5, :] = float("-inf")
+
+    def uniform(pattern, hook):
+        return torch.full_like(pattern, 1 / pattern.shape[-1])
+
+    hooks = [
+        ("blocks.0.attn.hook_attn_scores", edit_in_place),
+        ("blocks.1.attn.hook_attn_scores", unmask_the_future),
+        ("blocks.0.attn.hook_attn_scores", hide_every_key_of_query_5),
+        ("blocks.0.attn.hook_pattern", uniform),
+    ]
+    with torch.no_grad():
+        plain = model(ids)
+        edited = [model.run_with_cache(ids, fwd_hooks=[hook]) for hook in hooks]
+        module_path(monkeypatch)
+        reference = [model.run_with_cache(ids, fwd_hooks=[hook]) for hook in hooks]
+    for (fast, cache), (slow, slow_cache), (where, _) in zip(edited, reference, hooks, strict=True):
+        assert torch.equal(fast, slow), where
+        assert torch.equal(
+            cache["blocks.0.attn.hook_pattern"], slow_cache["blocks.0.attn.hook_pattern"]
+        )
+        assert (fast - plain).abs().max() > 1e-3, where
+    hidden = edited[2][1]["blocks.0.attn.hook_pattern"][:, :, 5]
+    assert torch.equal(hidden, torch.zeros_like(hidden))

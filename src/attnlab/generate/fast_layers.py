@@ -9,11 +9,13 @@ Design choices:
 - A forward pass that needs no gradients (torch.no_grad, inference_mode), of float32 on the CPU and
   of at least TILES_MIN_ROWS rows, runs with its Linear, Attention, RMSNorm and MLP modules swapped
   too (`inference_layers`, which Transformer.forward enters): run_with_cache, patching sweeps and
-  plain forwards get decode.c's tiled float32 GEMM, which measured faster than torch's (MKL's)
-  here, its attention (with the pattern in three steps, the hooks between them), and generation's
-  RoPE, RMSNorm and SwiGLU kernels where no hook reads inside them. Block layers keep their module
-  path there (their prompt product rounds activations to 8 bits). Where the kernels cannot run,
-  `inference_kernels_unusable()` says why, and a log line says so once.
+  plain forwards get generation's RoPE, RMSNorm and SwiGLU kernels where no hook reads inside
+  them and, where it measured faster than torch's (MKL's) GEMM on this machine
+  (kernels.float_rows), decode.c's tiled float32 GEMM and its attention (with the pattern in three
+  steps, the hooks between them); elsewhere torch's products and attention, the explicit path's
+  T x T steps in place (the fewest tensors, the module path's numbers bit for bit). Block layers
+  keep their module path there (their prompt product rounds activations to 8 bits). Where the
+  kernels cannot run, `inference_kernels_unusable()` says why, and a log line says so once.
 - ggml's blocks (`quantize(model, "q4_0" | "q4_1" | "q8_0")`, attnlab.generate.blocks): 32
   weights per block with their own scale, as llama.cpp stores them.
 - Weights in 8 bits (`quantize(model, "int8")`): each output feature's row w is stored as q =
@@ -37,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UserError
-from ..model.attention import Attention
+from ..model.attention import Attention, causal_mask, expand_kv
 from ..model.layers import MLP, Linear, RMSNorm
 from . import kernels
 from .blocks import BLOCK, BLOCK_TYPES, QUANTIZABLE, BlockLinear
@@ -198,6 +200,13 @@ class KernelMLP(MLP):
             # silu(gate) · up is written over gate: no hook may hold it
             and prompt_rows(x, self.hook_pre, self.hook_post, self.W_gate, self.W_in)
         ):
+            if self.gated and in_place():
+                # MLP.forward's steps, act(gate) · up written over act(gate), which no one holds
+                # yet: its numbers bit for bit, one [rows, d_mlp] tensor fewer (run_with_cache)
+                gate = self.hook_pre(self.W_gate(x))
+                act = self.act(gate)
+                post = act.mul_(self.W_in(x)) if act is not gate else act * self.W_in(x)
+                return self.W_out(self.hook_post(post))
             return super().forward(x)
         if shared_rounding(x, self.W_gate, self.W_in):
             gate, up = multiply_sharing_rounding(x, self.W_gate, self.W_in)
@@ -208,6 +217,12 @@ class KernelMLP(MLP):
         return self.W_out(kernels.silu_mul_rows(gate, up))
 
 
+def in_place() -> bool:
+    """Whether a fast path may write into a tensor it made before handing it on: no autograd graph
+    that could need its first value (gradients off), not compiling."""
+    return not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+
+
 class KernelAttention(Attention):
     """Attention with generation's fast paths for a prompt (eager, float32, on a CPU): W_Q, W_K and
     W_V of blocks share one rounding of x (`shared_rounding`); RoPE in C, out of place (decode.c,
@@ -216,7 +231,10 @@ class KernelAttention(Attention):
     without a window or with one no shorter than the prompt, in C (decode.c, attnlab_attend_rows);
     everything else as Attention. When a hook wants the scores or the pattern (run_with_cache),
     the same prompts take the explicit path's three steps in C (attnlab_attend_scores,
-    _softmax_rows, _attend_mix), the hooks between them as in Attention.forward."""
+    _softmax_rows, _attend_mix), the hooks between them as in Attention.forward; where torch's GEMM
+    is the faster (kernels.float_rows), torch's steps, with the scores scaled and masked in place
+    and the softmax's all-masked guard only where a row needs it (Attention's numbers bit for
+    bit)."""
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if shared_rounding(x, self.W_Q, self.W_K, self.W_V):
@@ -267,6 +285,14 @@ class KernelAttention(Attention):
     def score(self, q, k, *, mask, window):
         if self.prompt(q, k, mask=mask, dropout_p=0.0, window=window):
             return kernels.attend_scores(q, k, self.config.scale)
+        if self.config.causal and mask is None and in_place():
+            # Attention.score's product, scale and causal mask (attention_scores, apply_mask) in one
+            # tensor, the last two in place: its numbers bit for bit, two T x T copies fewer (where
+            # torch's GEMM is the faster one, run_with_cache's path: benchmarks/README.md, issue 25)
+            scores = torch.matmul(q, expand_kv(q, k).transpose(-2, -1)).mul_(self.config.scale)
+            T, S = scores.shape[-2:]
+            hidden = ~causal_mask(T, S, scores.device, window=window)
+            return scores.masked_fill_(hidden, float("-inf"))
         return super().score(q, k, mask=mask, window=window)
 
     def weigh(self, scores):
@@ -278,6 +304,12 @@ class KernelAttention(Attention):
             and kernels.float_rows()
         ):
             return kernels.softmax_rows(scores)
+        if scores.shape[-1] > 0 and in_place():
+            # attention_pattern's guard changes nothing where every row sees a key (its two
+            # masked_fill copies then equal the scores and the softmax): the softmax alone, bit for
+            # bit; a row with every key masked (a hook may have made one) takes the reference
+            if not torch.isneginf(scores.amax(dim=-1)).any():
+                return torch.softmax(scores, dim=-1)
         return super().weigh(scores)
 
     def mix(self, pattern, v):
@@ -328,8 +360,6 @@ def inference_kernels_unusable() -> str | None:
         return "attnlab's C kernels are not available (no C compiler, or ATTNLAB_KERNELS=0)"
     if not kernels.rows_vectorized()[1]:
         return f"the {kernels.variant()} build of the kernels has no vectorised float32 tiles"
-    if not kernels.float_rows():
-        return "torch's float32 GEMM multiplies faster than the C tiles on this machine (measured)"
     return None
 
 
