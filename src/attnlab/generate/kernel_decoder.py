@@ -58,7 +58,7 @@ def repacked(linear) -> bool:
         REPACK
         and kind in kernels.REPACKABLE
         and linear.blocks.shape[0] % 16 == 0
-        and kernels.repack16_fast()
+        and kernels.repack16_fast(kind)
     )
 
 

@@ -147,7 +147,7 @@ GENERATE_GREEDY = (
 )
 # block rows -> the 16-row decode layout (blocks, out, d_out, d_in, block type); is it fast here
 REPACK16 = ("attnlab_repack16", [_ptr, _ptr, _i64, _i64, _int])
-REPACK16_FAST = ("attnlab_repack16_fast", [])
+REPACK16_FAST = ("attnlab_repack16_fast", [_int])
 # bytes of scratch attnlab_linear_q needs per thread, for rows and d_in
 SCRATCH = ("attnlab_linear_q_scratch", [_i64, _i64])
 # blocks -> float32 (blocks, out, rows, d_in, block type, threads)
@@ -746,7 +746,7 @@ def block_linear_call(
 
 # the block kinds with a 16-row decode layout (decode.c, attnlab_repack16), and the flag that marks
 # a LINEAR_Q op's weights as in it
-REPACKABLE = (BlockKind.Q8_0, BlockKind.Q4_0, BlockKind.Q4_1)
+REPACKABLE = (BlockKind.Q8_0, BlockKind.Q4_0, BlockKind.Q4_1, BlockKind.Q5_0)
 REPACKED = 0x100
 
 
@@ -767,11 +767,11 @@ def repack16(
     return out
 
 
-def repack16_fast() -> bool:
-    """Whether this build's 16-row products are its fastest decode products (AVX-512 VNNI, and
-    AVX2 with FMA and F16C): generation repacks only then (the portable build computes them a lane
-    at a time, for tests)."""
-    return bool(library().attnlab_repack16_fast())
+def repack16_fast(kind: BlockKind) -> bool:
+    """Whether this build's 16-row products of `kind` are its fastest decode products (AVX-512
+    VNNI; AVX2 with FMA and F16C but for Q5_0): generation repacks only then (the other builds
+    compute them a lane at a time, for tests)."""
+    return bool(library().attnlab_repack16_fast(int(kind)))
 
 
 def block_linear(

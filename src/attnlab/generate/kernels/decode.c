@@ -943,15 +943,17 @@ static q_share share_of(const uint8_t *w, int64_t d_out, int64_t row_bytes, int6
  *     quant bytes 4j .. 4j + 3 (Q4: the low nibbles weights 4j .. 4j + 3, the high ones 16 + 4j ..; Q8_0: weights
  *     4j .. 4j + 3);
  *   the 16 rows' d (IEEE halves), then Q4_1's 16 m;
- * so 16 x (18 | 20 | 34) bytes, as many as the 16 rows' blocks. A product then multiplies 16 rows at once by x's
+ * so 16 x (18 | 20 | 34) bytes, as many as the 16 rows' blocks. Q5_0 the same way (22 bytes: d, then the 32-bit qh
+ * of the fifth bits, then 16 nibble bytes): its chunk 0 holds the 16 rows' qh (lane n: row n's), chunks 1-4 the
+ * nibbles as Q4_0's, then the d's. A product then multiplies 16 rows at once by x's
  * four bytes broadcast to every lane (one dpbusd per 64 weights of 16 rows, no permute), and scales 16 rows with
  * one conversion of 16 halves and one FMA per block: the decode step 1.26-1.32x its speed on the file's layout
  * (benchmarks/README.md, "The idle run on the Intel Xeon"). */
 #define REPACKED 0x100 /* a LINEAR_Q op's type | REPACKED: its weights are in the 16-row layout */
 #define GROUP 16
 
-/* out = w (d_out rows of d_in weights in blocks of `type`: Q8_0, Q4_0 or Q4_1; d_out a multiple of 16) in the
- * 16-row layout above. */
+/* out = w (d_out rows of d_in weights in blocks of `type`: Q8_0, Q4_0, Q4_1 or Q5_0; d_out a multiple of 16) in
+ * the 16-row layout above. */
 void attnlab_repack16(const uint8_t *w, uint8_t *out, int64_t d_out, int64_t d_in, int type) {
   int64_t bytes = BLOCK_BYTES[type], nb = d_in / QK, row_bytes = nb * bytes;
   int64_t head = type == BLOCK_Q4_1 ? 4 : 2, quant_bytes = bytes - head;
@@ -968,12 +970,46 @@ void attnlab_repack16(const uint8_t *w, uint8_t *out, int64_t d_out, int64_t d_i
     }
 }
 
-/* s[n] = the product of row n of a 16-row group (its nb blocks at g) with the rounded row r of x. A block's lane
- * sums start at `offset` times the sum of its 32 rounded x (r.sq): Q4_0's -8, Q8_0's -128 (weights taken as
- * q + 128), none for Q4_1. */
+/* The lane sums' start: `offset` times the sum of a block's 32 rounded x (r.sq): Q4_0's -8, Q5_0's -16, Q8_0's
+ * -128 (weights taken as q + 128), none for Q4_1. */
+static inline int32_t dot16_offset(int type) {
+  return type == BLOCK_Q4_0 ? -8 : type == BLOCK_Q5_0 ? -16 : type == BLOCK_Q8_0 ? -128 : 0;
+}
+
+/* dot16_q a lane at a time: the portable build's (for tests), and the AVX2 build's Q5_0 (which generation does
+ * not repack there: attnlab_repack16_fast) */
+static __attribute__((unused)) void dot16_lanes(int type, const uint8_t *g, q8_row r, int64_t nb, float *s) {
+  const int64_t bytes = BLOCK_BYTES[type], step = GROUP * bytes, quant = GROUP * (bytes - (type == BLOCK_Q4_1 ? 4 : 2));
+  const int32_t offset = dot16_offset(type);
+  const int q5 = type == BLOCK_Q5_0; /* chunk 0: the qh; the nibbles from chunk 1 */
+  float acc[GROUP] = {0}, m_acc[GROUP] = {0};
+  for (int64_t b = 0; b < nb; b++, g += step) {
+    const int8_t *x = r.q + b * QK;
+    for (int n = 0; n < GROUP; n++) {
+      int32_t sum = offset * r.sq[b];
+      uint32_t qh = 0;
+      if (q5) memcpy(&qh, g + 4 * n, 4);
+      for (int j = 0; j < (type == BLOCK_Q8_0 ? 8 : 4); j++)
+        for (int i = 0; i < 4; i++) {
+          uint8_t v = g[64 * (j + q5) + 4 * n + i];
+          if (type == BLOCK_Q8_0)
+            sum += (int32_t)(uint8_t)(v ^ 0x80) * x[4 * j + i];
+          else
+            sum += (int32_t)((v & 15) | ((qh >> (4 * j + i)) & 1) << 4) * x[4 * j + i] +
+                   (int32_t)((v >> 4) | ((qh >> (16 + 4 * j + i)) & 1) << 4) * x[16 + 4 * j + i];
+        }
+      acc[n] += (float)sum * (half_to_float(g + quant + 2 * n) * r.dx[b]);
+      if (type == BLOCK_Q4_1) m_acc[n] += half_to_float(g + quant + 32 + 2 * n) * r.sx[b];
+    }
+  }
+  for (int n = 0; n < GROUP; n++) s[n] = acc[n] + m_acc[n];
+}
+
+/* s[n] = the product of row n of a 16-row group (its nb blocks at g) with the rounded row r of x, a block's lane
+ * sums starting at dot16_offset(type) times r.sq. */
 static inline __attribute__((always_inline)) void dot16_q(int type, const uint8_t *g, q8_row r, int64_t nb, float *s) {
   const int64_t bytes = BLOCK_BYTES[type], step = GROUP * bytes, quant = GROUP * (bytes - (type == BLOCK_Q4_1 ? 4 : 2));
-  const int32_t offset = type == BLOCK_Q4_0 ? -8 : type == BLOCK_Q8_0 ? -128 : 0;
+  const int32_t offset = dot16_offset(type);
 #if AVX512 && defined(__AVX512VNNI__)
   const __m512i low4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
   __m512 acc = _mm512_setzero_ps(), m_acc = _mm512_setzero_ps();
@@ -984,6 +1020,28 @@ static inline __attribute__((always_inline)) void dot16_q(int type, const uint8_
       for (int j = 0; j < 8; j++)
         sum = _mm512_dpbusd_epi32(sum, _mm512_xor_si512(_mm512_loadu_si512((const void *)(g + 64 * j)), flip),
                                   _mm512_set1_epi32(xq[j]));
+    } else if (type == BLOCK_Q5_0) {
+      /* n + 16 x (fifth bit) in 0..31, the fifth bits of byte 4n + i of chunk j (row n's weights 4j + i and
+       * 16 + 4j + i) being bits 4j + i and 16 + 4j + i of row n's qh: vpshufb copies the qh byte that holds them
+       * (j / 2, and 2 + j / 2) to the lane's four bytes, a byte test against 1 << (4 (j % 2) + i) makes the mask
+       * of the 16s to add */
+      const __m512i qh = _mm512_loadu_si512((const void *)g), sixteen = _mm512_set1_epi8(16);
+      /* vpshufb indexes within 128-bit lanes, four rows each: row m's qh bytes are 4m .. 4m + 3 there */
+      const __m512i rows = _mm512_set_epi32(0x0C0C0C0C, 0x08080808, 0x04040404, 0, 0x0C0C0C0C, 0x08080808, 0x04040404, 0,
+                                            0x0C0C0C0C, 0x08080808, 0x04040404, 0, 0x0C0C0C0C, 0x08080808, 0x04040404, 0);
+      __m512i high = _mm512_setzero_si512();
+      for (int j = 0; j < 4; j++) {
+        const __m512i bits = _mm512_set1_epi32((int)(0x08040201u << (4 * (j % 2))));
+        const __m512i lo_bits = _mm512_shuffle_epi8(qh, _mm512_add_epi8(rows, _mm512_set1_epi8((char)(j / 2))));
+        const __m512i hi_bits = _mm512_shuffle_epi8(qh, _mm512_add_epi8(rows, _mm512_set1_epi8((char)(2 + j / 2))));
+        __m512i v = _mm512_loadu_si512((const void *)(g + 64 * (j + 1)));
+        __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(lo_bits, bits), lo, sixteen);
+        hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(hi_bits, bits), hi, sixteen);
+        sum = _mm512_dpbusd_epi32(sum, lo, _mm512_set1_epi32(xq[j]));
+        high = _mm512_dpbusd_epi32(high, hi, _mm512_set1_epi32(xq[4 + j]));
+      }
+      sum = _mm512_add_epi32(sum, high);
     } else {
       /* the high nibbles as they are (16 times their value, at most 4 x 240 x 127 per dpbusd): their sums apart,
        * divided by 16 (exactly: a multiple of 16) once per block, a shift fewer per 64 bytes */
@@ -1003,6 +1061,10 @@ static inline __attribute__((always_inline)) void dot16_q(int type, const uint8_
   }
   _mm512_storeu_ps(s, _mm512_add_ps(acc, m_acc));
 #elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+  if (type == BLOCK_Q5_0) {
+    dot16_lanes(type, g, r, nb, s);
+    return;
+  }
   /* 256 bits: rows 0-7 in the low half of each 64-byte chunk, 8-15 in the high half; u8 x s8 pairs into 16 bits
    * (maddubs), then pairs of those into 32 (madd). Q4: a pair is at most 2 x 15 x 127, so the eight of a block's
    * chunks and nibble halves add in 16 bits (at most 30,480) before one madd. Q8_0: |w| times x with w's sign
@@ -1039,34 +1101,22 @@ static inline __attribute__((always_inline)) void dot16_q(int type, const uint8_
     }
     _mm256_storeu_ps(s + 8 * h, _mm256_add_ps(acc, m_acc));
   }
-#else /* the same sums, a lane at a time (the portable build: for tests; generation repacks only where
-         attnlab_repack16_fast says so) */
-  float acc[GROUP] = {0}, m_acc[GROUP] = {0};
-  for (int64_t b = 0; b < nb; b++, g += step) {
-    const int8_t *x = r.q + b * QK;
-    for (int n = 0; n < GROUP; n++) {
-      int32_t sum = offset * r.sq[b];
-      for (int j = 0; j < (type == BLOCK_Q8_0 ? 8 : 4); j++)
-        for (int i = 0; i < 4; i++) {
-          uint8_t v = g[64 * j + 4 * n + i];
-          if (type == BLOCK_Q8_0)
-            sum += (int32_t)(uint8_t)(v ^ 0x80) * x[4 * j + i];
-          else
-            sum += (int32_t)(v & 15) * x[4 * j + i] + (int32_t)(v >> 4) * x[16 + 4 * j + i];
-        }
-      acc[n] += (float)sum * (half_to_float(g + quant + 2 * n) * r.dx[b]);
-      if (type == BLOCK_Q4_1) m_acc[n] += half_to_float(g + quant + 32 + 2 * n) * r.sx[b];
-    }
-  }
-  for (int n = 0; n < GROUP; n++) s[n] = acc[n] + m_acc[n];
+#else /* a lane at a time (the portable build: for tests; generation repacks only where attnlab_repack16_fast
+         says so) */
+  (void)bytes, (void)step, (void)quant, (void)offset;
+  dot16_lanes(type, g, r, nb, s);
 #endif
 }
 
-/* Whether this build's 16-row products are its fast ones (AVX-512 VNNI, AVX2): generation repacks only then. */
-int attnlab_repack16_fast(void) {
-#if (AVX512 && defined(__AVX512VNNI__)) || (defined(__AVX2__) && defined(__F16C__) && defined(__FMA__))
-  return 1;
+/* Whether this build's 16-row products of `type` are its fast ones (AVX-512 VNNI; AVX2 but for Q5_0): generation
+ * repacks only then. */
+int attnlab_repack16_fast(int type) {
+#if AVX512 && defined(__AVX512VNNI__)
+  return type == BLOCK_Q8_0 || type == BLOCK_Q4_0 || type == BLOCK_Q4_1 || type == BLOCK_Q5_0;
+#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+  return type == BLOCK_Q8_0 || type == BLOCK_Q4_0 || type == BLOCK_Q4_1;
 #else
+  (void)type;
   return 0;
 #endif
 }
@@ -1125,6 +1175,7 @@ static void linear_q(const float *x, const uint8_t *w, const float *b, float *y,
         switch (type) { /* one loop per type, its constants folded */
         case BLOCK_Q8_0: dot16_q(BLOCK_Q8_0, w + o * row_bytes, q, nb, sums); break;
         case BLOCK_Q4_0: dot16_q(BLOCK_Q4_0, w + o * row_bytes, q, nb, sums); break;
+        case BLOCK_Q5_0: dot16_q(BLOCK_Q5_0, w + o * row_bytes, q, nb, sums); break;
         default: dot16_q(BLOCK_Q4_1, w + o * row_bytes, q, nb, sums); break;
         }
       else if (type >= BLOCK_Q5_0) /* Q5_0 and the K-quants */
