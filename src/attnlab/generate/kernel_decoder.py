@@ -35,8 +35,9 @@ from .fast_layers import Int8Linear, few_rows
 from .kernels import independent
 from .kv_cache import KVCache
 
-# Q8_0 / Q4_0 / Q4_1 products stream their blocks in the 16-row layout (kernels.repack16) where
-# this build's products are fastest in it; False: always the file's layout (A/B, tests)
+# Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q4_K products stream their blocks in the 16-row layout
+# (kernels.repack16) where this build's products are fastest in it; False: always the file's layout
+# (A/B, tests)
 REPACK = True
 
 
@@ -49,10 +50,11 @@ def stored_weight(linear, fill: bool = True) -> torch.Tensor:
 
 
 def repacked(linear) -> bool:
-    """Whether a step multiplies by `linear` (a BlockLinear) in the 16-row layout: Q8_0, Q4_0
-    and Q4_1 with d_out a multiple of 16, on a build whose products are fastest so (AVX-512 VNNI
-    and AVX2: 1.06-1.33x the step on the file's layout, benchmarks/README.md, "The idle run on the
-    Intel Xeon")."""
+    """Whether a step multiplies by `linear` (a BlockLinear) in the 16-row layout: Q8_0, Q4_0,
+    Q4_1, Q5_0 and Q4_K with d_out a multiple of 16, on a build whose products of that kind are
+    fastest so (kernels.repack16_fast: AVX-512 VNNI and AVX2, 1.06-1.33x the step on the file's
+    layout, benchmarks/README.md, "The idle run on the Intel Xeon"; Q5_0 and Q4_K with AVX-512
+    VNNI only, Q4_K's in "Q4_K in the 16-row layout")."""
     kind = BLOCK_TYPES[linear.kind].kernel
     return (
         REPACK

@@ -746,7 +746,7 @@ def block_linear_call(
 
 # the block kinds with a 16-row decode layout (decode.c, attnlab_repack16), and the flag that marks
 # a LINEAR_Q op's weights as in it
-REPACKABLE = (BlockKind.Q8_0, BlockKind.Q4_0, BlockKind.Q4_1, BlockKind.Q5_0)
+REPACKABLE = (BlockKind.Q8_0, BlockKind.Q4_0, BlockKind.Q4_1, BlockKind.Q5_0, BlockKind.Q4_K)
 REPACKED = 0x100
 
 
@@ -769,8 +769,8 @@ def repack16(
 
 def repack16_fast(kind: BlockKind) -> bool:
     """Whether this build's 16-row products of `kind` are its fastest decode products (AVX-512
-    VNNI; AVX2 with FMA and F16C but for Q5_0): generation repacks only then (the other builds
-    compute them a lane at a time, for tests)."""
+    VNNI; AVX2 with FMA and F16C but for Q5_0 and Q4_K): generation repacks only then (the other
+    builds compute them a lane at a time, for tests)."""
     return bool(library().attnlab_repack16_fast(int(kind)))
 
 

@@ -952,10 +952,20 @@ static q_share share_of(const uint8_t *w, int64_t d_out, int64_t row_bytes, int6
 #define REPACKED 0x100 /* a LINEAR_Q op's type | REPACKED: its weights are in the 16-row layout */
 #define GROUP 16
 
-/* out = w (d_out rows of d_in weights in blocks of `type`: Q8_0, Q4_0, Q4_1 or Q5_0; d_out a multiple of 16) in
- * the 16-row layout above. */
+/* Q4_K's super-blocks of 16 rows the same way, 16 x 144 = 2304 bytes per super-block of the group:
+ *   its 128 quant bytes in 32 chunks of 64 bytes j, bytes 4n .. 4n + 3 of chunk j being row n's quant bytes
+ *     4j .. 4j + 3 (chunks 8i .. 8i + 7: sub-block 2i in the low nibbles, 2i + 1 in the high ones);
+ *   the 16 rows' d, then their 16 dmin (IEEE halves);
+ *   the 12 bytes of scales and mins as three 64-byte vectors k, bytes 4n .. 4n + 3 of vector k being row n's
+ *     bytes 4k .. 4k + 3: scales_mins_k's dwords a0, a1, a2, one row a lane, so that the masks and shifts that
+ *     unpack one row's eight scales and mins there unpack sixteen rows' here (dot16_q_k). */
+#define Q4_K_QUANTS (GROUP * 128)
+#define Q4_K_SCALES (Q4_K_QUANTS + 2 * 2 * GROUP) /* after the quants, the d's and the dmin's */
+
+/* out = w (d_out rows of d_in weights in blocks of `type`: Q8_0, Q4_0, Q4_1, Q5_0 or Q4_K; d_out a multiple
+ * of 16) in the 16-row layouts above. */
 void attnlab_repack16(const uint8_t *w, uint8_t *out, int64_t d_out, int64_t d_in, int type) {
-  int64_t bytes = BLOCK_BYTES[type], nb = d_in / QK, row_bytes = nb * bytes;
+  int64_t bytes = BLOCK_BYTES[type], nb = d_in / BLOCK_WEIGHTS[type], row_bytes = nb * bytes;
   int64_t head = type == BLOCK_Q4_1 ? 4 : 2, quant_bytes = bytes - head;
 #pragma omp parallel for schedule(static) if (d_out * d_in > 65536)
   for (int64_t g = 0; g < d_out / GROUP; g++)
@@ -963,6 +973,13 @@ void attnlab_repack16(const uint8_t *w, uint8_t *out, int64_t d_out, int64_t d_i
       uint8_t *o = out + (g * nb + b) * GROUP * bytes;
       for (int64_t n = 0; n < GROUP; n++) {
         const uint8_t *src = w + (g * GROUP + n) * row_bytes + b * bytes;
+        if (type == BLOCK_Q4_K) {
+          for (int64_t j = 0; j < 32; j++) memcpy(o + j * 64 + 4 * n, src + 16 + 4 * j, 4);
+          memcpy(o + Q4_K_QUANTS + 2 * n, src, 2);                /* d */
+          memcpy(o + Q4_K_QUANTS + 2 * GROUP + 2 * n, src + 2, 2); /* dmin */
+          for (int64_t k = 0; k < 3; k++) memcpy(o + Q4_K_SCALES + 64 * k + 4 * n, src + 4 + 4 * k, 4);
+          continue;
+        }
         for (int64_t j = 0; j < quant_bytes / 4; j++) memcpy(o + j * 64 + 4 * n, src + head + 4 * j, 4);
         memcpy(o + GROUP * quant_bytes + 2 * n, src, 2);                        /* d */
         if (type == BLOCK_Q4_1) memcpy(o + GROUP * quant_bytes + 32 + 2 * n, src + 2, 2); /* m */
@@ -1108,11 +1125,78 @@ static inline __attribute__((always_inline)) void dot16_q(int type, const uint8_
 #endif
 }
 
-/* Whether this build's 16-row products of `type` are its fast ones (AVX-512 VNNI; AVX2 but for Q5_0): generation
- * repacks only then. */
+/* s[n] = the product of row n of a 16-row group of Q4_K rows (its nb / 8 super-blocks at g, the layout above)
+ * with the rounded row r. Per sub-block pair i: eight dpbusd of the low nibbles against x's broadcast bytes of
+ * sub-block 2i, eight of the high ones as they are (16 times their value, at most 8 x 4 x 240 x 127) against
+ * 2i + 1's; per sub-block one conversion and one FMA by sc_n dx (dx / 16 for the high nibbles: exact, a power of
+ * two, so the products are those of the shifted nibbles bit for bit) and one FMA of the mins m_n sx; d and dmin
+ * once per super-block. dot4_q_k's sums in another order (d (sum sc dx S) rather than sum (d sc dx) S). */
+static inline __attribute__((always_inline)) void dot16_q_k(const uint8_t *g, q8_row r, int64_t nb, float *s) {
+  const int64_t step = GROUP * BLOCK_BYTES[BLOCK_Q4_K];
+#if AVX512 && defined(__AVX512VNNI__)
+  const __m512i low4 = _mm512_set1_epi8(0x0F), low6 = _mm512_set1_epi8(0x3F), bits45 = _mm512_set1_epi8(0x30);
+  const __m512i byte = _mm512_set1_epi32(0xFF);
+  __m512 acc = _mm512_setzero_ps(), m_acc = _mm512_setzero_ps();
+  for (int64_t b0 = 0; b0 < nb; b0 += 8, g += step) {
+    const int32_t *xq = (const int32_t *)(r.q + b0 * QK); /* x's weights 4i .. 4i + 3 as one 32-bit value */
+    /* scales_mins_k, one row a lane: scales 0-3 and 4-7, mins 0-3 and 4-7, a byte each */
+    __m512i a0 = _mm512_loadu_si512((const void *)(g + Q4_K_SCALES)), a1 = _mm512_loadu_si512((const void *)(g + Q4_K_SCALES + 64));
+    __m512i a2 = _mm512_loadu_si512((const void *)(g + Q4_K_SCALES + 128));
+    __m512i sc[2] = {_mm512_and_si512(a0, low6), _mm512_or_si512(_mm512_and_si512(a2, low4),
+                                                                 _mm512_and_si512(_mm512_srli_epi32(a0, 2), bits45))};
+    __m512i mn[2] = {_mm512_and_si512(a1, low6), _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(a2, 4), low4),
+                                                                 _mm512_and_si512(_mm512_srli_epi32(a1, 2), bits45))};
+    __m512 sb = _mm512_setzero_ps(), mb = _mm512_setzero_ps(); /* this super-block's sums before d and dmin */
+    for (int i = 0; i < 4; i++) {
+      __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+      for (int j = 0; j < 8; j++) {
+        __m512i v = _mm512_loadu_si512((const void *)(g + 64 * (8 * i + j)));
+        lo = _mm512_dpbusd_epi32(lo, _mm512_and_si512(v, low4), _mm512_set1_epi32(xq[16 * i + j]));
+        hi = _mm512_dpbusd_epi32(hi, _mm512_andnot_si512(low4, v), _mm512_set1_epi32(xq[16 * i + 8 + j]));
+      }
+      for (int h = 0; h < 2; h++) { /* sub-block 2i + h: byte (2i + h) % 4 of sc[i / 2], mn[i / 2] */
+        const int sub = 2 * i + h, shift = 8 * (sub % 4);
+        __m512 scale = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(sc[i / 2], shift), byte));
+        __m512 min = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(mn[i / 2], shift), byte));
+        sb = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h ? hi : lo),
+                             _mm512_mul_ps(scale, _mm512_set1_ps(r.dx[b0 + sub] * (h ? 0.0625f : 1.0f))), sb);
+        mb = _mm512_fmadd_ps(min, _mm512_set1_ps(r.sx[b0 + sub]), mb);
+      }
+    }
+    acc = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g + Q4_K_QUANTS))), sb, acc);
+    m_acc = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g + Q4_K_QUANTS + 32))), mb, m_acc);
+  }
+  _mm512_storeu_ps(s, _mm512_sub_ps(acc, m_acc));
+#else /* the same sums, a lane at a time (every other build: for tests; generation repacks Q4_K only where
+         attnlab_repack16_fast says so) */
+  float acc[GROUP] = {0}, m_acc[GROUP] = {0};
+  for (int64_t b0 = 0; b0 < nb; b0 += 8, g += step)
+    for (int n = 0; n < GROUP; n++) {
+      uint8_t scales[12]; /* row n's 12 bytes, back in the file's order */
+      for (int k = 0; k < 3; k++) memcpy(scales + 4 * k, g + Q4_K_SCALES + 64 * k + 4 * n, 4);
+      float sb = 0.0f, mb = 0.0f;
+      for (int sub = 0; sub < 8; sub++) {
+        const int8_t *x = r.q + (b0 + sub) * QK;
+        int32_t sum = 0;
+        for (int j = 0; j < QK; j++) /* weight j of sub-block sub: chunk 8 (sub / 2) + j / 4, byte j % 4 of lane n */
+          sum += (int32_t)((g[64 * (8 * (sub / 2) + j / 4) + 4 * n + j % 4] >> (4 * (sub & 1))) & 15) * x[j];
+        int sc, m;
+        scale_min_k(scales, sub, &sc, &m);
+        sb += (float)sum * ((float)sc * r.dx[b0 + sub]);
+        mb += (float)m * r.sx[b0 + sub];
+      }
+      acc[n] += half_to_float(g + Q4_K_QUANTS + 2 * n) * sb;
+      m_acc[n] += half_to_float(g + Q4_K_QUANTS + 2 * GROUP + 2 * n) * mb;
+    }
+  for (int n = 0; n < GROUP; n++) s[n] = acc[n] - m_acc[n];
+#endif
+}
+
+/* Whether this build's 16-row products of `type` are its fast ones (AVX-512 VNNI; AVX2 but for Q5_0 and Q4_K,
+ * whose AVX2 products keep the file's layout: dot4_q5_0, dot4_q_k): generation repacks only then. */
 int attnlab_repack16_fast(int type) {
 #if AVX512 && defined(__AVX512VNNI__)
-  return type == BLOCK_Q8_0 || type == BLOCK_Q4_0 || type == BLOCK_Q4_1 || type == BLOCK_Q5_0;
+  return type == BLOCK_Q8_0 || type == BLOCK_Q4_0 || type == BLOCK_Q4_1 || type == BLOCK_Q5_0 || type == BLOCK_Q4_K;
 #elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
   return type == BLOCK_Q8_0 || type == BLOCK_Q4_0 || type == BLOCK_Q4_1;
 #else
@@ -1136,7 +1220,7 @@ int attnlab_repack16_fast(int type) {
  * `rounded`: the scratch of the product just before this one, which read the same x (q, k and v; the MLP's two
  * input products): each thread's rounding of x is already there, in its own part, and is read instead of made
  * again (NULL: round x here). `type | REPACKED`: the weights are in the 16-row layout (attnlab_repack16), a
- * thread's share whole groups of 16 rows, each multiplied at once (dot16_q). */
+ * thread's share whole groups of 16 rows, each multiplied at once (dot16_q, Q4_K's dot16_q_k). */
 static void linear_q(const float *x, const uint8_t *w, const float *b, float *y, int8_t *scratch, int64_t rows,
                      int64_t d_in, int64_t d_out, int type, int accumulate, const uint8_t *next, int64_t next_bytes,
                      int prologue, int8_t *rounded) {
@@ -1176,6 +1260,7 @@ static void linear_q(const float *x, const uint8_t *w, const float *b, float *y,
         case BLOCK_Q8_0: dot16_q(BLOCK_Q8_0, w + o * row_bytes, q, nb, sums); break;
         case BLOCK_Q4_0: dot16_q(BLOCK_Q4_0, w + o * row_bytes, q, nb, sums); break;
         case BLOCK_Q5_0: dot16_q(BLOCK_Q5_0, w + o * row_bytes, q, nb, sums); break;
+        case BLOCK_Q4_K: dot16_q_k(w + o * row_bytes, q, nb, sums); break;
         default: dot16_q(BLOCK_Q4_1, w + o * row_bytes, q, nb, sums); break;
         }
       else if (type >= BLOCK_Q5_0) /* Q5_0 and the K-quants */
