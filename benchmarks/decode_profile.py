@@ -20,11 +20,12 @@ Design choices:
 - The bound: bytes the part streams / the read bandwidth (kernels.read_bandwidth, measured at the
   start and the end).
 - `--against FILE`: another decode.c (say main's, `git show main:src/attnlab/generate/kernels/
-  decode.c > main.c`), built with this process's flags: this source's whole step against that
-  one's (same model, same weights in memory), A/B in one process, in rounds of their own after
-  the parts', each on a decoder of its own, taking turns at going first. (As one more part of the
-  parts' rounds, where the parts' decoder has its KV cache and activations warm in the caches,
-  the same decode.c read 0.89-1.30x itself: one thread, 2026-12-02, Intel.)
+  decode.c > main.c`), built with this process's flags: this source's whole step, and its
+  products with weights in cache, against that one's (same model, same weights in memory), A/B in
+  one process, in rounds of their own after the parts', each on a decoder of its own, taking
+  turns at going first. (As one more part of the parts' rounds, where the parts' decoder has its
+  KV cache and activations warm in the caches, the same decode.c read 0.89-1.30x itself: one
+  thread, 2026-12-02, Intel.)
 """
 
 from __future__ import annotations
@@ -138,13 +139,13 @@ def timed_rounds(programs: dict, args, threads: int) -> dict[str, list[float]]:
     return times
 
 
-def step_of(model, library=None) -> kernels.Program:
-    """The whole step of a decoder of its own (warm_decoder), built with `library`'s kernels
-    (None: this process's)."""
+def steps_of(model, threads: int, library=None) -> dict[str, tuple[kernels.Program, int]]:
+    """The whole step and its products with weights in cache (`parts`) of a decoder of its own
+    (warm_decoder), built with `library`'s kernels (None: this process's)."""
     library = library or kernels.library()
     with mock.patch.object(kernels, "library", lambda: library):
-        (step,) = [p for p in warm_decoder(model).run if isinstance(p, kernels.Program)]
-    return step
+        chosen = parts(warm_decoder(model), threads)
+    return {key: chosen[key] for key in ("whole step", "products, weights in cache")}
 
 
 def profile(name: str, file: Path, threads: int, args, read: float) -> list:
@@ -169,14 +170,19 @@ def profile(name: str, file: Path, threads: int, args, read: float) -> list:
             f"{1e3 * nbytes / read:.3f} |"
         )
     if args.against:
-        pair = {"this": (step_of(model), 0), "other": (step_of(model, args.against_library), 0)}
+        this, other = steps_of(model, threads), steps_of(model, threads, args.against_library)
+        pair = {
+            (who, key): p for who, ps in (("this", this), ("other", other)) for key, p in ps.items()
+        }
         ab = timed_rounds(pair, args, threads)
-        ratio = statistics.median(b / a for a, b in zip(ab["this"], ab["other"]))
-        lines.append(
-            f"\nthis decode.c's whole step {1e3 * statistics.median(ab['this']):.3f} ms, "
-            f"{args.against.name}'s {1e3 * statistics.median(ab['other']):.3f} ms: "
-            f"**{ratio:.3f}x** as fast (median of {rounds} rounds' ratios, a decoder each)"
-        )
+        for key in this:
+            a, b = ab[("this", key)], ab[("other", key)]
+            lines.append(
+                f"\nthis decode.c's {key} {1e3 * statistics.median(a):.3f} ms, "
+                f"{args.against.name}'s {1e3 * statistics.median(b):.3f} ms: "
+                f"**{statistics.median(y / x for x, y in zip(a, b)):.3f}x** as fast (median of "
+                f"{rounds} rounds' ratios, a decoder each)"
+            )
     return lines
 
 
