@@ -935,10 +935,10 @@ static q_share share_of(const uint8_t *w, int64_t d_out, int64_t row_bytes, int6
   return s;
 }
 
-/* Sixteen rows interleaved: the decode layout of Q4_0, Q4_1 and Q8_0 (Q4_K's below; after llama.cpp's repacked
- * AMX/VNNI layout, ggml-cpu/amx/mmq.cpp, where one 512-bit lane holds one output row). The same blocks, bit for bit, rearranged
- * for the decode step's products: rows come in groups of 16 (d_out a multiple of 16); a group's blocks follow
- * each other, and block b of the group holds, in order,
+/* Sixteen rows interleaved: the decode layout of Q4_0, Q4_1, Q8_0 and Q5_0 (Q4_K's below; after llama.cpp's
+ * repacked AMX/VNNI layout, ggml-cpu/amx/mmq.cpp, where one 512-bit lane holds one output row). The same blocks,
+ * bit for bit, rearranged for the decode step's products: rows come in groups of 16 (d_out a multiple of 16); a
+ * group's blocks follow each other, and block b of the group holds, in order,
  *   its quants in 64-byte chunks j (4 for Q4_0 / Q4_1, 8 for Q8_0), bytes 4n .. 4n + 3 of chunk j being row n's
  *     quant bytes 4j .. 4j + 3 (Q4: the low nibbles weights 4j .. 4j + 3, the high ones 16 + 4j ..; Q8_0: weights
  *     4j .. 4j + 3);
