@@ -1,8 +1,8 @@
 """Two choices of the block decode path, each against its alternative in the same process: the
-16-row layout of Q8_0 / Q4_0 / Q4_1 (kernel_decoder.REPACK) against the file's own layout, and
-greedy generation's loop in C (KernelDecoder.generate_greedy) against generate's Python loop
-around the same step (forced by an on_token callback). tg128 as llama-bench defines it: 128
-greedy tokens from one token and an empty cache.
+16-row layout (kernel_decoder.REPACK: Q8_0, Q4_0, Q4_1; Q5_0 and Q4_K with AVX-512 VNNI)
+against the file's own layout, and greedy generation's loop in C (KernelDecoder.generate_greedy)
+against generate's Python loop around the same step (forced by an on_token callback). tg128 as
+llama-bench defines it: 128 greedy tokens from one token and an empty cache.
 
     .venv/bin/python benchmarks/decode_ab.py                          # SmolLM2's shipped Q4_1
     .venv/bin/python benchmarks/decode_ab.py --files q4_0=FILE q8_0=FILE --builds avx512 avx2
