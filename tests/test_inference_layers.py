@@ -413,32 +413,43 @@ def test_run_with_cache_takes_the_attention_steps_in_every_block(seed, name, mon
 ATTENTION_STEPS = ("attend_scores", "softmax_rows", "attend_mix")
 
 
+def edit_in_place(scores, hook):
+    scores[:, :, :, 0] += 3.0  # every query sees key 0
+
+
+def unmask_the_future(scores, hook):
+    return torch.where(torch.isneginf(scores), 0.0, scores)  # the queries see every key
+
+
+def uniform(pattern, hook):
+    return torch.full_like(pattern, 1 / pattern.shape[-1])
+
+
+EDITING_HOOKS = [
+    ("blocks.0.attn.hook_attn_scores", edit_in_place),
+    ("blocks.1.attn.hook_attn_scores", unmask_the_future),
+    ("blocks.0.attn.hook_pattern", uniform),
+]
+
+
+def edited_both_ways(hooks, run: str, monkeypatch):
+    """SmolLM2-shaped model's logits without hooks, then `run` ("run_with_hooks" or
+    "run_with_cache") with each hook alone, on the swapped layers and on the module path."""
+    model = build("llama-gqa")
+    ids = torch.randint(0, BASE["d_vocab"], (2, 64))
+    with torch.no_grad():
+        plain = model(ids)
+        edited = [getattr(model, run)(ids, fwd_hooks=[hook]) for hook in hooks]
+        module_path(monkeypatch)
+        reference = [getattr(model, run)(ids, fwd_hooks=[hook]) for hook in hooks]
+    return plain, edited, reference
+
+
 def test_hooks_that_edit_scores_and_patterns_change_both_paths_alike(seed, monkeypatch):
     """A hook that edits the scores in place, one that replaces them and one that replaces the
     pattern: each flows on through the steps after it, in C as in the module path."""
-    model = build("llama-gqa")
-    ids = torch.randint(0, BASE["d_vocab"], (2, 64))
-
-    def edit_in_place(scores, hook):
-        scores[:, :, :, 0] += 3.0  # every query sees key 0
-
-    def unmask_the_future(scores, hook):
-        return torch.where(torch.isneginf(scores), 0.0, scores)  # the queries see every key
-
-    def uniform(pattern, hook):
-        return torch.full_like(pattern, 1 / pattern.shape[-1])
-
-    hooks = [
-        ("blocks.0.attn.hook_attn_scores", edit_in_place),
-        ("blocks.1.attn.hook_attn_scores", unmask_the_future),
-        ("blocks.0.attn.hook_pattern", uniform),
-    ]
-    with torch.no_grad():
-        plain = model(ids)
-        edited = [model.run_with_hooks(ids, fwd_hooks=[hook]) for hook in hooks]
-        module_path(monkeypatch)
-        reference = [model.run_with_hooks(ids, fwd_hooks=[hook]) for hook in hooks]
-    for fast, slow, (where, _) in zip(edited, reference, hooks, strict=True):
+    plain, edited, reference = edited_both_ways(EDITING_HOOKS, "run_with_hooks", monkeypatch)
+    for fast, slow, (where, _) in zip(edited, reference, EDITING_HOOKS, strict=True):
         close(fast, slow, where)
         assert (fast - plain).abs().max() > 1e-3, where
 
@@ -478,37 +489,17 @@ def test_where_torch_multiplies_hooks_that_edit_scores_and_patterns_flow_on(seed
     left with no visible key (its pattern is zeros, as the module path makes it) and a pattern
     replaced; each equals the module path's logits bit for bit and changes them."""
     torchs_products(monkeypatch)
-    model = build("llama-gqa")
-    ids = torch.randint(0, BASE["d_vocab"], (2, 64))
-
-    def edit_in_place(scores, hook):
-        scores[:, :, :, 0] += 3.0
-
-    def unmask_the_future(scores, hook):
-        return torch.where(torch.isneginf(scores), 0.0, scores)
 
     def hide_every_key_of_query_5(scores, hook):
         scores[:, :, 5, :] = float("-inf")
 
-    def uniform(pattern, hook):
-        return torch.full_like(pattern, 1 / pattern.shape[-1])
-
-    hooks = [
-        ("blocks.0.attn.hook_attn_scores", edit_in_place),
-        ("blocks.1.attn.hook_attn_scores", unmask_the_future),
-        ("blocks.0.attn.hook_attn_scores", hide_every_key_of_query_5),
-        ("blocks.0.attn.hook_pattern", uniform),
-    ]
-    with torch.no_grad():
-        plain = model(ids)
-        edited = [model.run_with_cache(ids, fwd_hooks=[hook]) for hook in hooks]
-        module_path(monkeypatch)
-        reference = [model.run_with_cache(ids, fwd_hooks=[hook]) for hook in hooks]
+    hooks = [*EDITING_HOOKS, ("blocks.0.attn.hook_attn_scores", hide_every_key_of_query_5)]
+    plain, edited, reference = edited_both_ways(hooks, "run_with_cache", monkeypatch)
     for (fast, cache), (slow, slow_cache), (where, _) in zip(edited, reference, hooks, strict=True):
         assert torch.equal(fast, slow), where
         assert torch.equal(
             cache["blocks.0.attn.hook_pattern"], slow_cache["blocks.0.attn.hook_pattern"]
         )
         assert (fast - plain).abs().max() > 1e-3, where
-    hidden = edited[2][1]["blocks.0.attn.hook_pattern"][:, :, 5]
+    hidden = edited[-1][1]["blocks.0.attn.hook_pattern"][:, :, 5]
     assert torch.equal(hidden, torch.zeros_like(hidden))
