@@ -370,6 +370,15 @@ def test_norm_and_activation_kernels_equal_the_modules(seed):
         y = x.clone()
         kernels.activate_call(y, kind)()
         torch.testing.assert_close(y, _ACTIVATIONS[name](x), **F32)
+    # GELU's tanh form through the vectorised exp_ (as a sigmoid), over float's whole range, against
+    # the float64 function (where 1 + tanh u cancels, the more precise of the two float forms; where
+    # float64 rounds it to 0, a value under 1e-15)
+    v = torch.cat([torch.randn(60) * 3, torch.linspace(-100, 100, 2001)])
+    v = torch.cat([v, torch.tensor([-1e30, -1e38, 1e30, 1e38, float("nan")])])
+    y = v.clone()
+    kernels.activate_call(y, kernels.ACTIVATIONS["gelu_tanh"])()
+    expected = F.gelu(v.double(), approximate="tanh").float()
+    torch.testing.assert_close(y, expected, rtol=2e-6, atol=1e-12, equal_nan=True)
     # SiLU's exp over float's whole range: the vectorised exp_ holds its input to [-87.3, 88.3]
     gate = torch.cat(
         [torch.randn(60), torch.linspace(-100, 100, 2001), torch.tensor([-1e30, -1e38, 1e30, 1e38])]

@@ -2277,14 +2277,24 @@ typedef enum {
   ACTIVATION_RELU2, /* ReLU² (modded-nanogpt's, the speedrun recipe's and the demo's) */
 } attnlab_activation;
 
-/* The MLP's nonlinearity `kind` (an attnlab_activation), in place on n values. */
+/* The MLP's nonlinearity `kind` (an attnlab_activation), in place on n values. GELU's tanh form as
+ * 0.5 v (1 + tanh u) = v / (1 + e^(-2u)), u = sqrt(2 / pi) (v + 0.044715 v^3): the same function through one
+ * vectorised exp_ (libm's tanhf, a call per value, was 0.36 ms of Gemma 3 270M's 11 ms decode step; the
+ * sigmoid form also keeps its relative precision where 1 + tanh u cancels); below u = -44, e^(-2u) is past
+ * float's range (exp_ holds it there): -0. */
 void attnlab_activate(float *x, int64_t n, int kind) {
+  if (kind == ACTIVATION_GELU_TANH) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+      float v = x[i], u = 0.79788456080286536f * (v + 0.044715f * v * v * v);
+      x[i] = u < -44.0f ? -0.0f : v / (1.0f + exp_(-2.0f * u));
+    }
+    return;
+  }
   for (int64_t i = 0; i < n; i++) {
     float v = x[i];
     if (kind == ACTIVATION_GELU)
       x[i] = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
-    else if (kind == ACTIVATION_GELU_TANH)
-      x[i] = 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
     else if (kind == ACTIVATION_RELU)
       x[i] = v > 0 ? v : 0.0f;
     else
