@@ -379,6 +379,24 @@ def test_norm_and_activation_kernels_equal_the_modules(seed):
     kernels.activate_call(y, kernels.ACTIVATIONS["gelu_tanh"])()
     expected = F.gelu(v.double(), approximate="tanh").float()
     torch.testing.assert_close(y, expected, rtol=2e-6, atol=1e-12, equal_nan=True)
+
+
+def test_the_logit_softcap_kernel_equals_cap_tanh_over_floats_whole_range(seed):
+    """x = cap tanh(x / cap) through the vectorised exp_ (and a series near 0, where the exp form
+    cancels) against the float64 function: large, small, tiny, infinite and NaN logits."""
+    for cap in (30.0, 3.0):
+        x = torch.cat(
+            [
+                torch.randn(100) * cap,
+                torch.linspace(-10 * cap, 10 * cap, 6001),
+                torch.logspace(-30, 1, 200) * cap * torch.tensor([-1.0, 1.0]).repeat(100),
+                torch.tensor([-1e38, 1e38, float("inf"), float("-inf"), float("nan"), 0.0]),
+            ]
+        )
+        y = x.clone()
+        kernels.softcap_call(y, cap)()
+        expected = (cap * torch.tanh(x.double() / cap)).float()
+        torch.testing.assert_close(y, expected, rtol=2e-6, atol=1e-30, equal_nan=True)
     # SiLU's exp over float's whole range: the vectorised exp_ holds its input to [-87.3, 88.3]
     gate = torch.cat(
         [torch.randn(60), torch.linspace(-100, 100, 2001), torch.tensor([-1e30, -1e38, 1e30, 1e38])]
