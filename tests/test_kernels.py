@@ -379,6 +379,12 @@ def test_norm_and_activation_kernels_equal_the_modules(seed):
     kernels.activate_call(y, kernels.ACTIVATIONS["gelu_tanh"])()
     expected = F.gelu(v.double(), approximate="tanh").float()
     torch.testing.assert_close(y, expected, rtol=2e-6, atol=1e-12, equal_nan=True)
+    # exact GELU through erfc and exp_, the same way (e^(-z^2) carries z^2's rounding: under 1e-5 of
+    # values under 1e-6 there)
+    y = v.clone()
+    kernels.activate_call(y, kernels.ACTIVATIONS["gelu"])()
+    expected = F.gelu(v.double()).float()
+    torch.testing.assert_close(y, expected, rtol=2e-6, atol=1e-11, equal_nan=True)
 
 
 def test_the_logit_softcap_kernel_equals_cap_tanh_over_floats_whole_range(seed):
