@@ -41,11 +41,11 @@ Design choices:
   (as the decode step's weights are), far larger than the caches, best of 7 passes; beside it the
   same on one thread, torch.sum's rate (median of 7) and a copy loop (read + write bytes counted).
   "% of read" is the bytes a decode step streams (the matrices as stored) times tokens/s over the
-  read bandwidth on the benchmark's threads. A last-level cache as large as a model (the Intel
-  Xeon of 2026-12-02 reports 480 MiB of L3, more than every file here but the F32 ones) can hold
-  its weights from one step to the next, so beside it "% of its size": the same probe over as many
-  bytes as the step streams, passes repeated over one buffer (the fastest that many bytes can be
-  read over and over on this machine, caches included).
+  read bandwidth on the benchmark's threads. A last-level cache as large as a model can hold its
+  weights from one step to the next (the Intel Xeon of 2026-12-02 reports 480 MiB of L3, of which
+  its virtual machine got 64-128 MiB, measured, moving within the hour), so beside it "% of its
+  size": the same probe over as many bytes as the step streams, passes repeated over one buffer
+  (the fastest that many bytes can be read over and over on this machine, caches included).
 - Quality: perplexity of --text (default: 24,000 characters of attnlab's built-in corpus) in
   chunks of 512 tokens, every position scored, through the decode step one token at a time
   (`step_logits`: with blocks, 8-bit activations) and through generation's prompt products (each

@@ -351,8 +351,9 @@ class KernelDecoder:
         x2, out2 = x.view(B, -1), out.view(B, -1)  # [batch, d_in], [batch, d_out]
         if isinstance(linear, BlockLinear):  # always the blocks themselves, no float copy
             kind, layout = BLOCK_TYPES[linear.kind].kernel, repacked(linear)
+            blocks = repacked_blocks(linear) if layout else linear.blocks
             return kernels.block_linear_call(
-                x2, stored_weight(linear), kind, linear.bias, out2, accumulate, layout
+                x2, blocks, kind, linear.bias, out2, accumulate, layout
             )
         w = linear.weight
         # as KernelLinear.forward chooses (int8: always, no float copy)

@@ -388,6 +388,20 @@ static inline __m128i first4_of4(const uint8_t *const w[4], int64_t offset) {
                             _mm_unpacklo_epi32(_mm_cvtsi32_si128(h[2]), _mm_cvtsi32_si128(h[3])));
 }
 
+/* The four float16 at the start of block b of rows w[0..3] (their d; the second is Q4_1's m, Q4_K's dmin, or the
+ * first half of Q5_0's high bits, never read), as eight floats: row k's d in lane 2k */
+static inline __m256 heads4(const uint8_t *const w[4], int64_t offset) {
+#if defined(__F16C__)
+  return _mm256_cvtph_ps(first4_of4(w, offset));
+#else
+  uint8_t head[16];
+  for (int k = 0; k < 4; k++) memcpy(head + 4 * k, w[k] + offset, 4);
+  float halves[8];
+  for (int i = 0; i < 8; i++) halves[i] = half_to_float(head + 2 * i);
+  return _mm256_loadu_ps(halves);
+#endif
+}
+
 /* the sums of a, b, c and d's eight lanes, in that order */
 static inline __m128 sum4_256(__m256 a, __m256 b, __m256 c, __m256 d) {
   __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
@@ -513,16 +527,7 @@ static inline __attribute__((always_inline)) void dot4_q(int type, const uint8_t
   const __m256i lane[4] = {_mm256_set1_epi32(0), _mm256_set1_epi32(2), _mm256_set1_epi32(4), _mm256_set1_epi32(6)};
   for (int64_t b = 0; b < nb; b++) {
     __m256i xq = _mm256_loadu_si256((const __m256i *)(r.q + b * QK));
-#if defined(__F16C__)
-    __m256 dm = _mm256_cvtph_ps(first4_of4(w, b * bytes));
-#else
-    uint8_t head[16];
-    for (int k = 0; k < 4; k++) memcpy(head + 4 * k, w[k] + b * bytes, 4);
-    float halves[8];
-    for (int i = 0; i < 8; i++) halves[i] = half_to_float(head + 2 * i);
-    __m256 dm = _mm256_loadu_ps(halves);
-#endif
-    __m256 scale = _mm256_mul_ps(dm, _mm256_set1_ps(r.dx[b])); /* d_k dx in lane 2k */
+    __m256 dm = heads4(w, b * bytes), scale = _mm256_mul_ps(dm, _mm256_set1_ps(r.dx[b])); /* d_k dx in lane 2k */
     __m256i isum[4];
     if (type == BLOCK_Q8_0) {
       for (int k = 0; k < 4; k++) {
@@ -660,20 +665,6 @@ static inline __m256i values_of_256(int type, const uint8_t *p, int s) {
 #endif
 
 #if defined(__AVX2__)
-/* The four float16 at the start of block b of rows w[0..3] (their d; the second is Q4_1's m, Q4_K's dmin, or the
- * first half of Q5_0's high bits, never read), as eight floats: row k's d in lane 2k */
-static inline __m256 heads4(const uint8_t *const w[4], int64_t offset) {
-#if defined(__F16C__)
-  return _mm256_cvtph_ps(first4_of4(w, offset));
-#else
-  uint8_t head[16];
-  for (int k = 0; k < 4; k++) memcpy(head + 4 * k, w[k] + offset, 4);
-  float halves[8];
-  for (int i = 0; i < 8; i++) halves[i] = half_to_float(head + 2 * i);
-  return _mm256_loadu_ps(halves);
-#endif
-}
-
 /* s[k] = the product of Q5_0 rows w[k] (k < 4, nb blocks each) with the rounded row r: dot4_q's pattern (x's
  * bytes and -16 start loaded once for the four rows, their four d converted together) with values_of_256's five-bit
  * values */
@@ -1249,9 +1240,11 @@ static void linear_q(const float *x, const uint8_t *w, const float *b, float *y,
     for (int64_t r = 0; r < rows; r++) quantize_row_q8(x + r * d_in, d_in, q8_row_at(mine + r * per_row, d_in));
   for (int64_t g = mine_w.g0; g < mine_w.g1; g++) {
     int64_t o = g * group, n = d_out - o < group ? d_out - o : group;
-    /* a last group of fewer than four rows repeats its first row in the missing ones and stores only n sums */
+    /* the file's layout: a last group of fewer than four rows repeats its first row in the missing ones and stores
+     * only n sums */
     const uint8_t *w4[ROWS_AT_ONCE];
-    for (int k = 0; k < ROWS_AT_ONCE; k++) w4[k] = w + (o + (k < n ? k : 0)) * row_bytes;
+    if (!repacked)
+      for (int k = 0; k < ROWS_AT_ONCE; k++) w4[k] = w + (o + (k < n ? k : 0)) * row_bytes;
     for (int64_t at = (g - mine_w.g0) * group * row_bytes + PREFETCH_AHEAD, end = at + group * row_bytes; at < end;
          at += 64) { /* at: bytes from the share's start */
       if (at < mine_w.bytes)
@@ -2277,6 +2270,10 @@ typedef enum {
   ACTIVATION_RELU2, /* ReLU² (modded-nanogpt's, the speedrun recipe's and the demo's) */
 } attnlab_activation;
 
+/* v sigmoid(z) = v / (1 + e^-z) through the vectorised exp_; below z = -88, e^-z is past float's range (exp_ holds
+ * it there): -0. SiLU is v sigmoid(v), GELU's tanh form v sigmoid(2u). */
+static inline float times_sigmoid(float v, float z) { return z < -88.0f ? -0.0f : v / (1.0f + exp_(-z)); }
+
 /* erfc z for z >= 0 (Numerical Recipes' erfcc, 2nd ed., 6.2: t e^(-z^2 + a polynomial in t), t = 1 / (1 + z / 2),
  * fractional error under 1.2e-7 for every z), through the vectorised exp_. */
 static inline float erfc_nonnegative(float z) {
@@ -2295,16 +2292,15 @@ static inline float erfc_nonnegative(float z) {
 /* The MLP's nonlinearity `kind` (an attnlab_activation), in place on n values. Exact GELU,
  * 0.5 v (1 + erf(v / sqrt 2)), as 0.5 v (2 - erfc z) for v >= 0 and 0.5 v erfc z below, z = |v| / sqrt 2 (libm's
  * erff was a call per value; below 0 this form also keeps its relative precision where 1 + erf cancels). GELU's
- * tanh form as 0.5 v (1 + tanh u) = v / (1 + e^(-2u)), u = sqrt(2 / pi) (v + 0.044715 v^3): the same function through one
- * vectorised exp_ (libm's tanhf, a call per value, was 0.36 ms of Gemma 3 270M's 11 ms decode step; the
- * sigmoid form also keeps its relative precision where 1 + tanh u cancels); below u = -44, e^(-2u) is past
- * float's range (exp_ holds it there): -0. */
+ * tanh form as 0.5 v (1 + tanh u) = v sigmoid(2u), u = sqrt(2 / pi) (v + 0.044715 v^3): the same function
+ * through the vectorised exp_ (libm's tanhf, a call per value, was 0.36 ms of Gemma 3 270M's 11 ms decode step;
+ * the sigmoid form also keeps its relative precision where 1 + tanh u cancels). */
 void attnlab_activate(float *x, int64_t n, int kind) {
   if (kind == ACTIVATION_GELU_TANH) {
 #pragma omp simd
     for (int64_t i = 0; i < n; i++) {
-      float v = x[i], u = 0.79788456080286536f * (v + 0.044715f * v * v * v);
-      x[i] = u < -44.0f ? -0.0f : v / (1.0f + exp_(-2.0f * u));
+      float v = x[i];
+      x[i] = times_sigmoid(v, 2.0f * (0.79788456080286536f * (v + 0.044715f * v * v * v)));
     }
     return;
   }
@@ -2341,10 +2337,7 @@ void attnlab_softcap(float *x, int64_t n, float cap) {
 /* SwiGLU's product (Shazeer 2020), in place: gate = silu(gate) * up = gate / (1 + exp(-gate)) * up, n values. */
 void attnlab_silu_mul(float *gate, const float *up, int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; i++) { /* below -88, e^-gate is past float's range (exp_ holds it there): silu = -0 */
-    float g = gate[i];
-    gate[i] = (g < -88.0f ? -0.0f : g / (1.0f + exp_(-g))) * up[i];
-  }
+  for (int64_t i = 0; i < n; i++) gate[i] = times_sigmoid(gate[i], gate[i]) * up[i];
 }
 
 
