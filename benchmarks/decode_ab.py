@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine_line  # noqa: E402
 
 import attnlab  # noqa: E402
+from attnlab.errors import UserError  # noqa: E402
 from attnlab.generate import kernel_decoder, kernels  # noqa: E402
 from attnlab.generate.loop import generate  # noqa: E402
 
@@ -53,7 +54,10 @@ def main() -> int:
     models = {}
     for item in args.files:
         name, _, file = item.partition("=")
-        models[name] = attnlab.load(file, keep_blocks=True)
+        try:
+            models[name] = attnlab.load(file, keep_blocks=True)
+        except UserError as error:  # a file or name that is not a model: one line, exit 1
+            raise SystemExit(f"decode_ab.py: --files {item}: {error}") from None
     rates: dict[tuple, list[float]] = {}
     for build in args.builds:  # warm: kernels built, weights repacked and in 2 MB pages
         kernels.use_variant(build)

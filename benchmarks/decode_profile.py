@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import CLOCKS, machine_line  # noqa: E402
 
 import attnlab  # noqa: E402
+from attnlab.errors import UserError  # noqa: E402
 from attnlab.generate import kernels  # noqa: E402
 from attnlab.generate.kernel_decoder import KernelDecoder  # noqa: E402
 from attnlab.generate.kv_cache import KVCache  # noqa: E402
@@ -148,10 +149,13 @@ def steps_of(model, threads: int, library=None) -> dict[str, tuple[kernels.Progr
     return {key: chosen[key] for key in ("whole step", "products, weights in cache")}
 
 
-def profile(name: str, file: Path, threads: int, args, read: float) -> list:
+def profile(name: str, file: str | Path, threads: int, args, read: float) -> list:
     steps, rounds = args.steps, args.rounds
     torch.set_num_threads(threads)
-    model = attnlab.load(file, keep_blocks=True)
+    try:
+        model = attnlab.load(file, keep_blocks=True)
+    except UserError as error:  # a file or name that is not a model: one line, exit 1
+        raise SystemExit(f"decode_profile.py: --files {name}={file}: {error}") from None
     programs = parts(warm_decoder(model), threads)
     times = timed_rounds(programs, args, threads)
     whole = statistics.median(times["whole step"])
@@ -216,7 +220,7 @@ def main() -> int:
     ]
     for name, file in files.items():
         for threads in args.threads:
-            lines += profile(name, Path(file), threads, args, read)
+            lines += profile(name, file, threads, args, read)  # a path or a bundled name
     lines.append(f"\nread bandwidth at the end {kernels.read_bandwidth() / 1e9:.1f} GB/s")
     print("\n".join(lines))
     return 0

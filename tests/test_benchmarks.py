@@ -318,3 +318,14 @@ def test_decode_ab_times_both_layouts_and_both_loops_on_the_shipped_file():
     (row,) = [line for line in done.stdout.splitlines() if "| q4_1 |" in line]
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert len(cells) == 7 and all(float(c) > 0 for c in cells[2:])
+
+
+@pytest.mark.parametrize("script", ["decode_ab.py", "decode_profile.py"])
+def test_the_decode_benchmarks_name_a_file_that_is_no_model_in_one_line(script):
+    """--files with a path that is no model: one line naming it, exit 1, no traceback."""
+    done = run_script(script, "--files", "x=/nonexistent.gguf", "--rounds", "1")
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        f"{script}: --files x=/nonexistent.gguf: /nonexistent.gguf: no such model directory (the "
+        "name is spelled as a path, so it is not looked up on the Hugging Face Hub); check the path"
+    ]
