@@ -9,9 +9,11 @@ attnlab_linear_q), each against its reference.
   Each kernel build (this CPU's, AVX2 only, portable) is held to B plus float32 summation slack,
   and to 2e-5 relative of an emulation of the same integer arithmetic in float64.
 - Whole models: the module path of a block model equals the float model on the same values
-  exactly; the kernel decode step stays within a few per cent of the logits' spread (each product
-  within its B, compounded over the layers); on SmolLM2 (the shipped Q4_1 file with a Q8_0 LM head)
-  greedy text and perplexity stay with the float computation.
+  exactly; the kernel decode step equals the module path with each product's input rounded as the
+  kernel rounds it (step by step, on the kernel's own cache) and stays within a few per cent of
+  the logits' spread on average (each product within its B, compounded over the layers); on
+  SmolLM2 (the shipped Q4_1 file with a Q8_0 LM head) greedy text and perplexity stay with the
+  float computation.
 """
 
 from __future__ import annotations
@@ -699,8 +701,9 @@ def block_model(
 
 def decode_step_agreement(kind: str, B: int, embed_blocks: bool) -> float:
     """The kernel decode step of a random block model over 10 positions, held to its float model
-    (asserted: each step within the products' bound) and to the module path with each product's
-    input rounded as the kernel rounds it: the fraction of row-steps equal to that emulation."""
+    (asserted: each step near it on average) and to the module path with each product's
+    input rounded as the kernel rounds it, run at each step on the kernel's own cache: the
+    fraction of row-steps equal to that emulation."""
     model, floats = block_model(kind, embed_blocks, tie_embeddings=(kind != "q4_1"))
     ids = torch.randint(0, LLAMA["d_vocab"], (B, 10))
     with torch.no_grad():
@@ -712,27 +715,31 @@ def decode_step_agreement(kind: str, B: int, embed_blocks: bool) -> float:
     assert kinds.count(kernels.Op.LINEAR_Q) == len(KernelDecoder.linears_in_step_order(model))
     assert kernels.Op.LINEAR_F32 not in kinds and len(step.run) <= 2
     # the module path with each block product's input rounded as the kernel rounds it
-    hooks = [
-        m.register_forward_pre_hook(lambda module, args: rounded_to_8_bits(args[0]))
-        for m in model.modules()
-        if isinstance(m, BlockLinear)
-    ]
-    with torch.no_grad():
-        emulation = model(ids)
-    for hook in hooks:
-        hook.remove()
+    for m in model.modules():
+        if isinstance(m, BlockLinear):
+            m.register_forward_pre_hook(lambda module, args: rounded_to_8_bits(args[0]))
+    emulated = KVCache.for_model(model, B, 16)
     exact = []
     for t in range(10):
+        # the step's keys and values so far as the kernel wrote them: a rounding that went the
+        # other way at an earlier step (below) is not carried into this one's comparison
+        for mine, kernels_own in zip(emulated.k + emulated.v, step.cache.k + step.cache.v):
+            mine.copy_(kernels_own)
+        with torch.no_grad():
+            emulation = model(ids[:, t : t + 1], kv_cache=emulated, start_pos=t)[:, 0]
         logits = step(ids[:, t : t + 1], t, torch.full((B, 1), t))
         spread = full[:, t].std()
         # the same arithmetic, float32 sums in another order (~1e-7); except where an input lands
         # within that rounding of a half step and rounds the other way in one path (a step of
-        # 1/127 of its block's largest value, carried on through the later layers)
-        exact += ((logits - emulation[:, t]).abs().amax(-1) <= 1e-4 * spread).tolist()
+        # 1/127 of its block's largest value, carried on through the step's later layers)
+        exact += ((logits - emulation).abs().amax(-1) <= 1e-4 * spread).tolist()
         # against the float model: each product within its bound B (at worst 1/254 of its inputs'
         # block maxima times |w|), compounded over 2 layers of 7 products of these large random
-        # weights (N(0, 0.3)): seen up to 12 % of the spread; a wrong kernel is ~100 %
-        assert (logits - full[:, t]).abs().max() <= 0.25 * spread
+        # weights (N(0, 0.3)): on average up to 6.1 % of the spread over 25,200 draws (B = 1; 3.4
+        # and 2.4 % at B = 3, 12), the tail falling ~2.4x per 0.5 %; without Q4_1's min term 104 %
+        # and more. Not the largest error: single logits reached 30 % (one model of 25,008, the
+        # emulation as far off: the rounding's, not the kernel's), too rare to bound
+        assert (logits - full[:, t]).abs().mean() <= 0.15 * spread
     return sum(exact) / len(exact)
 
 
@@ -745,16 +752,14 @@ def decode_step_agreement(kind: str, B: int, embed_blocks: bool) -> float:
 def test_the_kernel_decode_step_of_a_block_model_stays_near_the_float_model(
     kind, B, embed_blocks, repack, seed, monkeypatch
 ):
-    """A flip (see decode_step_agreement's comments) stays in its row's later steps, its cache
-    holds it: over 1,080 draws (60 seeds x the 18 cases) 5 agreed on fewer than half the row-steps,
-    one on none (a single row flipped at its first step); a wrong kernel agrees on none, every
-    time. So a draw under half is followed by a second, independent draw, and the test fails when
-    both are (about 2e-5 of cases where the kernel is right)."""
+    """A rounding that goes the other way (see decode_step_agreement's comments) changes its own
+    row-step only, each step being emulated on the kernel's own cache: over 1,400 draws of each of
+    the 36 cases, 0.2-0.6 % of the row-steps were off, as independent draws would be (binomial
+    counts per draw), at most 2 of a draw's 10 (B = 1); failing takes 6 of 10 (about 1e-11 of
+    runs). A wrong kernel agrees on none, every time (Q4_1's min term 0.4 % off: none in any case,
+    each of 3 seeds)."""
     monkeypatch.setattr(kernel_decoder, "REPACK", repack)
-    agreement = decode_step_agreement(kind, B, embed_blocks)
-    if agreement < 0.5:
-        agreement = max(agreement, decode_step_agreement(kind, B, embed_blocks))
-    assert agreement >= 0.5
+    assert decode_step_agreement(kind, B, embed_blocks) >= 0.5
 
 
 def q4_k_layouts_agreement(model, B: int, monkeypatch) -> tuple[float, float]:
