@@ -194,8 +194,9 @@ def prompt_path_of_this_build() -> str:
         if floats
         else "blocks: dequantized, then torch's GEMM"
     ) + (
-        ("; float32: tiled GEMM; attention: C" if floats else "; float32: torch's GEMM; "
-         "attention: torch's")
+        {"amx": "; float32: AMX tiles (bfloat16 parts, float32's accuracy)",
+         "c": "; float32: tiled GEMM", "torch": "; float32: torch's GEMM"}[kernels.float_products()]
+        + ("; attention: C" if floats else "; attention: torch's")
         + "; RMSNorm, RoPE, SwiGLU: C"
     )  # fmt: skip
 

@@ -269,12 +269,13 @@ def cache_and_forward(args, model, bridge, vocab: int) -> float:
     )
     why = inference_kernels_unusable()
     if why is None:
-        products = (
-            "decode.c's float32 tiles and attention"
-            if kernels.float_rows()
-            else "torch's GEMM and attention (measured faster here: kernels.float_rows), RoPE, "
-            "RMSNorm and SwiGLU in C"
-        )
+        products = {
+            "amx": "AMX's tiles at float32's accuracy (kernels.float_products)",
+            "c": "decode.c's float32 tiles",
+            "torch": "torch's GEMM (measured faster here: kernels.float_rows)",
+        }[kernels.float_products()]
+        attention = "decode.c's" if kernels.float_rows() else "torch's (measured faster here)"
+        products += f"; attention {attention}; RoPE, RMSNorm and SwiGLU in C"
     else:
         products = f"torch's ({why})"
     print(f"  attnlab's products and attention: {products}")

@@ -15,8 +15,9 @@ Design choices:
   pytest was started.
 - ATTNLAB_FLOAT_ROWS=c: float32 prompts and forward passes take the C kernels wherever the build
   has vectorised tiles, whichever side the one-off timing (kernels.float_rows) would pick on the
-  machine the tests run on, so that the same tests check the same kernels everywhere; the choice
-  itself has its own tests (test_inference_layers.py).
+  machine the tests run on, and not AMX's tiles (kernels.float_products), so that the same tests
+  check the same kernels everywhere; the AMX product and the choice itself have their own tests
+  (test_amx.py, test_inference_layers.py).
 """
 
 from __future__ import annotations

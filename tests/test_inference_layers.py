@@ -267,12 +267,14 @@ def test_without_vectorised_tiles_torchs_path_runs_and_says_why(
 
 @pytest.mark.parametrize("tiles_win", [True, False])
 def test_float_prompts_take_whichever_measured_faster_here(seed, monkeypatch, tiles_win):
-    """Unforced, the float32 tiles run where they beat torch's GEMM in the one-off timing
-    (kernels.float_rows: MKL's AVX-512 path runs on Intel CPUs only); otherwise torch's products,
+    """Unforced, without AMX (tests/test_amx.py), the float32 tiles run where they beat torch's
+    GEMM in the one-off timing (kernels.float_rows: MKL's AVX-512 path runs on Intel CPUs only);
+    otherwise torch's products,
     and the forward pass says why. ATTNLAB_FLOAT_ROWS forces either; anything else is one line."""
     if not tiles_here():
         pytest.fail("the tiled path needs an AVX-512 build of the kernels", pytrace=False)
     monkeypatch.delenv("ATTNLAB_FLOAT_ROWS")
+    monkeypatch.setattr(kernels, "amx_unusable", lambda: "no AMX (this test's premise)")
     monkeypatch.setattr(kernels, "_tiles_beat_torch", lambda build, threads: tiles_win)
     tiles = counting(monkeypatch, "linear_rows")
     model = build("llama-gqa")
@@ -285,7 +287,7 @@ def test_float_prompts_take_whichever_measured_faster_here(seed, monkeypatch, ti
     monkeypatch.setenv("ATTNLAB_FLOAT_ROWS", "torch" if tiles_win else "c")
     assert kernels.float_rows() == (not tiles_win)
     monkeypatch.setenv("ATTNLAB_FLOAT_ROWS", "mkl")
-    with pytest.raises(UserError, match="ATTNLAB_FLOAT_ROWS=mkl: it takes c or torch"):
+    with pytest.raises(UserError, match="ATTNLAB_FLOAT_ROWS=mkl: it takes amx, c or torch"):
         kernels.float_rows()
 
 

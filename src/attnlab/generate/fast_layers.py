@@ -10,8 +10,10 @@ Design choices:
   of at least TILES_MIN_ROWS rows, runs with its Linear, Attention, RMSNorm and MLP modules swapped
   too (`inference_layers`, which Transformer.forward enters): run_with_cache, patching sweeps and
   plain forwards get generation's RoPE, RMSNorm and SwiGLU kernels where no hook reads inside
-  them and, where it measured faster than torch's (MKL's) GEMM on this machine
-  (kernels.float_rows), decode.c's tiled float32 GEMM and its attention (with the pattern in three
+  them; products on AMX's tiles at float32's accuracy where the CPU and the OS allow them
+  (kernels.float_products: a layer's q, k and v, and its gate and up, with x split once), else,
+  where it measured faster than torch's (MKL's) GEMM on this machine (kernels.float_rows),
+  decode.c's tiled float32 GEMM; the attention in C where float_rows (with the pattern in three
   steps, the hooks between them); elsewhere torch's products and attention, the explicit path's
   T x T steps in place (the fewest tensors, the module path's numbers bit for bit). Block layers
   keep their module path there (their prompt product rounds activations to 8 bits). Where the
@@ -83,9 +85,10 @@ class KernelLinear(Linear):
     on a CPU, the C kernel of attnlab.generate.kernels, which streams each weight row once; inside a
     compiled graph, a row-wise multiply and sum, which inductor turns into one vectorised loop. Both
     run faster than the BLAS call (benchmarks/README.md, "Generation speed"). From TILES_MIN_ROWS
-    rows (a prompt, a batch of sequences) the tiled float32 GEMM in C, where this build runs it on
-    AVX-512; everything else takes F.linear, and tests/test_fast_paths.py and tests/test_kernels.py
-    hold them to its numbers.
+    rows (a prompt, a batch of sequences) the product kernels.float_products chooses: AMX's tiles
+    at float32's accuracy where the CPU and the OS allow them, else the tiled float32 GEMM in C
+    where this build runs it on AVX-512 and it measured faster than torch's; everything else takes
+    F.linear, and tests/test_fast_paths.py and tests/test_kernels.py hold them to its numbers.
     The weight may be stored narrower than the activations (`store_weights_as`): it is widened where
     it is used, which a compiled graph fuses into the same loop."""
 
@@ -105,9 +108,13 @@ class KernelLinear(Linear):
             and self.weight.is_contiguous()
             and tile_rows(x, self.weight)
             and kernels.usable(x, self.weight, *([] if self.bias is None else [self.bias]))
-            and kernels.float_rows()
-        ):  # many rows: the tiled float32 GEMM, which measured faster than torch's (MKL's) here
-            return kernels.linear_rows(x, self.weight, self.bias)
+        ):  # many rows: AMX's tiles where allowed, else the tiled float32 GEMM where it measured
+            # faster than torch's (MKL's) here
+            product = kernels.float_products()
+            if product == "amx":
+                return kernels.linear_amx(x, self.weight, self.bias)
+            if product == "c":
+                return kernels.linear_rows(x, self.weight, self.bias)
         weight = self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype)
         return F.linear(x, weight, self.bias)
 
@@ -173,6 +180,34 @@ def multiply_sharing_rounding(x: torch.Tensor, *linears: KernelBlockLinear) -> l
     )
 
 
+def amx_together(x: torch.Tensor, *linears: nn.Module) -> bool:
+    """Whether `linears` (taking x) multiply x in one AMX call, x split once for all of them
+    (kernels.linear_amx_many: each product `linear_amx`'s, bit for bit): float32 KernelLinear
+    modules that no torch hook watches, each with enough rows for the tiles, where
+    kernels.float_products chose AMX."""
+    return (
+        not torch.compiler.is_compiling()
+        and x.dtype == torch.float32
+        and all(
+            type(m) is KernelLinear
+            and m.weight.dtype == torch.float32
+            and m.weight.is_contiguous()
+            and m.in_features == x.shape[-1]
+            and tile_rows(x, m.weight)
+            and not (m._forward_hooks or m._forward_pre_hooks)
+            for m in linears
+        )
+        and kernels.usable(x, *(m.weight for m in linears))
+        and not any(m.bias is not None and not kernels.usable(m.bias) for m in linears)
+        and kernels.float_products() == "amx"
+    )
+
+
+def multiply_together(x: torch.Tensor, *linears: KernelLinear) -> list[torch.Tensor]:
+    """[m(x) for m in linears] on AMX tiles, x split once (`amx_together`)."""
+    return kernels.linear_amx_many(x, [(m.weight, m.bias) for m in linears])
+
+
 class KernelRMSNorm(RMSNorm):
     """RMSNorm with generation's fast path for a prompt whose norm no hook reads: decode.c's RMSNorm
     (the decode step's), the rows shared by the threads; everything else as RMSNorm."""
@@ -202,14 +237,22 @@ class KernelMLP(MLP):
         ):
             if self.gated and in_place():
                 # MLP.forward's steps, act(gate) · up written over act(gate), which no one holds
-                # yet: its numbers bit for bit, one [rows, d_mlp] tensor fewer (run_with_cache)
-                gate = self.hook_pre(self.W_gate(x))
+                # yet: its numbers bit for bit, one [rows, d_mlp] tensor fewer (run_with_cache);
+                # gate and up in one AMX call where it runs
+                if amx_together(x, self.W_gate, self.W_in):
+                    gate, up = multiply_together(x, self.W_gate, self.W_in)
+                    gate = self.hook_pre(gate)
+                else:
+                    gate, up = self.hook_pre(self.W_gate(x)), None
                 act = self.act(gate)
-                post = act.mul_(self.W_in(x)) if act is not gate else act * self.W_in(x)
+                up = self.W_in(x) if up is None else up
+                post = act.mul_(up) if act is not gate else act * up
                 return self.W_out(self.hook_post(post))
             return super().forward(x)
         if shared_rounding(x, self.W_gate, self.W_in):
             gate, up = multiply_sharing_rounding(x, self.W_gate, self.W_in)
+        elif amx_together(x, self.W_gate, self.W_in):
+            gate, up = multiply_together(x, self.W_gate, self.W_in)
         else:
             gate, up = self.W_gate(x), self.W_in(x)
         if not (gate.is_contiguous() and up.is_contiguous() and gate.dtype == torch.float32):
@@ -239,6 +282,9 @@ class KernelAttention(Attention):
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if shared_rounding(x, self.W_Q, self.W_K, self.W_V):
             q, k, v = multiply_sharing_rounding(x, self.W_Q, self.W_K, self.W_V)
+            return q, k, v
+        if amx_together(x, self.W_Q, self.W_K, self.W_V):
+            q, k, v = multiply_together(x, self.W_Q, self.W_K, self.W_V)
             return q, k, v
         return super().project(x)
 

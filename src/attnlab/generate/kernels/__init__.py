@@ -16,6 +16,13 @@ Design choices:
   child, never the user's process; the verdict is cached beside the library. ATTNLAB_KERNELS=avx512,
   avx2 or portable forces one (tests, the AVX2 benchmark column); one this machine does not allow is
   a one-line error. Off x86-64 the builds are -march=native and portable.
+- AMX (Sapphire Rapids and later) is a fourth permission, asked of the operating system per
+  process (arch_prctl for the tile state, Linux 5.16+): `amx_unusable` runs AMX_CHECK (the
+  permission, then an exact product on the tiles) in a child process once per build and machine,
+  then asks for this process's own permission; only then do float32 products of many rows take
+  `linear_amx` (`float_products`), whose bfloat16 parts keep a float32 GEMM's accuracy.
+  llama.cpp's AMX path faults in the virtual machines this was written on (GCC 12's tile
+  configuration intrinsic, decode.c's comment); a fault here costs the child only.
 - OpenMP links to libgomp.so.1, which torch's wheel has already loaded under that name: the kernels
   share torch's thread pool and its `torch.set_num_threads`.
 - No compiler, a compiler that fails, a non-CPU tensor or ATTNLAB_KERNELS=0: `available()` is False
@@ -48,6 +55,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from functools import cache
@@ -175,6 +183,12 @@ ELEMENTWISE_ROWS = [
 ATTEND_ROWS = ("attnlab_attend_rows", [_ptr] * 5 + [_i64] * 5 + [_float, _int])
 ATTEND_ROWS_SCRATCH = ("attnlab_attend_rows_scratch", [_i64] * 4 + [_int])
 ROWS_VECTORIZED = ("attnlab_linear_rows_vectorized", [])  # bit 0: 8-bit product, bit 1: float32
+# float32 products on AMX tiles, of several matrices times the same x (x, n, weights[], biases[],
+# ys[], d_outs[], scratch, rows, d_in, threads), their scratch bytes (rows, d_in, the largest
+# d_out, threads), and whether this process may run them (asks the OS)
+LINEAR_AMX = ("attnlab_linear_amx_many", [_ptr, _i64] + [_ptr] * 5 + [_i64, _i64, _int])
+LINEAR_AMX_SCRATCH = ("attnlab_linear_amx_scratch", [_i64] * 3 + [_int])
+AMX_PERMITTED = ("attnlab_amx_permitted", [])
 # one read-only pass over a buffer (its address, bytes, threads, prefetch distance or 0): the read
 # bandwidth's probe; and the decode products' prefetch distance
 READ_PASS = ("attnlab_read_pass", [_ptr, _i64, _int, _i64])
@@ -379,22 +393,52 @@ print("ok")
 """
 
 
+# The AMX product's check in a child process, where a fault costs nothing: the operating system's
+# permission (attnlab_amx_permitted), then a product of odd shapes whose every value is a small
+# integer or a half (exact in float32 and in any order of summation), bias included.
+AMX_CHECK = """
+import ctypes, struct, sys
+lib = ctypes.CDLL(sys.argv[1])
+lib.attnlab_amx_permitted.restype = ctypes.c_int
+if lib.attnlab_amx_permitted() != 1:
+    sys.exit("this CPU or its operating system does not let a process run AMX tiles")
+P, I, N = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+rows, d_in, d_out = 37, 70, 45
+x = [((5 * r + 3 * i) % 17 - 8) / 2 for r in range(rows) for i in range(d_in)]
+w = [(7 * o + 2 * i) % 13 - 6.0 for o in range(d_out) for i in range(d_in)]
+b = [o - 20.0 for o in range(d_out)]
+want = [sum(x[r * d_in + i] * w[o * d_in + i] for i in range(d_in)) + b[o]
+        for r in range(rows) for o in range(d_out)]
+lib.attnlab_linear_amx_scratch.restype = I
+lib.attnlab_linear_amx_scratch.argtypes = [I, I, I, N]
+scratch = ctypes.create_string_buffer(lib.attnlab_linear_amx_scratch(rows, d_in, d_out, 2) + 64)
+buf = lambda v: ctypes.create_string_buffer(struct.pack(f"<{len(v)}f", *v), 4 * len(v))
+y = ctypes.create_string_buffer(4 * rows * d_out)
+lib.attnlab_linear_amx.argtypes = [P] * 5 + [I] * 3 + [N]
+lib.attnlab_linear_amx(buf(x), buf(w), buf(b), y, scratch, rows, d_in, d_out, 2)
+got = list(struct.unpack(f"<{rows * d_out}f", y.raw))
+assert got == want, ("amx", [(g, v) for g, v in zip(got, want) if g != v][:3])
+print("ok")
+"""
+
+
 # signals that stop a child from outside: they say nothing about the build it was checking
 NOT_THE_BUILD = {signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 
 
-def self_check(path: Path) -> str | None:
-    """None when the library at `path` passes SELF_CHECK in a child process, else why not (a
-    fault, a wrong sum). A verdict that would be the same next time (passed, an instruction
-    fault, a wrong sum) is cached in a file beside the library; the child killed from outside (an
-    out-of-memory kill, a Ctrl-C) or out of time is not, so the next process checks again."""
-    verdict = path.with_suffix(".checked")
+def self_check(path: Path, script: str = SELF_CHECK, suffix: str = ".checked") -> str | None:
+    """None when the library at `path` passes `script` (SELF_CHECK, or AMX_CHECK) in a child
+    process, else why not (a fault, a wrong sum). A verdict that would be the same next time
+    (passed, an instruction fault, a wrong sum) is cached in a file beside the library (`suffix`);
+    the child killed from outside (an out-of-memory kill, a Ctrl-C) or out of time is not, so the
+    next process checks again."""
+    verdict = path.with_suffix(suffix)
     if verdict.is_file():
         text = verdict.read_text()
         return None if text == "ok" else text
     try:
         result = subprocess.run(
-            [sys.executable, "-I", "-S", "-c", SELF_CHECK, str(path)],
+            [sys.executable, "-I", "-S", "-c", script, str(path)],
             capture_output=True,
             text=True,
             timeout=120,
@@ -505,6 +549,7 @@ def load(path: Path) -> ctypes.CDLL:
         ATTEND_ROWS,
         *ELEMENTWISE_ROWS,
         *ATTEND_STEPS,
+        LINEAR_AMX,
     ]:
         getattr(lib, name).argtypes = argtypes
         getattr(lib, name).restype = None
@@ -512,6 +557,8 @@ def load(path: Path) -> ctypes.CDLL:
         (SCRATCH, _i64),
         (ROWS_SCRATCH, _i64),
         (ROWS_VECTORIZED, _int),
+        (LINEAR_AMX_SCRATCH, _i64),
+        (AMX_PERMITTED, _int),
         (ATTEND_ROWS_SCRATCH, _i64),
         (READ_PASS, ctypes.c_uint64),
         (PREFETCH_AHEAD, _i64),
@@ -872,28 +919,68 @@ def rows_vectorized() -> tuple[bool, bool]:
     return bool(bits & 1), bool(bits & 2)
 
 
-FLOAT_ROWS = ("c", "torch")  # ATTNLAB_FLOAT_ROWS: force float_rows' choice
+FLOAT_ROWS = ("amx", "c", "torch")  # ATTNLAB_FLOAT_ROWS: force the choice of float_products
+
+
+def _forced_float_rows() -> str | None:
+    forced = os.environ.get("ATTNLAB_FLOAT_ROWS")
+    if forced and forced not in FLOAT_ROWS:
+        raise UserError(
+            f"ATTNLAB_FLOAT_ROWS={forced}: it takes {', '.join(FLOAT_ROWS[:-1])} or "
+            f"{FLOAT_ROWS[-1]} (or unset: AMX where allowed, else measured)"
+        )
+    return forced or None
 
 
 def float_rows() -> bool:
-    """Whether float32 work of many rows (a prompt's products and attention, forward passes
-    without gradients: attnlab.generate.fast_layers) takes the C kernels: where this build's
-    float32 tiles are vectorised (AVX-512) and, measured once per process and build, multiply
-    faster than torch's GEMM on this machine. MKL takes its AVX-512 path on Intel CPUs and not on
-    AMD's: on the Intel Xeon of 2026-12-02 torch ran 385 GFLOP/s against the tiles' 93, on the
-    AMD EPYC before it the tiles won 2-3x (benchmarks/README.md, issue 25).
-    ATTNLAB_FLOAT_ROWS=c or torch chooses instead."""
+    """Whether float32 work of many rows (a prompt's attention, and its products where
+    `float_products` says "c": forward passes without gradients, attnlab.generate.fast_layers)
+    takes the C kernels: where this build's float32 tiles are vectorised (AVX-512) and, measured
+    once per process and build, multiply faster than torch's GEMM on this machine. MKL takes its
+    AVX-512 path on Intel CPUs and not on AMD's: on the Intel Xeon of 2026-12-02 torch ran 385
+    GFLOP/s against the tiles' 93, on the AMD EPYC before it the tiles won 2-3x
+    (benchmarks/README.md, issue 25). ATTNLAB_FLOAT_ROWS=c or torch chooses instead (amx: the
+    measured choice, for the attention)."""
     if not rows_vectorized()[1]:
         return False
-    forced = os.environ.get("ATTNLAB_FLOAT_ROWS")
-    if forced:
-        if forced not in FLOAT_ROWS:
-            raise UserError(
-                f"ATTNLAB_FLOAT_ROWS={forced}: it takes {' or '.join(FLOAT_ROWS)} (or unset: "
-                "measured)"
-            )
+    forced = _forced_float_rows()
+    if forced in ("c", "torch"):
         return forced == "c"
     return _tiles_beat_torch(variant(), torch.get_num_threads())
+
+
+def float_products() -> str:
+    """Which product float32 matrices take for many rows (a prompt, a forward pass without
+    gradients; attnlab.generate.fast_layers.KernelLinear): "amx" (`linear_amx`, AMX's bfloat16
+    tiles at float32's accuracy) where this process may run them (`amx`), else "c" (`linear_rows`,
+    the float32 tiles) where `float_rows`, else "torch" (its GEMM). ATTNLAB_FLOAT_ROWS=amx, c or
+    torch chooses instead; amx where AMX cannot run is one line naming why."""
+    forced = _forced_float_rows()
+    if forced == "amx" or (forced is None and amx_unusable() is None):
+        why = amx_unusable()
+        if why is not None:
+            raise UserError(f"ATTNLAB_FLOAT_ROWS=amx: {why}; use c or torch, or leave it unset")
+        return "amx"
+    return "c" if float_rows() else "torch"
+
+
+def amx_unusable() -> str | None:
+    """Why this process cannot take `linear_amx` (None: it can): no AVX-512 build of the kernels,
+    or AMX_CHECK's child process failed (the CPU lacks AMX-BF16, the operating system does not
+    grant the tile state, a fault, a wrong sum). Decided once per process and build."""
+    return _amx_unusable(chosen_variant())
+
+
+@cache
+def _amx_unusable(chosen: tuple[str, Path] | None) -> str | None:
+    if chosen is None or chosen[0] != "avx512":
+        return "AMX tiles are only in the AVX-512 build of attnlab's kernels"
+    why = self_check(chosen[1], AMX_CHECK, ".amx-checked")
+    if why is not None:
+        return why.replace("its self-check failed", "its AMX check failed")
+    if getattr(library(), AMX_PERMITTED[0])() != 1:  # this process's own permission
+        return "the operating system did not grant this process AMX's tile state"
+    return None
 
 
 @cache
@@ -1060,6 +1147,70 @@ def linear_rows(
     check `usable`."""
     assert weight.dtype == torch.float32 and x.shape[-1] == weight.shape[1]
     return _rows_product(LINEAR_ROWS[1][0], x, weight, -1, bias)
+
+
+_scratch_kept = threading.local()
+
+
+def _kept_scratch(nbytes: int) -> torch.Tensor:
+    """A scratch buffer of at least `nbytes`, kept from call to call by this Python thread (the
+    kernels release the GIL, so threads never share one): a fresh one of several MB costs a page
+    fault per 4 KB at every call, a millisecond of a 4 ms product (SmolLM2's down projection)."""
+    kept = getattr(_scratch_kept, "buffer", None)
+    if kept is None or kept.numel() < nbytes:
+        kept = _scratch_kept.buffer = torch.empty(nbytes, dtype=torch.int8)
+    return kept
+
+
+def linear_amx(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x Wᵀ + b for many rows x (..., d_in) and float32 W (d_out, d_in) on AMX tiles (decode.c,
+    attnlab_linear_amx): each float32 value split exactly into three bfloat16 parts, six products
+    of parts summed in float32, a float32 GEMM's accuracy. Returns a new tensor (..., d_out).
+    Callers check `usable`; `amx_unusable` (which also asks the OS for this process's permission:
+    an AMX instruction without it is an illegal instruction) is checked here."""
+    return linear_amx_many(x, [(weight, bias)])[0]
+
+
+def linear_amx_many(
+    x: torch.Tensor, matrices: list[tuple[torch.Tensor, torch.Tensor | None]]
+) -> list[torch.Tensor]:
+    """[x W_iᵀ + b_i] for each (W_i, b_i) of `matrices` (float32, W_i (d_out_i, d_in)), x split
+    into its bfloat16 parts once for all of them: a layer's q, k and v, or its gate and up
+    (decode.c, attnlab_linear_amx_many; each product is `linear_amx`'s, bit for bit). Returns new
+    tensors (..., d_out_i). Callers check `usable`; `amx_unusable` is checked here."""
+    why = amx_unusable()
+    if why is not None:
+        raise RuntimeError(f"attnlab's AMX product cannot run here: {why}")
+    x = x.contiguous()
+    rows, d_in = x.numel() // x.shape[-1], x.shape[-1]
+    assert x.dtype == torch.float32
+    for weight, bias in matrices:
+        assert weight.dtype == torch.float32 and weight.is_contiguous()
+        assert weight.dim() == 2 and weight.shape[1] == d_in
+        assert bias is None or (bias.is_contiguous() and bias.dtype == torch.float32)
+    outs = [torch.empty(*x.shape[:-1], w.shape[0]) for w, _ in matrices]
+    n, lib, threads = len(matrices), library(), torch.get_num_threads()
+    most = max(w.shape[0] for w, _ in matrices)
+    scratch = _kept_scratch(getattr(lib, LINEAR_AMX_SCRATCH[0])(rows, d_in, most, threads))
+
+    def addresses(tensors):  # a C array of their addresses, NULL for None
+        return (ctypes.c_void_p * n)(*(t.data_ptr() if t is not None else None for t in tensors))
+
+    getattr(lib, LINEAR_AMX[0])(
+        x.data_ptr(),
+        n,
+        addresses([m[0] for m in matrices]),
+        addresses([m[1] for m in matrices]),
+        addresses(outs),
+        (ctypes.c_int64 * n)(*(m[0].shape[0] for m in matrices)),
+        scratch.data_ptr(),
+        rows,
+        d_in,
+        threads,
+    )
+    return outs
 
 
 def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:

@@ -1893,6 +1893,233 @@ void attnlab_linear_f_rows(const float *x, const void *w, const float *b, float 
 }
 
 
+/* Float32 products on AMX tiles (Sapphire Rapids and later), as accurate as a float32 GEMM.
+ *
+ * AMX multiplies bfloat16 (8 significant bits) into float32 sums, 16 times the multiply-adds a cycle of AVX-512's
+ * float32 FMAs. A float32 v splits exactly into three bfloat16 parts, v = v1 + v2 + v3 (v1 = v rounded to bfloat16,
+ * v2 = what is left rounded again, v3 = the rest, which fits: 24 bits = 3 x 8), and each product of two parts is
+ * exact in float32. So x w = sum over i, j of x_i w_j, and the six terms with i + j <= 4 carry everything down to
+ * 2^-24 of |x w| (the three left out are at most 2^-25 of it, below float32's own rounding of the product): six
+ * `tdpbf16ps` products per tile, summed in float32, give a float32 GEMM's accuracy (the "bf16x6" of Henry, Tang
+ * and Heinecke, "Leveraging the bfloat16 Artificial Intelligence Datatype For Higher-Precision Computations",
+ * ARITH 2019). Measured on SmolLM2's shapes, 1,024 rows, two threads (benchmarks/README.md, "Float32 products on
+ * AMX tiles"): 1.2-1.7x MKL's float32 GEMM (k or v alone 0.8x: a layer's q, k and v take one call), the largest
+ * error against float64 0.7-1.4x MKL's.
+ *
+ * Layout: x split once per call into A [row tile of 16][32-wide chunk of k][part][16 rows][32 k] (one 1 KB tile
+ * each); the weights split a panel of output features at a time (sized to stay in the core's L2) into B [part][tile
+ * of 16 features][chunk][16 k pairs][16 features][2] (the pairs layout `tdpbf16ps` reads). Each thread computes
+ * 32 x 32 blocks of y: four accumulator tiles, two of x's parts and two of W's loaded at a time (8 tiles, all of
+ * them), so that each accumulator takes all six products: 16 tile loads (from L2) per 24 products. What bounds it:
+ * with separate accumulators for the small products (1 x 2 blocks of y, 9 loads per 12 products, two to three
+ * times closer to float64), the loads alone took 72 % of its time and the products alone 68 %; the 2 x 2 blocks
+ * ran 1.2-1.4x faster, their error that of MKL's float32 GEMM.
+ *
+ * AMX needs the operating system's permission per process (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA, Linux
+ * 5.16+), besides CPUID's flags and XCR0's tile bits: attnlab_amx_permitted asks for it; attnlab.generate.kernels
+ * runs it first in a child process (a fault there costs nothing) and calls attnlab_linear_amx only where it said
+ * yes. The tile configuration is loaded with our own `ldtilecfg` statement: GCC 12's _tile_loadconfig declares 8
+ * of its 64 bytes as read, so -O3 drops the stores of the rows and widths before it (llama.cpp's fault at
+ * ldtilecfg in these virtual machines; ggml-org/llama.cpp#9473). */
+#if AVX512 && defined(__x86_64__) && defined(__linux__) && (__GNUC__ >= 11 || __clang_major__ >= 12)
+#define AMX 1
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512bf16")))
+#define ARCH_GET_XCOMP_PERM 0x1022
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+#else
+#define AMX 0
+#endif
+
+#define AMX_K 32 /* k per tile row: 32 bfloat16 */
+static int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
+
+/* 1 when this process may run AMX's bfloat16 tiles: the build has them, CPUID lists AMX-TILE, AMX-BF16 and
+ * AVX512-BF16, the OS enables the tile state in XCR0 and grants this process XTILEDATA; else 0. */
+int attnlab_amx_permitted(void) {
+#if AMX
+  unsigned a, b, c, d;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((d >> 24) & 1) || !((d >> 22) & 1)) return 0;
+  if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !((a >> 5) & 1)) return 0;
+  uint32_t lo, hi;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  if ((lo & (3u << 17)) != (3u << 17)) return 0; /* XTILECFG and XTILEDATA state */
+  if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)) return 0;
+  uint64_t granted = 0;
+  if (syscall(SYS_arch_prctl, ARCH_GET_XCOMP_PERM, &granted)) return 0;
+  return (granted >> XFEATURE_XTILEDATA) & 1;
+#else
+  return 0;
+#endif
+}
+
+/* Output features per panel of packed weights: the fewest panels, a multiple of the threads, whose three parts
+ * fit in 1.25 MB (the core's L2 is 2 MB on Sapphire Rapids), 32 at least. */
+static int64_t amx_panel(int64_t d_in, int64_t d_out, int threads) {
+  int64_t most = (5 << 18) / (round_up(d_in, AMX_K) * 6) / 32 * 32;
+  for (int64_t panels = threads;; panels += threads) {
+    int64_t p = round_up((d_out + panels - 1) / panels, 32);
+    if (p <= most || p == 32) return p;
+  }
+}
+
+/* The scratch bytes attnlab_linear_amx(_many) needs for rows of d_in values and matrices of up to d_out features:
+ * x's parts, and one panel of W's and a block of y per thread. */
+int64_t attnlab_linear_amx_scratch(int64_t rows, int64_t d_in, int64_t d_out, int threads) {
+  int64_t kp = round_up(d_in, AMX_K), panel = amx_panel(d_in, d_out, threads);
+  return round_up(rows, 32) * kp * 6 + threads * (panel * kp * 6 + 32 * 32 * 4) + 64;
+}
+
+#if AMX
+/* 32 floats -> their three bfloat16 parts, 32 each (v = p0 + p1 + p2 exactly; an infinite or NaN v gives NaN
+ * parts after its first, so a product with it is NaN, where float32's may be infinite). */
+AMX_TARGET static inline void split_bf16(const float *v, __m512i p[3]) {
+  __m512 a = _mm512_loadu_ps(v), b = _mm512_loadu_ps(v + 16);
+  for (int part = 0; part < 3; part++) {
+    __m512i h = (__m512i)_mm512_cvtne2ps_pbh(b, a); /* round to nearest even: a in the low half */
+    p[part] = h;                                     /* then what is left of a and b, exactly */
+    __m512i low = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(h));
+    __m512i high = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1));
+    a = _mm512_sub_ps(a, _mm512_castsi512_ps(_mm512_slli_epi32(low, 16)));
+    b = _mm512_sub_ps(b, _mm512_castsi512_ps(_mm512_slli_epi32(high, 16)));
+  }
+}
+
+/* 32 values of a row from src (len of them, zeros after; NULL: all zeros) into buf, for split_bf16 */
+static inline const float *row_chunk(const float *src, int64_t len, float *buf) {
+  if (src && len == AMX_K) return src;
+  memset(buf, 0, AMX_K * sizeof(float));
+  if (src) memcpy(buf, src, len * sizeof(float));
+  return buf;
+}
+
+typedef struct {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t bytes_per_row[16];
+  uint8_t rows[16];
+} tile_config;
+
+AMX_TARGET static void configure_tiles(void) { /* eight tiles of 16 rows x 64 bytes */
+  tile_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.palette = 1;
+  for (int t = 0; t < 8; t++) cfg.bytes_per_row[t] = 64, cfg.rows[t] = 16;
+  __asm__ volatile("ldtilecfg %0" ::"m"(cfg) : "memory");
+}
+
+/* y_i [rows, d_out[i]] = x [rows, d_in] W_i^T + b_i for the n float32 matrices W_i [d_out[i], d_in] (b_i may be
+ * NULL), on AMX tiles (above), x split once for all of them (a layer's q, k and v, or its gate and up); only where
+ * attnlab_amx_permitted() said 1. One parallel region; the threads share each matrix's panels in turn. scratch:
+ * attnlab_linear_amx_scratch bytes for the largest d_out[i]. */
+AMX_TARGET void attnlab_linear_amx_many(const float *x, int64_t n, const float *const *w, const float *const *b,
+                                        float *const *y, const int64_t *d_out, int8_t *scratch, int64_t rows,
+                                        int64_t d_in, int threads) {
+  if (rows <= 0) return;
+  const int64_t kp = round_up(d_in, AMX_K), chunks = kp / AMX_K, row_tiles = round_up(rows, 32) / 16;
+  const int64_t tile = 512, row_tile = chunks * 3 * tile; /* bfloat16s in a tile; in a row tile of x's parts */
+  int64_t most = 0;
+  for (int64_t i = 0; i < n; i++) {
+    int64_t p = amx_panel(d_in, d_out[i], threads);
+    most = p > most ? p : most;
+  }
+  uint16_t *A = (uint16_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+  int8_t *per_thread = (int8_t *)(A + row_tiles * row_tile);
+  const int64_t thread_bytes = most * kp * 6 + 32 * 32 * 4;
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < row_tiles * 16; r++)
+      for (int64_t c = 0; c < chunks; c++) {
+        float buf[AMX_K];
+        int64_t len = d_in - c * AMX_K < AMX_K ? d_in - c * AMX_K : AMX_K;
+        __m512i p[3];
+        split_bf16(row_chunk(r < rows ? x + r * d_in + c * AMX_K : NULL, len, buf), p);
+        for (int part = 0; part < 3; part++)
+          _mm512_store_si512(A + (r / 16) * row_tile + (c * 3 + part) * tile + (r % 16) * 32, p[part]);
+      }
+    configure_tiles();
+    uint16_t *B = (uint16_t *)(per_thread + this_thread() * thread_bytes);
+    float *out = (float *)(B + most * kp * 3);
+    for (int64_t i = 0; i < n; i++) {
+      const int64_t panel = amx_panel(d_in, d_out[i], threads), panels = (d_out[i] + panel - 1) / panel;
+#pragma omp for schedule(static) nowait
+      for (int64_t pi = 0; pi < panels; pi++) {
+        const int64_t o0 = pi * panel, features = d_out[i] - o0 < panel ? d_out[i] - o0 : panel;
+        const int64_t feature_tiles = round_up(features, 32) / 16, part_stride = feature_tiles * chunks * tile;
+        for (int64_t ft = 0; ft < feature_tiles; ft++) /* W's parts, in the pairs layout */
+          for (int64_t c = 0; c < chunks; c++) {
+            uint32_t parts[3][16][16] __attribute__((aligned(64)));
+            int64_t len = d_in - c * AMX_K < AMX_K ? d_in - c * AMX_K : AMX_K;
+            for (int64_t j = 0; j < 16; j++) {
+              float buf[AMX_K];
+              int64_t o = ft * 16 + j;
+              __m512i p[3];
+              split_bf16(row_chunk(o < features ? w[i] + (o0 + o) * d_in + c * AMX_K : NULL, len, buf), p);
+              for (int part = 0; part < 3; part++) _mm512_store_si512(parts[part][j], p[part]);
+            }
+            const __m512i column = _mm512_mullo_epi32(
+                _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(16));
+            for (int part = 0; part < 3; part++) { /* tile row: the pair of each feature's k */
+              uint32_t *dst = (uint32_t *)(B + part * part_stride + (ft * chunks + c) * tile);
+              for (int pair = 0; pair < 16; pair++)
+                _mm512_store_si512(dst + pair * 16, _mm512_i32gather_epi32(column, (const int *)&parts[part][0][pair], 4));
+            }
+          }
+        for (int64_t rt = 0; rt < row_tiles; rt += 2)
+          for (int64_t ft = 0; ft < feature_tiles; ft += 2) {
+            _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+            const int64_t next_features = chunks * tile; /* from one feature tile to the next */
+            for (int64_t c = 0; c < chunks; c++) {
+              const uint16_t *x1 = A + rt * row_tile + c * 3 * tile, *x2 = x1 + tile, *x3 = x2 + tile;
+              const uint16_t *w1 = B + (ft * chunks + c) * tile, *w2 = w1 + part_stride, *w3 = w2 + part_stride;
+              /* tiles 0-3: y's 2 x 2 block; 4, 5: x's part for row tiles rt, rt + 1; 6, 7: W's for ft, ft + 1 */
+#define AMX_PRODUCTS _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7)
+              _tile_loadd(4, x1, 64); _tile_loadd(5, x1 + row_tile, 64);
+              _tile_loadd(6, w1, 64); _tile_loadd(7, w1 + next_features, 64); AMX_PRODUCTS; /* x1 w1 */
+              _tile_loadd(6, w2, 64); _tile_loadd(7, w2 + next_features, 64); AMX_PRODUCTS; /* x1 w2 */
+              _tile_loadd(4, x2, 64); _tile_loadd(5, x2 + row_tile, 64); AMX_PRODUCTS;      /* x2 w2 */
+              _tile_loadd(6, w1, 64); _tile_loadd(7, w1 + next_features, 64); AMX_PRODUCTS; /* x2 w1 */
+              _tile_loadd(4, x3, 64); _tile_loadd(5, x3 + row_tile, 64); AMX_PRODUCTS;      /* x3 w1 */
+              _tile_loadd(4, x1, 64); _tile_loadd(5, x1 + row_tile, 64);
+              _tile_loadd(6, w3, 64); _tile_loadd(7, w3 + next_features, 64); AMX_PRODUCTS; /* x1 w3 */
+#undef AMX_PRODUCTS
+            }
+            _tile_stored(0, out, 128); _tile_stored(1, out + 16, 128);
+            _tile_stored(2, out + 512, 128); _tile_stored(3, out + 528, 128);
+            const int64_t r0 = rt * 16, f0 = ft * 16;
+            const int64_t m = rows - r0 < 32 ? rows - r0 : 32, cols = features - f0 < 32 ? features - f0 : 32;
+            for (int64_t r = 0; r < m; r++)
+              for (int64_t j = 0; j < cols; j++)
+                y[i][(r0 + r) * d_out[i] + o0 + f0 + j] = out[r * 32 + j] + (b[i] ? b[i][o0 + f0 + j] : 0.0f);
+          }
+      }
+    }
+    _tile_release();
+  }
+}
+
+/* y [rows, d_out] = x [rows, d_in] W^T + b (b may be NULL): attnlab_linear_amx_many for one matrix. */
+void attnlab_linear_amx(const float *x, const float *w, const float *b, float *y, int8_t *scratch, int64_t rows,
+                        int64_t d_in, int64_t d_out, int threads) {
+  attnlab_linear_amx_many(x, 1, &w, &b, &y, &d_out, scratch, rows, d_in, threads);
+}
+#else
+void attnlab_linear_amx_many(const float *x, int64_t n, const float *const *w, const float *const *b,
+                             float *const *y, const int64_t *d_out, int8_t *scratch, int64_t rows, int64_t d_in,
+                             int threads) {
+  (void)x, (void)n, (void)w, (void)b, (void)y, (void)d_out, (void)scratch, (void)rows, (void)d_in, (void)threads;
+  abort(); /* never called: attnlab_amx_permitted() is 0 in this build */
+}
+
+void attnlab_linear_amx(const float *x, const float *w, const float *b, float *y, int8_t *scratch, int64_t rows,
+                        int64_t d_in, int64_t d_out, int threads) {
+  attnlab_linear_amx_many(x, 1, &w, &b, &y, &d_out, scratch, rows, d_in, threads);
+}
+#endif
+
 /* Causal attention over a whole prompt from position 0 (generation's prefill): softmax(q K^T scale, keys up to the
  * query's own position) V, with grouped-query heads; q, out [batch, T, heads, d_head], k, v [batch, T, kv_heads,
  * d_head], d_head a multiple of TILE_N. Torch's fused CPU attention ran at a fifth of the float32 tile product's

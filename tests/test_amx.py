@@ -1,0 +1,216 @@
+"""Float32 products on AMX tiles (decode.c, attnlab_linear_amx; kernels.linear_amx), and the choice
+of the product that forward passes and prompts of many rows take (kernels.float_products).
+
+Tolerances, derived: the kernel splits each float32 value into three bfloat16 parts and sums six
+exact products of parts in float32 (decode.c's comment), so it is a float32 GEMM with its own order
+of summation: within Higham's bound of the exact sum (1e-5 · |x| |W|ᵀ here, as the float32 tiles'
+tests), and, tighter, its largest error against float64 within 3x torch's own float32 GEMM's on the
+same product plus 8 units in the last place of the largest |x| |W|ᵀ + |b| (a few terms: six
+roundings where torch has one or two). Seen over 300 seeds of these shapes: at most 0.27 of that
+bound; a part or a product left out exceeds it.
+
+Where the CPU or its operating system does not allow AMX, the product's tests are skipped with the
+reason (the choice's tests run everywhere).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_inference_layers import BASE, build, close, counting, module_path
+
+from attnlab.errors import UserError
+from attnlab.generate import kernels
+from attnlab.generate.fast_layers import TILES_MIN_MACS
+from attnlab.model.layers import Linear
+
+
+@pytest.fixture
+def amx():
+    if not kernels.available():
+        pytest.fail("attnlab's C kernels could not be built here (no C compiler)", pytrace=False)
+    why = kernels.amx_unusable()
+    if why is not None and any(no in why for no in NO_AMX):
+        pytest.skip(f"no AMX here: {why}")
+    if why is not None:  # a fault or a wrong sum where the CPU and the OS allow AMX: a bug
+        pytest.fail(f"the AMX product cannot run: {why}", pytrace=False)
+
+
+# what amx_unusable says where this machine, not the kernel, is why
+NO_AMX = ("does not let a process run AMX tiles", "only in the AVX-512 build")
+
+
+# (rows, d_in, d_out): one of each; rows, k and features not multiples of the 32 x 32 blocks and 32
+# k per tile; a few panels per thread; SmolLM2's q, k/v and down projections
+SHAPES = [
+    (1, 1, 1),
+    (5, 33, 17),
+    (31, 64, 31),
+    (33, 100, 65),
+    (64, 576, 192),
+    (100, 1000, 70),
+    (70, 1536, 576),
+    (257, 576, 576),
+]
+
+
+def errors(x, w, bias, out) -> tuple[float, float]:
+    """The largest error of `out` and of torch's float32 product against float64."""
+    reference = F.linear(x.double(), w.double(), None if bias is None else bias.double())
+    slack = 1e-5 * (x.double().abs() @ w.double().abs().T) + 1e-6
+    assert ((out.double() - reference).abs() <= slack).all()
+    ours = (out.double() - reference).abs().max().item()
+    torchs = (F.linear(x, w, bias).double() - reference).abs().max().item()
+    return ours, torchs
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("rows, d_in, d_out", SHAPES)
+def test_the_amx_product_is_a_float32_gemm(amx, seed, rows, d_in, d_out, threads, monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    g = torch.Generator().manual_seed(seed)
+    # values of every size, so that each needs all three of its bfloat16 parts
+    x = torch.randn(rows, d_in, generator=g) * torch.rand(1, d_in, generator=g) * 3
+    w = torch.randn(d_out, d_in, generator=g) * torch.rand(d_out, 1, generator=g)
+    for bias in (None, torch.randn(d_out, generator=g)):
+        out = kernels.linear_amx(x, w, bias)
+        assert out.shape == (rows, d_out) and out.dtype == torch.float32
+        ours, torchs = errors(x, w, bias, out)
+        scale = (x.double().abs() @ w.double().abs().T).max().item()
+        scale += 0.0 if bias is None else bias.abs().max().item()
+        assert ours <= 3 * torchs + 8 * 2**-24 * scale, (ours, torchs)
+    # leading dimensions are rows; a transposed x is read as its values
+    x3 = torch.randn(3, rows, d_in, generator=g)
+    assert torch.equal(
+        kernels.linear_amx(x3, w),
+        kernels.linear_amx(x3.reshape(-1, d_in), w).reshape(3, rows, d_out),
+    )
+    xt = torch.randn(d_in, rows, generator=g).T
+    assert torch.equal(kernels.linear_amx(xt, w), kernels.linear_amx(xt.contiguous(), w))
+
+
+def test_the_amx_product_of_exact_values_is_exact_and_threads_agree(amx, monkeypatch):
+    """Small integers and halves: every partial sum exact, whatever the order; two threads compute
+    each 32 x 32 block of y as one does, bit for bit."""
+    x = torch.randint(-40, 40, (77, 300)).float() / 2
+    w = torch.randint(-9, 9, (133, 300)).float()
+    bias = torch.arange(133).float()
+    exact = (x.double() @ w.double().T + bias.double()).float()
+    outs = []
+    for threads in (1, 2):
+        monkeypatch.setattr(torch, "get_num_threads", lambda t=threads: t)
+        outs.append(kernels.linear_amx(x, w, bias))
+        assert torch.equal(outs[-1], exact)
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn(77, 300, generator=g), torch.randn(133, 300, generator=g)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    one = kernels.linear_amx(x, w)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert torch.equal(one, kernels.linear_amx(x, w))
+
+
+def test_nan_and_infinity_stay_not_finite(amx):
+    x = torch.ones(3, 40)
+    x[0, 7], x[1, 20] = float("nan"), float("inf")
+    out = kernels.linear_amx(x, torch.ones(5, 40))
+    assert torch.isnan(out[0]).all() and not torch.isfinite(out[1]).any()
+    assert torch.equal(out[2], torch.full((5,), 40.0))
+
+
+def test_a_forward_without_gradients_takes_the_amx_product_and_the_module_paths_numbers(
+    amx, seed, monkeypatch
+):
+    monkeypatch.setenv("ATTNLAB_FLOAT_ROWS", "amx")
+    kernels.float_rows()  # the attention's choice, timed once (with the tiles) before counting
+    products, calls, many = [], [], kernels.linear_amx_many  # the matrices; the calls
+    monkeypatch.setattr(
+        kernels,
+        "linear_amx_many",
+        lambda x, m: calls.append(len(m)) or products.extend(m) or many(x, m),
+    )
+    tiles = counting(monkeypatch, "linear_rows")
+    model = build("llama-gqa")
+    ids = torch.randint(0, BASE["d_vocab"], (2, 64))
+    with torch.no_grad():
+        fast = model(ids)
+        fast_cache = model.run_with_cache(ids)[1]
+        # every Linear of the blocks and the LM head large enough for the tiles, in both runs
+        rows = ids.numel()
+        linears = sum(
+            isinstance(m, Linear) and rows * m.in_features * m.out_features >= TILES_MIN_MACS
+            for m in model.modules()
+        )
+        assert linears >= 5 and len(products) == 2 * linears and tiles == []
+        # q, k and v, and gate and up, x split once for each: 2 + 2 calls a layer, 1 the LM head
+        assert len(calls) == 2 * (4 * BASE["n_layers"] + 1)
+        exact = model.double()(ids)
+        model.float()
+        module_path(monkeypatch)
+        reference = model(ids)
+        reference_cache = model.run_with_cache(ids)[1]
+    close(fast, reference, "logits")
+    close(fast.double(), exact, "logits against float64")
+    for key in reference_cache.keys():
+        close(fast_cache[key], reference_cache[key], key)
+
+
+def test_many_rows_take_amx_where_allowed_else_the_measured_product(monkeypatch):
+    """Unforced: AMX where amx_unusable has no objection, else the float32 tiles or torch as
+    measured (kernels.float_rows). Forced: what ATTNLAB_FLOAT_ROWS names; amx where AMX cannot run,
+    or a name it does not take, is one line."""
+    monkeypatch.delenv("ATTNLAB_FLOAT_ROWS")
+    monkeypatch.setattr(kernels, "rows_vectorized", lambda: (True, True))
+    monkeypatch.setattr(kernels, "_tiles_beat_torch", lambda build, threads: False)
+    monkeypatch.setattr(kernels, "amx_unusable", lambda: None)
+    assert kernels.float_products() == "amx"
+    assert kernels.float_rows() is False  # the attention: as measured
+    monkeypatch.setenv("ATTNLAB_FLOAT_ROWS", "c")
+    assert kernels.float_products() == "c" and kernels.float_rows() is True
+    monkeypatch.setenv("ATTNLAB_FLOAT_ROWS", "torch")
+    assert kernels.float_products() == "torch"
+    why = "this CPU or its operating system does not let a process run AMX tiles"
+    monkeypatch.setattr(kernels, "amx_unusable", lambda: why)
+    monkeypatch.delenv("ATTNLAB_FLOAT_ROWS")
+    assert kernels.float_products() == "torch"
+    monkeypatch.setattr(kernels, "_tiles_beat_torch", lambda build, threads: True)
+    assert kernels.float_products() == "c"
+    monkeypatch.setenv("ATTNLAB_FLOAT_ROWS", "amx")
+    with pytest.raises(UserError, match=f"ATTNLAB_FLOAT_ROWS=amx: {why}; use c or torch"):
+        kernels.float_products()
+    monkeypatch.setenv("ATTNLAB_FLOAT_ROWS", "mkl")
+    with pytest.raises(UserError, match="ATTNLAB_FLOAT_ROWS=mkl: it takes amx, c or torch"):
+        kernels.float_products()
+
+
+def test_amx_runs_only_from_the_avx512_build_that_passed_its_check_in_a_child(tmp_path):
+    """Other builds have no AMX; the portable build's own check (a child process) reports that the
+    build cannot run it, and the verdict is kept beside the library."""
+    assert "only in the AVX-512 build" in kernels._amx_unusable(("avx2", Path("unused")))
+    assert "only in the AVX-512 build" in kernels._amx_unusable(None)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ATTNLAB_CACHE", str(tmp_path))
+        path = kernels.build(flag_sets=(kernels.VARIANTS["portable"][0],))
+    assert path is not None
+    why = kernels.self_check(path, kernels.AMX_CHECK, ".amx-checked")
+    assert why is not None and "does not let a process run AMX tiles" in why
+    assert path.with_suffix(".amx-checked").read_text() == why
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_matrices_that_share_x_give_each_ones_own_product(amx, seed, threads, monkeypatch):
+    """linear_amx_many (a layer's q, k and v: x split once) equals linear_amx on each matrix, bit
+    for bit, whatever their sizes (one panel or many, one thread's or both)."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 45, 200, generator=g)
+    matrices = [
+        (torch.randn(d_out, 200, generator=g), torch.randn(d_out, generator=g) if bias else None)
+        for d_out, bias in ((576, True), (17, False), (1000, True), (64, False))
+    ]
+    together = kernels.linear_amx_many(x, matrices)
+    for (w, bias), got in zip(matrices, together, strict=True):
+        assert got.shape == (2, 45, w.shape[0])
+        assert torch.equal(got, kernels.linear_amx(x, w, bias))
