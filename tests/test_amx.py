@@ -214,3 +214,13 @@ def test_matrices_that_share_x_give_each_ones_own_product(amx, seed, threads, mo
     for (w, bias), got in zip(matrices, together, strict=True):
         assert got.shape == (2, 45, w.shape[0])
         assert torch.equal(got, kernels.linear_amx(x, w, bias))
+
+
+def test_a_thread_keeps_one_scratch_buffer_of_bounded_size():
+    """The scratch of the AMX products is kept from call to call (no page faults each time) up to
+    KEPT_SCRATCH_MAX; a larger one is the call's own."""
+    small = kernels._kept_scratch(1000)
+    assert kernels._kept_scratch(800).data_ptr() == small.data_ptr()
+    large = kernels._kept_scratch(kernels.KEPT_SCRATCH_MAX + 1)
+    assert large.numel() == kernels.KEPT_SCRATCH_MAX + 1
+    assert kernels._kept_scratch(900).data_ptr() == small.data_ptr()

@@ -1150,12 +1150,17 @@ def linear_rows(
 
 
 _scratch_kept = threading.local()
+KEPT_SCRATCH_MAX = 32 << 20  # bytes: a prompt of ~2,000 rows of SmolLM2's widest product
 
 
 def _kept_scratch(nbytes: int) -> torch.Tensor:
     """A scratch buffer of at least `nbytes`, kept from call to call by this Python thread (the
     kernels release the GIL, so threads never share one): a fresh one of several MB costs a page
-    fault per 4 KB at every call, a millisecond of a 4 ms product (SmolLM2's down projection)."""
+    fault per 4 KB at every call, a millisecond of a 4 ms product (SmolLM2's down projection).
+    Larger ones (long prompts, whose products take far longer than their page faults) are not
+    kept: no thread holds more than KEPT_SCRATCH_MAX."""
+    if nbytes > KEPT_SCRATCH_MAX:
+        return torch.empty(nbytes, dtype=torch.int8)
     kept = getattr(_scratch_kept, "buffer", None)
     if kept is None or kept.numel() < nbytes:
         kept = _scratch_kept.buffer = torch.empty(nbytes, dtype=torch.int8)
