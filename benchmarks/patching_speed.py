@@ -274,8 +274,14 @@ def cache_and_forward(args, model, bridge, vocab: int) -> float:
             "c": "decode.c's float32 tiles",
             "torch": "torch's GEMM (measured faster here: kernels.float_rows)",
         }[kernels.float_products()]
-        attention = "decode.c's" if kernels.float_rows() else "torch's (measured faster here)"
-        products += f"; attention {attention}; RoPE, RMSNorm and SwiGLU in C"
+        attention = (
+            "decode.c's"
+            if kernels.float_rows()
+            else "with its pattern (hooked) on AMX's tiles, fused (no hooks) torch's"
+            if kernels.float_products() == "amx"
+            else "torch's (measured faster here)"
+        )
+        products += f"; attention {attention}; RoPE, RMSNorm and SwiGLU in C, hooked or not"
     else:
         products = f"torch's ({why})"
     print(f"  attnlab's products and attention: {products}")

@@ -224,3 +224,58 @@ def test_a_thread_keeps_one_scratch_buffer_of_bounded_size():
     large = kernels._kept_scratch(kernels.KEPT_SCRATCH_MAX + 1)
     assert large.numel() == kernels.KEPT_SCRATCH_MAX + 1
     assert kernels._kept_scratch(900).data_ptr() == small.data_ptr()
+
+
+# (batch, T, heads, kv_heads, d_head): T not a multiple of the 32 x 32 blocks, grouped and plain
+# heads, d_head not a multiple of 32 (the AMX steps pad it)
+ATTENTION_SHAPES = [
+    (1, 1, 2, 1, 32),
+    (2, 37, 4, 2, 32),
+    (1, 70, 6, 3, 64),
+    (2, 13, 3, 3, 96),
+    (1, 45, 2, 1, 48),
+]
+
+
+def within_float32(got, exact, terms, reference32):
+    """got against the float64 `exact`, as the products above: Higham's bound on |terms| (the sum
+    of the absolute products), and 3x torch's float32 error plus 8 units in the last place."""
+    slack = 1e-5 * terms + 1e-6
+    assert ((got.double() - exact).abs() <= slack).all()
+    ours = (got.double() - exact).abs().max().item()
+    torchs = (reference32.double() - exact).abs().max().item()
+    assert ours <= 3 * torchs + 8 * 2**-24 * terms.max().item(), (ours, torchs)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("batch, T, heads, kv_heads, d_head", ATTENTION_SHAPES)
+def test_the_attention_steps_on_amx_tiles_are_the_chapters_equation(
+    amx, seed, batch, T, heads, kv_heads, d_head, threads, monkeypatch
+):
+    """The masked scores (q Kᵀ · scale where the key's position <= the query's, −∞ elsewhere,
+    exactly) and the pattern's mix with V, any pattern (a hook may put weight anywhere)."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, heads, T, d_head, generator=g)
+    k = torch.randn(batch, kv_heads, T, d_head, generator=g)
+    v = torch.randn(batch, kv_heads, T, d_head, generator=g)
+    scale = d_head**-0.5
+    group = heads // kv_heads
+    k_all, v_all = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scores = kernels.attend_scores(q, k, scale, amx=True)
+    hidden = torch.ones(T, T, dtype=torch.bool).triu(1)
+    assert torch.isneginf(scores[..., hidden]).all() and torch.isfinite(scores[..., ~hidden]).all()
+    exact = (q.double() @ k_all.double().transpose(-2, -1)) * scale
+    terms = (q.double().abs() @ k_all.double().abs().transpose(-2, -1)) * scale
+    reference = (q @ k_all.transpose(-2, -1)) * scale
+    visible = ~hidden.expand_as(scores)
+    within_float32(scores[visible], exact[visible], terms[visible], reference[visible])
+    pattern = torch.rand(batch, heads, T, T, generator=g)  # weight on every key, masked or not
+    z = kernels.attend_mix(pattern, v, amx=True)
+    assert z.shape == (batch, heads, T, d_head)
+    within_float32(
+        z,
+        pattern.double() @ v_all.double(),
+        pattern.double().abs() @ v_all.double().abs(),
+        pattern @ v_all,
+    )

@@ -195,6 +195,50 @@ def test_a_hook_that_edits_changes_the_kernel_path_as_the_module_path(seed, monk
     assert (fast - plain).abs().max() > 1e-3  # the edit did change something
 
 
+def _double(t, hook):
+    return t * 2
+
+
+def _double_in_place(t, hook):
+    return t.mul_(2)
+
+
+@pytest.mark.parametrize(
+    "name, hook",
+    [
+        ("ln1.hook_scale", _double),
+        ("ln1.hook_scale", _double_in_place),
+        ("ln2.hook_normalized", _double),
+        ("ln2.hook_normalized", _double_in_place),
+    ],
+)
+def test_a_hook_that_edits_a_norms_parts_changes_the_kernel_path_as_the_module_path(
+    seed, monkeypatch, name, hook
+):
+    """KernelRMSNorm computes the scale and normalized input its hooks read in C; a hook that
+    replaces either, or edits it in place, gets RMSNorm's steps after it (`_hooked_norm`: a
+    replaced part flows on into the output; an edit in place reaches the hooks after it, not the
+    output, in both paths)."""
+    model = build("llama-gqa")
+    ids = torch.randint(0, BASE["d_vocab"], (2, 64))
+    norms = counting(monkeypatch, "rms_norm_parts_rows")
+
+    def edited():
+        return model.run_with_cache(ids, fwd_hooks=[(f"blocks.1.{name}", hook)])
+
+    with torch.no_grad():
+        fast, fast_cache = edited()
+        assert len(norms) == 2 * BASE["n_layers"] + 1  # every norm, the final one too
+        plain = model(ids)
+        module_path(monkeypatch)
+        reference, reference_cache = edited()
+    close(fast, reference, "edited logits")
+    for key in reference_cache.keys():
+        close(fast_cache[key], reference_cache[key], key)
+    if hook is _double:  # a replaced part flows on; one edited in place is what later hooks see
+        assert (fast - plain).abs().max() > 1e-3
+
+
 def counting_swaps(monkeypatch) -> list:
     """Count the times fast_layers.fast_linears swaps a model's modules."""
     swapped, original = [], fast_layers.fast_linears

@@ -515,7 +515,8 @@ def test_generation_takes_the_prompt_attention_where_it_applies(
 
 
 def prompt_elementwise_kernels_in_this_build() -> None:
-    """rms_norm_rows and silu_mul_rows of `kernels.library()` against the modules' equations (up to
+    """rms_norm_rows (and its hooks' parts) and silu_mul_rows (and into up) of `kernels.library()`
+    against the modules' equations (up to
     float32 rounding), rope_rows equal to apply_rope bit for bit, on row counts below and above the
     few-row threshold and on sizes the threads split (more than 16,384 values), a rotation of every
     dim and of the first half only (partial RoPE)."""
@@ -526,8 +527,17 @@ def prompt_elementwise_kernels_in_this_build() -> None:
         x = torch.randn(shape) * 3
         with torch.no_grad():
             torch.testing.assert_close(kernels.rms_norm_rows(x, norm.weight, 1e-5), norm(x), **F32)
+        # with the parts its hooks read: scale = sqrt(mean(x²) + eps), normalized = x / scale
+        out, scale, normalized = kernels.rms_norm_parts_rows(x, norm.weight, 1e-5)
+        assert torch.equal(out, kernels.rms_norm_rows(x, norm.weight, 1e-5))
+        exact = (x.double().pow(2).mean(-1, keepdim=True) + 1e-5).sqrt()
+        torch.testing.assert_close(scale, exact.float(), **F32)
+        torch.testing.assert_close(normalized, (x.double() / exact).float(), **F32)
         gate, up = torch.randn(shape) * 4, torch.randn(shape)
         expected = F.silu(gate) * up
+        kept = gate.clone()
+        torch.testing.assert_close(kernels.silu_mul_up_rows(gate, up.clone()), expected, **F32)
+        assert torch.equal(gate, kept)  # (the gate, which a hook holds, untouched)
         assert kernels.silu_mul_rows(gate, up) is gate
         torch.testing.assert_close(gate, expected, **F32)
     for B, T, H, D, rotary_dim in [(1, 3, 2, 8, 8), (2, 13, 3, 10, 10), (2, 300, 4, 32, 16)]:

@@ -209,17 +209,31 @@ def multiply_together(x: torch.Tensor, *linears: KernelLinear) -> list[torch.Ten
 
 
 class KernelRMSNorm(RMSNorm):
-    """RMSNorm with generation's fast path for a prompt whose norm no hook reads: decode.c's RMSNorm
-    (the decode step's), the rows shared by the threads; everything else as RMSNorm."""
+    """RMSNorm with generation's fast path for a prompt: decode.c's RMSNorm (the decode step's),
+    the rows shared by the threads; where hooks read its scale and normalized input
+    (run_with_cache) and the products are not torch's (kernels.float_products; with torch's, the
+    module path's numbers bit for bit), those two from the same C pass, handed to the hooks as
+    RMSNorm hands its own (`_hooked_norm`: a hook that replaces either, or edits the scale in
+    place, gets the module path's steps after it); everything else as RMSNorm."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (
-            prompt_rows(x, self.hook_scale, self.hook_normalized)
+        if not (
+            not torch.compiler.is_compiling()
             and self.weight.dtype == torch.float32
             and x.shape[-1] == self.weight.shape[0]
             and kernels.usable(self.weight)
         ):
+            return super().forward(x)
+        if prompt_rows(x, self.hook_scale, self.hook_normalized):
             return kernels.rms_norm_rows(x, self.weight, self.eps)
+        if prompt_rows(x) and kernels.float_products() != "torch":  # (torch's: its numbers)
+            out, scale, normalized = kernels.rms_norm_parts_rows(x, self.weight, self.eps)
+            version = scale._version
+            hooked_scale = self.hook_scale(scale)
+            if hooked_scale is not scale or scale._version != version:
+                normalized = x / hooked_scale  # RMSNorm's normalized input from the hook's scale
+            hooked = self.hook_normalized(normalized)
+            return out if hooked is normalized and hooked_scale is scale else self.weight * hooked
         return super().forward(x)
 
 
@@ -244,8 +258,19 @@ class KernelMLP(MLP):
                     gate = self.hook_pre(gate)
                 else:
                     gate, up = self.hook_pre(self.W_gate(x)), None
-                act = self.act(gate)
                 up = self.W_in(x) if up is None else up
+                if (
+                    self.act is F.silu
+                    and gate.shape == up.shape
+                    and gate.dtype == up.dtype == torch.float32
+                    and gate.is_contiguous()
+                    and up.is_contiguous()
+                    and prompt_rows(x, self.W_in)
+                    and kernels.float_products() != "torch"
+                ):  # silu(gate) · up in C, into up (no one holds it), the gate left to its hook;
+                    # with torch's products, torch's steps: the module path's numbers bit for bit
+                    return self.W_out(self.hook_post(kernels.silu_mul_up_rows(gate, up)))
+                act = self.act(gate)
                 post = act.mul_(up) if act is not gate else act * up
                 return self.W_out(self.hook_post(post))
             return super().forward(x)
@@ -302,9 +327,11 @@ class KernelAttention(Attention):
             return kernels.rope_rows(x, cos, sin)
         return super().rotate(x, rope)
 
-    def prompt(self, q, k, *, mask, dropout_p, window) -> bool:
+    def prompt(self, q, k, *, mask, dropout_p, window, amx: bool = False) -> bool:
         """A prompt from position 0 the kernels take: causal, the queries are every key, no mask,
-        dropout or window it outgrows, float32 on the CPU, no gradients, a vectorised build."""
+        dropout or window it outgrows, float32 on the CPU, no gradients, a vectorised build whose
+        float32 tiles measured faster than torch's GEMM (`amx`: where the products take AMX's
+        tiles, kernels.float_products)."""
         return (
             self.config.causal
             and mask is None
@@ -315,7 +342,7 @@ class KernelAttention(Attention):
             and q.dtype == k.dtype == torch.float32
             and not torch.compiler.is_compiling()
             and kernels.usable(q, k)
-            and kernels.float_rows()
+            and (kernels.float_products() == "amx" if amx else kernels.float_rows())
         )
 
     def attend(self, q, k, v, *, mask, dropout_p, window):
@@ -329,6 +356,8 @@ class KernelAttention(Attention):
         return super().attend(q, k, v, mask=mask, dropout_p=dropout_p, window=window)
 
     def score(self, q, k, *, mask, window):
+        if self.prompt(q, k, mask=mask, dropout_p=0.0, window=window, amx=True):
+            return kernels.attend_scores(q, k, self.config.scale, amx=True)
         if self.prompt(q, k, mask=mask, dropout_p=0.0, window=window):
             return kernels.attend_scores(q, k, self.config.scale)
         if self.config.causal and mask is None and in_place():
@@ -364,13 +393,14 @@ class KernelAttention(Attention):
             and pattern.shape[-1] == v.shape[-2]
             and pattern.shape[0] == v.shape[0]
             and pattern.shape[1] % v.shape[1] == 0
-            and v.shape[-1] % 32 == 0
             and pattern.dtype == v.dtype == torch.float32
             and not torch.compiler.is_compiling()
             and kernels.usable(pattern, v)
-            and kernels.float_rows()
         ):
-            return kernels.attend_mix(pattern, v)
+            if kernels.float_products() == "amx":
+                return kernels.attend_mix(pattern, v, amx=True)
+            if v.shape[-1] % 32 == 0 and kernels.float_rows():
+                return kernels.attend_mix(pattern, v)
         return super().mix(pattern, v)
 
 

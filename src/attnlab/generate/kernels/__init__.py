@@ -177,6 +177,10 @@ ELEMENTWISE_ROWS = [
     ("attnlab_rms_norm_rows", [_ptr] * 3 + [_i64, _i64, _float, _int]),
     ("attnlab_silu_mul_rows", [_ptr, _ptr, _i64, _int]),
     ("attnlab_rope_rows", [_ptr] * 4 + [_i64] * 4 + [_int]),
+    # RMSNorm with its hooks' parts (x, w, out, scale, normalized, rows, d, eps, threads)
+    ("attnlab_rms_norm_parts_rows", [_ptr] * 5 + [_i64, _i64, _float, _int]),
+    # SwiGLU's product into up (gate, up, n, threads)
+    ("attnlab_silu_mul_up_rows", [_ptr, _ptr, _i64, _int]),
 ]
 # a prompt's causal attention from position 0 (q, k, v, out, scratch, batch, T, heads, kv_heads,
 # d_head, scale, threads), and its scratch bytes (batch, T, kv_heads, d_head, threads)
@@ -188,6 +192,13 @@ ROWS_VECTORIZED = ("attnlab_linear_rows_vectorized", [])  # bit 0: 8-bit product
 # d_out, threads), and whether this process may run them (asks the OS)
 LINEAR_AMX = ("attnlab_linear_amx_many", [_ptr, _i64] + [_ptr] * 5 + [_i64, _i64, _int])
 LINEAR_AMX_SCRATCH = ("attnlab_linear_amx_scratch", [_i64] * 3 + [_int])
+# the attention steps' two products on AMX tiles, as ATTEND_STEPS' first and third (with scratch),
+# and their scratch bytes (T, S, d_head, threads)
+ATTEND_AMX = [
+    ("attnlab_attend_scores_amx", [_ptr] * 4 + [_i64] * 5 + [_float, _int]),
+    ("attnlab_attend_mix_amx", [_ptr] * 4 + [_i64] * 6 + [_int]),
+]
+ATTEND_AMX_SCRATCH = ("attnlab_attend_amx_scratch", [_i64] * 3 + [_int])
 AMX_PERMITTED = ("attnlab_amx_permitted", [])
 # one read-only pass over a buffer (its address, bytes, threads, prefetch distance or 0): the read
 # bandwidth's probe; and the decode products' prefetch distance
@@ -550,6 +561,7 @@ def load(path: Path) -> ctypes.CDLL:
         *ELEMENTWISE_ROWS,
         *ATTEND_STEPS,
         LINEAR_AMX,
+        *ATTEND_AMX,
     ]:
         getattr(lib, name).argtypes = argtypes
         getattr(lib, name).restype = None
@@ -558,6 +570,7 @@ def load(path: Path) -> ctypes.CDLL:
         (ROWS_SCRATCH, _i64),
         (ROWS_VECTORIZED, _int),
         (LINEAR_AMX_SCRATCH, _i64),
+        (ATTEND_AMX_SCRATCH, _i64),
         (AMX_PERMITTED, _int),
         (ATTEND_ROWS_SCRATCH, _i64),
         (READ_PASS, ctypes.c_uint64),
@@ -1111,6 +1124,24 @@ def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
     return out
 
 
+def rms_norm_parts_rows(
+    x: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """RMSNorm of every row of x (..., d) float32 with the parts its hooks read: (out as
+    `rms_norm_rows`, scale (..., 1) = sqrt(mean(x²) + eps), normalized = x / scale), one pass over
+    each row (decode.c, attnlab_rms_norm_parts_rows). New tensors."""
+    x = x.contiguous()
+    assert x.dtype == weight.dtype == torch.float32 and weight.is_contiguous()
+    out, normalized = torch.empty_like(x), torch.empty_like(x)
+    scale = torch.empty(*x.shape[:-1], 1)
+    d = x.shape[-1]
+    getattr(library(), ELEMENTWISE_ROWS[3][0])(
+        x.data_ptr(), weight.data_ptr(), out.data_ptr(), scale.data_ptr(), normalized.data_ptr(),
+        x.numel() // d, d, eps, torch.get_num_threads(),
+    )  # fmt: skip
+    return out, scale, normalized
+
+
 def silu_mul_rows(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """gate = silu(gate) · up in place (SwiGLU's product; gate and up contiguous float32 of the same
     shape, the values shared by the threads: decode.c, attnlab_silu_mul_rows). Returns gate."""
@@ -1120,6 +1151,17 @@ def silu_mul_rows(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         gate.data_ptr(), up.data_ptr(), gate.numel(), torch.get_num_threads()
     )
     return gate
+
+
+def silu_mul_up_rows(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """up = silu(gate) · up in place (SwiGLU's product where a hook holds the gate; contiguous
+    float32 of the same shape: decode.c, attnlab_silu_mul_up_rows). Returns up."""
+    assert gate.is_contiguous() and up.is_contiguous() and gate.shape == up.shape
+    assert gate.dtype == up.dtype == torch.float32
+    getattr(library(), ELEMENTWISE_ROWS[4][0])(
+        gate.data_ptr(), up.data_ptr(), gate.numel(), torch.get_num_threads()
+    )
+    return up
 
 
 def rope_rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -1147,6 +1189,14 @@ def linear_rows(
     check `usable`."""
     assert weight.dtype == torch.float32 and x.shape[-1] == weight.shape[1]
     return _rows_product(LINEAR_ROWS[1][0], x, weight, -1, bias)
+
+
+def _no_amx_raises() -> None:
+    """An AMX instruction without the OS's permission is an illegal instruction: `amx_unusable`
+    (which asks for it) must have no objection first."""
+    why = amx_unusable()
+    if why is not None:
+        raise RuntimeError(f"attnlab's AMX product cannot run here: {why}")
 
 
 _scratch_kept = threading.local()
@@ -1185,9 +1235,7 @@ def linear_amx_many(
     into its bfloat16 parts once for all of them: a layer's q, k and v, or its gate and up
     (decode.c, attnlab_linear_amx_many; each product is `linear_amx`'s, bit for bit). Returns new
     tensors (..., d_out_i). Callers check `usable`; `amx_unusable` is checked here."""
-    why = amx_unusable()
-    if why is not None:
-        raise RuntimeError(f"attnlab's AMX product cannot run here: {why}")
+    _no_amx_raises()
     x = x.contiguous()
     rows, d_in = x.numel() // x.shape[-1], x.shape[-1]
     assert x.dtype == torch.float32
@@ -1251,19 +1299,32 @@ def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float)
     return out.transpose(1, 2)
 
 
-def attend_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+def attend_scores(
+    q: torch.Tensor, k: torch.Tensor, scale: float, amx: bool = False
+) -> torch.Tensor:
     """The masked scores of a whole prompt's causal attention from position 0: q Kᵀ · scale where
     the query sees the key (key position ≤ query position), −∞ elsewhere (apply_mask's values), for
     q [batch, head, T, d_head], k [batch, kv_head, T, d_head] (grouped-query), float32 (decode.c,
-    attnlab_attend_scores). Returns a new [batch, head, T, T]. Callers check `usable`."""
+    attnlab_attend_scores; `amx`: attnlab_attend_scores_amx, on AMX tiles at float32's accuracy,
+    where `amx_unusable` has no objection). Returns a new [batch, head, T, T]. Callers check
+    `usable`."""
     B, H, T, D = q.shape
     Hkv = k.shape[1]
     assert k.shape == (B, Hkv, T, D) and H % Hkv == 0
     assert q.dtype == k.dtype == torch.float32
     q, k = (t.transpose(1, 2).contiguous() for t in (q, k))  # [batch, pos, head, d_head]
     lib = library()
-    scratch = torch.empty(getattr(lib, ATTEND_ROWS_SCRATCH[0])(B, T, Hkv, D, 1) // 4)
     scores = torch.empty(B, H, T, T)
+    if amx:
+        _no_amx_raises()
+        threads = torch.get_num_threads()
+        scratch = _kept_scratch(getattr(lib, ATTEND_AMX_SCRATCH[0])(T, T, D, threads))
+        getattr(lib, ATTEND_AMX[0][0])(
+            q.data_ptr(), k.data_ptr(), scores.data_ptr(), scratch.data_ptr(),
+            B, T, H, Hkv, D, scale, threads,
+        )  # fmt: skip
+        return scores
+    scratch = torch.empty(getattr(lib, ATTEND_ROWS_SCRATCH[0])(B, T, Hkv, D, 1) // 4)
     getattr(lib, ATTEND_STEPS[0][0])(
         q.data_ptr(),
         k.data_ptr(),
@@ -1294,17 +1355,27 @@ def softmax_rows(scores: torch.Tensor) -> torch.Tensor:
     return pattern
 
 
-def attend_mix(pattern: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def attend_mix(pattern: torch.Tensor, v: torch.Tensor, amx: bool = False) -> torch.Tensor:
     """z = pattern V for pattern [batch, head, T, S] and v [batch, kv_head, S, d_head]
-    (grouped-query), float32, d_head a multiple of 32 (decode.c, attnlab_attend_mix). Returns
-    [batch, head, T, d_head], a view of a [batch, T, head, d_head] tensor. Callers check
-    `usable`."""
+    (grouped-query), float32, d_head a multiple of 32 (decode.c, attnlab_attend_mix; `amx`: any
+    d_head, attnlab_attend_mix_amx on AMX tiles at float32's accuracy, where `amx_unusable` has no
+    objection). Returns [batch, head, T, d_head], a view of a [batch, T, head, d_head] tensor.
+    Callers check `usable`."""
     B, H, T, S = pattern.shape
     Hkv, D = v.shape[1], v.shape[-1]
-    assert v.shape == (B, Hkv, S, D) and H % Hkv == 0 and D % 32 == 0
+    assert v.shape == (B, Hkv, S, D) and H % Hkv == 0 and (amx or D % 32 == 0)
     assert pattern.dtype == v.dtype == torch.float32
     pattern, v = pattern.contiguous(), v.transpose(1, 2).contiguous()  # v: [batch, pos, head, D]
     out = torch.empty(B, T, H, D)
+    if amx:
+        _no_amx_raises()
+        lib, threads = library(), torch.get_num_threads()
+        scratch = _kept_scratch(getattr(lib, ATTEND_AMX_SCRATCH[0])(T, S, D, threads))
+        getattr(lib, ATTEND_AMX[1][0])(
+            pattern.data_ptr(), v.data_ptr(), out.data_ptr(), scratch.data_ptr(),
+            B, T, S, H, Hkv, D, threads,
+        )  # fmt: skip
+        return out.transpose(1, 2)
     getattr(library(), ATTEND_STEPS[2][0])(
         pattern.data_ptr(),
         v.data_ptr(),

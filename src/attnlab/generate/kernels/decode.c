@@ -2010,6 +2010,94 @@ AMX_TARGET static void configure_tiles(void) { /* eight tiles of 16 rows x 64 by
   __asm__ volatile("ldtilecfg %0" ::"m"(cfg) : "memory");
 }
 
+#define AMX_TILE 512 /* bfloat16s in a tile: 16 rows of 32 */
+
+/* Rows r0 .. r0 + n - 1 of x's parts (x [rows, d_in], row stride `stride`) into A [row tile][chunk][part][16][32],
+ * zeros past the last row and the last k. */
+AMX_TARGET static void amx_split_rows(const float *x, int64_t stride, int64_t rows, int64_t d_in, int64_t r0,
+                                      int64_t n, uint16_t *A) {
+  const int64_t chunks = round_up(d_in, AMX_K) / AMX_K, row_tile = chunks * 3 * AMX_TILE;
+  for (int64_t r = r0; r < r0 + n; r++)
+    for (int64_t c = 0; c < chunks; c++) {
+      float buf[AMX_K];
+      int64_t len = d_in - c * AMX_K < AMX_K ? d_in - c * AMX_K : AMX_K;
+      __m512i p[3];
+      split_bf16(row_chunk(r < rows ? x + r * stride + c * AMX_K : NULL, len, buf), p);
+      for (int part = 0; part < 3; part++)
+        _mm512_store_si512(A + (r / 16) * row_tile + (c * 3 + part) * AMX_TILE + (r % 16) * 32, p[part]);
+    }
+}
+
+/* W's parts for its features o0 .. o0 + features - 1 into B [part][feature tile][chunk][16 k pairs][16][2] (the
+ * pairs layout), features padded to 32 with zeros; W [d_out, d_in] by rows of k (row stride `stride`: a
+ * Linear's weight, keys) or, `by_k`, [d_in, d_out] by rows of features (V). Returns the stride between parts. */
+AMX_TARGET static int64_t amx_pack(const float *w, int64_t stride, int by_k, int64_t d_in, int64_t o0,
+                                   int64_t features, uint16_t *B) {
+  const int64_t chunks = round_up(d_in, AMX_K) / AMX_K, feature_tiles = round_up(features, 32) / 16;
+  const int64_t part_stride = feature_tiles * chunks * AMX_TILE;
+  for (int64_t ft = 0; ft < feature_tiles; ft++)
+    for (int64_t c = 0; c < chunks; c++) {
+      int64_t len = d_in - c * AMX_K < AMX_K ? d_in - c * AMX_K : AMX_K;
+      if (by_k) { /* two rows of k at a time: their 16 features' parts, interleaved into pairs */
+        const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
+                                               6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+        for (int64_t pair = 0; pair < 16; pair++) {
+          float buf[AMX_K] = {0};
+          for (int e = 0; e < 2; e++) {
+            int64_t k = c * AMX_K + 2 * pair + e, n = features - ft * 16 < 16 ? features - ft * 16 : 16;
+            if (k < d_in && n > 0) memcpy(buf + 16 * e, w + k * stride + o0 + ft * 16, n * sizeof(float));
+          }
+          __m512i p[3];
+          split_bf16(buf, p);
+          for (int part = 0; part < 3; part++)
+            _mm512_store_si512(B + part * part_stride + (ft * chunks + c) * AMX_TILE + pair * 32,
+                               _mm512_permutexvar_epi16(pairs, p[part]));
+        }
+        continue;
+      }
+      uint32_t parts[3][16][16] __attribute__((aligned(64)));
+      for (int64_t j = 0; j < 16; j++) {
+        float buf[AMX_K];
+        int64_t o = ft * 16 + j;
+        __m512i p[3];
+        split_bf16(row_chunk(o < features ? w + (o0 + o) * stride + c * AMX_K : NULL, len, buf), p);
+        for (int part = 0; part < 3; part++) _mm512_store_si512(parts[part][j], p[part]);
+      }
+      const __m512i column = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                                _mm512_set1_epi32(16));
+      for (int part = 0; part < 3; part++) { /* tile row: the pair of each feature's k */
+        uint32_t *dst = (uint32_t *)(B + part * part_stride + (ft * chunks + c) * AMX_TILE);
+        for (int pair = 0; pair < 16; pair++)
+          _mm512_store_si512(dst + pair * 16, _mm512_i32gather_epi32(column, (const int *)&parts[part][0][pair], 4));
+      }
+    }
+  return part_stride;
+}
+
+/* out [32][32] = the 32 x 32 block of x W^T at row tile rt and feature tile ft (both even) of A and B (above) */
+AMX_TARGET static void amx_block(const uint16_t *A, const uint16_t *B, int64_t part_stride, int64_t chunks,
+                                 int64_t rt, int64_t ft, float *out) {
+  const int64_t row_tile = chunks * 3 * AMX_TILE, next_features = chunks * AMX_TILE;
+  _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+  for (int64_t c = 0; c < chunks; c++) {
+    const uint16_t *x1 = A + rt * row_tile + c * 3 * AMX_TILE, *x2 = x1 + AMX_TILE, *x3 = x2 + AMX_TILE;
+    const uint16_t *w1 = B + (ft * chunks + c) * AMX_TILE, *w2 = w1 + part_stride, *w3 = w2 + part_stride;
+    /* tiles 0-3: y's 2 x 2 block; 4, 5: x's part for row tiles rt, rt + 1; 6, 7: W's for ft, ft + 1 */
+#define AMX_PRODUCTS _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7)
+    _tile_loadd(4, x1, 64); _tile_loadd(5, x1 + row_tile, 64);
+    _tile_loadd(6, w1, 64); _tile_loadd(7, w1 + next_features, 64); AMX_PRODUCTS; /* x1 w1 */
+    _tile_loadd(6, w2, 64); _tile_loadd(7, w2 + next_features, 64); AMX_PRODUCTS; /* x1 w2 */
+    _tile_loadd(4, x2, 64); _tile_loadd(5, x2 + row_tile, 64); AMX_PRODUCTS;      /* x2 w2 */
+    _tile_loadd(6, w1, 64); _tile_loadd(7, w1 + next_features, 64); AMX_PRODUCTS; /* x2 w1 */
+    _tile_loadd(4, x3, 64); _tile_loadd(5, x3 + row_tile, 64); AMX_PRODUCTS;      /* x3 w1 */
+    _tile_loadd(4, x1, 64); _tile_loadd(5, x1 + row_tile, 64);
+    _tile_loadd(6, w3, 64); _tile_loadd(7, w3 + next_features, 64); AMX_PRODUCTS; /* x1 w3 */
+#undef AMX_PRODUCTS
+  }
+  _tile_stored(0, out, 128); _tile_stored(1, out + 16, 128);
+  _tile_stored(2, out + 512, 128); _tile_stored(3, out + 528, 128);
+}
+
 /* y_i [rows, d_out[i]] = x [rows, d_in] W_i^T + b_i for the n float32 matrices W_i [d_out[i], d_in] (b_i may be
  * NULL), on AMX tiles (above), x split once for all of them (a layer's q, k and v, or its gate and up); only where
  * attnlab_amx_permitted() said 1. One parallel region; the threads share each matrix's panels in turn. scratch:
@@ -2019,27 +2107,18 @@ AMX_TARGET void attnlab_linear_amx_many(const float *x, int64_t n, const float *
                                         int64_t d_in, int threads) {
   if (rows <= 0) return;
   const int64_t kp = round_up(d_in, AMX_K), chunks = kp / AMX_K, row_tiles = round_up(rows, 32) / 16;
-  const int64_t tile = 512, row_tile = chunks * 3 * tile; /* bfloat16s in a tile; in a row tile of x's parts */
   int64_t most = 0;
   for (int64_t i = 0; i < n; i++) {
     int64_t p = amx_panel(d_in, d_out[i], threads);
     most = p > most ? p : most;
   }
   uint16_t *A = (uint16_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
-  int8_t *per_thread = (int8_t *)(A + row_tiles * row_tile);
+  int8_t *per_thread = (int8_t *)(A + row_tiles * chunks * 3 * AMX_TILE);
   const int64_t thread_bytes = most * kp * 6 + 32 * 32 * 4;
 #pragma omp parallel num_threads(threads)
   {
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < row_tiles * 16; r++)
-      for (int64_t c = 0; c < chunks; c++) {
-        float buf[AMX_K];
-        int64_t len = d_in - c * AMX_K < AMX_K ? d_in - c * AMX_K : AMX_K;
-        __m512i p[3];
-        split_bf16(row_chunk(r < rows ? x + r * d_in + c * AMX_K : NULL, len, buf), p);
-        for (int part = 0; part < 3; part++)
-          _mm512_store_si512(A + (r / 16) * row_tile + (c * 3 + part) * tile + (r % 16) * 32, p[part]);
-      }
+    for (int64_t rt = 0; rt < row_tiles; rt++) amx_split_rows(x, d_in, rows, d_in, rt * 16, 16, A);
     configure_tiles();
     uint16_t *B = (uint16_t *)(per_thread + this_thread() * thread_bytes);
     float *out = (float *)(B + most * kp * 3);
@@ -2048,47 +2127,10 @@ AMX_TARGET void attnlab_linear_amx_many(const float *x, int64_t n, const float *
 #pragma omp for schedule(static) nowait
       for (int64_t pi = 0; pi < panels; pi++) {
         const int64_t o0 = pi * panel, features = d_out[i] - o0 < panel ? d_out[i] - o0 : panel;
-        const int64_t feature_tiles = round_up(features, 32) / 16, part_stride = feature_tiles * chunks * tile;
-        for (int64_t ft = 0; ft < feature_tiles; ft++) /* W's parts, in the pairs layout */
-          for (int64_t c = 0; c < chunks; c++) {
-            uint32_t parts[3][16][16] __attribute__((aligned(64)));
-            int64_t len = d_in - c * AMX_K < AMX_K ? d_in - c * AMX_K : AMX_K;
-            for (int64_t j = 0; j < 16; j++) {
-              float buf[AMX_K];
-              int64_t o = ft * 16 + j;
-              __m512i p[3];
-              split_bf16(row_chunk(o < features ? w[i] + (o0 + o) * d_in + c * AMX_K : NULL, len, buf), p);
-              for (int part = 0; part < 3; part++) _mm512_store_si512(parts[part][j], p[part]);
-            }
-            const __m512i column = _mm512_mullo_epi32(
-                _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(16));
-            for (int part = 0; part < 3; part++) { /* tile row: the pair of each feature's k */
-              uint32_t *dst = (uint32_t *)(B + part * part_stride + (ft * chunks + c) * tile);
-              for (int pair = 0; pair < 16; pair++)
-                _mm512_store_si512(dst + pair * 16, _mm512_i32gather_epi32(column, (const int *)&parts[part][0][pair], 4));
-            }
-          }
+        const int64_t part_stride = amx_pack(w[i], d_in, 0, d_in, o0, features, B);
         for (int64_t rt = 0; rt < row_tiles; rt += 2)
-          for (int64_t ft = 0; ft < feature_tiles; ft += 2) {
-            _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-            const int64_t next_features = chunks * tile; /* from one feature tile to the next */
-            for (int64_t c = 0; c < chunks; c++) {
-              const uint16_t *x1 = A + rt * row_tile + c * 3 * tile, *x2 = x1 + tile, *x3 = x2 + tile;
-              const uint16_t *w1 = B + (ft * chunks + c) * tile, *w2 = w1 + part_stride, *w3 = w2 + part_stride;
-              /* tiles 0-3: y's 2 x 2 block; 4, 5: x's part for row tiles rt, rt + 1; 6, 7: W's for ft, ft + 1 */
-#define AMX_PRODUCTS _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7)
-              _tile_loadd(4, x1, 64); _tile_loadd(5, x1 + row_tile, 64);
-              _tile_loadd(6, w1, 64); _tile_loadd(7, w1 + next_features, 64); AMX_PRODUCTS; /* x1 w1 */
-              _tile_loadd(6, w2, 64); _tile_loadd(7, w2 + next_features, 64); AMX_PRODUCTS; /* x1 w2 */
-              _tile_loadd(4, x2, 64); _tile_loadd(5, x2 + row_tile, 64); AMX_PRODUCTS;      /* x2 w2 */
-              _tile_loadd(6, w1, 64); _tile_loadd(7, w1 + next_features, 64); AMX_PRODUCTS; /* x2 w1 */
-              _tile_loadd(4, x3, 64); _tile_loadd(5, x3 + row_tile, 64); AMX_PRODUCTS;      /* x3 w1 */
-              _tile_loadd(4, x1, 64); _tile_loadd(5, x1 + row_tile, 64);
-              _tile_loadd(6, w3, 64); _tile_loadd(7, w3 + next_features, 64); AMX_PRODUCTS; /* x1 w3 */
-#undef AMX_PRODUCTS
-            }
-            _tile_stored(0, out, 128); _tile_stored(1, out + 16, 128);
-            _tile_stored(2, out + 512, 128); _tile_stored(3, out + 528, 128);
+          for (int64_t ft = 0; ft < round_up(features, 32) / 16; ft += 2) {
+            amx_block(A, B, part_stride, chunks, rt, ft, out);
             const int64_t r0 = rt * 16, f0 = ft * 16;
             const int64_t m = rows - r0 < 32 ? rows - r0 : 32, cols = features - f0 < 32 ? features - f0 : 32;
             for (int64_t r = 0; r < m; r++)
@@ -2096,6 +2138,88 @@ AMX_TARGET void attnlab_linear_amx_many(const float *x, int64_t n, const float *
                 y[i][(r0 + r) * d_out[i] + o0 + f0 + j] = out[r * 32 + j] + (b[i] ? b[i][o0 + f0 + j] : 0.0f);
           }
       }
+    }
+    _tile_release();
+  }
+}
+
+/* The scratch bytes attnlab_attend_scores_amx and attnlab_attend_mix_amx need: per thread, one head's queries (or
+ * pattern rows) and keys (or values) split into their parts, and a block of the result. */
+int64_t attnlab_attend_amx_scratch(int64_t T, int64_t S, int64_t d_head, int threads) {
+  int64_t a = round_up(T, 32) * (round_up(S, AMX_K) > round_up(d_head, AMX_K) ? round_up(S, AMX_K) : round_up(d_head, AMX_K));
+  int64_t w = round_up(S, 32) * round_up(d_head, AMX_K) + round_up(d_head, 32) * round_up(S, AMX_K);
+  return threads * ((a + w) * 6 + 32 * 32 * 4 + 128) + 64;
+}
+
+/* The masked scores of a prompt's causal attention from position 0 on AMX tiles: attnlab_attend_scores's values
+ * (q K^T scale where the key's position <= the query's, -inf elsewhere) at a float32 product's accuracy, for q
+ * [batch, T, heads, d_head], k [batch, T, kv_heads, d_head] (grouped-query) into scores [batch, heads, T, T]; blocks
+ * of 32 x 32 above the diagonal are written without a product. The threads share the heads. */
+AMX_TARGET void attnlab_attend_scores_amx(const float *q, const float *k, float *scores, int8_t *scratch,
+                                          int64_t batch, int64_t T, int64_t heads, int64_t kv_heads, int64_t d_head,
+                                          float scale, int threads) {
+  const int64_t chunks = round_up(d_head, AMX_K) / AMX_K, row_tiles = round_up(T, 32) / 16;
+  const int64_t thread_bytes = attnlab_attend_amx_scratch(T, T, d_head, 1) - 64;
+  int8_t *base = (int8_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+#pragma omp parallel num_threads(threads)
+  {
+    uint16_t *A = (uint16_t *)(base + this_thread() * thread_bytes);
+    uint16_t *B = A + round_up(T, 32) * chunks * AMX_K * 3;
+    float *out = (float *)(B + round_up(T, 32) * chunks * AMX_K * 3);
+    configure_tiles();
+#pragma omp for schedule(static)
+    for (int64_t bh = 0; bh < batch * heads; bh++) {
+      const int64_t b = bh / heads, h = bh % heads, g = h / (heads / kv_heads);
+      amx_split_rows(q + (b * T * heads + h) * d_head, heads * d_head, T, d_head, 0, row_tiles * 16, A);
+      const int64_t part_stride = amx_pack(k + (b * T * kv_heads + g) * d_head, kv_heads * d_head, 0, d_head, 0, T, B);
+      float *y = scores + bh * T * T;
+      for (int64_t rt = 0; rt < row_tiles; rt += 2)
+        for (int64_t ft = 0; ft < row_tiles; ft += 2) {
+          const int64_t r0 = rt * 16, f0 = ft * 16, m = T - r0 < 32 ? T - r0 : 32, cols = T - f0 < 32 ? T - f0 : 32;
+          if (f0 > r0 + 31) { /* every key after every query: masked */
+            for (int64_t r = 0; r < m; r++)
+              for (int64_t j = 0; j < cols; j++) y[(r0 + r) * T + f0 + j] = -INFINITY;
+            continue;
+          }
+          amx_block(A, B, part_stride, chunks, rt, ft, out);
+          for (int64_t r = 0; r < m; r++)
+            for (int64_t j = 0; j < cols; j++)
+              y[(r0 + r) * T + f0 + j] = f0 + j <= r0 + r ? out[r * 32 + j] * scale : -INFINITY;
+        }
+    }
+    _tile_release();
+  }
+}
+
+/* z = pattern V on AMX tiles: attnlab_attend_mix's values at a float32 product's accuracy, for pattern [batch, heads,
+ * T, S] (any weights: a hook may have put some anywhere) and v [batch, S, kv_heads, d_head] into out [batch, T,
+ * heads, d_head]. The threads share the heads. */
+AMX_TARGET void attnlab_attend_mix_amx(const float *pattern, const float *v, float *out_z, int8_t *scratch,
+                                       int64_t batch, int64_t T, int64_t S, int64_t heads, int64_t kv_heads,
+                                       int64_t d_head, int threads) {
+  const int64_t chunks = round_up(S, AMX_K) / AMX_K, row_tiles = round_up(T, 32) / 16;
+  const int64_t feature_tiles = round_up(d_head, 32) / 16;
+  const int64_t thread_bytes = attnlab_attend_amx_scratch(T, S, d_head, 1) - 64;
+  int8_t *base = (int8_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+#pragma omp parallel num_threads(threads)
+  {
+    uint16_t *A = (uint16_t *)(base + this_thread() * thread_bytes);
+    uint16_t *B = A + round_up(T, 32) * chunks * AMX_K * 3;
+    float *out = (float *)(B + round_up(d_head, 32) * chunks * AMX_K * 3);
+    configure_tiles();
+#pragma omp for schedule(static)
+    for (int64_t bh = 0; bh < batch * heads; bh++) {
+      const int64_t b = bh / heads, h = bh % heads, g = h / (heads / kv_heads);
+      amx_split_rows(pattern + bh * T * S, S, T, S, 0, row_tiles * 16, A);
+      const int64_t part_stride = amx_pack(v + (b * S * kv_heads + g) * d_head, kv_heads * d_head, 1, S, 0, d_head, B);
+      for (int64_t rt = 0; rt < row_tiles; rt += 2)
+        for (int64_t ft = 0; ft < feature_tiles; ft += 2) {
+          amx_block(A, B, part_stride, chunks, rt, ft, out);
+          const int64_t r0 = rt * 16, f0 = ft * 16;
+          const int64_t m = T - r0 < 32 ? T - r0 : 32, cols = d_head - f0 < 32 ? d_head - f0 : 32;
+          for (int64_t r = 0; r < m; r++)
+            for (int64_t j = 0; j < cols; j++) out_z[((b * T + r0 + r) * heads + h) * d_head + f0 + j] = out[r * 32 + j];
+        }
     }
     _tile_release();
   }
@@ -2117,6 +2241,25 @@ void attnlab_linear_amx_many(const float *x, int64_t n, const float *const *w, c
 void attnlab_linear_amx(const float *x, const float *w, const float *b, float *y, int8_t *scratch, int64_t rows,
                         int64_t d_in, int64_t d_out, int threads) {
   attnlab_linear_amx_many(x, 1, &w, &b, &y, &d_out, scratch, rows, d_in, threads);
+}
+
+int64_t attnlab_attend_amx_scratch(int64_t T, int64_t S, int64_t d_head, int threads) {
+  (void)T, (void)S, (void)d_head, (void)threads;
+  return 0;
+}
+
+void attnlab_attend_scores_amx(const float *q, const float *k, float *scores, int8_t *scratch, int64_t batch,
+                               int64_t T, int64_t heads, int64_t kv_heads, int64_t d_head, float scale, int threads) {
+  (void)q, (void)k, (void)scores, (void)scratch, (void)batch, (void)T, (void)heads, (void)kv_heads, (void)d_head;
+  (void)scale, (void)threads;
+  abort(); /* never called: attnlab_amx_permitted() is 0 in this build */
+}
+
+void attnlab_attend_mix_amx(const float *pattern, const float *v, float *out_z, int8_t *scratch, int64_t batch,
+                            int64_t T, int64_t S, int64_t heads, int64_t kv_heads, int64_t d_head, int threads) {
+  (void)pattern, (void)v, (void)out_z, (void)scratch, (void)batch, (void)T, (void)S, (void)heads, (void)kv_heads;
+  (void)d_head, (void)threads;
+  abort(); /* never called: attnlab_amx_permitted() is 0 in this build */
 }
 #endif
 
@@ -2575,6 +2718,33 @@ void attnlab_rms_norm_rows(const float *x, const float *w, float *out, int64_t r
                            int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows * d > 16384)
   for (int64_t r = 0; r < rows; r++) attnlab_rms_norm(x + r * d, w, out + r * d, 1, d, eps);
+}
+
+/* SwiGLU's product into up, where a hook holds the gate (run_with_cache): up = silu(gate) * up, n values. */
+void attnlab_silu_mul_up_rows(const float *gate, float *up, int64_t n, int threads) {
+#pragma omp parallel for simd schedule(static) num_threads(threads) if (n > 16384)
+  for (int64_t i = 0; i < n; i++) up[i] = times_sigmoid(gate[i], gate[i]) * up[i];
+}
+
+/* RMSNorm with the parts its hooks read (run_with_cache): out as attnlab_rms_norm_rows, scale [rows] = sqrt(mean(x^2)
+ * + eps) and normalized = x / scale, from one pass over each row's squares. */
+void attnlab_rms_norm_parts_rows(const float *x, const float *w, float *out, float *scale, float *normalized,
+                                 int64_t rows, int64_t d, float eps, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows * d > 16384)
+  for (int64_t r = 0; r < rows; r++) {
+    const float *xr = x + r * d;
+    float *o = out + r * d, *n = normalized + r * d;
+    float squares = 0;
+#pragma omp simd reduction(+ : squares)
+    for (int64_t i = 0; i < d; i++) squares += xr[i] * xr[i];
+    float s = sqrtf(squares / (float)d + eps), inv = 1.0f / s;
+    scale[r] = s;
+#pragma omp simd
+    for (int64_t i = 0; i < d; i++) {
+      o[i] = xr[i] * inv * w[i];
+      n[i] = xr[i] / s;
+    }
+  }
 }
 
 void attnlab_silu_mul_rows(float *gate, const float *up, int64_t n, int threads) {
