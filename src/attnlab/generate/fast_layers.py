@@ -11,11 +11,13 @@ Design choices:
   too (`inference_layers`, which Transformer.forward enters): run_with_cache, patching sweeps and
   plain forwards get generation's RoPE, RMSNorm and SwiGLU kernels where no hook reads inside
   them; products on AMX's tiles at float32's accuracy where the CPU and the OS allow them
-  (kernels.float_products: a layer's q, k and v, and its gate and up, with x split once), else,
-  where it measured faster than torch's (MKL's) GEMM on this machine (kernels.float_rows),
-  decode.c's tiled float32 GEMM; the attention in C where float_rows (with the pattern in three
-  steps, the hooks between them); elsewhere torch's products and attention, the explicit path's
-  T x T steps in place (the fewest tensors, the module path's numbers bit for bit). Block layers
+  (kernels.float_products: a layer's q, k and v, and its gate and up, with x split once), and
+  then also the attention's q Kᵀ and pattern V where hooks read the pattern, RMSNorm with the
+  scale and normalized input its hooks read, and SwiGLU's product beside a hooked gate, in C;
+  else, where it measured faster than torch's (MKL's) GEMM on this machine (kernels.float_rows),
+  decode.c's tiled float32 GEMM and the attention in C (with the pattern in three steps, the
+  hooks between them); elsewhere torch's products and attention, the explicit path's T x T
+  steps in place (the fewest tensors, the module path's numbers bit for bit). Block layers
   keep their module path there (their prompt product rounds activations to 8 bits). Where the
   kernels cannot run, `inference_kernels_unusable()` says why, and a log line says so once.
 - ggml's blocks (`quantize(model, "q4_0" | "q4_1" | "q8_0")`, attnlab.generate.blocks): 32
@@ -239,8 +241,11 @@ class KernelRMSNorm(RMSNorm):
 
 class KernelMLP(MLP):
     """MLP with generation's fast path for a SwiGLU prompt that no hook reads inside: the gate and
-    up products share one rounding of x where both are blocks (`shared_rounding`), and
-    silu(gate) · up runs in C (decode.c's, the decode step's); everything else as MLP."""
+    up products share one rounding of x where both are blocks (`shared_rounding`) or go through
+    one AMX call (`amx_together`), and silu(gate) · up runs in C (decode.c's, the decode step's);
+    where hooks read the gate and the product (run_with_cache), the product in C into up, which
+    no one holds, unless the products are torch's (then MLP's steps, its numbers bit for bit);
+    everything else as MLP."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (
