@@ -20,12 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from test_inference_layers import BASE, build, close, counting, module_path
+from test_inference_layers import BASE, build, counting, like_the_module_path, tiled_linears
 
 from attnlab.errors import UserError
 from attnlab.generate import kernels
-from attnlab.generate.fast_layers import TILES_MIN_MACS
-from attnlab.model.layers import Linear
 
 
 @pytest.fixture
@@ -138,23 +136,11 @@ def test_a_forward_without_gradients_takes_the_amx_product_and_the_module_paths_
         fast = model(ids)
         fast_cache = model.run_with_cache(ids)[1]
         # every Linear of the blocks and the LM head large enough for the tiles, in both runs
-        rows = ids.numel()
-        linears = sum(
-            isinstance(m, Linear) and rows * m.in_features * m.out_features >= TILES_MIN_MACS
-            for m in model.modules()
-        )
+        linears = tiled_linears(model, ids)
         assert linears >= 5 and len(products) == 2 * linears and tiles == []
         # q, k and v, and gate and up, x split once for each: 2 + 2 calls a layer, 1 the LM head
         assert len(calls) == 2 * (4 * BASE["n_layers"] + 1)
-        exact = model.double()(ids)
-        model.float()
-        module_path(monkeypatch)
-        reference = model(ids)
-        reference_cache = model.run_with_cache(ids)[1]
-    close(fast, reference, "logits")
-    close(fast.double(), exact, "logits against float64")
-    for key in reference_cache.keys():
-        close(fast_cache[key], reference_cache[key], key)
+    like_the_module_path(model, ids, fast, fast_cache, monkeypatch)
 
 
 def test_many_rows_take_amx_where_allowed_else_the_measured_product(monkeypatch):

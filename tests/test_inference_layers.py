@@ -17,6 +17,7 @@ import logging
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 import attnlab
 from attnlab.errors import UserError
@@ -137,6 +138,15 @@ class _nothing:
         return False
 
 
+def tiled_linears(model: nn.Module, ids: torch.Tensor) -> int:
+    """How many Linear modules of `model` a pass over `ids` multiplies on tiles (TILES_MIN_MACS)."""
+    rows = ids.numel()
+    return sum(
+        isinstance(m, Linear) and rows * m.in_features * m.out_features >= TILES_MIN_MACS
+        for m in model.modules()
+    )
+
+
 def close(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
     scale = b.abs().max().item() if b.numel() else 0.0
     torch.testing.assert_close(a, b, rtol=0, atol=1e-4 * max(scale, 1e-3), msg=what)
@@ -153,14 +163,17 @@ def test_a_forward_without_gradients_takes_the_kernels_and_gives_the_module_path
         fast = model(ids)
         fast_cache = model.run_with_cache(ids)[1]
         # every Linear of the blocks and the LM head large enough for the tiles, in both runs
-        rows = ids.numel()
-        linears = sum(
-            isinstance(m, Linear) and rows * m.in_features * m.out_features >= TILES_MIN_MACS
-            for m in model.modules()
-        )
+        linears = tiled_linears(model, ids)
         assert linears >= 5 and len(tiles) == (2 * linears if tiles_here() else 0)
         # and back: the model's own classes after the pass
         assert not any(isinstance(m, (KernelLinear, KernelAttention)) for m in model.modules())
+    like_the_module_path(model, ids, fast, fast_cache, monkeypatch)
+
+
+def like_the_module_path(model, ids, fast, fast_cache, monkeypatch) -> None:
+    """`fast` logits and `fast_cache` of `model` on `ids` against the module path's and a float64
+    copy's, within the module docstring's tolerance (the module path stays on afterwards)."""
+    with torch.no_grad():
         exact = model.double()(ids)
         model.float()
         module_path(monkeypatch)
