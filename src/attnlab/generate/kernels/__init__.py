@@ -965,9 +965,10 @@ def float_rows() -> bool:
 def float_products() -> str:
     """Which product float32 matrices take for many rows (a prompt, a forward pass without
     gradients; attnlab.generate.fast_layers.KernelLinear): "amx" (`linear_amx`, AMX's bfloat16
-    tiles at float32's accuracy) where this process may run them (`amx`), else "c" (`linear_rows`,
-    the float32 tiles) where `float_rows`, else "torch" (its GEMM). ATTNLAB_FLOAT_ROWS=amx, c or
-    torch chooses instead; amx where AMX cannot run is one line naming why."""
+    tiles at float32's accuracy) where this process may run them (`amx_unusable`), else "c"
+    (`linear_rows`, the float32 tiles) where `float_rows`, else "torch" (its GEMM).
+    ATTNLAB_FLOAT_ROWS=amx, c or torch chooses instead; amx where AMX cannot run is one line
+    naming why."""
     forced = _forced_float_rows()
     if forced == "amx" or (forced is None and amx_unusable() is None):
         why = amx_unusable()
