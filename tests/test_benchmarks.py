@@ -329,3 +329,29 @@ def test_the_decode_benchmarks_name_a_file_that_is_no_model_in_one_line(script):
         f"{script}: --files x=/nonexistent.gguf: /nonexistent.gguf: no such model directory (the "
         "name is spelled as a path, so it is not looked up on the Hugging Face Hub); check the path"
     ]
+
+
+def test_amx_products_writes_its_table_or_says_why_not():
+    """benchmarks/amx_products.py, one round: every product's row (times, ratio, errors of both
+    within float32's) where AMX runs; elsewhere one line naming why, exit 1."""
+    from attnlab.generate import kernels
+
+    done = run_script("amx_products.py", "--repeats", "1")
+    why = kernels.amx_unusable()
+    if why is not None:
+        assert (
+            done.returncode == 1
+            and done.stderr.strip() == f"amx_products: no AMX product here: {why}"
+        )
+        return
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "x" in line]
+    rows = [row.split("|")[1:-1] for row in rows if row.split("|")[2].strip()[0].isdigit()]
+    assert [row[0].strip() for row in rows] == [
+        "q or o", "k or v alone", "q, k, v in one call", "gate or up alone",
+        "gate, up in one call", "down", "LM head",
+    ]  # fmt: skip
+    for row in rows:
+        amx, mkl, ratio, error_amx, error_mkl = (float(cell) for cell in row[2:])
+        assert amx > 0 and mkl > 0 and abs(ratio - mkl / amx) < 0.02 * ratio + 0.01
+        assert 0 < error_amx < 1e-5 and 0 < error_mkl < 1e-5
