@@ -4,9 +4,9 @@ attnlab's AMX product (decode.c, attnlab_linear_amx_many; kernels.linear_amx) sp
 value into three bfloat16 parts and sums six products of parts in float32: a float32 GEMM's
 accuracy on the tiles. For each of SmolLM2-135M's products of a 4 x 256-token forward pass
 (1,024 rows), and a layer's q, k, v and its gate, up in one call each (as forward passes take
-them), this prints the median time of both (the two alternating, outputs allocated beforehand for
-the single products; in the call for the fused ones, as a forward pass allocates them), their
-ratio, and each one's largest error against float64 relative to max |y|.
+them), this prints the median time of both (the two alternating, each allocating its outputs as a
+forward pass does: `kernels.linear_amx_many` against `F.linear`), their ratio, and each one's
+largest error against float64 relative to max |y|.
 
     .venv/bin/python benchmarks/amx_products.py --repeats 9
 
@@ -16,7 +16,6 @@ Where the CPU or its operating system does not allow AMX, it says why and exits 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import statistics
 import sys
 import time
@@ -80,33 +79,12 @@ def main() -> int:
     for what, d_in, d_outs in PRODUCTS:
         x = torch.randn(ROWS, d_in, generator=g)
         ws = [torch.randn(n, d_in, generator=g) for n in d_outs]
-        if len(ws) == 1:
-            w, ours, theirs = ws[0], torch.empty(ROWS, d_outs[0]), torch.empty(ROWS, d_outs[0])
-            lib = kernels.library()
-            scratch = kernels._kept_scratch(
-                getattr(lib, kernels.LINEAR_AMX_SCRATCH[0])(
-                    ROWS, d_in, d_outs[0], torch.get_num_threads()
-                )
-            )
 
-            def amx(x=x, w=w, out=ours, scratch=scratch, d_in=d_in, n=d_outs[0]):
-                one = ctypes.c_void_p * 1
-                getattr(lib, kernels.LINEAR_AMX[0])(
-                    x.data_ptr(), 1, one(w.data_ptr()), one(None), one(out.data_ptr()),
-                    (ctypes.c_int64 * 1)(n), scratch.data_ptr(), ROWS, d_in,
-                    torch.get_num_threads(),
-                )  # fmt: skip
+        def amx(x=x, ws=ws):
+            return kernels.linear_amx_many(x, [(w, None) for w in ws])
 
-            def mkl(x=x, w=w, out=theirs):
-                torch.mm(x, w.T, out=out)
-
-        else:
-
-            def amx(x=x, ws=ws):
-                return kernels.linear_amx_many(x, [(w, None) for w in ws])
-
-            def mkl(x=x, ws=ws):
-                return [F.linear(x, w) for w in ws]
+        def mkl(x=x, ws=ws):
+            return [F.linear(x, w) for w in ws]
 
         seconds = timed({"amx": amx, "mkl": mkl}, args.repeats)
         together = kernels.linear_amx_many(x, [(w, None) for w in ws])

@@ -199,8 +199,7 @@ def amx_together(x: torch.Tensor, *linears: nn.Module) -> bool:
             and not (m._forward_hooks or m._forward_pre_hooks)
             for m in linears
         )
-        and kernels.usable(x, *(m.weight for m in linears))
-        and not any(m.bias is not None and not kernels.usable(m.bias) for m in linears)
+        and kernels.usable(x, *(p for m in linears for p in (m.weight, m.bias) if p is not None))
         and kernels.float_products() == "amx"
     )
 

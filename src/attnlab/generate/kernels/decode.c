@@ -1903,8 +1903,8 @@ void attnlab_linear_f_rows(const float *x, const void *w, const float *b, float 
  * `tdpbf16ps` products per tile, summed in float32, give a float32 GEMM's accuracy (the "bf16x6" of Henry, Tang
  * and Heinecke, "Leveraging the bfloat16 Artificial Intelligence Datatype For Higher-Precision Computations",
  * ARITH 2019). Measured on SmolLM2's shapes, 1,024 rows, two threads (benchmarks/README.md, "Float32 products on
- * AMX tiles"): 1.2-1.7x MKL's float32 GEMM (k or v alone 0.8x: a layer's q, k and v take one call), the largest
- * error against float64 0.7-1.4x MKL's.
+ * AMX tiles"): 1.25-1.6x MKL's float32 GEMM (k or v alone 0.84x: a layer's q, k and v take one call), the largest
+ * error against float64 0.8-1.6x MKL's.
  *
  * Layout: x split once per call into A [row tile of 16][32-wide chunk of k][part][16 rows][32 k] (one 1 KB tile
  * each); the weights split a panel of output features at a time (sized to stay in the core's L2) into B [part][tile
@@ -1971,6 +1971,15 @@ static int64_t amx_panel(int64_t d_in, int64_t d_out, int threads) {
 int64_t attnlab_linear_amx_scratch(int64_t rows, int64_t d_in, int64_t d_out, int threads) {
   int64_t kp = round_up(d_in, AMX_K), panel = amx_panel(d_in, d_out, threads);
   return round_up(rows, 32) * kp * 6 + threads * (panel * kp * 6 + 32 * 32 * 4) + 64;
+}
+
+/* The scratch bytes attnlab_attend_scores_amx and attnlab_attend_mix_amx need: per thread, one head's queries (or
+ * pattern rows) and keys (or values) split into their parts, and a block of the result. */
+int64_t attnlab_attend_amx_scratch(int64_t T, int64_t S, int64_t d_head, int threads) {
+  int64_t k = round_up(S, AMX_K) > round_up(d_head, AMX_K) ? round_up(S, AMX_K) : round_up(d_head, AMX_K);
+  int64_t a = round_up(T, 32) * k;
+  int64_t w = round_up(S, 32) * round_up(d_head, AMX_K) + round_up(d_head, 32) * round_up(S, AMX_K);
+  return threads * ((a + w) * 6 + 32 * 32 * 4 + 128) + 64;
 }
 
 #if AMX
@@ -2143,12 +2152,14 @@ AMX_TARGET void attnlab_linear_amx_many(const float *x, int64_t n, const float *
   }
 }
 
-/* The scratch bytes attnlab_attend_scores_amx and attnlab_attend_mix_amx need: per thread, one head's queries (or
- * pattern rows) and keys (or values) split into their parts, and a block of the result. */
-int64_t attnlab_attend_amx_scratch(int64_t T, int64_t S, int64_t d_head, int threads) {
-  int64_t a = round_up(T, 32) * (round_up(S, AMX_K) > round_up(d_head, AMX_K) ? round_up(S, AMX_K) : round_up(d_head, AMX_K));
-  int64_t w = round_up(S, 32) * round_up(d_head, AMX_K) + round_up(d_head, 32) * round_up(S, AMX_K);
-  return threads * ((a + w) * 6 + 32 * 32 * 4 + 128) + 64;
+/* This thread's part of the attention steps' scratch (attnlab_attend_amx_scratch): a head's split rows A (a_elems
+ * bfloat16s), its packed keys or values B after them, then a block of the result; the tiles configured. */
+AMX_TARGET static uint16_t *amx_head_buffers(int8_t *scratch, int64_t thread_bytes, int64_t a_elems, uint16_t **B) {
+  int8_t *base = (int8_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+  uint16_t *A = (uint16_t *)(base + this_thread() * thread_bytes);
+  *B = A + a_elems;
+  configure_tiles();
+  return A;
 }
 
 /* The masked scores of a prompt's causal attention from position 0 on AMX tiles: attnlab_attend_scores's values
@@ -2160,13 +2171,10 @@ AMX_TARGET void attnlab_attend_scores_amx(const float *q, const float *k, float 
                                           float scale, int threads) {
   const int64_t chunks = round_up(d_head, AMX_K) / AMX_K, row_tiles = round_up(T, 32) / 16;
   const int64_t thread_bytes = attnlab_attend_amx_scratch(T, T, d_head, 1) - 64;
-  int8_t *base = (int8_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
 #pragma omp parallel num_threads(threads)
   {
-    uint16_t *A = (uint16_t *)(base + this_thread() * thread_bytes);
-    uint16_t *B = A + round_up(T, 32) * chunks * AMX_K * 3;
+    uint16_t *B, *A = amx_head_buffers(scratch, thread_bytes, round_up(T, 32) * chunks * AMX_K * 3, &B);
     float *out = (float *)(B + round_up(T, 32) * chunks * AMX_K * 3);
-    configure_tiles();
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < batch * heads; bh++) {
       const int64_t b = bh / heads, h = bh % heads, g = h / (heads / kv_heads);
@@ -2200,13 +2208,10 @@ AMX_TARGET void attnlab_attend_mix_amx(const float *pattern, const float *v, flo
   const int64_t chunks = round_up(S, AMX_K) / AMX_K, row_tiles = round_up(T, 32) / 16;
   const int64_t feature_tiles = round_up(d_head, 32) / 16;
   const int64_t thread_bytes = attnlab_attend_amx_scratch(T, S, d_head, 1) - 64;
-  int8_t *base = (int8_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
 #pragma omp parallel num_threads(threads)
   {
-    uint16_t *A = (uint16_t *)(base + this_thread() * thread_bytes);
-    uint16_t *B = A + round_up(T, 32) * chunks * AMX_K * 3;
+    uint16_t *B, *A = amx_head_buffers(scratch, thread_bytes, round_up(T, 32) * chunks * AMX_K * 3, &B);
     float *out = (float *)(B + round_up(d_head, 32) * chunks * AMX_K * 3);
-    configure_tiles();
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < batch * heads; bh++) {
       const int64_t b = bh / heads, h = bh % heads, g = h / (heads / kv_heads);
@@ -2225,27 +2230,12 @@ AMX_TARGET void attnlab_attend_mix_amx(const float *pattern, const float *v, flo
   }
 }
 
-/* y [rows, d_out] = x [rows, d_in] W^T + b (b may be NULL): attnlab_linear_amx_many for one matrix. */
-void attnlab_linear_amx(const float *x, const float *w, const float *b, float *y, int8_t *scratch, int64_t rows,
-                        int64_t d_in, int64_t d_out, int threads) {
-  attnlab_linear_amx_many(x, 1, &w, &b, &y, &d_out, scratch, rows, d_in, threads);
-}
 #else
 void attnlab_linear_amx_many(const float *x, int64_t n, const float *const *w, const float *const *b,
                              float *const *y, const int64_t *d_out, int8_t *scratch, int64_t rows, int64_t d_in,
                              int threads) {
   (void)x, (void)n, (void)w, (void)b, (void)y, (void)d_out, (void)scratch, (void)rows, (void)d_in, (void)threads;
   abort(); /* never called: attnlab_amx_permitted() is 0 in this build */
-}
-
-void attnlab_linear_amx(const float *x, const float *w, const float *b, float *y, int8_t *scratch, int64_t rows,
-                        int64_t d_in, int64_t d_out, int threads) {
-  attnlab_linear_amx_many(x, 1, &w, &b, &y, &d_out, scratch, rows, d_in, threads);
-}
-
-int64_t attnlab_attend_amx_scratch(int64_t T, int64_t S, int64_t d_head, int threads) {
-  (void)T, (void)S, (void)d_head, (void)threads;
-  return 0;
 }
 
 void attnlab_attend_scores_amx(const float *q, const float *k, float *scores, int8_t *scratch, int64_t batch,
@@ -2262,6 +2252,12 @@ void attnlab_attend_mix_amx(const float *pattern, const float *v, float *out_z, 
   abort(); /* never called: attnlab_amx_permitted() is 0 in this build */
 }
 #endif
+
+/* y [rows, d_out] = x [rows, d_in] W^T + b (b may be NULL): attnlab_linear_amx_many for one matrix. */
+void attnlab_linear_amx(const float *x, const float *w, const float *b, float *y, int8_t *scratch, int64_t rows,
+                        int64_t d_in, int64_t d_out, int threads) {
+  attnlab_linear_amx_many(x, 1, &w, &b, &y, &d_out, scratch, rows, d_in, threads);
+}
 
 /* Causal attention over a whole prompt from position 0 (generation's prefill): softmax(q K^T scale, keys up to the
  * query's own position) V, with grouped-query heads; q, out [batch, T, heads, d_head], k, v [batch, T, kv_heads,
