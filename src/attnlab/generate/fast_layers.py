@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UserError
+from ..memory import new_tensor
 from ..model.attention import Attention, causal_mask, expand_kv
 from ..model.layers import MLP, Linear, RMSNorm
 from . import kernels
@@ -388,7 +389,7 @@ class KernelAttention(Attention):
             # masked_fill copies then equal the scores and the softmax): the softmax alone, bit for
             # bit; a row with every key masked (a hook may have made one) takes the reference
             if not torch.isneginf(scores.amax(dim=-1)).any():
-                return torch.softmax(scores, dim=-1)
+                return torch.softmax(scores, dim=-1, out=new_tensor(*scores.shape))
         return super().weigh(scores)
 
     def mix(self, pattern, v):

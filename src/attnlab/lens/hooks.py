@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ..errors import UserError
+from ..memory import recycled
 from .cache import ActivationCache
 
 HookFn = Callable[[torch.Tensor, "HookPoint"], Union[torch.Tensor, None]]
@@ -150,6 +151,8 @@ class HookedModule(nn.Module):
 
         hooks = [(name, store) for name in self.hook_dict if match(name)]
         # the caller's hooks first, so an activation one of them edits is cached as edited (what
-        # flows on), as TransformerLens caches it
-        output = self.run_with_hooks(*args, fwd_hooks=[*fwd_hooks, *hooks], **kwargs)
+        # flows on), as TransformerLens caches it; the cache written on the pages of the last one
+        # dropped (attnlab.memory)
+        with recycled():
+            output = self.run_with_hooks(*args, fwd_hooks=[*fwd_hooks, *hooks], **kwargs)
         return output, ActivationCache(cache, self)

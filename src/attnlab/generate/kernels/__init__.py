@@ -65,6 +65,7 @@ import torch
 
 from ...env import cache_root
 from ...errors import UserError
+from ...memory import HUGE_PAGE, new_tensor
 from ...model.layers import LayerNorm
 from ..blocks import BLOCK_TYPES
 
@@ -89,7 +90,6 @@ VARIANTS: dict[str, tuple[list[str], CpuLevel]] = {
     "native": (["-O3", "-march=native", "-fopenmp"], CpuLevel(0)),
     "portable": (["-O3", "-fopenmp"], CpuLevel(0)),
 }
-HUGE_PAGE = 2 << 20
 # bytes of weights from which `place_in_huge_pages` moves them (smaller ones sit in cache)
 HUGE_PAGES_FROM = 4 << 20
 
@@ -1133,7 +1133,7 @@ def rms_norm_parts_rows(
     each row (decode.c, attnlab_rms_norm_parts_rows). New tensors."""
     x = x.contiguous()
     assert x.dtype == weight.dtype == torch.float32 and weight.is_contiguous()
-    out, normalized = torch.empty_like(x), torch.empty_like(x)
+    out, normalized = new_tensor(*x.shape), new_tensor(*x.shape)
     scale = torch.empty(*x.shape[:-1], 1)
     d = x.shape[-1]
     getattr(library(), ELEMENTWISE_ROWS[3][0])(
@@ -1174,7 +1174,7 @@ def rope_rows(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Te
     assert cos.shape == sin.shape == (B, T, 1, rotary_dim) and rotary_dim <= D
     assert x.dtype == cos.dtype == sin.dtype == torch.float32
     x, cos, sin = x.contiguous(), cos.contiguous(), sin.contiguous()
-    out = torch.empty_like(x)
+    out = new_tensor(*x.shape)
     getattr(library(), ELEMENTWISE_ROWS[2][0])(
         x.data_ptr(), out.data_ptr(), cos.data_ptr(), sin.data_ptr(), B * T, H, D, rotary_dim,
         torch.get_num_threads(),
@@ -1244,7 +1244,7 @@ def linear_amx_many(
         assert weight.dtype == torch.float32 and weight.is_contiguous()
         assert weight.dim() == 2 and weight.shape[1] == d_in
         assert bias is None or (bias.is_contiguous() and bias.dtype == torch.float32)
-    outs = [torch.empty(*x.shape[:-1], w.shape[0]) for w, _ in matrices]
+    outs = [new_tensor(*x.shape[:-1], w.shape[0]) for w, _ in matrices]
     n, lib, threads = len(matrices), library(), torch.get_num_threads()
     most = max(w.shape[0] for w, _ in matrices)
     scratch = _kept_scratch(getattr(lib, LINEAR_AMX_SCRATCH[0])(rows, d_in, most, threads))
@@ -1315,7 +1315,7 @@ def attend_scores(
     assert q.dtype == k.dtype == torch.float32
     q, k = (t.transpose(1, 2).contiguous() for t in (q, k))  # [batch, pos, head, d_head]
     lib = library()
-    scores = torch.empty(B, H, T, T)
+    scores = new_tensor(B, H, T, T)
     if amx:
         _no_amx_raises()
         threads = torch.get_num_threads()
@@ -1348,7 +1348,7 @@ def softmax_rows(scores: torch.Tensor) -> torch.Tensor:
     shape. Callers check `usable`."""
     assert scores.dtype == torch.float32
     scores = scores.contiguous()
-    pattern = torch.empty_like(scores)
+    pattern = new_tensor(*scores.shape)
     n = scores.shape[-1]
     getattr(library(), ATTEND_STEPS[1][0])(
         scores.data_ptr(), pattern.data_ptr(), scores.numel() // n, n, torch.get_num_threads()
@@ -1367,7 +1367,7 @@ def attend_mix(pattern: torch.Tensor, v: torch.Tensor, amx: bool = False) -> tor
     assert v.shape == (B, Hkv, S, D) and H % Hkv == 0 and (amx or D % 32 == 0)
     assert pattern.dtype == v.dtype == torch.float32
     pattern, v = pattern.contiguous(), v.transpose(1, 2).contiguous()  # v: [batch, pos, head, D]
-    out = torch.empty(B, T, H, D)
+    out = new_tensor(B, T, H, D)
     if amx:
         _no_amx_raises()
         lib, threads = library(), torch.get_num_threads()
