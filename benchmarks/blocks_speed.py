@@ -34,8 +34,10 @@ Design choices:
 - tg128 and pp512 as llama-bench defines them: 128 single-token decode steps from an empty cache
   (`generate(model, one token, 128)`), and one 512-token prompt in one batch (`generate(model,
   512 tokens, 1)`: the prompt's forward and one sampled token); tokens/s. Each round runs
-  llama-bench (-r 1) and attnlab alternately on every file; the table shows medians over --repeats
-  rounds, and the load average at each measurement beside them (a shared machine moves them).
+  llama-bench (-r 1) and attnlab alternately on every file, each timed run after one untimed run
+  as llama-bench's warm-up does (one decode step before tg128, the whole prompt before pp512); the
+  table shows medians over --repeats rounds, and the load average at each measurement beside them
+  (a shared machine moves them).
 - Bandwidth: kernels.read_bandwidth, a read-only pass in C (decode.c, attnlab_read_pass: each
   thread its half, 512-bit loads, prefetched as the decode products are) over 1 GiB in 2 MB pages
   (as the decode step's weights are), far larger than the caches, best of 7 passes; beside it the
@@ -228,6 +230,9 @@ def run_speed(args, files: dict[str, Path]) -> list[str]:
                     record(
                         (kind, "llama tg" + suffix), llama_bench(tg_tools, file, 0, 128, threads)
                     )
+                # llama-bench's warm-up before its timed run: one decode step (tg), the whole
+                # prompt (pp); ours the same
+                generate(model, one, 1, temperature=0)
                 record(
                     (kind, "ours tg" + suffix),
                     128 / median_time(lambda: generate(model, one, 128, temperature=0), **once),
@@ -236,6 +241,7 @@ def run_speed(args, files: dict[str, Path]) -> list[str]:
                     record(
                         (kind, "llama pp" + suffix), llama_bench(pp_tools, file, 512, 0, threads)
                     )
+                generate(model, prompt, 1, temperature=0)
                 record(
                     (kind, "ours pp" + suffix),
                     512 / median_time(lambda: generate(model, prompt, 1, temperature=0), **once),

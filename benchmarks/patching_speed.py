@@ -36,6 +36,7 @@ What it does:
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import sys
 import tempfile
@@ -69,19 +70,31 @@ def cpu_flags() -> str:
     return " ".join(f for f in FLAGS if f in flags) or "none of " + " ".join(FLAGS)
 
 
+FAULTS: dict[str, float] = {}  # run name -> median page faults per call, filled by `alternate`
+
+
+def page_faults() -> int:
+    """This process's minor page faults so far (getrusage): new pages the kernel gave it."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def alternate(
     runs: dict[str, Callable[[], object]], repeats: int
 ) -> tuple[dict[str, float], dict[str, object]]:
     """Median seconds of each run over `repeats` rounds, the order reversed every other round,
-    after one untimed round; also the last output of each."""
+    after one untimed round; also the last output of each. Each run's median page faults go to
+    FAULTS."""
     outputs = {name: fn() for name, fn in runs.items()}
     times: dict[str, list[float]] = {name: [] for name in runs}
+    faults: dict[str, list[int]] = {name: [] for name in runs}
     for round_ in range(repeats):
         order = list(runs) if round_ % 2 == 0 else list(reversed(runs))
         for name in order:
-            start = time.perf_counter()
+            before, start = page_faults(), time.perf_counter()
             outputs[name] = runs[name]()
             times[name].append(time.perf_counter() - start)
+            faults[name].append(page_faults() - before)
+    FAULTS.update({name: statistics.median(f) for name, f in faults.items()})
     return {name: statistics.median(t) for name, t in times.items()}, outputs
 
 
@@ -256,9 +269,12 @@ def cache_and_forward(args, model, bridge, vocab: int) -> float:
         "attnlab forward": lambda: model(ids),
     }
     forward_times, _ = alternate(runs, args.repeats)
-    print(f"\nrun_with_cache and forward, {args.cache_batch} x {args.cache_tokens} tokens (tok/s)")
+    print(
+        f"\nrun_with_cache and forward, {args.cache_batch} x {args.cache_tokens} tokens (tok/s; "
+        "page faults per call, 4 KiB or 2 MB pages)"
+    )
     for name, seconds in {**cache_times, **forward_times}.items():
-        print(f"  {name:32} {n / seconds:8.0f}")
+        print(f"  {name:32} {n / seconds:8.0f}   {FAULTS[name]:9,.0f} faults")
     cache_ratio = (
         cache_times["TransformerLens run_with_cache"] / cache_times["attnlab run_with_cache"]
     )
