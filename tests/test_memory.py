@@ -154,3 +154,14 @@ def test_a_second_cache_is_written_on_the_first_ones_pages():
     assert len(first & again) >= len(again) // 4
     assert torch.equal(logits, expected[0])
     assert torch.equal(cache["blocks.0.attn.hook_pattern"], expected[1])
+
+
+def test_new_tensors_are_float32_whatever_the_default_dtype():
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        with memory.recycled():
+            pooled = memory.new_tensor(BLOCK)
+        assert memory.new_tensor(3, 5).dtype == pooled.dtype == torch.float32
+    finally:
+        torch.set_default_dtype(previous)

@@ -138,7 +138,7 @@ def new_tensor(*shape: int) -> torch.Tensor:
             array = np.frombuffer(block, dtype=np.float32, count=numel)
             weakref.finalize(array, POOL.give_back, block, size).atexit = False
             return torch.from_numpy(array).view(shape)
-    out = torch.empty(*shape)
+    out = torch.empty(*shape, dtype=torch.float32)  # whatever torch's default dtype is
     madvise = _madvise()
     if madvise is not None and nbytes >= FRESH_HUGE_FROM:
         start = -(-out.data_ptr() // HUGE_PAGE) * HUGE_PAGE
