@@ -53,7 +53,8 @@ Design choices:
   (`step_logits`: with blocks, 8-bit activations) and through generation's prompt products (each
   chunk one prompt) against the module path on the same dequantized weights (float32
   everywhere); and a chat prompt's greedy reply, 100 tokens, blocks against the float model (where
-  they part, the first differing position).
+  they part, the first differing position, and by how many nats the float model's logit for its
+  own token led its logit for the blocks' token there: a near-tie the 8-bit rounding can flip).
 """
 
 from __future__ import annotations
@@ -372,7 +373,14 @@ def run_quality(args, files: dict[str, Path]) -> list[str]:
         ours = generate(model, chat, 100, temperature=0)[0, chat.shape[1] :]
         reference = generate(floats, chat, 100, temperature=0)[0, chat.shape[1] :]
         differ = (ours != reference).nonzero()
-        same = "equal" if len(differ) == 0 else f"equal up to token {int(differ[0])}"
+        same = "equal"
+        if len(differ):  # where they part, how far the float model's own choice led there
+            at = int(differ[0])
+            with torch.no_grad():
+                logits = floats(torch.cat([chat[0], reference[:at]])[None])[0, -1]
+            gap = float(logits[reference[at]] - logits[ours[at]])
+            same = f"equal up to token {at}, where float's choice leads the blocks' by {gap:.2f}"
+            same += " nats"
         same += "" if template else " (no chat template: the plain question)"
         lines.append(
             f"| {LABELS.get(kind, kind.upper())} | {totals['float'][1]} | {ppl['float']:.4f} | "
