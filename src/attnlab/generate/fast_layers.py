@@ -304,10 +304,11 @@ class KernelAttention(Attention):
     without a window or with one no shorter than the prompt, in C (decode.c, attnlab_attend_rows);
     everything else as Attention. When a hook wants the scores or the pattern (run_with_cache),
     the same prompts take the explicit path's three steps in C (attnlab_attend_scores,
-    _softmax_rows, _attend_mix), the hooks between them as in Attention.forward; where torch's GEMM
-    is the faster (kernels.float_rows), torch's steps, with the scores scaled and masked in place
-    and the softmax's all-masked guard only where a row needs it (Attention's numbers bit for
-    bit)."""
+    _softmax_rows, _attend_mix), the hooks between them as in Attention.forward; where the products
+    take AMX's tiles (kernels.float_products), q Kᵀ and pattern V on them and the softmax in C;
+    where torch's GEMM is the faster and AMX cannot run, torch's steps, with the scores scaled and
+    masked in place and the softmax's all-masked guard only where a row needs it (Attention's
+    numbers bit for bit)."""
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if shared_rounding(x, self.W_Q, self.W_K, self.W_V):
@@ -381,8 +382,10 @@ class KernelAttention(Attention):
             and scores.shape[-1] > 0
             and not torch.compiler.is_compiling()
             and kernels.usable(scores)
-            and kernels.float_rows()
+            and (kernels.float_rows() or kernels.float_products() == "amx")
         ):
+            # with AMX's products too: its numbers are not torch's bit for bit anyway, and the C
+            # pass saves torch's all-masked guard (run_with_cache 1.5-5 %, benchmarks/README.md)
             return kernels.softmax_rows(scores)
         if scores.shape[-1] > 0 and in_place():
             # attention_pattern's guard changes nothing where every row sees a key (its two
