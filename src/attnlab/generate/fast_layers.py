@@ -258,6 +258,17 @@ class KernelMLP(MLP):
                 # MLP.forward's steps, act(gate) · up written over act(gate), which no one holds
                 # yet: its numbers bit for bit, one [rows, d_mlp] tensor fewer (run_with_cache);
                 # gate and up in one AMX call where it runs
+                if (
+                    self.act is F.silu
+                    and self.hook_pre.only_read
+                    and self.W_gate.bias is None
+                    and self.W_in.bias is None
+                    and amx_together(x, self.W_gate, self.W_in)
+                ):  # a gate hook that only reads (run_with_cache's): silu(gate) · up from the
+                    # tiles' blocks, in the same C call, bit for bit
+                    gate, post = kernels.swiglu_amx(x, self.W_gate.weight, self.W_in.weight)
+                    self.hook_pre(gate)
+                    return self.W_out(self.hook_post(post))
                 if amx_together(x, self.W_gate, self.W_in):
                     gate, up = multiply_together(x, self.W_gate, self.W_in)
                     gate = self.hook_pre(gate)
@@ -360,6 +371,21 @@ class KernelAttention(Attention):
         ):
             return kernels.attend_rows(q, k, v, self.config.scale)
         return super().attend(q, k, v, mask=mask, dropout_p=dropout_p, window=window)
+
+    def attend_explicit(self, q, k, v, *, mask, dropout_p, window):
+        if (
+            self.hook_attn_scores.only_read
+            and self.hook_pattern.only_read
+            and v.dtype == torch.float32
+            and v.shape == k.shape
+            and self.prompt(q, k, mask=mask, dropout_p=dropout_p, window=window, amx=True)
+            and kernels.usable(v)
+        ):  # hooks that only read (run_with_cache's): the three steps in one C call, bit for bit
+            scores, pattern, z = kernels.attend_explicit(q, k, v, self.config.scale)
+            self.hook_attn_scores(scores)
+            self.hook_pattern(pattern)
+            return z
+        return super().attend_explicit(q, k, v, mask=mask, dropout_p=dropout_p, window=window)
 
     def score(self, q, k, *, mask, window):
         if self.prompt(q, k, mask=mask, dropout_p=0.0, window=window, amx=True):

@@ -49,14 +49,33 @@ class HookPoint(nn.Module):
     def has_hooks(self) -> bool:
         return bool(self._forward_hooks)
 
+    @property
+    def only_read(self) -> bool:
+        """Whether every hook here only reads (marked with `reads`, as run_with_cache's store):
+        a fast path may then compute past this point before calling them."""
+        return all(getattr(hook, "reads_only", False) for hook in self._forward_hooks.values())
+
     def add_hook(self, fn: HookFn) -> torch.utils.hooks.RemovableHandle:
-        return self.register_forward_hook(lambda module, inputs, output: fn(output, module))
+        def hook(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor | None:
+            return fn(output, module)
+
+        hook.reads_only = getattr(fn, "reads_only", False)  # type: ignore[attr-defined]
+        return self.register_forward_hook(hook)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x
 
     def extra_repr(self) -> str:
         return self.name
+
+
+def reads(fn: HookFn) -> HookFn:
+    """Mark a hook function that only reads its activation: returns None and changes nothing in
+    it or elsewhere in the model. Where every hook at a point is so marked, a fused kernel may
+    compute the steps after that point before calling them (the attention's scores, pattern and z
+    in one pass under run_with_cache); the values they see are the same."""
+    fn.reads_only = True  # type: ignore[attr-defined]
+    return fn
 
 
 def _matcher(names_filter: NamesFilter) -> Callable[[str], bool]:
@@ -146,6 +165,7 @@ class HookedModule(nn.Module):
             match = lambda name: not self.hook_dict[name].on_demand  # noqa: E731
         cache: dict[str, torch.Tensor] = {}
 
+        @reads
         def store(tensor: torch.Tensor, hook: HookPoint) -> None:
             cache[hook.name] = tensor.detach()
 

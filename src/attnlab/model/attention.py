@@ -430,6 +430,21 @@ class Attention(nn.Module):
         """z = pattern V  [batch, head, query_pos, d_head]."""
         return torch.matmul(pattern, expand_kv(pattern, v))
 
+    def attend_explicit(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        mask: torch.Tensor | None,
+        dropout_p: float,
+        window: int | None,
+    ) -> torch.Tensor:
+        """z [batch, head, pos, d_head] in the three steps, with the hooks between them."""
+        scores = self.hook_attn_scores(self.score(q, k, mask=mask, window=window))
+        pattern = self.hook_pattern(self.weigh(scores))
+        return self.mix(F.dropout(pattern, dropout_p, self.training), v)
+
     def forward(
         self,
         x: torch.Tensor,
@@ -464,9 +479,7 @@ class Attention(nn.Module):
             mask = band if mask is None else mask & band
             window = None
         if self.needs_pattern:
-            scores = self.hook_attn_scores(self.score(q, k, mask=mask, window=window))
-            pattern = self.hook_pattern(self.weigh(scores))
-            z = self.mix(F.dropout(pattern, dropout_p, self.training), v)
+            z = self.attend_explicit(q, k, v, mask=mask, dropout_p=dropout_p, window=window)
         else:
             z = self.attend(q, k, v, mask=mask, dropout_p=dropout_p, window=window)
         z = self.hook_z(z.transpose(1, 2))  # [B, T, H, D]

@@ -192,11 +192,17 @@ ROWS_VECTORIZED = ("attnlab_linear_rows_vectorized", [])  # bit 0: 8-bit product
 # d_out, threads), and whether this process may run them (asks the OS)
 LINEAR_AMX = ("attnlab_linear_amx_many", [_ptr, _i64] + [_ptr] * 5 + [_i64, _i64, _int])
 LINEAR_AMX_SCRATCH = ("attnlab_linear_amx_scratch", [_i64] * 3 + [_int])
+# SwiGLU's gate and silu(gate) · up on AMX tiles (x, w_gate, w_up, gate, post, scratch, rows,
+# d_in, d_out, threads), and its scratch bytes (rows, d_in, d_out, threads)
+LINEAR_AMX_SWIGLU = ("attnlab_linear_amx_swiglu", [_ptr] * 6 + [_i64] * 3 + [_int])
+LINEAR_AMX_SWIGLU_SCRATCH = ("attnlab_linear_amx_swiglu_scratch", [_i64] * 3 + [_int])
 # the attention steps' two products on AMX tiles, as ATTEND_STEPS' first and third (with scratch),
-# and their scratch bytes (T, S, d_head, threads)
+# all three steps in one call (q, k, v, scores, pattern, out, scratch, batch, T, heads, kv_heads,
+# d_head, scale, threads), and their scratch bytes (T, S, d_head, threads)
 ATTEND_AMX = [
     ("attnlab_attend_scores_amx", [_ptr] * 4 + [_i64] * 5 + [_float, _int]),
     ("attnlab_attend_mix_amx", [_ptr] * 4 + [_i64] * 6 + [_int]),
+    ("attnlab_attend_explicit_amx", [_ptr] * 7 + [_i64] * 5 + [_float, _int]),
 ]
 ATTEND_AMX_SCRATCH = ("attnlab_attend_amx_scratch", [_i64] * 3 + [_int])
 AMX_PERMITTED = ("attnlab_amx_permitted", [])
@@ -561,6 +567,7 @@ def load(path: Path) -> ctypes.CDLL:
         *ELEMENTWISE_ROWS,
         *ATTEND_STEPS,
         LINEAR_AMX,
+        LINEAR_AMX_SWIGLU,
         *ATTEND_AMX,
     ]:
         getattr(lib, name).argtypes = argtypes
@@ -570,6 +577,7 @@ def load(path: Path) -> ctypes.CDLL:
         (ROWS_SCRATCH, _i64),
         (ROWS_VECTORIZED, _int),
         (LINEAR_AMX_SCRATCH, _i64),
+        (LINEAR_AMX_SWIGLU_SCRATCH, _i64),
         (ATTEND_AMX_SCRATCH, _i64),
         (AMX_PERMITTED, _int),
         (ATTEND_ROWS_SCRATCH, _i64),
@@ -1267,6 +1275,31 @@ def linear_amx_many(
     return outs
 
 
+def swiglu_amx(
+    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(gate, post): gate = x W_gateᵀ and post = silu(gate) · x W_upᵀ (no biases), float32, on AMX
+    tiles, each block's product taken while its gate and up are in the core's cache (decode.c,
+    attnlab_linear_amx_swiglu): linear_amx_many's gate and silu_mul_up_rows's post, bit for bit.
+    For a hook on the gate that only reads. Callers check `usable`; `amx_unusable` is checked
+    here."""
+    _no_amx_raises()
+    x = x.contiguous()
+    rows, d_in = x.numel() // x.shape[-1], x.shape[-1]
+    d_out = w_gate.shape[0]
+    assert x.dtype == w_gate.dtype == w_up.dtype == torch.float32
+    assert w_gate.shape == w_up.shape == (d_out, d_in)
+    assert w_gate.is_contiguous() and w_up.is_contiguous()
+    gate, post = new_tensor(*x.shape[:-1], d_out), new_tensor(*x.shape[:-1], d_out)
+    lib, threads = library(), torch.get_num_threads()
+    scratch = _kept_scratch(getattr(lib, LINEAR_AMX_SWIGLU_SCRATCH[0])(rows, d_in, d_out, threads))
+    getattr(lib, LINEAR_AMX_SWIGLU[0])(
+        x.data_ptr(), w_gate.data_ptr(), w_up.data_ptr(), gate.data_ptr(), post.data_ptr(),
+        scratch.data_ptr(), rows, d_in, d_out, threads,
+    )  # fmt: skip
+    return gate, post
+
+
 def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """Causal attention of a whole prompt from position 0: softmax(q Kᵀ · scale, each query seeing
     the keys up to its own position) V, for q [batch, head, T, d_head] and k, v [batch, kv_head, T,
@@ -1354,6 +1387,30 @@ def softmax_rows(scores: torch.Tensor) -> torch.Tensor:
         scores.data_ptr(), pattern.data_ptr(), scores.numel() // n, n, torch.get_num_threads()
     )
     return pattern
+
+
+def attend_explicit(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """attend_scores, softmax_rows and attend_mix (amx=True) in one call, for hooks between them
+    that only read (decode.c, attnlab_attend_explicit_amx: a head's scores and pattern read back
+    from the core's cache, the pattern's zeros above the diagonal not multiplied): their three
+    results, bit for bit, for q [batch, head, T, d_head], k, v [batch, kv_head, T, d_head]; where
+    `amx_unusable` has no objection. Returns (scores, pattern, z [batch, head, T, d_head])."""
+    B, H, T, D = q.shape
+    Hkv = k.shape[1]
+    assert k.shape == v.shape == (B, Hkv, T, D) and H % Hkv == 0
+    assert q.dtype == k.dtype == v.dtype == torch.float32
+    _no_amx_raises()
+    q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # [batch, pos, head, d_head]
+    lib, threads = library(), torch.get_num_threads()
+    scores, pattern, out = new_tensor(B, H, T, T), new_tensor(B, H, T, T), new_tensor(B, T, H, D)
+    scratch = _kept_scratch(getattr(lib, ATTEND_AMX_SCRATCH[0])(T, T, D, threads))
+    getattr(lib, ATTEND_AMX[2][0])(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), scores.data_ptr(), pattern.data_ptr(),
+        out.data_ptr(), scratch.data_ptr(), B, T, H, Hkv, D, scale, threads,
+    )  # fmt: skip
+    return scores, pattern, out.transpose(1, 2)
 
 
 def attend_mix(pattern: torch.Tensor, v: torch.Tensor, amx: bool = False) -> torch.Tensor:

@@ -1973,6 +1973,17 @@ int64_t attnlab_linear_amx_scratch(int64_t rows, int64_t d_in, int64_t d_out, in
   return round_up(rows, 32) * kp * 6 + threads * (panel * kp * 6 + 32 * 32 * 4) + 64;
 }
 
+/* attnlab_linear_amx_swiglu's panels (both matrices' parts in the 1.25 MB) and scratch bytes: x's parts, and two
+ * panels and a block of up per thread. */
+static int64_t amx_swiglu_panel(int64_t d_in, int64_t d_out, int threads) {
+  return amx_panel(2 * round_up(d_in, AMX_K), d_out, threads);
+}
+
+int64_t attnlab_linear_amx_swiglu_scratch(int64_t rows, int64_t d_in, int64_t d_out, int threads) {
+  int64_t kp = round_up(d_in, AMX_K), panel = amx_swiglu_panel(d_in, d_out, threads);
+  return round_up(rows, 32) * kp * 6 + threads * (2 * panel * kp * 6 + 32 * 32 * 4) + 64;
+}
+
 /* The scratch bytes attnlab_attend_scores_amx and attnlab_attend_mix_amx need: per thread, one head's queries (or
  * pattern rows) and keys (or values) split into their parts, and a block of the result. */
 int64_t attnlab_attend_amx_scratch(int64_t T, int64_t S, int64_t d_head, int threads) {
@@ -2022,12 +2033,12 @@ AMX_TARGET static void configure_tiles(void) { /* eight tiles of 16 rows x 64 by
 #define AMX_TILE 512 /* bfloat16s in a tile: 16 rows of 32 */
 
 /* Rows r0 .. r0 + n - 1 of x's parts (x [rows, d_in], row stride `stride`) into A [row tile][chunk][part][16][32],
- * zeros past the last row and the last k. */
-AMX_TARGET static void amx_split_rows(const float *x, int64_t stride, int64_t rows, int64_t d_in, int64_t r0,
-                                      int64_t n, uint16_t *A) {
+ * zeros past the last row and the last k; only the first `used` chunks of k (amx_block's). */
+AMX_TARGET static void amx_split_first(const float *x, int64_t stride, int64_t rows, int64_t d_in, int64_t r0,
+                                       int64_t n, int64_t used, uint16_t *A) {
   const int64_t chunks = round_up(d_in, AMX_K) / AMX_K, row_tile = chunks * 3 * AMX_TILE;
   for (int64_t r = r0; r < r0 + n; r++)
-    for (int64_t c = 0; c < chunks; c++) {
+    for (int64_t c = 0; c < used; c++) {
       float buf[AMX_K];
       int64_t len = d_in - c * AMX_K < AMX_K ? d_in - c * AMX_K : AMX_K;
       __m512i p[3];
@@ -2035,6 +2046,12 @@ AMX_TARGET static void amx_split_rows(const float *x, int64_t stride, int64_t ro
       for (int part = 0; part < 3; part++)
         _mm512_store_si512(A + (r / 16) * row_tile + (c * 3 + part) * AMX_TILE + (r % 16) * 32, p[part]);
     }
+}
+
+/* amx_split_first for every chunk of k */
+AMX_TARGET static void amx_split_rows(const float *x, int64_t stride, int64_t rows, int64_t d_in, int64_t r0,
+                                      int64_t n, uint16_t *A) {
+  amx_split_first(x, stride, rows, d_in, r0, n, round_up(d_in, AMX_K) / AMX_K, A);
 }
 
 /* r[i] lane j <- r[j] lane i for 16 x 16 32-bit lanes, in registers: pairs of lanes, pairs of pairs, then 128-bit
@@ -2107,12 +2124,12 @@ AMX_TARGET static int64_t amx_pack(const float *w, int64_t stride, int by_k, int
 }
 
 /* out [32][ld] = the 32 x 32 block of x W^T at row tile rt and feature tile ft (both even) of A and B (above), rows
- * ld floats apart */
+ * ld floats apart, from the first `used` of the chunks of k (the rest known to be zeros in x: a causal pattern's) */
 AMX_TARGET static void amx_block(const uint16_t *A, const uint16_t *B, int64_t part_stride, int64_t chunks,
-                                 int64_t rt, int64_t ft, float *out, int64_t ld) {
+                                 int64_t used, int64_t rt, int64_t ft, float *out, int64_t ld) {
   const int64_t row_tile = chunks * 3 * AMX_TILE, next_features = chunks * AMX_TILE;
   _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-  for (int64_t c = 0; c < chunks; c++) {
+  for (int64_t c = 0; c < used; c++) {
     const uint16_t *x1 = A + rt * row_tile + c * 3 * AMX_TILE, *x2 = x1 + AMX_TILE, *x3 = x2 + AMX_TILE;
     const uint16_t *w1 = B + (ft * chunks + c) * AMX_TILE, *w2 = w1 + part_stride, *w3 = w2 + part_stride;
     /* tiles 0-3: y's 2 x 2 block; 4, 5: x's part for row tiles rt, rt + 1; 6, 7: W's for ft, ft + 1 */
@@ -2166,10 +2183,10 @@ AMX_TARGET void attnlab_linear_amx_many(const float *x, int64_t n, const float *
             const int64_t r0 = rt * 16, f0 = ft * 16;
             const int64_t m = rows - r0 < 32 ? rows - r0 : 32, cols = features - f0 < 32 ? features - f0 : 32;
             if (m == 32 && cols == 32 && !b[i]) { /* a whole block without a bias: the tiles straight into y */
-              amx_block(A, B, part_stride, chunks, rt, ft, y[i] + r0 * d_out[i] + o0 + f0, d_out[i]);
+              amx_block(A, B, part_stride, chunks, chunks, rt, ft, y[i] + r0 * d_out[i] + o0 + f0, d_out[i]);
               continue;
             }
-            amx_block(A, B, part_stride, chunks, rt, ft, out, 32);
+            amx_block(A, B, part_stride, chunks, chunks, rt, ft, out, 32);
             for (int64_t r = 0; r < m; r++)
               for (int64_t j = 0; j < cols; j++)
                 y[i][(r0 + r) * d_out[i] + o0 + f0 + j] = out[r * 32 + j] + (b[i] ? b[i][o0 + f0 + j] : 0.0f);
@@ -2180,48 +2197,134 @@ AMX_TARGET void attnlab_linear_amx_many(const float *x, int64_t n, const float *
   }
 }
 
-/* This thread's part of the attention steps' scratch (attnlab_attend_amx_scratch): a head's split rows A (a_elems
- * bfloat16s), its packed keys or values B after them, then a block of the result; the tiles configured. */
-AMX_TARGET static uint16_t *amx_head_buffers(int8_t *scratch, int64_t thread_bytes, int64_t a_elems, uint16_t **B) {
+/* One head's masked scores (attnlab_attend_scores_amx) into y [T, T]: its queries (q, rows `q_stride` apart) split
+ * into A, its keys packed into B; blocks of 32 x 32 above the diagonal written without a product. */
+AMX_TARGET static void amx_head_scores(const float *q, int64_t q_stride, const float *k, int64_t k_stride, float *y,
+                                       uint16_t *A, uint16_t *B, float *out, int64_t T, int64_t d_head, float scale) {
+  const int64_t chunks = round_up(d_head, AMX_K) / AMX_K, row_tiles = round_up(T, 32) / 16;
+  amx_split_rows(q, q_stride, T, d_head, 0, row_tiles * 16, A);
+  const int64_t part_stride = amx_pack(k, k_stride, 0, d_head, 0, T, B);
+  for (int64_t rt = 0; rt < row_tiles; rt += 2)
+    for (int64_t ft = 0; ft < row_tiles; ft += 2) {
+      const int64_t r0 = rt * 16, f0 = ft * 16, m = T - r0 < 32 ? T - r0 : 32, cols = T - f0 < 32 ? T - f0 : 32;
+      if (f0 > r0 + 31) { /* every key after every query: masked */
+        for (int64_t r = 0; r < m; r++)
+          for (int64_t j = 0; j < cols; j++) y[(r0 + r) * T + f0 + j] = -INFINITY;
+        continue;
+      }
+      amx_block(A, B, part_stride, chunks, chunks, rt, ft, out, 32);
+      for (int64_t r = 0; r < m; r++)
+        for (int64_t j = 0; j < cols; j++)
+          y[(r0 + r) * T + f0 + j] = f0 + j <= r0 + r ? out[r * 32 + j] * scale : -INFINITY;
+    }
+}
+
+/* One head's z = pattern V (attnlab_attend_mix_amx) into z (rows `z_stride` apart): the pattern [T, S] split into A,
+ * the values (v [S, d_head], rows `v_stride` apart) packed into B. `causal`: the pattern is a causal softmax's,
+ * exactly 0 above the diagonal, whose 32-key chunks past a block's last query are neither split nor multiplied
+ * (adding their zero products changes no sum). */
+AMX_TARGET static void amx_head_mix(const float *pattern, const float *v, int64_t v_stride, float *z,
+                                    int64_t z_stride, uint16_t *A, uint16_t *B, float *out, int64_t T, int64_t S,
+                                    int64_t d_head, int causal) {
+  const int64_t chunks = round_up(S, AMX_K) / AMX_K, row_tiles = round_up(T, 32) / 16;
+  const int64_t feature_tiles = round_up(d_head, 32) / 16;
+  for (int64_t rt = 0; rt < row_tiles; rt += 2) {
+    const int64_t used = causal && rt / 2 + 1 < chunks ? rt / 2 + 1 : chunks;
+    amx_split_first(pattern, S, T, S, rt * 16, 32, used, A);
+  }
+  const int64_t part_stride = amx_pack(v, v_stride, 1, S, 0, d_head, B);
+  for (int64_t rt = 0; rt < row_tiles; rt += 2)
+    for (int64_t ft = 0; ft < feature_tiles; ft += 2) {
+      const int64_t used = causal && rt / 2 + 1 < chunks ? rt / 2 + 1 : chunks;
+      amx_block(A, B, part_stride, chunks, used, rt, ft, out, 32);
+      const int64_t r0 = rt * 16, f0 = ft * 16;
+      const int64_t m = T - r0 < 32 ? T - r0 : 32, cols = d_head - f0 < 32 ? d_head - f0 : 32;
+      for (int64_t r = 0; r < m; r++)
+        for (int64_t j = 0; j < cols; j++) z[(r0 + r) * z_stride + f0 + j] = out[r * 32 + j];
+    }
+}
+
+static inline float times_sigmoid(float v, float z);
+
+/* SwiGLU's two products and its product of them, where the hook on the gate only reads (run_with_cache): gate =
+ * x W_gate^T and post = silu(gate) * (x W_up^T), no biases, both [rows, d_out]; x split once, each panel of
+ * features packed from both matrices (half as wide as attnlab_linear_amx_many's, so that both stay in L2) and each
+ * 32 x 32 block's product taken while its gate and up are in L1, where attnlab_silu_mul_up_rows read both back from
+ * memory. attnlab_linear_amx_many's gate and attnlab_silu_mul_up_rows's post, bit for bit. scratch:
+ * attnlab_linear_amx_swiglu_scratch bytes. */
+AMX_TARGET void attnlab_linear_amx_swiglu(const float *x, const float *w_gate, const float *w_up, float *gate,
+                                          float *post, int8_t *scratch, int64_t rows, int64_t d_in, int64_t d_out,
+                                          int threads) {
+  if (rows <= 0) return;
+  const int64_t kp = round_up(d_in, AMX_K), chunks = kp / AMX_K, row_tiles = round_up(rows, 32) / 16;
+  const int64_t panel = amx_swiglu_panel(d_in, d_out, threads), panels = (d_out + panel - 1) / panel;
+  uint16_t *A = (uint16_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+  int8_t *per_thread = (int8_t *)(A + row_tiles * chunks * 3 * AMX_TILE);
+  const int64_t thread_bytes = 2 * panel * kp * 6 + 32 * 32 * 4;
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp for schedule(static)
+    for (int64_t rt = 0; rt < row_tiles; rt++) amx_split_rows(x, d_in, rows, d_in, rt * 16, 16, A);
+    configure_tiles();
+    uint16_t *Bg = (uint16_t *)(per_thread + this_thread() * thread_bytes), *Bu = Bg + panel * kp * 3;
+    float *out = (float *)(Bu + panel * kp * 3), g[32 * 32];
+#pragma omp for schedule(static)
+    for (int64_t pi = 0; pi < panels; pi++) {
+      const int64_t o0 = pi * panel, features = d_out - o0 < panel ? d_out - o0 : panel;
+      const int64_t part_stride = amx_pack(w_gate, d_in, 0, d_in, o0, features, Bg);
+      amx_pack(w_up, d_in, 0, d_in, o0, features, Bu);
+      for (int64_t rt = 0; rt < row_tiles; rt += 2)
+        for (int64_t ft = 0; ft < round_up(features, 32) / 16; ft += 2) {
+          const int64_t r0 = rt * 16, f0 = ft * 16;
+          const int64_t m = rows - r0 < 32 ? rows - r0 : 32, cols = features - f0 < 32 ? features - f0 : 32;
+          amx_block(A, Bg, part_stride, chunks, chunks, rt, ft, g, 32);
+          amx_block(A, Bu, part_stride, chunks, chunks, rt, ft, out, 32);
+          for (int64_t r = 0; r < m; r++) {
+            float *gr = gate + (r0 + r) * d_out + o0 + f0, *pr = post + (r0 + r) * d_out + o0 + f0;
+            const float *gb = g + r * 32, *ub = out + r * 32;
+#pragma omp simd
+            for (int64_t j = 0; j < cols; j++) {
+              gr[j] = gb[j];
+              pr[j] = times_sigmoid(gb[j], gb[j]) * ub[j];
+            }
+          }
+        }
+    }
+    _tile_release();
+  }
+}
+
+/* This thread's part of attnlab_attend_amx_scratch(T, S, d_head, threads)'s scratch: split rows A (room for T rows
+ * of max(S, d_head) values), packed keys or values B, then a block of the result `out`; the tiles configured. */
+AMX_TARGET static uint16_t *amx_head_scratch(int8_t *scratch, int64_t T, int64_t S, int64_t d_head, uint16_t **B,
+                                             float **out) {
+  const int64_t k = round_up(S, AMX_K) > round_up(d_head, AMX_K) ? round_up(S, AMX_K) : round_up(d_head, AMX_K);
+  const int64_t w = round_up(S, 32) * round_up(d_head, AMX_K) + round_up(d_head, 32) * round_up(S, AMX_K);
   int8_t *base = (int8_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
-  uint16_t *A = (uint16_t *)(base + this_thread() * thread_bytes);
-  *B = A + a_elems;
+  uint16_t *A = (uint16_t *)(base + this_thread() * (attnlab_attend_amx_scratch(T, S, d_head, 1) - 64));
+  *B = A + round_up(T, 32) * k * 3;
+  *out = (float *)(*B + w * 3);
   configure_tiles();
   return A;
 }
 
 /* The masked scores of a prompt's causal attention from position 0 on AMX tiles: attnlab_attend_scores's values
  * (q K^T scale where the key's position <= the query's, -inf elsewhere) at a float32 product's accuracy, for q
- * [batch, T, heads, d_head], k [batch, T, kv_heads, d_head] (grouped-query) into scores [batch, heads, T, T]; blocks
- * of 32 x 32 above the diagonal are written without a product. The threads share the heads. */
+ * [batch, T, heads, d_head], k [batch, T, kv_heads, d_head] (grouped-query) into scores [batch, heads, T, T]. The
+ * threads share the heads. */
 AMX_TARGET void attnlab_attend_scores_amx(const float *q, const float *k, float *scores, int8_t *scratch,
                                           int64_t batch, int64_t T, int64_t heads, int64_t kv_heads, int64_t d_head,
                                           float scale, int threads) {
-  const int64_t chunks = round_up(d_head, AMX_K) / AMX_K, row_tiles = round_up(T, 32) / 16;
-  const int64_t thread_bytes = attnlab_attend_amx_scratch(T, T, d_head, 1) - 64;
 #pragma omp parallel num_threads(threads)
   {
-    uint16_t *B, *A = amx_head_buffers(scratch, thread_bytes, round_up(T, 32) * chunks * AMX_K * 3, &B);
-    float *out = (float *)(B + round_up(T, 32) * chunks * AMX_K * 3);
+    uint16_t *B;
+    float *out;
+    uint16_t *A = amx_head_scratch(scratch, T, T, d_head, &B, &out);
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < batch * heads; bh++) {
       const int64_t b = bh / heads, h = bh % heads, g = h / (heads / kv_heads);
-      amx_split_rows(q + (b * T * heads + h) * d_head, heads * d_head, T, d_head, 0, row_tiles * 16, A);
-      const int64_t part_stride = amx_pack(k + (b * T * kv_heads + g) * d_head, kv_heads * d_head, 0, d_head, 0, T, B);
-      float *y = scores + bh * T * T;
-      for (int64_t rt = 0; rt < row_tiles; rt += 2)
-        for (int64_t ft = 0; ft < row_tiles; ft += 2) {
-          const int64_t r0 = rt * 16, f0 = ft * 16, m = T - r0 < 32 ? T - r0 : 32, cols = T - f0 < 32 ? T - f0 : 32;
-          if (f0 > r0 + 31) { /* every key after every query: masked */
-            for (int64_t r = 0; r < m; r++)
-              for (int64_t j = 0; j < cols; j++) y[(r0 + r) * T + f0 + j] = -INFINITY;
-            continue;
-          }
-          amx_block(A, B, part_stride, chunks, rt, ft, out, 32);
-          for (int64_t r = 0; r < m; r++)
-            for (int64_t j = 0; j < cols; j++)
-              y[(r0 + r) * T + f0 + j] = f0 + j <= r0 + r ? out[r * 32 + j] * scale : -INFINITY;
-        }
+      amx_head_scores(q + (b * T * heads + h) * d_head, heads * d_head, k + (b * T * kv_heads + g) * d_head,
+                      kv_heads * d_head, scores + bh * T * T, A, B, out, T, d_head, scale);
     }
     _tile_release();
   }
@@ -2233,26 +2336,48 @@ AMX_TARGET void attnlab_attend_scores_amx(const float *q, const float *k, float 
 AMX_TARGET void attnlab_attend_mix_amx(const float *pattern, const float *v, float *out_z, int8_t *scratch,
                                        int64_t batch, int64_t T, int64_t S, int64_t heads, int64_t kv_heads,
                                        int64_t d_head, int threads) {
-  const int64_t chunks = round_up(S, AMX_K) / AMX_K, row_tiles = round_up(T, 32) / 16;
-  const int64_t feature_tiles = round_up(d_head, 32) / 16;
-  const int64_t thread_bytes = attnlab_attend_amx_scratch(T, S, d_head, 1) - 64;
 #pragma omp parallel num_threads(threads)
   {
-    uint16_t *B, *A = amx_head_buffers(scratch, thread_bytes, round_up(T, 32) * chunks * AMX_K * 3, &B);
-    float *out = (float *)(B + round_up(d_head, 32) * chunks * AMX_K * 3);
+    uint16_t *B;
+    float *out;
+    uint16_t *A = amx_head_scratch(scratch, T, S, d_head, &B, &out);
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < batch * heads; bh++) {
       const int64_t b = bh / heads, h = bh % heads, g = h / (heads / kv_heads);
-      amx_split_rows(pattern + bh * T * S, S, T, S, 0, row_tiles * 16, A);
-      const int64_t part_stride = amx_pack(v + (b * S * kv_heads + g) * d_head, kv_heads * d_head, 1, S, 0, d_head, B);
-      for (int64_t rt = 0; rt < row_tiles; rt += 2)
-        for (int64_t ft = 0; ft < feature_tiles; ft += 2) {
-          amx_block(A, B, part_stride, chunks, rt, ft, out, 32);
-          const int64_t r0 = rt * 16, f0 = ft * 16;
-          const int64_t m = T - r0 < 32 ? T - r0 : 32, cols = d_head - f0 < 32 ? d_head - f0 : 32;
-          for (int64_t r = 0; r < m; r++)
-            for (int64_t j = 0; j < cols; j++) out_z[((b * T + r0 + r) * heads + h) * d_head + f0 + j] = out[r * 32 + j];
-        }
+      amx_head_mix(pattern + bh * T * S, v + (b * S * kv_heads + g) * d_head, kv_heads * d_head,
+                   out_z + (b * T * heads + h) * d_head, heads * d_head, A, B, out, T, S, d_head, 0);
+    }
+    _tile_release();
+  }
+}
+
+static void softmax_row(const float *x, float *p, int64_t n);
+
+/* The explicit path's three steps in one call, where the hooks between them only read (run_with_cache): each head's
+ * masked scores (attnlab_attend_scores_amx) into scores, their softmax_row into pattern, and z = pattern V
+ * (attnlab_attend_mix_amx) into out_z, one head after the other, so that a head's scores and pattern are read back
+ * from the core's L2 rather than from memory, and the pattern's chunks above the diagonal (zeros) are neither split
+ * nor multiplied. The three calls' numbers, bit for bit (tests/test_amx.py). q, out_z [batch, T, heads, d_head], k,
+ * v [batch, T, kv_heads, d_head], scores and pattern [batch, heads, T, T]. */
+AMX_TARGET void attnlab_attend_explicit_amx(const float *q, const float *k, const float *v, float *scores,
+                                            float *pattern, float *out_z, int8_t *scratch, int64_t batch, int64_t T,
+                                            int64_t heads, int64_t kv_heads, int64_t d_head, float scale,
+                                            int threads) {
+#pragma omp parallel num_threads(threads)
+  {
+    uint16_t *B;
+    float *out;
+    uint16_t *A = amx_head_scratch(scratch, T, T, d_head, &B, &out);
+#pragma omp for schedule(static)
+    for (int64_t bh = 0; bh < batch * heads; bh++) {
+      const int64_t b = bh / heads, h = bh % heads, g = h / (heads / kv_heads);
+      const int64_t kv = (b * T * kv_heads + g) * d_head;
+      float *sc = scores + bh * T * T, *pt = pattern + bh * T * T;
+      amx_head_scores(q + (b * T * heads + h) * d_head, heads * d_head, k + kv, kv_heads * d_head, sc, A, B, out, T,
+                      d_head, scale);
+      for (int64_t r = 0; r < T; r++) softmax_row(sc + r * T, pt + r * T, T);
+      amx_head_mix(pt, v + kv, kv_heads * d_head, out_z + (b * T * heads + h) * d_head, heads * d_head, A, B, out, T,
+                   T, d_head, 1);
     }
     _tile_release();
   }
@@ -2277,6 +2402,21 @@ void attnlab_attend_mix_amx(const float *pattern, const float *v, float *out_z, 
                             int64_t T, int64_t S, int64_t heads, int64_t kv_heads, int64_t d_head, int threads) {
   (void)pattern, (void)v, (void)out_z, (void)scratch, (void)batch, (void)T, (void)S, (void)heads, (void)kv_heads;
   (void)d_head, (void)threads;
+  abort(); /* never called: attnlab_amx_permitted() is 0 in this build */
+}
+
+void attnlab_linear_amx_swiglu(const float *x, const float *w_gate, const float *w_up, float *gate, float *post,
+                               int8_t *scratch, int64_t rows, int64_t d_in, int64_t d_out, int threads) {
+  (void)x, (void)w_gate, (void)w_up, (void)gate, (void)post, (void)scratch, (void)rows, (void)d_in, (void)d_out;
+  (void)threads;
+  abort(); /* never called: attnlab_amx_permitted() is 0 in this build */
+}
+
+void attnlab_attend_explicit_amx(const float *q, const float *k, const float *v, float *scores, float *pattern,
+                                 float *out_z, int8_t *scratch, int64_t batch, int64_t T, int64_t heads,
+                                 int64_t kv_heads, int64_t d_head, float scale, int threads) {
+  (void)q, (void)k, (void)v, (void)scores, (void)pattern, (void)out_z, (void)scratch, (void)batch, (void)T;
+  (void)heads, (void)kv_heads, (void)d_head, (void)scale, (void)threads;
   abort(); /* never called: attnlab_amx_permitted() is 0 in this build */
 }
 #endif
@@ -2400,28 +2540,49 @@ void attnlab_attend_scores(const float *q, const float *k, float *scores, float 
   }
 }
 
-/* pattern = softmax over each row of n scores (attention_pattern): exp(x - max) / sum, a row whose scores are all
- * -inf all zeros, and every -inf score exactly 0; rows contiguous. */
+/* pattern = softmax over a row of n scores (attention_pattern): exp(x - max) / sum, a row whose scores are all -inf
+ * all zeros, and every -inf score exactly 0. The sum is kept in 16 lanes (score s in lane s % 16), so that the
+ * trailing blocks of 16 whose scores are all -inf (a causal row's keys after its query: half of a prompt's) add
+ * exactly nothing, and are skipped: no exp, zeros written. Not inlined: attnlab_softmax_rows and the fused
+ * attention on AMX tiles (attnlab_attend_explicit_amx) share its numbers bit for bit. */
+__attribute__((noinline)) static void softmax_row(const float *x, float *p, int64_t n) {
+  int64_t end = n; /* past the last block of 16 with a finite score */
+  while (end > 0) {
+    int64_t s0 = (end - 1) / 16 * 16;
+    int masked = 1;
+    for (int64_t s = s0; s < end; s++) masked &= x[s] == -INFINITY;
+    if (!masked) break;
+    end = s0;
+  }
+  memset(p + end, 0, (n - end) * sizeof(float));
+  if (end == 0) return;
+  float top = -INFINITY, lanes[16] = {0};
+#pragma omp simd reduction(max : top)
+  for (int64_t s = 0; s < end; s++) top = x[s] > top ? x[s] : top;
+  int64_t s0 = 0;
+  for (; s0 + 16 <= end; s0 += 16) /* whole blocks: one vector of 16 lanes */
+#pragma omp simd
+    for (int j = 0; j < 16; j++) {
+      float e = x[s0 + j] == -INFINITY ? 0.0f : exp_(x[s0 + j] - top);
+      p[s0 + j] = e;
+      lanes[j] += e;
+    }
+  for (int64_t j = 0; j < end - s0; j++) { /* the last, partial block */
+    float e = x[s0 + j] == -INFINITY ? 0.0f : exp_(x[s0 + j] - top);
+    p[s0 + j] = e;
+    lanes[j] += e;
+  }
+  for (int width = 8; width > 0; width /= 2) /* the lanes' sum in a fixed order */
+    for (int j = 0; j < width; j++) lanes[j] += lanes[j + width];
+  float inv = 1.0f / lanes[0];
+#pragma omp simd
+  for (int64_t s = 0; s < end; s++) p[s] *= inv;
+}
+
+/* softmax_row over each of rows contiguous rows of n scores */
 void attnlab_softmax_rows(const float *scores, float *pattern, int64_t rows, int64_t n, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t r = 0; r < rows; r++) {
-    const float *x = scores + r * n;
-    float *p = pattern + r * n, top = -INFINITY, total = 0.0f;
-#pragma omp simd reduction(max : top)
-    for (int64_t s = 0; s < n; s++) top = x[s] > top ? x[s] : top;
-    if (top == -INFINITY) {
-      memset(p, 0, n * sizeof(float));
-      continue;
-    }
-#pragma omp simd reduction(+ : total)
-    for (int64_t s = 0; s < n; s++) {
-      p[s] = x[s] == -INFINITY ? 0.0f : exp_(x[s] - top);
-      total += p[s];
-    }
-    float inv = 1.0f / total;
-#pragma omp simd
-    for (int64_t s = 0; s < n; s++) p[s] *= inv;
-  }
+  for (int64_t r = 0; r < rows; r++) softmax_row(scores + r * n, pattern + r * n, n);
 }
 
 /* out [batch, T, heads, d_head] = pattern V: pattern [batch, heads, T, S], v [batch, S, kv_heads, d_head]
