@@ -129,6 +129,14 @@ def test_a_forward_without_gradients_takes_the_amx_product_and_the_module_paths_
         "linear_amx_many",
         lambda x, m: calls.append(len(m)) or products.extend(m) or many(x, m),
     )
+    swiglu = kernels.swiglu_amx  # run_with_cache's gate and up (its gate hook only reads)
+    monkeypatch.setattr(
+        kernels,
+        "swiglu_amx",
+        lambda x, g, u: (
+            calls.append(2) or products.extend([(g, None), (u, None)]) or swiglu(x, g, u)
+        ),
+    )
     tiles = counting(monkeypatch, "linear_rows")
     model = build("llama-gqa")
     ids = torch.randint(0, BASE["d_vocab"], (2, 64))
@@ -138,7 +146,8 @@ def test_a_forward_without_gradients_takes_the_amx_product_and_the_module_paths_
         # every Linear of the blocks and the LM head large enough for the tiles, in both runs
         linears = tiled_linears(model, ids)
         assert linears >= 5 and len(products) == 2 * linears and tiles == []
-        # q, k and v, and gate and up, x split once for each: 2 + 2 calls a layer, 1 the LM head
+        # q, k and v, and gate and up, x split once for each: 2 + 2 calls a layer, 1 the LM head;
+        # run_with_cache's gate and up through swiglu_amx (silu(gate) · up from the same call)
         assert len(calls) == 2 * (4 * BASE["n_layers"] + 1)
     like_the_module_path(model, ids, fast, fast_cache, monkeypatch)
 
@@ -265,3 +274,85 @@ def test_the_attention_steps_on_amx_tiles_are_the_chapters_equation(
         pattern.double().abs() @ v_all.double().abs(),
         pattern @ v_all,
     )
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    "batch, T, heads, kv_heads, d_head", [*ATTENTION_SHAPES, (1, 130, 9, 3, 64)]
+)
+def test_the_three_attention_steps_in_one_call_are_the_steps_bit_for_bit(
+    amx, seed, batch, T, heads, kv_heads, d_head, threads, monkeypatch
+):
+    """attend_explicit (run_with_cache's attention where its hooks only read: a head's scores and
+    pattern read back from the core's cache, the pattern's zero chunks above the diagonal neither
+    split nor multiplied) gives attend_scores', softmax_rows' and attend_mix's results exactly."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, heads, T, d_head, generator=g)
+    k, v = (torch.randn(batch, kv_heads, T, d_head, generator=g) * 2 for _ in range(2))
+    scores, pattern, z = kernels.attend_explicit(q, k, v, d_head**-0.5)
+    assert z.shape == (batch, heads, T, d_head)
+    assert torch.equal(scores, kernels.attend_scores(q, k, d_head**-0.5, amx=True))
+    assert torch.equal(pattern, kernels.softmax_rows(scores))
+    assert torch.equal(z, kernels.attend_mix(pattern, v, amx=True))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("rows, d_in, d_out", [*SHAPES, (1024, 576, 1536)])
+def test_swiglu_on_the_tiles_is_gate_up_and_their_product_bit_for_bit(
+    amx, seed, rows, d_in, d_out, threads, monkeypatch
+):
+    """swiglu_amx (run_with_cache's MLP where its gate hook only reads: silu(gate) · up taken from
+    each block of the tiles) gives linear_amx_many's gate and silu_mul_up_rows' product exactly."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, d_in, generator=g)
+    w_gate, w_up = (torch.randn(d_out, d_in, generator=g) * d_in**-0.5 for _ in range(2))
+    gate, post = kernels.swiglu_amx(x, w_gate, w_up)
+    gate_, up = kernels.linear_amx_many(x, [(w_gate, None), (w_up, None)])
+    assert torch.equal(gate, gate_)
+    assert torch.equal(post, kernels.silu_mul_up_rows(gate_, up))
+
+
+def test_run_with_cache_fuses_only_where_every_hook_reads(amx, seed, monkeypatch):
+    """run_with_cache's own hooks only read (hooks.reads): the attention's three steps and SwiGLU
+    take one call each per layer, and the cache is bit for bit what the separate steps give (a
+    caller's hook that is not marked, even one that reads, keeps them separate); a hook that
+    edits the pattern still changes what flows on."""
+    monkeypatch.setenv("ATTNLAB_FLOAT_ROWS", "amx")
+    fused = {name: counting(monkeypatch, name) for name in ("attend_explicit", "swiglu_amx")}
+    model = build("llama-gqa")
+    ids = torch.randint(0, BASE["d_vocab"], (2, 64))
+    seen = []
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(ids)
+        layers = model.config.n_layers
+        assert [len(calls) for calls in fused.values()] == [layers, layers]
+        looking = [
+            (f"blocks.{i}.{point}", lambda t, hook: seen.append(hook.name))
+            for i in range(layers)
+            for point in ("attn.hook_pattern", "mlp.hook_pre")
+        ]
+        logits_, cache_ = model.run_with_cache(ids, fwd_hooks=looking)
+        assert [len(calls) for calls in fused.values()] == [layers, layers]  # no more calls
+        assert len(seen) == 2 * layers
+        assert torch.equal(logits, logits_) and list(cache.keys()) == list(cache_.keys())
+        for name in cache.keys():
+            assert torch.equal(cache[name], cache_[name]), name
+        uniform = lambda pattern, hook: torch.full_like(pattern, 1 / pattern.shape[-1])  # noqa: E731
+        edited, _ = model.run_with_cache(ids, fwd_hooks=[("blocks.0.attn.hook_pattern", uniform)])
+        assert (edited - logits).abs().max() > 1e-3
+
+
+def test_a_hook_point_says_whether_its_hooks_only_read():
+    from attnlab.lens.hooks import HookPoint, reads
+
+    point = HookPoint()
+    assert point.only_read  # no hook at all
+    handle = point.add_hook(reads(lambda t, hook: None))
+    assert point.only_read and point.has_hooks
+    other = point.add_hook(lambda t, hook: None)  # unmarked: it might edit in place
+    assert not point.only_read
+    other.remove()
+    assert point.only_read
+    handle.remove()

@@ -445,6 +445,29 @@ def test_the_softmax_of_a_row_without_a_visible_key_is_zeros_and_a_pattern_of_an
     )
 
 
+def test_a_rows_weights_do_not_depend_on_the_masked_keys_after_it(library, monkeypatch):
+    """decode.c's softmax_row sums in 16 fixed lanes and skips the trailing blocks of 16 masked
+    scores: a causal row's weights are the same bits whatever number of masked keys follow it
+    (the fused attention's pattern relies on it), and each masked key weighs exactly 0."""
+    monkeypatch.setattr(kernels, "library", lambda: library)
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(10, 70, generator=g) * 4
+    visible = [1, 15, 16, 17, 31, 32, 33, 48, 69, 70]
+    for row, n in enumerate(visible):
+        scores[row, n:] = float("-inf")
+    pattern = kernels.softmax_rows(scores)
+    for row, n in enumerate(visible):
+        assert torch.equal(pattern[row, :n], kernels.softmax_rows(scores[row, :n].clone()))
+        assert (pattern[row, n:] == 0).all()
+    torch.testing.assert_close(pattern, torch.softmax(scores, -1), **SLACK)
+    # a hook may mask any keys: a block of 16 is skipped only where all of it is masked
+    scores[0] = scores[1] = float("-inf")
+    scores[0, 47] = 1.0
+    scores[1, [3, 40]] = 2.0
+    pattern = kernels.softmax_rows(scores[:2])
+    torch.testing.assert_close(pattern, torch.softmax(scores[:2], -1), **SLACK)
+
+
 def test_the_attention_steps_on_two_threads_equal_one(monkeypatch):
     q, k, v = torch.randn(2, 4, 50, 64), torch.randn(2, 2, 50, 64), torch.randn(2, 2, 50, 64)
 

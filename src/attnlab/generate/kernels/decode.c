@@ -2182,8 +2182,15 @@ AMX_TARGET void attnlab_linear_amx_many(const float *x, int64_t n, const float *
           for (int64_t ft = 0; ft < round_up(features, 32) / 16; ft += 2) {
             const int64_t r0 = rt * 16, f0 = ft * 16;
             const int64_t m = rows - r0 < 32 ? rows - r0 : 32, cols = features - f0 < 32 ? features - f0 : 32;
-            if (m == 32 && cols == 32 && !b[i]) { /* a whole block without a bias: the tiles straight into y */
-              amx_block(A, B, part_stride, chunks, chunks, rt, ft, y[i] + r0 * d_out[i] + o0 + f0, d_out[i]);
+            float *at = y[i] + r0 * d_out[i] + o0 + f0;
+            if (m == 32 && cols == 32 && !b[i] && (uintptr_t)at % 64 == 0 && d_out[i] % 16 == 0) {
+              /* a whole block without a bias, rows on cache lines: from L1 into y past the caches (no read of
+               * y's lines first, and W's panel stays in L2) */
+              amx_block(A, B, part_stride, chunks, chunks, rt, ft, out, 32);
+              for (int64_t r = 0; r < 32; r++) {
+                _mm512_stream_ps(at + r * d_out[i], _mm512_load_ps(out + r * 32));
+                _mm512_stream_ps(at + r * d_out[i] + 16, _mm512_load_ps(out + r * 32 + 16));
+              }
               continue;
             }
             amx_block(A, B, part_stride, chunks, chunks, rt, ft, out, 32);
@@ -2193,6 +2200,7 @@ AMX_TARGET void attnlab_linear_amx_many(const float *x, int64_t n, const float *
           }
       }
     }
+    _mm_sfence(); /* the streamed stores seen before the region's end */
     _tile_release();
   }
 }
