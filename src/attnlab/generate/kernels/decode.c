@@ -2113,6 +2113,10 @@ AMX_TARGET static int64_t amx_pack(const float *w, int64_t stride, int by_k, int
         __m512i p[3];
         split_bf16(row_chunk(o < features ? w + (o0 + o) * stride + c * AMX_K : NULL, len, buf), p);
         for (int part = 0; part < 3; part++) parts[part][j] = p[part];
+        if (o + 16 < features) { /* the next 16 features' chunk: 16 rows read across are 16 streams */
+          _mm_prefetch((const char *)(w + (o0 + o + 16) * stride + c * AMX_K), _MM_HINT_T0);
+          _mm_prefetch((const char *)(w + (o0 + o + 16) * stride + c * AMX_K) + 64, _MM_HINT_T0);
+        }
       }
       for (int part = 0; part < 3; part++) { /* tile row: the pair of each feature's k */
         uint16_t *dst = B + part * part_stride + (ft * chunks + c) * AMX_TILE;
