@@ -356,3 +356,14 @@ def test_a_hook_point_says_whether_its_hooks_only_read():
     other.remove()
     assert point.only_read
     handle.remove()
+
+
+def test_an_output_too_large_for_the_caches_streams_the_same_numbers(amx, seed):
+    """Outputs from decode.c's AMX_STREAM_FROM floats (the LM head's logits) leave the tiles
+    through streaming stores, smaller ones through a block in L1: the same values either way
+    (the halves of the rows take the other path)."""
+    g = torch.Generator().manual_seed(seed)
+    x, w = torch.randn(1024, 40, generator=g), torch.randn(16384, 40, generator=g)
+    whole = kernels.linear_amx(x, w)  # 16M floats: streamed
+    assert torch.equal(whole[:512], kernels.linear_amx(x[:512], w))
+    assert torch.equal(whole[512:], kernels.linear_amx(x[512:], w))

@@ -2152,6 +2152,12 @@ AMX_TARGET static void amx_block(const uint16_t *A, const uint16_t *B, int64_t p
   _tile_stored(2, out + 16 * ld, ld * 4); _tile_stored(3, out + 16 * ld + 16, ld * 4);
 }
 
+/* Outputs of at least this many floats (64 MB) are written with streaming stores; smaller ones, which their next
+ * step reads back from the caches, through a block in L1 (measured: benchmarks/README.md, "run_with_cache and the
+ * memory it writes into"; streaming them all made the head-patching sweep 13 % slower, the tiles stored straight
+ * into y 2-5 % slower than through L1). */
+#define AMX_STREAM_FROM (16 << 20)
+
 /* y_i [rows, d_out[i]] = x [rows, d_in] W_i^T + b_i for the n float32 matrices W_i [d_out[i], d_in] (b_i may be
  * NULL), on AMX tiles (above), x split once for all of them (a layer's q, k and v, or its gate and up); only where
  * attnlab_amx_permitted() said 1. One parallel region; the threads share each matrix's panels in turn. scratch:
@@ -2187,9 +2193,10 @@ AMX_TARGET void attnlab_linear_amx_many(const float *x, int64_t n, const float *
             const int64_t r0 = rt * 16, f0 = ft * 16;
             const int64_t m = rows - r0 < 32 ? rows - r0 : 32, cols = features - f0 < 32 ? features - f0 : 32;
             float *at = y[i] + r0 * d_out[i] + o0 + f0;
-            if (m == 32 && cols == 32 && !b[i] && (uintptr_t)at % 64 == 0 && d_out[i] % 16 == 0) {
-              /* a whole block without a bias, rows on cache lines: from L1 into y past the caches (no read of
-               * y's lines first, and W's panel stays in L2) */
+            if (m == 32 && cols == 32 && !b[i] && (uintptr_t)at % 64 == 0 && d_out[i] % 16 == 0 &&
+                rows * d_out[i] >= AMX_STREAM_FROM) {
+              /* a whole block without a bias, rows on cache lines, of a y too large for any cache (the LM head's
+               * logits): from L1 into y past the caches (no read of y's lines first, W's panel left in L2) */
               amx_block(A, B, part_stride, chunks, chunks, rt, ft, out, 32);
               for (int64_t r = 0; r < 32; r++) {
                 _mm512_stream_ps(at + r * d_out[i], _mm512_load_ps(out + r * 32));
