@@ -831,16 +831,30 @@ BREAKS = [
         "src/attnlab/model/attention.py",
         [
             (
-                "            scores = self.hook_attn_scores(self.score(q, k, mask=mask, "
+                "        scores = self.hook_attn_scores(self.score(q, k, mask=mask, "
                 "window=window))\n"
-                "            pattern = self.hook_pattern(self.weigh(scores))\n",
-                "            scores = self.score(q, k, mask=mask, window=window)\n"
-                "            pattern = self.weigh(scores)\n"
-                "            scores = self.hook_attn_scores(scores)\n"
-                "            pattern = self.hook_pattern(pattern)\n",
+                "        pattern = self.hook_pattern(self.weigh(scores))\n",
+                "        scores = self.score(q, k, mask=mask, window=window)\n"
+                "        pattern = self.weigh(scores)\n"
+                "        scores = self.hook_attn_scores(scores)\n"
+                "        pattern = self.hook_pattern(pattern)\n",
             )
         ],
         [INFERENCE + "::test_hooks_that_edit_scores_and_patterns_change_both_paths_alike"],
+    ),
+    Break(
+        "hooks-that-only-read",
+        "the steps fuse only where every hook on them only reads",
+        "every hook counted as one that only reads",
+        "src/attnlab/lens/hooks.py",
+        [
+            (
+                '        return all(getattr(hook, "reads_only", False) for hook in '
+                "self._forward_hooks.values())\n",
+                "        return True\n",
+            )
+        ],
+        ["tests/test_amx.py::test_a_hook_point_says_whether_its_hooks_only_read"],
     ),
 ]
 

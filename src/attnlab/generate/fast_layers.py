@@ -13,8 +13,11 @@ Design choices:
   them; products on AMX's tiles at float32's accuracy where the CPU and the OS allow them
   (kernels.float_products: a layer's q, k and v, and its gate and up, with x split once), and
   then also the attention's q Kᵀ and pattern V where hooks read the pattern, RMSNorm with the
-  scale and normalized input its hooks read, and SwiGLU's product beside a hooked gate, in C;
-  else, where it measured faster than torch's (MKL's) GEMM on this machine (kernels.float_rows),
+  scale and normalized input its hooks read, and SwiGLU's product beside a hooked gate, in C
+  (where every hook on the scores and pattern, or on the gate, only reads, `lens.hooks.reads`:
+  run_with_cache's own, the attention's three steps in one call a layer, and SwiGLU's product
+  from the call that makes gate and up, bit for bit the separate steps); else, where it
+  measured faster than torch's (MKL's) GEMM on this machine (kernels.float_rows),
   decode.c's tiled float32 GEMM and the attention in C (with the pattern in three steps, the
   hooks between them); elsewhere torch's products and attention, the explicit path's T x T
   steps in place (the fewest tensors, the module path's numbers bit for bit). Block layers
@@ -244,8 +247,9 @@ class KernelMLP(MLP):
     up products share one rounding of x where both are blocks (`shared_rounding`) or go through
     one AMX call (`amx_together`), and silu(gate) · up runs in C (decode.c's, the decode step's);
     where hooks read the gate and the product (run_with_cache), the product in C into up, which
-    no one holds, unless the products are torch's (then MLP's steps, its numbers bit for bit);
-    everything else as MLP."""
+    no one holds, or, on AMX tiles with a gate hook that only reads, from the same call as gate
+    and up (kernels.swiglu_amx), unless the products are torch's (then MLP's steps, its numbers
+    bit for bit); everything else as MLP."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (
@@ -316,7 +320,8 @@ class KernelAttention(Attention):
     everything else as Attention. When a hook wants the scores or the pattern (run_with_cache),
     the same prompts take the explicit path's three steps in C (attnlab_attend_scores,
     _softmax_rows, _attend_mix), the hooks between them as in Attention.forward; where the products
-    take AMX's tiles (kernels.float_products), q Kᵀ and pattern V on them and the softmax in C;
+    take AMX's tiles (kernels.float_products), q Kᵀ and pattern V on them and the softmax in C,
+    all three in one call where the hooks between them only read (kernels.attend_explicit);
     where torch's GEMM is the faster and AMX cannot run, torch's steps, with the scores scaled and
     masked in place and the softmax's all-masked guard only where a row needs it (Attention's
     numbers bit for bit)."""

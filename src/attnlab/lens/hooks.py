@@ -16,6 +16,11 @@ Design choices:
 - The cache is attnlab.lens.cache.ActivationCache (TransformerLens's keys and residual-stream
   views). Its hooks run after every hook the caller attached, so it holds what flows on, edits
   included.
+- A hook function marked with `reads` (run_with_cache's store) promises to return None and edit
+  nothing; where every hook at a point is so marked (`HookPoint.only_read`), the fast layers may
+  compute the steps after it in the same C call before calling the hooks (the attention's scores,
+  pattern and z; SwiGLU's gate and product), with the same values. Any other hook keeps the steps
+  apart, so an edit always flows on.
 """
 
 from __future__ import annotations
