@@ -367,3 +367,30 @@ def test_an_output_too_large_for_the_caches_streams_the_same_numbers(amx, seed):
     whole = kernels.linear_amx(x, w)  # 16M floats: streamed
     assert torch.equal(whole[:512], kernels.linear_amx(x[:512], w))
     assert torch.equal(whole[512:], kernels.linear_amx(x[512:], w))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_weights_of_sixteen_bits_skip_a_product_of_zeros_and_others_keep_it(
+    amx, seed, threads, monkeypatch
+):
+    """A panel whose weights all have at most 16 significant bits (a GGUF file's 4-bit blocks in
+    float32) has no third bfloat16 part, and amx_block leaves out x1 w3 there; a panel beside it
+    with one full float32 weight keeps it: both within a float32 GEMM's error of float64."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(100, 576, generator=g) * torch.rand(1, 576, generator=g) * 3
+    w = torch.randn(2000, 576, generator=g)
+    w16 = w.to(torch.bfloat16).float()
+    w16 += (w - w16).to(torch.bfloat16).float()  # two parts: 16 significant bits
+    mixed = torch.cat([w16[:1000], w[1000:]])  # panels of each kind
+    for weights in (w16, mixed):
+        out = kernels.linear_amx(x, weights)
+        ours, torchs = errors(x, weights, None, out)
+        scale = (x.double().abs() @ weights.double().abs().T).max().item()
+        assert ours <= 3 * torchs + 8 * 2**-24 * scale, (ours, torchs)
+    # one weight with a third part (1, 2^-9, 2^-18) deep inside a panel of 16-bit ones: it counts
+    x = torch.randint(1, 4, (100, 576), generator=g).float()
+    w16[500] = 0.0
+    w16[500, 7] = 1 + 2**-9 + 2**-18
+    out = kernels.linear_amx(x, w16)
+    assert torch.equal(out[:, 500], x[:, 7] * (1 + 2**-9 + 2**-18))

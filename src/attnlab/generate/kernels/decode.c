@@ -2081,11 +2081,15 @@ AMX_TARGET static inline void transpose_16x16(__m512i r[16]) {
 
 /* W's parts for its features o0 .. o0 + features - 1 into B [part][feature tile][chunk][16 k pairs][16][2] (the
  * pairs layout), features padded to 32 with zeros; W [d_out, d_in] by rows of k (row stride `stride`: a
- * Linear's weight, keys) or, `by_k`, [d_in, d_out] by rows of features (V). Returns the stride between parts. */
+ * Linear's weight, keys) or, `by_k`, [d_in, d_out] by rows of features (V). Returns the stride between parts;
+ * *third: whether any of these weights has a third part (none does where every weight has at most 16
+ * significant bits, as the float32 values of a GGUF file's 4-bit blocks: amx_block then leaves out x1 w3, a
+ * product of zeros, which changes no sum). */
 AMX_TARGET static int64_t amx_pack(const float *w, int64_t stride, int by_k, int64_t d_in, int64_t o0,
-                                   int64_t features, uint16_t *B) {
+                                   int64_t features, uint16_t *B, int *third) {
   const int64_t chunks = round_up(d_in, AMX_K) / AMX_K, feature_tiles = round_up(features, 32) / 16;
   const int64_t part_stride = feature_tiles * chunks * AMX_TILE;
+  __m512i any = _mm512_setzero_si512(); /* the third parts' bits, or-ed */
   for (int64_t ft = 0; ft < feature_tiles; ft++)
     for (int64_t c = 0; c < chunks; c++) {
       int64_t len = d_in - c * AMX_K < AMX_K ? d_in - c * AMX_K : AMX_K;
@@ -2100,6 +2104,7 @@ AMX_TARGET static int64_t amx_pack(const float *w, int64_t stride, int by_k, int
           }
           __m512i p[3];
           split_bf16(buf, p);
+          any = _mm512_or_si512(any, p[2]);
           for (int part = 0; part < 3; part++)
             _mm512_store_si512(B + part * part_stride + (ft * chunks + c) * AMX_TILE + pair * 32,
                                _mm512_permutexvar_epi16(pairs, p[part]));
@@ -2113,6 +2118,7 @@ AMX_TARGET static int64_t amx_pack(const float *w, int64_t stride, int by_k, int
         __m512i p[3];
         split_bf16(row_chunk(o < features ? w + (o0 + o) * stride + c * AMX_K : NULL, len, buf), p);
         for (int part = 0; part < 3; part++) parts[part][j] = p[part];
+        any = _mm512_or_si512(any, p[2]);
         if (o + 16 < features) { /* the next 16 features' chunk: 16 rows read across are 16 streams */
           _mm_prefetch((const char *)(w + (o0 + o + 16) * stride + c * AMX_K), _MM_HINT_T0);
           _mm_prefetch((const char *)(w + (o0 + o + 16) * stride + c * AMX_K) + 64, _MM_HINT_T0);
@@ -2124,13 +2130,16 @@ AMX_TARGET static int64_t amx_pack(const float *w, int64_t stride, int by_k, int
         for (int pair = 0; pair < 16; pair++) _mm512_store_si512(dst + pair * 32, parts[part][pair]);
       }
     }
+  /* a part that is a signed zero (0x8000) is no weight either */
+  *third = _mm512_test_epi16_mask(any, _mm512_set1_epi16(0x7fff)) != 0;
   return part_stride;
 }
 
 /* out [32][ld] = the 32 x 32 block of x W^T at row tile rt and feature tile ft (both even) of A and B (above), rows
- * ld floats apart, from the first `used` of the chunks of k (the rest known to be zeros in x: a causal pattern's) */
+ * ld floats apart, from the first `used` of the chunks of k (the rest known to be zeros in x: a causal pattern's);
+ * without x1 w3 where W has no third part (amx_pack's *third) */
 AMX_TARGET static void amx_block(const uint16_t *A, const uint16_t *B, int64_t part_stride, int64_t chunks,
-                                 int64_t used, int64_t rt, int64_t ft, float *out, int64_t ld) {
+                                 int64_t used, int third, int64_t rt, int64_t ft, float *out, int64_t ld) {
   const int64_t row_tile = chunks * 3 * AMX_TILE, next_features = chunks * AMX_TILE;
   _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
   for (int64_t c = 0; c < used; c++) {
@@ -2144,8 +2153,10 @@ AMX_TARGET static void amx_block(const uint16_t *A, const uint16_t *B, int64_t p
     _tile_loadd(4, x2, 64); _tile_loadd(5, x2 + row_tile, 64); AMX_PRODUCTS;      /* x2 w2 */
     _tile_loadd(6, w1, 64); _tile_loadd(7, w1 + next_features, 64); AMX_PRODUCTS; /* x2 w1 */
     _tile_loadd(4, x3, 64); _tile_loadd(5, x3 + row_tile, 64); AMX_PRODUCTS;      /* x3 w1 */
-    _tile_loadd(4, x1, 64); _tile_loadd(5, x1 + row_tile, 64);
-    _tile_loadd(6, w3, 64); _tile_loadd(7, w3 + next_features, 64); AMX_PRODUCTS; /* x1 w3 */
+    if (third) {
+      _tile_loadd(4, x1, 64); _tile_loadd(5, x1 + row_tile, 64);
+      _tile_loadd(6, w3, 64); _tile_loadd(7, w3 + next_features, 64); AMX_PRODUCTS; /* x1 w3 */
+    }
 #undef AMX_PRODUCTS
   }
   _tile_stored(0, out, ld * 4); _tile_stored(1, out + 16, ld * 4);
@@ -2187,7 +2198,8 @@ AMX_TARGET void attnlab_linear_amx_many(const float *x, int64_t n, const float *
 #pragma omp for schedule(static) nowait
       for (int64_t pi = 0; pi < panels; pi++) {
         const int64_t o0 = pi * panel, features = d_out[i] - o0 < panel ? d_out[i] - o0 : panel;
-        const int64_t part_stride = amx_pack(w[i], d_in, 0, d_in, o0, features, B);
+        int third;
+        const int64_t part_stride = amx_pack(w[i], d_in, 0, d_in, o0, features, B, &third);
         for (int64_t rt = 0; rt < row_tiles; rt += 2)
           for (int64_t ft = 0; ft < round_up(features, 32) / 16; ft += 2) {
             const int64_t r0 = rt * 16, f0 = ft * 16;
@@ -2197,14 +2209,14 @@ AMX_TARGET void attnlab_linear_amx_many(const float *x, int64_t n, const float *
                 rows * d_out[i] >= AMX_STREAM_FROM) {
               /* a whole block without a bias, rows on cache lines, of a y too large for any cache (the LM head's
                * logits): from L1 into y past the caches (no read of y's lines first, W's panel left in L2) */
-              amx_block(A, B, part_stride, chunks, chunks, rt, ft, out, 32);
+              amx_block(A, B, part_stride, chunks, chunks, third, rt, ft, out, 32);
               for (int64_t r = 0; r < 32; r++) {
                 _mm512_stream_ps(at + r * d_out[i], _mm512_load_ps(out + r * 32));
                 _mm512_stream_ps(at + r * d_out[i] + 16, _mm512_load_ps(out + r * 32 + 16));
               }
               continue;
             }
-            amx_block(A, B, part_stride, chunks, chunks, rt, ft, out, 32);
+            amx_block(A, B, part_stride, chunks, chunks, third, rt, ft, out, 32);
             for (int64_t r = 0; r < m; r++)
               for (int64_t j = 0; j < cols; j++)
                 y[i][(r0 + r) * d_out[i] + o0 + f0 + j] = out[r * 32 + j] + (b[i] ? b[i][o0 + f0 + j] : 0.0f);
@@ -2222,7 +2234,8 @@ AMX_TARGET static void amx_head_scores(const float *q, int64_t q_stride, const f
                                        uint16_t *A, uint16_t *B, float *out, int64_t T, int64_t d_head, float scale) {
   const int64_t chunks = round_up(d_head, AMX_K) / AMX_K, row_tiles = round_up(T, 32) / 16;
   amx_split_rows(q, q_stride, T, d_head, 0, row_tiles * 16, A);
-  const int64_t part_stride = amx_pack(k, k_stride, 0, d_head, 0, T, B);
+  int third;
+  const int64_t part_stride = amx_pack(k, k_stride, 0, d_head, 0, T, B, &third);
   for (int64_t rt = 0; rt < row_tiles; rt += 2)
     for (int64_t ft = 0; ft < row_tiles; ft += 2) {
       const int64_t r0 = rt * 16, f0 = ft * 16, m = T - r0 < 32 ? T - r0 : 32, cols = T - f0 < 32 ? T - f0 : 32;
@@ -2231,7 +2244,7 @@ AMX_TARGET static void amx_head_scores(const float *q, int64_t q_stride, const f
           for (int64_t j = 0; j < cols; j++) y[(r0 + r) * T + f0 + j] = -INFINITY;
         continue;
       }
-      amx_block(A, B, part_stride, chunks, chunks, rt, ft, out, 32);
+      amx_block(A, B, part_stride, chunks, chunks, third, rt, ft, out, 32);
       for (int64_t r = 0; r < m; r++)
         for (int64_t j = 0; j < cols; j++)
           y[(r0 + r) * T + f0 + j] = f0 + j <= r0 + r ? out[r * 32 + j] * scale : -INFINITY;
@@ -2251,11 +2264,12 @@ AMX_TARGET static void amx_head_mix(const float *pattern, const float *v, int64_
     const int64_t used = causal && rt / 2 + 1 < chunks ? rt / 2 + 1 : chunks;
     amx_split_first(pattern, S, T, S, rt * 16, 32, used, A);
   }
-  const int64_t part_stride = amx_pack(v, v_stride, 1, S, 0, d_head, B);
+  int third;
+  const int64_t part_stride = amx_pack(v, v_stride, 1, S, 0, d_head, B, &third);
   for (int64_t rt = 0; rt < row_tiles; rt += 2)
     for (int64_t ft = 0; ft < feature_tiles; ft += 2) {
       const int64_t used = causal && rt / 2 + 1 < chunks ? rt / 2 + 1 : chunks;
-      amx_block(A, B, part_stride, chunks, used, rt, ft, out, 32);
+      amx_block(A, B, part_stride, chunks, used, third, rt, ft, out, 32);
       const int64_t r0 = rt * 16, f0 = ft * 16;
       const int64_t m = T - r0 < 32 ? T - r0 : 32, cols = d_head - f0 < 32 ? d_head - f0 : 32;
       for (int64_t r = 0; r < m; r++)
@@ -2290,14 +2304,15 @@ AMX_TARGET void attnlab_linear_amx_swiglu(const float *x, const float *w_gate, c
 #pragma omp for schedule(static)
     for (int64_t pi = 0; pi < panels; pi++) {
       const int64_t o0 = pi * panel, features = d_out - o0 < panel ? d_out - o0 : panel;
-      const int64_t part_stride = amx_pack(w_gate, d_in, 0, d_in, o0, features, Bg);
-      amx_pack(w_up, d_in, 0, d_in, o0, features, Bu);
+      int third_gate, third_up;
+      const int64_t part_stride = amx_pack(w_gate, d_in, 0, d_in, o0, features, Bg, &third_gate);
+      amx_pack(w_up, d_in, 0, d_in, o0, features, Bu, &third_up);
       for (int64_t rt = 0; rt < row_tiles; rt += 2)
         for (int64_t ft = 0; ft < round_up(features, 32) / 16; ft += 2) {
           const int64_t r0 = rt * 16, f0 = ft * 16;
           const int64_t m = rows - r0 < 32 ? rows - r0 : 32, cols = features - f0 < 32 ? features - f0 : 32;
-          amx_block(A, Bg, part_stride, chunks, chunks, rt, ft, g, 32);
-          amx_block(A, Bu, part_stride, chunks, chunks, rt, ft, out, 32);
+          amx_block(A, Bg, part_stride, chunks, chunks, third_gate, rt, ft, g, 32);
+          amx_block(A, Bu, part_stride, chunks, chunks, third_up, rt, ft, out, 32);
           for (int64_t r = 0; r < m; r++) {
             float *gr = gate + (r0 + r) * d_out + o0 + f0, *pr = post + (r0 + r) * d_out + o0 + f0;
             const float *gb = g + r * 32, *ub = out + r * 32;
