@@ -2164,8 +2164,8 @@ AMX_TARGET static void amx_block(const uint16_t *A, const uint16_t *B, int64_t p
 }
 
 /* Outputs of at least this many floats (64 MB) are written with streaming stores; smaller ones, which their next
- * step reads back from the caches, through a block in L1 (measured: benchmarks/README.md, "run_with_cache and the
- * memory it writes into"; streaming them all made the head-patching sweep 13 % slower, the tiles stored straight
+ * step reads back from the caches, through a block in L1 (measured: benchmarks/README.md, "run_with_cache in fewer
+ * passes over memory"; streaming them all made the head-patching sweep 13 % slower, the tiles stored straight
  * into y 2-5 % slower than through L1). */
 #define AMX_STREAM_FROM (16 << 20)
 
@@ -2200,13 +2200,13 @@ AMX_TARGET void attnlab_linear_amx_many(const float *x, int64_t n, const float *
         const int64_t o0 = pi * panel, features = d_out[i] - o0 < panel ? d_out[i] - o0 : panel;
         int third;
         const int64_t part_stride = amx_pack(w[i], d_in, 0, d_in, o0, features, B, &third);
+        const int stream = !b[i] && rows * d_out[i] >= AMX_STREAM_FROM && d_out[i] % 16 == 0;
         for (int64_t rt = 0; rt < row_tiles; rt += 2)
           for (int64_t ft = 0; ft < round_up(features, 32) / 16; ft += 2) {
             const int64_t r0 = rt * 16, f0 = ft * 16;
             const int64_t m = rows - r0 < 32 ? rows - r0 : 32, cols = features - f0 < 32 ? features - f0 : 32;
             float *at = y[i] + r0 * d_out[i] + o0 + f0;
-            if (m == 32 && cols == 32 && !b[i] && (uintptr_t)at % 64 == 0 && d_out[i] % 16 == 0 &&
-                rows * d_out[i] >= AMX_STREAM_FROM) {
+            if (stream && m == 32 && cols == 32 && (uintptr_t)at % 64 == 0) {
               /* a whole block without a bias, rows on cache lines, of a y too large for any cache (the LM head's
                * logits): from L1 into y past the caches (no read of y's lines first, W's panel left in L2) */
               amx_block(A, B, part_stride, chunks, chunks, third, rt, ft, out, 32);
@@ -2342,34 +2342,17 @@ AMX_TARGET static uint16_t *amx_head_scratch(int8_t *scratch, int64_t T, int64_t
   return A;
 }
 
-/* The masked scores of a prompt's causal attention from position 0 on AMX tiles: attnlab_attend_scores's values
- * (q K^T scale where the key's position <= the query's, -inf elsewhere) at a float32 product's accuracy, for q
- * [batch, T, heads, d_head], k [batch, T, kv_heads, d_head] (grouped-query) into scores [batch, heads, T, T]. The
- * threads share the heads. */
-AMX_TARGET void attnlab_attend_scores_amx(const float *q, const float *k, float *scores, int8_t *scratch,
-                                          int64_t batch, int64_t T, int64_t heads, int64_t kv_heads, int64_t d_head,
-                                          float scale, int threads) {
-#pragma omp parallel num_threads(threads)
-  {
-    uint16_t *B;
-    float *out;
-    uint16_t *A = amx_head_scratch(scratch, T, T, d_head, &B, &out);
-#pragma omp for schedule(static)
-    for (int64_t bh = 0; bh < batch * heads; bh++) {
-      const int64_t b = bh / heads, h = bh % heads, g = h / (heads / kv_heads);
-      amx_head_scores(q + (b * T * heads + h) * d_head, heads * d_head, k + (b * T * kv_heads + g) * d_head,
-                      kv_heads * d_head, scores + bh * T * T, A, B, out, T, d_head, scale);
-    }
-    _tile_release();
-  }
-}
+static void softmax_row(const float *x, float *p, int64_t n);
 
-/* z = pattern V on AMX tiles: attnlab_attend_mix's values at a float32 product's accuracy, for pattern [batch, heads,
- * T, S] (any weights: a hook may have put some anywhere) and v [batch, S, kv_heads, d_head] into out [batch, T,
- * heads, d_head]. The threads share the heads. */
-AMX_TARGET void attnlab_attend_mix_amx(const float *pattern, const float *v, float *out_z, int8_t *scratch,
-                                       int64_t batch, int64_t T, int64_t S, int64_t heads, int64_t kv_heads,
-                                       int64_t d_head, int threads) {
+/* The attention's steps on AMX tiles for every head (the threads share them), those whose outputs are not NULL: q
+ * and k to scores, scores to pattern (softmax_row), pattern and v to out_z. q [batch, T, heads, d_head], k
+ * [batch, T, kv_heads, d_head] (grouped-query), v [batch, S, kv_heads, d_head], scores and pattern [batch, heads, T,
+ * S] (S = T where q is given: a prompt from position 0), out_z [batch, T, heads, d_head]. Where this call made
+ * the pattern, it is a causal softmax's, and pattern V leaves out its zero chunks above the diagonal. */
+AMX_TARGET static void amx_attend_heads(const float *q, const float *k, const float *v, float *scores,
+                                        float *pattern, float *out_z, int8_t *scratch, int64_t batch, int64_t T,
+                                        int64_t S, int64_t heads, int64_t kv_heads, int64_t d_head, float scale,
+                                        int threads) {
 #pragma omp parallel num_threads(threads)
   {
     uint16_t *B;
@@ -2377,15 +2360,39 @@ AMX_TARGET void attnlab_attend_mix_amx(const float *pattern, const float *v, flo
     uint16_t *A = amx_head_scratch(scratch, T, S, d_head, &B, &out);
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < batch * heads; bh++) {
-      const int64_t b = bh / heads, h = bh % heads, g = h / (heads / kv_heads);
-      amx_head_mix(pattern + bh * T * S, v + (b * S * kv_heads + g) * d_head, kv_heads * d_head,
-                   out_z + (b * T * heads + h) * d_head, heads * d_head, A, B, out, T, S, d_head, 0);
+      const int64_t b = bh / heads, h = bh % heads, g = h / (heads / kv_heads), kv = (b * S * kv_heads + g) * d_head;
+      float *sc = scores ? scores + bh * T * S : NULL, *pt = pattern ? pattern + bh * T * S : NULL;
+      if (sc)
+        amx_head_scores(q + (b * T * heads + h) * d_head, heads * d_head, k + kv, kv_heads * d_head, sc, A, B, out,
+                        T, d_head, scale);
+      if (sc && out_z) /* all three: the pattern from scores this core has just written */
+        for (int64_t r = 0; r < T; r++) softmax_row(sc + r * T, pt + r * T, T);
+      if (out_z)
+        amx_head_mix(pt, v + kv, kv_heads * d_head, out_z + (b * T * heads + h) * d_head, heads * d_head, A, B, out,
+                     T, S, d_head, sc != NULL);
     }
     _tile_release();
   }
 }
 
-static void softmax_row(const float *x, float *p, int64_t n);
+/* The masked scores of a prompt's causal attention from position 0 on AMX tiles: attnlab_attend_scores's values
+ * (q K^T scale where the key's position <= the query's, -inf elsewhere) at a float32 product's accuracy, for q
+ * [batch, T, heads, d_head], k [batch, T, kv_heads, d_head] (grouped-query) into scores [batch, heads, T, T]. */
+AMX_TARGET void attnlab_attend_scores_amx(const float *q, const float *k, float *scores, int8_t *scratch,
+                                          int64_t batch, int64_t T, int64_t heads, int64_t kv_heads, int64_t d_head,
+                                          float scale, int threads) {
+  amx_attend_heads(q, k, NULL, scores, NULL, NULL, scratch, batch, T, T, heads, kv_heads, d_head, scale, threads);
+}
+
+/* z = pattern V on AMX tiles: attnlab_attend_mix's values at a float32 product's accuracy, for pattern [batch, heads,
+ * T, S] (any weights: a hook may have put some anywhere) and v [batch, S, kv_heads, d_head] into out [batch, T,
+ * heads, d_head]. */
+AMX_TARGET void attnlab_attend_mix_amx(const float *pattern, const float *v, float *out_z, int8_t *scratch,
+                                       int64_t batch, int64_t T, int64_t S, int64_t heads, int64_t kv_heads,
+                                       int64_t d_head, int threads) {
+  amx_attend_heads(NULL, NULL, v, NULL, (float *)pattern, out_z, scratch, batch, T, S, heads, kv_heads, d_head, 0.0f,
+                   threads);
+}
 
 /* The explicit path's three steps in one call, where the hooks between them only read (run_with_cache): each head's
  * masked scores (attnlab_attend_scores_amx) into scores, their softmax_row into pattern, and z = pattern V
@@ -2397,24 +2404,7 @@ AMX_TARGET void attnlab_attend_explicit_amx(const float *q, const float *k, cons
                                             float *pattern, float *out_z, int8_t *scratch, int64_t batch, int64_t T,
                                             int64_t heads, int64_t kv_heads, int64_t d_head, float scale,
                                             int threads) {
-#pragma omp parallel num_threads(threads)
-  {
-    uint16_t *B;
-    float *out;
-    uint16_t *A = amx_head_scratch(scratch, T, T, d_head, &B, &out);
-#pragma omp for schedule(static)
-    for (int64_t bh = 0; bh < batch * heads; bh++) {
-      const int64_t b = bh / heads, h = bh % heads, g = h / (heads / kv_heads);
-      const int64_t kv = (b * T * kv_heads + g) * d_head;
-      float *sc = scores + bh * T * T, *pt = pattern + bh * T * T;
-      amx_head_scores(q + (b * T * heads + h) * d_head, heads * d_head, k + kv, kv_heads * d_head, sc, A, B, out, T,
-                      d_head, scale);
-      for (int64_t r = 0; r < T; r++) softmax_row(sc + r * T, pt + r * T, T);
-      amx_head_mix(pt, v + kv, kv_heads * d_head, out_z + (b * T * heads + h) * d_head, heads * d_head, A, B, out, T,
-                   T, d_head, 1);
-    }
-    _tile_release();
-  }
+  amx_attend_heads(q, k, v, scores, pattern, out_z, scratch, batch, T, T, heads, kv_heads, d_head, scale, threads);
 }
 
 #else
@@ -2593,18 +2583,14 @@ __attribute__((noinline)) static void softmax_row(const float *x, float *p, int6
   float top = -INFINITY, lanes[16] = {0};
 #pragma omp simd reduction(max : top)
   for (int64_t s = 0; s < end; s++) top = x[s] > top ? x[s] : top;
-  int64_t s0 = 0;
-  for (; s0 + 16 <= end; s0 += 16) /* whole blocks: one vector of 16 lanes */
+  for (int64_t s0 = 0; s0 < end; s0 += 16) {
+    const int64_t len = end - s0 < 16 ? end - s0 : 16;
 #pragma omp simd
-    for (int j = 0; j < 16; j++) {
+    for (int64_t j = 0; j < len; j++) {
       float e = x[s0 + j] == -INFINITY ? 0.0f : exp_(x[s0 + j] - top);
       p[s0 + j] = e;
       lanes[j] += e;
     }
-  for (int64_t j = 0; j < end - s0; j++) { /* the last, partial block */
-    float e = x[s0 + j] == -INFINITY ? 0.0f : exp_(x[s0 + j] - top);
-    p[s0 + j] = e;
-    lanes[j] += e;
   }
   for (int width = 8; width > 0; width /= 2) /* the lanes' sum in a fixed order */
     for (int j = 0; j < width; j++) lanes[j] += lanes[j + width];
