@@ -211,6 +211,22 @@ def test_matrices_that_share_x_give_each_ones_own_product(amx, seed, threads, mo
         assert torch.equal(got, kernels.linear_amx(x, w, bias))
 
 
+def test_matrices_that_share_x_ask_for_the_widest_panel_s_scratch(amx, monkeypatch):
+    """A panel's width does not grow with d_out (d_in 200, one thread: one panel of 576 features,
+    two of 512 for 1,000), so linear_amx_many asks for the most any of its matrices needs, not the
+    largest d_out's (which overran the buffer: glibc's "corrupted top size")."""
+    lib = kernels.library()
+    need = {d: getattr(lib, kernels.LINEAR_AMX_SCRATCH[0])(90, 200, d, 1) for d in (576, 1000)}
+    assert need[576] > need[1000]
+    asked = []
+    keep = kernels._kept_scratch
+    monkeypatch.setattr(kernels, "_kept_scratch", lambda n: asked.append(n) or keep(n))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    x = torch.randn(90, 200)
+    kernels.linear_amx_many(x, [(torch.randn(576, 200), None), (torch.randn(1000, 200), None)])
+    assert asked == [need[576]]
+
+
 def test_a_thread_keeps_one_scratch_buffer_of_bounded_size():
     """The scratch of the AMX products is kept from call to call (no page faults each time) up to
     KEPT_SCRATCH_MAX; a larger one is the call's own."""

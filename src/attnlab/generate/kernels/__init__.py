@@ -188,8 +188,9 @@ ATTEND_ROWS = ("attnlab_attend_rows", [_ptr] * 5 + [_i64] * 5 + [_float, _int])
 ATTEND_ROWS_SCRATCH = ("attnlab_attend_rows_scratch", [_i64] * 4 + [_int])
 ROWS_VECTORIZED = ("attnlab_linear_rows_vectorized", [])  # bit 0: 8-bit product, bit 1: float32
 # float32 products on AMX tiles, of several matrices times the same x (x, n, weights[], biases[],
-# ys[], d_outs[], scratch, rows, d_in, threads), their scratch bytes (rows, d_in, the largest
-# d_out, threads), and whether this process may run them (asks the OS)
+# ys[], d_outs[], scratch, rows, d_in, threads), their scratch bytes for one matrix (rows, d_in,
+# d_out, threads: a call needs the most over its matrices), and whether this process may run them
+# (asks the OS)
 LINEAR_AMX = ("attnlab_linear_amx_many", [_ptr, _i64] + [_ptr] * 5 + [_i64, _i64, _int])
 LINEAR_AMX_SCRATCH = ("attnlab_linear_amx_scratch", [_i64] * 3 + [_int])
 # SwiGLU's gate and silu(gate) · up on AMX tiles (x, w_gate, w_up, gate, post, scratch, rows,
@@ -1254,8 +1255,10 @@ def linear_amx_many(
         assert bias is None or (bias.is_contiguous() and bias.dtype == torch.float32)
     outs = [new_tensor(*x.shape[:-1], w.shape[0]) for w, _ in matrices]
     n, lib, threads = len(matrices), library(), torch.get_num_threads()
-    most = max(w.shape[0] for w, _ in matrices)
-    scratch = _kept_scratch(getattr(lib, LINEAR_AMX_SCRATCH[0])(rows, d_in, most, threads))
+    # each matrix's own: a panel's width does not grow with d_out (one panel of 576 features, two
+    # of 512 for 1,000), and the C call sizes the threads' room for the widest panel
+    needs = getattr(lib, LINEAR_AMX_SCRATCH[0])
+    scratch = _kept_scratch(max(needs(rows, d_in, w.shape[0], threads) for w, _ in matrices))
 
     def addresses(tensors):  # a C array of their addresses, NULL for None
         return (ctypes.c_void_p * n)(*(t.data_ptr() if t is not None else None for t in tensors))

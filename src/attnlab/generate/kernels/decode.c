@@ -1966,8 +1966,9 @@ static int64_t amx_panel(int64_t d_in, int64_t d_out, int threads) {
   }
 }
 
-/* The scratch bytes attnlab_linear_amx(_many) needs for rows of d_in values and matrices of up to d_out features:
- * x's parts, and one panel of W's and a block of y per thread. */
+/* The scratch bytes attnlab_linear_amx needs for rows of d_in values and a matrix of d_out features: x's parts, and
+ * one panel of W's and a block of y per thread (attnlab_linear_amx_many: the most over its matrices, as a panel's
+ * width does not grow with d_out). */
 int64_t attnlab_linear_amx_scratch(int64_t rows, int64_t d_in, int64_t d_out, int threads) {
   int64_t kp = round_up(d_in, AMX_K), panel = amx_panel(d_in, d_out, threads);
   return round_up(rows, 32) * kp * 6 + threads * (panel * kp * 6 + 32 * 32 * 4) + 64;
@@ -2172,7 +2173,7 @@ AMX_TARGET static void amx_block(const uint16_t *A, const uint16_t *B, int64_t p
 /* y_i [rows, d_out[i]] = x [rows, d_in] W_i^T + b_i for the n float32 matrices W_i [d_out[i], d_in] (b_i may be
  * NULL), on AMX tiles (above), x split once for all of them (a layer's q, k and v, or its gate and up); only where
  * attnlab_amx_permitted() said 1. One parallel region; the threads share each matrix's panels in turn. scratch:
- * attnlab_linear_amx_scratch bytes for the largest d_out[i]. */
+ * the most of attnlab_linear_amx_scratch's bytes over the d_out[i]. */
 AMX_TARGET void attnlab_linear_amx_many(const float *x, int64_t n, const float *const *w, const float *const *b,
                                         float *const *y, const int64_t *d_out, int8_t *scratch, int64_t rows,
                                         int64_t d_in, int threads) {
