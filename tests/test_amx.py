@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from test_inference_layers import BASE, build, counting, like_the_module_path, tiled_linears
 
+from attnlab import memory
 from attnlab.errors import UserError
 from attnlab.generate import kernels
 
@@ -294,7 +295,8 @@ def test_the_attention_steps_on_amx_tiles_are_the_chapters_equation(
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(
-    "batch, T, heads, kv_heads, d_head", [*ATTENTION_SHAPES, (1, 130, 9, 3, 64)]
+    "batch, T, heads, kv_heads, d_head",
+    [*ATTENTION_SHAPES, (1, 130, 9, 3, 64), (2, 96, 4, 2, 64)],  # rows of 96: streamed
 )
 def test_the_three_attention_steps_in_one_call_are_the_steps_bit_for_bit(
     amx, seed, batch, T, heads, kv_heads, d_head, threads, monkeypatch
@@ -372,6 +374,28 @@ def test_a_hook_point_says_whether_its_hooks_only_read():
     other.remove()
     assert point.only_read
     handle.remove()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_outputs_on_fresh_pages_stream_the_same_numbers(amx, seed, threads, monkeypatch):
+    """Within memory.recycled() (a run_with_cache's cache, on pages no cache holds) the products
+    and SwiGLU write every whole block of their outputs past the caches: the same values as
+    outside it, where they go through a block in L1 (rows of 16n floats and others, a bias)."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(700, 200, generator=g)  # outputs from memory.SMALLEST bytes: pool blocks
+    for d_out in (96, 100):
+        w, b = torch.randn(d_out, 200, generator=g), torch.randn(d_out, generator=g)
+        w2 = torch.randn(d_out, 200, generator=g)
+        cold = kernels.linear_amx_many(x, [(w, None), (w2, b)])
+        gate, post = kernels.swiglu_amx(x, w, w2)
+        with memory.recycled():
+            assert memory.fresh(700 * d_out * 4)
+            fresh = kernels.linear_amx_many(x, [(w, None), (w2, b)])
+            fresh_gate, fresh_post = kernels.swiglu_amx(x, w, w2)
+        assert not memory.fresh(700 * d_out * 4)
+        assert all(torch.equal(a, b) for a, b in zip(cold, fresh))
+        assert torch.equal(gate, fresh_gate) and torch.equal(post, fresh_post)
 
 
 def test_an_output_too_large_for_the_caches_streams_the_same_numbers(amx, seed):

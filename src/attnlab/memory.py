@@ -118,6 +118,13 @@ def recycled() -> Iterator[None]:
             POOL.most = max(POOL.most, POOL.taken)
 
 
+def fresh(nbytes: int) -> bool:
+    """Whether `new_tensor` now puts an output of nbytes on a block of POOL (within `recycled()`,
+    from SMALLEST bytes: a run_with_cache's cache), pages no cache holds, which a kernel may write
+    past the caches (no read of their lines from memory before the write)."""
+    return _recording.get() and nbytes >= SMALLEST
+
+
 def release() -> int:
     """Hand the blocks the pool keeps back to the kernel now; returns their bytes."""
     return POOL.release()
@@ -131,7 +138,7 @@ def new_tensor(*shape: int) -> torch.Tensor:
     for n in shape:
         numel *= n
     nbytes = numel * 4
-    if _recording.get() and nbytes >= SMALLEST:
+    if fresh(nbytes):
         taken = POOL.take(nbytes)
         if taken is not None:
             block, size = taken

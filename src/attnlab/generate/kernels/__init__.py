@@ -65,7 +65,7 @@ import torch
 
 from ...env import cache_root
 from ...errors import UserError
-from ...memory import HUGE_PAGE, new_tensor
+from ...memory import HUGE_PAGE, fresh, new_tensor
 from ...model.layers import LayerNorm
 from ..blocks import BLOCK_TYPES
 
@@ -188,14 +188,14 @@ ATTEND_ROWS = ("attnlab_attend_rows", [_ptr] * 5 + [_i64] * 5 + [_float, _int])
 ATTEND_ROWS_SCRATCH = ("attnlab_attend_rows_scratch", [_i64] * 4 + [_int])
 ROWS_VECTORIZED = ("attnlab_linear_rows_vectorized", [])  # bit 0: 8-bit product, bit 1: float32
 # float32 products on AMX tiles, of several matrices times the same x (x, n, weights[], biases[],
-# ys[], d_outs[], scratch, rows, d_in, threads), their scratch bytes for one matrix (rows, d_in,
-# d_out, threads: a call needs the most over its matrices), and whether this process may run them
-# (asks the OS)
-LINEAR_AMX = ("attnlab_linear_amx_many", [_ptr, _i64] + [_ptr] * 5 + [_i64, _i64, _int])
+# ys[], d_outs[], scratch, rows, d_in, fresh: the ys on pages no cache holds, threads), their
+# scratch bytes for one matrix (rows, d_in, d_out, threads: a call needs the most over its
+# matrices), and whether this process may run them (asks the OS)
+LINEAR_AMX = ("attnlab_linear_amx_many", [_ptr, _i64] + [_ptr] * 5 + [_i64, _i64, _int, _int])
 LINEAR_AMX_SCRATCH = ("attnlab_linear_amx_scratch", [_i64] * 3 + [_int])
 # SwiGLU's gate and silu(gate) · up on AMX tiles (x, w_gate, w_up, gate, post, scratch, rows,
-# d_in, d_out, threads), and its scratch bytes (rows, d_in, d_out, threads)
-LINEAR_AMX_SWIGLU = ("attnlab_linear_amx_swiglu", [_ptr] * 6 + [_i64] * 3 + [_int])
+# d_in, d_out, fresh, threads), and its scratch bytes (rows, d_in, d_out, threads)
+LINEAR_AMX_SWIGLU = ("attnlab_linear_amx_swiglu", [_ptr] * 6 + [_i64] * 3 + [_int, _int])
 LINEAR_AMX_SWIGLU_SCRATCH = ("attnlab_linear_amx_swiglu_scratch", [_i64] * 3 + [_int])
 # the attention steps' two products on AMX tiles, as ATTEND_STEPS' first and third (with scratch),
 # all three steps in one call (q, k, v, scores, pattern, out, scratch, batch, T, heads, kv_heads,
@@ -1115,6 +1115,7 @@ def block_linear_rows_many(
         scratch.data_ptr(),
         rows,
         d_in,
+        int(all(fresh(o.numel() * 4) for o in outs)),  # a run_with_cache's cache: past the caches
         threads,
     )
     return outs
@@ -1273,6 +1274,7 @@ def linear_amx_many(
         scratch.data_ptr(),
         rows,
         d_in,
+        int(all(fresh(o.numel() * 4) for o in outs)),  # a run_with_cache's cache: past the caches
         threads,
     )
     return outs
@@ -1298,7 +1300,7 @@ def swiglu_amx(
     scratch = _kept_scratch(getattr(lib, LINEAR_AMX_SWIGLU_SCRATCH[0])(rows, d_in, d_out, threads))
     getattr(lib, LINEAR_AMX_SWIGLU[0])(
         x.data_ptr(), w_gate.data_ptr(), w_up.data_ptr(), gate.data_ptr(), post.data_ptr(),
-        scratch.data_ptr(), rows, d_in, d_out, threads,
+        scratch.data_ptr(), rows, d_in, d_out, int(fresh(gate.numel() * 4)), threads,
     )  # fmt: skip
     return gate, post
 

@@ -1985,27 +1985,33 @@ int64_t attnlab_linear_amx_swiglu_scratch(int64_t rows, int64_t d_in, int64_t d_
   return round_up(rows, 32) * kp * 6 + threads * (2 * panel * kp * 6 + 32 * 32 * 4) + 64;
 }
 
-/* The scratch bytes attnlab_attend_scores_amx and attnlab_attend_mix_amx need: per thread, one head's queries (or
- * pattern rows) and keys (or values) split into their parts, and a block of the result. */
+/* The scratch bytes attnlab_attend_scores_amx, attnlab_attend_mix_amx and attnlab_attend_explicit_amx need: per
+ * thread, one head's queries (or pattern rows) and keys (or values) split into their parts, a block of the result,
+ * and one head's scores and pattern (the explicit path's, kept in the core's cache). */
 int64_t attnlab_attend_amx_scratch(int64_t T, int64_t S, int64_t d_head, int threads) {
   int64_t k = round_up(S, AMX_K) > round_up(d_head, AMX_K) ? round_up(S, AMX_K) : round_up(d_head, AMX_K);
   int64_t a = round_up(T, 32) * k;
   int64_t w = round_up(S, 32) * round_up(d_head, AMX_K) + round_up(d_head, 32) * round_up(S, AMX_K);
-  return threads * ((a + w) * 6 + 32 * 32 * 4 + 128) + 64;
+  return threads * ((a + w) * 6 + 32 * 32 * 4 + round_up(2 * T * S, 16) * 4 + 128) + 64;
 }
 
 #if AMX
-/* 32 floats -> their three bfloat16 parts, 32 each (v = p0 + p1 + p2 exactly; an infinite or NaN v gives NaN
- * parts after its first, so a product with it is NaN, where float32's may be infinite). */
+/* 32 floats -> their three bfloat16 parts, 32 each (v = p0 + p1 + p2 exactly: each part v's leading 16 bits,
+ * truncated, then what is left of v, whose 24 significant bits the three parts' 8 each hold; an infinite or NaN v
+ * gives NaN parts after its first, so a product with it is NaN, where float32's may be infinite). Truncated rather
+ * than rounded to nearest (one and, one permute of 16-bit halves, where the rounding took a conversion and two
+ * widenings): run_with_cache 1.3-2.4 % faster, the products as accurate (benchmarks/README.md, "run_with_cache
+ * past the caches"). */
 AMX_TARGET static inline void split_bf16(const float *v, __m512i p[3]) {
   __m512 a = _mm512_loadu_ps(v), b = _mm512_loadu_ps(v + 16);
+  const __m512i odd = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29, 27, 25,
+                                       23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  const __m512i top = _mm512_set1_epi32((int)0xffff0000u);
   for (int part = 0; part < 3; part++) {
-    __m512i h = (__m512i)_mm512_cvtne2ps_pbh(b, a); /* round to nearest even: a in the low half */
-    p[part] = h;                                     /* then what is left of a and b, exactly */
-    __m512i low = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(h));
-    __m512i high = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1));
-    a = _mm512_sub_ps(a, _mm512_castsi512_ps(_mm512_slli_epi32(low, 16)));
-    b = _mm512_sub_ps(b, _mm512_castsi512_ps(_mm512_slli_epi32(high, 16)));
+    __m512i ta = _mm512_and_si512(_mm512_castps_si512(a), top), tb = _mm512_and_si512(_mm512_castps_si512(b), top);
+    p[part] = _mm512_permutex2var_epi16(ta, odd, tb);
+    a = _mm512_sub_ps(a, _mm512_castsi512_ps(ta));
+    b = _mm512_sub_ps(b, _mm512_castsi512_ps(tb));
   }
 }
 
@@ -2165,18 +2171,31 @@ AMX_TARGET static void amx_block(const uint16_t *A, const uint16_t *B, int64_t p
 }
 
 /* Outputs of at least this many floats (64 MB) are written with streaming stores; smaller ones, which their next
- * step reads back from the caches, through a block in L1 (measured: benchmarks/README.md, "run_with_cache in fewer
- * passes over memory"; streaming them all made the head-patching sweep 13 % slower, the tiles stored straight
- * into y 2-5 % slower than through L1). */
+ * step reads back from the caches, through a block in L1, unless the caller says that y is on pages no cache holds
+ * (`fresh`: a run_with_cache's cache, on attnlab.memory's blocks, where a line read before its write is a read
+ * from memory for nothing). Measured: benchmarks/README.md, "run_with_cache in fewer passes over memory" and
+ * "run_with_cache past the caches"; streaming every output made the head-patching sweep 13 % slower, the tiles
+ * stored straight into y 2-5 % slower than through L1. */
 #define AMX_STREAM_FROM (16 << 20)
+
+/* n floats from src to dst past the caches (streaming stores) where dst is on a cache line and n a multiple of 16,
+ * else copied: a result no step reads back soon, kept in the core's cache while it was being made. */
+AMX_TARGET static inline void store_past_caches(float *dst, const float *src, int64_t n) {
+  if ((uintptr_t)dst % 64 == 0 && n % 16 == 0) {
+    for (int64_t j = 0; j < n; j += 16) _mm512_stream_ps(dst + j, _mm512_loadu_ps(src + j));
+    return;
+  }
+  memcpy(dst, src, n * sizeof(float));
+}
 
 /* y_i [rows, d_out[i]] = x [rows, d_in] W_i^T + b_i for the n float32 matrices W_i [d_out[i], d_in] (b_i may be
  * NULL), on AMX tiles (above), x split once for all of them (a layer's q, k and v, or its gate and up); only where
  * attnlab_amx_permitted() said 1. One parallel region; the threads share each matrix's panels in turn. scratch:
- * the most of attnlab_linear_amx_scratch's bytes over the d_out[i]. */
+ * the most of attnlab_linear_amx_scratch's bytes over the d_out[i]; fresh: the y_i are on pages no cache holds
+ * (AMX_STREAM_FROM). */
 AMX_TARGET void attnlab_linear_amx_many(const float *x, int64_t n, const float *const *w, const float *const *b,
                                         float *const *y, const int64_t *d_out, int8_t *scratch, int64_t rows,
-                                        int64_t d_in, int threads) {
+                                        int64_t d_in, int fresh, int threads) {
   if (rows <= 0) return;
   const int64_t kp = round_up(d_in, AMX_K), chunks = kp / AMX_K, row_tiles = round_up(rows, 32) / 16;
   int64_t most = 0;
@@ -2201,7 +2220,7 @@ AMX_TARGET void attnlab_linear_amx_many(const float *x, int64_t n, const float *
         const int64_t o0 = pi * panel, features = d_out[i] - o0 < panel ? d_out[i] - o0 : panel;
         int third;
         const int64_t part_stride = amx_pack(w[i], d_in, 0, d_in, o0, features, B, &third);
-        const int stream = !b[i] && rows * d_out[i] >= AMX_STREAM_FROM && d_out[i] % 16 == 0;
+        const int stream = !b[i] && (fresh || rows * d_out[i] >= AMX_STREAM_FROM) && d_out[i] % 16 == 0;
         for (int64_t rt = 0; rt < row_tiles; rt += 2)
           for (int64_t ft = 0; ft < round_up(features, 32) / 16; ft += 2) {
             const int64_t r0 = rt * 16, f0 = ft * 16;
@@ -2209,7 +2228,8 @@ AMX_TARGET void attnlab_linear_amx_many(const float *x, int64_t n, const float *
             float *at = y[i] + r0 * d_out[i] + o0 + f0;
             if (stream && m == 32 && cols == 32 && (uintptr_t)at % 64 == 0) {
               /* a whole block without a bias, rows on cache lines, of a y too large for any cache (the LM head's
-               * logits): from L1 into y past the caches (no read of y's lines first, W's panel left in L2) */
+               * logits) or on pages none holds (`fresh`): from L1 into y past the caches (no read of y's lines
+               * first, W's panel left in L2) */
               amx_block(A, B, part_stride, chunks, chunks, third, rt, ft, out, 32);
               for (int64_t r = 0; r < 32; r++) {
                 _mm512_stream_ps(at + r * d_out[i], _mm512_load_ps(out + r * 32));
@@ -2288,7 +2308,7 @@ static inline float times_sigmoid(float v, float z);
  * attnlab_linear_amx_swiglu_scratch bytes. */
 AMX_TARGET void attnlab_linear_amx_swiglu(const float *x, const float *w_gate, const float *w_up, float *gate,
                                           float *post, int8_t *scratch, int64_t rows, int64_t d_in, int64_t d_out,
-                                          int threads) {
+                                          int fresh, int threads) {
   if (rows <= 0) return;
   const int64_t kp = round_up(d_in, AMX_K), chunks = kp / AMX_K, row_tiles = round_up(rows, 32) / 16;
   const int64_t panel = amx_swiglu_panel(d_in, d_out, threads), panels = (d_out + panel - 1) / panel;
@@ -2316,29 +2336,37 @@ AMX_TARGET void attnlab_linear_amx_swiglu(const float *x, const float *w_gate, c
           amx_block(A, Bu, part_stride, chunks, chunks, third_up, rt, ft, out, 32);
           for (int64_t r = 0; r < m; r++) {
             float *gr = gate + (r0 + r) * d_out + o0 + f0, *pr = post + (r0 + r) * d_out + o0 + f0;
-            const float *gb = g + r * 32, *ub = out + r * 32;
+            const float *gb = g + r * 32;
+            float *ub = out + r * 32;
 #pragma omp simd
-            for (int64_t j = 0; j < cols; j++) {
-              gr[j] = gb[j];
-              pr[j] = times_sigmoid(gb[j], gb[j]) * ub[j];
+            for (int64_t j = 0; j < 32; j++) ub[j] = times_sigmoid(gb[j], gb[j]) * ub[j];
+            if (fresh) { /* on pages no cache holds: past the caches (AMX_STREAM_FROM) */
+              store_past_caches(gr, gb, cols);
+              store_past_caches(pr, ub, cols);
+            } else {
+              memcpy(gr, gb, cols * sizeof(float));
+              memcpy(pr, ub, cols * sizeof(float));
             }
           }
         }
     }
+    _mm_sfence(); /* the streamed stores seen before the region's end */
     _tile_release();
   }
 }
 
 /* This thread's part of attnlab_attend_amx_scratch(T, S, d_head, threads)'s scratch: split rows A (room for T rows
- * of max(S, d_head) values), packed keys or values B, then a block of the result `out`; the tiles configured. */
+ * of max(S, d_head) values), packed keys or values B, a block of the result `out`, then room for one head's scores
+ * and pattern `kept` (2 T S floats); the tiles configured. */
 AMX_TARGET static uint16_t *amx_head_scratch(int8_t *scratch, int64_t T, int64_t S, int64_t d_head, uint16_t **B,
-                                             float **out) {
+                                             float **out, float **kept) {
   const int64_t k = round_up(S, AMX_K) > round_up(d_head, AMX_K) ? round_up(S, AMX_K) : round_up(d_head, AMX_K);
   const int64_t w = round_up(S, 32) * round_up(d_head, AMX_K) + round_up(d_head, 32) * round_up(S, AMX_K);
   int8_t *base = (int8_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
   uint16_t *A = (uint16_t *)(base + this_thread() * (attnlab_attend_amx_scratch(T, S, d_head, 1) - 64));
   *B = A + round_up(T, 32) * k * 3;
   *out = (float *)(*B + w * 3);
+  *kept = *out + 32 * 32;
   configure_tiles();
   return A;
 }
@@ -2349,7 +2377,10 @@ static void softmax_row(const float *x, float *p, int64_t n);
  * and k to scores, scores to pattern (softmax_row), pattern and v to out_z. q [batch, T, heads, d_head], k
  * [batch, T, kv_heads, d_head] (grouped-query), v [batch, S, kv_heads, d_head], scores and pattern [batch, heads, T,
  * S] (S = T where q is given: a prompt from position 0), out_z [batch, T, heads, d_head]. Where this call made
- * the pattern, it is a causal softmax's, and pattern V leaves out its zero chunks above the diagonal. */
+ * the pattern, it is a causal softmax's, and pattern V leaves out its zero chunks above the diagonal; and a head's
+ * scores and pattern are made in the thread's scratch (`kept`, in its core's cache), where the softmax and the mix
+ * read them, and leave for scores and pattern past the caches (store_past_caches: no step reads them back, and a
+ * line of theirs read from memory before its write is a read for nothing). */
 AMX_TARGET static void amx_attend_heads(const float *q, const float *k, const float *v, float *scores,
                                         float *pattern, float *out_z, int8_t *scratch, int64_t batch, int64_t T,
                                         int64_t S, int64_t heads, int64_t kv_heads, int64_t d_head, float scale,
@@ -2357,21 +2388,28 @@ AMX_TARGET static void amx_attend_heads(const float *q, const float *k, const fl
 #pragma omp parallel num_threads(threads)
   {
     uint16_t *B;
-    float *out;
-    uint16_t *A = amx_head_scratch(scratch, T, S, d_head, &B, &out);
+    float *out, *kept;
+    uint16_t *A = amx_head_scratch(scratch, T, S, d_head, &B, &out, &kept);
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < batch * heads; bh++) {
       const int64_t b = bh / heads, h = bh % heads, g = h / (heads / kv_heads), kv = (b * S * kv_heads + g) * d_head;
       float *sc = scores ? scores + bh * T * S : NULL, *pt = pattern ? pattern + bh * T * S : NULL;
+      if (sc && out_z) /* all three: scores and pattern made in `kept`, then stored past the caches */
+        sc = kept, pt = kept + T * S;
       if (sc)
         amx_head_scores(q + (b * T * heads + h) * d_head, heads * d_head, k + kv, kv_heads * d_head, sc, A, B, out,
                         T, d_head, scale);
       if (sc && out_z) /* all three: the pattern from scores this core has just written */
-        for (int64_t r = 0; r < T; r++) softmax_row(sc + r * T, pt + r * T, T);
+        for (int64_t r = 0; r < T; r++) {
+          softmax_row(sc + r * T, pt + r * T, T);
+          store_past_caches(scores + bh * T * S + r * T, sc + r * T, T);
+          store_past_caches(pattern + bh * T * S + r * T, pt + r * T, T);
+        }
       if (out_z)
         amx_head_mix(pt, v + kv, kv_heads * d_head, out_z + (b * T * heads + h) * d_head, heads * d_head, A, B, out,
                      T, S, d_head, sc != NULL);
     }
+    _mm_sfence(); /* the streamed stores seen before the region's end */
     _tile_release();
   }
 }
@@ -2411,8 +2449,9 @@ AMX_TARGET void attnlab_attend_explicit_amx(const float *q, const float *k, cons
 #else
 void attnlab_linear_amx_many(const float *x, int64_t n, const float *const *w, const float *const *b,
                              float *const *y, const int64_t *d_out, int8_t *scratch, int64_t rows, int64_t d_in,
-                             int threads) {
-  (void)x, (void)n, (void)w, (void)b, (void)y, (void)d_out, (void)scratch, (void)rows, (void)d_in, (void)threads;
+                             int fresh, int threads) {
+  (void)x, (void)n, (void)w, (void)b, (void)y, (void)d_out, (void)scratch, (void)rows, (void)d_in, (void)fresh;
+  (void)threads;
   abort(); /* never called: attnlab_amx_permitted() is 0 in this build */
 }
 
@@ -2431,9 +2470,9 @@ void attnlab_attend_mix_amx(const float *pattern, const float *v, float *out_z, 
 }
 
 void attnlab_linear_amx_swiglu(const float *x, const float *w_gate, const float *w_up, float *gate, float *post,
-                               int8_t *scratch, int64_t rows, int64_t d_in, int64_t d_out, int threads) {
+                               int8_t *scratch, int64_t rows, int64_t d_in, int64_t d_out, int fresh, int threads) {
   (void)x, (void)w_gate, (void)w_up, (void)gate, (void)post, (void)scratch, (void)rows, (void)d_in, (void)d_out;
-  (void)threads;
+  (void)fresh, (void)threads;
   abort(); /* never called: attnlab_amx_permitted() is 0 in this build */
 }
 
@@ -2449,7 +2488,7 @@ void attnlab_attend_explicit_amx(const float *q, const float *k, const float *v,
 /* y [rows, d_out] = x [rows, d_in] W^T + b (b may be NULL): attnlab_linear_amx_many for one matrix. */
 void attnlab_linear_amx(const float *x, const float *w, const float *b, float *y, int8_t *scratch, int64_t rows,
                         int64_t d_in, int64_t d_out, int threads) {
-  attnlab_linear_amx_many(x, 1, &w, &b, &y, &d_out, scratch, rows, d_in, threads);
+  attnlab_linear_amx_many(x, 1, &w, &b, &y, &d_out, scratch, rows, d_in, 0, threads);
 }
 
 /* Causal attention over a whole prompt from position 0 (generation's prefill): softmax(q K^T scale, keys up to the
