@@ -856,6 +856,35 @@ BREAKS = [
         ],
         ["tests/test_amx.py::test_a_hook_point_says_whether_its_hooks_only_read"],
     ),
+    Break(
+        "outputs-past-the-caches",
+        "a cache's outputs written past the caches hold the same numbers",
+        "the streamed copy leaves out its first 16 floats",
+        "src/attnlab/generate/kernels/decode.c",
+        [
+            (
+                "    for (int64_t j = 0; j < n; j += 16) _mm512_stream_ps(",
+                "    for (int64_t j = 16; j < n; j += 16) _mm512_stream_ps(",
+            )
+        ],
+        [
+            "tests/test_amx.py -k outputs_on_fresh_pages",
+            "tests/test_amx.py -k three_attention_steps_in_one_call",
+        ],
+    ),
+    Break(
+        "amx-scratch-widest-panel",
+        "matrices that share x get the scratch of their widest panel",
+        "the scratch of the largest d_out",
+        "src/attnlab/generate/kernels/__init__.py",
+        [
+            (
+                "_kept_scratch(max(needs(rows, d_in, w.shape[0], threads) for w, _ in matrices))",
+                "_kept_scratch(needs(rows, d_in, max(w.shape[0] for w, _ in matrices), threads))",
+            )
+        ],
+        ["tests/test_amx.py::test_matrices_that_share_x_ask_for_the_widest_panel_s_scratch"],
+    ),
 ]
 
 
