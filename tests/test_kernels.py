@@ -197,6 +197,21 @@ def test_the_read_probe_reads_every_byte_once_in_every_build(portable_library):
     assert kernels.read_bandwidth(megabytes=8, repeats=1) > 0
 
 
+def test_a_kernel_called_with_the_wrong_number_of_arguments_is_refused(portable_library):
+    """ctypes passes a C function's extra arguments on without a word (a product given one too many
+    read 0 as its thread count): every declared kernel refuses a call with other than its count,
+    before C runs, in every build."""
+    for library in (kernels.library(), portable_library):
+        permitted = getattr(library, kernels.AMX_PERMITTED[0])
+        with pytest.raises(TypeError, match="takes 0 arguments"):
+            permitted(1)
+        rows_many = getattr(library, kernels.LINEAR_Q_ROWS_MANY[0])
+        with pytest.raises(TypeError, match="takes 11 arguments [(]12 given[)]"):
+            rows_many(*range(12))
+        with pytest.raises(TypeError, match="[(]10 given[)]"):
+            rows_many(*range(10))
+
+
 def test_the_read_bandwidth_without_kernels_is_one_line(monkeypatch):
     monkeypatch.setattr(kernels, "library", lambda: None)
     with pytest.raises(UserError, match="read bandwidth is measured by attnlab's C kernels"):

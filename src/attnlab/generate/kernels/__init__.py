@@ -590,7 +590,24 @@ def load(path: Path) -> ctypes.CDLL:
     ):
         getattr(lib, name).argtypes = argtypes
         getattr(lib, name).restype = restype
+    for name in [n for n, value in vars(lib).items() if isinstance(value, ctypes._CFuncPtr)]:
+        setattr(lib, name, _counted(getattr(lib, name)))
     return lib
+
+
+def _counted(function: ctypes._CFuncPtr) -> Callable:
+    """`function`, refusing a call with other than its declared number of arguments: ctypes passes
+    a C function's extra arguments on without a word, and the function reads its own from the
+    wrong places (a product given one argument too many ran with `threads` set to 0)."""
+    count = len(function.argtypes)
+
+    @functools.wraps(function)
+    def call(*args):
+        if len(args) != count:
+            raise TypeError(f"{function.__name__} takes {count} arguments ({len(args)} given)")
+        return function(*args)
+
+    return call
 
 
 def available() -> bool:
