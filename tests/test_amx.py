@@ -297,7 +297,8 @@ def test_the_attention_steps_on_amx_tiles_are_the_chapters_equation(
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(
     "batch, T, heads, kv_heads, d_head",
-    [*ATTENTION_SHAPES, (1, 130, 9, 3, 64), (2, 96, 4, 2, 64)],  # rows of 96: streamed
+    # rows of 96: streamed from the thread's scratch; 725 tokens: straight into scores and pattern
+    [*ATTENTION_SHAPES, (1, 130, 9, 3, 64), (2, 96, 4, 2, 64), (1, 725, 2, 1, 32)],
 )
 def test_the_three_attention_steps_in_one_call_are_the_steps_bit_for_bit(
     amx, seed, batch, T, heads, kv_heads, d_head, threads, monkeypatch

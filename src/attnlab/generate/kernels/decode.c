@@ -1985,14 +1985,20 @@ int64_t attnlab_linear_amx_swiglu_scratch(int64_t rows, int64_t d_in, int64_t d_
   return round_up(rows, 32) * kp * 6 + threads * (2 * panel * kp * 6 + 32 * 32 * 4) + 64;
 }
 
+/* A head's scores and pattern of at most this many floats each (2 MB) are made in the thread's scratch and stored
+ * past the caches (amx_attend_heads); a longer head's go straight into scores and pattern, as a head's of 8,192
+ * tokens would need 512 MB more scratch a thread. */
+#define AMX_KEPT_MOST (1 << 19)
+
 /* The scratch bytes attnlab_attend_scores_amx, attnlab_attend_mix_amx and attnlab_attend_explicit_amx need: per
  * thread, one head's queries (or pattern rows) and keys (or values) split into their parts, a block of the result,
- * and one head's scores and pattern (the explicit path's, kept in the core's cache). */
+ * and one head's scores and pattern (the explicit path's, kept in the core's cache, up to AMX_KEPT_MOST). */
 int64_t attnlab_attend_amx_scratch(int64_t T, int64_t S, int64_t d_head, int threads) {
   int64_t k = round_up(S, AMX_K) > round_up(d_head, AMX_K) ? round_up(S, AMX_K) : round_up(d_head, AMX_K);
   int64_t a = round_up(T, 32) * k;
   int64_t w = round_up(S, 32) * round_up(d_head, AMX_K) + round_up(d_head, 32) * round_up(S, AMX_K);
-  return threads * ((a + w) * 6 + 32 * 32 * 4 + round_up(2 * T * S, 16) * 4 + 128) + 64;
+  int64_t kept = T * S <= AMX_KEPT_MOST ? round_up(2 * T * S, 16) * 4 : 0;
+  return threads * ((a + w) * 6 + 32 * 32 * 4 + kept + 128) + 64;
 }
 
 #if AMX
@@ -2357,7 +2363,7 @@ AMX_TARGET void attnlab_linear_amx_swiglu(const float *x, const float *w_gate, c
 
 /* This thread's part of attnlab_attend_amx_scratch(T, S, d_head, threads)'s scratch: split rows A (room for T rows
  * of max(S, d_head) values), packed keys or values B, a block of the result `out`, then room for one head's scores
- * and pattern `kept` (2 T S floats); the tiles configured. */
+ * and pattern `kept` (2 T S floats, where T S <= AMX_KEPT_MOST); the tiles configured. */
 AMX_TARGET static uint16_t *amx_head_scratch(int8_t *scratch, int64_t T, int64_t S, int64_t d_head, uint16_t **B,
                                              float **out, float **kept) {
   const int64_t k = round_up(S, AMX_K) > round_up(d_head, AMX_K) ? round_up(S, AMX_K) : round_up(d_head, AMX_K);
@@ -2378,8 +2384,8 @@ static void softmax_row(const float *x, float *p, int64_t n);
  * [batch, T, kv_heads, d_head] (grouped-query), v [batch, S, kv_heads, d_head], scores and pattern [batch, heads, T,
  * S] (S = T where q is given: a prompt from position 0), out_z [batch, T, heads, d_head]. Where this call made
  * the pattern, it is a causal softmax's, and pattern V leaves out its zero chunks above the diagonal; and a head's
- * scores and pattern are made in the thread's scratch (`kept`, in its core's cache), where the softmax and the mix
- * read them, and leave for scores and pattern past the caches (store_past_caches: no step reads them back, and a
+ * scores and pattern (up to AMX_KEPT_MOST floats) are made in the thread's scratch (`kept`, in its core's cache),
+ * where the softmax and the mix read them, and leave for scores and pattern past the caches (store_past_caches: no step reads them back, and a
  * line of theirs read from memory before its write is a read for nothing). */
 AMX_TARGET static void amx_attend_heads(const float *q, const float *k, const float *v, float *scores,
                                         float *pattern, float *out_z, int8_t *scratch, int64_t batch, int64_t T,
@@ -2394,7 +2400,8 @@ AMX_TARGET static void amx_attend_heads(const float *q, const float *k, const fl
     for (int64_t bh = 0; bh < batch * heads; bh++) {
       const int64_t b = bh / heads, h = bh % heads, g = h / (heads / kv_heads), kv = (b * S * kv_heads + g) * d_head;
       float *sc = scores ? scores + bh * T * S : NULL, *pt = pattern ? pattern + bh * T * S : NULL;
-      if (sc && out_z) /* all three: scores and pattern made in `kept`, then stored past the caches */
+      const int keep = sc && out_z && T * S <= AMX_KEPT_MOST;
+      if (keep) /* all three: scores and pattern made in `kept`, then stored past the caches */
         sc = kept, pt = kept + T * S;
       if (sc)
         amx_head_scores(q + (b * T * heads + h) * d_head, heads * d_head, k + kv, kv_heads * d_head, sc, A, B, out,
@@ -2402,8 +2409,10 @@ AMX_TARGET static void amx_attend_heads(const float *q, const float *k, const fl
       if (sc && out_z) /* all three: the pattern from scores this core has just written */
         for (int64_t r = 0; r < T; r++) {
           softmax_row(sc + r * T, pt + r * T, T);
-          store_past_caches(scores + bh * T * S + r * T, sc + r * T, T);
-          store_past_caches(pattern + bh * T * S + r * T, pt + r * T, T);
+          if (keep) {
+            store_past_caches(scores + bh * T * S + r * T, sc + r * T, T);
+            store_past_caches(pattern + bh * T * S + r * T, pt + r * T, T);
+          }
         }
       if (out_z)
         amx_head_mix(pt, v + kv, kv_heads * d_head, out_z + (b * T * heads + h) * d_head, heads * d_head, A, B, out,
