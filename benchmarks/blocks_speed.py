@@ -48,9 +48,11 @@ Design choices:
   its virtual machine got 64-128 MiB, measured, moving within the hour), so beside it "% of its
   size": the same probe over as many bytes as the step streams, passes repeated over one buffer
   (the fastest that many bytes can be read over and over on this machine, caches included).
-- Quality: perplexity of --text (default: 24,000 characters of attnlab's built-in corpus) in
-  chunks of 512 tokens, every position scored, through the decode step one token at a time
-  (`step_logits`: with blocks, 8-bit activations) and through generation's prompt products (each
+- Quality: perplexity of --text (default: 40,000 characters of attnlab's built-in corpus, 16
+  chunks: 8,176 tokens scored; four chunks, 2,044 tokens, moved by up to 0.6 % between texts,
+  too few for the 0.5 % line, benchmarks/README.md) in chunks of 512 tokens, every position
+  scored, through the decode step one token at a time (`step_logits`: with blocks, 8-bit
+  activations) and through generation's prompt products (each
   chunk one prompt) against the module path on the same dequantized weights (float32
   everywhere); and a chat prompt's greedy reply, 100 tokens, blocks against the float model (where
   they part, the first differing position, and by how many nats the float model's logit for its
@@ -335,10 +337,10 @@ def run_quality(args, files: dict[str, Path]) -> list[str]:
     from attnlab.data import builtin_corpus
     from attnlab.formats.gguf_tokenizer import render_chat
 
-    text = Path(args.text).read_text(encoding="utf-8") if args.text else builtin_corpus()[:24000]
+    text = Path(args.text).read_text(encoding="utf-8") if args.text else builtin_corpus()[:40000]
     lines = [
         f"\n## Quality: 8-bit activations (blocks, decode step) against the float computation on "
-        f"the same dequantized weights; text: {args.text or 'built-in corpus, 24,000 characters'}",
+        f"the same dequantized weights; text: {args.text or 'built-in corpus, 40,000 characters'}",
         "",
         "| format | tokens scored | perplexity, float | perplexity, blocks | difference | "
         "perplexity, blocks as prompts | difference | greedy chat reply, 100 tokens |",
@@ -403,7 +405,7 @@ def main() -> int:
     parser.add_argument("--formats", nargs="+", choices=FORMATS, default=list(FORMATS))
     parser.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "attnlab-blocks"))
     parser.add_argument("--text", default=None, help="a UTF-8 text for perplexity")
-    parser.add_argument("--chunks", type=int, default=4, help="512-token chunks scored")
+    parser.add_argument("--chunks", type=int, default=16, help="512-token chunks scored")
     args = parser.parse_args()
     for name in ("llama_cpp", "llama_cpp_pp", "llama_cpp_avx2"):
         value = getattr(args, name)
