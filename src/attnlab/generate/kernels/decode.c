@@ -1993,10 +1993,15 @@ int64_t attnlab_linear_amx_swiglu_scratch(int64_t rows, int64_t d_in, int64_t d_
 /* The scratch bytes attnlab_attend_scores_amx, attnlab_attend_mix_amx and attnlab_attend_explicit_amx need: per
  * thread, one head's queries (or pattern rows) and keys (or values) split into their parts, a block of the result,
  * and one head's scores and pattern (the explicit path's, kept in the core's cache, up to AMX_KEPT_MOST). */
+static void amx_head_sizes(int64_t T, int64_t S, int64_t d_head, int64_t *a, int64_t *w) { /* values per part */
+  const int64_t k = round_up(S, AMX_K) > round_up(d_head, AMX_K) ? round_up(S, AMX_K) : round_up(d_head, AMX_K);
+  *a = round_up(T, 32) * k;                                                                     /* A: T rows of k */
+  *w = round_up(S, 32) * round_up(d_head, AMX_K) + round_up(d_head, 32) * round_up(S, AMX_K); /* B: K or V */
+}
+
 int64_t attnlab_attend_amx_scratch(int64_t T, int64_t S, int64_t d_head, int threads) {
-  int64_t k = round_up(S, AMX_K) > round_up(d_head, AMX_K) ? round_up(S, AMX_K) : round_up(d_head, AMX_K);
-  int64_t a = round_up(T, 32) * k;
-  int64_t w = round_up(S, 32) * round_up(d_head, AMX_K) + round_up(d_head, 32) * round_up(S, AMX_K);
+  int64_t a, w;
+  amx_head_sizes(T, S, d_head, &a, &w);
   int64_t kept = T * S <= AMX_KEPT_MOST ? round_up(2 * T * S, 16) * 4 : 0;
   return threads * ((a + w) * 6 + 32 * 32 * 4 + kept + 128) + 64;
 }
@@ -2226,27 +2231,20 @@ AMX_TARGET void attnlab_linear_amx_many(const float *x, int64_t n, const float *
         const int64_t o0 = pi * panel, features = d_out[i] - o0 < panel ? d_out[i] - o0 : panel;
         int third;
         const int64_t part_stride = amx_pack(w[i], d_in, 0, d_in, o0, features, B, &third);
-        const int stream = !b[i] && (fresh || rows * d_out[i] >= AMX_STREAM_FROM) && d_out[i] % 16 == 0;
+        const int stream = !b[i] && (fresh || rows * d_out[i] >= AMX_STREAM_FROM);
         for (int64_t rt = 0; rt < row_tiles; rt += 2)
           for (int64_t ft = 0; ft < round_up(features, 32) / 16; ft += 2) {
             const int64_t r0 = rt * 16, f0 = ft * 16;
             const int64_t m = rows - r0 < 32 ? rows - r0 : 32, cols = features - f0 < 32 ? features - f0 : 32;
-            float *at = y[i] + r0 * d_out[i] + o0 + f0;
-            if (stream && m == 32 && cols == 32 && (uintptr_t)at % 64 == 0) {
-              /* a whole block without a bias, rows on cache lines, of a y too large for any cache (the LM head's
-               * logits) or on pages none holds (`fresh`): from L1 into y past the caches (no read of y's lines
-               * first, W's panel left in L2) */
-              amx_block(A, B, part_stride, chunks, chunks, third, rt, ft, out, 32);
-              for (int64_t r = 0; r < 32; r++) {
-                _mm512_stream_ps(at + r * d_out[i], _mm512_load_ps(out + r * 32));
-                _mm512_stream_ps(at + r * d_out[i] + 16, _mm512_load_ps(out + r * 32 + 16));
-              }
-              continue;
-            }
             amx_block(A, B, part_stride, chunks, chunks, third, rt, ft, out, 32);
-            for (int64_t r = 0; r < m; r++)
-              for (int64_t j = 0; j < cols; j++)
-                y[i][(r0 + r) * d_out[i] + o0 + f0 + j] = out[r * 32 + j] + (b[i] ? b[i][o0 + f0 + j] : 0.0f);
+            for (int64_t r = 0; r < m; r++) {
+              float *yr = y[i] + (r0 + r) * d_out[i] + o0 + f0;
+              if (stream) /* no bias, y too large for any cache (the LM head's logits) or on pages none holds
+                           * (`fresh`): from L1 into y past the caches, W's panel left in L2 */
+                store_past_caches(yr, out + r * 32, cols);
+              else
+                for (int64_t j = 0; j < cols; j++) yr[j] = out[r * 32 + j] + (b[i] ? b[i][o0 + f0 + j] : 0.0f);
+            }
           }
       }
     }
@@ -2366,11 +2364,11 @@ AMX_TARGET void attnlab_linear_amx_swiglu(const float *x, const float *w_gate, c
  * and pattern `kept` (2 T S floats, where T S <= AMX_KEPT_MOST); the tiles configured. */
 AMX_TARGET static uint16_t *amx_head_scratch(int8_t *scratch, int64_t T, int64_t S, int64_t d_head, uint16_t **B,
                                              float **out, float **kept) {
-  const int64_t k = round_up(S, AMX_K) > round_up(d_head, AMX_K) ? round_up(S, AMX_K) : round_up(d_head, AMX_K);
-  const int64_t w = round_up(S, 32) * round_up(d_head, AMX_K) + round_up(d_head, 32) * round_up(S, AMX_K);
+  int64_t a, w;
+  amx_head_sizes(T, S, d_head, &a, &w);
   int8_t *base = (int8_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
   uint16_t *A = (uint16_t *)(base + this_thread() * (attnlab_attend_amx_scratch(T, S, d_head, 1) - 64));
-  *B = A + round_up(T, 32) * k * 3;
+  *B = A + a * 3;
   *out = (float *)(*B + w * 3);
   *kept = *out + 32 * 32;
   configure_tiles();
@@ -2385,8 +2383,8 @@ static void softmax_row(const float *x, float *p, int64_t n);
  * S] (S = T where q is given: a prompt from position 0), out_z [batch, T, heads, d_head]. Where this call made
  * the pattern, it is a causal softmax's, and pattern V leaves out its zero chunks above the diagonal; and a head's
  * scores and pattern (up to AMX_KEPT_MOST floats) are made in the thread's scratch (`kept`, in its core's cache),
- * where the softmax and the mix read them, and leave for scores and pattern past the caches (store_past_caches: no step reads them back, and a
- * line of theirs read from memory before its write is a read for nothing). */
+ * where the softmax and the mix read them, and leave for scores and pattern past the caches (store_past_caches: no
+ * step reads them back, and a line of theirs read from memory before its write is a read for nothing). */
 AMX_TARGET static void amx_attend_heads(const float *q, const float *k, const float *v, float *scores,
                                         float *pattern, float *out_z, int8_t *scratch, int64_t batch, int64_t T,
                                         int64_t S, int64_t heads, int64_t kv_heads, int64_t d_head, float scale,
