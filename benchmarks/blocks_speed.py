@@ -48,13 +48,21 @@ Design choices:
   its virtual machine got 64-128 MiB, measured, moving within the hour), so beside it "% of its
   size": the same probe over as many bytes as the step streams, passes repeated over one buffer
   (the fastest that many bytes can be read over and over on this machine, caches included).
-- Quality: perplexity of --text (default: 40,000 characters of attnlab's built-in corpus, 16
-  chunks: 8,176 tokens scored; four chunks, 2,044 tokens, moved by up to 0.6 % between texts,
-  too few for the 0.5 % line, benchmarks/README.md) in chunks of 512 tokens, every position
-  scored, through the decode step one token at a time (`step_logits`: with blocks, 8-bit
-  activations) and through generation's prompt products (each
-  chunk one prompt) against the module path on the same dequantized weights (float32
-  everywhere); and a chat prompt's greedy reply, 100 tokens, blocks against the float model (where
+- Quality: perplexity of --text (default: the first 3,000 x --chunks characters of attnlab's
+  built-in corpus) in --chunks chunks of 512 tokens (default 16: 8,176 tokens scored), cut as
+  llama-perplexity cuts them (consecutive, BOS first in each where the tokenizer puts one first:
+  Gemma 3 without it reads a chunk as no text it was trained on, its float perplexity 38.0 instead
+  of 15.5 on the default text, benchmarks/README.md), every position after the first scored,
+  through the decode step one token at a time (`step_logits`: with blocks, 8-bit activations) and
+  through generation's prompt products (each chunk one prompt) against the module path on the same
+  dequantized weights (float32 everywhere); each difference with one standard error over the
+  chunks (a chunk's own change moves by ±0.2-0.9 %: too few chunks cannot answer a 0.5 % line).
+  Beside it llama.cpp's own: llama-perplexity (--llama-cpp-pp's build, else --llama-cpp's) on the
+  file against the F32 file of its values (llama-quantize --allow-requantize), with
+  --kl-divergence: its `Mean PPL(Q)/PPL(base)` (its activations rounded to 8 bits too, in blocks
+  of 32, or of 256 for the K-quants' products), scored on the second half of each chunk as it
+  scores, and attnlab's prompts on those same positions.
+  And a chat prompt's greedy reply, 100 tokens, blocks against the float model (where
   they part, the first differing position, and by how many nats the float model's logit for its
   own token led its logit for the blocks' token there: a near-tie the 8-bit rounding can flip).
 """
@@ -73,6 +81,7 @@ import time
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import copy_bandwidth, machine_line, median_time  # noqa: E402
@@ -122,18 +131,10 @@ def make_files(tools: Path | None, work: Path, formats: list[str]) -> dict[str, 
     files = {kind: shipped[kind]() for kind in formats if kind in shipped}
     if tools is None:
         return files
-    quantize = str(tools / "llama-quantize")
     work.mkdir(parents=True, exist_ok=True)
 
     def made(name: str, source: Path, kind: str, *flags: str) -> Path:
-        target = work / name
-        if not target.is_file():
-            subprocess.run(
-                [quantize, *flags, "--pure", str(source), str(target), kind.upper()],
-                check=True,
-                capture_output=True,
-            )
-        return target
+        return quantized(tools, work / name, source, kind, *flags)
 
     smollm2 = [kind for kind in formats if kind in ("f32", "q4_0", "q8_0", "q4_k", "q6_k")]
     if smollm2:
@@ -144,6 +145,32 @@ def make_files(tools: Path | None, work: Path, formats: list[str]) -> dict[str, 
         gemma = model_dir("gemma3-270m")
         files["gemma3-f32"] = made("gemma3-f32.gguf", gemma, "f32", "--allow-requantize")
     return {kind: files[kind] for kind in FORMATS if kind in files}
+
+
+def quantized(tools: Path, target: Path, source: Path, kind: str, *flags: str) -> Path:
+    """`target`: `source` written by llama-quantize --pure as `kind`, made once."""
+    if not target.is_file():
+        subprocess.run(
+            [
+                str(tools / "llama-quantize"),
+                *flags,
+                "--pure",
+                str(source),
+                str(target),
+                kind.upper(),
+            ],
+            check=True,
+            capture_output=True,
+        )
+    return target
+
+
+def float_file(tools: Path, work: Path, kind: str, file: Path) -> Path:
+    """The F32 file of `file`'s values (its blocks dequantized by llama-quantize), as make_files
+    names them: smollm2-f32 is the shipped Q4_1's, gemma3-f32 Gemma 3's."""
+    name = {"q4_1": "smollm2-f32.gguf", "gemma3": "gemma3-f32.gguf"}.get(kind)
+    target = work / (name or f"smollm2-{kind}-f32.gguf")
+    return quantized(tools, target, file, "f32", "--allow-requantize")
 
 
 def llama_bench(tools: Path, file: Path, prompt: int, new: int, threads: int) -> float:
@@ -327,68 +354,144 @@ def run_speed(args, files: dict[str, Path]) -> list[str]:
     return lines
 
 
-def negative_log_likelihood(logits: torch.Tensor, ids: torch.Tensor) -> tuple[float, int]:
-    """The summed negative log-likelihood of ids[:, 1:] under logits[:, :-1], and its count."""
-    nll = torch.nn.functional.cross_entropy(logits[0, :-1].double(), ids[0, 1:], reduction="sum")
-    return nll.item(), ids.shape[1] - 1
+CHUNK = 512  # llama-perplexity's -c 512
+
+
+def quality_chunks(model, text: str, count: int) -> list[torch.Tensor]:
+    """`count` chunks of CHUNK tokens of `text`, cut as llama-perplexity cuts them: consecutive,
+    each chunk's first token replaced by BOS where the tokenizer puts one first. A model trained
+    with BOS first reads a chunk without it as text it has never seen: Gemma 3's float perplexity
+    on 16 chunks of the default text is 38.0 without it and 15.5 with it, and its 8-bit rounding
+    moved a chunk by ±1-2 % without it, ±0.2-0.4 % with it (benchmarks/README.md)."""
+    ids = model.tokenizer.encode(text)
+    if len(ids) < count * CHUNK:
+        raise SystemExit(
+            f"--text: {len(ids)} tokens, fewer than --chunks {count} x {CHUNK}: "
+            "give a longer text or fewer chunks"
+        )
+    bos = model.tokenizer.encode("")  # [BOS] where the tokenizer puts one first, else []
+    chunks = []
+    for i in range(count):
+        chunk = torch.tensor([ids[i * CHUNK : (i + 1) * CHUNK]])
+        if bos:
+            chunk[0, 0] = bos[0]
+        chunks.append(chunk)
+    return chunks
+
+
+def token_nll(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """The negative log-likelihood of each of ids[:, 1:] under logits[:, :-1] (float64)."""
+    return torch.nn.functional.cross_entropy(logits[0, :-1].double(), ids[0, 1:], reduction="none")
+
+
+def difference(ours: list[torch.Tensor], floats: list[torch.Tensor], part=slice(None)) -> str:
+    """Perplexity's change in %, over every chunk's tokens `part`, ± one standard error of the
+    chunks' own changes (their spread over the square root of their number)."""
+    total = sum(float(o[part].sum() - f[part].sum()) for o, f in zip(ours, floats))
+    count = sum(len(f[part]) for f in floats)
+    each = [100 * math.expm1(float((o[part] - f[part]).mean())) for o, f in zip(ours, floats)]
+    error = statistics.stdev(each) / math.sqrt(len(each)) if len(each) > 1 else float("nan")
+    return f"{100 * math.expm1(total / count):+.3f} ± {error:.3f} %"
+
+
+def llama_cpp_ratio(tools: Path, blocks: Path, floats: Path, text: Path, args) -> str:
+    """llama-perplexity's own change of perplexity, the file's blocks (its 8-bit activations)
+    against the F32 file of the same values: --kl-divergence-base, then --kl-divergence; its
+    `Mean PPL(Q)/PPL(base)` and the uncertainty it gives (per token)."""
+    base = Path(args.work) / f"{floats.stem}.kld"
+    common = ["-f", str(text), "-c", str(CHUNK), "-b", str(CHUNK), "-t", str(args.threads)]
+    common += ["--chunks", str(args.chunks), "--kl-divergence-base", str(base)]
+    tool = str(tools / "llama-perplexity")
+    subprocess.run([tool, "-m", str(floats), *common], check=True, capture_output=True)
+    result = subprocess.run(
+        [tool, "-m", str(blocks), *common, "--kl-divergence"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    base.unlink()
+    for line in (result.stdout + result.stderr).splitlines():
+        if "Mean PPL(Q)/PPL(base)" in line:
+            ratio, error = (float(x) for x in line.split(":")[1].split("±"))
+            return f"{100 * (ratio - 1):+.3f} ± {100 * error:.3f} %"
+    raise SystemExit(f"{tool}: no `Mean PPL(Q)/PPL(base)` in its output")
 
 
 def run_quality(args, files: dict[str, Path]) -> list[str]:
     from attnlab.data import builtin_corpus
     from attnlab.formats.gguf_tokenizer import render_chat
 
-    text = Path(args.text).read_text(encoding="utf-8") if args.text else builtin_corpus()[:40000]
+    if args.text:
+        text, name = Path(args.text).read_text(encoding="utf-8"), args.text
+    else:  # 3,000 characters a chunk: more than 512 tokens of either tokenizer
+        text = builtin_corpus()[: 3000 * args.chunks]
+        name = f"built-in corpus, the first {len(text):,} characters"
+
+    def build_with(tool: str, order: tuple) -> Path | None:
+        return next((b for b in order if b and (b / tool).is_file()), None)
+
+    # llama.cpp's AMX path faults on batches here: the --llama-cpp-pp build first (docstring)
+    tools = build_with("llama-perplexity", (args.tools_pp, args.tools))
+    quantize = build_with("llama-quantize", (args.tools, args.tools_pp))
+    tools = tools if quantize else None
+    text_file = Path(args.work) / "quality-text.txt"
+    if tools is not None:
+        text_file.write_text(text, encoding="utf-8")
     lines = [
-        f"\n## Quality: 8-bit activations (blocks, decode step) against the float computation on "
-        f"the same dequantized weights; text: {args.text or 'built-in corpus, 40,000 characters'}",
+        f"\n## Quality: 8-bit activations (blocks) against the float computation on the same "
+        f"dequantized weights; {args.chunks} chunks of {CHUNK} tokens of {name}, BOS first "
+        "where the tokenizer puts it (as llama-perplexity); differences ± one standard error "
+        "over the chunks",
         "",
-        "| format | tokens scored | perplexity, float | perplexity, blocks | difference | "
-        "perplexity, blocks as prompts | difference | greedy chat reply, 100 tokens |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        "| format | tokens scored | perplexity, float | perplexity, blocks (decode step) | "
+        "difference | perplexity, blocks as prompts | difference | "
+        "llama.cpp, its blocks against its F32 (second halves) | attnlab's prompts, the same "
+        "positions | greedy chat reply, 100 tokens |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for kind, file in files.items():
         if kind.endswith("f32"):
             continue
         model = load_model(kind, file)
-        ids = torch.tensor([model.tokenizer.encode(text)])
-        chunks = [ids[:, i : i + 512] for i in range(0, ids.shape[1] - 1, 512)][: args.chunks]
-        totals = {"float": [0.0, 0], "blocks": [0.0, 0], "prompts": [0.0, 0]}
-        for chunk in chunks:
-            if chunk.shape[1] < 2:
-                continue
+        nll = {"float": [], "blocks": [], "prompts": []}
+        for chunk in tqdm(quality_chunks(model, text, args.chunks), desc=f"quality {kind}"):
             with torch.no_grad():
                 with fast_linears(model):  # each chunk as one prompt: generation's products
                     prompt = model(chunk)
-                for name, logits in (
-                    ("float", model(chunk)),
-                    ("blocks", step_logits(model, chunk)),
-                    ("prompts", prompt),
-                ):
-                    nll, n = negative_log_likelihood(logits, chunk)
-                    totals[name][0] += nll
-                    totals[name][1] += n
-        ppl = {k: math.exp(v[0] / v[1]) for k, v in totals.items()}
-        floats = attnlab.load(file)  # dequantized: float32 kernels
+                nll["prompts"].append(token_nll(prompt, chunk))
+                nll["float"].append(token_nll(model(chunk), chunk))
+                nll["blocks"].append(token_nll(step_logits(model, chunk), chunk))
+        ppl = {
+            k: math.exp(sum(float(x.sum()) for x in v) / sum(len(x) for x in v))
+            for k, v in nll.items()
+        }
+        anchor = same = "(no llama-perplexity and llama-quantize)"
+        if tools is not None:  # the F32 file of the same values, as gemma3-f32 is made
+            floats = float_file(quantize, Path(args.work), kind, file)
+            anchor = llama_cpp_ratio(tools, file, floats, text_file, args)
+            second = slice(CHUNK // 2, None)  # llama-perplexity scores positions n_ctx/2 on
+            same = difference(nll["prompts"], nll["float"], second)
+        floats_model = attnlab.load(file)  # dequantized: float32 kernels
         template = model.config.extra.get("chat_template")  # Gemma 3's file has none: plain text
         prompt = render_chat(template, [{"role": "user", "content": CHAT}]) if template else CHAT
         chat = torch.tensor([model.tokenizer.encode(prompt)])
         ours = generate(model, chat, 100, temperature=0)[0, chat.shape[1] :]
-        reference = generate(floats, chat, 100, temperature=0)[0, chat.shape[1] :]
+        reference = generate(floats_model, chat, 100, temperature=0)[0, chat.shape[1] :]
         differ = (ours != reference).nonzero()
-        same = "equal"
+        reply = "equal"
         if len(differ):  # where they part, how far the float model's own choice led there
             at = int(differ[0])
             with torch.no_grad():
-                logits = floats(torch.cat([chat[0], reference[:at]])[None])[0, -1]
+                logits = floats_model(torch.cat([chat[0], reference[:at]])[None])[0, -1]
             gap = float(logits[reference[at]] - logits[ours[at]])
-            same = f"equal up to token {at}, where float's choice leads the blocks' by {gap:.2f}"
-            same += " nats"
-        same += "" if template else " (no chat template: the plain question)"
+            reply = f"equal up to token {at}, where float's choice leads the blocks' by {gap:.2f}"
+            reply += " nats"
+        reply += "" if template else " (no chat template: the plain question)"
         lines.append(
-            f"| {LABELS.get(kind, kind.upper())} | {totals['float'][1]} | {ppl['float']:.4f} | "
-            f"{ppl['blocks']:.4f} | "
-            f"{100 * (ppl['blocks'] / ppl['float'] - 1):+.3f} % | {ppl['prompts']:.4f} | "
-            f"{100 * (ppl['prompts'] / ppl['float'] - 1):+.3f} % | {same} |"
+            f"| {LABELS.get(kind, kind.upper())} | {sum(len(x) for x in nll['float'])} | "
+            f"{ppl['float']:.4f} | {ppl['blocks']:.4f} | "
+            f"{difference(nll['blocks'], nll['float'])} | {ppl['prompts']:.4f} | "
+            f"{difference(nll['prompts'], nll['float'])} | {anchor} | {same} | {reply} |"
         )
     return lines
 

@@ -355,3 +355,37 @@ def test_amx_products_writes_its_table_or_says_why_not():
         amx, mkl, ratio, error_amx, error_mkl = (float(cell) for cell in row[2:])
         assert amx > 0 and mkl > 0 and abs(ratio - mkl / amx) < 0.02 * ratio + 0.01
         assert 0 < error_amx < 1e-5 and 0 < error_mkl < 1e-5
+
+
+def test_blocks_quality_cuts_chunks_as_llama_perplexity_and_states_their_spread():
+    """blocks_speed's quality chunks: consecutive 512-token pieces, the first token of each
+    replaced by BOS where the tokenizer puts one first (llama-perplexity's chunks; Gemma 3 scored
+    without it read 38.0 instead of 15.5); a text too short is one line; a difference carries the
+    chunks' standard error."""
+    import math
+
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from blocks_speed import difference, quality_chunks
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    text = "".join(chr(33 + i % 90) for i in range(3 * 512 + 7))
+    ids = [ord(c) for c in text]
+    for bos in ([], [2]):
+        model = SimpleNamespace(
+            tokenizer=SimpleNamespace(encode=lambda t, b=bos: b + [ord(c) for c in t])
+        )
+        chunks = quality_chunks(model, text, 3)
+        stream = bos + ids
+        assert [c.shape for c in chunks] == [(1, 512)] * 3
+        for i, chunk in enumerate(chunks):
+            assert chunk[0, 1:].tolist() == stream[i * 512 + 1 : (i + 1) * 512]
+            assert chunk[0, 0].item() == (bos[0] if bos else stream[i * 512])
+        with pytest.raises(SystemExit, match="fewer than --chunks 4 x 512"):
+            quality_chunks(model, text, 4)
+    floats = [torch.full((511,), 2.0, dtype=torch.float64) for _ in range(4)]
+    ours = [f + math.log1p(0.01 * k) for k, f in zip((1, 2, 3, 4), floats)]
+    # each chunk +1..+4 %: their geometric mean (1.01 x 1.02 x 1.03 x 1.04) ** (1/4) - 1, and their
+    # spread: stdev(1, 2, 3, 4) = 1.291 over sqrt(4)
+    assert difference(ours, floats) == "+2.494 ± 0.645 %"
+    assert difference(ours, floats, slice(256, None)) == "+2.494 ± 0.645 %"
