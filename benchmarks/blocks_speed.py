@@ -132,18 +132,15 @@ def make_files(tools: Path | None, work: Path, formats: list[str]) -> dict[str, 
     if tools is None:
         return files
     work.mkdir(parents=True, exist_ok=True)
-
-    def made(name: str, source: Path, kind: str, *flags: str) -> Path:
-        return quantized(tools, work / name, source, kind, *flags)
-
     smollm2 = [kind for kind in formats if kind in ("f32", "q4_0", "q8_0", "q4_k", "q6_k")]
     if smollm2:
-        f32 = made("smollm2-f32.gguf", smollm2_file(), "f32", "--allow-requantize")
+        f32 = float_file(tools, work, "q4_1", smollm2_file())  # the shipped Q4_1's values
         for kind in smollm2:
-            files[kind] = f32 if kind == "f32" else made(f"smollm2-{kind}.gguf", f32, kind)
+            files[kind] = (
+                f32 if kind == "f32" else quantized(tools, work / f"smollm2-{kind}.gguf", f32, kind)
+            )
     if "gemma3-f32" in formats:
-        gemma = model_dir("gemma3-270m")
-        files["gemma3-f32"] = made("gemma3-f32.gguf", gemma, "f32", "--allow-requantize")
+        files["gemma3-f32"] = float_file(tools, work, "gemma3", shipped["gemma3"]())
     return {kind: files[kind] for kind in FORMATS if kind in files}
 
 
@@ -402,15 +399,19 @@ def llama_cpp_ratio(tools: Path, blocks: Path, floats: Path, text: Path, args) -
     common = ["-f", str(text), "-c", str(CHUNK), "-b", str(CHUNK), "-t", str(args.threads)]
     common += ["--chunks", str(args.chunks), "--kl-divergence-base", str(base)]
     tool = str(tools / "llama-perplexity")
-    subprocess.run([tool, "-m", str(floats), *common], check=True, capture_output=True)
-    result = subprocess.run(
+    output = ""
+    for command in (
+        [tool, "-m", str(floats), *common],
         [tool, "-m", str(blocks), *common, "--kl-divergence"],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
+    ):
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode:  # one line: its last words say why (a file it cannot read, ...)
+            said = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+            last = said[-1].strip() if said else "no output"
+            raise SystemExit(f"{tool} -m {command[2]} failed ({done.returncode}): {last}")
+        output = done.stdout + done.stderr
     base.unlink()
-    for line in (result.stdout + result.stderr).splitlines():
+    for line in output.splitlines():
         if "Mean PPL(Q)/PPL(base)" in line:
             ratio, error = (float(x) for x in line.split(":")[1].split("±"))
             return f"{100 * (ratio - 1):+.3f} ± {100 * error:.3f} %"
@@ -514,6 +515,8 @@ def main() -> int:
         value = getattr(args, name)
         if value and not (Path(value) / "llama-bench").is_file():
             raise SystemExit(f"--{name.replace('_', '-')} {value}: no llama-bench there")
+    if args.text and not Path(args.text).is_file():
+        raise SystemExit(f"--text {args.text}: no such file")
     args.tools = Path(args.llama_cpp) if args.llama_cpp else None
     args.tools_pp = Path(args.llama_cpp_pp) if args.llama_cpp_pp else None
     args.tools_avx2 = Path(args.llama_cpp_avx2) if args.llama_cpp_avx2 else None
