@@ -16,6 +16,7 @@ import attnlab
 from attnlab.cli import main
 from attnlab.errors import UserError
 from attnlab.training.config import TRAIN_PRESETS, TrainConfig, build_config
+from attnlab.training.muon import Muon
 from attnlab.training.schedule import Optimizers, learning_rate_at, make_optimizer
 from attnlab.training.trainer import Trainer, train
 
@@ -132,7 +133,7 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_rest(tmp_path):
     optimizer = make_optimizer(model, TrainConfig(optimizer="muon"), torch.device("cpu"))
     assert isinstance(optimizer, Optimizers)
     muon, adamw = optimizer.optimizers
-    assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
+    assert isinstance(muon, Muon) and isinstance(adamw, torch.optim.AdamW)
     in_muon = {id(p) for g in muon.param_groups for p in g["params"]}
     expected = {id(p) for block in model.blocks for p in block.parameters() if p.dim() == 2}
     # W_Q, W_K, W_V, W_O, W_in, W_out per block

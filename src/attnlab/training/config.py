@@ -30,6 +30,7 @@ from ..model.config import MLPS, NORMS, POSITIONS, PRESETS, ROPE_SCALINGS, Model
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 TOKENIZERS = ("char", "bpe")
 OPTIMIZERS = ("adamw", "muon")
+MUON_DTYPES = ("auto", "bfloat16", "float32")
 SCHEDULES = ("cosine", "wsd")
 
 
@@ -115,6 +116,13 @@ class TrainConfig:
     )
     muon_ns_steps: int = _opt(
         5, "with --optimizer muon: Newton-Schulz iterations that orthogonalise each update"
+    )
+    muon_dtype: str = _opt(
+        "auto",
+        "with --optimizer muon: the dtype of the Newton-Schulz products; auto = bfloat16 where "
+        "torch's bfloat16 products are at least as fast as float32's on this machine (measured "
+        "once; attnlab doctor), else float32",
+        MUON_DTYPES,
     )
     schedule: str = _opt(
         "cosine",

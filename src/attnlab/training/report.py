@@ -115,6 +115,8 @@ def write_report(trainer, result: TrainResult) -> None:
             else "not reached"
         )
         reached_row = f"| first evaluation with val loss <= {cfg.target_loss:g} | {when} |\n"
+    choice = trainer.newton_schulz
+    muon_row = f"| Muon's Newton-Schulz | {choice.name}: {choice.why} |\n" if choice else ""
     n_train = trainer.data.n_train
     n_val = len(trainer.data.tokens) - n_train
     text = f"""# Training report: {trainer.out}
@@ -132,7 +134,7 @@ def write_report(trainer, result: TrainResult) -> None:
 | tokens in corpus (train / val) | {n_train:,} / {n_val:,} |
 | processes | {trainer.dist.world} |
 | device, dtype | {trainer.device}, {str(trainer.dtype).removeprefix("torch.")} |
-| hardware | {_hardware(trainer.device)} |
+{muon_row}| hardware | {_hardware(trainer.device)} |
 | torch | {torch.__version__} |
 | python | {platform.python_version()} |
 | git commit | {_git_commit()} |

@@ -6,17 +6,24 @@ Design choices:
   (warmup, stable, decay). AdamW runs fused (one kernel for all parameters) where torch has it, else
   foreach.
 - --optimizer muon: Muon for the blocks' weight matrices and AdamW for the rest (the modded-nanogpt
-  speedrun).
+  speedrun). attnlab's Muon (attnlab.training.muon) is torch.optim.Muon's update with the dtype of
+  its Newton-Schulz products a choice: bfloat16 where torch's bfloat16 products are at least as
+  fast as its float32 ones on this machine (attnlab.machine.bfloat16_products, measured once per
+  machine), else float32 (`newton_schulz_dtype`; --muon-dtype forces one). The choice is one line
+  of the run's output and of its report.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from .. import machine
 from .config import TrainConfig
+from .muon import Muon
 
 
 def learning_rate_at(it: int, cfg: TrainConfig, elapsed_s: float = 0.0) -> float:
@@ -70,16 +77,54 @@ class Optimizers:
             optimizer.load_state_dict(saved)
 
 
+@dataclass(frozen=True)
+class NewtonSchulzChoice:
+    """The dtype of Muon's Newton-Schulz products and why (`newton_schulz_dtype`)."""
+
+    dtype: torch.dtype
+    why: str  # what decided it: the measured rates, or the flag
+    rates: dict[str, Any] | None = None  # attnlab.machine.bfloat16_products's, when measured
+
+    @property
+    def name(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
+    def line(self) -> str:
+        """The one line a training run prints."""
+        return f"attnlab: Muon's Newton-Schulz runs in {self.name}: {self.why}"
+
+
+def newton_schulz_dtype(cfg: TrainConfig, device: torch.device) -> NewtonSchulzChoice:
+    """--muon-dtype bfloat16 or float32 as given; auto: bfloat16 where torch's bfloat16 products
+    are at least as fast as its float32 ones on `device` here (attnlab.machine, measured once per
+    machine and cached), else float32."""
+    if cfg.muon_dtype != "auto":
+        return NewtonSchulzChoice(getattr(torch, cfg.muon_dtype), f"--muon-dtype {cfg.muon_dtype}")
+    rates = machine.bfloat16_products(device).values
+    fast = machine.bfloat16_is_fast(rates)
+    where = "here" if device.type == "cpu" else f"on {device.type}"
+    why = (
+        f"torch's bfloat16 products run at {rates['bfloat16_gflops']:,.1f} GFLOP/s {where} "
+        f"against float32's {rates['float32_gflops']:,.1f} ({rates['size']} x {rates['size']}, "
+        f"{torch.get_num_threads()} threads; measured once, kept in attnlab's cache)"
+    )
+    return NewtonSchulzChoice(torch.bfloat16 if fast else torch.float32, why, rates)
+
+
 def make_optimizer(
-    model: torch.nn.Module, cfg: TrainConfig, device: torch.device
+    model: torch.nn.Module,
+    cfg: TrainConfig,
+    device: torch.device,
+    newton_schulz: NewtonSchulzChoice | None = None,
 ) -> torch.optim.Optimizer | Optimizers:
     """AdamW with weight decay on matrices and embeddings (dim >= 2) only; fused where this torch
     has it.
 
-    --optimizer muon: torch.optim.Muon (Jordan et al. 2024: momentum, orthogonalised by
+    --optimizer muon: Muon (attnlab.training.muon; Jordan et al. 2024: momentum, orthogonalised by
     Newton-Schulz) for the blocks' weight matrices, AdamW for embeddings, head, norms and biases, as
     the modded-nanogpt speedrun does. Muon's step is scaled to AdamW's size (`match_rms_adamw`, Liu
-    et al. 2025), so one --learning-rate serves both."""
+    et al. 2025), so one --learning-rate serves both. Its Newton-Schulz dtype is `newton_schulz`'s,
+    else `newton_schulz_dtype`'s choice."""
     params = [p for p in model.parameters() if p.requires_grad]
     muon = []
     if cfg.optimizer == "muon":
@@ -98,13 +143,16 @@ def make_optimizer(
     )
     if not muon:
         return adamw
+    if newton_schulz is None:
+        newton_schulz = newton_schulz_dtype(cfg, device)
     return Optimizers(
-        torch.optim.Muon(
+        Muon(
             muon,
             lr=cfg.learning_rate,
             weight_decay=cfg.weight_decay,
             ns_steps=cfg.muon_ns_steps,
             adjust_lr_fn="match_rms_adamw",
+            ns_dtype=newton_schulz.dtype,
         ),
         adamw,
     )

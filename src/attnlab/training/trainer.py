@@ -75,7 +75,7 @@ from .report import (
     write_loss_plot,
     write_report,
 )
-from .schedule import learning_rate_at, make_optimizer
+from .schedule import NewtonSchulzChoice, learning_rate_at, make_optimizer, newton_schulz_dtype
 from .snapshots import list_snapshots, save_snapshot, snapshot_steps
 
 # what --compile uses (tests swap in "aot_eager", which traces the same graph quickly)
@@ -156,7 +156,11 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.raw_model = Transformer(self.model_config).to(self.device)
         self.raw_model.tokenizer = self.tokenizer
-        self.optimizer = make_optimizer(self.raw_model, cfg, self.device)
+        # Muon's Newton-Schulz dtype: one choice for every rank (rank 0's), said once
+        self.newton_schulz = self._newton_schulz() if cfg.optimizer == "muon" else None
+        if self.newton_schulz is not None and self.evaluation_lines and self.dist.is_main:
+            print(self.newton_schulz.line(), file=sys.stderr, flush=True)
+        self.optimizer = make_optimizer(self.raw_model, cfg, self.device, self.newton_schulz)
         self.scaler = (
             torch.amp.GradScaler(self.device.type) if self.dtype == torch.float16 else None
         )
@@ -291,6 +295,18 @@ class Trainer:
                 f"--resume: the checkpoint in {self.out} has a different model shape ({shown}); "
                 "resume with the checkpoint's settings, or train the new shape into another --out"
             )
+
+    def _newton_schulz(self) -> NewtonSchulzChoice:
+        """newton_schulz_dtype's choice, made by rank 0 and given to every rank: replicas whose
+        updates were rounded differently would drift apart."""
+        choice = newton_schulz_dtype(self.cfg, self.device) if self.dist.is_main else None
+        if self.dist.enabled:
+            import torch.distributed as dist
+
+            shared = [choice]
+            dist.broadcast_object_list(shared, src=0)
+            choice = shared[0]
+        return choice
 
     def _barrier(self) -> None:
         if self.dist.enabled:
