@@ -63,6 +63,7 @@ from pathlib import Path
 
 import torch
 
+from ... import machine
 from ...env import cache_root
 from ...errors import UserError
 from ...memory import HUGE_PAGE, fresh, new_tensor
@@ -974,12 +975,12 @@ def _forced_float_rows() -> str | None:
 def float_rows() -> bool:
     """Whether float32 work of many rows (a prompt's attention, and its products where
     `float_products` says "c": forward passes without gradients, attnlab.generate.fast_layers)
-    takes the C kernels: where this build's float32 tiles are vectorised (AVX-512) and, measured
-    once per process and build, multiply faster than torch's GEMM on this machine. MKL takes its
-    AVX-512 path on Intel CPUs and not on AMD's: on the Intel Xeon of 2026-12-02 torch ran 385
-    GFLOP/s against the tiles' 93, on the AMD EPYC before it the tiles won 2-3x
-    (benchmarks/README.md, issue 25). ATTNLAB_FLOAT_ROWS=c or torch chooses instead (amx: the
-    measured choice, for the attention)."""
+    takes the C kernels: where this build's float32 tiles are vectorised (AVX-512) and multiply
+    faster than torch's GEMM on this machine, measured once per machine, build and thread count
+    (`_tiles_beat_torch`). Which is faster is not a matter of the instruction sets alone: MKL
+    takes its AVX-512 path on Intel CPUs and not on AMD's, and torch's GEMM may be built on
+    another BLAS (benchmarks/README.md, issue 25). ATTNLAB_FLOAT_ROWS=c or torch chooses instead
+    (amx: the measured choice, for the attention)."""
     if not rows_vectorized()[1]:
         return False
     forced = _forced_float_rows()
@@ -1023,19 +1024,43 @@ def _amx_unusable(chosen: tuple[str, Path] | None) -> str | None:
     return None
 
 
-@cache
 def _tiles_beat_torch(build: str | None, threads: int) -> bool:
+    """Whether the float32 tiles of `build` multiply faster than torch's GEMM on `threads`
+    threads: `tiles_against_torch`'s answer, measured once per machine (attnlab.machine.measured)
+    and kept under a key of the build's name and library (its source, flags and compiler) and the
+    thread count."""
+    return tiles_against_torch(build, threads).values["tiles_won"]
+
+
+def tiles_against_torch(build: str | None, threads: int) -> machine.Measured:
     """The float32 tiles against torch's GEMM on a 256 x 576 by 576 x 576 product (SmolLM2's
-    q projection of 256 tokens), each the best of 5 after one warm-up, taking turns."""
-    x, w = torch.randn(256, 576), torch.randn(576, 576)
-    times = {"c": [], "torch": []}
-    runs = {"c": lambda: linear_rows(x, w, None), "torch": lambda: torch.nn.functional.linear(x, w)}
-    for _ in range(6):
-        for name, run in runs.items():
-            start = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - start)
-    return min(times["c"][1:]) < min(times["torch"][1:])
+    q projection of 256 tokens), each the best of 5 after one warm-up, taking turns: values
+    tiles_gflops, torch_gflops and tiles_won, measured once per machine, build and thread count."""
+    chosen = chosen_variant()
+    library_file = chosen[1].name if chosen is not None and chosen[0] == build else None
+
+    def measure() -> dict[str, float | bool]:
+        x, w = torch.randn(256, 576), torch.randn(576, 576)
+        times = {"c": [], "torch": []}
+        runs = {
+            "c": lambda: linear_rows(x, w, None),
+            "torch": lambda: torch.nn.functional.linear(x, w),
+        }
+        for _ in range(6):
+            for name, run in runs.items():
+                start = time.perf_counter()
+                run()
+                times[name].append(time.perf_counter() - start)
+        best = {name: min(seconds[1:]) for name, seconds in times.items()}
+        flops = 2 * 256 * 576 * 576
+        return {
+            "tiles_gflops": flops / best["c"] / 1e9,
+            "torch_gflops": flops / best["torch"] / 1e9,
+            "tiles_won": best["c"] < best["torch"],
+        }
+
+    extra = {"build": build, "library": library_file, "threads": threads, "version": 1}
+    return machine.measured("float32-tiles-against-torch", measure, extra)
 
 
 def _rows_scratch(rows: int, d_in: int, threads: int) -> torch.Tensor:
