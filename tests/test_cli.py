@@ -27,8 +27,9 @@ def test_every_command_module_is_present():
         "explore",
         "export-html",
         "chat",
+        "doctor",
     } <= commands
-    assert len(COMMAND_MODULES) == 7
+    assert len(COMMAND_MODULES) == 8
 
 
 def test_version_and_help():

@@ -29,6 +29,7 @@ COMMAND_MODULES = (
     "attnlab.generate.chat",  # chat
     "attnlab.inspection.cli",  # heads, experiment, attribute, patch
     "attnlab.explorer.cli",  # explore, export-html
+    "attnlab.doctor",  # doctor
 )
 
 

@@ -1,0 +1,433 @@
+"""`attnlab doctor`: what this machine is and what attnlab chose on it, and why, in a few lines.
+
+Design choices:
+- Each line is one topic (TOPICS, in order): a fact read or measured here, and the choice it
+  decides with its reason. The measured choices (bfloat16 against float32 products, the float32
+  tiles against torch's GEMM) come from attnlab.machine's cache, so the command measures only what
+  no process on this machine has measured yet, and prints what training and inference will use.
+- It reads what the other commands read (attnlab.generate.kernels' build choice, float product
+  path and huge pages; attnlab.training.schedule's Newton-Schulz dtype rule), so the line says what
+  they do, not a second opinion.
+- It never raises: a topic that cannot be read (a forced kernel build the CPU refuses, no
+  compiler, no /proc) is a line saying so, and the other topics still print. `--json` prints the
+  same topics as one JSON object, each with its line and its values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import machine
+from .env import cache_root
+from .errors import UserError
+
+THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+# a symbol a library built with -fopenmp calls -> the OpenMP runtime it calls it in
+OPENMP_CALLS = {b"GOMP_parallel": "GCC's libgomp", b"__kmpc_fork_call": "LLVM's libomp"}
+HUGE_PAGE_PROBE = 8 << 20  # bytes of the block `huge_pages` places in 2 MB pages
+
+
+@dataclass
+class Line:
+    topic: str
+    text: str
+    values: dict[str, Any] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return f"{self.topic}: {self.text}"
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(names) if names else "none"
+
+
+def machine_line() -> Line:
+    here = machine.describe()
+    return Line(
+        "machine",
+        f"{here.cpu}, {here.architecture}, {here.cores} cores",
+        {"cpu": here.cpu, "architecture": here.architecture, "cores": here.cores},
+    )
+
+
+def instruction_sets_line() -> Line:
+    """What the CPU reports, and (x86) what its operating system enables: the kernels' cpu.c."""
+    from .generate import kernels
+
+    sets = machine.describe().instruction_sets()
+    have = [name for name, present in sets.items() if present]
+    lacking = [name for name, present in sets.items() if not present]
+    text = f"{_listed(have)}; not reported: {_listed(lacking)}"
+    values: dict[str, Any] = {"reported": have, "not_reported": lacking}
+    if kernels._is_x86():
+        if kernels.compile_library(kernels.CPU_SOURCE, (["-O2"],)) is None:
+            text += "; the operating system's permission not checked (cpu.c, which reads it, did "
+            text += "not compile)"
+        else:
+            levels = kernels.cpu_levels()
+            enabled = [level.name for level in kernels.CpuLevel if level & levels]
+            values["enabled_by_the_os"] = enabled
+            text += f"; enabled by the operating system (XCR0): {_listed(enabled)}"
+    return Line("instruction sets", text, values)
+
+
+def threads_line() -> Line:
+    threads, interop = torch.get_num_threads(), torch.get_num_interop_threads()
+    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    omp = os.environ.get("OMP_NUM_THREADS")
+    source = f"OMP_NUM_THREADS={omp}" if omp else "OMP_NUM_THREADS unset: torch's default"
+    return Line(
+        "threads",
+        f"torch runs {threads} threads ({source}) of the {allowed} cores this process may use, "
+        f"{interop} between ops; attnlab's kernels run on torch's threads",
+        {"threads": threads, "interop_threads": interop, "cores_allowed": allowed},
+    )
+
+
+def torch_line() -> Line:
+    """torch's version, its BLAS, MKL and oneDNN, ATen's CPU capability, and the LIMITS set."""
+    config = torch.__config__.show()
+    blas = re.search(r"BLAS_INFO=(\w+)", config)
+    mkl = re.search(r"Math Kernel Library Version ([\w.]+)", config)
+    onednn = re.search(r"MKL-DNN (v[\w.]+)", config)
+    capability = torch.backends.cpu.get_cpu_capability()
+    parts = [f"BLAS {blas.group(1) if blas else 'unknown'}"]
+    if mkl and torch.backends.mkl.is_available():
+        parts.append(f"MKL {mkl.group(1)}")
+    parts.append(
+        f"oneDNN {onednn.group(1)}"
+        if onednn and torch.backends.mkldnn.is_available()
+        else "no oneDNN"
+    )
+    limits = machine.describe().limits
+    limited = (
+        "limited by " + ", ".join(f"{k}={v}" for k, v in limits.items())
+        if limits
+        else "no instruction-set limit set (" + ", ".join(machine.LIMITS[:5]) + ")"
+    )
+    return Line(
+        "torch",
+        f"{torch.__version__}, {', '.join(parts)}, ATen's CPU capability {capability}; {limited}",
+        {
+            "version": torch.__version__,
+            "blas": blas.group(1) if blas else None,
+            "mkl": mkl.group(1) if mkl else None,
+            "onednn": onednn.group(1) if onednn else None,
+            "aten_capability": capability,
+            "limits": limits,
+        },
+    )
+
+
+def compiler_line() -> Line:
+    from .generate import kernels
+
+    compiler = kernels._compiler()
+    if compiler is None:
+        return Line(
+            "compiler",
+            "none found ($CC, cc, gcc, clang): attnlab's C kernels cannot be built; every path "
+            "is torch's",
+            {"compiler": None},
+        )
+    if shutil.which(compiler) is None:
+        return Line(
+            "compiler",
+            f"{compiler} (from $CC, cc, gcc or clang) is not a program here: attnlab's C kernels "
+            "cannot be built; every path is torch's",
+            {"compiler": compiler, "found": False},
+        )
+    try:
+        done = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30)
+        version = (done.stdout or done.stderr).strip().splitlines()[0]
+        if done.returncode != 0:
+            version = f"its --version failed: {version}"
+    except (OSError, subprocess.SubprocessError, IndexError):
+        version = "its --version did not answer"
+    return Line("compiler", f"{compiler} ({version})", {"compiler": compiler, "version": version})
+
+
+def kernels_line() -> Line:
+    """The decode.c build this process runs, its self-check, and why each better build is not."""
+    from .generate import kernels
+
+    wanted = os.environ.get("ATTNLAB_KERNELS", "1").strip().lower()
+    if wanted == "0":
+        return Line(
+            "kernels",
+            "off (ATTNLAB_KERNELS=0): every caller takes torch's path",
+            {"build": None},
+        )
+    compiler = kernels._compiler()
+    if compiler is None or shutil.which(compiler) is None:
+        return Line(
+            "kernels", "not built (no C compiler): every caller takes torch's path", {"build": None}
+        )
+    # cpu.c reads what the CPU and its operating system allow; without it only portable is tried
+    levels_read = not kernels._is_x86() or (
+        kernels.compile_library(kernels.CPU_SOURCE, (["-O2"],)) is not None
+    )
+    said = io.StringIO()  # choose_variant's own lines: why a build is not used
+    try:
+        with contextlib.redirect_stdout(said):
+            chosen = kernels.choose_variant(verbose=True)
+    except UserError as exc:
+        return Line("kernels", f"none: {exc}", {"build": None, "error": str(exc)})
+    not_used = [
+        line.removeprefix("attnlab kernels: ")
+        for line in said.getvalue().splitlines()
+        if line.startswith("attnlab kernels: the ")
+    ]
+    order = ["avx512", "avx2", "portable"] if kernels._is_x86() else ["native", "portable"]
+    here = kernels.variants_here()
+    best = order if chosen is None else order[: order.index(chosen[0])]
+    forced = wanted not in ("1", "")
+    reasons = []
+    for name in best:
+        if name not in here and not levels_read:
+            reasons.append(f"{name}: not tried (cpu.c, which reads what the CPU allows, failed)")
+        elif name not in here:
+            reasons.append(f"{name}: this CPU or its operating system does not allow it")
+        elif forced:
+            reasons.append(f"{name}: not tried (ATTNLAB_KERNELS={wanted})")
+        else:
+            reasons += [line for line in not_used if line.startswith(f"the {name} build")]
+    values: dict[str, Any] = {"build": None if chosen is None else chosen[0], "not_used": reasons}
+    if chosen is None:
+        return Line(
+            "kernels",
+            f"none runs here ({'; '.join(reasons)}): every caller takes torch's path",
+            values,
+        )
+    name, path = chosen
+    how = f"ATTNLAB_KERNELS={wanted}" if forced else "the best build this machine allows"
+    values["library"] = str(path)
+    text = f"the {name} build ({how}), passed its self-check in a child process ({path.name})"
+    if reasons:
+        text += "; better builds not used: " + "; ".join(reasons)
+    return Line("kernels", text, values)
+
+
+def openmp_line() -> Line:
+    """Whether the build runs its loops on OpenMP's threads: read from the library's dynamic
+    symbols (its calls into GCC's libgomp or LLVM's libomp). This line is the place for the
+    kernels' own report of how they were built, where they give one."""
+    from .generate import kernels
+
+    chosen = _chosen_quietly()
+    if chosen is None:
+        return Line("OpenMP", "no kernels run here", {"openmp": None})
+    library = Path(chosen[1]).read_bytes()
+    runtime = next((name for symbol, name in OPENMP_CALLS.items() if symbol in library), None)
+    uses = runtime is not None
+    text = (
+        f"the kernels' loops run on OpenMP's threads ({runtime})"
+        if uses
+        else f"the kernels were built without OpenMP ({kernels._compiler()} took no -fopenmp)"
+    )
+    return Line("OpenMP", text, {"openmp": uses})
+
+
+def _chosen_quietly() -> tuple[str, Path] | None:
+    from .generate import kernels
+
+    try:
+        return kernels.chosen_variant()
+    except UserError:
+        return None
+
+
+def float_products_line() -> Line:
+    """How float32 products of many rows run (kernels.float_products), and a prompt's attention
+    (kernels.float_rows), and why."""
+    from .generate import kernels
+
+    forced = os.environ.get("ATTNLAB_FLOAT_ROWS")
+    if _chosen_quietly() is None:
+        return Line(
+            "float products",
+            "torch's GEMM and attention for many rows (no kernels run here)",
+            {"path": "torch"},
+        )
+    try:
+        path = kernels.float_products()
+    except UserError as exc:
+        return Line("float products", f"none: {exc}", {"path": None, "error": str(exc)})
+    values: dict[str, Any] = {"path": path, "forced": forced}
+    if forced:
+        why = f"ATTNLAB_FLOAT_ROWS={forced}"
+    elif path == "amx":
+        why = (
+            "AMX's bfloat16 tiles at float32's accuracy (the AVX-512 build passed its AMX check "
+            "in a child process, and this process holds the tile state)"
+        )
+    else:
+        values["amx_unusable"] = kernels.amx_unusable()
+        why = f"no AMX ({values['amx_unusable']})"
+    text = f"{path} for many rows: {why}"
+    if not kernels.rows_vectorized()[1]:
+        text += "; the float32 tiles are vectorised in the AVX-512 build only (attention: torch)"
+    elif not forced:
+        tiles = kernels.tiles_against_torch(kernels.variant(), torch.get_num_threads())
+        values.update(tiles.values)
+        text += (
+            f"; {'the tiles' if tiles.values['tiles_won'] else 'torch'} for the attention"
+            f"{'' if path == 'amx' else ' and the products'}: the float32 tiles ran "
+            f"{tiles.values['tiles_gflops']:,.0f} GFLOP/s against torch's "
+            f"{tiles.values['torch_gflops']:,.0f} (256 x 576 by 576 x 576, "
+            f"{torch.get_num_threads()} threads; measured once)"
+        )
+    return Line("float products", text, values)
+
+
+def bfloat16_line() -> Line:
+    """torch's bfloat16 products against float32's here, and what takes bfloat16 because of it."""
+    from .training.config import TrainConfig
+    from .training.schedule import newton_schulz_dtype
+
+    choice = newton_schulz_dtype(TrainConfig(optimizer="muon"), torch.device("cpu"))
+    kept = machine.bfloat16_products("cpu")  # the measurement it was made from
+    rates = kept.values
+    return Line(
+        "bfloat16",
+        f"products at {rates['bfloat16_gflops']:,.1f} GFLOP/s against float32's "
+        f"{rates['float32_gflops']:,.1f} ({rates['size']} x {rates['size']}, "
+        f"{torch.get_num_threads()} threads; measured once): Muon's Newton-Schulz runs in "
+        f"{choice.name} (--muon-dtype auto); training's autocast (--dtype auto) stays float32 "
+        "on a CPU",
+        {**rates, "muon_newton_schulz": choice.name, "kept_in": str(kept.path)},
+    )
+
+
+def huge_pages() -> int | None:
+    """Bytes of 2 MB pages that a block of HUGE_PAGE_PROBE bytes placed as the kernels place
+    weights (kernels.place_in_huge_pages) got (/proc/self/smaps' AnonHugePages of its mapping);
+    None where that cannot be read."""
+    from .generate import kernels
+
+    probe = torch.ones(HUGE_PAGE_PROBE // 4)
+    if not kernels.place_in_huge_pages([probe]):
+        return None
+    address = probe.data_ptr()
+    try:
+        text = Path("/proc/self/smaps").read_text()
+    except OSError:
+        return None
+    inside = False
+    for line in text.splitlines():
+        head = re.match(r"([0-9a-f]+)-([0-9a-f]+) ", line)
+        if head:
+            inside = int(head.group(1), 16) <= address < int(head.group(2), 16)
+        elif inside and line.startswith("AnonHugePages:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def huge_pages_line() -> Line:
+    try:
+        setting = THP_ENABLED.read_text().strip()
+        mode = re.search(r"\[(\w+)\]", setting).group(1)
+    except (OSError, AttributeError):
+        return Line(
+            "huge pages",
+            "no transparent huge pages here (not Linux, or no " + str(THP_ENABLED) + "): "
+            "weights and large outputs sit on the system's pages",
+            {"mode": None},
+        )
+    granted = huge_pages()
+    values = {"mode": mode, "probe_bytes": HUGE_PAGE_PROBE, "granted_bytes": granted}
+    if granted is None:
+        got = "a block placed as the weights are could not be read back"
+    else:
+        got = (
+            f"a block of {HUGE_PAGE_PROBE >> 20} MiB placed as the weights are got "
+            f"{granted >> 20} MiB of them"
+        )
+    in_use = "in use" if granted else "not in use"
+    return Line(
+        "huge pages",
+        f"transparent huge pages '{mode}'; attnlab asks for 2 MB pages with madvise (a decode "
+        f"step's weights, large outputs): {in_use} ({got})",
+        {**values, "in_use": bool(granted)},
+    )
+
+
+def caches_line() -> Line:
+    from huggingface_hub import constants
+
+    root = cache_root()
+    kept = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    measured = len(list(machine.cache_dir().glob("*.json"))) if machine.cache_dir().is_dir() else 0
+    return Line(
+        "caches",
+        f"models from the Hugging Face Hub in {constants.HF_HUB_CACHE} (HF_HUB_CACHE); "
+        f"attnlab's own in {root} (ATTNLAB_CACHE: {_listed(kept)}; measured choices kept: "
+        f"{measured})",
+        {"hub": str(constants.HF_HUB_CACHE), "attnlab": str(root), "measured": measured},
+    )
+
+
+TOPICS: list[Callable[[], Line]] = [
+    machine_line,
+    instruction_sets_line,
+    threads_line,
+    torch_line,
+    compiler_line,
+    kernels_line,
+    openmp_line,
+    float_products_line,
+    bfloat16_line,
+    huge_pages_line,
+    caches_line,
+]
+
+
+def report() -> list[Line]:
+    """One Line per topic of TOPICS; a topic that raises is a line saying what failed."""
+    lines = []
+    for topic in TOPICS:
+        name = topic.__name__.removesuffix("_line").replace("_", " ")
+        try:
+            lines.append(topic())
+        # a report of the machine must not die of what it reports: the failure is its line
+        except Exception as exc:
+            why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            lines.append(Line(name, f"could not be read ({why})", {"error": why}))
+    return lines
+
+
+def run_doctor(args: argparse.Namespace) -> int:
+    lines = report()
+    if args.json:
+        json.dump({line.topic: {"line": line.text, **line.values} for line in lines}, sys.stdout)
+        print()
+    else:
+        print("\n".join(str(line) for line in lines))
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "doctor",
+        help="what this machine is, and which paths attnlab chose on it and why",
+        description="Print this machine (CPU, instruction sets, threads, torch and its libraries) "
+        "and what attnlab chose on it (the kernels' build, the float product path, bfloat16 for "
+        "Muon, huge pages) with the reason for each, measured once per machine where the machine "
+        "does not settle it.",
+    )
+    p.add_argument("--json", action="store_true", help="the same as one JSON object")
+    p.set_defaults(func=run_doctor)
