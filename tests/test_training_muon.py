@@ -3,9 +3,13 @@ from this machine's measured bfloat16 speed, said in one line, and kept out of c
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
-from training_tiny import tiny_config
+from training_tiny import tiny_config, tiny_flags
 
 import attnlab
 from attnlab import machine
@@ -223,3 +227,45 @@ def test_a_muon_run_resumes_exactly_in_either_dtype(tmp_path, monkeypatch, rates
     assert saved["state"] and all("momentum_buffer" in s for s in saved["state"].values())
     rest = train(tiny_config(tmp_path / "b", **changes), resume=True, progress=False)
     assert rest.losses == {k: v for k, v in whole.losses.items() if k > 3}
+
+
+RANKS_SCRIPT = """
+import os, sys
+from pathlib import Path
+from attnlab import machine
+from attnlab.cli import main
+from attnlab.training import muon
+
+rank = int(os.environ["RANK"])
+rates = {fast} if rank == 0 else {slow}  # each rank alone would choose differently
+machine.bfloat16_products = lambda device="cpu": machine.Measured(rates, Path("fake"), False)
+made = muon.Muon.__init__
+
+def init(self, *args, **kwargs):
+    made(self, *args, **kwargs)
+    print(f"rank {{rank}}: {{self.ns_dtype}}", file=sys.stderr)
+
+muon.Muon.__init__ = init
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_under_torchrun_every_rank_takes_rank_0s_choice(tmp_path):
+    """Replicas whose Newton-Schulz rounded differently would drift apart: rank 0 chooses."""
+    script = tmp_path / "ranks.py"
+    script.write_text(RANKS_SCRIPT.format(fast=FAST, slow=SLOW))
+    flags = tiny_flags(tmp_path, max_iters=2, eval_interval=2) + ["--optimizer", "muon"]
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+        + [str(script), "train", *flags],
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = sorted(line for line in done.stderr.splitlines() if line.startswith("rank "))
+    assert said == ["rank 0: torch.bfloat16", "rank 1: torch.bfloat16"], done.stderr
+    chosen = [line for line in done.stderr.splitlines() if "Muon's Newton-Schulz" in line]
+    assert len(chosen) == 1 and "runs in bfloat16" in chosen[0]  # said once, by rank 0
