@@ -81,7 +81,7 @@ def test_on_this_machine_each_line_says_what_it_read_and_chose(capsys, monkeypat
     assert found["machine"].startswith(f"{here.cpu}, {here.architecture}, {here.cores} cores")
     reported = [name for name, present in here.instruction_sets().items() if present]
     assert found["instruction sets"].startswith(", ".join(reported) or "none")
-    assert f"torch runs {torch.get_num_threads()} threads" in found["threads"]
+    assert f"torch runs {machine.threads_phrase()} (" in found["threads"]
     assert found["torch"].startswith(torch.__version__)
     assert f"ATen's CPU capability {torch.backends.cpu.get_cpu_capability()}" in found["torch"]
     build = kernels.variant()

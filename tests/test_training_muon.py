@@ -161,7 +161,7 @@ def test_make_optimizer_takes_bfloat16_only_where_it_measured_fast_here(
     assert choice.line() == (
         f"attnlab: Muon's Newton-Schulz runs in {name}: torch's bfloat16 products run at "
         f"{rates['bfloat16_gflops']:,.1f} GFLOP/s here against float32's "
-        f"{rates['float32_gflops']:,.1f} (512 x 512, {torch.get_num_threads()} threads; "
+        f"{rates['float32_gflops']:,.1f} (512 x 512, {machine.threads_phrase()}; "
         "measured once, kept in attnlab's cache)"
     )
     # --muon-dtype forces either, without measuring
@@ -243,7 +243,7 @@ made = muon.Muon.__init__
 
 def init(self, *args, **kwargs):
     made(self, *args, **kwargs)
-    print(f"rank {{rank}}: {{self.ns_dtype}}", file=sys.stderr)
+    Path({out!r}, f"rank {{rank}}").write_text(str(self.ns_dtype))
 
 muon.Muon.__init__ = init
 sys.exit(main(sys.argv[1:]))
@@ -254,7 +254,7 @@ sys.exit(main(sys.argv[1:]))
 def test_under_torchrun_every_rank_takes_rank_0s_choice(tmp_path):
     """Replicas whose Newton-Schulz rounded differently would drift apart: rank 0 chooses."""
     script = tmp_path / "ranks.py"
-    script.write_text(RANKS_SCRIPT.format(fast=FAST, slow=SLOW))
+    script.write_text(RANKS_SCRIPT.format(fast=FAST, slow=SLOW, out=str(tmp_path)))
     flags = tiny_flags(tmp_path, max_iters=2, eval_interval=2) + ["--optimizer", "muon"]
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
@@ -265,7 +265,7 @@ def test_under_torchrun_every_rank_takes_rank_0s_choice(tmp_path):
         timeout=600,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    said = sorted(line for line in done.stderr.splitlines() if line.startswith("rank "))
-    assert said == ["rank 0: torch.bfloat16", "rank 1: torch.bfloat16"], done.stderr
+    said = {path.name: path.read_text() for path in tmp_path.glob("rank *")}
+    assert said == {"rank 0": "torch.bfloat16", "rank 1": "torch.bfloat16"}, done.stderr
     chosen = [line for line in done.stderr.splitlines() if "Muon's Newton-Schulz" in line]
     assert len(chosen) == 1 and "runs in bfloat16" in chosen[0]  # said once, by rank 0

@@ -92,8 +92,8 @@ def threads_line() -> Line:
     source = f"OMP_NUM_THREADS={omp}" if omp else "OMP_NUM_THREADS unset: torch's default"
     return Line(
         "threads",
-        f"torch runs {threads} threads ({source}) of the {allowed} cores this process may use, "
-        f"{interop} between ops; attnlab's kernels run on torch's threads",
+        f"torch runs {machine.threads_phrase()} ({source}) of the {allowed} cores this process "
+        f"may use, {interop} between ops; attnlab's kernels run on torch's threads",
         {"threads": threads, "interop_threads": interop, "cores_allowed": allowed},
     )
 
@@ -289,7 +289,7 @@ def float_products_line() -> Line:
             f"{'' if path == 'amx' else ' and the products'}: the float32 tiles ran "
             f"{tiles.values['tiles_gflops']:,.0f} GFLOP/s against torch's "
             f"{tiles.values['torch_gflops']:,.0f} (256 x 576 by 576 x 576, "
-            f"{torch.get_num_threads()} threads; measured once)"
+            f"{machine.threads_phrase()}; measured once)"
         )
     return Line("float products", text, values)
 
@@ -306,7 +306,7 @@ def bfloat16_line() -> Line:
         "bfloat16",
         f"products at {rates['bfloat16_gflops']:,.1f} GFLOP/s against float32's "
         f"{rates['float32_gflops']:,.1f} ({rates['size']} x {rates['size']}, "
-        f"{torch.get_num_threads()} threads; measured once): Muon's Newton-Schulz runs in "
+        f"{machine.threads_phrase()}; measured once): Muon's Newton-Schulz runs in "
         f"{choice.name} (--muon-dtype auto); training's autocast (--dtype auto) stays float32 "
         "on a CPU",
         {**rates, "muon_newton_schulz": choice.name, "kept_in": str(kept.path)},

@@ -20,7 +20,8 @@ Design choices:
   AVX-512. The file is written to a temporary name and renamed (a reader never sees half of one);
   one that cannot be read or parsed is measured again and rewritten, and a cache that cannot be
   written only costs the next process the measurement: neither is an error. Within a process the
-  answer is kept in memory by its file's path.
+  answer is kept in memory under the parts of its key that a process may change (threads,
+  LIMITS, $ATTNLAB_CACHE), so that asking again costs a dictionary lookup.
 - `bfloat16_products(device)`: torch's bfloat16 matrix product against float32's, GFLOP/s on a
   512 x 512 product on this process's threads, the best of up to three after a warm-up, taking
   turns, stopping early once a round has taken long (a CPU without bfloat16 instructions runs it
@@ -186,6 +187,12 @@ def describe() -> Machine:
     )
 
 
+def threads_phrase() -> str:
+    """torch's thread count in words, as the lines that report a measurement give it."""
+    threads = torch.get_num_threads()
+    return f"{threads} thread{'' if threads == 1 else 's'}"
+
+
 # Measured once per machine -------------------------------------------------------------------
 
 
@@ -202,32 +209,53 @@ def cache_dir() -> Path:
     return cache_root() / "machine"
 
 
-_KEPT: dict[Path, dict[str, Any]] = {}  # this process's answers, by their file
+# this process's answers, by what their key is made of (read without hashing: the kernels ask for
+# theirs in every forward pass)
+_KEPT: dict[tuple, Measured] = {}
+
+
+def _in_process_key(name: str, extra: dict[str, Any]) -> tuple:
+    """What may change within a process among the things that decide `measured`'s key and file."""
+    return (
+        name,
+        tuple(sorted(extra.items())),
+        _cpu(),
+        torch.get_num_threads(),
+        tuple(os.environ.get(limit) for limit in LIMITS),
+        torch.get_float32_matmul_precision(),
+        os.environ.get("ATTNLAB_CACHE"),
+        os.environ.get("HOME"),
+    )
 
 
 def measured(
     name: str, measure: Callable[[], dict[str, Any]], extra: dict[str, Any] | None = None
 ) -> Measured:
-    """measure()'s result (a dict of JSON values) for this machine and `extra`: from this process,
-    else from its file in cache_dir(), else measured now and written there (module docstring)."""
-    key = {"measurement": name, **describe().key(), **(extra or {})}
+    """measure()'s result (a dict of JSON values) for this machine and `extra` (JSON values): from
+    this process, else from its file in cache_dir(), else measured now and written there (module
+    docstring)."""
+    extra = extra or {}
+    kept = _KEPT.get(_in_process_key(name, extra))
+    if kept is not None:
+        return Measured(kept.values, kept.path, fresh=False)
+    key = {"measurement": name, **describe().key(), **extra}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = cache_dir() / f"{name}-{digest}.json"
-    if path in _KEPT:
-        return Measured(_KEPT[path], path, fresh=False)
+    result = None
     try:
         saved = json.loads(path.read_text(encoding="utf-8"))
         if saved.get("key") == json.loads(json.dumps(key)) and isinstance(saved["values"], dict):
-            _KEPT[path] = saved["values"]
-            return Measured(saved["values"], path, fresh=False)
+            result = Measured(saved["values"], path, fresh=False)
     # missing, unreadable, torn by hand or by another version: measured again
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         pass
-    values = measure()
-    with contextlib.suppress(OSError):  # a read-only cache: the next process measures again
-        atomic_write_text(path, json.dumps({"key": key, "values": values}, indent=1) + "\n")
-    _KEPT[path] = values
-    return Measured(values, path, fresh=True)
+    if result is None:
+        result = Measured(measure(), path, fresh=True)
+        with contextlib.suppress(OSError):  # a read-only cache: the next process measures again
+            text = json.dumps({"key": key, "values": result.values}, indent=1) + "\n"
+            atomic_write_text(path, text)
+    _KEPT[_in_process_key(name, extra)] = result
+    return result
 
 
 def forget() -> None:

@@ -106,7 +106,7 @@ def newton_schulz_dtype(cfg: TrainConfig, device: torch.device) -> NewtonSchulzC
     why = (
         f"torch's bfloat16 products run at {rates['bfloat16_gflops']:,.1f} GFLOP/s {where} "
         f"against float32's {rates['float32_gflops']:,.1f} ({rates['size']} x {rates['size']}, "
-        f"{torch.get_num_threads()} threads; measured once, kept in attnlab's cache)"
+        f"{machine.threads_phrase()}; measured once, kept in attnlab's cache)"
     )
     return NewtonSchulzChoice(torch.bfloat16 if fast else torch.float32, why, rates)
 
