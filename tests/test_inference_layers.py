@@ -366,7 +366,9 @@ def test_the_one_off_timing_compares_the_tiles_with_torchs_gemm(monkeypatch, tmp
             monkeypatch.setattr(
                 torch.nn.functional, "linear", lambda *a: clock.sleep(0.02) or linear(*a)
             )
+        state = torch.get_rng_state()  # a forward pass's first ask: its caller's seed untouched
         assert kernels._tiles_beat_torch("test", 1) is expected
+        assert torch.equal(torch.get_rng_state(), state)
         machine.forget()  # as a new process: the answer from its file, the timing not run again
         monkeypatch.setattr(kernels, "linear_rows", None)
         assert kernels._tiles_beat_torch("test", 1) is expected

@@ -169,7 +169,11 @@ def test_a_cache_that_cannot_be_written_only_costs_the_next_process_the_measurem
 
 
 def test_bfloat16_products_time_both_dtypes_and_keep_the_answer(cache):
+    """...and leave torch's random state as it was: the measurement may run in the middle of a
+    seeded run (the first training run on a machine)."""
+    state = torch.get_rng_state()
     first = machine.bfloat16_products("cpu")
+    assert torch.equal(torch.get_rng_state(), state)
     rates = first.values
     assert first.fresh and rates["size"] == machine.PRODUCT_SIZE
     assert rates["bfloat16_gflops"] > 0 and rates["float32_gflops"] > 0

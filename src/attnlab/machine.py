@@ -278,9 +278,10 @@ def time_products(device: torch.device, n: int = PRODUCT_SIZE) -> dict[str, floa
     of up to 3 timings each after one warm-up, taking turns, ending after the first round that
     took LONG_ROUND_S. A dtype the device cannot multiply in scores 0."""
     operands = {}
+    generator = torch.Generator(device=device).manual_seed(0)  # torch's global one left alone
     for dtype in (torch.bfloat16, torch.float32):
-        a = torch.randn(n, n, device=device).to(dtype)
-        b = torch.randn(n, n, device=device).to(dtype)
+        a = torch.randn(n, n, device=device, generator=generator).to(dtype)
+        b = torch.randn(n, n, device=device, generator=generator).to(dtype)
         try:
             a @ b  # the warm-up (and whether this device multiplies in dtype at all)
             _synchronize(device)

@@ -1040,7 +1040,9 @@ def tiles_against_torch(build: str | None, threads: int) -> machine.Measured:
     library_file = chosen[1].name if chosen is not None and chosen[0] == build else None
 
     def measure() -> dict[str, float | bool]:
-        x, w = torch.randn(256, 576), torch.randn(576, 576)
+        generator = torch.Generator().manual_seed(0)  # the caller's random state left alone
+        x = torch.randn(256, 576, generator=generator)
+        w = torch.randn(576, 576, generator=generator)
         times = {"c": [], "torch": []}
         runs = {
             "c": lambda: linear_rows(x, w, None),
