@@ -313,3 +313,20 @@ def test_kernel_decoder_reasons_name_what_the_model_has():
 def _with_a_torch_linear(model):
     model.blocks[0].attn.W_Q = torch.nn.Linear(BASE["d_model"], BASE["d_model"], bias=False)
     return model
+
+
+def test_a_watched_generation_reads_the_pattern_in_the_fused_call(fresh, amx_products):
+    """Generation you can watch (the explorer's) on the module path hands out each step's rows
+    through a hook on every hook_pattern that only reads: the prompt's fused call stays, and the
+    one line said is the module path's."""
+    from attnlab.generate.watch import generate_watched
+
+    model = build(**LLAMA, norm_placement="post")
+    fused = []
+    real = kernels.attend_explicit
+    kernels_attend = lambda *args: fused.append(1) or real(*args)  # noqa: E731
+    with Said() as said, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(kernels, "attend_explicit", kernels_attend)
+        generate_watched(model, torch.tensor([[1, 2, 3, 4, 5, 6]]), 3, lambda step: None)
+    assert len(fused) == BASE["n_layers"]  # the prompt's, a call per layer
+    assert said == [MODULE_PATH + "the model has post-norm blocks, which the C step does not cover"]

@@ -45,6 +45,7 @@ import torch
 
 from .. import slower
 from ..errors import UserError
+from ..lens.hooks import reads
 from . import kernels
 from .fast_layers import fast_linears
 from .kernel_decoder import KernelDecoder
@@ -311,6 +312,7 @@ def _last_query_rows(model):
     layer_of = {f"blocks.{layer}.attn.hook_pattern": layer for layer in range(n_layers)}
     rows: list[torch.Tensor | None] = [None] * n_layers
 
+    @reads  # (a fused attention may then compute past the pattern before calling it)
     def keep(pattern: torch.Tensor, hook) -> None:  # [batch, head, query_pos, key_pos]
         # copied: a view would keep the prompt's whole T × T pattern alive
         rows[layer_of[hook.name]] = pattern[:, :, -1].float().clone()
