@@ -10,6 +10,7 @@ without a compiler, on its stderr.
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -78,15 +79,25 @@ def test_a_line_is_said_once_per_process_whatever_the_filters(fresh):
     assert issubclass(slower.SlowerPath, UserWarning)
 
 
-def test_pythons_display_names_the_callers_line_not_attnlabs(fresh):
-    """Python's own format names the first frame outside attnlab: the user's call."""
+def test_pythons_display_names_the_callers_line_not_attnlabs(monkeypatch):
+    """Python's own format names the frame that called into attnlab: the user's call, past
+    torch.no_grad's wrapper around a decorated function."""
+    from attnlab.generate.watch import generate_watched
+
     kernels_here()
-    model = build(norm_placement="post")
-    with warnings.catch_warnings(record=True) as record:
-        warnings.simplefilter("always")
-        model.generate(torch.tensor([[1, 2, 3]]), 4, temperature=0)  # this line
-    (warning,) = [w for w in record if w.category is slower.SlowerPath]
-    assert warning.filename == __file__, warning.filename
+    model, ids = build(norm_placement="post"), torch.tensor([[1, 2, 3]])
+    calls = [
+        lambda: model.generate(ids, 4, temperature=0),
+        lambda: generate(model, ids, 4, temperature=0),
+        lambda: generate_watched(model, ids, 4, lambda step: None),
+    ]
+    for call in calls:
+        monkeypatch.setattr(slower, "_said", set())
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            call()
+        (warning,) = [w for w in record if w.category is slower.SlowerPath]
+        assert (warning.filename, warning.lineno) == (__file__, call.__code__.co_firstlineno)
 
 
 @pytest.mark.parametrize(
@@ -149,7 +160,9 @@ def test_each_forward_pass_line_is_said_once(fresh, monkeypatch):
 
 @pytest.fixture
 def post_norm_model_dir(tmp_path):
-    model = build(norm_placement="post", d_vocab=12)
+    """A post-norm model with a character tokenizer and a chat template (each message's text)."""
+    template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    model = build(norm_placement="post", d_vocab=12, extra={"chat_template": template})
     model.tokenizer = Tokenizer.train_char("the cat sat")  # 7 characters, ids 0-6
     return attnlab.save(model, tmp_path / "post-norm")
 
@@ -162,6 +175,20 @@ def test_sample_says_the_module_path_in_one_line_once(fresh, post_norm_model_dir
     assert code == 0
     assert err.splitlines() == [
         "attnlab sample: warning: "
+        + MODULE_PATH
+        + "the model has post-norm blocks, which the C step does not cover"
+    ]
+
+
+def test_chat_says_the_module_path_in_one_line_once(fresh, post_norm_model_dir, capsys):
+    kernels_here()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("sys.stdin", io.StringIO("the cat\nthe hat\n"))  # two turns, then the end
+        code = main(["chat", str(post_norm_model_dir), "--max-new-tokens", "8"])
+    err = capsys.readouterr().err
+    assert code == 0
+    assert err.splitlines() == [
+        "attnlab chat: warning: "
         + MODULE_PATH
         + "the model has post-norm blocks, which the C step does not cover"
     ]

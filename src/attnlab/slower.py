@@ -26,6 +26,7 @@ import warnings
 from pathlib import Path
 
 PACKAGE = str(Path(__file__).resolve().parent)
+TORCH_WRAPPER = str(Path("torch", "utils", "_contextlib.py"))  # torch.no_grad's, as a decorator
 
 
 class SlowerPath(UserWarning):
@@ -49,10 +50,13 @@ def say(taken: str, usual: str, why: str) -> None:
 
 def _outside_attnlab() -> int:
     """The stacklevel, for warnings.warn called in `say`, of the caller of the outermost frame in
-    this package (a decorator of torch's may sit between attnlab's frames)."""
-    frame, level, outermost = sys._getframe(2), 2, 2  # from say's caller
+    this package, past the wrappers of torch's decorators (torch.no_grad) around it."""
+    files, frame = [], sys._getframe(2)  # from say's caller outward
     while frame is not None:
-        if frame.f_code.co_filename.startswith(PACKAGE):
-            outermost = level
-        frame, level = frame.f_back, level + 1
-    return min(outermost + 1, level - 1)
+        files.append(frame.f_code.co_filename)
+        frame = frame.f_back
+    inside = [i for i, name in enumerate(files) if name.startswith(PACKAGE)]
+    caller = inside[-1] + 1 if inside else 0
+    while caller < len(files) - 1 and files[caller].endswith(TORCH_WRAPPER):
+        caller += 1
+    return min(caller, len(files) - 1) + 2
