@@ -5,8 +5,8 @@ No graph to build, so no set-up per process, and the whole step is one C call (o
 region, its threads hot from the first product to the last) instead of the ~100 PyTorch operations
 per layer of the module path, whose per-call overhead was most of a step on a small model. A hooked
 model, a post-norm one, another dtype or device, or a machine without a C compiler takes the
-module path, which computes the same equation (`KernelDecoder.unsupported` says why; `attnlab
-sample` prints it).
+module path, which computes the same equation (`KernelDecoder.unsupported` says why, and
+`generate` says it in one line, attnlab.slower).
 
 Gemma 3's parts run here too, from the kernels there are: GeGLU as the gelu_tanh activation then
 a product with W_in's output; sandwich norms as the sublayer's output written to a buffer, normed
