@@ -321,14 +321,14 @@ class KernelDecoder:
     def unsupported(model) -> str | None:
         """Why `model` must take the module path (None: this decoder computes what the modules
         would)."""
-        why = kernels.unavailable()
-        if why is not None:
-            return f"attnlab's C kernels are off ({why})"
-        if model.device.type != "cpu" or model.dtype != torch.float32:
+        if model.device.type != "cpu" or model.dtype != torch.float32:  # (no build asked for)
             return (
                 f"the model is {str(model.dtype).removeprefix('torch.')} on {model.device.type}; "
                 "the kernels run float32 on a CPU"
             )
+        why = kernels.unavailable()
+        if why is not None:
+            return f"attnlab's C kernels are off ({why})"
         if model.config.wiring == "post":
             return "the model has post-norm blocks, which the C step does not cover"
         if model.config.mlp not in kernels.ACTIVATIONS and model.config.mlp not in GATED_MLPS:
