@@ -357,3 +357,15 @@ def test_a_watched_generation_reads_the_pattern_in_the_fused_call(fresh, amx_pro
         generate_watched(model, torch.tensor([[1, 2, 3, 4, 5, 6]]), 3, lambda step: None)
     assert len(fused) == BASE["n_layers"]  # the prompt's, a call per layer
     assert said == [MODULE_PATH + "the model has post-norm blocks, which the C step does not cover"]
+
+
+def test_cc_may_carry_arguments_and_a_cc_that_names_nothing_is_no_compiler(tmp_path, monkeypatch):
+    """CC is split as a shell would (`CC="ccache gcc"`); CC naming no program is no compiler, not
+    a reason to take another one."""
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", f"{kernels._compiler()[0]} -g")
+    assert kernels.no_compiler() is None
+    assert kernels.compile_library(kernels.CPU_SOURCE, (["-O2"],)) is not None
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    assert kernels.no_compiler().startswith(f"no C compiler (CC={tmp_path / 'no-such-compiler'}")
+    assert kernels.compile_library(kernels.CPU_SOURCE, (["-O1"],)) is None
