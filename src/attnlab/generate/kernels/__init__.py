@@ -26,8 +26,8 @@ Design choices:
 - OpenMP links to libgomp.so.1, which torch's wheel has already loaded under that name: the kernels
   share torch's thread pool and its `torch.set_num_threads`. A compiler without OpenMP (Apple's
   clang, clang without libomp) builds them with -fopenmp-simd instead (`openmp_or_not`): the same
-  numbers on one thread (`openmp()` False, said in one line; tests/test_kernels.py checks a clang
-  build so).
+  numbers on one thread (`openmp()` False, said in one line; tests/test_kernels_without_openmp.py
+  checks clang's build so, two threads asked for).
 - No compiler (CC naming none, or no cc, gcc or clang; whatever ATTNLAB_KERNELS forces), a compiler
   that fails, a non-CPU tensor or ATTNLAB_KERNELS=0: `available()` is False and every caller takes
   its PyTorch path, which computes the same equation (tests/test_kernels.py holds them together);
