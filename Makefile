@@ -47,13 +47,14 @@ browser:
 	  || echo "could not install chromium: browser tests will fail"; }
 
 # C and C++ compilers: C for attnlab's kernels, the default generation path (attnlab.kernels:
-# without them tests/test_kernels.py fails, it never skips), C++ for torch.compile's inductor.
+# without them tests/test_kernels.py fails, it never skips), C++ for torch.compile's inductor, and
+# clang without libomp: the kernels built without OpenMP, as Apple's clang builds them (tested).
 compiler:
-	@(command -v cc && command -v c++) >/dev/null || { \
-	  echo "installing Debian's gcc and g++ for attnlab's C kernels and torch.compile"; \
-	  (apt-get install -y -q gcc g++ >/dev/null 2>&1 \
-	   || (apt-get update -q >/dev/null && apt-get install -y -q gcc g++ >/dev/null)) \
-	  || echo "could not install a C compiler: the kernel tests will fail"; }
+	@(command -v cc && command -v c++ && command -v clang) >/dev/null || { \
+	  echo "installing Debian's gcc, g++ and clang for attnlab's C kernels and torch.compile"; \
+	  (apt-get install -y -q gcc g++ clang >/dev/null 2>&1 \
+	   || (apt-get update -q >/dev/null && apt-get install -y -q gcc g++ clang >/dev/null)) \
+	  || echo "could not install the C compilers: the kernel tests will fail"; }
 
 # GOMP_SPINCOUNT=1000 (unless set): OpenMP's waiting threads spin 1,000 times, not 300,000, before they sleep;
 # beside one busy core the demo reached its explorer after 86 s instead of 141, idle after 51 s instead of 43-50

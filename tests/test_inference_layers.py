@@ -12,14 +12,13 @@ largest value, and with a float64 copy of the model.
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import attnlab
+from attnlab import slower
 from attnlab.errors import UserError
 from attnlab.generate import fast_layers, kernels
 from attnlab.generate.fast_layers import (
@@ -303,23 +302,24 @@ def test_a_quantized_model_keeps_its_block_layers_module_path(seed, monkeypatch)
     close(fast, reference, "q8_0 logits")
 
 
-def test_without_vectorised_tiles_torchs_path_runs_and_says_why(
-    seed, monkeypatch, caplog, tmp_path
-):
-    """A portable build (or none at all) keeps torch's products, and says so in one log line."""
+def test_without_vectorised_tiles_torchs_path_runs_and_says_why(seed, monkeypatch, tmp_path):
+    """A portable build keeps torch's products, and says so in one line, once (attnlab.slower)."""
     monkeypatch.setattr(kernels, "rows_vectorized", lambda: (False, False))
     monkeypatch.setattr(kernels, "variant", lambda: "portable")
-    fast_layers._say_once.cache_clear()
+    monkeypatch.setattr(slower, "_said", set())
     tiles = counting(monkeypatch, "linear_rows")
     model = build("llama-gqa")
-    with torch.no_grad(), caplog.at_level(logging.INFO, logger="attnlab.generate.fast_layers"):
-        model(torch.randint(0, BASE["d_vocab"], (2, 64)))
+    with torch.no_grad(), pytest.warns(slower.SlowerPath) as said:
+        for _ in range(2):
+            model(torch.randint(0, BASE["d_vocab"], (2, 64)))
     assert tiles == []
     assert inference_kernels_unusable() == (
         "the portable build of the kernels has no vectorised float32 tiles"
     )
-    assert "forward passes use torch's float32 products: the portable build" in caplog.text
-    fast_layers._say_once.cache_clear()
+    assert [str(w.message) for w in said] == [
+        "forward passes without gradients run torch's modules, not attnlab's C kernels: "
+        "the portable build of the kernels has no vectorised float32 tiles"
+    ]
 
 
 @pytest.mark.parametrize("tiles_win", [True, False])

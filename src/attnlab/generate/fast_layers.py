@@ -16,13 +16,15 @@ Design choices:
   scale and normalized input its hooks read, and SwiGLU's product beside a hooked gate, in C
   (where every hook on the scores and pattern, or on the gate, only reads, `lens.hooks.reads`:
   run_with_cache's own, the attention's three steps in one call a layer, and SwiGLU's product
-  from the call that makes gate and up, bit for bit the separate steps); else, where it
+  from the call that makes gate and up, bit for bit the separate steps; a hook that may edit
+  keeps them apart, and one line says so); else, where it
   measured faster than torch's (MKL's) GEMM on this machine (kernels.float_rows),
   decode.c's tiled float32 GEMM and the attention in C (with the pattern in three steps, the
   hooks between them); elsewhere torch's products and attention, the explicit path's T x T
   steps in place (the fewest tensors, the module path's numbers bit for bit). Block layers
   keep their module path there (their prompt product rounds activations to 8 bits). Where the
-  kernels cannot run, `inference_kernels_unusable()` says why, and a log line says so once.
+  kernels cannot run, `inference_kernels_unusable()` says why, and so does one line, once per
+  process (attnlab.slower).
 - ggml's blocks (`quantize(model, "q4_0" | "q4_1" | "q8_0")`, attnlab.generate.blocks): 32
   weights per block with their own scale, as llama.cpp stores them.
 - Weights in 8 bits (`quantize(model, "int8")`): each output feature's row w is stored as q =
@@ -37,14 +39,13 @@ round(w / s) in
 from __future__ import annotations
 
 import contextlib
-import functools
-import logging
 from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import slower
 from ..errors import UserError
 from ..memory import new_tensor
 from ..model.attention import Attention, causal_mask, expand_kv
@@ -59,7 +60,6 @@ MATVEC_MAX_ROWS = 8
 # the block kinds decode.c's prompt products unpack (kernels.ROWS_KINDS); Q6_K multiplies a prompt
 # through the C dequantizer and F.linear
 PROMPT_KINDS = tuple(k for k, t in BLOCK_TYPES.items() if t.kernel in kernels.ROWS_KINDS)
-logger = logging.getLogger(__name__)
 
 
 # from this many rows, and this many multiply-adds, the tiled float32 GEMM (kernels.linear_rows)
@@ -262,17 +262,20 @@ class KernelMLP(MLP):
                 # MLP.forward's steps, act(gate) · up written over act(gate), which no one holds
                 # yet: its numbers bit for bit, one [rows, d_mlp] tensor fewer (run_with_cache);
                 # gate and up in one AMX call where it runs
-                if (
+                fused = (
                     self.act is F.silu
-                    and self.hook_pre.only_read
                     and self.W_gate.bias is None
                     and self.W_in.bias is None
                     and amx_together(x, self.W_gate, self.W_in)
-                ):  # a gate hook that only reads (run_with_cache's): silu(gate) · up from the
+                )
+                if fused and self.hook_pre.only_read:
+                    # a gate hook that only reads (run_with_cache's): silu(gate) · up from the
                     # tiles' blocks, in the same C call, bit for bit
                     gate, post = kernels.swiglu_amx(x, self.W_gate.weight, self.W_in.weight)
                     self.hook_pre(gate)
                     return self.W_out(self.hook_post(post))
+                if fused:
+                    say_editing_hook("SwiGLU's gate and silu(gate) · up", "an MLP's hook_pre")
                 if amx_together(x, self.W_gate, self.W_in):
                     gate, up = multiply_together(x, self.W_gate, self.W_in)
                     gate = self.hook_pre(gate)
@@ -303,6 +306,18 @@ class KernelMLP(MLP):
         if not (gate.is_contiguous() and up.is_contiguous() and gate.dtype == torch.float32):
             return self.W_out(F.silu(gate) * up)
         return self.W_out(kernels.silu_mul_rows(gate, up))
+
+
+def say_editing_hook(steps: str, points: str) -> None:
+    """One line (attnlab.slower): a hook at `points` that may edit (not marked
+    attnlab.lens.hooks.reads) keeps `steps` apart, where AMX's tiles compute them in one C call
+    under hooks that only read."""
+    slower.say(
+        f"forward passes compute {steps} in separate steps",
+        "in one C call on AMX tiles",
+        f"a hook at {points} may edit them (a hook that only reads says so with "
+        "attnlab.lens.hooks.reads)",
+    )
 
 
 def in_place() -> bool:
@@ -379,17 +394,21 @@ class KernelAttention(Attention):
 
     def attend_explicit(self, q, k, v, *, mask, dropout_p, window):
         if (
-            self.hook_attn_scores.only_read
-            and self.hook_pattern.only_read
-            and v.dtype == torch.float32
+            v.dtype == torch.float32
             and v.shape == k.shape
             and self.prompt(q, k, mask=mask, dropout_p=dropout_p, window=window, amx=True)
             and kernels.usable(v)
-        ):  # hooks that only read (run_with_cache's): the three steps in one C call, bit for bit
-            scores, pattern, z = kernels.attend_explicit(q, k, v, self.config.scale)
-            self.hook_attn_scores(scores)
-            self.hook_pattern(pattern)
-            return z
+        ):
+            if self.hook_attn_scores.only_read and self.hook_pattern.only_read:
+                # hooks that only read (run_with_cache's): the three steps in one C call, bit for
+                # bit
+                scores, pattern, z = kernels.attend_explicit(q, k, v, self.config.scale)
+                self.hook_attn_scores(scores)
+                self.hook_pattern(pattern)
+                return z
+            say_editing_hook(
+                "the attention's scores, pattern and z", "hook_attn_scores or hook_pattern"
+            )
         return super().attend_explicit(q, k, v, mask=mask, dropout_p=dropout_p, window=window)
 
     def score(self, q, k, *, mask, window):
@@ -471,16 +490,12 @@ def inference_kernels_unusable() -> str | None:
     """Why a forward pass without gradients cannot take the C kernels here (None: it can): no
     kernels (no compiler, a build that failed its self-check, ATTNLAB_KERNELS=0), or a build whose
     float32 tiles are not vectorised (AVX2 and portable builds, where torch's GEMM is kept)."""
-    if not kernels.available():
-        return "attnlab's C kernels are not available (no C compiler, or ATTNLAB_KERNELS=0)"
+    why = kernels.unavailable()
+    if why is not None:
+        return f"attnlab's C kernels are off ({why})"
     if not kernels.rows_vectorized()[1]:
         return f"the {kernels.variant()} build of the kernels has no vectorised float32 tiles"
     return None
-
-
-@functools.cache
-def _say_once(why: str) -> None:
-    logger.info("attnlab: forward passes use torch's float32 products: %s", why)
 
 
 def inference_layers(model: nn.Module, resid: torch.Tensor) -> contextlib.AbstractContextManager:
@@ -499,7 +514,12 @@ def inference_layers(model: nn.Module, resid: torch.Tensor) -> contextlib.Abstra
         return contextlib.nullcontext(model)
     why = inference_kernels_unusable()
     if why is not None:
-        _say_once(why)
+        if kernels.available():  # (no kernels at all: their own line said so)
+            slower.say(
+                "forward passes without gradients run torch's modules",
+                "attnlab's C kernels",
+                why,
+            )
         return contextlib.nullcontext(model)
     return fast_linears(model, blocks=False)
 

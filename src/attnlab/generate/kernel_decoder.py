@@ -5,8 +5,8 @@ No graph to build, so no set-up per process, and the whole step is one C call (o
 region, its threads hot from the first product to the last) instead of the ~100 PyTorch operations
 per layer of the module path, whose per-call overhead was most of a step on a small model. A hooked
 model, a post-norm one, another dtype or device, or a machine without a C compiler takes the
-module path, which computes the same equation (`KernelDecoder.unsupported` says why; `attnlab
-sample` prints it).
+module path, which computes the same equation (`KernelDecoder.unsupported` says why, and
+`generate` says it in one line, attnlab.slower).
 
 Gemma 3's parts run here too, from the kernels there are: GeGLU as the gelu_tanh activation then
 a product with W_in's output; sandwich norms as the sublayer's output written to a buffer, normed
@@ -321,24 +321,28 @@ class KernelDecoder:
     def unsupported(model) -> str | None:
         """Why `model` must take the module path (None: this decoder computes what the modules
         would)."""
-        if not kernels.available():
+        if model.device.type != "cpu" or model.dtype != torch.float32:  # (no build asked for)
             return (
-                "attnlab's C kernels are not built on this machine (no C compiler, or "
-                "ATTNLAB_KERNELS=0)"
+                f"the model is {str(model.dtype).removeprefix('torch.')} on {model.device.type}; "
+                "the kernels run float32 on a CPU"
             )
-        if model.device.type != "cpu" or model.dtype != torch.float32:
-            return "the kernels run float32 on a CPU"
+        why = kernels.unavailable()
+        if why is not None:
+            return f"attnlab's C kernels are off ({why})"
         if model.config.wiring == "post":
-            return "post-norm blocks take the module path"
+            return "the model has post-norm blocks, which the C step does not cover"
         if model.config.mlp not in kernels.ACTIVATIONS and model.config.mlp not in GATED_MLPS:
-            return f"the {model.config.mlp} MLP takes the module path"
+            return f"the model's {model.config.mlp} MLP is not among the C step's activations"
         for m in model.modules():  # one walk over every module
             if m._forward_hooks or m._forward_pre_hooks:
-                return "a hook is attached: the module path runs it"
+                return "a hook is attached to the model, and only the modules run hooks"
             if isinstance(m, Linear) and m.weight.dtype != torch.float32:
-                return "Linear weights stored as another dtype take the module path"
+                return (
+                    f"Linear weights are stored as {str(m.weight.dtype).removeprefix('torch.')} "
+                    "(the C step multiplies float32, int8 or ggml blocks)"
+                )
             if not isinstance(m, (Linear, Int8Linear)) and isinstance(m, torch.nn.Linear):
-                return "a Linear the kernels do not know"
+                return f"a Linear the kernels do not know ({type(m).__name__})"
         return None
 
     @staticmethod

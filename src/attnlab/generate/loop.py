@@ -4,8 +4,9 @@
 Design choices (after gpt-fast):
 - `generate` chooses its decode step once, before the first token: the kernel decode program
   (`KernelDecoder`, the default where it applies), the compiled step (`compile=`), or the model's
-  modules, eager. For as long as it runs, the model's Linear layers are the fast ones
-  (`fast_linears`).
+  modules, eager. The modules where the C step does not apply to a model on a CPU are slower:
+  one line says so and why (attnlab.slower), once per reason per process. For as long as it
+  runs, the model's Linear layers are the fast ones (`fast_linears`).
 - `prefill` runs the whole prompt once and fills the cache; `decode_one_token` feeds back a single
   token. A prompt of up to PREFILL_IN_STEPS tokens goes through the kernel decode step instead, a
   token at a time.
@@ -42,7 +43,10 @@ from contextlib import ExitStack, contextmanager
 
 import torch
 
+from .. import slower
 from ..errors import UserError
+from ..lens.hooks import reads
+from . import kernels
 from .fast_layers import fast_linears
 from .kernel_decoder import KernelDecoder
 from .kv_cache import KVCache, buffer_length
@@ -226,13 +230,17 @@ def generate(
         # one new token after a prompt longer than PREFILL_IN_STEPS takes no decode step: then the
         # step program (a walk of every layer, a prepared call per kernel) is never built
         steps = max_new_tokens > 1 or T <= PREFILL_IN_STEPS
-        if steps and not compile and use_kernels and KernelDecoder.unsupported(model) is None:
-            fast = KernelDecoder(
-                model,
-                cache,
-                key_mask if attention_mask is not None else None,
-                keep_weights=on_rows is not None,
-            )
+        if steps and not compile and use_kernels:
+            why = KernelDecoder.unsupported(model)
+            if why is None:
+                fast = KernelDecoder(
+                    model,
+                    cache,
+                    key_mask if attention_mask is not None else None,
+                    keep_weights=on_rows is not None,
+                )
+            else:
+                _say_module_path(model, why)
         step = _decode_step(model, cache, key_mask, attention_mask is not None, compile, fast)
         if on_rows is not None:  # after the step was chosen: a hook would have chosen the modules
             hooked_rows = context.enter_context(_last_query_rows(model))
@@ -283,6 +291,19 @@ def generate(
         return out
 
 
+def _say_module_path(model, why: str) -> None:
+    """One line (attnlab.slower): this generation's decode step is the model's modules, where
+    attnlab's C decode step is the usual one on a CPU; unless the kernels are off, which their own
+    line has said (or ATTNLAB_KERNELS=0 chose), or the model is not on a CPU (then the modules,
+    or compile=, are the usual path)."""
+    if model.device.type == "cpu" and kernels.available():
+        slower.say(
+            "generation runs the model's modules at every new token",
+            "attnlab's C decode step",
+            why,
+        )
+
+
 @contextmanager
 def _last_query_rows(model):
     """While open, a hook on every layer's hook_pattern keeps its last query's rows; yields a
@@ -291,6 +312,7 @@ def _last_query_rows(model):
     layer_of = {f"blocks.{layer}.attn.hook_pattern": layer for layer in range(n_layers)}
     rows: list[torch.Tensor | None] = [None] * n_layers
 
+    @reads  # (a fused attention may then compute past the pattern before calling it)
     def keep(pattern: torch.Tensor, hook) -> None:  # [batch, head, query_pos, key_pos]
         # copied: a view would keep the prompt's whole T × T pattern alive
         rows[layer_of[hook.name]] = pattern[:, :, -1].float().clone()

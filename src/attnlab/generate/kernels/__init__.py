@@ -24,10 +24,15 @@ Design choices:
   llama.cpp's AMX path faults in the virtual machines this was written on (GCC 12's tile
   configuration intrinsic, decode.c's comment); a fault here costs the child only.
 - OpenMP links to libgomp.so.1, which torch's wheel has already loaded under that name: the kernels
-  share torch's thread pool and its `torch.set_num_threads`.
-- No compiler, a compiler that fails, a non-CPU tensor or ATTNLAB_KERNELS=0: `available()` is False
-  and every caller takes its PyTorch path, which computes the same equation (tests/test_kernels.py
-  holds them together).
+  share torch's thread pool and its `torch.set_num_threads`. A compiler without OpenMP (Apple's
+  clang, clang without libomp) builds them with -fopenmp-simd instead (`openmp_or_not`): the same
+  numbers on one thread (`openmp()` False, said in one line; tests/test_kernels_without_openmp.py
+  checks clang's build so, two threads asked for).
+- No compiler (CC naming none, or no cc, gcc or clang; whatever ATTNLAB_KERNELS forces), a compiler
+  that fails, a non-CPU tensor or ATTNLAB_KERNELS=0: `available()` is False and every caller takes
+  its PyTorch path, which computes the same equation (tests/test_kernels.py holds them together);
+  `unavailable()` says why, and but for ATTNLAB_KERNELS=0 so does one line (attnlab.slower), once
+  per process, as it does for a better build passed over.
 - Only the forward computation, for inference: the functions here take no gradients (callers check).
 - The weights a decode step streams are moved once into 2 MB pages (`place_in_huge_pages`, Linux's
   transparent huge pages, asked for with madvise), in the order the step reads them: fewer TLB
@@ -50,6 +55,7 @@ import hashlib
 import mmap
 import os
 import platform
+import shlex
 import shutil
 import signal
 import subprocess
@@ -63,7 +69,7 @@ from pathlib import Path
 
 import torch
 
-from ... import machine
+from ... import machine, slower
 from ...env import cache_root
 from ...errors import UserError
 from ...memory import HUGE_PAGE, fresh, new_tensor
@@ -157,6 +163,7 @@ GENERATE_GREEDY = (
 # block rows -> the 16-row decode layout (blocks, out, d_out, d_in, block type); is it fast here
 REPACK16 = ("attnlab_repack16", [_ptr, _ptr, _i64, _i64, _int])
 REPACK16_FAST = ("attnlab_repack16_fast", [_int])
+OPENMP = ("attnlab_openmp", [])  # _OPENMP's value in this build, 0 without OpenMP
 # bytes of scratch attnlab_linear_q needs per thread, for rows and d_in
 SCRATCH = ("attnlab_linear_q_scratch", [_i64, _i64])
 # blocks -> float32 (blocks, out, rows, d_in, block type, threads)
@@ -296,9 +303,28 @@ def _cpu_id() -> str:
         return platform.processor() + platform.machine()
 
 
-def _compiler() -> str | None:
+def _compiler() -> list[str] | None:
+    """The C compiler's command: $CC's (split as a shell would: `CC="ccache gcc"`) where its
+    program exists, else cc, gcc or clang on PATH; None when there is none (CC naming a program
+    that does not exist is none: it is not replaced by another)."""
+    named = os.environ.get("CC", "").strip()
+    if named:
+        command = shlex.split(named)
+        found = shutil.which(command[0])
+        return None if found is None else [found, *command[1:]]
+    found = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    return None if found is None else [found]
+
+
+def no_compiler() -> str | None:
+    """Why there is no C compiler to build the kernels with (None: there is one), and the fix."""
+    if _compiler() is not None:
+        return None
+    named = os.environ.get("CC", "").strip()
+    where = f"CC={named} names no program here" if named else "no cc, gcc or clang on PATH"
     return (
-        os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+        f"no C compiler ({where}); install one (apt-get install gcc, or xcode-select --install "
+        "on macOS)"
     )
 
 
@@ -317,7 +343,9 @@ def compile_library(
     text = source.read_bytes()
     for flags in flag_sets:
         key = hashlib.sha256(
-            b"\0".join([text, " ".join(flags).encode(), compiler.encode(), _cpu_id().encode()])
+            b"\0".join(
+                [text, " ".join(flags).encode(), " ".join(compiler).encode(), _cpu_id().encode()]
+            )
         )
         target = cache_dir() / f"{source.stem}-{key.hexdigest()[:16]}.so"
         if target.is_file():
@@ -327,7 +355,7 @@ def compile_library(
         os.close(fd)
         try:
             result = subprocess.run(
-                [compiler, *flags, "-shared", "-fPIC", str(source), "-o", tmp, "-lm"],
+                [*compiler, *flags, "-shared", "-fPIC", str(source), "-o", tmp, "-lm"],
                 capture_output=True,
                 text=True,
                 timeout=300,
@@ -336,7 +364,8 @@ def compile_library(
                 os.replace(tmp, target)
                 return target
             if verbose:
-                print(f"attnlab kernels: {compiler} {' '.join(flags)} failed:\n{result.stderr}")
+                command = " ".join([*compiler, *flags])
+                print(f"attnlab kernels: {command} failed:\n{result.stderr}")
         except (OSError, subprocess.SubprocessError):
             pass
         finally:
@@ -480,51 +509,100 @@ def self_check(path: Path, script: str = SELF_CHECK, suffix: str = ".checked") -
 def choose_variant(verbose: bool = False) -> tuple[str, Path] | None:
     """(name, library) of the decode.c build this process runs: ATTNLAB_KERNELS's when it names
     one, else the best of `variants_here()` that compiles and passes its self-check; None when
-    none does (or ATTNLAB_KERNELS=0). A forced build this machine does not allow is a UserError."""
+    none does, without a C compiler (whatever ATTNLAB_KERNELS names: there is nothing to build),
+    or with ATTNLAB_KERNELS=0. A forced build this machine does not allow is a UserError."""
+    return _choose(verbose)[0]
+
+
+def _choose(verbose: bool = False) -> tuple[tuple[str, Path] | None, list[str], str | None]:
+    """`choose_variant`'s choice, why each better build was passed over ("the avx512 build: it
+    does not compile"), and why there is none (None: there is one)."""
     wanted = os.environ.get("ATTNLAB_KERNELS", "1").strip().lower()
     if wanted == "0":
-        return None
+        return None, [], "ATTNLAB_KERNELS=0"
+    forced = wanted not in ("1", "")
+    names = ("avx512", "avx2", "portable") if _is_x86() else ("native", "portable")
+    if forced and wanted not in names:
+        raise UserError(
+            f"ATTNLAB_KERNELS={wanted}: not a build of attnlab's kernels on this machine; "
+            f"use one of {', '.join(names)}, 1 (the best allowed) or 0 (none)"
+        )
+    missing = no_compiler()  # before the CPU is read: cpu.c needs the compiler too
+    if missing is not None:
+        return None, [], missing
     here = variants_here()
-    if wanted not in ("1", ""):
-        names = ("avx512", "avx2", "portable") if _is_x86() else ("native", "portable")
-        if wanted not in names:
-            raise UserError(
-                f"ATTNLAB_KERNELS={wanted}: not a build of attnlab's kernels on this machine; "
-                f"use one of {', '.join(names)}, 1 (the best allowed) or 0 (none)"
-            )
+    if forced:
         if wanted not in here:
             raise UserError(
                 f"ATTNLAB_KERNELS={wanted}: this CPU or its operating system does not allow "
                 f"{wanted} instructions; use one of {', '.join(here)}"
             )
         here = [wanted]
+    passed_over = []
     for name in here:
-        flags = VARIANTS[name][0]
-        path = compile_library(SOURCE, (flags, [f for f in flags if f != "-fopenmp"]), verbose)
+        path = compile_library(SOURCE, openmp_or_not(VARIANTS[name][0]), verbose)
         why = "it does not compile" if path is None else self_check(path)
         if why is None:
-            return name, path
-        if wanted == name:
+            return (name, path), passed_over, None
+        if forced:
             raise UserError(f"ATTNLAB_KERNELS={wanted}: the {name} build cannot run here: {why}")
         if verbose:
             print(f"attnlab kernels: the {name} build is not used: {why}")
-    return None
+        passed_over.append(f"the {name} build: {why}")
+    compiler = " ".join(_compiler() or [])
+    return (
+        None,
+        passed_over,
+        f"no build of them runs here ({'; '.join(passed_over)}; compiler {compiler}; "
+        "kernels.build(verbose=True) prints its errors)",
+    )
+
+
+def openmp_or_not(flags: list[str]) -> tuple[list[str], ...]:
+    """`flags`, then the same without OpenMP's runtime for a compiler that has none (Apple's clang,
+    clang without libomp): -fopenmp-simd keeps the `omp simd` loops vectorised and ignores the
+    rest, so each kernel runs on the calling thread (decode.c, attnlab_openmp); then neither, for a
+    compiler that knows neither flag."""
+    if "-fopenmp" not in flags:
+        return (flags,)
+    without = [f for f in flags if f != "-fopenmp"]
+    return flags, [*without, "-fopenmp-simd"], without
 
 
 def build(verbose: bool = False, flag_sets: tuple[list[str], ...] | None = None) -> Path | None:
     """The cached shared library this machine runs (`choose_variant`), built first if needed; or,
-    given `flag_sets`, decode.c compiled with the first of them that compiles (tests build the
-    other variants so). None when there is none."""
+    given `flag_sets`, decode.c compiled with the first of them that compiles, each without
+    OpenMP's runtime after it where the compiler has none (`openmp_or_not`; tests build the other
+    variants so). None when there is none."""
     if flag_sets is not None:
-        return compile_library(SOURCE, flag_sets, verbose)
+        every = tuple(each for flags in flag_sets for each in openmp_or_not(flags))
+        return compile_library(SOURCE, every, verbose)
     chosen = choose_variant(verbose)
     return None if chosen is None else chosen[1]
 
 
 @cache
+def decision() -> tuple[tuple[str, Path] | None, list[str], str | None]:
+    """This process's `_choose()`, decided once; a slower choice than this CPU allows is said in
+    one line (attnlab.slower): no kernels at all (but for ATTNLAB_KERNELS=0, the user's own
+    choice), or a better build passed over."""
+    chosen, passed_over, why_none = _choose()
+    if chosen is None and why_none != "ATTNLAB_KERNELS=0":
+        slower.say(
+            "generation and forward passes run on torch's paths", "attnlab's C kernels", why_none
+        )
+    elif chosen is not None and passed_over:
+        slower.say(
+            f"attnlab's C kernels run their {chosen[0]} build",
+            "a better one this CPU allows",
+            "; ".join(passed_over),
+        )
+    return chosen, passed_over, why_none
+
+
 def chosen_variant() -> tuple[str, Path] | None:
-    """This process's `choose_variant()`, decided once."""
-    return choose_variant()
+    """This process's `choose_variant()`, decided once (`decision`)."""
+    return decision()[0]
 
 
 def use_variant(name: str | None) -> None:
@@ -535,7 +613,7 @@ def use_variant(name: str | None) -> None:
         os.environ.pop("ATTNLAB_KERNELS", None)
     else:
         os.environ["ATTNLAB_KERNELS"] = name
-    chosen_variant.cache_clear()
+    decision.cache_clear()
     library.cache_clear()
 
 
@@ -548,12 +626,38 @@ def variant() -> str | None:
 @cache
 def library() -> ctypes.CDLL | None:
     """The loaded kernels, or None (no compiler, build failed, or ATTNLAB_KERNELS=0): callers fall
-    back to PyTorch."""
+    back to PyTorch. A build without OpenMP (`openmp`) is said in one line: its kernels run on
+    one thread."""
     chosen = chosen_variant()
     try:
-        return None if chosen is None else load(chosen[1])
+        lib = None if chosen is None else load(chosen[1])
     except OSError:
         return None
+    if lib is not None and not lib.attnlab_openmp():
+        slower.say(
+            "attnlab's C kernels run on one thread",
+            "on torch's threads",
+            f"{' '.join(_compiler() or ['the compiler'])} built them without OpenMP (-fopenmp "
+            "failed); gcc, or clang with libomp (apt-get install libomp-dev), builds them with it",
+        )
+    return lib
+
+
+def unavailable() -> str | None:
+    """Why this process runs no C kernels (None: it runs them): ATTNLAB_KERNELS=0, no C
+    compiler, no build that compiles and passes its self-check, or one that does not load."""
+    if library() is not None:
+        return None
+    chosen, _, why_none = decision()
+    return why_none or f"the {chosen[0]} build of attnlab's kernels does not load"
+
+
+def openmp() -> bool | None:
+    """Whether the kernels this process runs were built with OpenMP, so that they run on
+    torch.get_num_threads() threads (False: on one thread, decode.c's attnlab_openmp); None without
+    kernels."""
+    lib = library()
+    return None if lib is None else bool(lib.attnlab_openmp())
 
 
 def load(path: Path) -> ctypes.CDLL:
@@ -588,6 +692,7 @@ def load(path: Path) -> ctypes.CDLL:
         (GENERATE_GREEDY, _i64),
         (REPACK16, None),
         (REPACK16_FAST, _int),
+        (OPENMP, _int),
     ):
         getattr(lib, name).argtypes = argtypes
         getattr(lib, name).restype = restype

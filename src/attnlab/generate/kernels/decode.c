@@ -2830,15 +2830,17 @@ static void attend(const float *q, const float *k_new, const float *v_new, float
       for (s = 0; s < n; s++) p[s] = mask[s] ? p[s] : -INFINITY;
 #pragma omp simd reduction(max : top)
     for (s = 0; s < n; s++) top = p[s] > top ? p[s] : top;
-    if (top == -INFINITY) { /* no visible key */
-      for (int64_t i = 0; i < d_head; i++) o[i] = 0.0f;
-      continue;
-    }
     float total = 0;
 #pragma omp simd reduction(+ : total)
     for (s = 0; s < n; s++) {
       p[s] = p[s] == -INFINITY ? 0.0f : exp_(p[s] - top);
       total += p[s];
+    }
+    /* no visible key: every weight 0. Not `top == -INFINITY`: a max reduction's private copies start at the type's
+     * least value, -inf for GCC but -FLT_MAX for clang, so with every key masked clang's top is -FLT_MAX. */
+    if (total == 0) {
+      for (int64_t i = 0; i < d_head; i++) o[i] = 0.0f;
+      continue;
     }
     weighted_sum(p, vb, n, d_head, 1.0f / total, o);
   }
@@ -3007,9 +3009,18 @@ void attnlab_silu_mul_rows(float *gate, const float *up, int64_t n, int threads)
 }
 
 /* (no fused multiply-add here: the two products rounded, then added, as apply_rope's x cos + rotate_half(x) sin,
- * so that the prompt's rotation is PyTorch's bit for bit) */
-__attribute__((optimize("fp-contract=off"))) void attnlab_rope_rows(const float *x, float *out, const float *cos_, const float *sin_, int64_t rows, int64_t heads,
-                       int64_t d_head, int64_t rotary_dim, int threads) {
+ * so that the prompt's rotation is PyTorch's bit for bit; GCC is told by an attribute, clang, which ignores that
+ * attribute and contracts within an expression by default, by a pragma) */
+#ifdef __clang__
+#define NO_CONTRACTION
+#else
+#define NO_CONTRACTION __attribute__((optimize("fp-contract=off")))
+#endif
+NO_CONTRACTION void attnlab_rope_rows(const float *x, float *out, const float *cos_, const float *sin_, int64_t rows,
+                                      int64_t heads, int64_t d_head, int64_t rotary_dim, int threads) {
+#ifdef __clang__
+#pragma clang fp contract(off)
+#endif
   int64_t half = rotary_dim / 2;
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows * heads * d_head > 16384)
   for (int64_t r = 0; r < rows; r++)
@@ -3295,3 +3306,14 @@ uint64_t attnlab_read_pass(const uint8_t *buf, int64_t bytes, int threads, int64
 
 /* The distance attnlab_read_pass's prefetching pass asks ahead: the decode products' */
 int64_t attnlab_prefetch_ahead(void) { return PREFETCH_AHEAD; }
+
+/* Whether this build runs its parallel regions on several threads: _OPENMP's date (OpenMP's version) when it was
+ * compiled with OpenMP, 0 without (Apple's clang; clang without libomp): then every pragma above but `omp simd` is
+ * ignored, each kernel runs on the calling thread, and the thread index every share is computed from is 0 of 1. */
+int attnlab_openmp(void) {
+#ifdef _OPENMP
+  return _OPENMP;
+#else
+  return 0;
+#endif
+}
