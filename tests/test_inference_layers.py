@@ -18,6 +18,7 @@ torch's path (the module path itself) and say why (`inference_kernels_unusable`)
 from __future__ import annotations
 
 import logging
+import types
 
 import pytest
 import torch
@@ -364,20 +365,26 @@ def test_float_prompts_take_whichever_measured_faster_here(seed, monkeypatch, ti
 @pytest.mark.any_build
 def test_the_one_off_timing_compares_the_tiles_with_torchs_gemm(monkeypatch):
     """_tiles_beat_torch times both on the same product and picks the faster: made slow on
-    purpose, each side loses."""
-    import time as clock
+    purpose, each side loses. The clock it reads moves only in the side made slow (a second a
+    call), so that the verdict does not depend on how fast this build's tiles or this machine are
+    (a portable build's plain loops took longer than a real sleep made torch's product)."""
+    clock = [0.0]
+    monkeypatch.setattr(kernels, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
 
-    real = kernels.linear_rows
-    for slow, expected in (("c", False), ("torch", True)):
+    def slow(product):
+        def call(*args):
+            clock[0] += 1.0
+            return product(*args)
+
+        return call
+
+    rows, linear = kernels.linear_rows, torch.nn.functional.linear
+    for slowed, expected in (("c", False), ("torch", True)):
         kernels._tiles_beat_torch.cache_clear()
-        if slow == "c":
-            monkeypatch.setattr(kernels, "linear_rows", lambda *a: clock.sleep(0.02) or real(*a))
-        else:
-            monkeypatch.setattr(kernels, "linear_rows", real)
-            linear = torch.nn.functional.linear
-            monkeypatch.setattr(
-                torch.nn.functional, "linear", lambda *a: clock.sleep(0.02) or linear(*a)
-            )
+        monkeypatch.setattr(kernels, "linear_rows", slow(rows) if slowed == "c" else rows)
+        monkeypatch.setattr(
+            torch.nn.functional, "linear", slow(linear) if slowed == "torch" else linear
+        )
         assert kernels._tiles_beat_torch("test", 1) is expected
     kernels._tiles_beat_torch.cache_clear()
 
