@@ -794,6 +794,7 @@ def test_without_a_compiler_generation_falls_back_to_pytorch(tmp_path):
         "print(m.generate(torch.tensor([[1, 2]]), 3, temperature=0).shape)"
     )
     env = {**os.environ, "CC": str(tmp_path / "no-such-compiler"), "ATTNLAB_CACHE": str(tmp_path)}
+    env.pop("ATTNLAB_KERNELS", None)  # the default choice (the tests may force a build)
     result = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     )
@@ -936,6 +937,39 @@ def machine_dependent_options(flags: list[str]) -> set[str]:
     for option in ("-target-cpu", "-tune-cpu", "--param"):
         chosen |= {f"{a} {b}" for a, b in zip(words, words[1:]) if a == option}
     return chosen
+
+
+def test_a_build_for_a_compiler_without_openmp_computes_the_same_numbers(
+    kernel_build, seed, tmp_path, monkeypatch
+):
+    """A compiler without OpenMP's threads (Apple's clang) compiles this build with -fopenmp-simd
+    in -fopenmp's place (kernels.flag_sets): one thread, and the same numbers bit for bit, decode
+    steps and a prompt's kernels alike (gcc without it summed a float32 product's and RMSNorm's
+    terms in another order)."""
+    threaded, alone = kernels.flag_sets(kernel_build)[:2]
+    # (this process runs the threaded flags' build)
+    assert kernels.chosen_variant()[1] == kernels.compile_library(kernels.SOURCE, (threaded,))
+    assert "-fopenmp" not in alone
+    model = build(CONFIGS["gemma3"])  # sandwich norms, GeGLU, a window, QK-norm
+    ids = torch.randint(0, BASE["d_vocab"], (2, 8))
+    q, k, v = torch.randn(1, 4, 40, 32), torch.randn(1, 2, 40, 32), torch.randn(1, 2, 40, 32)
+    x, w = torch.randn(40, 600), torch.randn(70, 600)
+
+    def numbers():
+        cache = KVCache.for_model(model, 2, 12)
+        model(ids[:, :4], kv_cache=cache, start_pos=0)
+        step = KernelDecoder(model, cache)
+        logits = [step(ids[:, t : t + 1], t, torch.full((2, 1), t)).clone() for t in range(4, 8)]
+        prompt = [kernels.attend_rows(q, k, v, 0.2), kernels.linear_rows(x, w, None)]
+        norm = kernels.rms_norm_rows(x, w[0], 1e-5)
+        return [*logits, *prompt, norm, kernels.linear(x[:3], w)]
+
+    threads = numbers()
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
+    without = kernels.load(kernels.compile_library(kernels.SOURCE, (alone,)))
+    monkeypatch.setattr(kernels, "library", lambda: without)
+    for a, b in zip(numbers(), threads, strict=True):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.any_build

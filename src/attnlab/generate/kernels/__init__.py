@@ -479,6 +479,19 @@ def self_check(path: Path, script: str = SELF_CHECK, suffix: str = ".checked") -
     return why
 
 
+def flag_sets(name: str) -> tuple[list[str], ...]:
+    """The flags build `name` (VARIANTS) is compiled with, in the order tried: its own; for a
+    compiler without OpenMP's threads, -fopenmp-simd in -fopenmp's place, which keeps decode.c's
+    `omp simd` reductions and so the same order of summation, the same numbers (without it gcc
+    summed a float32 product's and RMSNorm's terms in another order); and, last, neither."""
+    flags = VARIANTS[name][0]
+    return (
+        flags,
+        [f if f != "-fopenmp" else "-fopenmp-simd" for f in flags],
+        [f for f in flags if f != "-fopenmp"],
+    )
+
+
 def choose_variant(verbose: bool = False) -> tuple[str, Path] | None:
     """(name, library) of the decode.c build this process runs: ATTNLAB_KERNELS's when it names
     one, else the best of `variants_here()` that compiles and passes its self-check; None when
@@ -501,8 +514,7 @@ def choose_variant(verbose: bool = False) -> tuple[str, Path] | None:
             )
         here = [wanted]
     for name in here:
-        flags = VARIANTS[name][0]
-        path = compile_library(SOURCE, (flags, [f for f in flags if f != "-fopenmp"]), verbose)
+        path = compile_library(SOURCE, flag_sets(name), verbose)
         why = "it does not compile" if path is None else self_check(path)
         if why is None:
             return name, path
