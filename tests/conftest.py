@@ -13,6 +13,8 @@ Design choices:
   hub_server.py).
 - tests/ is put on sys.path so test modules can `import reference` (the NumPy oracle) however
   pytest was started.
+- The C kernels' tests run once per build this CPU can execute: kernel_builds.py (its fixture
+  `kernel_build` and its hooks are registered here).
 - ATTNLAB_FLOAT_ROWS=c: float32 prompts and forward passes take the C kernels wherever the build
   has vectorised tiles, whichever side the one-off timing (kernels.float_rows) would pick on the
   machine the tests run on, and not AMX's tiles (kernels.float_products), so that the same tests
@@ -35,6 +37,8 @@ from hypothesis import HealthCheck, settings
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["ATTNLAB_FLOAT_ROWS"] = "c"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from kernel_builds import kernel_build, pytest_configure, pytest_generate_tests  # noqa: E402, F401
 
 settings.register_profile(
     "attnlab",

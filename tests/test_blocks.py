@@ -6,8 +6,9 @@ attnlab_linear_q), each against its reference.
 - The C products round each row of x to 8 bits per block of 32 (scale dx = max|x| / 127), so every
   |x - x̂| <= dx / 2 and a product moves by at most B = sum over blocks of dx / 2 · sum |w| from the
   float product on the dequantized weights (the reference: dequantize, then matmul, in float64).
-  Each kernel build (this CPU's, AVX2 only, portable) is held to B plus float32 summation slack,
-  and to 2e-5 relative of an emulation of the same integer arithmetic in float64.
+  Each kernel build this CPU can execute (the tests run once per build: tests/kernel_builds.py),
+  and the AVX-512 forms without VNNI, is held to B plus float32 summation slack, and to 2e-5
+  relative of an emulation of the same integer arithmetic in float64.
 - Whole models: the module path of a block model equals the float model on the same values
   exactly; the kernel decode step equals the module path with each product's input rounded as the
   kernel rounds it (step by step, on the kernel's own cache) and stays within a few per cent of
@@ -51,6 +52,9 @@ from attnlab.generate.kv_cache import KVCache
 from attnlab.generate.loop import generate
 from attnlab.model.config import ModelConfig
 
+# every test here runs once per build this CPU can execute (kernel_builds.py), but any_build's
+pytestmark = pytest.mark.usefixtures("kernel_build")
+
 KINDS = list(QUANTIZABLE)  # the kinds attnlab makes from float weights
 MORE = [kind for kind in BLOCK_TYPES if kind not in QUANTIZABLE]  # read from files only
 GGML = {kind: Q[t.name] for kind, t in BLOCK_TYPES.items()}
@@ -80,6 +84,7 @@ def built_kernels():
 # The reference dequantizer and quantizer against gguf-py ---------------------------------------
 
 
+@pytest.mark.any_build
 @pytest.mark.parametrize("kind", KINDS + MORE)
 def test_dequantize_equals_gguf_py_on_random_blocks(kind, rng):
     blocks = random_blocks(GGML[kind], 7 * 5, rng).reshape(7, -1)  # 7 rows of 5 blocks
@@ -89,6 +94,7 @@ def test_dequantize_equals_gguf_py_on_random_blocks(kind, rng):
     assert torch.equal(ours, torch.from_numpy(np.ascontiguousarray(expected)))
 
 
+@pytest.mark.any_build
 def test_dequantize_equals_gguf_py_on_smollm2s_own_tensors():
     from attnlab.formats.gguf import read_gguf
 
@@ -104,6 +110,7 @@ def test_dequantize_equals_gguf_py_on_smollm2s_own_tensors():
 floats = st.floats(-1e4, 1e4, width=32, allow_nan=False, allow_subnormal=True)
 
 
+@pytest.mark.any_build
 @pytest.mark.parametrize("kind", KINDS)
 @given(
     values=st.lists(floats, min_size=32, max_size=32 * 6).map(lambda v: v[: len(v) // 32 * 32]),
@@ -126,6 +133,7 @@ def test_quantize_blocks_is_bit_equal_to_gguf_py(kind, values, special):
     assert torch.equal(ours, torch.from_numpy(np.ascontiguousarray(expected)))
 
 
+@pytest.mark.any_build
 def test_quantize_blocks_refuses_rows_that_are_not_whole_blocks():
     with pytest.raises(UserError, match="do not divide into Q4_0 blocks of 32"):
         quantize_blocks(torch.randn(3, 40), "q4_0")
@@ -137,6 +145,7 @@ def test_quantize_blocks_refuses_rows_that_are_not_whole_blocks():
         BlockLinear(640, 4, "q4_k")
 
 
+@pytest.mark.any_build
 @pytest.mark.parametrize("kind", KINDS)
 def test_block_linear_is_dequantize_then_f_linear(kind, seed):
     w, b, x = torch.randn(10, 64), torch.randn(10), torch.randn(3, 5, 64)
@@ -263,28 +272,9 @@ def test_a_nan_in_the_activation_makes_nan_as_the_float_product_does():
     assert torch.isnan(kernels.block_linear(x, layer.blocks, BLOCK_TYPES["q4_0"].kernel)).all()
 
 
-@pytest.fixture(scope="module", params=["portable", "avx2", "avx512", "avx512-without-vnni"])
-def other_build(request, tmp_path_factory):
-    """decode.c as each of its builds (kernels.VARIANTS: portable C, AVX2 as on a Zen 3, AVX-512
-    with VNNI), and AVX-512 without its VNNI instructions (maddubs in their place); in a temporary
-    cache. The AVX-512 ones only where this CPU and its OS allow AVX-512."""
-    name = request.param.removesuffix("-without-vnni")
-    if name not in kernels.variants_here():
-        pytest.skip(f"this CPU or its operating system does not allow {name}")
-    flags = kernels.VARIANTS[name][0]
-    if request.param.endswith("-without-vnni"):
-        flags = flags + ["-mno-avx512vnni", "-mno-avxvnni"]
-    with mock.patch.dict(os.environ, {"ATTNLAB_CACHE": str(tmp_path_factory.mktemp("kernels"))}):
-        path = kernels.build(flag_sets=(flags,))
-    assert path is not None
-    return kernels.load(path)
-
-
-@pytest.mark.parametrize("kind", KINDS + MORE)
-def test_every_build_of_the_block_products_stays_within_the_bound(
-    kind, other_build, seed, monkeypatch
-):
-    monkeypatch.setattr(kernels, "library", lambda: other_build)
+def block_products_in_this_build(kind: str, seed: int) -> None:
+    """kernels.block_linear of `kernels.library()` within the bound, on rows of 1, 2, 3, 9 and 18
+    blocks (odd and even: the AVX-512 products take two at a time), with biases."""
     k = BLOCK_TYPES[kind].weights // 32
     # blocks per row 1, 2, 3, 9 and 18: odd and even (the AVX-512 products take two at a time)
     shapes = ((1, 32 * k, 5), (2, 64 * k, 9), (3, 96 * k, 67), (9, 288 * k, 130), (1, 576 * k, 7))
@@ -293,6 +283,11 @@ def test_every_build_of_the_block_products_stays_within_the_bound(
         layer = block_layer(kind, d_out, d_in, seed + d_out, bias=True)
         got = kernels.block_linear(x, layer.blocks, BLOCK_TYPES[kind].kernel, layer.bias)
         check_product(x, layer.blocks, kind, layer.bias, got, layer.weight)
+
+
+@pytest.mark.parametrize("kind", KINDS + MORE)
+def test_block_products_of_odd_and_even_block_counts_stay_within_the_bound(kind, seed):
+    block_products_in_this_build(kind, seed)
 
 
 REPACKABLE = [k for k in BLOCK_TYPES if BLOCK_TYPES[k].kernel in kernels.REPACKABLE]
@@ -329,14 +324,10 @@ def test_repack16_lays_out_sixteen_rows_as_the_decode_products_read_them(kind, s
     assert packed.shape == layer.blocks.shape and not torch.equal(packed, layer.blocks)
 
 
-@pytest.mark.parametrize("kind", REPACKABLE)
-def test_every_build_of_the_repacked_products_stays_within_the_bound(
-    kind, other_build, seed, monkeypatch
-):
-    """The 16-row layout's products (AVX-512 VNNI: 16 rows a vector; the other builds a lane at a
-    time) within the bound of the float product, and with the products on the file's layout up to
-    float32 sums in another order; a NaN in x makes NaN, as there."""
-    monkeypatch.setattr(kernels, "library", lambda: other_build)
+def repacked_products_in_this_build(kind: str, seed: int) -> None:
+    """The 16-row layout's products of `kernels.library()` (AVX-512 VNNI: 16 rows a vector; the
+    other builds a lane at a time) within the bound of the float product, and with the products
+    on the file's layout up to float32 sums in another order; a NaN in x makes NaN, as there."""
     kind_c, k = BLOCK_TYPES[kind].kernel, BLOCK_TYPES[kind].weights // 32
     # blocks per row 1, 2, 3, 9, 48 (Q4_K: super-blocks)
     for rows, d_in, d_out in ((1, 32, 16), (2, 64, 48), (3, 96, 64), (9, 288, 128), (1, 1536, 32)):
@@ -358,6 +349,11 @@ def test_every_build_of_the_repacked_products_stays_within_the_bound(
     out = torch.zeros(3, d_out)
     kernels.block_linear_call(x, packed, kind_c, None, out, False, True)()
     assert torch.isnan(out[0]).all() and not torch.isnan(out[1:]).any()
+
+
+@pytest.mark.parametrize("kind", REPACKABLE)
+def test_repacked_products_stay_within_the_bound(kind, seed):
+    repacked_products_in_this_build(kind, seed)
 
 
 @pytest.mark.parametrize("kind", REPACKABLE)
@@ -408,15 +404,11 @@ def every_half_as_a_scale(kind: str) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("kind", KINDS + MORE)
-def test_the_c_dequantizer_equals_the_reference_bit_for_bit_in_every_build(
-    kind, other_build, monkeypatch
-):
-    for library in (kernels.library(), other_build):
-        monkeypatch.setattr(kernels, "library", lambda: library)
-        blocks = every_half_as_a_scale(kind)
-        d_in = blocks.shape[1] // BLOCK_TYPES[kind].nbytes * BLOCK_TYPES[kind].weights
-        ours = kernels.dequantize(blocks, BLOCK_TYPES[kind].kernel, d_in)
-        torch.testing.assert_close(ours, dequantize(blocks, kind), rtol=0, atol=0, equal_nan=True)
+def test_the_c_dequantizer_equals_the_reference_bit_for_bit(kind):
+    blocks = every_half_as_a_scale(kind)
+    d_in = blocks.shape[1] // BLOCK_TYPES[kind].nbytes * BLOCK_TYPES[kind].weights
+    ours = kernels.dequantize(blocks, BLOCK_TYPES[kind].kernel, d_in)
+    torch.testing.assert_close(ours, dequantize(blocks, kind), rtol=0, atol=0, equal_nan=True)
 
 
 # A prompt's products: many rows at once, tiled (decode.c, attnlab_linear_q_rows / _f_rows) -------
@@ -438,6 +430,7 @@ def check_float_product(x, w, bias, out):
 PROMPT = KINDS + ["q5_0", "q4_k", "q5_k"]
 
 
+@pytest.mark.any_build
 def test_the_prompt_kinds_are_the_tested_ones():
     assert sorted(PROMPT_KINDS) == sorted(PROMPT)
 
@@ -473,14 +466,6 @@ def test_prompt_products_stay_with_their_references(kind):
     prompt_products_in_this_build(kind)
 
 
-@pytest.mark.parametrize("kind", PROMPT)
-def test_every_build_of_the_prompt_products_stays_with_their_references(
-    kind, other_build, monkeypatch
-):
-    monkeypatch.setattr(kernels, "library", lambda: other_build)
-    prompt_products_in_this_build(kind)
-
-
 def products_sharing_one_rounding_in_this_build() -> None:
     """block_linear_rows_many of `kernels.library()` equals block_linear_rows on each matrix, bit
     for bit: matrices of different kinds and widths (a tile of 32 features never spans two),
@@ -510,14 +495,6 @@ def products_sharing_one_rounding_in_this_build() -> None:
 @pytest.mark.parametrize("threads", [1, 2])
 def test_products_sharing_one_rounding_equal_each_alone(threads, monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
-    products_sharing_one_rounding_in_this_build()
-
-
-def test_every_build_of_the_products_sharing_one_rounding_equals_each_alone(
-    other_build, monkeypatch
-):
-    monkeypatch.setattr(kernels, "library", lambda: other_build)
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     products_sharing_one_rounding_in_this_build()
 
 
@@ -565,14 +542,10 @@ def largest_products_blocks(kind: str, d_out: int, d_in: int) -> torch.Tensor:
     return blocks.reshape(d_out, -1)
 
 
-@pytest.mark.parametrize("kind", PROMPT)
-def test_every_build_of_the_block_products_holds_the_largest_integer_sums(
-    kind, other_build, monkeypatch
-):
+def largest_integer_sums_in_this_build(kind: str) -> None:
     """x at ±127 in whole blocks (every value of a block the same) times the largest weights: the
     prompt's tiles (AVX2: 16-bit pair sums, Q4's summed in 16 bits per block) and the decode step's
-    products equal the exact integer arithmetic, no sum saturated."""
-    monkeypatch.setattr(kernels, "library", lambda: other_build)
+    products of `kernels.library()` equal the exact integer arithmetic, no sum saturated."""
     d_in, d_out = (96, 35) if BLOCK_TYPES[kind].weights == 32 else (256, 35)
     blocks = largest_products_blocks(kind, d_out, d_in)
     w = dequantize(blocks, kind)
@@ -586,6 +559,43 @@ def test_every_build_of_the_block_products_holds_the_largest_integer_sums(
         kernels.block_linear(x[:3], blocks, kernel),
     ):
         torch.testing.assert_close(got.double(), exact[: got.shape[0]], rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("kind", PROMPT)
+def test_the_block_products_hold_the_largest_integer_sums(kind):
+    largest_integer_sums_in_this_build(kind)
+
+
+@pytest.fixture(scope="module")
+def without_vnni(kernel_build, tmp_path_factory):
+    """decode.c's AVX-512 build without its VNNI instructions (-mno-avx512vnni: maddubs in their
+    place), which no build of kernels.VARIANTS is (a CPU with AVX-512 but not VNNI runs the AVX2
+    build), built in a temporary cache: the user's is left alone."""
+    flags = [*kernels.VARIANTS["avx512"][0], "-mno-avx512vnni", "-mno-avxvnni"]
+    with mock.patch.dict(os.environ, {"ATTNLAB_CACHE": str(tmp_path_factory.mktemp("kernels"))}):
+        path = kernels.build(flag_sets=(flags,))
+    assert path is not None
+    return kernels.load(path)
+
+
+@pytest.mark.kernel_builds("avx512")
+@pytest.mark.parametrize("kind", KINDS + MORE)
+def test_the_avx512_forms_without_vnni_hold_the_builds_bounds(
+    kind, without_vnni, seed, monkeypatch
+):
+    """The block products' checks above, on decode.c's AVX-512 forms without VNNI: the decode
+    step's products, in both layouts, the prompt's, those sharing one rounding (two threads) and
+    the largest integer sums."""
+    monkeypatch.setattr(kernels, "library", lambda: without_vnni)
+    block_products_in_this_build(kind, seed)
+    if kind in REPACKABLE:
+        repacked_products_in_this_build(kind, seed)
+    if kind in PROMPT:
+        prompt_products_in_this_build(kind)
+        largest_integer_sums_in_this_build(kind)
+    if kind == KINDS[0]:  # (every kind at once)
+        monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+        products_sharing_one_rounding_in_this_build()
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -817,6 +827,7 @@ def test_the_kernel_decode_step_of_a_q4_k_file_in_the_16_row_layout_equals_the_f
     assert exact >= 0.5 and tokens >= 0.8
 
 
+@pytest.mark.any_build
 def test_quantize_makes_blocks_for_every_linear_and_saves_and_loads_them(seed, tmp_path):
     model, _ = block_model("q4_0", tie_embeddings=True)
     assert model.quantization == "q4_0"
@@ -842,6 +853,7 @@ def test_quantize_makes_blocks_for_every_linear_and_saves_and_loads_them(seed, t
 # GGUF files kept as blocks ---------------------------------------------------------------------
 
 
+@pytest.mark.any_build
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 @pytest.mark.parametrize("kind", KINDS + MORE)
 def test_a_gguf_files_blocks_are_kept_as_they_are_and_compute_the_default_logits(
@@ -867,6 +879,7 @@ def test_a_gguf_files_blocks_are_kept_as_they_are_and_compute_the_default_logits
         attnlab.load(tmp_path / "native", keep_blocks=True)
 
 
+@pytest.mark.any_build
 def test_smollm2_kept_as_blocks_holds_the_files_bytes():
     from attnlab.formats.gguf import read_gguf
 
@@ -891,54 +904,96 @@ def smollm2_blocks():
     return attnlab.load("smollm2", keep_blocks=True)
 
 
-def test_smollm2s_blocks_keep_the_float_computations_perplexity(smollm2_blocks):
-    """512 tokens of the built-in corpus, every position scored: the decode step on the blocks
-    (8-bit activations), and the same tokens as one prompt through generation's products, against
-    the module path on the same dequantized weights (float32): within 0.5 %."""
+def corpus_chunks(model) -> torch.Tensor:
+    """The first 2,048 tokens of the built-in corpus as four sequences of 512: [4, 512]."""
     from attnlab.data import builtin_corpus
+
+    ids = torch.tensor(model.tokenizer.encode(builtin_corpus()[:16000])[:2048])
+    assert ids.numel() == 2048
+    return ids.view(4, 512)
+
+
+def next_token_loss(logits: torch.Tensor, ids: torch.Tensor) -> float:
+    """The mean cross-entropy of each next token of ids [batch, pos] (logits: [batch, pos,
+    d_vocab])."""
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1).double(), ids[:, 1:].flatten()).item()
+
+
+@pytest.fixture(scope="module")
+def float_computation(smollm2_blocks) -> tuple[torch.Tensor, float, torch.Tensor]:
+    """corpus_chunks, and the module path's next-token loss and most likely tokens on them (on the
+    blocks' dequantized weights, float32: any build's forward pass gives these numbers up to
+    float32's rounding, so they are computed once)."""
+    ids = corpus_chunks(smollm2_blocks)
+    with torch.no_grad():
+        logits = torch.cat([smollm2_blocks(chunk[None]) for chunk in ids])
+    return ids, next_token_loss(logits, ids), logits.argmax(-1)
+
+
+# Perplexity of SmolLM2's blocks against the float computation, over corpus_chunks: at most 1 %
+# apart. Rounding each product's input to 8 bits (emulated on the module path: every block
+# product's x rounded as decode.c rounds it) raises it 0.34 % on these four chunks, and a build
+# moves each chunk by its own rounding noise besides: another order of summation (another build,
+# or the same build tuned for another CPU) turns some activation's 8-bit rounding the other way,
+# and that compounds over 30 layers, so that one chunk alone moved from -0.52 % to +0.11 % from
+# build to build (the decode step; the prompt's tiles -0.55 % to +0.32 %), a standard deviation of
+# about 0.3 % per chunk and 0.15 % for the mean of four. Seen over the four chunks: +0.11 to
+# +0.34 % (the decode step of the AVX-512, AVX2, AVX2 tuned for Zen 3 and portable builds), 0 to
+# +0.28 % (their prompts): 1 % is more than four of those standard deviations away. Inputs rounded
+# to 7 bits (twice the step) move it 1.7 % emulated, and 1.2 % (decode step) and 1.4 % (prompts)
+# in the AVX2 build made to round so: both tests failed; a wrong product moves it further.
+PERPLEXITY_BOUND = 0.01
+
+
+def keeps_the_float_computation(logits: torch.Tensor, float_computation) -> None:
+    """`logits` of corpus_chunks within PERPLEXITY_BOUND of the float computation's perplexity,
+    with the same most likely token almost everywhere."""
+    ids, float_loss, float_tokens = float_computation
+    assert abs(math.exp(next_token_loss(logits, ids) - float_loss) - 1) < PERPLEXITY_BOUND
+    assert (logits.argmax(-1) == float_tokens).double().mean() > 0.95
+
+
+def test_smollm2s_blocks_keep_the_float_computations_perplexity(smollm2_blocks, float_computation):
+    """The decode step on the blocks (8-bit activations; corpus_chunks as a batch of four rows, a
+    step at each position, every position scored) against the module path on the same dequantized
+    weights (float32)."""
+    from attnlab.generate.kernel_decoder import step_logits
+
+    ids = float_computation[0]
+    keeps_the_float_computation(step_logits(smollm2_blocks, ids), float_computation)
+
+
+def test_smollm2s_blocks_keep_the_float_computations_perplexity_as_prompts(
+    smollm2_blocks, float_computation
+):
+    """corpus_chunks as four prompts through generation's products (this build's tiled GEMMs:
+    8-bit activations where they are vectorised, AVX-512 VNNI and AVX2; elsewhere the C
+    dequantizer and torch's product, the module path's numbers) against the module path on the
+    same dequantized weights."""
+    ids = float_computation[0]
+    with torch.no_grad(), fast_linears(smollm2_blocks):
+        prompts = torch.cat([smollm2_blocks(chunk[None]) for chunk in ids])
+    keeps_the_float_computation(prompts, float_computation)
+
+
+def test_smollm2s_logits_do_not_depend_on_the_kernels_thread_count(smollm2_blocks, monkeypatch):
+    """The decode step and a prompt through generation's products, their kernels on one thread and
+    on two (each product split between them), give the same logits bit for bit: every thread sums
+    its own outputs whole, so the perplexity tests above hold on one thread and on two alike."""
     from attnlab.generate.kernel_decoder import step_logits
 
     model = smollm2_blocks
-    ids = torch.tensor([model.tokenizer.encode(builtin_corpus()[:4000])[:512]])
-    assert ids.shape[1] == 512
-    with torch.no_grad():
-        reference = model(ids)
-    ours = step_logits(model, ids)
+    ids = corpus_chunks(model)[:1, :16]
 
-    def perplexity(logits):
-        return F.cross_entropy(logits[0, :-1].double(), ids[0, 1:]).exp().item()
+    def logits():
+        with torch.no_grad(), fast_linears(model):
+            prompt = model(ids)
+        return step_logits(model, ids), prompt
 
-    assert abs(perplexity(ours) / perplexity(reference) - 1) < 0.005
-    agree = (ours.argmax(-1) == reference.argmax(-1)).double().mean().item()
-    assert agree > 0.95
-
-
-def test_smollm2s_blocks_keep_the_float_computations_perplexity_as_prompts(smollm2_blocks):
-    """The first 2,048 tokens of the built-in corpus as four prompts of 512 through generation's
-    products (this build's tiled GEMMs: 8-bit activations with AVX-512 VNNI), against the module
-    path on the same dequantized weights: within 0.5 % over the four. One chunk alone moves by
-    ±0.6 % (the rounding of one activation flips with the last bit of a sum, and such flips
-    compound over 30 layers; the decode step's own chunks: +0.15 to +0.51 %), so the test reads
-    four (benchmarks/README.md, "GGUF blocks")."""
-    from attnlab.data import builtin_corpus
-
-    model = smollm2_blocks
-    ids = torch.tensor([model.tokenizer.encode(builtin_corpus()[:16000])[:2048]])
-    assert ids.shape[1] == 2048
-    totals = {"float": 0.0, "prompt": 0.0}
-    agree = 0.0
-    with torch.no_grad():
-        for chunk in ids.split(512, dim=1):
-            reference = model(chunk)
-            with fast_linears(model):
-                prompt = model(chunk)
-            for name, logits in (("float", reference), ("prompt", prompt)):
-                totals[name] += F.cross_entropy(
-                    logits[0, :-1].double(), chunk[0, 1:], reduction="sum"
-                ).item()
-            agree += (prompt.argmax(-1) == reference.argmax(-1)).double().mean().item() / 4
-    assert abs(math.exp((totals["prompt"] - totals["float"]) / (4 * 511)) - 1) < 0.005
-    assert agree > 0.95
+    one = logits()
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    for a, b in zip(logits(), one, strict=True):
+        assert torch.equal(a, b)
 
 
 def test_smollm2s_blocks_part_from_the_float_paths_greedy_reply_only_at_a_near_tie(
@@ -972,6 +1027,7 @@ def test_smollm2s_blocks_part_from_the_float_paths_greedy_reply_only_at_a_near_t
     assert top2[0] - top2[1] < 0.3, (at - T, top2)  # 0.24 nats here
 
 
+@pytest.mark.any_build
 def test_the_sample_commands_quantize_choices_are_quantizes():
     from attnlab.cli import build_parser
     from attnlab.generate.fast_layers import QUANTIZATIONS
@@ -992,6 +1048,7 @@ def block_modules(model) -> dict:
     }
 
 
+@pytest.mark.any_build
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("recipe", ["llama-tied", "llama", "gpt2"])
 def test_a_quantized_model_saves_to_gguf_and_reads_back_with_the_same_blocks_and_logits(
@@ -1022,6 +1079,7 @@ def test_a_quantized_model_saves_to_gguf_and_reads_back_with_the_same_blocks_and
         assert torch.equal(attnlab.load(tmp_path / "x.gguf")(ids), expected)  # dequantized
 
 
+@pytest.mark.any_build
 @pytest.mark.parametrize("kind", MORE + ["q4_0"])
 def test_a_gguf_files_kept_blocks_are_written_back_bit_for_bit(kind, tmp_path):
     d = dict(d_model=256, d_mlp=512) if BLOCK_TYPES[kind].weights == 256 else {}

@@ -8,9 +8,16 @@ against float64 within 1e-5 · (|x| |W|ᵀ) (n ≤ 600 here: n · 6e-8 ≤ 3.6e-
 times less in practice). Whole models stack a few such products: their logits and every cached
 activation are compared with the module path's float32 numbers within 1e-4 of each tensor's
 largest value, and with a float64 copy of the model.
+
+Each test runs under every build of the kernels this CPU can execute (tests/kernel_builds.py) and
+checks what that build does: the AVX-512 build swaps the layers and multiplies on its float32
+tiles; the AVX2 and portable builds have no vectorised float32 tiles, so forward passes keep
+torch's path (the module path itself) and say why (`inference_kernels_unusable`).
 """
 
 from __future__ import annotations
+
+import types
 
 import pytest
 import torch
@@ -31,19 +38,24 @@ from attnlab.generate.fast_layers import (
 from attnlab.model.config import ModelConfig
 from attnlab.model.layers import Linear
 
-NO_TILES = "this build of the kernels has no vectorised float32 tiles (AVX-512): torch's path runs"
+# every test here runs once per build this CPU can execute (kernel_builds.py), but any_build's
+pytestmark = pytest.mark.usefixtures("kernel_build")
 
 
 @pytest.fixture(autouse=True, scope="module")
 def built_kernels():
-    """The kernels must build here (as tests/test_kernels.py requires); the tiled path needs an
-    AVX-512 build, which the CPUs these tests run on have (checked, not skipped, where it is)."""
+    """The kernels must build here (as tests/test_kernels.py requires)."""
     if not kernels.available():
         pytest.fail("attnlab's C kernels could not be built here (no C compiler)", pytrace=False)
 
 
 def tiles_here() -> bool:
-    return kernels.rows_vectorized()[1]
+    """Whether this build's float32 tiles are vectorised (AVX-512), and so forward passes without
+    gradients take the kernels' layers; where they are not, torch's path runs and says why."""
+    tiles = kernels.rows_vectorized()[1]
+    no_tiles = f"the {kernels.variant()} build of the kernels has no vectorised float32 tiles"
+    assert inference_kernels_unusable() == (None if tiles else no_tiles)
+    return tiles
 
 
 def check_product(x, w, bias, out) -> None:
@@ -227,10 +239,10 @@ def _double_in_place(t, hook):
 def test_a_hook_that_edits_a_norms_parts_changes_the_kernel_path_as_the_module_path(
     seed, monkeypatch, name, hook
 ):
-    """KernelRMSNorm computes the scale and normalized input its hooks read in C; a hook that
-    replaces either, or edits it in place, gets RMSNorm's steps after it (`_hooked_norm`: a
-    replaced part flows on into the output; an edit in place reaches the hooks after it, not the
-    output, in both paths)."""
+    """KernelRMSNorm computes the scale and normalized input its hooks read in C (where this build
+    swaps the layers: tiles_here); a hook that replaces either, or edits it in place, gets
+    RMSNorm's steps after it (`_hooked_norm`: a replaced part flows on into the output; an edit in
+    place reaches the hooks after it, not the output, in both paths)."""
     model = build("llama-gqa")
     ids = torch.randint(0, BASE["d_vocab"], (2, 64))
     norms = counting(monkeypatch, "rms_norm_parts_rows")
@@ -240,7 +252,8 @@ def test_a_hook_that_edits_a_norms_parts_changes_the_kernel_path_as_the_module_p
 
     with torch.no_grad():
         fast, fast_cache = edited()
-        assert len(norms) == 2 * BASE["n_layers"] + 1  # every norm, the final one too
+        # every norm, the final one too
+        assert len(norms) == (2 * BASE["n_layers"] + 1 if tiles_here() else 0)
         plain = model(ids)
         module_path(monkeypatch)
         reference, reference_cache = edited()
@@ -263,6 +276,7 @@ def counting_swaps(monkeypatch) -> list:
     return swapped
 
 
+@pytest.mark.any_build
 def test_training_keeps_torchs_path_and_its_gradients(seed, monkeypatch):
     """With gradients on, the modules are never swapped (and each swapped one would check again:
     kernels.usable)."""
@@ -302,6 +316,7 @@ def test_a_quantized_model_keeps_its_block_layers_module_path(seed, monkeypatch)
     close(fast, reference, "q8_0 logits")
 
 
+@pytest.mark.any_build
 def test_without_vectorised_tiles_torchs_path_runs_and_says_why(seed, monkeypatch, tmp_path):
     """A portable build keeps torch's products, and says so in one line, once (attnlab.slower)."""
     monkeypatch.setattr(kernels, "rows_vectorized", lambda: (False, False))
@@ -326,10 +341,9 @@ def test_without_vectorised_tiles_torchs_path_runs_and_says_why(seed, monkeypatc
 def test_float_prompts_take_whichever_measured_faster_here(seed, monkeypatch, tiles_win):
     """Unforced, without AMX (tests/test_amx.py), the float32 tiles run where they beat torch's
     GEMM in the one-off timing (kernels.float_rows: MKL's AVX-512 path runs on Intel CPUs only);
-    otherwise torch's products,
-    and the forward pass says why. ATTNLAB_FLOAT_ROWS forces either; anything else is one line."""
-    if not tiles_here():
-        pytest.fail("the tiled path needs an AVX-512 build of the kernels", pytrace=False)
+    otherwise torch's products, and the forward pass says why. ATTNLAB_FLOAT_ROWS forces either;
+    anything else is one line. A build without vectorised float32 tiles keeps torch's products
+    whatever the timing or ATTNLAB_FLOAT_ROWS says (tiles_here says why)."""
     monkeypatch.delenv("ATTNLAB_FLOAT_ROWS")
     monkeypatch.setattr(kernels, "amx_unusable", lambda: "no AMX (this test's premise)")
     monkeypatch.setattr(kernels, "_tiles_beat_torch", lambda build, threads: tiles_win)
@@ -337,35 +351,49 @@ def test_float_prompts_take_whichever_measured_faster_here(seed, monkeypatch, ti
     model = build("llama-gqa")
     with torch.no_grad():
         model(torch.randint(0, BASE["d_vocab"], (2, 64)))
-    assert bool(tiles) == tiles_win
-    # the layers are swapped either way (RoPE, RMSNorm and SwiGLU in C; torch's products and
-    # attention where they measured faster, in the fewest tensors: the test below)
-    assert inference_kernels_unusable() is None
+    assert bool(tiles) == (tiles_here() and tiles_win)
+    # the layers are swapped either way where the build has the tiles (RoPE, RMSNorm and SwiGLU in
+    # C; torch's products and attention where they measured faster, in the fewest tensors: the
+    # test below)
     monkeypatch.setenv("ATTNLAB_FLOAT_ROWS", "torch" if tiles_win else "c")
-    assert kernels.float_rows() == (not tiles_win)
+    assert kernels.float_rows() == (tiles_here() and not tiles_win)
     monkeypatch.setenv("ATTNLAB_FLOAT_ROWS", "mkl")
-    with pytest.raises(UserError, match="ATTNLAB_FLOAT_ROWS=mkl: it takes amx, c or torch"):
-        kernels.float_rows()
+    for choice in (kernels.float_rows, kernels.float_products):
+        with pytest.raises(UserError, match="ATTNLAB_FLOAT_ROWS=mkl: it takes amx, c or torch"):
+            choice()
 
 
+@pytest.mark.any_build
 def test_the_one_off_timing_compares_the_tiles_with_torchs_gemm(monkeypatch, tmp_path):
     """_tiles_beat_torch times both on the same product and picks the faster: made slow on
-    purpose, each side loses (each in a cache of its own: the answer is kept per machine)."""
-    import time as clock
-
+    purpose, each side loses (each in a cache of its own: the answer is kept per machine). The
+    clock it reads moves a millisecond a reading and a second a call in the side made slow, so
+    that the verdict does not depend on how fast this build's tiles or this machine are (a
+    portable build's plain loops took longer than a real sleep made torch's product)."""
     from attnlab import machine
 
-    real = kernels.linear_rows
-    for slow, expected in (("c", False), ("torch", True)):
-        monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / slow))
-        if slow == "c":
-            monkeypatch.setattr(kernels, "linear_rows", lambda *a: clock.sleep(0.02) or real(*a))
-        else:
-            monkeypatch.setattr(kernels, "linear_rows", real)
-            linear = torch.nn.functional.linear
-            monkeypatch.setattr(
-                torch.nn.functional, "linear", lambda *a: clock.sleep(0.02) or linear(*a)
-            )
+    clock = [0.0]
+
+    def perf_counter():
+        clock[0] += 1e-3
+        return clock[0]
+
+    monkeypatch.setattr(kernels, "time", types.SimpleNamespace(perf_counter=perf_counter))
+
+    def slow(product):
+        def call(*args):
+            clock[0] += 1.0
+            return product(*args)
+
+        return call
+
+    rows, linear = kernels.linear_rows, torch.nn.functional.linear
+    for slowed, expected in (("c", False), ("torch", True)):
+        monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / slowed))
+        monkeypatch.setattr(kernels, "linear_rows", slow(rows) if slowed == "c" else rows)
+        monkeypatch.setattr(
+            torch.nn.functional, "linear", slow(linear) if slowed == "torch" else linear
+        )
         state = torch.get_rng_state()  # a forward pass's first ask: its caller's seed untouched
         assert kernels._tiles_beat_torch("test", 1) is expected
         assert torch.equal(torch.get_rng_state(), state)
@@ -377,34 +405,17 @@ def test_the_one_off_timing_compares_the_tiles_with_torchs_gemm(monkeypatch, tmp
 # run_with_cache's attention: the explicit path's three steps in C --------------------------------
 
 
-@pytest.fixture(scope="module", params=["this build", "avx2", "portable"])
-def library(request, tmp_path_factory):
-    """decode.c as this process runs it, and as its AVX2 and portable builds (in a temporary
-    cache: the user's is left alone)."""
-    if request.param == "this build":
-        return kernels.library()
-    if request.param not in kernels.variants_here():
-        pytest.skip(f"this CPU or its operating system does not allow {request.param}")
-    flags = kernels.VARIANTS[request.param][0]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("ATTNLAB_CACHE", str(tmp_path_factory.mktemp("kernels")))
-        path = kernels.build(flag_sets=(flags,))
-    assert path is not None
-    return kernels.load(path)
-
-
 # (batch, T, heads, kv_heads, d_head): T not a multiple of the kernels' 12 queries or 32 keys,
 # grouped and plain heads; the scores take any d_head, the product with V multiples of 32
 ATTENTION_SHAPES = ((1, 1, 2, 1, 32), (2, 37, 4, 2, 32), (1, 70, 6, 3, 64), (2, 13, 3, 3, 96))
 
 
-def test_the_attention_steps_equal_the_chapters_equation_in_every_build(library, monkeypatch):
+def test_the_attention_steps_equal_the_chapters_equation():
     """Scores: masked where the chapter's mask is (exactly −∞), q·k · scale elsewhere; pattern:
     exactly 0 where masked, rows summing to 1; z = pattern V; against float64, within float32
     summation slack (the module docstring's bound, ≤ 1e-5 of the terms' magnitudes here)."""
     from attnlab.model.attention import apply_mask, attention_pattern, attention_scores, expand_kv
 
-    monkeypatch.setattr(kernels, "library", lambda: library)
     g = torch.Generator().manual_seed(0)
     for B, T, H, Hkv, D in (*ATTENTION_SHAPES, (1, 33, 2, 1, 20)):
         q = torch.randn(B, T, H, D, generator=g).transpose(1, 2)  # [batch, head, pos, d_head]
@@ -432,13 +443,10 @@ def test_the_attention_steps_equal_the_chapters_equation_in_every_build(library,
 SLACK = dict(rtol=1e-5, atol=1e-5)
 
 
-def test_the_softmax_of_a_row_without_a_visible_key_is_zeros_and_a_pattern_of_any_weights_mixes(
-    library, monkeypatch
-):
+def test_the_softmax_of_a_row_without_a_visible_key_is_zeros_and_a_pattern_of_any_weights_mixes():
     """A hook may mask a whole row or put weight on any key: the C steps follow the equation."""
     from attnlab.model.attention import attention_pattern
 
-    monkeypatch.setattr(kernels, "library", lambda: library)
     scores = torch.randn(2, 3, 5, 40)
     scores[0, 1, 2] = float("-inf")
     scores[1, 0, :, 7] = float("-inf")
@@ -451,11 +459,10 @@ def test_the_softmax_of_a_row_without_a_visible_key_is_zeros_and_a_pattern_of_an
     )
 
 
-def test_a_rows_weights_do_not_depend_on_the_masked_keys_after_it(library, monkeypatch):
+def test_a_rows_weights_do_not_depend_on_the_masked_keys_after_it():
     """decode.c's softmax_row sums in 16 fixed lanes and skips the trailing blocks of 16 masked
     scores: a causal row's weights are the same bits whatever number of masked keys follow it
     (the fused attention's pattern relies on it), and each masked key weighs exactly 0."""
-    monkeypatch.setattr(kernels, "library", lambda: library)
     g = torch.Generator().manual_seed(0)
     scores = torch.randn(10, 70, generator=g) * 4
     visible = [1, 15, 16, 17, 31, 32, 33, 48, 69, 70]
@@ -555,7 +562,8 @@ def test_where_torch_multiplies_run_with_cache_equals_the_module_path_bit_for_bi
     """With torch's products, the swapped layers' attention (scores scaled and masked in place, the
     softmax without its all-masked guard where no row needs it) and MLP (act(gate) · up in place)
     change no number of run_with_cache: logits and every cached activation equal the module
-    path's, bit for bit, and no attention step runs in C."""
+    path's, bit for bit, and no attention step runs in C (where this build has no tiles, the
+    layers are not swapped: the module path itself)."""
     torchs_products(monkeypatch)
     model = build(name)
     ids = torch.randint(0, BASE["d_vocab"], (2, 64))
@@ -565,7 +573,7 @@ def test_where_torch_multiplies_run_with_cache_equals_the_module_path_bit_for_bi
         fast, fast_cache = model.run_with_cache(ids)
         module_path(monkeypatch)
         reference, reference_cache = model.run_with_cache(ids)
-    assert swapped == [1] and all(c == [] for c in calls.values())
+    assert swapped == ([1] if tiles_here() else []) and all(c == [] for c in calls.values())
     assert torch.equal(fast, reference)
     assert list(fast_cache.keys()) == list(reference_cache.keys())
     for key in reference_cache.keys():

@@ -90,10 +90,13 @@ class CpuLevel(enum.IntFlag):
 _AVX2 = ["-mavx2", "-mfma", "-mf16c"]
 _AVX512 = [*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni"]
 # decode.c's builds, best first: name -> (compiler flags, the CpuLevel it needs). On x86-64 the
-# first three; elsewhere "native" and "portable". -mtune=native only schedules instructions.
+# first three, each the same program on every machine: its instruction sets named, and no
+# -march=native or -mtune=native (tuned for a Zen 3, gcc vectorised other loops of the AVX2 build:
+# other orders of summation, an 8-bit rounding that went the other way, and SmolLM2's perplexity
+# moved past tests/test_blocks.py's bound there and not here); elsewhere "native" and "portable".
 VARIANTS: dict[str, tuple[list[str], CpuLevel]] = {
-    "avx512": (["-O3", "-mtune=native", *_AVX512, "-fopenmp"], CpuLevel.AVX512),
-    "avx2": (["-O3", "-mtune=native", *_AVX2, "-fopenmp"], CpuLevel.AVX2),
+    "avx512": (["-O3", *_AVX512, "-fopenmp"], CpuLevel.AVX512),
+    "avx2": (["-O3", *_AVX2, "-fopenmp"], CpuLevel.AVX2),
     "native": (["-O3", "-march=native", "-fopenmp"], CpuLevel(0)),
     "portable": (["-O3", "-fopenmp"], CpuLevel(0)),
 }
@@ -560,9 +563,10 @@ def _choose(verbose: bool = False) -> tuple[tuple[str, Path] | None, list[str], 
 
 def openmp_or_not(flags: list[str]) -> tuple[list[str], ...]:
     """`flags`, then the same without OpenMP's runtime for a compiler that has none (Apple's clang,
-    clang without libomp): -fopenmp-simd keeps the `omp simd` loops vectorised and ignores the
-    rest, so each kernel runs on the calling thread (decode.c, attnlab_openmp); then neither, for a
-    compiler that knows neither flag."""
+    clang without libomp): -fopenmp-simd keeps decode.c's `omp simd` reductions, and so the same
+    order of summation and the same numbers (without it gcc summed a float32 product's and
+    RMSNorm's terms in another order), and ignores the rest, so each kernel runs on the calling
+    thread (decode.c, attnlab_openmp); then neither, for a compiler that knows neither flag."""
     if "-fopenmp" not in flags:
         return (flags,)
     without = [f for f in flags if f != "-fopenmp"]
@@ -1085,10 +1089,11 @@ def float_rows() -> bool:
     (`_tiles_beat_torch`). Which is faster is not a matter of the instruction sets alone: MKL
     takes its AVX-512 path on Intel CPUs and not on AMD's, and torch's GEMM may be built on
     another BLAS (benchmarks/README.md, issue 25). ATTNLAB_FLOAT_ROWS=c or torch chooses instead
-    (amx: the measured choice, for the attention)."""
+    (amx: the measured choice, for the attention); a name it does not take is one line in every
+    build."""
+    forced = _forced_float_rows()
     if not rows_vectorized()[1]:
         return False
-    forced = _forced_float_rows()
     if forced in ("c", "torch"):
         return forced == "c"
     return _tiles_beat_torch(variant(), torch.get_num_threads())
