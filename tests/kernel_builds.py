@@ -13,8 +13,8 @@ Design choices:
   a module's tests by build and switches once per group; a module-scoped fixture that prepares
   kernel calls (a prepared Call keeps the library it was prepared with) must ask for `kernel_build`
   to be made anew per build.
-- A build this CPU cannot execute is skipped, and the skip names the instructions it lacks (Linux's
-  /proc/cpuinfo, which leaves out a flag whose registers the operating system does not enable).
+- A build this CPU cannot execute is skipped, and the skip names the instructions it lacks
+  (kernels.why_not_here: the CPU's flags, or the operating system that does not enable them).
 - ATTNLAB_KERNELS forces a build as it does outside the tests: only that build's tests run (a test
   narrowed to other builds skips, saying so); ATTNLAB_KERNELS=0 or a name this machine has not
   runs each test once, unswitched (and the kernels' own tests fail, saying why).
@@ -23,7 +23,6 @@ Design choices:
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
@@ -32,7 +31,7 @@ from attnlab.generate import kernels
 
 def builds_of_this_architecture() -> tuple[str, ...]:
     """decode.c's builds on this kind of processor, best first (kernels.choose_variant's names)."""
-    return ("avx512", "avx2", "portable") if kernels._is_x86() else ("native", "portable")
+    return kernels.build_names()
 
 
 def builds_to_run(narrowed: tuple[str, ...], forced: str) -> list[str] | None:
@@ -47,34 +46,6 @@ def builds_to_run(narrowed: tuple[str, ...], forced: str) -> list[str] | None:
     if forced not in every:
         return None
     return [forced] if forced in names else names  # (the others skip: `kernel_build`)
-
-
-def instructions(name: str) -> list[str]:
-    """The instruction sets build `name` is compiled for, by /proc/cpuinfo's names."""
-    flags = kernels.VARIANTS[name][0]
-    named = [f.removeprefix("-m") for f in flags if f.startswith("-m") and "=" not in f]
-    return [n.replace("avx512vnni", "avx512_vnni") for n in named]
-
-
-def cpu_flags() -> set[str] | None:
-    """The flags of /proc/cpuinfo's first processor; None where there is none (off Linux)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return None
-    lines = [line for line in text.splitlines() if line.startswith("flags")]
-    return set(lines[0].split(":", 1)[1].split()) if lines else None
-
-
-def why_not(name: str, flags: set[str] | None) -> str:
-    """Why this CPU cannot execute build `name`, given its /proc/cpuinfo `flags` (None: unknown)."""
-    lacking = [n for n in instructions(name) if flags is not None and n not in flags]
-    if lacking:
-        return f"this CPU lacks {', '.join(lacking)} (the {name} build's instructions)"
-    return (
-        f"this CPU or its operating system does not allow the {name} build's instructions "
-        f"({', '.join(instructions(name))}: kernels.cpu_levels)"
-    )
 
 
 def pytest_configure(config) -> None:
@@ -112,7 +83,7 @@ def kernel_build(request):
     if forced not in ("", "1", name):
         pytest.skip(f"ATTNLAB_KERNELS={forced} runs the {forced} build's tests only")
     if name not in kernels.variants_here():
-        pytest.skip(why_not(name, cpu_flags()))
+        pytest.skip(kernels.why_not_here(name))
     previous = os.environ.get("ATTNLAB_KERNELS")
     kernels.use_variant(name)
     try:

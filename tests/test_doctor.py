@@ -126,7 +126,7 @@ def test_with_each_build_forced_the_kernel_lines_follow_it(build):
     assert found["kernels"].startswith(f"the {build} build (ATTNLAB_KERNELS={build}), passed")
     better = kernels.variants_here()[: kernels.variants_here().index(build)]
     for name in better:
-        assert f"{name}: not tried (ATTNLAB_KERNELS={build})" in found["kernels"]
+        assert f"the {name} build: not tried (ATTNLAB_KERNELS={build})" in found["kernels"]
     if build != "avx512":  # AMX and the vectorised float32 tiles are the AVX-512 build's only
         assert found["float products"].startswith("torch for many rows: no AMX (AMX tiles are")
         assert found["float products"].endswith(
@@ -162,9 +162,12 @@ def test_under_the_avx2_emulation_torch_and_bfloat16_lines_say_so():
 
 def test_without_a_compiler_every_line_still_prints(tmp_path):
     found = lines_of(run_doctor(CC=str(tmp_path / "no-such-compiler"), ATTNLAB_CACHE=str(tmp_path)))
-    assert found["compiler"].startswith(f"{tmp_path / 'no-such-compiler'} (from $CC")
-    assert "is not a program here" in found["compiler"]
-    assert found["kernels"] == "not built (no C compiler): every caller takes torch's path"
+    assert found["compiler"].startswith(
+        f"no C compiler (CC={tmp_path / 'no-such-compiler'} names no program here); install one"
+    )
+    assert found["kernels"].startswith("not built (no C compiler (CC=")
+    assert found["kernels"].endswith("): every caller takes torch's path")
+    assert found["OpenMP"] == "no kernels run here"
     assert found["float products"].startswith("torch's GEMM")
     if kernels._is_x86():
         assert "permission not checked" in found["instruction sets"]
@@ -185,9 +188,7 @@ def test_a_better_build_that_failed_its_self_check_is_named_with_why(monkeypatch
     line = doctor.kernels_line()
     best = kernels.variants_here()[0]
     assert failed, "no build was checked"
-    assert f"the {best} build is not used: its self-check failed (an illegal instruction" in (
-        line.text
-    )
+    assert f"the {best} build: its self-check failed (an illegal instruction" in line.text
     assert line.values["build"] != best
 
 
@@ -203,17 +204,36 @@ def test_a_topic_that_fails_is_its_line_and_the_others_still_print(monkeypatch, 
 
 
 @pytest.mark.parametrize(
-    "symbols, says",
+    "openmp, symbols, says",
     [
-        (b"\0GOMP_parallel\0", "the kernels' loops run on OpenMP's threads (GCC's libgomp)"),
-        (b"\0__kmpc_fork_call\0", "the kernels' loops run on OpenMP's threads (LLVM's libomp)"),
-        (b"\0attnlab_run\0", "the kernels were built without OpenMP"),
+        (True, b"\0GOMP_parallel\0", "the kernels run on OpenMP's threads (GCC's libgomp)"),
+        (True, b"\0__kmpc_fork_call\0", "the kernels run on OpenMP's threads (LLVM's libomp)"),
+        (False, b"\0attnlab_run\0", "the kernels were built without OpenMP ("),
     ],
     ids=["gcc", "clang", "none"],
 )
-def test_the_openmp_line_reads_the_librarys_calls(tmp_path, monkeypatch, symbols, says):
+def test_the_openmp_line_says_the_kernels_own_report(tmp_path, monkeypatch, openmp, symbols, says):
+    """kernels.openmp (decode.c's attnlab_openmp) decides the line; the library's calls name the
+    runtime."""
     library = tmp_path / "decode-test.so"
     library.write_bytes(b"\x7fELF" + symbols)
     monkeypatch.setattr(kernels, "chosen_variant", lambda: ("portable", library))
+    monkeypatch.setattr(kernels, "openmp", lambda: openmp)
     line = doctor.openmp_line()
-    assert line.text.startswith(says) and line.values["openmp"] == ("OpenMP's threads" in says)
+    assert line.text.startswith(says) and line.values["openmp"] is openmp
+    if not openmp:
+        assert line.text.endswith("): they run on one thread")
+
+
+def test_a_better_build_this_cpu_cannot_execute_is_named_with_what_it_lacks(monkeypatch):
+    """On a CPU without AVX-512 (here: cpu.c's answer made a Zen 3's), the avx2 build runs and the
+    line says why the avx512 one does not: kernels.why_not_here's words, as the tests' skips."""
+    if not kernels._is_x86():
+        pytest.skip("the x86 builds only")
+    monkeypatch.setattr(kernels, "cpu_levels", lambda: kernels.CpuLevel.AVX2)
+    monkeypatch.delenv("ATTNLAB_KERNELS", raising=False)
+    line = doctor.kernels_line()
+    assert line.values["build"] == "avx2"
+    assert f"better builds not used: the avx512 build: {kernels.why_not_here('avx512')}" in (
+        line.text
+    )

@@ -16,14 +16,12 @@ Design choices:
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +29,7 @@ from typing import Any
 
 import torch
 
-from . import machine
+from . import machine, slower
 from .env import cache_root
 from .errors import UserError
 
@@ -138,81 +136,48 @@ def compiler_line() -> Line:
 
     compiler = kernels._compiler()
     if compiler is None:
-        return Line(
-            "compiler",
-            "none found ($CC, cc, gcc, clang): attnlab's C kernels cannot be built; every path "
-            "is torch's",
-            {"compiler": None},
-        )
-    if shutil.which(compiler) is None:
-        return Line(
-            "compiler",
-            f"{compiler} (from $CC, cc, gcc or clang) is not a program here: attnlab's C kernels "
-            "cannot be built; every path is torch's",
-            {"compiler": compiler, "found": False},
-        )
+        why = kernels.no_compiler()
+        return Line("compiler", f"{why}: every path is torch's", {"compiler": None})
     try:
-        done = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30)
+        done = subprocess.run([*compiler, "--version"], capture_output=True, text=True, timeout=30)
         version = (done.stdout or done.stderr).strip().splitlines()[0]
         if done.returncode != 0:
             version = f"its --version failed: {version}"
     except (OSError, subprocess.SubprocessError, IndexError):
         version = "its --version did not answer"
-    return Line("compiler", f"{compiler} ({version})", {"compiler": compiler, "version": version})
+    command = " ".join(compiler)
+    return Line("compiler", f"{command} ({version})", {"compiler": command, "version": version})
 
 
 def kernels_line() -> Line:
-    """The decode.c build this process runs, its self-check, and why each better build is not."""
+    """The decode.c build this process runs, its self-check, and why each better build is not:
+    the kernels' own choice (kernels._choose, which generation and forward passes take), the
+    builds this CPU cannot execute named with what it lacks (kernels.why_not_here)."""
     from .generate import kernels
 
-    wanted = os.environ.get("ATTNLAB_KERNELS", "1").strip().lower()
-    if wanted == "0":
-        return Line(
-            "kernels",
-            "off (ATTNLAB_KERNELS=0): every caller takes torch's path",
-            {"build": None},
-        )
-    compiler = kernels._compiler()
-    if compiler is None or shutil.which(compiler) is None:
-        return Line(
-            "kernels", "not built (no C compiler): every caller takes torch's path", {"build": None}
-        )
-    # cpu.c reads what the CPU and its operating system allow; without it only portable is tried
-    levels_read = not kernels._is_x86() or (
-        kernels.compile_library(kernels.CPU_SOURCE, (["-O2"],)) is not None
-    )
-    said = io.StringIO()  # choose_variant's own lines: why a build is not used
     try:
-        with contextlib.redirect_stdout(said):
-            chosen = kernels.choose_variant(verbose=True)
+        chosen, passed_over, why_none = kernels._choose()
     except UserError as exc:
         return Line("kernels", f"none: {exc}", {"build": None, "error": str(exc)})
-    not_used = [
-        line.removeprefix("attnlab kernels: ")
-        for line in said.getvalue().splitlines()
-        if line.startswith("attnlab kernels: the ")
-    ]
-    order = ["avx512", "avx2", "portable"] if kernels._is_x86() else ["native", "portable"]
-    here = kernels.variants_here()
-    best = order if chosen is None else order[: order.index(chosen[0])]
+    if why_none == "ATTNLAB_KERNELS=0":
+        return Line("kernels", "off (ATTNLAB_KERNELS=0): every caller takes torch's path", {})
+    if kernels.no_compiler() is not None:
+        return Line("kernels", f"not built ({why_none}): every caller takes torch's path", {})
+    wanted = os.environ.get("ATTNLAB_KERNELS", "1").strip().lower()
     forced = wanted not in ("1", "")
-    reasons = []
-    for name in best:
-        if name not in here and not levels_read:
-            reasons.append(f"{name}: not tried (cpu.c, which reads what the CPU allows, failed)")
-        elif name not in here:
-            reasons.append(f"{name}: this CPU or its operating system does not allow it")
-        elif forced:
-            reasons.append(f"{name}: not tried (ATTNLAB_KERNELS={wanted})")
-        else:
-            reasons += [line for line in not_used if line.startswith(f"the {name} build")]
+    names, here = kernels.build_names(), kernels.variants_here()
+    better = names if chosen is None else names[: names.index(chosen[0])]
+    reasons = [
+        f"the {name} build: {kernels.why_not_here(name)}"
+        if name not in here
+        else f"the {name} build: not tried (ATTNLAB_KERNELS={wanted})"
+        for name in better
+        if name not in here or forced
+    ] + passed_over
     values: dict[str, Any] = {"build": None if chosen is None else chosen[0], "not_used": reasons}
     if chosen is None:
-        return Line(
-            "kernels",
-            f"none runs here ({'; '.join(reasons)}): every caller takes torch's path",
-            values,
-        )
+        text = f"none runs here ({why_none}): every caller takes torch's path"
+        return Line("kernels", text, values)
     name, path = chosen
     how = f"ATTNLAB_KERNELS={wanted}" if forced else "the best build this machine allows"
     values["library"] = str(path)
@@ -223,23 +188,24 @@ def kernels_line() -> Line:
 
 
 def openmp_line() -> Line:
-    """Whether the build runs its loops on OpenMP's threads: read from the library's dynamic
-    symbols (its calls into GCC's libgomp or LLVM's libomp). This line is the place for the
-    kernels' own report of how they were built, where they give one."""
+    """Whether the kernels run on OpenMP's threads (kernels.openmp: decode.c, attnlab_openmp),
+    and which runtime they call (the library's dynamic symbols: GCC's libgomp, which torch's
+    wheel loads too, or LLVM's libomp)."""
     from .generate import kernels
 
-    chosen = _chosen_quietly()
-    if chosen is None:
+    if _chosen_quietly() is None:
         return Line("OpenMP", "no kernels run here", {"openmp": None})
-    library = Path(chosen[1]).read_bytes()
-    runtime = next((name for symbol, name in OPENMP_CALLS.items() if symbol in library), None)
-    uses = runtime is not None
-    text = (
-        f"the kernels' loops run on OpenMP's threads ({runtime})"
-        if uses
-        else f"the kernels were built without OpenMP ({kernels._compiler()} took no -fopenmp)"
-    )
-    return Line("OpenMP", text, {"openmp": uses})
+    if not kernels.openmp():
+        compiler = " ".join(kernels._compiler() or ["the compiler"])
+        return Line(
+            "OpenMP",
+            f"the kernels were built without OpenMP ({compiler} has none): they run on one thread",
+            {"openmp": False},
+        )
+    library = Path(kernels.chosen_variant()[1]).read_bytes()
+    runtime = next((name for symbol, name in OPENMP_CALLS.items() if symbol in library), "")
+    text = "the kernels run on OpenMP's threads" + (f" ({runtime})" if runtime else "")
+    return Line("OpenMP", text, {"openmp": True, "runtime": runtime or None})
 
 
 def _chosen_quietly() -> tuple[str, Path] | None:
@@ -397,17 +363,25 @@ TOPICS: list[Callable[[], Line]] = [
 
 
 def report() -> list[Line]:
-    """One Line per topic of TOPICS; a topic that raises is a line saying what failed."""
+    """One Line per topic of TOPICS; a topic that raises is a line saying what failed. The
+    slower-path lines the kernels' choice says elsewhere (attnlab.slower) are not said again: the
+    report's own lines say it."""
     lines = []
-    for topic in TOPICS:
-        name = topic.__name__.removesuffix("_line").replace("_", " ")
-        try:
-            lines.append(topic())
-        # a report of the machine must not die of what it reports: the failure is its line
-        except Exception as exc:
-            why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            lines.append(Line(name, f"could not be read ({why})", {"error": why}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", slower.SlowerPath)
+        for topic in TOPICS:
+            lines.append(_line(topic))
     return lines
+
+
+def _line(topic: Callable[[], Line]) -> Line:
+    name = topic.__name__.removesuffix("_line").replace("_", " ")
+    try:
+        return topic()
+    # a report of the machine must not die of what it reports: the failure is its line
+    except Exception as exc:
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return Line(name, f"could not be read ({why})", {"error": why})
 
 
 def run_doctor(args: argparse.Namespace) -> int:

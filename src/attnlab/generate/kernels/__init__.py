@@ -63,7 +63,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import cache
 from pathlib import Path
 
@@ -388,16 +388,41 @@ def cpu_levels() -> CpuLevel:
     return CpuLevel(ctypes.CDLL(str(path)).attnlab_cpu_levels())
 
 
+def build_names() -> tuple[str, ...]:
+    """decode.c's builds on this kind of processor, best first: avx512, avx2 and portable on
+    x86-64; native and portable elsewhere."""
+    return ("avx512", "avx2", "portable") if _is_x86() else ("native", "portable")
+
+
 def variants_here() -> list[str]:
     """The names of VARIANTS this machine may run, best first (before the self-check)."""
     if not _is_x86():
-        return ["native", "portable"]
+        return list(build_names())
     levels = cpu_levels()
-    return [
-        name
-        for name in ("avx512", "avx2", "portable")
-        if VARIANTS[name][1] & levels == VARIANTS[name][1]
-    ]
+    return [name for name in build_names() if VARIANTS[name][1] & levels == VARIANTS[name][1]]
+
+
+def instructions(name: str) -> list[str]:
+    """The instruction sets build `name` is compiled for, as the CPU's flags name them (Linux's
+    /proc/cpuinfo; macOS's sysctl without its underscores)."""
+    flags = VARIANTS[name][0]
+    named = [f.removeprefix("-m") for f in flags if f.startswith("-m") and "=" not in f]
+    return [n.replace("avx512vnni", "avx512_vnni") for n in named]
+
+
+def why_not_here(name: str, flags: Iterable[str] | None = None) -> str:
+    """Why this CPU cannot execute build `name` (one `variants_here` leaves out): the instructions
+    it lacks, by the flags it reports (`flags`, else machine.describe()'s); else (every flag
+    there) that its operating system does not enable their registers (cpu.c, XCR0)."""
+    reported = machine.describe().flags if flags is None else flags
+    have = {flag.lower().replace("_", "") for flag in reported}
+    lacking = [n for n in instructions(name) if n.replace("_", "") not in have]
+    if lacking:
+        return f"this CPU lacks {', '.join(lacking)} (the {name} build's instructions)"
+    return (
+        f"this CPU's operating system does not enable the registers of the {name} build's "
+        f"instructions ({', '.join(instructions(name))}: kernels.cpu_levels)"
+    )
 
 
 # The self-check a child process runs on a fresh build: exact small-integer products through the
@@ -524,7 +549,7 @@ def _choose(verbose: bool = False) -> tuple[tuple[str, Path] | None, list[str], 
     if wanted == "0":
         return None, [], "ATTNLAB_KERNELS=0"
     forced = wanted not in ("1", "")
-    names = ("avx512", "avx2", "portable") if _is_x86() else ("native", "portable")
+    names = build_names()
     if forced and wanted not in names:
         raise UserError(
             f"ATTNLAB_KERNELS={wanted}: not a build of attnlab's kernels on this machine; "
@@ -537,8 +562,7 @@ def _choose(verbose: bool = False) -> tuple[tuple[str, Path] | None, list[str], 
     if forced:
         if wanted not in here:
             raise UserError(
-                f"ATTNLAB_KERNELS={wanted}: this CPU or its operating system does not allow "
-                f"{wanted} instructions; use one of {', '.join(here)}"
+                f"ATTNLAB_KERNELS={wanted}: {why_not_here(wanted)}; use one of {', '.join(here)}"
             )
         here = [wanted]
     passed_over = []
