@@ -20,6 +20,8 @@ from collections.abc import Callable
 
 import torch
 
+from attnlab.machine import LIMITS
+
 # headless chromium as the explorer benchmarks start it (Debian's chromium, no network of its own)
 CHROMIUM_ARGS = [
     "--headless",
@@ -87,6 +89,9 @@ def machine_line(device: torch.device | str = "cpu") -> str:
         f"{cpu_name()}, {os.cpu_count()} cores, {torch.backends.cpu.get_cpu_capability()}, "
         f"torch {torch.__version__} ({torch.get_num_threads()} threads), load average {load}"
     )
+    limits = {name: os.environ[name] for name in (*LIMITS, "ATTNLAB_KERNELS") if name in os.environ}
+    if limits:  # torch's libraries or attnlab's kernels kept below what the CPU has
+        line += "; limited by " + ", ".join(f"{k}={v}" for k, v in limits.items())
     if torch.device(device).type == "cuda":
         line += f"; GPU: {torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
     return line

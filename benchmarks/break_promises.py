@@ -682,9 +682,8 @@ BREAKS = [
         "src/attnlab/generate/kernels/__init__.py",
         [
             (
-                '        os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or '
-                'shutil.which("clang")\n',
-                "        None\n",
+                '    found = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")\n',
+                "    found = None\n",
             )
         ],
         ["tests/test_kernels.py::test_rope_kernel_equals_apply_rope"],

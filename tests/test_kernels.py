@@ -444,6 +444,10 @@ def test_attend_kernel_writes_the_cache_and_equals_the_chapters_equation(
 
 
 def test_prompt_attention_equals_the_chapters_equation():
+    prompt_attention_equals_the_chapters_equation()
+
+
+def prompt_attention_equals_the_chapters_equation() -> None:
     """kernels.attend_rows against the explicit equation in float64, on prompts whose length is
     not a multiple of the kernel's 12 queries or 32 keys, grouped and plain heads, a batch of 2."""
     g = torch.Generator().manual_seed(0)
@@ -497,11 +501,15 @@ def test_generation_takes_the_prompt_attention_where_it_applies(
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_the_prompt_elementwise_kernels_equal_the_modules(threads, monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    prompt_elementwise_kernels_in_this_build()
+
+
+def prompt_elementwise_kernels_in_this_build() -> None:
     """rms_norm_rows (and its hooks' parts) and silu_mul_rows (and into up) against the modules'
     equations (up to float32 rounding), rope_rows equal to apply_rope bit for bit, on row counts
     below and above the few-row threshold and on sizes the threads split (more than 16,384
     values), a rotation of every dim and of the first half only (partial RoPE)."""
-    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
     norm = RMSNorm(40, 1e-5)
     with torch.no_grad():
         norm.weight.normal_()
@@ -932,7 +940,7 @@ def machine_dependent_options(flags: list[str]) -> set[str]:
     -march=, -mtune= and --param (the caches' sizes, which -mtune=native adds), clang's
     -target-cpu and -tune-cpu."""
     driver = subprocess.run(
-        [kernels._compiler(), *flags, "-###", "-x", "c", "-c", os.devnull, "-o", os.devnull],
+        [*kernels._compiler(), *flags, "-###", "-x", "c", "-c", os.devnull, "-o", os.devnull],
         capture_output=True,
         text=True,
     )

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import attnlab
+from attnlab.generate import kernels
 
 ROOT = Path(attnlab.__file__).resolve().parents[2]
 SCRIPT = ROOT / "tools" / "install_torch.py"
@@ -120,6 +121,7 @@ def test_the_kernel_tests_fail_and_do_not_skip_without_a_compiler(tmp_path):
         timeout=300,
     )
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "1 error" in result.stdout and "skipped" not in result.stdout, result.stdout
+    errors = f"{len(kernels.build_names())} errors"  # the test once per build, each an error
+    assert errors in result.stdout and "skipped" not in result.stdout, result.stdout
     assert "C kernels could not be built here" in result.stdout, result.stdout
     assert "apt-get install gcc" in result.stdout, result.stdout
