@@ -88,7 +88,9 @@ def test_on_this_machine_each_line_says_what_it_read_and_chose(capsys, monkeypat
     if build is None:
         assert "torch's path" in found["kernels"]
     else:
-        assert found["kernels"].startswith(f"the {build} build (the best build this machine")
+        forced = os.environ.get("ATTNLAB_KERNELS", "1") not in ("1", "")
+        how = f"ATTNLAB_KERNELS={build}" if forced else "the best build this machine allows"
+        assert found["kernels"].startswith(f"the {build} build ({how})")
         assert kernels.chosen_variant()[1].name in found["kernels"]
     if build is not None:
         assert found["float products"].startswith(f"{kernels.float_products()} for many rows")

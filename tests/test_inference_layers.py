@@ -326,14 +326,14 @@ def test_without_vectorised_tiles_torchs_path_runs_and_says_why(seed, monkeypatc
     model = build("llama-gqa")
     with torch.no_grad(), pytest.warns(slower.SlowerPath) as said:
         for _ in range(2):
-            model(torch.randint(0, BASE["d_vocab"], (2, 64)))
+            model.run_with_cache(torch.randint(0, BASE["d_vocab"], (2, 64)))
     assert tiles == []
     assert inference_kernels_unusable() == (
         "the portable build of the kernels has no vectorised float32 tiles"
     )
     assert [str(w.message) for w in said] == [
-        "forward passes without gradients run torch's modules, not attnlab's C kernels: "
-        "the portable build of the kernels has no vectorised float32 tiles"
+        "run_with_cache and other hooked forward passes run torch's modules, not attnlab's C "
+        "kernels: the portable build of the kernels has no vectorised float32 tiles"
     ]
 
 

@@ -35,7 +35,9 @@ LLAMA = dict(positional="rope", norm="rmsnorm", mlp="swiglu", bias=False, n_kv_h
 MODULE_PATH = (
     "generation runs the model's modules at every new token, not attnlab's C decode step: "
 )
-FORWARD = "forward passes without gradients run torch's modules, not attnlab's C kernels: "
+FORWARD = (
+    "run_with_cache and other hooked forward passes run torch's modules, not attnlab's C kernels: "
+)
 NO_KERNELS = "generation and forward passes run on torch's paths, not attnlab's C kernels: "
 
 
@@ -142,9 +144,10 @@ def test_the_usual_paths_say_nothing(fresh):
 
 
 def test_each_forward_pass_line_is_said_once(fresh, monkeypatch):
-    """A build without vectorised float32 tiles (AVX2, portable): forward passes without gradients
-    say so once, however many, with the build named; passes with gradients take the modules
-    anyway and say nothing."""
+    """A build without vectorised float32 tiles (AVX2, portable): hooked forward passes without
+    gradients (run_with_cache) say so once, however many, with the build named; passes with
+    gradients take the modules anyway, and plain passes (training's evaluation) torch's modules as
+    always: neither says anything."""
     kernels_here()
     monkeypatch.setattr(kernels, "rows_vectorized", lambda: (False, False))
     model = build(**LLAMA)
@@ -152,6 +155,8 @@ def test_each_forward_pass_line_is_said_once(fresh, monkeypatch):
     with Said() as said:
         model(ids)  # gradients on: the modules, as always
         with torch.no_grad():
+            model(ids)  # no hook: nothing to say
+            assert said == []
             for _ in range(3):
                 model.run_with_cache(ids)
     tiles = f"the {kernels.variant()} build of the kernels has no vectorised float32 tiles"

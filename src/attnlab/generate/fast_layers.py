@@ -498,6 +498,14 @@ def inference_kernels_unusable() -> str | None:
     return None
 
 
+HOOKED_PASSES = "run_with_cache and other hooked forward passes run torch's modules"
+
+
+def _hooked(model: nn.Module) -> bool:
+    """Whether a hook is attached at any of the model's hook points (attnlab.lens)."""
+    return any(point.has_hooks for point in getattr(model, "hook_dict", {}).values())
+
+
 def inference_layers(model: nn.Module, resid: torch.Tensor) -> contextlib.AbstractContextManager:
     """What Transformer.forward runs its blocks and LM head in: `fast_linears(model, blocks=False)`
     for a pass that needs no gradients (torch.no_grad or inference_mode), outside a compiled graph,
@@ -514,12 +522,11 @@ def inference_layers(model: nn.Module, resid: torch.Tensor) -> contextlib.Abstra
         return contextlib.nullcontext(model)
     why = inference_kernels_unusable()
     if why is not None:
-        if kernels.available():  # (no kernels at all: their own line said so)
-            slower.say(
-                "forward passes without gradients run torch's modules",
-                "attnlab's C kernels",
-                why,
-            )
+        # said for hooked passes (run_with_cache, patching, the explorer), whose speed the C pass
+        # is for; a plain pass (training's evaluation) takes torch's modules as it always has.
+        # (No kernels at all: their own line said so.)
+        if kernels.available() and _hooked(model):
+            slower.say(HOOKED_PASSES, "attnlab's C kernels", why)
         return contextlib.nullcontext(model)
     return fast_linears(model, blocks=False)
 
