@@ -44,6 +44,7 @@ from contextlib import ExitStack, contextmanager
 import torch
 
 from .. import slower
+from ..compiling import compile_function
 from ..errors import UserError
 from ..lens.hooks import reads
 from . import kernels
@@ -163,8 +164,9 @@ def compiled_decode_one_token(backend: str = "inductor") -> Callable[..., torch.
     """`decode_one_token_at_slot` through torch.compile (one graph, static shapes). The compiled
     code is cached on the function, so every call to this returns a wrapper that reuses it: one
     compilation per model shape. backend "aot_eager" captures the same graph without generating code
-    (quick: tests use it)."""
-    return torch.compile(decode_one_token_at_slot, backend=backend, fullgraph=True, dynamic=False)
+    (quick: tests use it). Inductor's options key its on-disk cache by the vector width
+    (attnlab.compiling)."""
+    return compile_function(decode_one_token_at_slot, backend, fullgraph=True, dynamic=False)
 
 
 @torch.no_grad()

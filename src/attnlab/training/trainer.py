@@ -48,6 +48,7 @@ from typing import Any
 
 import torch
 
+from ..compiling import compile_function
 from ..env import capped
 from ..errors import UserError
 from ..files import atomic_write, atomic_write_text
@@ -186,7 +187,7 @@ class Trainer:
         self.loss_fn = self.forward_loss
         # one graph for embedding, blocks, head and loss; compiled on the first step
         if cfg.compile:
-            self.loss_fn = torch.compile(self.forward_loss, backend=COMPILE_BACKEND)
+            self.loss_fn = compile_function(self.forward_loss, COMPILE_BACKEND)
         self.stop_requested = False
         self.session_start: float | None = None  # perf_counter() when run() began
         # the learning rate the last train_step gave the optimizer (what is logged)
