@@ -234,6 +234,15 @@ def markdown_table(rows: list[dict], mean: dict, machine: str, args: argparse.Na
     return "\n".join(lines) + "\n"
 
 
+def git_commit(folder: Path) -> str | None:
+    """The commit checked out in `folder` ("+" where its files differ from it), None outside git."""
+    run = lambda *a: subprocess.run(["git", *a], cwd=folder, capture_output=True, text=True)
+    head = run("rev-parse", "HEAD")
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+" if run("status", "--porcelain").stdout.strip() else "")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -304,6 +313,9 @@ def main() -> None:
     (args.out / "speedrun.json").write_text(
         json.dumps(
             {
+                "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+                "attnlab": git_commit(Path(__file__).parent),
+                "nanogpt": git_commit(args.nanogpt),
                 "machine": machine,
                 "matmul_flops": peak,
                 "copy_bytes_per_s": copy,
