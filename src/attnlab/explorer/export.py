@@ -208,9 +208,19 @@ def export_html(
     return page
 
 
-def write_html(model, text: str, path: str | Path, name: str = "model") -> Path:
+def write_html(
+    model,
+    text: str,
+    path: str | Path,
+    name: str = "model",
+    view: str = "dict",
+    ablate=(),
+    ablation: str = "zero",
+) -> Path:
+    """export_html's page written to `path` (atomically: a failed export leaves no partial
+    file)."""
     from ..files import atomic_write_text
 
     path = Path(path)
-    atomic_write_text(path, export_html(model, text, name))
+    atomic_write_text(path, export_html(model, text, name, view, ablate, ablation))
     return path
