@@ -18,7 +18,7 @@ from attnlab.explorer.export import _round as export_round
 from attnlab.explorer.export import export_data, request_key
 from attnlab.explorer.loading import newest_run
 from attnlab.explorer.server import bind
-from attnlab.explorer.service import Explorer
+from attnlab.explorer.views import Explorer
 
 
 @pytest.fixture(scope="module")

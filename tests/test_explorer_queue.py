@@ -155,7 +155,7 @@ def test_answers_are_encoded_in_the_routes_thread_not_in_the_event_loop(monkeypa
     from fastapi.testclient import TestClient
     from pydantic import BaseModel, computed_field
 
-    from attnlab.explorer.service import Explorer
+    from attnlab.explorer.views import Explorer
 
     encoded_in_loop = []
 

@@ -72,7 +72,7 @@ def test_quick_induction_run_and_ablation_of_the_induction_heads(tmp_path, capsy
     # The explorer's knockout shows the same thing on one text: with the induction heads out, the
     # loss on the repeated part rises back towards the first copy's, which barely moves.
     from attnlab.explorer.models import Variant
-    from attnlab.explorer.service import Explorer
+    from attnlab.explorer.views import Explorer
 
     text = result["example_text"]
     knock = Explorer({"2L": model}).knockout("2L", text, Variant(tuple(induction_heads)))

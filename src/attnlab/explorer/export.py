@@ -35,7 +35,7 @@ from . import STATIC, VIEWS
 from .atlas import atlas
 from .models import Variant
 from .page_modules import inline_modules
-from .service import Explorer
+from .views import Explorer
 
 EXPORT_MAX_TOKENS = 128
 # traces of every (layer, token) up to this many, else the last token of each layer
