@@ -35,6 +35,7 @@ from . import STATIC, VIEWS
 from .atlas import atlas
 from .models import Variant
 from .page_modules import inline_modules
+from .service import ServedModels
 from .views import Explorer
 
 EXPORT_MAX_TOKENS = 128
@@ -73,8 +74,8 @@ def _round(value: Any, digits: int = 5) -> Any:
     return value
 
 
-class _ExportExplorer(Explorer):
-    """The server's Explorer, except that everything asked of one layer (every head's pattern and
+class _LayerSharingModels(ServedModels):
+    """The server's models, except that everything asked of one layer (every head's pattern and
     projection, every token's trace) shares one forward pass: the server runs one pass per request,
     which for an export would be n_layers x (2 n_heads + n_tokens) passes."""
 
@@ -109,7 +110,7 @@ def export_data(
     """The responses the page asks for on `text`, computed once: {models, text, responses}; with
     `ablate` ((layer, head) pairs), those of the model with those heads knocked out, as the page
     asks for them."""
-    explorer = _ExportExplorer({name: model}, max_tokens=EXPORT_MAX_TOKENS)
+    explorer = Explorer({name: model}, max_tokens=EXPORT_MAX_TOKENS, serving=_LayerSharingModels)
     cfg = model.config
     responses: dict[str, Any] = {}
     variant = Variant(tuple((int(layer), int(head)) for layer, head in ablate), ablation)

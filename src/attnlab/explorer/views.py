@@ -93,7 +93,8 @@ def head_scores(entry: ModelEntry) -> dict[str, Any] | None:
 class Explorer:
     """The computations behind the JSON API's views, on the models `served` holds (service.py:
     their lookups, limits and one cached forward pass); `contexts`, a long text's kept queries and
-    keys; `generations`, the generation streams running (generation.py)."""
+    keys; `generations`, the generation streams running (generation.py). `serving`: the class
+    that holds the models (export.py's shares one forward pass per layer)."""
 
     def __init__(
         self,
@@ -101,8 +102,9 @@ class Explorer:
         max_tokens: int | None = None,
         runs: dict[str, Run] | None = None,
         context_budget: int = BUDGET,
+        serving: type[ServedModels] = ServedModels,
     ) -> None:
-        self.served = ServedModels(models, max_tokens, runs)
+        self.served = serving(models, max_tokens, runs)
         self.contexts = ContextStore(context_budget)
         self.generations: set = set()
 
