@@ -125,8 +125,7 @@ def parse_heads(spec: str) -> list[tuple[int, int]]:
         if not (dot and layer.isdigit() and head.isdigit()):
             raise UserError(
                 f"--ablate {item.strip()!r}: give heads as LAYER.HEAD, comma-separated (--ablate "
-                "1.2,1.0 "
-                "knocks out heads 2 and 0 of layer 1)"
+                "1.2,1.0 knocks out heads 2 and 0 of layer 1)"
             )
         heads.append((int(layer), int(head)))
     return heads
@@ -170,7 +169,13 @@ def explore_induction(result: dict, out: Path, port: int | None) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    from ..formats.cli import MODEL_HELP, add_revision_flag
+    add_explore_command(sub)
+    add_export_command(sub)
+    add_explore_flags(sub.choices["experiment"])
+
+
+def add_explore_command(sub: argparse._SubParsersAction) -> None:
+    from ..formats.cli import add_revision_flag
 
     p = sub.add_parser(
         "explore",
@@ -183,8 +188,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         nargs="*",
         metavar="MODEL",
         help="model directories (attnlab or Hugging Face format), bundled names (minilm) or "
-        "Hugging Face "
-        "Hub names (gpt2, EleutherAI/pythia-70m); default: the newest run under ./runs and minilm",
+        "Hugging Face Hub names (gpt2, EleutherAI/pythia-70m); default: the newest run under "
+        "./runs and minilm",
     )
     add_revision_flag(p, "the MODELs")
     p.add_argument(
@@ -192,9 +197,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="STEPS",
         help="training-step revisions of Hub MODELs for the step slider: step1000,step2000,... or "
-        "'all' "
-        "(every stepN branch, as Pythia publishes them); each is fetched when the slider first "
-        "reaches it",
+        "'all' (every stepN branch, as Pythia publishes them); each is fetched when the slider "
+        "first reaches it",
     )
     p.add_argument(
         "--host",
@@ -224,6 +228,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(func=run_explore)
 
+
+def add_export_command(sub: argparse._SubParsersAction) -> None:
+    from ..formats.cli import MODEL_HELP, add_revision_flag
+
     e = sub.add_parser(
         "export-html",
         help="the explorer's views on one text, as one self-contained HTML file",
@@ -244,8 +252,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="L.H,...",
         help="heads to show knocked out, as LAYER.HEAD pairs (1.2,1.0): every view is then the "
-        "ablated "
-        "model's, with the per-token loss strip and the next token before and after",
+        "ablated model's, with the per-token loss strip and the next token before and after",
     )
     e.add_argument(
         "--ablation",
@@ -254,8 +261,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         help="knock a head out by zeroing its output, or by its mean over the text (default zero)",
     )
     e.set_defaults(func=run_export)
-
-    add_explore_flags(sub.choices["experiment"])
 
 
 def add_explore_flags(experiment: argparse.ArgumentParser) -> None:

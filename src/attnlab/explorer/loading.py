@@ -64,8 +64,7 @@ def hub_steps(source: str, revisions: list[str]) -> dict[int, str]:
     if Path(source).exists():
         raise UserError(
             f"{source}: --revisions picks training-step revisions of a Hugging Face Hub model, and "
-            "this is "
-            "a local model; explore a training run's directory for its snapshots instead"
+            "this is a local model; explore a training run's directory for its snapshots instead"
         )
     if not is_repo_id(source):
         reason = (
@@ -73,8 +72,7 @@ def hub_steps(source: str, revisions: list[str]) -> dict[int, str]:
         )
         raise UserError(
             f"{source}: --revisions picks training-step revisions of a Hugging Face Hub model, and "
-            f"{source} "
-            f"does not exist here as a folder: {reason}"
+            f"{source} does not exist here as a folder: {reason}"
         )
     if revisions == ["all"]:
         return step_revisions(source)
