@@ -28,7 +28,7 @@ from .models import ModelEntry
 
 
 @dataclass(frozen=True)
-class Block:
+class TracedBlock:
     """What a stage reads: one block of the model and the cache of one pass through it."""
 
     cfg: Any  # the model's ModelConfig
@@ -60,7 +60,7 @@ class Block:
         return self.cache[self.prefix + hook][0]  # the batch's one text
 
 
-Text = str | Callable[[Block], str]
+Text = str | Callable[[TracedBlock], str]
 
 
 @dataclass(frozen=True)
@@ -74,10 +74,10 @@ class Stage:
     equation: Text
     hook: str | None
     dims: tuple[str, ...] | None
-    when: Callable[[Block], bool] = lambda b: True
-    compute: Callable[[Block], torch.Tensor] | None = None
+    when: Callable[[TracedBlock], bool] = lambda b: True
+    compute: Callable[[TracedBlock], torch.Tensor] | None = None
 
-    def show(self, block: Block, token: int) -> dict[str, Any]:
+    def show(self, block: TracedBlock, token: int) -> dict[str, Any]:
         title, equation = (
             t if isinstance(t, str) else t(block) for t in (self.title, self.equation)
         )
@@ -110,23 +110,23 @@ SCORES = ("head", "query_pos", "key_pos")
 HIDDEN = ("pos", "d_mlp")
 
 
-def pre_norm(b: Block) -> bool:
+def pre_norm(b: TracedBlock) -> bool:
     return b.pre_norm
 
 
-def post_norm(b: Block) -> bool:
+def post_norm(b: TracedBlock) -> bool:
     return not b.pre_norm
 
 
-def sequential_pre_norm(b: Block) -> bool:
+def sequential_pre_norm(b: TracedBlock) -> bool:
     return b.pre_norm and not b.parallel
 
 
-def with_rope(b: Block) -> bool:
+def with_rope(b: TracedBlock) -> bool:
     return b.cfg.positional == "rope"
 
 
-def with_mlp(b: Block) -> bool:
+def with_mlp(b: TracedBlock) -> bool:
     return b.has_mlp
 
 
@@ -156,12 +156,12 @@ def rotation(name: str) -> Stage:
     )
 
 
-def no_rope_equation(b: Block) -> str:
+def no_rope_equation(b: TracedBlock) -> str:
     added = " (added to the embeddings)" if b.cfg.positional in ("learned", "sinusoidal") else ""
     return f"skipped: positions are {b.cfg.positional}{added}"
 
 
-def mask_equation(b: Block) -> str:
+def mask_equation(b: TracedBlock) -> str:
     window = b.module.attn.window  # this block's own (Gemma 3 windows 5 blocks in 6)
     band = f" and more than {window - 1} keys back (sliding window {window})" if window else ""
     return (
@@ -171,7 +171,7 @@ def mask_equation(b: Block) -> str:
     )
 
 
-def ln2_equation(b: Block) -> str:
+def ln2_equation(b: TracedBlock) -> str:
     source = "x" if b.parallel else "resid_mid"
     equation = f"m̂ = {b.normalized.replace('x', source)}, before its weight"
     if b.parallel:
@@ -179,7 +179,7 @@ def ln2_equation(b: Block) -> str:
     return equation
 
 
-def norm_title(n: int) -> Callable[[Block], str]:
+def norm_title(n: int) -> Callable[[TracedBlock], str]:
     return lambda b: f"{b.cfg.norm} {n}"
 
 
@@ -310,5 +310,5 @@ def block_stages(
     ModelConfig.wiring): the rows of STAGES that this block has."""
     q, k, _ = qkv  # [head, pos, d_head]
     model = entry.model
-    block = Block(model.config, model.blocks[layer], cache, f"blocks.{layer}.", q, k)
+    block = TracedBlock(model.config, model.blocks[layer], cache, f"blocks.{layer}.", q, k)
     return [stage.show(block, token) for stage in STAGES if stage.when(block)]
