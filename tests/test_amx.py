@@ -129,11 +129,12 @@ def test_a_forward_without_gradients_takes_the_amx_product_and_the_module_paths_
     monkeypatch.setenv("ATTNLAB_FLOAT_ROWS", "amx")
     kernels.float_rows()  # the attention's choice, timed once (with the tiles) before counting
     products, calls, many = [], [], kernels.linear_amx_many  # the matrices; the calls
-    monkeypatch.setattr(
-        kernels,
-        "linear_amx_many",
-        lambda x, m: calls.append(len(m)) or products.extend(m) or many(x, m),
-    )
+    for where in (kernels, kernels.products):  # generation's layers, and linear_amx
+        monkeypatch.setattr(
+            where,
+            "linear_amx_many",
+            lambda x, m: calls.append(len(m)) or products.extend(m) or many(x, m),
+        )
     swiglu = kernels.swiglu_amx  # run_with_cache's gate and up (its gate hook only reads)
     monkeypatch.setattr(
         kernels,
