@@ -679,7 +679,7 @@ BREAKS = [
         "no-compiler",
         "without a C compiler the kernels' tests fail, never skip",
         "no compiler is found",
-        "src/attnlab/generate/kernels/__init__.py",
+        "src/attnlab/generate/kernels/builds.py",
         [
             (
                 '    found = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")\n',
@@ -875,7 +875,7 @@ BREAKS = [
         "amx-scratch-widest-panel",
         "matrices that share x get the scratch of their widest panel",
         "the scratch of the largest d_out",
-        "src/attnlab/generate/kernels/__init__.py",
+        "src/attnlab/generate/kernels/products.py",
         [
             (
                 "_kept_scratch(max(needs(rows, d_in, w.shape[0], threads) for w, _ in matrices))",

@@ -586,7 +586,7 @@ def test_the_avx512_forms_without_vnni_hold_the_builds_bounds(
     """The block products' checks above, on decode.c's AVX-512 forms without VNNI: the decode
     step's products, in both layouts, the prompt's, those sharing one rounding (two threads) and
     the largest integer sums."""
-    monkeypatch.setattr(kernels, "library", lambda: without_vnni)
+    monkeypatch.setattr(kernels.builds, "library", lambda: without_vnni)
     block_products_in_this_build(kind, seed)
     if kind in REPACKABLE:
         repacked_products_in_this_build(kind, seed)

@@ -319,7 +319,8 @@ def test_a_quantized_model_keeps_its_block_layers_module_path(seed, monkeypatch)
 @pytest.mark.any_build
 def test_without_vectorised_tiles_torchs_path_runs_and_says_why(seed, monkeypatch, tmp_path):
     """A portable build keeps torch's products, and says so in one line, once (attnlab.slower)."""
-    monkeypatch.setattr(kernels, "rows_vectorized", lambda: (False, False))
+    for where in (kernels, kernels.policy):  # generation's layers, and float_rows
+        monkeypatch.setattr(where, "rows_vectorized", lambda: (False, False))
     monkeypatch.setattr(kernels, "variant", lambda: "portable")
     monkeypatch.setattr(slower, "_said", set())
     tiles = counting(monkeypatch, "linear_rows")
@@ -345,8 +346,8 @@ def test_float_prompts_take_whichever_measured_faster_here(seed, monkeypatch, ti
     anything else is one line. A build without vectorised float32 tiles keeps torch's products
     whatever the timing or ATTNLAB_FLOAT_ROWS says (tiles_here says why)."""
     monkeypatch.delenv("ATTNLAB_FLOAT_ROWS")
-    monkeypatch.setattr(kernels, "amx_unusable", lambda: "no AMX (this test's premise)")
-    monkeypatch.setattr(kernels, "_tiles_beat_torch", lambda build, threads: tiles_win)
+    monkeypatch.setattr(kernels.policy, "amx_unusable", lambda: "no AMX (this test's premise)")
+    monkeypatch.setattr(kernels.policy, "_tiles_beat_torch", lambda build, threads: tiles_win)
     tiles = counting(monkeypatch, "linear_rows")
     model = build("llama-gqa")
     with torch.no_grad():
@@ -378,7 +379,7 @@ def test_the_one_off_timing_compares_the_tiles_with_torchs_gemm(monkeypatch, tmp
         clock[0] += 1e-3
         return clock[0]
 
-    monkeypatch.setattr(kernels, "time", types.SimpleNamespace(perf_counter=perf_counter))
+    monkeypatch.setattr(kernels.policy, "time", types.SimpleNamespace(perf_counter=perf_counter))
 
     def slow(product):
         def call(*args):
@@ -390,16 +391,16 @@ def test_the_one_off_timing_compares_the_tiles_with_torchs_gemm(monkeypatch, tmp
     rows, linear = kernels.linear_rows, torch.nn.functional.linear
     for slowed, expected in (("c", False), ("torch", True)):
         monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / slowed))
-        monkeypatch.setattr(kernels, "linear_rows", slow(rows) if slowed == "c" else rows)
+        monkeypatch.setattr(kernels.policy, "linear_rows", slow(rows) if slowed == "c" else rows)
         monkeypatch.setattr(
             torch.nn.functional, "linear", slow(linear) if slowed == "torch" else linear
         )
         state = torch.get_rng_state()  # a forward pass's first ask: its caller's seed untouched
-        assert kernels._tiles_beat_torch("test", 1) is expected
+        assert kernels.policy._tiles_beat_torch("test", 1) is expected
         assert torch.equal(torch.get_rng_state(), state)
         machine.forget()  # as a new process: the answer from its file, the timing not run again
-        monkeypatch.setattr(kernels, "linear_rows", None)
-        assert kernels._tiles_beat_torch("test", 1) is expected
+        monkeypatch.setattr(kernels.policy, "linear_rows", None)
+        assert kernels.policy._tiles_beat_torch("test", 1) is expected
 
 
 # run_with_cache's attention: the explicit path's three steps in C --------------------------------
@@ -552,7 +553,8 @@ def test_hooks_that_edit_scores_and_patterns_change_both_paths_alike(seed, monke
 def torchs_products(monkeypatch) -> None:
     """As where torch's GEMM measured faster than the tiles (kernels.float_rows: the Intel Xeon of
     2026-12-02): the swapped layers keep torch's products and attention."""
-    monkeypatch.setattr(kernels, "float_rows", lambda: False)
+    for where in (kernels, kernels.policy):  # generation's layers, and float_products
+        monkeypatch.setattr(where, "float_rows", lambda: False)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))

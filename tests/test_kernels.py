@@ -178,10 +178,10 @@ def test_a_kernel_called_with_the_wrong_number_of_arguments_is_refused():
     read 0 as its thread count): every declared kernel refuses a call with other than its count,
     before C runs."""
     library = kernels.library()
-    permitted = getattr(library, kernels.AMX_PERMITTED[0])
+    permitted = library.attnlab_amx_permitted
     with pytest.raises(TypeError, match="takes 0 arguments"):
         permitted(1)
-    rows_many = getattr(library, kernels.LINEAR_Q_ROWS_MANY[0])
+    rows_many = library.attnlab_linear_q_rows_many
     with pytest.raises(TypeError, match="takes 11 arguments [(]12 given[)]"):
         rows_many(*range(12))
     with pytest.raises(TypeError, match="[(]10 given[)]"):
@@ -190,7 +190,7 @@ def test_a_kernel_called_with_the_wrong_number_of_arguments_is_refused():
 
 @pytest.mark.any_build
 def test_the_read_bandwidth_without_kernels_is_one_line(monkeypatch):
-    monkeypatch.setattr(kernels, "library", lambda: None)
+    monkeypatch.setattr(kernels.builds, "library", lambda: None)
     with pytest.raises(UserError, match="read bandwidth is measured by attnlab's C kernels"):
         kernels.read_bandwidth(megabytes=8)
 
@@ -863,7 +863,8 @@ def test_a_quantized_model_saves_and_loads_as_int8(seed, tmp_path):
 def test_the_decode_step_moves_the_weights_it_reads_into_huge_pages_and_nothing_else_changes(
     seed, tmp_path, monkeypatch
 ):
-    monkeypatch.setattr(kernels, "HUGE_PAGES_FROM", 0)  # the test model is small: move it anyway
+    # the test model is small: move it anyway
+    monkeypatch.setattr(kernels.buffers, "HUGE_PAGES_FROM", 0)
     model = build(dict(CONFIGS["llama-gqa"], tie_embeddings=True))
     ids = torch.randint(0, BASE["d_vocab"], (2, 5))
     reference = generate(model, ids, 6, temperature=0, use_kernels=False)
@@ -940,7 +941,17 @@ def machine_dependent_options(flags: list[str]) -> set[str]:
     -march=, -mtune= and --param (the caches' sizes, which -mtune=native adds), clang's
     -target-cpu and -tune-cpu."""
     driver = subprocess.run(
-        [*kernels._compiler(), *flags, "-###", "-x", "c", "-c", os.devnull, "-o", os.devnull],
+        [
+            *kernels.builds._compiler(),
+            *flags,
+            "-###",
+            "-x",
+            "c",
+            "-c",
+            os.devnull,
+            "-o",
+            os.devnull,
+        ],
         capture_output=True,
         text=True,
     )
@@ -979,7 +990,7 @@ def test_a_build_for_a_compiler_without_openmp_computes_the_same_numbers(
     threads = numbers()
     monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
     without = kernels.load(kernels.compile_library(kernels.SOURCE, (alone,)))
-    monkeypatch.setattr(kernels, "library", lambda: without)
+    monkeypatch.setattr(kernels.builds, "library", lambda: without)
     for a, b in zip(numbers(), threads, strict=True):
         assert torch.equal(a, b)
 
@@ -1007,7 +1018,7 @@ def test_attnlab_kernels_forces_a_build_and_it_computes_the_reference(name, tmp_
     monkeypatch.setenv("ATTNLAB_KERNELS", name)
     chosen, path = kernels.choose_variant()
     assert chosen == name and path.with_suffix(".checked").read_text() == "ok"
-    monkeypatch.setattr(kernels, "library", lambda: kernels.load(path))
+    monkeypatch.setattr(kernels.builds, "library", lambda: kernels.load(path))
     x, w, b = torch.randn(3, 129), torch.randn(67, 129), torch.randn(67)
     torch.testing.assert_close(kernels.linear(x, w, b), F.linear(x, w, b), **product_tolerance(129))
 
@@ -1024,8 +1035,8 @@ def test_the_best_allowed_build_runs_by_default(tmp_path, monkeypatch):
 @pytest.mark.any_build
 def test_a_build_the_machine_does_not_allow_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
-    monkeypatch.setattr(kernels, "_is_x86", lambda: True)
-    monkeypatch.setattr(kernels, "cpu_levels", lambda: kernels.CpuLevel.AVX2)  # a Zen 3
+    monkeypatch.setattr(kernels.builds, "_is_x86", lambda: True)
+    monkeypatch.setattr(kernels.builds, "cpu_levels", lambda: kernels.CpuLevel.AVX2)  # a Zen 3
     monkeypatch.setenv("ATTNLAB_KERNELS", "avx512")
     with pytest.raises(UserError, match="ATTNLAB_KERNELS=avx512: this CPU.*; use one of avx2, p"):
         kernels.choose_variant()
@@ -1069,7 +1080,7 @@ def test_a_build_that_faults_in_its_self_check_is_passed_over_and_the_process_li
         return trap if flag_sets[0] == kernels.VARIANTS[best][0] else real(source, flag_sets)
 
     best = kernels.variants_here()[0]
-    monkeypatch.setattr(kernels, "compile_library", compile_library)
+    monkeypatch.setattr(kernels.builds, "compile_library", compile_library)
     monkeypatch.delenv("ATTNLAB_KERNELS", raising=False)
     assert kernels.choose_variant()[0] == kernels.variants_here()[1]
     monkeypatch.setenv("ATTNLAB_KERNELS", best)

@@ -94,7 +94,7 @@ def clang_build(tmp_path_factory):
 @pytest.fixture
 def on_clangs_build(clang_build, monkeypatch):
     """The kernels are clang's build without OpenMP, and every caller asks for two threads."""
-    monkeypatch.setattr(kernels, "library", lambda: clang_build[-1])
+    monkeypatch.setattr(kernels.builds, "library", lambda: clang_build[-1])
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     assert not kernels.openmp()
 
@@ -115,7 +115,7 @@ def test_clang_builds_the_best_build_and_says_when_it_runs_on_one_thread(clang_b
 
 def test_this_processs_kernels_report_their_openmp(tmp_path):
     """kernels.openmp(): what attnlab doctor prints; True where the compiler has OpenMP."""
-    compiler = kernels._compiler()
+    compiler = kernels.builds._compiler()
     probe = tmp_path / "omp.c"
     probe.write_text("#include <omp.h>\nint threads(void) { return omp_get_max_threads(); }\n")
     command = [*compiler, "-fopenmp", "-shared", "-fPIC", str(probe), "-o", str(tmp_path / "o.so")]
