@@ -4,8 +4,9 @@ interface.
 - The package's modules import each other in no circle; its rooms (model/, lens/, generate/, ...)
   stand on at most 9 levels, with at most 4 arrows of deferred imports running from a lower level
   up.
-- decode.c and attnlab.generate.kernels describe the same program: the same op kinds in the same
-  order, each kernel with the same parameter types, and the same activation kinds.
+- The C kernels (generate/kernels/c/) and attnlab.generate.kernels describe the same program: the
+  same op kinds in the same order, each kernel with the same parameter types, and the same
+  activation kinds.
 """
 
 from __future__ import annotations
@@ -47,20 +48,23 @@ def test_the_import_graph_sees_a_circle_a_deferred_import_hides(tmp_path):
     assert found.room_levels == {"attnlab": 1, "attnlab.low": 1, "attnlab.high": 2}
 
 
-DECODE_C = Path(kernels.SOURCE).read_text(encoding="utf-8")
+# the kernels' C sources: kernels.c, the family files it includes and the common header (c/)
+KERNELS_C = "\n".join(
+    p.read_text(encoding="utf-8") for p in sorted(Path(kernels.SOURCE).parent.glob("*.[ch]"))
+)
 
 
 def c_enum(name: str) -> list[str]:
-    body = re.search(r"typedef enum \{([^}]*)\} " + name + ";", DECODE_C)
-    assert body is not None, f"decode.c has no enum {name}"
+    body = re.search(r"typedef enum \{([^}]*)\} " + name + ";", KERNELS_C)
+    assert body is not None, f"the C kernels have no enum {name}"
     without_comments = re.sub(r"/\*.*?\*/", "", body.group(1), flags=re.S)
     return [item.strip() for item in without_comments.split(",") if item.strip()]
 
 
 def c_parameters(function: str) -> list[type]:
-    """The ctypes type of each parameter of decode.c's `void function(...)` (or int64_t)."""
-    found = re.search(r"\b(?:void|int64_t) " + function + r"\((.*?)\)\s*\{", DECODE_C, re.S)
-    assert found is not None, f"decode.c has no function {function}"
+    """The ctypes type of each parameter of the C kernels' `void function(...)` (or int64_t)."""
+    found = re.search(r"\b(?:void|int64_t) " + function + r"\((.*?)\)\s*\{", KERNELS_C, re.S)
+    assert found is not None, f"the C kernels have no function {function}"
     types = []
     for parameter in found.group(1).split(","):
         parameter = " ".join(parameter.split())
@@ -104,13 +108,19 @@ def test_the_block_types_are_decode_cs_and_the_block_modules():
     assert {t.name: t.kernel for t in BLOCK_TYPES.values()} == {
         kind.name: kind.value for kind in kernels.BlockKind
     }
-    sizes = re.search(r"BLOCK_BYTES\[\] = \{([^}]*)\}", DECODE_C).group(1)
-    assert [int(v) for v in sizes.split(",")] == [
-        next(t.nbytes for t in BLOCK_TYPES.values() if t.kernel == kind)
+    # each block struct's asserted size is the block module's, and BLOCK_BYTES lists the structs in
+    # attnlab_block_type's order
+    asserted = re.findall(r"_Static_assert\(sizeof\(block_(\w+)\) == (\d+)", KERNELS_C)
+    assert {name.upper(): int(size) for name, size in asserted} == {
+        kind.name: next(t.nbytes for t in BLOCK_TYPES.values() if t.kernel == kind)
         for kind in kernels.BlockKind
+    }
+    sizes = re.search(r"BLOCK_BYTES\[\] = \{([^}]*)\}", KERNELS_C).group(1)
+    assert re.findall(r"sizeof\(block_(\w+)\)", sizes) == [
+        kind.name.lower().replace("_k", "_K") for kind in kernels.BlockKind
     ]
     # the scratch-size function the loader declares (it returns a size: not an op)
-    found = re.search(r"\bint64_t " + kernels.SCRATCH[0] + r"\((.*?)\)", DECODE_C)
+    found = re.search(r"\bint64_t " + kernels.SCRATCH[0] + r"\((.*?)\)", KERNELS_C)
     assert found is not None and found.group(1).count("int64_t") == len(kernels.SCRATCH[1])
 
 

@@ -57,6 +57,7 @@ import os
 import platform
 import shlex
 import shutil
+import re
 import signal
 import subprocess
 import sys
@@ -76,8 +77,9 @@ from ...memory import HUGE_PAGE, fresh, new_tensor
 from ...model.layers import LayerNorm
 from ..blocks import BLOCK_TYPES
 
-SOURCE = Path(__file__).with_name("decode.c")
-CPU_SOURCE = Path(__file__).with_name("cpu.c")  # what the CPU and the OS allow (CpuLevel)
+# the kernels' unity file (it includes the family files beside it) and the CPU probe, in c/
+SOURCE = Path(__file__).with_name("c") / "kernels.c"
+CPU_SOURCE = Path(__file__).with_name("c") / "cpu.c"  # what the CPU and the OS allow (CpuLevel)
 
 
 class CpuLevel(enum.IntFlag):
@@ -335,6 +337,20 @@ def _is_x86() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 
 
+def included_files(source: Path) -> list[Path]:
+    """`source` and every file it includes by a quoted name (`#include "common.h"`), at any depth,
+    each once: what the build's cache key reads, so that an edit to an included file builds anew."""
+    found, todo = [], [source]
+    while todo:
+        path = todo.pop(0)
+        if path in found or not path.is_file():
+            continue
+        found.append(path)
+        text = path.read_text(encoding="utf-8", errors="replace")
+        todo += [path.parent / name for name in re.findall(r'^\s*#\s*include\s+"([^"]+)"', text, re.M)]
+    return found
+
+
 def compile_library(
     source: Path, flag_sets: tuple[list[str], ...], verbose: bool = False
 ) -> Path | None:
@@ -343,7 +359,7 @@ def compile_library(
     compiler = _compiler()
     if compiler is None:
         return None
-    text = source.read_bytes()
+    text = b"\0".join(p.name.encode() + p.read_bytes() for p in included_files(source))
     for flags in flag_sets:
         key = hashlib.sha256(
             b"\0".join(
