@@ -1,6 +1,6 @@
 /* Float32 products on AMX tiles (Sapphire Rapids and later), as accurate as a float32 GEMM.
  *
- * AMX multiplies bfloat16 (8 significant bits) into float32 sums, 16 times the multiply-adds a
+ * AMX multiplies bfloat16 (8 significant bits) into float32 sums, many times the multiply-adds a
  * cycle of AVX-512's float32 FMAs. A float32 v splits exactly into three bfloat16 parts, v = v1 +
  * v2 + v3 (v1 = v rounded to bfloat16, v2 = what is left rounded again, v3 = the rest, which fits:
  * 24 bits = 3 x 8), and each product of two parts is exact in float32. So x w = sum over i, j of
@@ -8,20 +8,19 @@
  * left out are at most 2^-25 of it, below float32's own rounding of the product): six `tdpbf16ps`
  * products per tile, summed in float32, give a float32 GEMM's accuracy (the "bf16x6" of Henry, Tang
  * and Heinecke, "Leveraging the bfloat16 Artificial Intelligence Datatype For Higher-Precision
- * Computations", ARITH 2019). Measured on SmolLM2's shapes, 1,024 rows, two threads
- * (benchmarks/README.md, "Float32 products on AMX tiles"): 1.25-1.6x MKL's float32 GEMM (k or v
- * alone 0.84x: a layer's q, k and v take one call), the largest error against float64 0.8-1.6x
- * MKL's.
+ * Computations", ARITH 2019). On SmolLM2's shapes it is faster than MKL's float32 GEMM where q, k
+ * and v share one call (one of them alone is not), with an error against float64 of the same size
+ * as MKL's (benchmarks/README.md, "Float32 products on AMX tiles").
  *
  * Layout: x split once per call into A [row tile of 16][32-wide chunk of k][part][16 rows][32 k]
  * (one 1 KB tile each); the weights split a panel of output features at a time (sized to stay in
  * the core's L2) into B [part][tile of 16 features][chunk][16 k pairs][16 features][2] (the pairs
  * layout `tdpbf16ps` reads). Each thread computes 32 x 32 blocks of y: four accumulator tiles, two
  * of x's parts and two of W's loaded at a time (8 tiles, all of them), so that each accumulator
- * takes all six products: 16 tile loads (from L2) per 24 products. What bounds it: with separate
- * accumulators for the small products (1 x 2 blocks of y, 9 loads per 12 products, two to three
- * times closer to float64), the loads alone took 72 % of its time and the products alone 68 %; the
- * 2 x 2 blocks ran 1.2-1.4x faster, their error that of MKL's float32 GEMM.
+ * takes all six products: 16 tile loads (from L2) per 24 products. Separate accumulators for the
+ * small products (1 x 2 blocks of y, 9 loads per 12 products) came closer to float64, but their
+ * tile loads bounded the product; the 2 x 2 blocks are faster, their error that of MKL's float32
+ * GEMM (benchmarks/README.md, "Float32 products on AMX tiles").
  *
  * AMX needs the operating system's permission per process (arch_prctl ARCH_REQ_XCOMP_PERM for
  * XTILEDATA, Linux 5.16+), besides CPUID's flags and XCR0's tile bits: attnlab_amx_permitted asks
@@ -90,8 +89,8 @@ int64_t attnlab_linear_amx_swiglu_scratch(int64_t rows, int64_t d_in, int64_t d_
  * 16 bits, truncated, then what is left of v, whose 24 significant bits the three parts' 8 each
  * hold; an infinite or NaN v gives NaN parts after its first, so a product with it is NaN, where
  * float32's may be infinite). Truncated rather than rounded to nearest (one and, one permute of
- * 16-bit halves, where the rounding took a conversion and two widenings): run_with_cache 1.3-2.4 %
- * faster, the products as accurate (benchmarks/README.md, "run_with_cache past the caches"). */
+ * 16-bit halves, where the rounding took a conversion and two widenings): run_with_cache is faster,
+ * the products as accurate (benchmarks/README.md, "run_with_cache past the caches"). */
 AMX_TARGET static inline void split_bf16(const float *v, __m512i p[3]) {
   __m512 a = _mm512_loadu_ps(v), b = _mm512_loadu_ps(v + 16);
   const __m512i odd =
@@ -157,7 +156,7 @@ AMX_TARGET static void amx_split_rows(const float *x, int64_t stride, int64_t ro
 }
 
 /* r[i] lane j <- r[j] lane i for 16 x 16 32-bit lanes, in registers: pairs of lanes, pairs of
- * pairs, then 128-bit quarters (the gathers this replaced took 1.5 cycles a weight in amx_pack) */
+ * pairs, then 128-bit quarters (in place of gathers, which were amx_pack's bound) */
 AMX_TARGET static inline void transpose_16x16(__m512i r[16]) {
   __m512i t[16];
   for (int i = 0; i < 16; i += 2) {
@@ -300,12 +299,11 @@ AMX_TARGET static void amx_block(const uint16_t *A, const uint16_t *B, int64_t p
 
 /* Outputs of at least this many floats (64 MB) are written with streaming stores; smaller ones,
  * which their next step reads back from the caches, through a block in L1, unless the caller says
- * that y is on pages no cache holds
- * (`fresh`: a run_with_cache's cache, on attnlab.memory's blocks, where a line read before its
- * write is a read from memory for nothing). Measured: benchmarks/README.md, "run_with_cache in
- * fewer passes over memory" and "run_with_cache past the caches"; streaming every output made the
- * head-patching sweep 13 % slower, the tiles stored straight into y 2-5 % slower than through L1.
- */
+ * that y is on pages no cache holds (`fresh`: a run_with_cache's cache, on attnlab.memory's blocks,
+ * where a line read before its write is a read from memory for nothing). Streaming every output
+ * slowed the head-patching sweep, and tiles stored straight into y were slower than through L1
+ * (benchmarks/README.md, "run_with_cache in fewer passes over memory" and "run_with_cache past the
+ * caches"). */
 #define AMX_STREAM_FROM (16 << 20)
 
 /* n floats from src to dst past the caches (streaming stores) where dst is on a cache line and n a

@@ -117,8 +117,8 @@ void attnlab_attend(const float *q, const float *k_new, const float *v_new, floa
 /* Causal attention over a whole prompt from position 0 (generation's prefill): softmax(q K^T scale,
  * keys up to the query's own position) V, with grouped-query heads; q, out [batch, T, heads,
  * d_head], k, v [batch, T, kv_heads, d_head], d_head a multiple of TILE_N. Torch's fused CPU
- * attention ran at a fifth of the float32 tile product's rate here (benchmarks/README.md, issue
- * 25); this one is that product twice per TILE_ROWS_F queries of a head: their scores against
+ * attention ran well below the float32 tile product's rate (benchmarks/README.md, issue 25); this
+ * one is that product twice per TILE_ROWS_F queries of a head: their scores against
  * blocks of TILE_N keys (K^T laid out once per kv head in scratch), a softmax per row (exp_), then
  * the scores times V, read in place. scratch: attnlab_attend_rows_scratch bytes. */
 int64_t attnlab_attend_rows_scratch(int64_t batch, int64_t T, int64_t kv_heads, int64_t d_head,

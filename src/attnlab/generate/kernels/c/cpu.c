@@ -1,5 +1,5 @@
 /* What this x86-64 CPU and its operating system let a program run: the instruction sets of
- * decode.c's builds.
+ * the kernels' builds (kernels.c).
  *
  * A CPU flag is not permission. CPUID says what the processor implements; whether the operating
  * system saves and restores the wider registers on a context switch is XCR0 (read with xgetbv,
@@ -23,7 +23,7 @@ static uint64_t xcr0(void) {
 }
 
 /* ATTNLAB_CPU_* bits: AVX2 = AVX2 + FMA + F16C with ymm state enabled; AVX512 = AVX-512 F, BW, VL,
- * DQ and VNNI with zmm and opmask state enabled (the instructions decode.c's two x86 builds are
+ * DQ and VNNI with zmm and opmask state enabled (the instructions the kernels' two x86 builds are
  * compiled for) */
 int attnlab_cpu_levels(void) {
   unsigned a, b, c, d;

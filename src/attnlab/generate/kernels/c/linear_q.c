@@ -31,12 +31,12 @@ static q_share share_of(const uint8_t *w, int64_t d_out, int64_t row_bytes, int6
 
 /* y[r, o] (=, or += when accumulate) sum_i x[r, i] w[o, i] + b[o] for w in blocks of `type`: each
  * thread rounds x to 8 bits into its own part of `scratch` (attnlab_linear_q_scratch bytes per
- * thread; a few hundred nanoseconds, cheaper than making the threads wait for one copy), then takes
+ * thread; cheaper than making the threads wait for one copy), then takes
  * its share of four output features at a time, streaming their rows once.
  *
- * Prefetched in software, PREFETCH_AHEAD bytes ahead of the rows being read: on this project's AMD
- * EPYC host the hardware prefetchers barely help (without these prefetches the products ran at a
- * sixth of the speed, benchmarks/README.md, issue 25). Near the end of its share a thread's
+ * Prefetched in software, PREFETCH_AHEAD bytes ahead of the rows being read: on some hosts the
+ * hardware prefetchers barely help, and without these prefetches the products ran far below the
+ * memory's speed (benchmarks/README.md, issue 25). Near the end of its share a thread's
  * prefetches run on into `next`, its share of the product that the decode program runs after this
  * one (next_bytes bytes; NULL: none), so that the next product's first rows are on their way while
  * this one ends, the barrier passes and the small ops between run; a prefetch past the share's end

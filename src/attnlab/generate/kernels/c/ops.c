@@ -1,7 +1,8 @@
 /* The elementwise kernels: RoPE, embeddings, residual adds, the window mask, RMSNorm and LayerNorm,
  * the MLP's nonlinearities and products, logit soft-capping; for the decode step's few rows and,
- * the
- * `_rows` forms, a prompt's rows shared by the threads (ggml-cpu's ops.cpp plays this part). */
+ * the `_rows` forms, a prompt's rows shared by the threads (ggml-cpu's ops.cpp plays this part).
+ * Each is the PyTorch equation it replaces, on float32 (tests/test_kernels.py,
+ * tests/test_inference_layers.py). */
 #include "common.h"
 #include "vec.h"
 
@@ -150,8 +151,8 @@ static inline float erfc_nonnegative(float z) {
  * sqrt 2 (libm's erff was a call per value; below 0 this form also keeps its relative precision
  * where 1 + erf cancels). GELU's tanh form as 0.5 v (1 + tanh u) = v sigmoid(2u), u = sqrt(2 / pi)
  * (v + 0.044715 v^3): the same function through the vectorised exp_ (libm's tanhf, a call per
- * value, was 0.36 ms of Gemma 3 270M's 11 ms decode step; the sigmoid form also keeps its relative
- * precision where 1 + tanh u cancels). */
+ * value, was a visible share of Gemma 3's decode step, benchmarks/README.md; the sigmoid form also
+ * keeps its relative precision where 1 + tanh u cancels). */
 void attnlab_activate(float *x, int64_t n, int kind) {
   if (kind == ACTIVATION_GELU_TANH) {
 #pragma omp simd

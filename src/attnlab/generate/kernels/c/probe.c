@@ -1,3 +1,5 @@
+/* The read-bandwidth probe (the bound of a decode step), and what this build reports of itself:
+ * its prefetch distance and whether it runs on OpenMP's threads. */
 #include "common.h"
 
 /* The machine's streaming read bandwidth, the bound of a decode step, which reads every weight once

@@ -1,4 +1,5 @@
-/* A whole decode step in one parallel region.
+/* A whole decode step in one parallel region: the op program's interpreter (attnlab_run) and
+ * greedy generation with no Python between tokens (attnlab_generate_greedy).
  *
  * Called kernel by kernel, a step opened one OpenMP parallel region per product and made a Python
  * call per kernel: between products the threads went to sleep and woke again, and the step took
@@ -10,9 +11,9 @@
  * llama.cpp's thread pool (ggml_graph_compute: one barrier per graph node).
  *
  * An op's `kind` names its kernel (attnlab_op_kind); its `a` holds the kernel's arguments in the
- * order of its attnlab_* function above (addresses and integers as 64-bit values; the float
- * argument, where there is one, in `f`, its slot in `a` unused; the `threads` argument unused: the
- * program's own count applies). */
+ * order of its attnlab_* function (addresses and integers as 64-bit values; the float argument,
+ * where there is one, in `f`, its slot in `a` unused; the `threads` argument unused: the program's
+ * own count applies). */
 
 #include "common.h"
 #include "vec.h"

@@ -1,17 +1,19 @@
-/* Products with weights in ggml's blocks (attnlab.generate.blocks): 32 weights of a row per block
- * with a float16 scale d (and, in Q4_1, a float16 offset m). As in llama.cpp (ggml-cpu's quants.c,
- * ggml_vec_dot_q4_0_q8_0 and its siblings), each row of x is first rounded to 8 bits per block of
- * 32 (q8: a float scale dx = max|x| / 127 and q = round(x / dx)), so that a block's product is an
- * integer dot product and one multiply by the two scales: Q8_0: d dx sum q_w q_x      Q4_0: d dx
- * sum (n - 8) q_x      Q4_1: d dx sum n q_x + m dx sum q_x Each |x - dx q| <= dx / 2, so a product
- * moves by at most sum over blocks of dx / 2 sum |w| (the tests' bound). The integer dot product:
- * AVX-512 VNNI's dpbusd (unsigned 8-bit times signed 8-bit, four products added into each 32-bit
- * lane) where the compiler targets it, AVX2's maddubs + madd otherwise, a plain loop anywhere else;
- * which one is fixed by the build (attnlab.generate.kernels.VARIANTS; the process runs the best
- * build the CPU and the operating system's saved register state allow). Q8_0's signed weights take
- * the sign trick (|w| times x with w's sign). Q4_0's -8 is folded into the lane sums' start (-8
- * times each lane's four q_x, made once per row of x), Q4_1's m term uses the row's dx sum q_x per
- * block. */
+/* The decode step's products with weights in ggml's blocks (attnlab.generate.blocks): 32 weights
+ * of a row per block with a float16 scale d (and, in Q4_1, a float16 offset m). As in llama.cpp
+ * (ggml-cpu's quants.c, ggml_vec_dot_q4_0_q8_0 and its siblings), each row of x is first rounded to
+ * 8 bits per block of 32 (q8: a float scale dx = max|x| / 127 and q = round(x / dx)), so that a
+ * block's product is an integer dot product and one multiply by the two scales:
+ *   Q8_0: d dx sum q_w q_x
+ *   Q4_0: d dx sum (n - 8) q_x
+ *   Q4_1: d dx sum n q_x + m dx sum q_x
+ * Each |x - dx q| <= dx / 2, so a product moves by at most sum over blocks of dx / 2 sum |w| (the
+ * tests' bound). The integer dot product: AVX-512 VNNI's dpbusd (unsigned 8-bit times signed 8-bit,
+ * four products added into each 32-bit lane) where the compiler targets it, AVX2's maddubs + madd
+ * otherwise, a plain loop anywhere else; which one is fixed by the build. Q8_0's signed weights
+ * take the sign trick (|w| times x with w's sign). Q4_0's -8 is folded into the lane sums' start
+ * (-8 times each lane's four q_x, made once per row of x), Q4_1's m term uses the row's dx sum q_x
+ * per block. Q5_0 and the K-quants: quants_k.c; the 16-row layout: repack.c; the loop over a
+ * thread's rows: linear_q.c. */
 #include "common.h"
 #include "vec.h"
 
@@ -72,17 +74,19 @@ static void quantize_row_q8(const float *x, int64_t d_in, q8_row r) {
  * one (masked) load, which also holds their d (and Q4_1's m); one word permute (vpermw) lays their
  * bytes out as dpbusd reads them, so that one dpbusd, one conversion and one FMA serve 64 weights
  * of a row where the 256-bit loop spends them on 32, and the four rows' scales come out of those
- * loads by three permutes instead of eight scalar loads (benchmarks/README.md, issue 25: with the
- * 256-bit loop a product's compute took 77-90 % of its streamed time). Q4_0 / Q4_1: the 36 / 40
- * bytes of blocks b and b + 1 are words 0..17 / 0..19 of the load; vpermw gives [block b's 16
- * nibble bytes twice | block b + 1's twice], then the upper copy of each is shifted right by 4
- *     (weights 0-15 in the low nibbles, 16-31 in the high), so that the 64 bytes are the two
- * blocks' 4-bit values in weight order, opposite x's 64 bytes. Q8_0: 68 bytes, one 64-byte load (d,
- * q of block b, d of b + 1, most of its q) and one of b + 1's 32 q bytes; a two-source word permute
- * puts the 64 q bytes together; dpbusd multiplies unsigned by signed bytes, so the weights go in as
- * q + 128 (xor 0x80) and the lane sums start at -128 times x's sums of four, 16 c8. A row's last
- * block, when nb is odd, goes alone through the same steps with masked loads (the missing block's
- * bytes, x, scales read as zeros). Lanes 0-7 of a row's sums are block b's, 8-15 block b + 1's. */
+ * loads by three permutes instead of eight scalar loads (the 256-bit loop's compute took most of a
+ * product's streamed time: benchmarks/README.md, issue 25).
+ *   Q4_0 / Q4_1: the 36 / 40 bytes of blocks b and b + 1 are words 0..17 / 0..19 of the load;
+ *     vpermw gives [block b's 16 nibble bytes twice | block b + 1's twice], then the upper copy of
+ *     each is shifted right by 4 (weights 0-15 in the low nibbles, 16-31 in the high), so that the
+ *     64 bytes are the two blocks' 4-bit values in weight order, opposite x's 64 bytes.
+ *   Q8_0: 68 bytes, one 64-byte load (d, q of block b, d of b + 1, most of its q) and one of
+ *     b + 1's 32 q bytes; a two-source word permute puts the 64 q bytes together; dpbusd multiplies
+ *     unsigned by signed bytes, so the weights go in as q + 128 (xor 0x80) and the lane sums start
+ *     at -128 times x's sums of four, 16 c8.
+ * A row's last block, when nb is odd, goes alone through the same steps with masked loads (the
+ * missing block's bytes, x, scales read as zeros). Lanes 0-7 of a row's sums are block b's, 8-15
+ * block b + 1's. */
 typedef struct {
   __m512i take, heads, nibble, lane[4];
 } q_consts;

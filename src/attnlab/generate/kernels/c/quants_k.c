@@ -1,22 +1,26 @@
 #include "common.h"
 #include "vec.h"
 
-/* Q5_0 and the K-quants (ggml-common.h's block_q5_0, block_q4_K, block_q5_K, block_q6_K; their
- * values as ggml-quants.c's dequantize_row_* and gguf-py's quants.py read them): Q5_0, 22 bytes per
- * 32 weights: d, qh (32 high bits), 16 bytes of low nibbles;   w = d (n - 16), n in 0..31 Q4_K, 144
- * bytes per 256: d, dmin, 12 bytes of eight 6-bit scales and mins, 128 bytes of nibbles; sub-block
- * s of 32: w = d sc_s n - dmin m_s, n in 0..15 Q5_K, 176 bytes per 256: Q4_K's head, 32 bytes of
- * high bits (bit s of byte j: weight j of sub-block s), 128 bytes of nibbles; w = d sc_s n - dmin
- * m_s, n in 0..31 Q6_K, 210 bytes per 256: 128 bytes of low nibbles, 64 of 2-bit highs, 16 int8
- * scales (one per 16 weights), d; w = d sc (n - 32), n in 0..63 The products read the same 8-bit
- * activation rows as Q8_0/Q4_0/Q4_1 above (one scale per 32 values), so a sub-block of 32 is one
- * integer dot product (dpbusd or maddubs: unsigned n times signed q, the offsets -16 and -32 folded
- * into the lane sums' start as Q4_0's -8 is), times its float scales. llama.cpp instead rounds the
- * activations of a K-quant product to Q8_K (one scale per 256) so that it can add a super-block's
- * scaled integer sums before one float multiply; a scale per 32 rounds less (the tests' bound is
- * the same as for the 32-weight types), and horizontal adds fold the eight sub-blocks' lane sums
- * into one vector, so that the per-32 scales still cost one FMA per block of 256 (dot4_q_k); Q5_0
- * folds the four rows of a pass the same way (dot4_q5_0). */
+/* The decode step's products with Q5_0 and the K-quants (common.h's block_q5_0, block_q4_K,
+ * block_q5_K, block_q6_K, as ggml-common.h declares them; their values as ggml-quants.c's
+ * dequantize_row_* and gguf-py's quants.py read them):
+ *   Q5_0, 22 bytes per 32 weights: d, qh (32 high bits), 16 bytes of low nibbles;
+ *     w = d (n - 16), n in 0..31
+ *   Q4_K, 144 bytes per 256: d, dmin, 12 bytes of eight 6-bit scales and mins, 128 bytes of
+ *     nibbles; sub-block s of 32: w = d sc_s n - dmin m_s, n in 0..15
+ *   Q5_K, 176 bytes per 256: Q4_K's head, 32 bytes of high bits (bit s of byte j: weight j of
+ *     sub-block s), 128 bytes of nibbles; w = d sc_s n - dmin m_s, n in 0..31
+ *   Q6_K, 210 bytes per 256: 128 bytes of low nibbles, 64 of 2-bit highs, 16 int8 scales (one per
+ *     16 weights), d; w = d sc (n - 32), n in 0..63
+ * The products read the same 8-bit activation rows as Q8_0/Q4_0/Q4_1 (quants.c; one scale per 32
+ * values), so a sub-block of 32 is one integer dot product (dpbusd or maddubs: unsigned n times
+ * signed q, the offsets -16 and -32 folded into the lane sums' start as Q4_0's -8 is), times its
+ * float scales. llama.cpp instead rounds the activations of a K-quant product to Q8_K (one scale
+ * per 256) so that it can add a super-block's scaled integer sums before one float multiply; a
+ * scale per 32 rounds less (the tests' bound is the same as for the 32-weight types), and
+ * horizontal adds fold the eight sub-blocks' lane sums into one vector, so that the per-32 scales
+ * still cost one FMA per block of 256 (dot4_q_k); Q5_0 folds the four rows of a pass the same way
+ * (dot4_q5_0). The blocks' float32 values for a prompt's products: dequantize_more. */
 
 /* sub-block j's 6-bit scale and min (j < 8) from a Q4_K / Q5_K block's 12 bytes: bytes 0-3 hold the
  * low six bits of scales 0-3, bytes 4-7 those of mins 0-3, bytes 8-11 the low four bits of scales
@@ -146,7 +150,7 @@ static inline void dot4_q5_0(const uint8_t *const w[4], q8_row r, int64_t nb, fl
                                           : _mm512_maskz_loadu_epi32(half, r.c8 + b * 8),
                                       1); /* -16 sum q */
     __m512i row[4];
-    if (b + 3 <= nb) /* 64 bytes stay inside the row (a masked load streamed ~10 % slower) */
+    if (b + 3 <= nb) /* 64 bytes stay inside the row (a masked load streamed slower) */
       for (int k = 0; k < 4; k++) row[k] = _mm512_loadu_si512(w[k] + b * bytes);
     else
       for (int k = 0; k < 4; k++) row[k] = _mm512_maskz_loadu_epi8(row_mask, w[k] + b * bytes);

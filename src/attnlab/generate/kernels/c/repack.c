@@ -1,28 +1,33 @@
 #include "common.h"
 #include "vec.h"
 
-/* Sixteen rows interleaved: the decode layout of Q4_0, Q4_1, Q8_0 and Q5_0 (Q4_K's below; after
- * llama.cpp's repacked AMX/VNNI layout, ggml-cpu/amx/mmq.cpp, where one 512-bit lane holds one
- * output row). The same blocks, bit for bit, rearranged for the decode step's products: rows come
- * in groups of 16 (d_out a multiple of 16); a group's blocks follow each other, and block b of the
- * group holds, in order, its quants in 64-byte chunks j (4 for Q4_0 / Q4_1, 8 for Q8_0), bytes 4n
- * .. 4n + 3 of chunk j being row n's quant bytes 4j .. 4j + 3 (Q4: the low nibbles weights 4j .. 4j
- * + 3, the high ones 16 + 4j ..; Q8_0: weights 4j .. 4j + 3); the 16 rows' d (IEEE halves), then
- * Q4_1's 16 m; so 16 x (18 | 20 | 34) bytes, as many as the 16 rows' blocks. Q5_0 the same way (22
- * bytes: d, then the 32-bit qh of the fifth bits, then 16 nibble bytes): its chunk 0 holds the 16
- * rows' qh (lane n: row n's), chunks 1-4 the nibbles as Q4_0's, then the d's. A product then
- * multiplies 16 rows at once by x's four bytes broadcast to every lane (one dpbusd per 64 weights
- * of 16 rows, no permute), and scales 16 rows with one conversion of 16 halves and one FMA per
- * block: the decode step 1.26-1.32x its speed on the file's layout (benchmarks/README.md, "The idle
- * run on the Intel Xeon"). */
+/* The 16-row decode layout and its products: sixteen rows interleaved, the decode layout of Q4_0,
+ * Q4_1, Q8_0 and Q5_0 (Q4_K's below; after llama.cpp's repacked AMX/VNNI layout,
+ * ggml-cpu/amx/mmq.cpp, and ggml-cpu's repack.cpp, where one 512-bit lane holds one output row).
+ * The same blocks, bit for bit, rearranged for the decode step's products: rows come in groups of
+ * 16 (d_out a multiple of 16); a group's blocks follow each other, and block b of the group holds,
+ * in order,
+ *   its quants in 64-byte chunks j (4 for Q4_0 / Q4_1, 8 for Q8_0), bytes 4n .. 4n + 3 of chunk j
+ *     being row n's quant bytes 4j .. 4j + 3 (Q4: the low nibbles weights 4j .. 4j + 3, the high
+ *     ones 16 + 4j ..; Q8_0: weights 4j .. 4j + 3);
+ *   the 16 rows' d (IEEE halves), then Q4_1's 16 m;
+ * so 16 x (18 | 20 | 34) bytes, as many as the 16 rows' blocks. Q5_0 the same way (22 bytes: d,
+ * then the 32-bit qh of the fifth bits, then 16 nibble bytes): its chunk 0 holds the 16 rows' qh
+ * (lane n: row n's), chunks 1-4 the nibbles as Q4_0's, then the d's. A product then multiplies 16
+ * rows at once by x's four bytes broadcast to every lane (one dpbusd per 64 weights of 16 rows, no
+ * permute), and scales 16 rows with one conversion of 16 halves and one FMA per block: the decode
+ * step runs faster than on the file's layout (benchmarks/README.md, "The idle run on the Intel
+ * Xeon"). */
 
 /* Q4_K's super-blocks of 16 rows the same way, 16 x 144 = 2304 bytes per super-block of the group:
  *   its 128 quant bytes in 32 chunks of 64 bytes j, bytes 4n .. 4n + 3 of chunk j being row n's
- * quant bytes 4j .. 4j + 3 (chunks 8i .. 8i + 7: sub-block 2i in the low nibbles, 2i + 1 in the
- * high ones); the 16 rows' d, then their 16 dmin (IEEE halves); the 12 bytes of scales and mins as
- * three 64-byte vectors k, bytes 4n .. 4n + 3 of vector k being row n's bytes 4k .. 4k + 3:
- * scales_mins_k's dwords a0, a1, a2, one row a lane, so that the masks and shifts that unpack one
- * row's eight scales and mins there unpack sixteen rows' here (dot16_q_k). */
+ *     quant bytes 4j .. 4j + 3 (chunks 8i .. 8i + 7: sub-block 2i in the low nibbles, 2i + 1 in
+ *     the high ones);
+ *   the 16 rows' d, then their 16 dmin (IEEE halves);
+ *   the 12 bytes of scales and mins as three 64-byte vectors k, bytes 4n .. 4n + 3 of vector k
+ *     being row n's bytes 4k .. 4k + 3: scales_mins_k's dwords a0, a1, a2, one row a lane, so that
+ *     the masks and shifts that unpack one row's eight scales and mins there unpack sixteen rows'
+ *     here (dot16_q_k). */
 #define Q4_K_QUANTS (GROUP * 128)
 #define Q4_K_SCALES (Q4_K_QUANTS + 2 * 2 * GROUP) /* after the quants, the d's and the dmin's */
 
@@ -258,7 +263,7 @@ static inline __attribute__((always_inline)) void dot16_q_k(const uint8_t *g, q8
       for (int h = 0; h < 2; h++) {
         /* sub-block 2i + h: byte (2i + h) % 4 of sc[i / 2], mn[i / 2] (a byte of at most 63: the
          * top one needs no mask, the bottom one no shift; unrolled, so that the shifts are
-         * constants: a loop with variable shifts and branches ran 1.06-1.11x the time in L2) */
+         * constants: a loop with variable shifts and branches ran slower, benchmarks/README.md) */
         const int sub = 2 * i + h, shift = 8 * (sub % 4);
         __m512i sci =
             shift == 0 ? _mm512_and_si512(sc[i / 2], byte) : _mm512_srli_epi32(sc[i / 2], shift);

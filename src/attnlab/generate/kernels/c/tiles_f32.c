@@ -1,8 +1,11 @@
+/* A prompt's float32 product as a tiled matrix product (tiles_q8.c's tiles with float32 weights):
+ * y = x W^T + b for W float32, or blocks dequantized a tile at a time; the tile product
+ * (f_tile_rows) is also the prompt attention's (attention.c). */
 #include "common.h"
 
 /* The float32 tile product's vectors: sixteen floats on AVX-512 (2 per row of the tile, 24 sums for
  * 12 rows), eight elsewhere (4 per row; AVX2's sixteen registers hold 3 rows' 12 sums:
- * sixteen-float vectors there spilled every sum, 3 GFLOP/s). GCC's vector types compile to whatever
+ * sixteen-float vectors there spilled every sum). GCC's vector types compile to whatever
  * vectors the target has. */
 #if AVX512
 #define F_LANES 16

@@ -1,22 +1,24 @@
-/* Prompts: the same products for many rows at once (a prompt's T tokens), as tiled matrix products.
+/* A prompt's products with weights in blocks, as tiled matrix products of many rows at once (a
+ * prompt's T tokens); the float32 one is tiles_f32.c's.
  *
- * Torch's float32 GEMM is MKL's, which on this AMD EPYC runs its AVX2 code at a fraction of the
- * AVX-512 FMA rate, and a block model first dequantized every matrix into a float copy for it
+ * Torch's float32 GEMM is MKL's, which on some CPUs runs its AVX2 code at a fraction of the AVX-512
+ * FMA rate, and a block model first dequantized every matrix into a float copy for it
  * (benchmarks/README.md, issue 25). Here the weights are read once per tile of TILE_N output
  * features: the tile is laid out (and, for blocks, unpacked) into a small buffer that stays in the
  * core's cache while every row of x passes over it, a register tile of rows at a time.
  *
  * Two products:
  * - attnlab_linear_q_rows, blocks times 8-bit activations (the decode step's arithmetic,
- * attnlab_linear_q's numbers up to float32 summation order): each row of x is rounded once by
- * quantize_row_q8 and stored as unsigned bytes q + 128; a tile holds each feature's block as signed
- * bytes (Q8_0's q, Q4_0's n - 8, Q4_1's n) in the order AVX-512 VNNI's dpbusd reads them (four
- * consecutive weights of 16 features per 64 bytes), with per block its scale d, Q4_1's offset m and
- * -128 times its sum, which takes the +128 back out of the integer sum: sum (q + 128) w - 128 sum w
- * = sum q w. Per block and row the integer sum then takes one multiply by d dx (and Q4_1's m dx sum
- * q, as attnlab_linear_q does).
- * - attnlab_linear_f_rows, float32 weights (a float model's, or blocks dequantized a tile at a
- * time) times float32 x: the product a float model's prompt computes, with its own summation order.
+ *   attnlab_linear_q's numbers up to float32 summation order): each row of x is rounded once by
+ *   quantize_row_q8 and stored as unsigned bytes q + 128; a tile holds each feature's block as
+ *   signed bytes (Q8_0's q, Q4_0's n - 8, Q4_1's n) in the order AVX-512 VNNI's dpbusd reads them
+ *   (four consecutive weights of 16 features per 64 bytes), with per block its scale d, Q4_1's
+ *   offset m and -128 times its sum, which takes the +128 back out of the integer sum:
+ *   sum (q + 128) w - 128 sum w = sum q w. Per block and row the integer sum then takes one
+ *   multiply by d dx (and Q4_1's m dx sum q, as attnlab_linear_q does).
+ * - attnlab_linear_f_rows (tiles_f32.c), float32 weights (a float model's, or blocks dequantized a
+ *   tile at a time) times float32 x: the product a float model's prompt computes, with its own
+ *   summation order.
  * The 8-bit product has three forms, fixed by the build: AVX-512 VNNI (x as unsigned bytes q + 128,
  * weights signed, the +128 taken out by the tile's corr), AVX2 (maddubs + madd: unsigned times
  * signed bytes into 16 bits, where q + 128 times a weight would saturate, so x stays signed and the
@@ -211,7 +213,7 @@ static void pack_q_tile(const uint8_t *w, int type, int64_t o0, int64_t n, int64
   int64_t bytes = BLOCK_BYTES[type];
   /* sixteen features at a time: each group of four weights gathered from the sixteen rows (one
    * dword each), the nibbles split with a shift and a mask, the sums by dpbusd with ones; the plain
-   * loop below computed the same bytes five times slower (benchmarks/README.md) */
+   * loop below computed the same bytes far slower (benchmarks/README.md) */
   const __m512i ones = _mm512_set1_epi8(1), low = _mm512_set1_epi8(0x0F),
                 eight = _mm512_set1_epi8(8);
   const int64_t data = head_bytes(type);
