@@ -55,9 +55,9 @@ import hashlib
 import mmap
 import os
 import platform
+import re
 import shlex
 import shutil
-import re
 import signal
 import subprocess
 import sys
@@ -347,7 +347,9 @@ def included_files(source: Path) -> list[Path]:
             continue
         found.append(path)
         text = path.read_text(encoding="utf-8", errors="replace")
-        todo += [path.parent / name for name in re.findall(r'^\s*#\s*include\s+"([^"]+)"', text, re.M)]
+        todo += [
+            path.parent / name for name in re.findall(r'^\s*#\s*include\s+"([^"]+)"', text, re.M)
+        ]
     return found
 
 
