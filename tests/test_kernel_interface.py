@@ -171,10 +171,16 @@ def test_the_block_types_are_the_c_sources_and_the_block_modules():
         kind.name: kind.value for kind in kernels.BlockKind
     }
     source = "".join(p.read_text(encoding="utf-8") for p in kernels.C_FOLDER.rglob("*.[ch]"))
-    sizes = re.search(r"BLOCK_BYTES\[\] = \{([^}]*)\}", source).group(1)
-    assert [int(v) for v in sizes.split(",")] == [
-        next(t.nbytes for t in BLOCK_TYPES.values() if t.kernel == kind)
+    # each block struct's asserted size is the block module's, and BLOCK_BYTES lists the structs in
+    # attnlab_block_type's order
+    asserted = re.findall(r"_Static_assert\(sizeof\(block_(\w+)\) == (\d+)", source)
+    assert {name.upper(): int(size) for name, size in asserted} == {
+        kind.name: next(t.nbytes for t in BLOCK_TYPES.values() if t.kernel == kind)
         for kind in kernels.BlockKind
+    }
+    sizes = re.search(r"BLOCK_BYTES\[\] = \{([^}]*)\}", source).group(1)
+    assert re.findall(r"sizeof\(block_(\w+)\)", sizes) == [
+        kind.name.lower().replace("_k", "_K") for kind in kernels.BlockKind
     ]
 
 

@@ -64,8 +64,8 @@ from .interface import CPU_FUNCTIONS, declare, load
 
 # the file the compiler is given (a unity file that includes the rest of the C source), and
 # cpu.c, a library of its own: what the CPU and the OS allow (CpuLevel)
-SOURCE = Path(__file__).with_name("decode.c")
-CPU_SOURCE = Path(__file__).with_name("cpu.c")
+SOURCE = Path(__file__).with_name("c") / "kernels.c"
+CPU_SOURCE = Path(__file__).with_name("c") / "cpu.c"
 
 
 class CpuLevel(enum.IntFlag):
