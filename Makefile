@@ -56,9 +56,10 @@ compiler:
 	   || (apt-get update -q >/dev/null && apt-get install -y -q gcc g++ clang >/dev/null)) \
 	  || echo "could not install the C compilers: the kernel tests will fail"; }
 
-# GOMP_SPINCOUNT=1000 (unless set): OpenMP's waiting threads spin 1,000 times, not 300,000, before they sleep;
-# beside one busy core the demo reached its explorer after 86 s instead of 141, idle after 51 s instead of 43-50
-# (benchmarks/README.md, "Waiting threads on a busy machine")
+# GOMP_SPINCOUNT=1000 (unless set): OpenMP's waiting threads spin 1,000 times, not 300,000, before
+# they sleep, so beside a busy core they leave it the time it needs and the demo's explorer comes up
+# sooner (measured, with what it costs on an idle machine: benchmarks/README.md, "Waiting threads on
+# a busy machine")
 demo: venv
 	GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} $(VENV)/bin/attnlab demo
 

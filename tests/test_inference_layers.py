@@ -20,6 +20,7 @@ from __future__ import annotations
 import types
 
 import pytest
+import styles
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -35,7 +36,6 @@ from attnlab.generate.fast_layers import (
     KernelLinear,
     inference_kernels_unusable,
 )
-from attnlab.model.config import ModelConfig
 from attnlab.model.layers import Linear
 
 # every test here runs once per build this CPU can execute (kernel_builds.py), but any_build's
@@ -107,30 +107,17 @@ def few_or_tiled(rows: int, d_in: int, d_out: int) -> bool:
 
 
 BASE = dict(d_vocab=97, n_ctx=128, d_model=128, n_layers=2, n_heads=4, d_mlp=192)  # d_head 32
+# the styles of tests/styles.py whose fast layers are checked here, with what they take at BASE
 CONFIGS = {
-    "gpt2": dict(mlp="gelu_tanh"),
+    "gpt2": {},
     # SmolLM2's shape: grouped key/value heads, RMSNorm, SwiGLU, RoPE, no biases, d_head 32
-    "llama-gqa": dict(
-        positional="rope",
-        n_heads=2,
-        n_kv_heads=1,
-        norm="rmsnorm",
-        mlp="swiglu",
-        bias=False,
-        tie_embeddings=True,
-    ),
-    "qwen-qkv-bias-window": dict(
-        positional="rope", qkv_bias=True, norm="rmsnorm", mlp="swiglu", sliding_window=8
-    ),
+    "llama-gqa": dict(n_heads=2, n_kv_heads=1, tie_embeddings=True),
+    "qwen-qkv-bias-window": {},
 }
 
 
 def build(name: str) -> attnlab.Transformer:
-    model = attnlab.Transformer(ModelConfig(**{**BASE, **CONFIGS[name]})).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.3)
-    return model
+    return styles.build(name, **{**BASE, **CONFIGS[name]})
 
 
 def module_path(monkeypatch) -> None:

@@ -18,6 +18,7 @@ import warnings
 
 import pytest
 import torch
+from styles import fields
 
 import attnlab
 from attnlab import slower
@@ -31,7 +32,7 @@ from attnlab.model.config import ModelConfig
 from attnlab.tokenizer import Tokenizer
 
 BASE = dict(d_vocab=29, n_ctx=96, d_model=32, n_layers=2, n_heads=4, d_mlp=48)
-LLAMA = dict(positional="rope", norm="rmsnorm", mlp="swiglu", bias=False, n_kv_heads=2)
+LLAMA = fields("llama-gqa", tie_embeddings=True)
 MODULE_PATH = (
     "generation runs the model's modules at every new token, not attnlab's C decode step: "
 )

@@ -59,7 +59,8 @@ from .gemma3 import GEMMA3
 from .gemma3 import MODEL_TYPE as GEMMA3_TYPE
 from .gguf_tokenizer import tokenizer_from_gguf
 from .hf import architecture_for
-from .native import check_fits, empty_model, warn_non_finite
+from .native import empty_model
+from .untrusted import check_fits, warn_non_finite
 
 MAGIC = b"GGUF"
 # what gguf-py reads; version 1 files (before August 2023) were never loadable by llama.cpp since
