@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 from explorer_models import TEXT, char_tokenizer
+from styles import build
 
-import attnlab
 from attnlab.explorer.views import Explorer
 
 ATTENTION = ["q", "k", "v"]
@@ -17,66 +17,34 @@ SCORES = ["scores", "masked", "pattern", "z", "attn_out"]
 MLP = ["mlp_pre", "mlp_post", "mlp_out"]
 ROPE, NO_ROPE = ["rot_q", "rot_k"], ["rope"]
 
-# name: (the config's fields, the stages of its blocks in order); d_model 32, 2 blocks
+PRE = ["resid_pre", "ln1", *ATTENTION]
+POST = ["resid_pre", *ATTENTION]
+PRE_MLP = ["resid_mid", "ln2", *MLP, "resid_post"]
+POST_MLP = ["add1", "resid_mid", *MLP, "add2", "resid_post"]
+# a wiring: (a style of tests/styles.py and the changes that make the wiring, the stages of its
+# blocks in order)
 WIRINGS = {
-    "pre": (
-        dict(),
-        ["resid_pre", "ln1", *ATTENTION, *NO_ROPE, *SCORES, "resid_mid", "ln2", *MLP, "resid_post"],
+    "pre": (("gpt2", {}), [*PRE, *NO_ROPE, *SCORES, *PRE_MLP]),
+    "pre-rope-qk-norm-one-kv-head": (
+        ("qwen-qk-norm-partial-rope", {}),
+        [*PRE, *ROPE, *SCORES, *PRE_MLP],
     ),
-    "pre-rope-gqa-qk-norm": (
-        dict(positional="rope", n_kv_heads=2, norm="rmsnorm", mlp="swiglu", qk_norm=True),
-        ["resid_pre", "ln1", *ATTENTION, *ROPE, *SCORES, "resid_mid", "ln2", *MLP, "resid_post"],
-    ),
-    "pre-sandwich-window": (  # Gemma 3: block 0 windowed, block 1 global
-        dict(
-            positional="rope",
-            norm="rmsnorm",
-            mlp="geglu_tanh",
-            sandwich_norm=True,
-            sliding_window=4,
-            sliding_window_pattern=2,
-        ),
-        ["resid_pre", "ln1", *ATTENTION, *ROPE, *SCORES, "resid_mid", "ln2", *MLP, "resid_post"],
-    ),
+    # Gemma 3: sandwich norms, block 0 windowed, block 1 global
+    "pre-sandwich-window": (("gemma3", {}), [*PRE, *ROPE, *SCORES, *PRE_MLP]),
     "post": (
-        dict(norm_placement="post", positional="sinusoidal"),
-        [
-            "resid_pre",
-            *ATTENTION,
-            *NO_ROPE,
-            *SCORES,
-            "add1",
-            "resid_mid",
-            *MLP,
-            "add2",
-            "resid_post",
-        ],
+        ("gpt-post-norm", dict(positional="sinusoidal")),
+        [*POST, *NO_ROPE, *SCORES, *POST_MLP],
     ),
+    # BERT: a post-norm encoder, QK-norm with no RoPE hook after it
     "post-encoder": (
-        dict(norm_placement="post", causal=False, qk_norm=True, final_norm=False),
-        [
-            "resid_pre",
-            *ATTENTION,
-            *NO_ROPE,
-            *SCORES,
-            "add1",
-            "resid_mid",
-            *MLP,
-            "add2",
-            "resid_post",
-        ],
+        ("gpt-post-norm", dict(causal=False, qk_norm=True, final_norm=False)),
+        [*POST, *NO_ROPE, *SCORES, *POST_MLP],
     ),
-    "parallel": (
-        dict(positional="rope", rotary_fraction=0.25, parallel_residual=True),
-        ["resid_pre", "ln1", *ATTENTION, *ROPE, *SCORES, "ln2", *MLP, "resid_post"],
-    ),
-    "attn-only-pre": (
-        dict(attn_only=True, positional="rope"),
-        ["resid_pre", "ln1", *ATTENTION, *ROPE, *SCORES, "resid_mid", "mlp"],
-    ),
+    "parallel": (("pythia-parallel", {}), [*PRE, *ROPE, *SCORES, "ln2", *MLP, "resid_post"]),
+    "attn-only-pre": (("sinusoidal-attn-only", {}), [*PRE, *NO_ROPE, *SCORES, "resid_mid", "mlp"]),
     "attn-only-post": (
-        dict(attn_only=True, norm_placement="post", positional="none"),
-        ["resid_pre", *ATTENTION, *NO_ROPE, *SCORES, "add1", "resid_mid", "mlp"],
+        ("sinusoidal-attn-only", dict(norm_placement="post", positional="rope")),
+        [*POST, *ROPE, *SCORES, "add1", "resid_mid", "mlp"],
     ),
 }
 
@@ -106,20 +74,6 @@ HOOKS = {
 SUMS = {"add1": ("hook_resid_pre", "hook_attn_out"), "add2": ("hook_resid_mid", "hook_mlp_out")}
 SKIPPED = {"rope", "mlp"}
 ATOL = 1e-5
-
-
-def build(fields: dict) -> attnlab.Transformer:
-    tok = char_tokenizer()
-    torch.manual_seed(0)
-    config = attnlab.ModelConfig(
-        d_vocab=tok.vocab_size, n_layers=2, n_heads=4, d_model=32, d_mlp=64, n_ctx=64, **fields
-    )
-    model = attnlab.Transformer(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.3)
-    model.tokenizer = tok
-    return model
 
 
 def tensor(values) -> torch.Tensor:
@@ -158,9 +112,11 @@ def check_stage(stage: dict, cache, layer: int, token: int) -> None:
 
 
 @pytest.mark.parametrize("wiring", WIRINGS)
-def test_the_trace_shows_each_wiring_stage_by_stage_from_its_hooks(wiring):
-    fields, keys = WIRINGS[wiring]
-    model = build(fields)
+def test_the_trace_shows_each_wiring_stage_by_stage_from_its_hooks(wiring, seed):
+    (style, changes), keys = WIRINGS[wiring]
+    tokenizer = char_tokenizer()
+    model = build(style, d_vocab=tokenizer.vocab_size, **changes)
+    model.tokenizer = tokenizer
     explorer = Explorer({wiring: model})
     ids = torch.tensor([model.tokenizer.encode(TEXT)])
     with torch.no_grad():
