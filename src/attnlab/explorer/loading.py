@@ -26,9 +26,9 @@ DEFAULT_MODEL = "minilm"  # the bundled pretrained encoder (attnlab.load's name 
 
 def load_model(source: str, revision: str | None = None):
     """The model `source` names (at `revision`, for a Hub name), in the form the explorer serves."""
-    import attnlab
+    from ..formats import load
 
-    return attnlab.load(source, revision=revision)
+    return load(source, revision=revision)
 
 
 def load_served(source: str, revision: str | None = None):
