@@ -413,7 +413,7 @@ BREAKS = [
         "nodelay",
         "the 503 within 50 ms: no 40 ms Nagle/delayed-ACK stall on any answer",
         "the listening socket created without naming TCP (asyncio then leaves Nagle on)",
-        "src/attnlab/explorer/cli.py",
+        "src/attnlab/explorer/server.py",
         [
             (
                 "    sock = socket.socket(family, socket.SOCK_STREAM, proto or socket.IPPROTO_TCP)",
@@ -562,7 +562,7 @@ BREAKS = [
         "token-cli",
         "--host 0.0.0.0 warns and requires a token",
         "no token for a non-loopback host",
-        "src/attnlab/explorer/cli.py",
+        "src/attnlab/explorer/server.py",
         [("    token = None if is_loopback(host) else new_token()", "    token = None")],
         [
             "tests/test_explorer_cli.py::test_a_host_beyond_this_machine_warns_and_requires_the_printed_token"

@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from playwright.sync_api import sync_playwright
 
-    from attnlab.explorer.cli import explorer_process
+    from attnlab.explorer.testing import explorer_process
 
     machine = {}
     if not args.no_machine:

@@ -110,7 +110,7 @@ def atlas_times(model, name: str, text: str, repeats: int) -> dict:
     import httpx
 
     from attnlab.explorer.app import create_app
-    from attnlab.explorer.cli import serving
+    from attnlab.explorer.testing import serving
 
     rows = []
     for _ in range(repeats):
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import attnlab
     from attnlab.explorer.app import create_app
-    from attnlab.explorer.cli import serving
+    from attnlab.explorer.testing import serving
     from attnlab.generate.watch import decode_path
 
     machine = machine_line()

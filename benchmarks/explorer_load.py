@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             f"copy {machine['copy_gbs']} GB/s"
         )
 
-    from attnlab.explorer.cli import explorer_process
+    from attnlab.explorer.testing import explorer_process
 
     with ExitStack() as stack:
         try:

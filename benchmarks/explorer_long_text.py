@@ -6,7 +6,7 @@ draws.
 Serves the browser tests' random LLaMA-style model (2 layers, 4 heads, a character tokenizer:
 imported from tests/explorer_models.py) with `attnlab explore DIR --port 0` (a process of its own,
 as a user runs it:
-attnlab.explorer.cli.explorer_process) and opens the page in Debian's
+attnlab.explorer.testing.explorer_process) and opens the page in Debian's
 chromium through Playwright, round after round, alternating the two encodings of /api/pattern:
 - f32: every matrix as float32 (what the page asked for at any length before issue 17's last step);
   the page is the same, its request rewritten on the way out (Playwright's routing), so only the
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     from playwright.sync_api import sync_playwright
 
     import attnlab
-    from attnlab.explorer.cli import explorer_process
+    from attnlab.explorer.testing import explorer_process
 
     machine = {}
     if not args.no_machine:

@@ -4,7 +4,7 @@ test_explorer_*.py).
 Three architectures cover the explorer's branches: a GPT-style decoder (learned positions,
 pre-norm), a LLaMA-style decoder (RoPE, grouped-query, qk-norm, SwiGLU) and a BERT-style post-norm
 encoder (with qk-norm, which the explorer must apply itself when there is no RoPE hook after it). A
-real server for them is started by attnlab.explorer.cli's `serving(app)` (a thread) or
+real server for them is started by attnlab.explorer.testing's `serving(app)` (a thread) or
 `explorer_process(ARGS)` (`attnlab explore`). conftest.py's fixtures `models` (these three, once per
 test module) and `client` (a TestClient of the explorer serving them) share them between the
 explorer's test files; `post` asks a TestClient for JSON.

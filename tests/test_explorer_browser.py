@@ -21,8 +21,8 @@ from explorer_models import TEXT, small_models, snapshot_run
 
 import attnlab
 from attnlab.explorer import VIEWS
-from attnlab.explorer.cli import serving
-from attnlab.explorer.service import Explorer
+from attnlab.explorer.testing import serving
+from attnlab.explorer.views import Explorer
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

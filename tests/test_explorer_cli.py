@@ -14,10 +14,11 @@ from explorer_models import TEXT, small_models
 
 import attnlab
 from attnlab.cli import main
-from attnlab.explorer.cli import bind, newest_run
 from attnlab.explorer.export import _round as export_round
 from attnlab.explorer.export import export_data, request_key
-from attnlab.explorer.service import Explorer
+from attnlab.explorer.loading import newest_run
+from attnlab.explorer.server import bind
+from attnlab.explorer.views import Explorer
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +58,7 @@ def test_bind_defaults_to_this_machine_only(monkeypatch):
 
     monkeypatch.delenv("ATTNLAB_PORT", raising=False)
     args = build_parser().parse_args(["explore"])
-    assert args.host == "127.0.0.1" and explorer_port(args.port) == 8000 and args.models == []
+    assert args.host == "127.0.0.1" and explorer_port(args.port) == 8000 and args.sources == []
 
 
 def test_newest_run_picks_the_most_recently_written_checkpoint(tmp_path, model_dir):
@@ -77,19 +78,19 @@ def test_newest_run_picks_the_most_recently_written_checkpoint(tmp_path, model_d
 def test_with_no_model_it_serves_the_newest_run_and_minilm(
     tmp_path, model_dir, monkeypatch, capsys
 ):
-    from attnlab.explorer import cli
+    from attnlab.explorer import loading
 
     monkeypatch.chdir(tmp_path)
     attnlab.save(attnlab.load(model_dir), tmp_path / "runs" / "shakespeare")
-    models = cli.default_models()
+    models, _ = loading.default_models()
     assert list(models) == ["shakespeare", "minilm"] and not models["minilm"].config.causal
     # neither a run nor MiniLM: one line that says what to do
     (tmp_path / "runs" / "shakespeare" / "config.json").unlink()
 
-    def no_minilm(path):
-        raise attnlab.UserError(f"{path}: no such model directory")
+    def no_minilm(source, revision=None):
+        raise attnlab.UserError(f"{source}: no such model directory")
 
-    monkeypatch.setattr(attnlab, "load", no_minilm)
+    monkeypatch.setattr(loading, "load_model", no_minilm)
     assert main(["explore"]) == 2
     captured = capsys.readouterr()
     assert "minilm is not available" in captured.out
@@ -100,7 +101,7 @@ def test_with_no_model_it_serves_the_newest_run_and_minilm(
 def test_explore_prints_its_url_and_serves_the_models_given(model_dir, tmp_path):
     import urllib.request
 
-    from attnlab.explorer.cli import explorer_process
+    from attnlab.explorer.testing import explorer_process
 
     with explorer_process(str(model_dir), cwd=tmp_path) as (_, url):
         with urllib.request.urlopen(url + "api/models", timeout=60) as response:
@@ -246,15 +247,15 @@ def test_a_host_beyond_this_machine_warns_and_requires_the_printed_token(
     import uvicorn
     from fastapi.testclient import TestClient
 
-    from attnlab.explorer import cli
+    from attnlab.explorer import server
 
     served = {}
     monkeypatch.setattr(
         uvicorn.Server, "run", lambda self, sockets: served.update(app=self.config.app)
     )
-    real_bind = cli.bind
+    real_bind = server.bind
     # tests never listen beyond loopback
-    monkeypatch.setattr(cli, "bind", lambda _host, port: real_bind("127.0.0.1", port))
+    monkeypatch.setattr(server, "bind", lambda _host, port: real_bind("127.0.0.1", port))
     assert main(["explore", str(model_dir), "--host", host, "--port", "0"]) == 0
     out = capsys.readouterr().out
     url = re.search(r"at (http://\S+)", out).group(1)

@@ -25,7 +25,7 @@ from schemathesis.config import SchemathesisConfig
 
 import attnlab
 from attnlab.explorer.app import create_app
-from attnlab.explorer.cli import explorer_process
+from attnlab.explorer.testing import explorer_process
 
 CONFIG = Path(__file__).resolve().parent / "schemathesis.toml"
 

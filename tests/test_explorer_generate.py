@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 
 import attnlab
 from attnlab.explorer.app import create_app
-from attnlab.explorer.cli import serving
+from attnlab.explorer.testing import serving
 from attnlab.inspection.scores import pattern_scores
 
 

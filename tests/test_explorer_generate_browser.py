@@ -16,7 +16,7 @@ from test_explorer_generate import byte_level_model_that_writes_newlines
 
 import attnlab
 from attnlab.explorer.app import create_app
-from attnlab.explorer.cli import serving
+from attnlab.explorer.testing import serving
 from attnlab.generate.kernel_decoder import KernelDecoder
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

@@ -107,7 +107,7 @@ def test_the_inliner_names_what_it_cannot_inline(tmp_path, files, message):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     from attnlab.explorer.app import create_app
-    from attnlab.explorer.cli import serving
+    from attnlab.explorer.testing import serving
 
     models = small_models()
     runs = {"gpt": snapshot_run(models["gpt"], tmp_path_factory.mktemp("run"))}

@@ -20,7 +20,7 @@ import torch
 from explorer_models import TEXT, small_models
 
 from attnlab.explorer.app import create_app
-from attnlab.explorer.cli import serving
+from attnlab.explorer.testing import serving
 
 CAPACITY = 4
 
@@ -155,7 +155,7 @@ def test_answers_are_encoded_in_the_routes_thread_not_in_the_event_loop(monkeypa
     from fastapi.testclient import TestClient
     from pydantic import BaseModel, computed_field
 
-    from attnlab.explorer.service import Explorer
+    from attnlab.explorer.views import Explorer
 
     encoded_in_loop = []
 
@@ -207,7 +207,7 @@ def test_the_servers_connections_send_at_once_without_waiting_for_an_ack():
     import asyncio
     import socket
 
-    from attnlab.explorer.cli import bind
+    from attnlab.explorer.server import bind
 
     async def accept_one() -> int:
         sock = bind("127.0.0.1", 0)

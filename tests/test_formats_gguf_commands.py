@@ -113,7 +113,7 @@ def test_compare(gguf_file, capsys):
 
 @pytest.mark.slow
 def test_explore(gguf_file, tmp_path):
-    from attnlab.explorer.cli import explorer_process
+    from attnlab.explorer.testing import explorer_process
 
     with explorer_process(str(gguf_file), cwd=tmp_path) as (_, url):
         with urllib.request.urlopen(url + "api/models", timeout=60) as response:

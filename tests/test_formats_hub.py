@@ -392,7 +392,7 @@ def test_explore_a_pythia_checkpoint_by_hub_name_and_revision(tmp_path):
     loopback Hub."""
     import urllib.request
 
-    from attnlab.explorer.cli import explorer_process
+    from attnlab.explorer.testing import explorer_process
 
     repo = Repo()
     repo.add_commit(tiny_pythia(tmp_path / "pythia"), "step3000")
@@ -418,7 +418,7 @@ def test_explore_pythia_training_revisions_on_the_step_slider(tmp_path):
 
     from explorer_models import TEXT
 
-    from attnlab.explorer.cli import explorer_process
+    from attnlab.explorer.testing import explorer_process
 
     repo, expected = Repo(), {}
     for step in (0, 10, 20):

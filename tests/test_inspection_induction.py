@@ -72,7 +72,7 @@ def test_quick_induction_run_and_ablation_of_the_induction_heads(tmp_path, capsy
     # The explorer's knockout shows the same thing on one text: with the induction heads out, the
     # loss on the repeated part rises back towards the first copy's, which barely moves.
     from attnlab.explorer.models import Variant
-    from attnlab.explorer.service import Explorer
+    from attnlab.explorer.views import Explorer
 
     text = result["example_text"]
     knock = Explorer({"2L": model}).knockout("2L", text, Variant(tuple(induction_heads)))
@@ -121,11 +121,11 @@ def test_explore_opens_the_explorer_on_the_phase_change(tmp_path, monkeypatch):
     """--explore serves the two models, both runs' sliders at the step where the 2L model's
     induction score rises most."""
     from attnlab.explorer import cli as explorer_cli
-    from attnlab.inspection import cli as inspection_cli
+    from attnlab.explorer import server
 
     served = []
     monkeypatch.setattr(
-        explorer_cli,
+        server,
         "serve",
         lambda models, host, port, max_tokens, runs: served.append((models, port, runs)) or 0,
     )
@@ -138,7 +138,7 @@ def test_explore_opens_the_explorer_on_the_phase_change(tmp_path, monkeypatch):
         (tmp_path / name / "snapshots").mkdir(parents=True)
         for step in (0, 20, 40):
             (tmp_path / name / "snapshots" / f"step-{step:06d}.safetensors").write_bytes(b"")
-    assert inspection_cli.explore_induction(result, tmp_path, 8123) == 0
+    assert explorer_cli.explore_induction(result, tmp_path, 8123) == 0
     models, port, runs = served[0]
     assert list(models) == ["induction-2L", "induction-1L"] and port == 8123
     assert runs["induction-2L"].start_step == 20 and list(runs["induction-2L"].snapshots) == [

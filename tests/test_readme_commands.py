@@ -40,7 +40,7 @@ from explorer_models import char_tokenizer
 from hub_server import HubServer, Repo
 
 import attnlab
-from attnlab.explorer.cli import URL_LINE
+from attnlab.explorer.server import URL_LINE
 
 ROOT = Path(attnlab.__file__).resolve().parents[2]
 README = ROOT / "README.md"

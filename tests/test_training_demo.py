@@ -18,7 +18,7 @@ import sys
 import pytest
 from test_explorer_browser import browser, page, settle  # noqa: F401 (chromium, a page: fixtures)
 
-from attnlab.explorer.cli import URL_LINE
+from attnlab.explorer.server import URL_LINE
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 

@@ -13,7 +13,7 @@
 - Knockout on MiniLM: layer 5's heads 4 and 11 ("it" lands on "cat"), and a control head (layer 5,
   head 2). The browser is Debian's chromium driven by Playwright, as in
   tests/test_explorer_browser.py; the server binds 127.0.0.1 on a free port
-  (attnlab.explorer.cli.serving, as the tests start it). Each screenshot is then looked at by a
+  (attnlab.explorer.testing.serving, as the tests start it). Each screenshot is then looked at by a
   person before it is committed.
 """
 
@@ -36,8 +36,8 @@ def main(experiments: Path) -> None:
 
     import attnlab
     from attnlab.explorer.app import create_app
-    from attnlab.explorer.cli import serving
     from attnlab.explorer.models import Run
+    from attnlab.explorer.testing import serving
     from attnlab.training.snapshots import list_snapshots
 
     result = json.loads((experiments / "induction.json").read_text())

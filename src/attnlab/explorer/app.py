@@ -36,7 +36,8 @@ from ..errors import UserError
 from . import QUEUE
 from .models import NotFound, Run, TextTooLong, Unsupported
 from .security import LOOPBACK_HOSTS, Guard
-from .service import MAX_CHARS, Explorer
+from .service import MAX_CHARS
+from .views import Explorer
 from .work_queue import QUEUE_PREFIX, WorkQueue
 
 # A request body's limit: the longest text JSON-escaped (12 bytes, \uXXXX\uXXXX, for a character
@@ -175,13 +176,13 @@ def describe_models(spec: dict[str, Any], explorer: Explorer) -> dict[str, Any]:
     characters they all know. With several models of different sizes, an index in range for the
     largest can still be out of range for a smaller one (422): JSON Schema cannot make one field's
     range depend on another's value."""
-    models = [e.model for e in explorer.entries.values()]
+    models = [e.model for e in explorer.served.entries.values()]
     largest = {
         "layer": max(m.config.n_layers for m in models) - 1,
         "head": max(m.config.n_heads for m in models) - 1,
-        "token": max(explorer.token_limit(m) for m in models) - 1,
+        "token": max(explorer.served.token_limit(m) for m in models) - 1,
     }
-    names = list(explorer.entries)
+    names = list(explorer.served.entries)
     schemas = spec.get("components", {}).get("schemas", {})
     for schema in schemas.values():
         properties = schema.get("properties", {})

@@ -30,13 +30,13 @@ ROLES = ("previous_token", "induction", "duplicate_token", "first_token", "local
 def atlas(explorer, name: str, text: str, variant: Variant = PLAIN) -> dict[str, Any]:
     """Every head's scores on the probes and on `text`, with the thresholds and the time each
     took."""
-    entry = explorer.entry(name, variant)
-    ids, tokens = explorer.encode(entry, text)
+    entry = explorer.served.entry(name, variant)
+    ids, tokens = explorer.served.encode(entry, text)
     start = time.perf_counter()
     with entry.lock:
         on_text = score_patterns(entry.model, ids, entry.hooks)
     text_ms = 1000 * (time.perf_counter() - start)
-    plain = explorer.entry(name, Variant(step=variant.step))
+    plain = explorer.served.entry(name, Variant(step=variant.step))
     cached = plain.scores is not None
     start = time.perf_counter()
     probes = head_scores(plain)

@@ -388,12 +388,12 @@ def tile(
 def open_context(explorer, name: str, text: str, variant: Variant) -> dict:
     """POST /api/context: the text run once through the model (or found kept), described with its
     tokens."""
-    entry = explorer.entry(name, variant)
-    ids, tokens = explorer.encode(entry, text)
+    entry = explorer.served.entry(name, variant)
+    ids, tokens = explorer.served.encode(entry, text)
     context = explorer.contexts.create(context_id(name, variant, text), entry, ids, tokens)
     return {
         **context.describe(),
         "tokens": context.tokens,
-        "info": explorer.describe(entry),
+        "info": explorer.served.describe(entry),
         "memory": explorer.contexts.status(),
     }

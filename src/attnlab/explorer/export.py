@@ -35,7 +35,8 @@ from . import STATIC, VIEWS
 from .atlas import atlas
 from .models import Variant
 from .page_modules import inline_modules
-from .service import Explorer
+from .service import ServedModels
+from .views import Explorer
 
 EXPORT_MAX_TOKENS = 128
 # traces of every (layer, token) up to this many, else the last token of each layer
@@ -73,8 +74,8 @@ def _round(value: Any, digits: int = 5) -> Any:
     return value
 
 
-class _ExportExplorer(Explorer):
-    """The server's Explorer, except that everything asked of one layer (every head's pattern and
+class _LayerSharingModels(ServedModels):
+    """The server's models, except that everything asked of one layer (every head's pattern and
     projection, every token's trace) shares one forward pass: the server runs one pass per request,
     which for an export would be n_layers x (2 n_heads + n_tokens) passes."""
 
@@ -109,7 +110,7 @@ def export_data(
     """The responses the page asks for on `text`, computed once: {models, text, responses}; with
     `ablate` ((layer, head) pairs), those of the model with those heads knocked out, as the page
     asks for them."""
-    explorer = _ExportExplorer({name: model}, max_tokens=EXPORT_MAX_TOKENS)
+    explorer = Explorer({name: model}, max_tokens=EXPORT_MAX_TOKENS, serving=_LayerSharingModels)
     cfg = model.config
     responses: dict[str, Any] = {}
     variant = Variant(tuple((int(layer), int(head)) for layer, head in ablate), ablation)
@@ -208,9 +209,19 @@ def export_html(
     return page
 
 
-def write_html(model, text: str, path: str | Path, name: str = "model") -> Path:
+def write_html(
+    model,
+    text: str,
+    path: str | Path,
+    name: str = "model",
+    view: str = "dict",
+    ablate=(),
+    ablation: str = "zero",
+) -> Path:
+    """export_html's page written to `path` (atomically: a failed export leaves no partial
+    file)."""
     from ..files import atomic_write_text
 
     path = Path(path)
-    atomic_write_text(path, export_html(model, text, name))
+    atomic_write_text(path, export_html(model, text, name, view, ablate, ablation))
     return path

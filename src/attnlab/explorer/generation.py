@@ -82,7 +82,7 @@ class Generation:
             request,
         )
         model = entry.model
-        limit = min(explorer.token_limit(model), model.config.n_ctx)
+        limit = min(explorer.served.token_limit(model), model.config.n_ctx)
         self.budget = min(request.max_new_tokens, limit - len(ids))
         if self.budget < 1:
             raise TextTooLong(
@@ -252,7 +252,8 @@ def _line(event: dict[str, Any]) -> bytes:
 
 def open_generation(explorer, request) -> Generation:
     """The request checked (UserErrors with their HTTP statuses, app.STATUSES), not yet started."""
-    entry = explorer.entry(request.model, Variant(step=request.step))
+    served = explorer.served
+    entry = served.entry(request.model, Variant(step=request.step))
     model = entry.model
     if not model.config.causal:
         raise Unsupported(
@@ -265,15 +266,15 @@ def open_generation(explorer, request) -> Generation:
                 f"model {entry.name!r} has no chat template (a GGUF file carries one); "
                 "untick chat to continue the text as a prompt"
             )
-        explorer.encode(entry, request.text)  # the message's own limits, as every view checks
+        served.encode(entry, request.text)  # the message's own limits, as every view checks
         ids = chat_ids(model, [{"role": "user", "content": request.text}])
-        if len(ids) > explorer.token_limit(model):
+        if len(ids) > served.token_limit(model):
             raise TextTooLong(
                 f"the chat prompt is {len(ids)} tokens; the explorer's limit for model "
-                f"{entry.name!r} is {explorer.token_limit(model)} tokens; shorten the message"
+                f"{entry.name!r} is {served.token_limit(model)} tokens; shorten the message"
             )
         tokens = [model.tokenizer.label(i) for i in ids]
     else:
-        ids_tensor, tokens = explorer.encode(entry, request.text)
+        ids_tensor, tokens = served.encode(entry, request.text)
         ids = ids_tensor[0].tolist()
     return Generation(explorer, entry, ids, tokens, request)

@@ -1,18 +1,16 @@
-"""What the explorer computes: a text through a model with `run_with_cache`, shaped as JSON for the
-views.
+"""The models the explorer serves (`ServedModels`): a request's lookups, the limits it is checked
+against, and the one forward pass with `run_with_cache` behind every view (views.py computes the
+views from it).
 
 Design choices:
 - Every number the page shows comes from one forward pass with `run_with_cache`, restricted by
   `names_filter` to the hooks a view needs, so a 512-token text never materialises a full cache of
   every layer's patterns unless the heads grid asks for them.
-- The stages of the attention equation (raw q·kᵀ, ·scale, mask, softmax) reuse
-  attnlab.model.attention's functions on the cached q and k as the layer used them (after qk-norm
-  and RoPE), so they agree with the cached pattern to float rounding; the API tests check that.
 - Hooks are attached to the model's modules, so two forward passes on one model at once would mix
   their
   caches: each model has a lock, held for the whole pass. Nothing else is shared between requests.
-- Models come only from the dict given to `Explorer` (paths named on the command line); a request
-  names a model by its key, and no request value ever reaches the file system.
+- Models come only from the dict given (name -> loaded model, the sources named on the command
+  line); a request names a model by its key, and no request value ever reaches the file system.
 - Limits: a text may have at most `max_tokens` tokens (by default MAX_TOKENS or the model's
   context n_ctx, whichever is longer: SmolLM2's 8,192; never more than a learned-position model's
   n_ctx); longer is `TextTooLong` (HTTP 413). Unknown model names and training steps without a
@@ -20,23 +18,12 @@ Design choices:
   `NotFound` (404), and so is a token position past the text's end (the text has no such token);
   a next token or an attribution asked of an encoder is `Unsupported` (409); out-of-range layers
   and heads are UserErrors (422). Each message names the value and the limit.
-- Experiments (issue 17): a request may knock out heads (`ablate`, zero or mean ablation) and pick a
-  training step (`step`, from `attnlab train --snapshots N`, or a Hub repository's stepN revisions,
-  fetched when first asked for). `Variant` says which; `entry(name, variant)`
-  gives the model at that step with the interventions' `ablate_head` hooks, and every view runs
-  through it, so there is one ablation (attnlab.inspection.interventions) and one forward pass per
-  view, as before. The hooks are attached before the cache's, so the cache holds what the ablated
-  model computed.
-- Big matrices can travel as base64 float32 (`encoding="f32"`), 4 bytes a number, which the page
-  decodes into a Float32Array without parsing 262,144 JSON numbers for a 512-token heatmap.
-- Long texts travel lighter (`encoding="f16"`, what the page asks for above 512 tokens): float16, 2
-  bytes a number, times a power of two carried beside it (`scale`; llama.cpp's blocks carry their
-  scale the same way), chosen so the largest value fits float16's range; a power of two multiplies
-  exactly, so every value keeps float16's relative error of at most 2⁻¹¹, under half a unit in a
-  third significant digit, which is what the page then shows. Values below `tiny` (float16's
-  smallest normal, scaled) are less exact, and the page shows them as "< tiny". A causal model's
-  pattern is zero above the diagonal, so only its lower
-  triangle travels (`lower`), a fraction of float32's bytes (benchmarks/README.md, issue 17).
+- A request's `Variant` says which model it sees: `entry(name, variant)` gives the model at that
+  training step (`step`, from `attnlab train --snapshots N`, or a Hub repository's stepN
+  revisions, fetched when first asked for) with the interventions' `ablate_head` hooks for the
+  heads it knocks out (`ablate`, zero or mean ablation), and every view runs through it, so there
+  is one ablation (attnlab.inspection.interventions) and one forward pass per view. The hooks are
+  attached before the cache's, so the cache holds what the ablated model computed.
 """
 
 from __future__ import annotations
@@ -50,7 +37,6 @@ from ..errors import UserError
 from ..inspection.interventions import ablate_head
 from ..model.attention import expand_kv
 from . import MAX_TOKENS
-from .context import BUDGET, ContextStore
 from .models import (
     PLAIN,
     STEP_MODELS,
@@ -61,21 +47,20 @@ from .models import (
     UnknownModel,
     Variant,
 )
-from .views import ExplorerViews
 
 # a cap on characters, checked before tokenizing: room for 8,192 tokens of 8 characters each
 MAX_CHARS = 65_536
 
 
-class Explorer(ExplorerViews):
-    """The models the explorer serves, by name, and every computation behind the JSON API."""
+class ServedModels:
+    """The models the explorer serves, by name: a request's lookups (a model, its variant), the
+    limits it is checked against, and the one cached forward pass every view runs."""
 
     def __init__(
         self,
         models: dict[str, Any],
         max_tokens: int | None = None,
         runs: dict[str, Run] | None = None,
-        context_budget: int = BUDGET,
     ) -> None:
         if not models:
             raise UserError("the explorer needs at least one model")
@@ -87,8 +72,6 @@ class Explorer(ExplorerViews):
             for name, model in models.items()
         }
         self.max_tokens = max_tokens
-        self.contexts = ContextStore(context_budget)  # the whole context's kept queries and keys
-        self.generations: set = set()  # the generation streams running (generation.py)
 
     # Looking things up --------------------------------------------------------------------------
     def entry(self, name: str, variant: Variant = PLAIN) -> ModelEntry:
@@ -187,9 +170,6 @@ class Explorer(ExplorerViews):
             "start_step": entry.run.start_step if entry.run else None,
             "example": entry.run.example if entry.run else None,
         }
-
-    def list_models(self) -> list[dict[str, Any]]:
-        return [self.describe(entry) for entry in self.entries.values()]
 
     def encode(self, entry: ModelEntry, text: str) -> tuple[torch.Tensor, list[str]]:
         """ids (1, T) and the token strings, or a UserError naming the limit that the text

@@ -1,8 +1,23 @@
 """One token through one block, stage by stage (the trace view): each stage's equation, hook, full
-shape and this token's values, in the order the block computes them (ModelConfig.wiring)."""
+shape and this token's values, in the order the block computes them (ModelConfig.wiring).
+
+Design choices:
+- The stages are a table (STAGES), one row per stage: its key and title, its equation, the hook it
+  reads (or how it is computed from the cache where the block has no hook for it), the names of the
+  tensor's dimensions, and the blocks it belongs to (`when`: pre-norm, post-norm, parallel, RoPE,
+  with an MLP). `block_stages` reads the table; nothing else decides what the trace shows.
+- A row's title and equation are strings, or functions of the block where the words depend on its
+  config (the norm's name, the mask's band).
+- A skipped stage (RoPE on a model without it, the MLP of an attention-only model) has no tensor
+  (`dims` None): the page shows the equation alone, saying why.
+- The token's values are the full tensor at the token's position: its `pos` axis, or its
+  `query_pos` axis for the [head, query_pos, key_pos] scores.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -12,307 +27,288 @@ from .encoding import finite
 from .models import ModelEntry
 
 
+@dataclass(frozen=True)
+class TracedBlock:
+    """What a stage reads: one block of the model and the cache of one pass through it."""
+
+    cfg: Any  # the model's ModelConfig
+    module: torch.nn.Module  # model.blocks[layer]
+    cache: Any
+    prefix: str  # "blocks.{layer}."
+    q: torch.Tensor  # [head, pos, d_head], as the scores used them (after qk-norm and RoPE)
+    k: torch.Tensor  # [head, pos, d_head], one row per query head
+
+    @property
+    def pre_norm(self) -> bool:
+        return self.cfg.wiring in ("pre", "parallel")
+
+    @property
+    def parallel(self) -> bool:
+        return self.cfg.wiring == "parallel"
+
+    @property
+    def has_mlp(self) -> bool:
+        return self.module.mlp is not None
+
+    @property
+    def normalized(self) -> str:
+        """The norm's equation, without its weight (hook_normalized is TransformerLens's: the
+        normalized input before the norm's weight and bias)."""
+        return "(x − mean) / scale" if self.cfg.norm == "layernorm" else "x / scale"
+
+    def hooked(self, hook: str) -> torch.Tensor:
+        return self.cache[self.prefix + hook][0]  # the batch's one text
+
+
+Text = str | Callable[[TracedBlock], str]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One row of the trace: what it shows (title, equation), where its numbers come from (`hook`
+    under blocks.{layer}., or `compute` from the cache where the block has no hook for it), the
+    tensor's dimensions (None: a skipped stage, equation only), and which blocks have it."""
+
+    key: str
+    title: Text
+    equation: Text
+    hook: str | None
+    dims: tuple[str, ...] | None
+    when: Callable[[TracedBlock], bool] = lambda b: True
+    compute: Callable[[TracedBlock], torch.Tensor] | None = None
+
+    def show(self, block: TracedBlock, token: int) -> dict[str, Any]:
+        title, equation = (
+            t if isinstance(t, str) else t(block) for t in (self.title, self.equation)
+        )
+        if self.dims is None:
+            return {
+                "key": self.key,
+                "title": title,
+                "hook": None,
+                "shape": None,
+                "dims": None,
+                "values": None,
+                "equation": equation,
+            }
+        full = block.hooked(self.hook) if self.compute is None else self.compute(block)
+        at = self.dims.index("pos" if "pos" in self.dims else "query_pos")
+        return {
+            "key": self.key,
+            "title": title,
+            "equation": equation,
+            "hook": None if self.hook is None else block.prefix + self.hook,
+            "shape": list(full.shape),
+            "dims": list(self.dims),
+            "values": finite(full.select(at, token).float().tolist()),
+        }
+
+
+RESID = ("pos", "d_model")
+HEADS = ("pos", "head", "d_head")
+SCORES = ("head", "query_pos", "key_pos")
+HIDDEN = ("pos", "d_mlp")
+
+
+def pre_norm(b: TracedBlock) -> bool:
+    return b.pre_norm
+
+
+def post_norm(b: TracedBlock) -> bool:
+    return not b.pre_norm
+
+
+def sequential_pre_norm(b: TracedBlock) -> bool:
+    return b.pre_norm and not b.parallel
+
+
+def with_rope(b: TracedBlock) -> bool:
+    return b.cfg.positional == "rope"
+
+
+def with_mlp(b: TracedBlock) -> bool:
+    return b.has_mlp
+
+
+def projection(name: str, label: str) -> Stage:
+    """q, k or v of every head."""
+    return Stage(
+        name,
+        label,
+        lambda b: (
+            f"{name} = (x̂ ⊙ w + b) W_{name.upper()}"
+            if b.pre_norm
+            else f"{name} = x W_{name.upper()}"
+        ),
+        f"attn.hook_{name}",
+        HEADS,
+    )
+
+
+def rotation(name: str) -> Stage:
+    return Stage(
+        f"rot_{name}",
+        f"RoPE on {name}",
+        f"{name} ← rotate({name}, pos · θ)",
+        f"attn.hook_rot_{name}",
+        HEADS,
+        when=with_rope,
+    )
+
+
+def no_rope_equation(b: TracedBlock) -> str:
+    added = " (added to the embeddings)" if b.cfg.positional in ("learned", "sinusoidal") else ""
+    return f"skipped: positions are {b.cfg.positional}{added}"
+
+
+def mask_equation(b: TracedBlock) -> str:
+    window = b.module.attn.window  # this block's own (Gemma 3 windows 5 blocks in 6)
+    band = f" and more than {window - 1} keys back (sliding window {window})" if window else ""
+    return (
+        f"s ← −∞ above the diagonal{band}"
+        if b.cfg.causal
+        else "no mask (encoder: every key visible)"
+    )
+
+
+def ln2_equation(b: TracedBlock) -> str:
+    source = "x" if b.parallel else "resid_mid"
+    equation = f"m̂ = {b.normalized.replace('x', source)}, before its weight"
+    if b.parallel:
+        equation += "  (parallel block: the MLP reads resid_pre)"
+    return equation
+
+
+def norm_title(n: int) -> Callable[[TracedBlock], str]:
+    return lambda b: f"{b.cfg.norm} {n}"
+
+
+# The block's stages in the order it computes them; each row says which blocks have it.
+STAGES: tuple[Stage, ...] = (
+    Stage("resid_pre", "residual stream in", "x = resid_pre", "hook_resid_pre", RESID),
+    Stage(
+        "ln1",
+        norm_title(1),
+        lambda b: f"x̂ = {b.normalized}, before its weight",
+        "ln1.hook_normalized",
+        RESID,
+        when=pre_norm,
+    ),
+    projection("q", "queries"),
+    projection("k", "keys"),
+    projection("v", "values"),
+    rotation("q"),
+    rotation("k"),
+    Stage("rope", "RoPE", no_rope_equation, None, None, when=lambda b: not with_rope(b)),
+    Stage(
+        "scores",
+        "scores",
+        "s = q kᵀ / √d_head",
+        None,
+        SCORES,
+        compute=lambda b: attention_scores(b.q, b.k, b.cfg.scale),
+    ),
+    # the model's own masked scores: apply_mask(raw) in the layer
+    Stage("masked", "mask", mask_equation, "attn.hook_attn_scores", SCORES),
+    Stage("pattern", "softmax", "a = softmax(s)", "attn.hook_pattern", SCORES),
+    Stage("z", "weighted sum", "z = a v", "attn.hook_z", HEADS),
+    Stage("attn_out", "W_O", "attn_out = concat(z) W_O", "hook_attn_out", RESID),
+    # a parallel block has no resid_mid: the MLP reads x too (as in TransformerLens)
+    Stage(
+        "resid_mid",
+        "residual",
+        "resid_mid = x + attn_out",
+        "hook_resid_mid",
+        RESID,
+        when=sequential_pre_norm,
+    ),
+    Stage(
+        "add1",
+        "residual",
+        "x + attn_out",
+        None,
+        RESID,
+        when=post_norm,
+        compute=lambda b: b.hooked("hook_resid_pre") + b.hooked("hook_attn_out"),
+    ),
+    Stage(
+        "resid_mid",
+        norm_title(1),
+        "resid_mid = norm(x + attn_out)",
+        "hook_resid_mid",
+        RESID,
+        when=post_norm,
+    ),
+    Stage(
+        "mlp", "MLP", "skipped: attention-only model", None, None, when=lambda b: not with_mlp(b)
+    ),
+    Stage(
+        "ln2",
+        norm_title(2),
+        ln2_equation,
+        "ln2.hook_normalized",
+        RESID,
+        when=lambda b: with_mlp(b) and b.pre_norm,
+    ),
+    Stage(
+        "mlp_pre",
+        "MLP in",
+        lambda b: "h = (m̂ ⊙ w + b) W_in" if b.cfg.mlp != "swiglu" else "h = (m̂ ⊙ w) W_gate",
+        "mlp.hook_pre",
+        HIDDEN,
+        when=with_mlp,
+    ),
+    Stage(
+        "mlp_post",
+        "MLP activation",
+        lambda b: f"{b.cfg.mlp}(h)",
+        "mlp.hook_post",
+        HIDDEN,
+        when=with_mlp,
+    ),
+    Stage("mlp_out", "MLP out", "mlp_out = act(h) W_out", "hook_mlp_out", RESID, when=with_mlp),
+    Stage(
+        "resid_post",
+        "residual",
+        "resid_post = x + attn_out + mlp_out",
+        "hook_resid_post",
+        RESID,
+        when=lambda b: with_mlp(b) and b.parallel,
+    ),
+    Stage(
+        "resid_post",
+        "residual",
+        "resid_post = resid_mid + mlp_out",
+        "hook_resid_post",
+        RESID,
+        when=lambda b: with_mlp(b) and sequential_pre_norm(b),
+    ),
+    Stage(
+        "add2",
+        "residual",
+        "resid_mid + mlp_out",
+        None,
+        RESID,
+        when=lambda b: with_mlp(b) and post_norm(b),
+        compute=lambda b: b.hooked("hook_resid_mid") + b.hooked("hook_mlp_out"),
+    ),
+    Stage(
+        "resid_post",
+        norm_title(2),
+        "resid_post = norm(resid_mid + mlp_out)",
+        "hook_resid_post",
+        RESID,
+        when=lambda b: with_mlp(b) and post_norm(b),
+    ),
+)
+
+
 def block_stages(
     entry: ModelEntry, qkv: tuple[torch.Tensor, ...], cache, layer: int, token: int
 ) -> list[dict[str, Any]]:
     """The stages of one block for one token, in the order the block computes them (its
-    ModelConfig.wiring)."""
+    ModelConfig.wiring): the rows of STAGES that this block has."""
+    q, k, _ = qkv  # [head, pos, d_head]
     model = entry.model
-    cfg = model.config
-    block = model.blocks[layer]
-    pre_norm, parallel = cfg.wiring in ("pre", "parallel"), cfg.wiring == "parallel"
-    p, t = f"blocks.{layer}.", token
-    q, k, v = qkv  # [head, pos, d_head]
-
-    def stage(
-        key: str,
-        title: str,
-        equation: str,
-        hook: str | None,
-        full: torch.Tensor,
-        row: torch.Tensor,
-        dims: list[str],
-    ) -> dict[str, Any]:
-        return {
-            "key": key,
-            "title": title,
-            "equation": equation,
-            "hook": hook,
-            "shape": list(full.shape),
-            "dims": dims,
-            "values": finite(row.float().tolist()),
-        }
-
-    def vec(name: str) -> tuple[torch.Tensor, torch.Tensor]:
-        full = cache[p + name][0]  # [pos, ...]
-        return full, full[t]
-
-    # hook_normalized is TransformerLens's: the normalized input before the norm's weight (and bias)
-    normalized = "(x − mean) / scale" if cfg.norm == "layernorm" else "x / scale"
-    stages = []
-    resid_pre, resid_pre_t = vec("hook_resid_pre")
-    stages.append(
-        stage(
-            "resid_pre",
-            "residual stream in",
-            "x = resid_pre",
-            p + "hook_resid_pre",
-            resid_pre,
-            resid_pre_t,
-            ["pos", "d_model"],
-        )
-    )
-    if pre_norm:
-        full, row = vec("ln1.hook_normalized")
-        stages.append(
-            stage(
-                "ln1",
-                f"{cfg.norm} 1",
-                f"x̂ = {normalized}, before its weight",
-                p + "ln1.hook_normalized",
-                full,
-                row,
-                ["pos", "d_model"],
-            )
-        )
-    for name, label in (("q", "queries"), ("k", "keys"), ("v", "values")):
-        full, row = vec(f"attn.hook_{name}")
-        eq = (
-            f"{name} = (x̂ ⊙ w + b) W_{name.upper()}" if pre_norm else f"{name} = x W_{name.upper()}"
-        )
-        stages.append(
-            stage(name, label, eq, p + f"attn.hook_{name}", full, row, ["pos", "head", "d_head"])
-        )
-    if cfg.positional == "rope":
-        for name in ("q", "k"):
-            full, row = vec(f"attn.hook_rot_{name}")
-            stages.append(
-                stage(
-                    f"rot_{name}",
-                    f"RoPE on {name}",
-                    f"{name} ← rotate({name}, pos · θ)",
-                    p + f"attn.hook_rot_{name}",
-                    full,
-                    row,
-                    ["pos", "head", "d_head"],
-                )
-            )
-    else:
-        stages.append(
-            {
-                "key": "rope",
-                "title": "RoPE",
-                "hook": None,
-                "shape": None,
-                "dims": None,
-                "values": None,
-                "equation": f"skipped: positions are {cfg.positional}"
-                + (
-                    " (added to the embeddings)"
-                    if cfg.positional in ("learned", "sinusoidal")
-                    else ""
-                ),
-            }
-        )
-    raw = attention_scores(q, k, cfg.scale)  # [head, query_pos, key_pos]
-    stages.append(
-        stage(
-            "scores",
-            "scores",
-            "s = q kᵀ / √d_head",
-            None,
-            raw,
-            raw[:, t],
-            ["head", "query_pos", "key_pos"],
-        )
-    )
-    # the model's own masked scores: apply_mask(raw) in the layer
-    masked = cache[p + "attn.hook_attn_scores"][0]
-    window = block.attn.window  # this block's own (Gemma 3 windows 5 blocks in 6)
-    band = f" and more than {window - 1} keys back (sliding window {window})" if window else ""
-    stages.append(
-        stage(
-            "masked",
-            "mask",
-            f"s ← −∞ above the diagonal{band}"
-            if cfg.causal
-            else "no mask (encoder: every key visible)",
-            p + "attn.hook_attn_scores",
-            masked,
-            masked[:, t],
-            ["head", "query_pos", "key_pos"],
-        )
-    )
-    pattern = cache[p + "attn.hook_pattern"][0]
-    stages.append(
-        stage(
-            "pattern",
-            "softmax",
-            "a = softmax(s)",
-            p + "attn.hook_pattern",
-            pattern,
-            pattern[:, t],
-            ["head", "query_pos", "key_pos"],
-        )
-    )
-    full, row = vec("attn.hook_z")
-    stages.append(
-        stage(
-            "z", "weighted sum", "z = a v", p + "attn.hook_z", full, row, ["pos", "head", "d_head"]
-        )
-    )
-    attn_out, attn_out_t = vec("hook_attn_out")
-    stages.append(
-        stage(
-            "attn_out",
-            "W_O",
-            "attn_out = concat(z) W_O",
-            p + "hook_attn_out",
-            attn_out,
-            attn_out_t,
-            ["pos", "d_model"],
-        )
-    )
-    if parallel:
-        pass  # the MLP reads x too: no resid_mid between the two (as in TransformerLens)
-    elif pre_norm:
-        full, row = vec("hook_resid_mid")
-        stages.append(
-            stage(
-                "resid_mid",
-                "residual",
-                "resid_mid = x + attn_out",
-                p + "hook_resid_mid",
-                full,
-                row,
-                ["pos", "d_model"],
-            )
-        )
-    else:
-        added = resid_pre + attn_out
-        stages.append(
-            stage("add1", "residual", "x + attn_out", None, added, added[t], ["pos", "d_model"])
-        )
-        full, row = vec("hook_resid_mid")
-        stages.append(
-            stage(
-                "resid_mid",
-                f"{cfg.norm} 1",
-                "resid_mid = norm(x + attn_out)",
-                p + "hook_resid_mid",
-                full,
-                row,
-                ["pos", "d_model"],
-            )
-        )
-    if block.mlp is None:
-        stages.append(
-            {
-                "key": "mlp",
-                "title": "MLP",
-                "hook": None,
-                "shape": None,
-                "dims": None,
-                "values": None,
-                "equation": "skipped: attention-only model",
-            }
-        )
-        return stages
-    if pre_norm:
-        full, row = vec("ln2.hook_normalized")
-        source = "x" if parallel else "resid_mid"
-        equation = f"m̂ = {normalized.replace('x', source)}, before its weight"
-        if parallel:
-            equation += "  (parallel block: the MLP reads resid_pre)"
-        stages.append(
-            stage(
-                "ln2",
-                f"{cfg.norm} 2",
-                equation,
-                p + "ln2.hook_normalized",
-                full,
-                row,
-                ["pos", "d_model"],
-            )
-        )
-    full, row = vec("mlp.hook_pre")
-    stages.append(
-        stage(
-            "mlp_pre",
-            "MLP in",
-            "h = (m̂ ⊙ w + b) W_in" if cfg.mlp != "swiglu" else "h = (m̂ ⊙ w) W_gate",
-            p + "mlp.hook_pre",
-            full,
-            row,
-            ["pos", "d_mlp"],
-        )
-    )
-    full, row = vec("mlp.hook_post")
-    stages.append(
-        stage(
-            "mlp_post",
-            "MLP activation",
-            f"{cfg.mlp}(h)",
-            p + "mlp.hook_post",
-            full,
-            row,
-            ["pos", "d_mlp"],
-        )
-    )
-    mlp_out, mlp_out_t = vec("hook_mlp_out")
-    stages.append(
-        stage(
-            "mlp_out",
-            "MLP out",
-            "mlp_out = act(h) W_out",
-            p + "hook_mlp_out",
-            mlp_out,
-            mlp_out_t,
-            ["pos", "d_model"],
-        )
-    )
-    resid_post, resid_post_t = vec("hook_resid_post")
-    if parallel:
-        stages.append(
-            stage(
-                "resid_post",
-                "residual",
-                "resid_post = x + attn_out + mlp_out",
-                p + "hook_resid_post",
-                resid_post,
-                resid_post_t,
-                ["pos", "d_model"],
-            )
-        )
-    elif pre_norm:
-        stages.append(
-            stage(
-                "resid_post",
-                "residual",
-                "resid_post = resid_mid + mlp_out",
-                p + "hook_resid_post",
-                resid_post,
-                resid_post_t,
-                ["pos", "d_model"],
-            )
-        )
-    else:
-        resid_mid = cache[p + "hook_resid_mid"][0]
-        added = resid_mid + mlp_out
-        stages.append(
-            stage(
-                "add2", "residual", "resid_mid + mlp_out", None, added, added[t], ["pos", "d_model"]
-            )
-        )
-        stages.append(
-            stage(
-                "resid_post",
-                f"{cfg.norm} 2",
-                "resid_post = norm(resid_mid + mlp_out)",
-                p + "hook_resid_post",
-                resid_post,
-                resid_post_t,
-                ["pos", "d_model"],
-            )
-        )
-    return stages
+    block = TracedBlock(model.config, model.blocks[layer], cache, f"blocks.{layer}.", q, k)
+    return [stage.show(block, token) for stage in STAGES if stage.when(block)]

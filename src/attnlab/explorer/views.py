@@ -1,6 +1,27 @@
-"""The computations behind the explorer's views: patterns, the attention equation's stages, q and k
-projected, the heads grid, a token's trace, the next token, attribution, knockout, and a run's
-course over training."""
+"""The computations behind the explorer's views (`Explorer`, the object behind the JSON API):
+patterns, the attention equation's stages, q and k projected, the heads grid, a token's trace, the
+next token, attribution, knockout, and a run's course over training.
+
+Design choices:
+- `Explorer` holds what the views need, built from the models it is given: `served`
+  (service.ServedModels: lookups, limits, the one cached forward pass), `contexts` (a long text's
+  kept queries and keys, context.py) and `generations` (the streams running, generation.py).
+- The stages of the attention equation (raw q·kᵀ, ·scale, mask, softmax) reuse
+  attnlab.model.attention's functions on the cached q and k as the layer used them (after qk-norm
+  and RoPE), so they agree with the cached pattern to float rounding; the API tests check that.
+- Experiments (issue 17): every view takes a `Variant` (a training step, knocked-out heads) and
+  runs on `served.entry(name, variant)`.
+- Big matrices can travel as base64 float32 (`encoding="f32"`), 4 bytes a number, which the page
+  decodes into a Float32Array without parsing 262,144 JSON numbers for a 512-token heatmap.
+- Long texts travel lighter (`encoding="f16"`, what the page asks for above 512 tokens): float16, 2
+  bytes a number, times a power of two carried beside it (`scale`; llama.cpp's blocks carry their
+  scale the same way), chosen so the largest value fits float16's range; a power of two multiplies
+  exactly, so every value keeps float16's relative error of at most 2⁻¹¹, under half a unit in a
+  third significant digit, which is what the page then shows. Values below `tiny` (float16's
+  smallest normal, scaled) are less exact, and the page shows them as "< tiny". A causal model's
+  pattern is zero above the diagonal, so only its lower
+  triangle travels (`lower`), a fraction of float32's bytes (benchmarks/README.md, issue 17).
+"""
 
 from __future__ import annotations
 
@@ -17,9 +38,10 @@ from ..inspection.attribution import direct_logit_attribution
 from ..model.attention import apply_mask, attention_pattern, attention_scores
 from ..model.transformer import next_token_loss
 from ..training.report import read_metrics
-from .context import context_id, thumbnail
+from .context import BUDGET, ContextStore, context_id, thumbnail
 from .encoding import encode_matrix
-from .models import PLAIN, ModelEntry, NotFound, Unsupported, Variant
+from .models import PLAIN, ModelEntry, NotFound, Run, Unsupported, Variant
+from .service import ServedModels
 from .stages import block_stages
 
 # heads-grid thumbnails are max-pooled down to at most this many rows and columns
@@ -68,27 +90,43 @@ def head_scores(entry: ModelEntry) -> dict[str, Any] | None:
     return entry.scores
 
 
-class ExplorerViews:
-    """The computations behind the JSON API's views, mixed into Explorer (service.py), whose
-    lookups, limits and one cached forward pass (`entry`, `encode`, `check_index`, `cached_run`,
-    `qkv`) they call."""
+class Explorer:
+    """The computations behind the JSON API's views, on the models `served` holds (service.py:
+    their lookups, limits and one cached forward pass); `contexts`, a long text's kept queries and
+    keys; `generations`, the generation streams running (generation.py). `serving`: the class
+    that holds the models (export.py's shares one forward pass per layer)."""
+
+    def __init__(
+        self,
+        models: dict[str, Any],
+        max_tokens: int | None = None,
+        runs: dict[str, Run] | None = None,
+        context_budget: int = BUDGET,
+        serving: type[ServedModels] = ServedModels,
+    ) -> None:
+        self.served = serving(models, max_tokens, runs)
+        self.contexts = ContextStore(context_budget)
+        self.generations: set = set()
+
+    def list_models(self) -> list[dict[str, Any]]:
+        return [self.served.describe(entry) for entry in self.served.entries.values()]
 
     # The views' data ----------------------------------------------------------------------------
     def run(self, name: str, text: str, variant: Variant = PLAIN) -> dict[str, Any]:
-        entry = self.entry(name, variant)
-        ids, tokens = self.encode(entry, text)
-        return {"model": self.describe(entry), "tokens": tokens, "ids": ids[0].tolist()}
+        entry = self.served.entry(name, variant)
+        ids, tokens = self.served.encode(entry, text)
+        return {"model": self.served.describe(entry), "tokens": tokens, "ids": ids[0].tolist()}
 
     def head_matrices(
         self, name: str, text: str, layer: int, head: int, variant: Variant = PLAIN
     ) -> tuple[ModelEntry, list[str], torch.Tensor, torch.Tensor]:
         """(entry, tokens, raw scores q·kᵀ before the scale, the pattern the model computed) of one
         head: [query_pos, key_pos]."""
-        entry = self.entry(name, variant)
-        self.check_index(entry, layer, head)
-        ids, tokens = self.encode(entry, text)
-        wanted = [n for n in self.qkv_hooks(layer) if n in entry.model.hook_dict]
-        cache, (q, k, _) = self.cached_run(entry, ids, wanted, layer)
+        entry = self.served.entry(name, variant)
+        self.served.check_index(entry, layer, head)
+        ids, tokens = self.served.encode(entry, text)
+        wanted = [n for n in self.served.qkv_hooks(layer) if n in entry.model.hook_dict]
+        cache, (q, k, _) = self.served.cached_run(entry, ids, wanted, layer)
         raw = attention_scores(q[head], k[head], 1.0)
         return entry, tokens, raw, cache[f"blocks.{layer}.attn.hook_pattern"][0, head]
 
@@ -168,15 +206,15 @@ class ExplorerViews:
         score of a query by the same amount, which the softmax ignores, so q₂·k₂ approximates the
         real scores.
         """
-        entry = self.entry(name, variant)
-        self.check_index(entry, layer, head)
-        ids, tokens = self.encode(entry, text)
+        entry = self.served.entry(name, variant)
+        self.served.check_index(entry, layer, head)
+        ids, tokens = self.served.encode(entry, text)
         wanted = [
             n
-            for n in self.qkv_hooks(layer)
+            for n in self.served.qkv_hooks(layer)
             if n in entry.model.hook_dict and not n.endswith("hook_pattern")
         ]
-        _, qkv = self.cached_run(entry, ids, wanted, layer)
+        _, qkv = self.served.cached_run(entry, ids, wanted, layer)
         q, k, v = (t[head].float() for t in qkv)  # [pos, d_head] each
         k_mean, k_basis, k_kept = _top2_basis(k)
         v_mean, v_basis, v_kept = _top2_basis(v)
@@ -199,8 +237,8 @@ class ExplorerViews:
     ) -> dict[str, Any]:
         """Every layer's and head's pattern, max-pooled to at most size×size, for the grid of
         thumbnails."""
-        entry = self.entry(name, variant)
-        ids, tokens = self.encode(entry, text)
+        entry = self.served.entry(name, variant)
+        ids, tokens = self.served.encode(entry, text)
         T, pooled = len(tokens), {}
         if T > LONG_TEXT:  # the whole context's kept queries and keys: no T × T matrix at all
             context = self.contexts.create(context_id(name, variant, text), entry, ids, tokens)
@@ -235,7 +273,7 @@ class ExplorerViews:
     def head_scores(self, name: str, step: int | None = None) -> dict[str, Any]:
         """attnlab.inspection's scores of every head (they don't depend on the text); `available`
         False without it."""
-        scores = head_scores(self.entry(name, Variant(step=step)))
+        scores = head_scores(self.served.entry(name, Variant(step=step)))
         return {"available": scores is not None, **(scores or {})}
 
     def trace(
@@ -243,12 +281,12 @@ class ExplorerViews:
     ) -> dict[str, Any]:
         """One token through one block, stage by stage, with each stage's hook, full shape and this
         token's values."""
-        entry = self.entry(name, variant)
-        self.check_index(entry, layer)
-        ids, tokens = self.encode(entry, text)
-        self.check_index(entry, token=token, n_tokens=len(tokens))
+        entry = self.served.entry(name, variant)
+        self.served.check_index(entry, layer)
+        ids, tokens = self.served.encode(entry, text)
+        self.served.check_index(entry, token=token, n_tokens=len(tokens))
         prefix = f"blocks.{layer}."
-        cache, qkv = self.cached_run(entry, ids, lambda n: n.startswith(prefix), layer)
+        cache, qkv = self.served.cached_run(entry, ids, lambda n: n.startswith(prefix), layer)
         return {
             "layer": layer,
             "token": token,
@@ -270,14 +308,14 @@ class ExplorerViews:
     ) -> dict[str, Any]:
         """The next-token distribution after temperature / top-k / top-p (what sampling draws from),
         its top k, and a draw."""
-        entry = self.entry(name, variant)
+        entry = self.served.entry(name, variant)
         model = entry.model
         if not model.config.causal:
             raise Unsupported(
                 f"model {name!r} is an encoder (not causal): it does not predict a next token; "
                 "pick a causal model"
             )
-        ids, tokens = self.encode(entry, text)
+        ids, tokens = self.served.encode(entry, text)
         with entry.lock, torch.no_grad():
             logits = model.run_with_hooks(ids, fwd_hooks=entry.hooks)[:, -1].float()  # [1, d_vocab]
         if temperature == 0:  # greedy: all the mass on the argmax
@@ -326,14 +364,14 @@ class ExplorerViews:
         contribution to the logit of token id `token` at the text's last position:
         attnlab.inspection.attribution's direct logit attribution, run with this variant's
         knocked-out heads."""
-        entry = self.entry(name, variant)
+        entry = self.served.entry(name, variant)
         if not entry.model.config.causal:
             raise Unsupported(
                 f"model {name!r} is an encoder (not causal): it predicts no next token, so no "
                 "logit "
                 "of one to attribute; pick a causal model"
             )
-        self.encode(entry, text)  # the text's limits, checked as every view checks them
+        self.served.encode(entry, text)  # the text's limits, checked as every view checks them
         if not 0 <= token < entry.model.config.d_vocab:
             raise UserError(
                 f"token id {token} is out of range: model {name!r} has "
@@ -355,9 +393,9 @@ class ExplorerViews:
         hooks (as every view runs them); the last hidden state is the final norm's output (pre-norm
         models) or the last block's resid_post (post-norm, e.g. BERT/MiniLM: what HF calls
         last_hidden_state)."""
-        before_entry = self.entry(name, dataclasses.replace(variant, ablate=()))
-        after_entry = self.entry(name, variant)
-        ids, tokens = self.encode(before_entry, text)
+        before_entry = self.served.entry(name, dataclasses.replace(variant, ablate=()))
+        after_entry = self.served.entry(name, variant)
+        ids, tokens = self.served.encode(before_entry, text)
         model = before_entry.model
         cfg = model.config
         hidden = (
@@ -398,7 +436,7 @@ class ExplorerViews:
 
         A Hub repository's revisions are fetched only when a request asks for their step, so their
         curves cover the steps shown so far (`lazy`: the page asks again after each new step)."""
-        entry = self.entry(name)
+        entry = self.served.entry(name)
         run = entry.run
         if run is None or not run.snapshots:
             raise NotFound(
@@ -418,7 +456,7 @@ class ExplorerViews:
         if run.curves is None or run.curves["score_steps"] != picked:
             for step in picked:
                 if step not in run.scores:
-                    run.scores[step] = head_scores(self.at_step(entry, step))
+                    run.scores[step] = head_scores(self.served.at_step(entry, step))
             per_step = {step: run.scores[step] for step in picked}
             available = bool(per_step) and all(v is not None for v in per_step.values())
             curves: dict[str, Any] = {

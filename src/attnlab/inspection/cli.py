@@ -7,6 +7,8 @@ Design choices:
   scores as JSON and a grid of heat maps as PNG.
 - `experiment NAME` runs one experiment module (attnlab.inspection.experiments.NAME), which writes
   NAME.json and NAME.png into --out and returns its result; this file prints the module's table.
+  Its --explore (open the explorer on the induction runs) is the explorer's: explorer/cli.py adds
+  the flag, since inspection sits below the explorer and never imports it.
 - `attribute MODEL --prompt P --answer A [--wrong W]` prints every head's and MLP's direct logit
   attribution, largest first, and writes a PNG; `patch MODEL --clean C --corrupted X --answer A
   --wrong W` writes the patching heat maps (attnlab.inspection.attribution holds the work).
@@ -97,13 +99,14 @@ def plot_scores(scores, path: Path, title: str = "") -> None:
 
 
 def run_experiment(args: argparse.Namespace) -> int:
+    experiment(args)
+    return 0
+
+
+def experiment(args: argparse.Namespace) -> tuple[dict, Path]:
+    """`attnlab experiment NAME`: runs it, prints its table; (its result, the output directory)."""
     from .experiments.common import make_out_dir
 
-    if args.explore and args.name != "induction":
-        raise UserError(
-            f"--explore opens the explorer on the induction experiment's models; {args.name} has "
-            "none to explore"
-        )
     module = importlib.import_module(f"attnlab.inspection.experiments.{args.name}")
     out = Path(args.out)
     make_out_dir(out)  # before a run of minutes, not after it
@@ -119,9 +122,7 @@ def run_experiment(args: argparse.Namespace) -> int:
     print(f"experiment {args.name}{' (quick)' if args.quick else ''}, seed {args.seed}")
     print(module.table(result))
     print(f"wrote {out / (args.name + '.json')} and {out / (args.name + '.png')}")
-    if args.explore:
-        return explore_induction(result, out, args.port)
-    return 0
+    return result, out
 
 
 def run_attribute(args: argparse.Namespace) -> int:
@@ -192,29 +193,6 @@ def run_patch(args: argparse.Namespace) -> int:
     return 0
 
 
-def explore_induction(result: dict, out: Path, port: int | None) -> int:
-    """Serve the two models in the explorer, both runs' step sliders opened on the 2L model's phase
-    change (the 1L model at the same step, for comparison: it never grows an induction head)."""
-    from ..env import explorer_port
-    from ..explorer.cli import serve
-    from ..explorer.models import Run
-    from ..training.snapshots import list_snapshots
-
-    start = result["phase_change_2L"]["steps"]["induction_rise"]
-    runs = {
-        name: Run(
-            out / name, list_snapshots(out / name), start_step=start, example=result["example_text"]
-        )
-        for name in ("induction-2L", "induction-1L")
-    }
-    print(
-        f"opening the explorer on induction-2L at step {start}, where its induction score rises "
-        "most"
-    )
-    models = {"induction-2L": result["models"]["2L"], "induction-1L": result["models"]["1L"]}
-    return serve(models, "127.0.0.1", explorer_port(port), max_tokens=2048, runs=runs)
-
-
 def add_commands(sub: argparse._SubParsersAction) -> None:
     from ..formats.cli import MODEL_HELP, add_revision_flag
 
@@ -249,18 +227,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         help=f"coreference only: the model to inspect, {MODEL_HELP} (default {DEFAULT_MODEL})",
     )
     add_revision_flag(p, "--model")
-    p.add_argument(
-        "--explore",
-        action="store_true",
-        help="induction only: then open the explorer on the two-layer model, "
-        "its training step slider at the phase change",
-    )
-    p.add_argument(
-        "--port",
-        type=int,
-        default=None,
-        help="with --explore: the explorer's port (default 8000, or $ATTNLAB_PORT)",
-    )
+    # the explorer adds --explore and --port (explorer/cli.py: it sits above inspection)
     p.set_defaults(func=run_experiment)
 
     p = sub.add_parser(

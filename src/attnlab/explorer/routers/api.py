@@ -28,7 +28,7 @@ from ..schemas import (
     TextRequest,
     TraceRequest,
 )
-from ..service import Explorer
+from ..views import Explorer
 
 router = APIRouter(prefix="/api", tags=["explorer"])
 

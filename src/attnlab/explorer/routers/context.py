@@ -17,7 +17,7 @@ from fastapi.responses import Response
 
 from ..context import MAX_OVERVIEW, open_context, overview, tile
 from ..schemas import TextRequest
-from ..service import Explorer
+from ..views import Explorer
 from .api import ERRORS, answer, get_explorer
 
 router = APIRouter(prefix="/api", tags=["whole context"])
