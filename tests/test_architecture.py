@@ -98,7 +98,7 @@ def test_the_program_runner_and_the_activation_kinds_are_decode_cs():
 
 
 def test_the_block_types_are_decode_cs_and_the_block_modules():
-    from attnlab.generate.blocks import BLOCK_TYPES
+    from attnlab.quant.blocks import BLOCK_TYPES
 
     assert c_enum("attnlab_block_type") == [f"BLOCK_{kind.name}" for kind in kernels.BlockKind]
     assert {t.name: t.kernel for t in BLOCK_TYPES.values()} == {

@@ -79,14 +79,14 @@ def load_models(
     revisions: training-step revisions of Hub models (["step1000", "step2000"], or ["all"]: every
     stepN branch the Hub lists) for the same step slider; the model is served at the last of them,
     and the others are fetched when the slider first reaches them."""
-    import attnlab
+    from ..workbench import load
 
     models: dict[str, object] = {}
     for spec in specs:
         steps = hub_steps(spec, revisions) if revisions else None
         # the page opens on the last step: that revision loads now, the others when the slider
         # reaches them
-        model = attnlab.load(spec, revision=steps[max(steps)] if steps else revision)
+        model = load(spec, revision=steps[max(steps)] if steps else revision)
         if model.tokenizer is None:
             raise UserError(
                 f"{spec}: has no tokenizer.json; the explorer needs one to turn text into tokens"
@@ -146,12 +146,12 @@ def hub_steps(spec: str, revisions: list[str]) -> dict[int, str]:
 
 def default_models(runs: dict | None = None) -> dict[str, object]:
     """The newest run under ./runs and the bundled MiniLM, whichever are available."""
-    import attnlab
+    from ..workbench import load
 
     run = newest_run()
     models = load_models([str(run)], runs) if run is not None else {}
     try:
-        models[DEFAULT_MODEL] = attnlab.load(DEFAULT_MODEL)
+        models[DEFAULT_MODEL] = load(DEFAULT_MODEL)
     except UserError as exc:
         print(f"attnlab explore: note: the bundled {DEFAULT_MODEL} is not available ({exc})")
     if not models:

@@ -40,10 +40,10 @@ from torch import nn
 
 from ..errors import UserError, first_line
 from ..files import atomic_write
-from ..generate.fast_layers import QUANTIZATIONS, quantize
 from ..model.config import ModelConfig
 from ..model.positions import Rotary
 from ..model.transformer import Transformer
+from ..quant.quantize import QUANTIZATIONS, quantize
 from ..tokenizer import Tokenizer
 
 FORMAT = "attnlab"

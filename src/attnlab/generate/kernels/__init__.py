@@ -74,7 +74,7 @@ from ...env import cache_root
 from ...errors import UserError
 from ...memory import HUGE_PAGE, fresh, new_tensor
 from ...model.layers import LayerNorm
-from ..blocks import BLOCK_TYPES
+from ...quant.blocks import BLOCK_TYPES
 
 SOURCE = Path(__file__).with_name("decode.c")
 CPU_SOURCE = Path(__file__).with_name("cpu.c")  # what the CPU and the OS allow (CpuLevel)
@@ -235,7 +235,7 @@ ATTEND_STEPS = [
 
 class BlockKind(enum.IntEnum):
     """decode.c's attnlab_block_type: the ggml block types attnlab_linear_q multiplies, in the same
-    order (attnlab.generate.blocks.BLOCK_TYPES names the same numbers)."""
+    order (attnlab.quant.blocks.BLOCK_TYPES names the same numbers)."""
 
     Q8_0 = 0
     Q4_0 = 1
@@ -1013,7 +1013,7 @@ def block_linear(
 
 def dequantize(blocks: torch.Tensor, kind: BlockKind, d_in: int) -> torch.Tensor:
     """The float32 matrix (d_out, d_in) that `blocks` (uint8, contiguous) of `kind` stand for, on
-    torch's threads: attnlab.generate.blocks.dequantize's values, bit for bit. Callers check
+    torch's threads: attnlab.quant.blocks.dequantize's values, bit for bit. Callers check
     `usable`."""
     d_out, t = blocks.shape[0], _block_type(kind)
     assert tuple(blocks.shape) == (d_out, t.row_bytes(d_in)) and d_in % t.weights == 0
