@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .generate.fast_layers import inference_layers
+from .generate import fast_layers
 from .generate.loop import generate as generate_tokens
 from .lens.hooks import HookFn
 from .model import transformer
@@ -48,7 +48,8 @@ class Transformer(transformer.Transformer):
         """The forward pass with `fwd_hooks` attached (removed afterwards, even on error), within
         the fast layers (`inference_layers`, decided with the hooks attached)."""
         ids = args[0] if args else kwargs.get("ids")
-        with self.hooks(fwd_hooks), inference_layers(self, ids, kwargs.get("start_at_layer")):
+        start = kwargs.get("start_at_layer")
+        with self.hooks(fwd_hooks), fast_layers.inference_layers(self, ids, start):
             return self(*args, **kwargs)
 
 
