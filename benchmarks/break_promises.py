@@ -50,6 +50,9 @@ class Break:
 CK = "src/attnlab/training/checkpoint.py"
 TR = "src/attnlab/training/trainer.py"
 NATIVE = "src/attnlab/formats/native.py"
+FILES = "src/attnlab/files.py"
+RUNS = "src/attnlab/formats/runs.py"
+UNTRUSTED_CHECKS = "src/attnlab/formats/untrusted.py"
 CLI = "src/attnlab/cli.py"
 GUARD = "src/attnlab/explorer/security.py"
 QUEUE = "src/attnlab/explorer/work_queue.py"
@@ -120,7 +123,7 @@ BREAKS = [
         "digest",
         "a bit-flipped file (same size) is refused",
         "the manifest check compares sizes only",
-        NATIVE,
+        FILES,
         [('        if file_digest(target)["sha256"] != sha256:', "        if False:")],
         [f"{CKT}::test_loading_a_damaged_checkpoint_folder_names_the_file"],
     ),
@@ -129,7 +132,7 @@ BREAKS = [
         "--resume falls back to the previous complete checkpoint, saying so",
         # the walk --resume and loading a run share
         "a damaged newest checkpoint stops the resume",
-        NATIVE,
+        RUNS,
         [
             (
                 "        except UserError as exc:\n            problems.append(str(exc))\n    "
@@ -272,7 +275,7 @@ BREAKS = [
         "absurd",
         "a config claiming d_model = 10^9 fails before allocating anything",
         "no size check against the weight files",
-        NATIVE,
+        UNTRUSTED_CHECKS,
         [("    if needed > 2 * available:", "    if False:")],
         [f"{UNTRUSTED}::test_absurd_sizes_fail_before_allocating"],
     ),
@@ -296,7 +299,7 @@ BREAKS = [
         "dtype",
         "a tensor of the wrong dtype: one line naming it",
         "integer tensors accepted",
-        NATIVE,
+        UNTRUSTED_CHECKS,
         [("    if not floating:\n", "    if False:\n")],
         [f"{UNTRUSTED}::test_wrong_dtype_is_named"],
     ),
@@ -328,7 +331,7 @@ BREAKS = [
         "nan",
         "NaN or infinite weights: a warning naming the tensor",
         "no warning (native format)",
-        NATIVE,
+        UNTRUSTED_CHECKS,
         [("    if bad:\n        more =", "    if False:\n        more =")],
         [f"{UNTRUSTED}::test_nan_or_infinite_weights_load_with_a_warning_naming_the_tensor"],
     ),
@@ -571,7 +574,7 @@ BREAKS = [
         "run-damaged",
         "every checkpoint damaged: the run's files load only if a manifest vouches for them",
         "the run folder's own files load unverified",
-        NATIVE,
+        RUNS,
         [
             (
                 "    vouching, problem = model_files_vouched_for(run, [folder for _, folder in "
@@ -587,7 +590,7 @@ BREAKS = [
         "run-damaged-warn",
         "... and say what was damaged when they do",
         "no warning",
-        NATIVE,
+        RUNS,
         [
             (
                 '        warnings.warn(\n            f"every checkpoint of {run} is damaged',
@@ -679,7 +682,7 @@ BREAKS = [
         "no-compiler",
         "without a C compiler the kernels' tests fail, never skip",
         "no compiler is found",
-        "src/attnlab/generate/kernels/__init__.py",
+        "src/attnlab/generate/kernels/builds.py",
         [
             (
                 '    found = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")\n',
@@ -875,7 +878,7 @@ BREAKS = [
         "amx-scratch-widest-panel",
         "matrices that share x get the scratch of their widest panel",
         "the scratch of the largest d_out",
-        "src/attnlab/generate/kernels/__init__.py",
+        "src/attnlab/generate/kernels/products.py",
         [
             (
                 "_kept_scratch(max(needs(rows, d_in, w.shape[0], threads) for w, _ in matrices))",

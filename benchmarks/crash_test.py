@@ -145,7 +145,7 @@ def check_checkpoints(out: Path) -> int | None:
     import torch
 
     import attnlab
-    from attnlab.formats.native import verify_manifest
+    from attnlab.files import verify_manifest
     from attnlab.training.checkpoint import checkpoint_dirs
 
     folders = checkpoint_dirs(out)

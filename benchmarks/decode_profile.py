@@ -49,7 +49,7 @@ from attnlab.generate import kernels  # noqa: E402
 from attnlab.generate.kernel_decoder import KernelDecoder  # noqa: E402
 from attnlab.generate.kv_cache import KVCache  # noqa: E402
 
-D_OUT = 7  # index of d_out among a LINEAR_Q call's arguments (kernels.KERNELS)
+D_OUT = 7  # index of d_out among a LINEAR_Q call's arguments (kernels.FUNCTIONS)
 
 
 def variant(call: kernels.Call, wait: bool | None = None, d_out: int | None = None):
@@ -102,16 +102,8 @@ def other_library(source: Path) -> ctypes.CDLL:
     path = kernels.compile_library(source, (flags,))
     if path is None:
         raise SystemExit(f"--against {source}: it does not compile with {' '.join(flags)}")
-    lib = ctypes.CDLL(str(path))
-    for name, argtypes in [
-        *kernels.KERNELS.values(),
-        kernels.RUN,
-        kernels.SCRATCH,
-        kernels.DEQUANTIZE,
-    ]:
-        getattr(lib, name).argtypes = argtypes
-    lib.attnlab_linear_q_scratch.restype = ctypes.c_int64
-    return lib
+    functions = ["attnlab_run", "attnlab_linear_q_scratch", "attnlab_dequantize"]
+    return kernels.declare(ctypes.CDLL(str(path)), [op.function for op in kernels.Op] + functions)
 
 
 def warm_decoder(model) -> KernelDecoder:

@@ -13,6 +13,9 @@ Design choices:
   hub_server.py).
 - tests/ is put on sys.path so test modules can `import reference` (the NumPy oracle) however
   pytest was started.
+- The explorer's test files share `models` (explorer_models.small_models, once per module) and
+  `client` (a TestClient of the explorer serving them); a module that needs other ones defines its
+  own, which takes their place.
 - The C kernels' tests run once per build this CPU can execute: kernel_builds.py (its fixture
   `kernel_build` and its hooks are registered here).
 - ATTNLAB_FLOAT_ROWS=c: float32 prompts and forward passes take the C kernels wherever the build
@@ -63,3 +66,23 @@ def seed() -> int:
 def rng(seed: int) -> np.random.Generator:
     """A NumPy generator from the test's fresh seed."""
     return np.random.default_rng(seed)
+
+
+@pytest.fixture(scope="module")
+def models() -> dict:
+    """The explorer tests' three small models (explorer_models.small_models: gpt, llama, bert)."""
+    from explorer_models import small_models
+
+    return small_models()
+
+
+@pytest.fixture(scope="module")
+def client(models):
+    """A TestClient of the explorer serving `models`, from a loopback address."""
+    from explorer_models import LOCAL
+    from fastapi.testclient import TestClient
+
+    from attnlab.explorer.app import create_app
+
+    with TestClient(create_app(models, max_tokens=512), base_url=LOCAL) as c:
+        yield c

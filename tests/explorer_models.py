@@ -5,7 +5,9 @@ Three architectures cover the explorer's branches: a GPT-style decoder (learned 
 pre-norm), a LLaMA-style decoder (RoPE, grouped-query, qk-norm, SwiGLU) and a BERT-style post-norm
 encoder (with qk-norm, which the explorer must apply itself when there is no RoPE hook after it). A
 real server for them is started by attnlab.explorer.cli's `serving(app)` (a thread) or
-`explorer_process(ARGS)` (`attnlab explore`).
+`explorer_process(ARGS)` (`attnlab explore`). conftest.py's fixtures `models` (these three, once per
+test module) and `client` (a TestClient of the explorer serving them) share them between the
+explorer's test files; `post` asks a TestClient for JSON.
 """
 
 from __future__ import annotations
@@ -65,6 +67,14 @@ def small_models(seed: int = 0) -> dict[str, attnlab.Transformer]:
         model.tokenizer = tok
         models[name] = model
     return models
+
+
+def post(client, path: str, **body) -> dict:
+    """POST `body` as JSON to the explorer's `path` through a TestClient; the answer, which must be
+    a 200."""
+    response = client.post(path, json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
 
 
 def snapshot_run(model: attnlab.Transformer, path, start_step: int | None = 10):

@@ -129,11 +129,12 @@ def test_a_forward_without_gradients_takes_the_amx_product_and_the_module_paths_
     monkeypatch.setenv("ATTNLAB_FLOAT_ROWS", "amx")
     kernels.float_rows()  # the attention's choice, timed once (with the tiles) before counting
     products, calls, many = [], [], kernels.linear_amx_many  # the matrices; the calls
-    monkeypatch.setattr(
-        kernels,
-        "linear_amx_many",
-        lambda x, m: calls.append(len(m)) or products.extend(m) or many(x, m),
-    )
+    for where in (kernels, kernels.products):  # generation's layers, and linear_amx
+        monkeypatch.setattr(
+            where,
+            "linear_amx_many",
+            lambda x, m: calls.append(len(m)) or products.extend(m) or many(x, m),
+        )
     swiglu = kernels.swiglu_amx  # run_with_cache's gate and up (its gate hook only reads)
     monkeypatch.setattr(
         kernels,
@@ -162,9 +163,9 @@ def test_many_rows_take_amx_where_allowed_else_the_measured_product(monkeypatch)
     measured (kernels.float_rows). Forced: what ATTNLAB_FLOAT_ROWS names; amx where AMX cannot run,
     or a name it does not take, is one line."""
     monkeypatch.delenv("ATTNLAB_FLOAT_ROWS")
-    monkeypatch.setattr(kernels, "rows_vectorized", lambda: (True, True))
-    monkeypatch.setattr(kernels, "_tiles_beat_torch", lambda build, threads: False)
-    monkeypatch.setattr(kernels, "amx_unusable", lambda: None)
+    monkeypatch.setattr(kernels.policy, "rows_vectorized", lambda: (True, True))
+    monkeypatch.setattr(kernels.policy, "_tiles_beat_torch", lambda build, threads: False)
+    monkeypatch.setattr(kernels.policy, "amx_unusable", lambda: None)
     assert kernels.float_products() == "amx"
     assert kernels.float_rows() is False  # the attention: as measured
     monkeypatch.setenv("ATTNLAB_FLOAT_ROWS", "c")
@@ -172,10 +173,10 @@ def test_many_rows_take_amx_where_allowed_else_the_measured_product(monkeypatch)
     monkeypatch.setenv("ATTNLAB_FLOAT_ROWS", "torch")
     assert kernels.float_products() == "torch"
     why = "this CPU or its operating system does not let a process run AMX tiles"
-    monkeypatch.setattr(kernels, "amx_unusable", lambda: why)
+    monkeypatch.setattr(kernels.policy, "amx_unusable", lambda: why)
     monkeypatch.delenv("ATTNLAB_FLOAT_ROWS")
     assert kernels.float_products() == "torch"
-    monkeypatch.setattr(kernels, "_tiles_beat_torch", lambda build, threads: True)
+    monkeypatch.setattr(kernels.policy, "_tiles_beat_torch", lambda build, threads: True)
     assert kernels.float_products() == "c"
     monkeypatch.setenv("ATTNLAB_FLOAT_ROWS", "amx")
     with pytest.raises(UserError, match=f"ATTNLAB_FLOAT_ROWS=amx: {why}; use c or torch"):
@@ -188,8 +189,8 @@ def test_many_rows_take_amx_where_allowed_else_the_measured_product(monkeypatch)
 def test_amx_runs_only_from_the_avx512_build_that_passed_its_check_in_a_child(tmp_path):
     """Other builds have no AMX; the portable build's own check (a child process) reports that the
     build cannot run it, and the verdict is kept beside the library."""
-    assert "only in the AVX-512 build" in kernels._amx_unusable(("avx2", Path("unused")))
-    assert "only in the AVX-512 build" in kernels._amx_unusable(None)
+    assert "only in the AVX-512 build" in kernels.builds._amx_unusable(("avx2", Path("unused")))
+    assert "only in the AVX-512 build" in kernels.builds._amx_unusable(None)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("ATTNLAB_CACHE", str(tmp_path))
         path = kernels.build(flag_sets=(kernels.VARIANTS["portable"][0],))
@@ -221,12 +222,14 @@ def test_matrices_that_share_x_ask_for_the_widest_panel_s_scratch(amx, monkeypat
     two of 512 for 1,000), so linear_amx_many asks for the most any of its matrices needs, not the
     largest d_out's (which overran the buffer: glibc's "corrupted top size")."""
     lib = kernels.library()
-    need = {d: getattr(lib, kernels.LINEAR_AMX_SCRATCH[0])(90, 200, d, 1) for d in (576, 1000)}
+    need = {d: lib.attnlab_linear_amx_scratch(90, 200, d, 1) for d in (576, 1000)}
     assert need[576] > need[1000]
     asked = []
-    keep = kernels._kept_scratch
+    keep = kernels.buffers._kept_scratch
     # the room the call needs, whatever it asks for: a short buffer would be overrun, not reported
-    monkeypatch.setattr(kernels, "_kept_scratch", lambda n: asked.append(n) or keep(need[576]))
+    monkeypatch.setattr(
+        kernels.products, "_kept_scratch", lambda n: asked.append(n) or keep(need[576])
+    )
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     x = torch.randn(90, 200)
     kernels.linear_amx_many(x, [(torch.randn(576, 200), None), (torch.randn(1000, 200), None)])
@@ -236,11 +239,11 @@ def test_matrices_that_share_x_ask_for_the_widest_panel_s_scratch(amx, monkeypat
 def test_a_thread_keeps_one_scratch_buffer_of_bounded_size():
     """The scratch of the AMX products is kept from call to call (no page faults each time) up to
     KEPT_SCRATCH_MAX; a larger one is the call's own."""
-    small = kernels._kept_scratch(1000)
-    assert kernels._kept_scratch(800).data_ptr() == small.data_ptr()
-    large = kernels._kept_scratch(kernels.KEPT_SCRATCH_MAX + 1)
+    small = kernels.buffers._kept_scratch(1000)
+    assert kernels.buffers._kept_scratch(800).data_ptr() == small.data_ptr()
+    large = kernels.buffers._kept_scratch(kernels.KEPT_SCRATCH_MAX + 1)
     assert large.numel() == kernels.KEPT_SCRATCH_MAX + 1
-    assert kernels._kept_scratch(900).data_ptr() == small.data_ptr()
+    assert kernels.buffers._kept_scratch(900).data_ptr() == small.data_ptr()
 
 
 # (batch, T, heads, kv_heads, d_head): T not a multiple of the 32 x 32 blocks, grouped and plain

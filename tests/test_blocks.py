@@ -33,6 +33,7 @@ from gguf.quants import quantize as gguf_quantize
 from gguf_files import random_blocks, smollm2_path, write_model
 from hypothesis import given
 from hypothesis import strategies as st
+from styles import fields, randomize
 
 import attnlab
 from attnlab.errors import UserError
@@ -586,7 +587,7 @@ def test_the_avx512_forms_without_vnni_hold_the_builds_bounds(
     """The block products' checks above, on decode.c's AVX-512 forms without VNNI: the decode
     step's products, in both layouts, the prompt's, those sharing one rounding (two threads) and
     the largest integer sums."""
-    monkeypatch.setattr(kernels, "library", lambda: without_vnni)
+    monkeypatch.setattr(kernels.builds, "library", lambda: without_vnni)
     block_products_in_this_build(kind, seed)
     if kind in REPACKABLE:
         repacked_products_in_this_build(kind, seed)
@@ -659,18 +660,15 @@ def test_generation_multiplies_a_prompt_and_a_few_rows_by_the_kernels_of_this_bu
 
 # Whole models ------------------------------------------------------------------------------
 
-LLAMA = dict(
+LLAMA = fields(
+    "llama-gqa",
     d_vocab=50,
     n_ctx=64,
     d_model=64,
     n_layers=2,
     n_heads=4,
-    n_kv_heads=2,
     d_mlp=96,
-    positional="rope",
-    norm="rmsnorm",
-    mlp="swiglu",
-    bias=False,
+    tie_embeddings=True,
 )
 
 
@@ -689,9 +687,7 @@ def block_model(
     """A random LLaMA-style model quantized to `kind` (its embedding too when embed_blocks), and a
     float model on the same values."""
     model = attnlab.Transformer(ModelConfig(**{**LLAMA, **overrides})).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.3)
+    randomize(model)
     if embed_blocks:
         embed_as_blocks(model, kind)
     attnlab.quantize(model, kind)

@@ -171,7 +171,7 @@ def test_without_a_compiler_every_line_still_prints(tmp_path):
     assert found["kernels"].endswith("): every caller takes torch's path")
     assert found["OpenMP"] == "no kernels run here"
     assert found["float products"].startswith("torch's GEMM")
-    if kernels._is_x86():
+    if kernels.builds._is_x86():
         assert "permission not checked" in found["instruction sets"]
 
 
@@ -185,7 +185,7 @@ def test_a_better_build_that_failed_its_self_check_is_named_with_why(monkeypatch
             return "its self-check failed (an illegal instruction, made up; exit status -4)"
         return None
 
-    monkeypatch.setattr(kernels, "self_check", self_check)
+    monkeypatch.setattr(kernels.builds, "self_check", self_check)
     monkeypatch.delenv("ATTNLAB_KERNELS", raising=False)
     line = doctor.kernels_line()
     best = kernels.variants_here()[0]
@@ -230,9 +230,9 @@ def test_the_openmp_line_says_the_kernels_own_report(tmp_path, monkeypatch, open
 def test_a_better_build_this_cpu_cannot_execute_is_named_with_what_it_lacks(monkeypatch):
     """On a CPU without AVX-512 (here: cpu.c's answer made a Zen 3's), the avx2 build runs and the
     line says why the avx512 one does not: kernels.why_not_here's words, as the tests' skips."""
-    if not kernels._is_x86():
+    if not kernels.builds._is_x86():
         pytest.skip("the x86 builds only")
-    monkeypatch.setattr(kernels, "cpu_levels", lambda: kernels.CpuLevel.AVX2)
+    monkeypatch.setattr(kernels.builds, "cpu_levels", lambda: kernels.CpuLevel.AVX2)
     monkeypatch.delenv("ATTNLAB_KERNELS", raising=False)
     line = doctor.kernels_line()
     assert line.values["build"] == "avx2"

@@ -9,30 +9,13 @@ import threading
 import numpy as np
 import pytest
 import torch
-from explorer_models import LOCAL, TEXT, small_models
+from explorer_models import LOCAL, TEXT, post
 from fastapi.testclient import TestClient
 
 from attnlab.explorer.app import create_app
 from attnlab.explorer.service import MAX_CHARS
 
 MODELS = ("gpt", "llama", "bert")
-
-
-@pytest.fixture(scope="module")
-def models():
-    return small_models()
-
-
-@pytest.fixture(scope="module")
-def client(models):
-    with TestClient(create_app(models, max_tokens=512), base_url=LOCAL) as c:
-        yield c
-
-
-def post(client, path, **body):
-    response = client.post(path, json=body)
-    assert response.status_code == 200, response.text
-    return response.json()
 
 
 def cache_of(model, text=TEXT):

@@ -10,17 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from explorer_models import LOCAL, TEXT, small_models, snapshot_run
+from explorer_models import LOCAL, TEXT, post, snapshot_run
 from fastapi.testclient import TestClient
 
 from attnlab.explorer.app import create_app
 from attnlab.inspection.interventions import ablate_head
 from attnlab.training.snapshots import load_snapshot
-
-
-@pytest.fixture(scope="module")
-def models():
-    return small_models()
 
 
 @pytest.fixture(scope="module")
@@ -32,12 +27,6 @@ def run(models, tmp_path_factory):
 def client(models, run):
     with TestClient(create_app(models, max_tokens=512, runs={"gpt": run}), base_url=LOCAL) as c:
         yield c
-
-
-def post(client, path, **body):
-    response = client.post(path, json=body)
-    assert response.status_code == 200, response.text
-    return response.json()
 
 
 def logits_of(model, text=TEXT, hooks=()):

@@ -22,17 +22,6 @@ from attnlab.explorer.cli import serving
 from attnlab.inspection.scores import pattern_scores
 
 
-@pytest.fixture(scope="module")
-def models():
-    return small_models()
-
-
-@pytest.fixture(scope="module")
-def client(models):
-    with TestClient(create_app(models, max_tokens=512), base_url=LOCAL) as c:
-        yield c
-
-
 def decode(matrix) -> np.ndarray:
     """An encoded matrix (encoding.encode_matrix) as a float64 array."""
     import base64

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from styles import fields
 
 from attnlab import Transformer
 from attnlab.generate.kv_cache import CACHE_ROUND, KVCache
@@ -24,20 +25,7 @@ from attnlab.model.attention import chunked_attention, scaled_dot_product_attent
 from attnlab.model.config import ModelConfig
 
 F64 = dict(rtol=1e-9, atol=1e-9)
-LLAMA = dict(
-    d_vocab=23,
-    n_ctx=64,
-    d_model=32,
-    n_layers=2,
-    n_heads=4,
-    n_kv_heads=2,
-    d_mlp=48,
-    positional="rope",
-    norm="rmsnorm",
-    mlp="swiglu",
-    bias=False,
-    tie_embeddings=False,
-)
+LLAMA = fields("llama-gqa", d_vocab=23, n_ctx=64, d_model=32, n_layers=2, n_heads=4, d_mlp=48)
 
 
 def build(overrides: dict, dtype=torch.float64, std: float = 0.3) -> Transformer:

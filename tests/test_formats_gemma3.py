@@ -15,6 +15,7 @@ import torch
 from gguf_files import Q, write_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from styles import randomize
 
 import attnlab
 from attnlab.errors import UserError
@@ -111,9 +112,7 @@ def _small_gemma(seed: int = 0) -> attnlab.Transformer:
     )  # fmt: skip
     torch.manual_seed(seed)
     model = attnlab.Transformer(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.5)
+    randomize(model, 0.5)
     return model
 
 

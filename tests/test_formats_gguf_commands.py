@@ -10,6 +10,7 @@ import urllib.request
 
 import pytest
 import torch
+from styles import fields
 from training_tiny import one_line_error, run_cli
 
 import attnlab
@@ -23,16 +24,15 @@ TEXT = "The cat sat on the mat because it was tired. The dog ran."
 def gguf_file(tmp_path_factory):
     tokenizer = Tokenizer.train_char(TEXT)
     config = ModelConfig(
-        d_vocab=tokenizer.vocab_size,
-        n_ctx=128,
-        d_model=64,
-        n_layers=2,
-        n_heads=4,
-        n_kv_heads=2,
-        positional="rope",
-        norm="rmsnorm",
-        mlp="swiglu",
-        bias=False,
+        **fields(
+            "llama-gqa",
+            d_vocab=tokenizer.vocab_size,
+            n_ctx=128,
+            d_model=64,
+            n_layers=2,
+            n_heads=4,
+            tie_embeddings=True,
+        )
     )
     torch.manual_seed(0)
     model = attnlab.Transformer(config).eval()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import shutil
 import struct
-import warnings
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ from gguf import GGUFReader, GGUFValueType
 from gguf_files import Q, write_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from training_tiny import one_line_error, run_cli, sample_damaged
+from training_tiny import load_or_one_line, one_line_error, run_cli, sample_damaged
 
 import attnlab
 from attnlab.errors import UserError
@@ -329,18 +328,6 @@ def mutate(path: Path, how: str, rng) -> None:
             width, "little"
         )
     path.write_bytes(bytes(data))
-
-
-def load_or_one_line(path: Path) -> str:
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            model = attnlab.load(path)
-    except UserError as exc:
-        assert "\n" not in str(exc) and str(exc), repr(exc)
-        return str(exc)
-    assert all(t.is_floating_point() for t in model.state_dict().values())
-    return "ok"
 
 
 @settings(

@@ -13,6 +13,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize, quantize
+from styles import fields
 from training_tiny import one_line_error, run_cli, tiny_config
 
 import attnlab
@@ -25,53 +26,24 @@ from attnlab.tokenizer import Tokenizer
 
 TEXT = "The cat sat on the mat.\nIt was tired, so it slept: 42 naps!\n\tDone \\ é ü 猫"
 
-# One model per llama.cpp architecture attnlab writes (sizes transformers' GGUF reader can take:
-# it assumes head_dim 128 for qwen3, and 4 x d_model and a context of 1024 for gpt2).
+# One model per llama.cpp architecture attnlab writes, each a style of tests/styles.py (at sizes
+# transformers' GGUF reader can take: it assumes head_dim 128 for qwen3, and 4 x d_model and a
+# context of 1024 for gpt2).
 CONFIGS = {
-    "llama": dict(
-        positional="rope",
-        norm="rmsnorm",
-        mlp="swiglu",
-        bias=False,
-        n_heads=4,
-        n_kv_heads=2,
-        d_mlp=96,
-        tie_embeddings=False,
-        rope_theta=50000.0,
-    ),
-    "llama-tied-linear-rope": dict(
-        positional="rope",
-        norm="rmsnorm",
-        mlp="swiglu",
-        bias=False,
+    "llama": fields("llama-gqa", n_heads=4, d_mlp=96, rope_theta=50000.0),
+    "llama-tied-linear-rope": fields(
+        "llama-gqa",
         n_heads=4,
         n_kv_heads=1,
+        tie_embeddings=True,
         rope_scaling="linear",
         rope_scaling_factor=2.0,
     ),
-    "qwen2": dict(
-        positional="rope",
-        norm="rmsnorm",
-        mlp="swiglu",
-        bias=False,
-        qkv_bias=True,
-        n_heads=4,
-        n_kv_heads=2,
-        tie_embeddings=False,
+    "qwen2": fields("llama-gqa", qkv_bias=True, n_heads=4),
+    "qwen3": fields(
+        "llama-gqa", qk_norm=True, n_heads=2, n_kv_heads=1, d_head=128, tie_embeddings=True
     ),
-    "qwen3": dict(
-        positional="rope",
-        norm="rmsnorm",
-        mlp="swiglu",
-        bias=False,
-        qk_norm=True,
-        n_heads=2,
-        n_kv_heads=1,
-        d_head=128,
-    ),
-    "gpt2": dict(
-        positional="learned", mlp="gelu_tanh", n_heads=4, n_ctx=1024, tie_embeddings=False
-    ),
+    "gpt2": fields("gpt2", n_heads=4, n_ctx=1024, tie_embeddings=False),
 }
 GGUF_ARCHITECTURE = {"llama-tied-linear-rope": "llama"}
 

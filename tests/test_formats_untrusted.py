@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import struct
-import warnings
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
-from training_tiny import one_line_error, run_cli, sample_damaged
+from training_tiny import load_or_one_line, one_line_error, run_cli, sample_damaged
 
 import attnlab
 from attnlab.errors import UserError
@@ -302,19 +301,6 @@ def mutate(path: Path, target: str, how: str, rng, value) -> None:
         keys = sorted(k for k in node if not _same(node[k], value))
         node[rng.choice(keys) if keys else "mutated"] = value
         file.write_text(json.dumps(document))
-
-
-def load_or_one_line(path: Path) -> str:
-    """'ok' or the one line a refusal gives; any other exception fails the property."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            model = attnlab.load(path)
-    except UserError as exc:
-        assert "\n" not in str(exc) and str(exc), repr(exc)
-        return str(exc)
-    assert all(t.is_floating_point() for t in model.state_dict().values())
-    return "ok"
 
 
 @settings(

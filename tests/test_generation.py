@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from styles import randomize
 
 from attnlab import Transformer
 from attnlab.errors import UserError
@@ -40,9 +41,7 @@ def build(overrides: dict, dtype=torch.float64) -> Transformer:
     """A small model with N(0, 0.3) parameters: confident enough that greedy choices are not
     near-ties."""
     model = Transformer(ModelConfig(**{**BASE, **overrides})).to(dtype).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.3)
+    randomize(model)
     return model
 
 

@@ -5,7 +5,7 @@ module path, and its tokens are `model.generate`'s."""
 import pytest
 import torch
 from explorer_models import small_models
-from test_kernels import CONFIGS, build
+from styles import build
 
 import attnlab
 from attnlab.errors import UserError
@@ -26,11 +26,10 @@ def watched(model, ids, n, **settings):
     return out, steps
 
 
-# C-decodable shapes of test_kernels: a window of 4 keys (Mistral), and Gemma 3's (GeGLU, sandwich
-# norms, QK-norm, one key-value head, block 0 windowed with its own RoPE base, block 1 global)
-SHAPES = {name: CONFIGS[name] for name in ("mistral-window", "gemma3")}
-# post-norm blocks: the C decode program does not apply, the module path runs
-SHAPES["gpt-post-norm"] = dict(norm_placement="post")
+# styles (tests/styles.py): two the C decode program runs, a window of 4 keys (Mistral) and Gemma
+# 3's (GeGLU, sandwich norms, QK-norm, one key-value head, block 0 windowed with its own RoPE base,
+# block 1 global); and post-norm blocks, which it does not run: the module path runs
+SHAPES = ("mistral-window", "gemma3", "gpt-post-norm")
 
 
 def model_named(name: str) -> attnlab.Transformer:
@@ -39,7 +38,7 @@ def model_named(name: str) -> attnlab.Transformer:
     if name in ("gpt", "llama"):
         return small_models()[name]
     torch.manual_seed(0)
-    return build(SHAPES[name])
+    return build(name)
 
 
 def prompt(model, tokens: int) -> torch.Tensor:

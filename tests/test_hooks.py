@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from styles import randomize
 
 from attnlab import ActivationCache, Transformer
 from attnlab.errors import UserError
@@ -30,9 +31,7 @@ def build(config: ModelConfig) -> Transformer:
     """A float32 model with N(0, 0.3) parameters, so patterns are far from uniform and hooks have
     something to change."""
     model = Transformer(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.3)
+    randomize(model)
     return model
 
 

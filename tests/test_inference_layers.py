@@ -23,6 +23,7 @@ import contextlib
 import types
 
 import pytest
+import styles
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -112,30 +113,17 @@ def few_or_tiled(rows: int, d_in: int, d_out: int) -> bool:
 
 
 BASE = dict(d_vocab=97, n_ctx=128, d_model=128, n_layers=2, n_heads=4, d_mlp=192)  # d_head 32
+# the styles of tests/styles.py whose fast layers are checked here, with what they take at BASE
 CONFIGS = {
-    "gpt2": dict(mlp="gelu_tanh"),
+    "gpt2": {},
     # SmolLM2's shape: grouped key/value heads, RMSNorm, SwiGLU, RoPE, no biases, d_head 32
-    "llama-gqa": dict(
-        positional="rope",
-        n_heads=2,
-        n_kv_heads=1,
-        norm="rmsnorm",
-        mlp="swiglu",
-        bias=False,
-        tie_embeddings=True,
-    ),
-    "qwen-qkv-bias-window": dict(
-        positional="rope", qkv_bias=True, norm="rmsnorm", mlp="swiglu", sliding_window=8
-    ),
+    "llama-gqa": dict(n_heads=2, n_kv_heads=1, tie_embeddings=True),
+    "qwen-qkv-bias-window": {},
 }
 
 
 def build(name: str) -> attnlab.Transformer:
-    model = attnlab.Transformer(ModelConfig(**{**BASE, **CONFIGS[name]})).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.3)
-    return model
+    return styles.build(name, **{**BASE, **CONFIGS[name]})
 
 
 def forward(model, ids, **kwargs):
@@ -322,7 +310,8 @@ def test_a_quantized_model_keeps_its_block_layers_module_path(seed, monkeypatch)
 @pytest.mark.any_build
 def test_without_vectorised_tiles_torchs_path_runs_and_says_why(seed, monkeypatch, tmp_path):
     """A portable build keeps torch's products, and says so in one line, once (attnlab.slower)."""
-    monkeypatch.setattr(kernels, "rows_vectorized", lambda: (False, False))
+    for where in (kernels, kernels.policy):  # generation's layers, and float_rows
+        monkeypatch.setattr(where, "rows_vectorized", lambda: (False, False))
     monkeypatch.setattr(kernels, "variant", lambda: "portable")
     monkeypatch.setattr(slower, "_said", set())
     tiles = counting(monkeypatch, "linear_rows")
@@ -348,8 +337,8 @@ def test_float_prompts_take_whichever_measured_faster_here(seed, monkeypatch, ti
     anything else is one line. A build without vectorised float32 tiles keeps torch's products
     whatever the timing or ATTNLAB_FLOAT_ROWS says (tiles_here says why)."""
     monkeypatch.delenv("ATTNLAB_FLOAT_ROWS")
-    monkeypatch.setattr(kernels, "amx_unusable", lambda: "no AMX (this test's premise)")
-    monkeypatch.setattr(kernels, "_tiles_beat_torch", lambda build, threads: tiles_win)
+    monkeypatch.setattr(kernels.policy, "amx_unusable", lambda: "no AMX (this test's premise)")
+    monkeypatch.setattr(kernels.policy, "_tiles_beat_torch", lambda build, threads: tiles_win)
     tiles = counting(monkeypatch, "linear_rows")
     model = build("llama-gqa")
     with torch.no_grad():
@@ -381,7 +370,7 @@ def test_the_one_off_timing_compares_the_tiles_with_torchs_gemm(monkeypatch, tmp
         clock[0] += 1e-3
         return clock[0]
 
-    monkeypatch.setattr(kernels, "time", types.SimpleNamespace(perf_counter=perf_counter))
+    monkeypatch.setattr(kernels.policy, "time", types.SimpleNamespace(perf_counter=perf_counter))
 
     def slow(product):
         def call(*args):
@@ -393,16 +382,16 @@ def test_the_one_off_timing_compares_the_tiles_with_torchs_gemm(monkeypatch, tmp
     rows, linear = kernels.linear_rows, torch.nn.functional.linear
     for slowed, expected in (("c", False), ("torch", True)):
         monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / slowed))
-        monkeypatch.setattr(kernels, "linear_rows", slow(rows) if slowed == "c" else rows)
+        monkeypatch.setattr(kernels.policy, "linear_rows", slow(rows) if slowed == "c" else rows)
         monkeypatch.setattr(
             torch.nn.functional, "linear", slow(linear) if slowed == "torch" else linear
         )
         state = torch.get_rng_state()  # a forward pass's first ask: its caller's seed untouched
-        assert kernels._tiles_beat_torch("test", 1) is expected
+        assert kernels.policy._tiles_beat_torch("test", 1) is expected
         assert torch.equal(torch.get_rng_state(), state)
         machine.forget()  # as a new process: the answer from its file, the timing not run again
-        monkeypatch.setattr(kernels, "linear_rows", None)
-        assert kernels._tiles_beat_torch("test", 1) is expected
+        monkeypatch.setattr(kernels.policy, "linear_rows", None)
+        assert kernels.policy._tiles_beat_torch("test", 1) is expected
 
 
 # run_with_cache's attention: the explicit path's three steps in C --------------------------------
@@ -555,7 +544,8 @@ def test_hooks_that_edit_scores_and_patterns_change_both_paths_alike(seed, monke
 def torchs_products(monkeypatch) -> None:
     """As where torch's GEMM measured faster than the tiles (kernels.float_rows: the Intel Xeon of
     2026-12-02): the swapped layers keep torch's products and attention."""
-    monkeypatch.setattr(kernels, "float_rows", lambda: False)
+    for where in (kernels, kernels.policy):  # generation's layers, and float_products
+        monkeypatch.setattr(where, "float_rows", lambda: False)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))

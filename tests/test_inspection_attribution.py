@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from styles import randomize
 
 from attnlab import Transformer
 from attnlab.cli import main
@@ -24,9 +25,7 @@ def model_dir(tmp_path_factory):
             d_vocab=tokenizer.vocab_size, n_ctx=32, d_model=16, n_layers=2, n_heads=2, d_mlp=32
         )
     )
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.3)
+    randomize(model)
     model.tokenizer = tokenizer
     return save_native(model, tmp_path_factory.mktemp("models") / "tiny")
 

@@ -3,6 +3,7 @@ cache)."""
 
 import pytest
 import torch
+from styles import randomize
 
 import attnlab
 from attnlab.inspection.scores import (
@@ -144,9 +145,7 @@ def test_copying_scores_are_the_eigenvalues_of_the_whole_ov_circuit():
         "llama-tiny", d_vocab=40, n_layers=2, n_heads=4, n_kv_heads=2, d_model=24, d_mlp=32
     )
     model = attnlab.Transformer(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.5)
+    randomize(model, 0.5)
     scores = copying_scores(model)
     D = cfg.d_head
     for layer, block in enumerate(model.blocks):

@@ -21,6 +21,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from kernel_builds import builds_of_this_architecture, builds_to_run
+from styles import SIZES, build
 
 import attnlab
 from attnlab.errors import UserError
@@ -31,7 +32,6 @@ from attnlab.generate.kernel_decoder import KernelDecoder
 from attnlab.generate.kv_cache import KVCache
 from attnlab.generate.loop import generate
 from attnlab.model.attention import scaled_dot_product_attention
-from attnlab.model.config import ModelConfig
 from attnlab.model.layers import _ACTIVATIONS, LayerNorm, Linear, RMSNorm
 from attnlab.model.positions import Rotary, apply_rope
 from attnlab.quant.int8 import Int8Linear
@@ -57,74 +57,17 @@ def built_kernels():
 
 
 F32 = dict(rtol=1e-5, atol=1e-5)
-BASE = dict(d_vocab=29, n_ctx=64, d_model=32, n_layers=2, n_heads=4, d_mlp=48)
-CONFIGS = {
-    "gpt2": dict(mlp="gelu_tanh"),
-    "llama-gqa": dict(
-        positional="rope",
-        n_kv_heads=2,
-        norm="rmsnorm",
-        mlp="swiglu",
-        bias=False,
-        tie_embeddings=False,
-    ),
-    "qwen-qk-norm-partial-rope": dict(
-        positional="rope",
-        rotary_fraction=0.5,
-        qk_norm=True,
-        norm="rmsnorm",
-        qkv_bias=True,
-        bias=False,
-        n_kv_heads=1,
-    ),
-    "sinusoidal-attn-only": dict(positional="sinusoidal", attn_only=True),
-    "pythia-parallel-llama3-rope": dict(
-        parallel_residual=True,
-        positional="rope",
-        rotary_fraction=0.25,
-        mlp="gelu",
-        rope_scaling="llama3",
-        rope_scaling_factor=8.0,
-        rope_original_n_ctx=16,
-    ),
-    "speedrun-relu2-softcap": dict(
-        positional="rope", norm="rmsnorm", mlp="relu2", bias=False, logit_softcap=3.0
-    ),
-    "mistral-window": dict(
-        positional="rope",
-        norm="rmsnorm",
-        mlp="swiglu",
-        bias=False,
-        n_kv_heads=2,
-        sliding_window=4,
-    ),
-    # Gemma 3's shape: GeGLU, sandwich norms, √d_model on the embedding, QK-norm, one key-value
-    # head of its own size, block 0 windowed with its own RoPE base and block 1 global
-    "gemma3": dict(
-        positional="rope",
-        norm="rmsnorm",
-        mlp="geglu_tanh",
-        bias=False,
-        sandwich_norm=True,
-        scale_embed=True,
-        qk_norm=True,
-        n_kv_heads=1,
-        d_head=16,
-        attn_scale=0.2,
-        sliding_window=4,
-        sliding_window_pattern=2,
-        rope_theta=1_000_000.0,
-        rope_theta_local=10_000.0,
-    ),
-}
-
-
-def build(overrides: dict) -> attnlab.Transformer:
-    model = attnlab.Transformer(ModelConfig(**{**BASE, **overrides})).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.3)
-    return model
+# the styles (tests/styles.py) whose decode program and prompt paths are checked here
+STYLE_NAMES = [
+    "gpt2",
+    "llama-gqa",
+    "qwen-qk-norm-partial-rope",
+    "sinusoidal-attn-only",
+    "pythia-parallel-llama3-rope",
+    "speedrun-relu2-softcap",
+    "mistral-window",
+    "gemma3",
+]
 
 
 @pytest.mark.parametrize("rows", [1, 3, 8])
@@ -174,10 +117,10 @@ def test_a_kernel_called_with_the_wrong_number_of_arguments_is_refused():
     read 0 as its thread count): every declared kernel refuses a call with other than its count,
     before C runs."""
     library = kernels.library()
-    permitted = getattr(library, kernels.AMX_PERMITTED[0])
+    permitted = library.attnlab_amx_permitted
     with pytest.raises(TypeError, match="takes 0 arguments"):
         permitted(1)
-    rows_many = getattr(library, kernels.LINEAR_Q_ROWS_MANY[0])
+    rows_many = library.attnlab_linear_q_rows_many
     with pytest.raises(TypeError, match="takes 11 arguments [(]12 given[)]"):
         rows_many(*range(12))
     with pytest.raises(TypeError, match="[(]10 given[)]"):
@@ -186,17 +129,17 @@ def test_a_kernel_called_with_the_wrong_number_of_arguments_is_refused():
 
 @pytest.mark.any_build
 def test_the_read_bandwidth_without_kernels_is_one_line(monkeypatch):
-    monkeypatch.setattr(kernels, "library", lambda: None)
+    monkeypatch.setattr(kernels.builds, "library", lambda: None)
     with pytest.raises(UserError, match="read bandwidth is measured by attnlab's C kernels"):
         kernels.read_bandwidth(megabytes=8)
 
 
 def test_the_step_program_of_an_int8_model_gives_the_module_paths_logits(seed, monkeypatch):
     """(The float32 models' steps: test_kernel_decode_step_gives_the_module_paths_logits.)"""
-    model = build(CONFIGS["llama-gqa"])
+    model = build("llama-gqa")
     quantize(model, "int8")
     B, T = 2, 9
-    ids = torch.randint(0, BASE["d_vocab"], (B, T))
+    ids = torch.randint(0, SIZES["d_vocab"], (B, T))
     full = model(ids)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     cache = KVCache.for_model(model, B, 16)
@@ -273,7 +216,7 @@ def test_the_models_linear_never_takes_a_fast_path_generation_swaps_one_in_and_o
     monkeypatch.setattr(
         kernels, "linear", lambda *a, **k: calls.append(1) or kernels_linear(*a, **k)
     )
-    model = build({})
+    model = build("gpt")
     with torch.no_grad():
         model(torch.tensor([[1, 2, 3]]))  # 3 rows: the model's own Linear is F.linear
     assert calls == [] and not any(isinstance(m, KernelLinear) for m in model.modules())
@@ -480,8 +423,8 @@ def test_generation_takes_the_prompt_attention_where_it_applies(
     """In generation a float32 prompt from position 0 calls attend_rows in every block (where this
     build runs it vectorised) whose window, if any, is no shorter than the prompt, and the
     prefill's logits stay with the module path's."""
-    model = build({**CONFIGS[name], "d_model": 128, "sliding_window": window})  # d_head 32
-    ids = torch.randint(0, BASE["d_vocab"], (2, 11))
+    model = build(name, d_model=128, sliding_window=window)  # d_head 32
+    ids = torch.randint(0, SIZES["d_vocab"], (2, 11))
     calls, attend_rows = [], kernels.attend_rows
     monkeypatch.setattr(
         kernels, "attend_rows", lambda *a: calls.append(a[0].shape) or attend_rows(*a)
@@ -557,8 +500,8 @@ def test_generation_runs_a_prompts_norms_rope_and_swiglu_in_c(name, monkeypatch)
     """A prompt's RMSNorms (both of every block; the final norm sees the last position only), its
     RoPE (q and k of every block) and SwiGLU's product (every block) run in C, and the prefill's
     logits stay with the module path's; a model without them (GPT-2) calls none."""
-    model = build(CONFIGS[name])
-    ids = torch.randint(0, BASE["d_vocab"], (2, 11))
+    model = build(name)
+    ids = torch.randint(0, SIZES["d_vocab"], (2, 11))
     calls = counting(monkeypatch, *ELEMENTWISE)
     with torch.no_grad(), fast_linears(model):
         logits = generation.prefill(model, ids, KVCache.for_model(model, 2, 16))
@@ -576,8 +519,8 @@ def test_a_prompts_c_elementwise_kernels_step_aside_for_a_hook(monkeypatch):
     """A hook that reads or replaces what a C kernel would compute or overwrite (the MLP's
     pre-activation, a norm's scale) gets the module path in that block: the hook runs and its edit
     counts, and the other block keeps the kernels."""
-    model = build(CONFIGS["llama-gqa"])
-    ids = torch.randint(0, BASE["d_vocab"], (2, 11))
+    model = build("llama-gqa")
+    ids = torch.randint(0, SIZES["d_vocab"], (2, 11))
     seen = []
     model.blocks[0].mlp.hook_pre.add_hook(lambda t, hook: seen.append(t.clone()) or t * 2)
     model.blocks[1].ln1.hook_scale.add_hook(lambda t, hook: t * 3)
@@ -588,19 +531,19 @@ def test_a_prompts_c_elementwise_kernels_step_aside_for_a_hook(monkeypatch):
     with torch.no_grad(), fast_linears(model):
         logits = generation.prefill(model, ids, KVCache.for_model(model, 2, 16))
     torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
-    assert len(seen) == 1 and seen[0].shape == (2, 11, BASE["d_mlp"])
+    assert len(seen) == 1 and seen[0].shape == (2, 11, SIZES["d_mlp"])
     assert calls == {"rms_norm_rows": 2 * 2 - 1, "rope_rows": 4, "silu_mul_rows": 1}
 
 
 # two: the step program's threads share every product and wait
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("name", STYLE_NAMES)
 def test_kernel_decode_step_gives_the_module_paths_logits(seed, name, threads, monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
-    model = build(CONFIGS[name])
+    model = build(name)
     assert KernelDecoder.unsupported(model) is None
     B, T, max_len = 2, 12, 20
-    ids = torch.randint(0, BASE["d_vocab"], (B, T))
+    ids = torch.randint(0, SIZES["d_vocab"], (B, T))
     full = model(ids)
     cache = KVCache.for_model(model, B, max_len)
     model(ids[:, :4], kv_cache=cache, start_pos=0)
@@ -623,13 +566,13 @@ def test_a_decode_step_of_many_rows_gives_the_float64_modules_logits(
     int8 kernel at B rows; both against the module path in float64."""
     import copy
 
-    model = build(CONFIGS[name])
+    model = build(name)
     if int8:
         quantize(model, "int8")
     # int8 weights stay int8, widened to float64 where used
     reference = copy.deepcopy(model).double()
     T, P = 7, 3
-    ids = torch.randint(0, BASE["d_vocab"], (B, T))
+    ids = torch.randint(0, SIZES["d_vocab"], (B, T))
     with torch.no_grad():
         full = reference(ids)
     cache = KVCache.for_model(model, B, 12)
@@ -651,8 +594,8 @@ def test_a_decode_step_of_many_rows_gives_the_float64_modules_logits(
 def test_a_decode_step_keeps_the_buffers_it_was_prepared_with_alive(seed):
     """The C calls hold addresses: the prepared step must keep its cache alive when the caller drops
     it."""
-    model = build(CONFIGS["llama-gqa"])
-    ids = torch.randint(0, BASE["d_vocab"], (1, 6))
+    model = build("llama-gqa")
+    ids = torch.randint(0, SIZES["d_vocab"], (1, 6))
     full = model(ids)
     cache = KVCache.for_model(model, 1, 8)
     step, keys = KernelDecoder(model, cache), weakref.ref(cache.k[0])
@@ -664,9 +607,9 @@ def test_a_decode_step_keeps_the_buffers_it_was_prepared_with_alive(seed):
     torch.testing.assert_close(logits, full[:, -1], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("name", STYLE_NAMES)
 def test_default_generation_takes_the_kernels_and_picks_the_module_paths_tokens(name, monkeypatch):
-    model = build(CONFIGS[name])
+    model = build(name)
     prompts = [[3, 1, 4, 1, 5], [9, 2], [6, 5, 3, 5]]
     width = max(map(len, prompts))
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
@@ -699,13 +642,13 @@ kernel_call, greedy_in_c = KernelDecoder.__call__, KernelDecoder.generate_greedy
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("name", [n for n in CONFIGS if n != "sinusoidal-attn-only"])
+@pytest.mark.parametrize("name", [n for n in STYLE_NAMES if n != "sinusoidal-attn-only"])
 def test_greedy_generation_in_c_makes_the_python_loops_tokens(seed, name, threads, monkeypatch):
     """The C loop (no Python between tokens) against generate's Python loop around the same step
     (on_token set): equal tokens for left-padded rows, an eos that stops one row before the other
     and then both, and ties (every logit equal: the first id, as torch.argmax)."""
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
-    model = build(CONFIGS[name])
+    model = build(name)
     ids = torch.tensor([[0, 0, 7, 2, 9, 4], [5, 3, 8, 1, 6, 2]])
     mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
 
@@ -723,7 +666,7 @@ def test_greedy_generation_in_c_makes_the_python_loops_tokens(seed, name, thread
     with torch.no_grad():
         model.unembed.weight.zero_()  # every logit equal (or a bias's, with its ties)
         if model.unembed.bias is not None:
-            model.unembed.bias.copy_(torch.arange(BASE["d_vocab"]) % 3)  # ties at 2, 5, 8 ...
+            model.unembed.bias.copy_(torch.arange(SIZES["d_vocab"]) % 3)  # ties at 2, 5, 8 ...
     in_c, python = both()
     assert torch.equal(in_c, python)
     assert (in_c[:, 6:] == (2 if model.unembed.bias is not None else 0)).all()
@@ -733,7 +676,7 @@ def test_greedy_generation_in_c_makes_the_python_loops_tokens(seed, name, thread
 def test_a_short_prompt_goes_through_the_decode_step_and_picks_the_module_paths_tokens(
     name, monkeypatch
 ):
-    model = build(CONFIGS[name])
+    model = build(name)
     ids, mask = (
         torch.tensor([[0, 7, 2], [5, 3, 8], [0, 0, 4]]),
         torch.tensor([[0, 1, 1], [1, 1, 1], [0, 0, 1]]),
@@ -756,7 +699,7 @@ def test_a_short_prompt_goes_through_the_decode_step_and_picks_the_module_paths_
     assert torch.equal(generate(model, one, 10, temperature=0), reference_one)
     # checked before the C lookup reads the table
     with pytest.raises(UserError, match="outside the vocabulary"):
-        generate(model, torch.tensor([[BASE["d_vocab"]]]), 3)
+        generate(model, torch.tensor([[SIZES["d_vocab"]]]), 3)
     # not truncated to integers by the lookup
     with pytest.raises(UserError, match="must be integers"):
         generate(model, torch.tensor([[1.0, 2.0]]), 3)
@@ -766,22 +709,22 @@ def test_a_short_prompt_goes_through_the_decode_step_and_picks_the_module_paths_
 
 @pytest.mark.any_build
 def test_hooked_post_norm_and_narrow_models_take_the_module_path(monkeypatch):
-    model = build(CONFIGS["gpt2"])
+    model = build("gpt2")
     seen = []
     with model.hooks([("blocks.0.hook_resid_pre", lambda x, hook: seen.append(x.shape[1]))]):
         assert "hook" in KernelDecoder.unsupported(model)
         generate(model, torch.tensor([[1, 2, 3]]), 4, temperature=0)
     assert seen == [3, 1, 1, 1]  # the prompt, then every decode step ran the hook
     assert KernelDecoder.unsupported(model) is None
-    assert "post-norm" in KernelDecoder.unsupported(build(dict(norm_placement="post")))
+    assert "post-norm" in KernelDecoder.unsupported(build("gpt-post-norm"))
     # an MLP the kernels would not know (every one of config.MLPS is known)
     with monkeypatch.context() as patch:
         patch.delitem(kernels.ACTIVATIONS, "relu2")
-        assert "relu2" in KernelDecoder.unsupported(build(dict(mlp="relu2")))
-    assert "float32" in KernelDecoder.unsupported(build({}).double())
+        assert "relu2" in KernelDecoder.unsupported(build("gpt", mlp="relu2"))
+    assert "float32" in KernelDecoder.unsupported(build("gpt").double())
     assert (
         KernelDecoder.unsupported(
-            attnlab.quant.quantize.store_weights_as(build({}), torch.bfloat16)
+            attnlab.quant.quantize.store_weights_as(build("gpt"), torch.bfloat16)
         )
         is not None
     )
@@ -821,8 +764,8 @@ def test_the_kernel_library_is_built_once_and_cached_by_source_and_machine(tmp_p
 
 @pytest.mark.parametrize("name", ["gpt2", "llama-gqa"])
 def test_an_int8_model_stays_close_to_float_and_every_path_agrees(seed, name):
-    model = build(CONFIGS[name])
-    ids = torch.randint(0, BASE["d_vocab"], (2, 10))
+    model = build(name)
+    ids = torch.randint(0, SIZES["d_vocab"], (2, 10))
     with torch.no_grad():
         reference = model(ids)
         quantize(model, "int8")
@@ -841,27 +784,28 @@ def test_an_int8_model_stays_close_to_float_and_every_path_agrees(seed, name):
 
 @pytest.mark.any_build
 def test_a_quantized_model_saves_and_loads_as_int8(seed, tmp_path):
-    model = quantize(build(dict(CONFIGS["gpt2"], tie_embeddings=True)), "int8")
+    model = quantize(build("gpt2", tie_embeddings=True), "int8")
     attnlab.save(model, tmp_path / "q")
     loaded = attnlab.load(tmp_path / "q")
     assert loaded.quantization == "int8" and loaded.unembed.weight.dtype == torch.int8
     assert loaded.embed.weight.dtype == torch.float32  # the tied embedding keeps its float rows
-    ids = torch.randint(0, BASE["d_vocab"], (1, 6))
+    ids = torch.randint(0, SIZES["d_vocab"], (1, 6))
     with torch.no_grad():
         assert torch.equal(loaded(ids), model(ids))
     with pytest.raises(UserError, match="quantized"):
         attnlab.save(model, tmp_path / "hf", format="hf")
     with pytest.raises(UserError, match="choose one of int8"):
-        quantize(build({}), "int4")
+        quantize(build("gpt"), "int4")
 
 
 @pytest.mark.any_build
 def test_the_decode_step_moves_the_weights_it_reads_into_huge_pages_and_nothing_else_changes(
     seed, tmp_path, monkeypatch
 ):
-    monkeypatch.setattr(kernels, "HUGE_PAGES_FROM", 0)  # the test model is small: move it anyway
-    model = build(dict(CONFIGS["llama-gqa"], tie_embeddings=True))
-    ids = torch.randint(0, BASE["d_vocab"], (2, 5))
+    # the test model is small: move it anyway
+    monkeypatch.setattr(kernels.buffers, "HUGE_PAGES_FROM", 0)
+    model = build("llama-gqa", tie_embeddings=True)
+    ids = torch.randint(0, SIZES["d_vocab"], (2, 5))
     reference = generate(model, ids, 6, temperature=0, use_kernels=False)
     weights = [linear.weight for linear in KernelDecoder.linears_in_step_order(model)]
     before = {id(w): (w.data_ptr(), w.detach().clone()) for w in weights}
@@ -936,7 +880,17 @@ def machine_dependent_options(flags: list[str]) -> set[str]:
     -march=, -mtune= and --param (the caches' sizes, which -mtune=native adds), clang's
     -target-cpu and -tune-cpu."""
     driver = subprocess.run(
-        [*kernels._compiler(), *flags, "-###", "-x", "c", "-c", os.devnull, "-o", os.devnull],
+        [
+            *kernels.builds._compiler(),
+            *flags,
+            "-###",
+            "-x",
+            "c",
+            "-c",
+            os.devnull,
+            "-o",
+            os.devnull,
+        ],
         capture_output=True,
         text=True,
     )
@@ -958,8 +912,8 @@ def test_a_build_for_a_compiler_without_openmp_computes_the_same_numbers(
     # (this process runs the threaded flags' build)
     assert kernels.chosen_variant()[1] == kernels.compile_library(kernels.SOURCE, (threaded,))
     assert "-fopenmp" not in alone
-    model = build(CONFIGS["gemma3"])  # sandwich norms, GeGLU, a window, QK-norm
-    ids = torch.randint(0, BASE["d_vocab"], (2, 8))
+    model = build("gemma3")  # sandwich norms, GeGLU, a window, QK-norm
+    ids = torch.randint(0, SIZES["d_vocab"], (2, 8))
     q, k, v = torch.randn(1, 4, 40, 32), torch.randn(1, 2, 40, 32), torch.randn(1, 2, 40, 32)
     x, w = torch.randn(40, 600), torch.randn(70, 600)
 
@@ -975,7 +929,7 @@ def test_a_build_for_a_compiler_without_openmp_computes_the_same_numbers(
     threads = numbers()
     monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
     without = kernels.load(kernels.compile_library(kernels.SOURCE, (alone,)))
-    monkeypatch.setattr(kernels, "library", lambda: without)
+    monkeypatch.setattr(kernels.builds, "library", lambda: without)
     for a, b in zip(numbers(), threads, strict=True):
         assert torch.equal(a, b)
 
@@ -1003,7 +957,7 @@ def test_attnlab_kernels_forces_a_build_and_it_computes_the_reference(name, tmp_
     monkeypatch.setenv("ATTNLAB_KERNELS", name)
     chosen, path = kernels.choose_variant()
     assert chosen == name and path.with_suffix(".checked").read_text() == "ok"
-    monkeypatch.setattr(kernels, "library", lambda: kernels.load(path))
+    monkeypatch.setattr(kernels.builds, "library", lambda: kernels.load(path))
     x, w, b = torch.randn(3, 129), torch.randn(67, 129), torch.randn(67)
     torch.testing.assert_close(kernels.linear(x, w, b), F.linear(x, w, b), **product_tolerance(129))
 
@@ -1020,8 +974,8 @@ def test_the_best_allowed_build_runs_by_default(tmp_path, monkeypatch):
 @pytest.mark.any_build
 def test_a_build_the_machine_does_not_allow_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
-    monkeypatch.setattr(kernels, "_is_x86", lambda: True)
-    monkeypatch.setattr(kernels, "cpu_levels", lambda: kernels.CpuLevel.AVX2)  # a Zen 3
+    monkeypatch.setattr(kernels.builds, "_is_x86", lambda: True)
+    monkeypatch.setattr(kernels.builds, "cpu_levels", lambda: kernels.CpuLevel.AVX2)  # a Zen 3
     monkeypatch.setenv("ATTNLAB_KERNELS", "avx512")
     with pytest.raises(UserError, match="ATTNLAB_KERNELS=avx512: this CPU.*; use one of avx2, p"):
         kernels.choose_variant()
@@ -1065,7 +1019,7 @@ def test_a_build_that_faults_in_its_self_check_is_passed_over_and_the_process_li
         return trap if flag_sets[0] == kernels.VARIANTS[best][0] else real(source, flag_sets)
 
     best = kernels.variants_here()[0]
-    monkeypatch.setattr(kernels, "compile_library", compile_library)
+    monkeypatch.setattr(kernels.builds, "compile_library", compile_library)
     monkeypatch.delenv("ATTNLAB_KERNELS", raising=False)
     assert kernels.choose_variant()[0] == kernels.variants_here()[1]
     monkeypatch.setenv("ATTNLAB_KERNELS", best)

@@ -22,6 +22,7 @@ from unittest import mock
 import pytest
 import torch
 import torch.nn.functional as F
+from styles import SIZES, build
 from test_blocks import (
     KINDS,
     MORE,
@@ -32,9 +33,7 @@ from test_blocks import (
     prompt_products_in_this_build,
 )
 from test_kernels import (
-    BASE,
-    CONFIGS,
-    build,
+    STYLE_NAMES,
     product_tolerance,
     prompt_attention_equals_the_chapters_equation,
     prompt_elementwise_kernels_in_this_build,
@@ -94,7 +93,7 @@ def clang_build(tmp_path_factory):
 @pytest.fixture
 def on_clangs_build(clang_build, monkeypatch):
     """The kernels are clang's build without OpenMP, and every caller asks for two threads."""
-    monkeypatch.setattr(kernels, "library", lambda: clang_build[-1])
+    monkeypatch.setattr(kernels.builds, "library", lambda: clang_build[-1])
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     assert not kernels.openmp()
 
@@ -115,7 +114,7 @@ def test_clang_builds_the_best_build_and_says_when_it_runs_on_one_thread(clang_b
 
 def test_this_processs_kernels_report_their_openmp(tmp_path):
     """kernels.openmp(): what attnlab doctor prints; True where the compiler has OpenMP."""
-    compiler = kernels._compiler()
+    compiler = kernels.builds._compiler()
     probe = tmp_path / "omp.c"
     probe.write_text("#include <omp.h>\nint threads(void) { return omp_get_max_threads(); }\n")
     command = [*compiler, "-fopenmp", "-shared", "-fPIC", str(probe), "-o", str(tmp_path / "o.so")]
@@ -192,15 +191,15 @@ def test_attention_and_elementwise_kernels_without_openmp(on_clangs_build, seed)
     prompt_elementwise_kernels_in_this_build()
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("name", STYLE_NAMES)
 def test_generation_without_openmp_makes_the_module_paths_greedy_tokens(on_clangs_build, name):
     """Whole generations through the C decode step (the loop in C, and the Python loop around the
     step) of left-padded rows: the module path's tokens."""
-    model = build(CONFIGS[name])
+    model = build(name)
     ids = torch.tensor([[0, 0, 7, 2, 9, 4], [5, 3, 8, 1, 6, 2]])
     mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
     reference = generate(model, ids, 12, temperature=0, attention_mask=mask, use_kernels=False)
     assert torch.equal(generate(model, ids, 12, temperature=0, attention_mask=mask), reference)
     streamed = generate(model, ids, 12, temperature=0, attention_mask=mask, on_token=len)
     assert torch.equal(streamed, reference)
-    assert BASE["d_vocab"] > int(reference.max())
+    assert SIZES["d_vocab"] > int(reference.max())

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from styles import config, randomize
 
 from attnlab import Transformer
 from attnlab.errors import UserError
@@ -22,25 +23,10 @@ from attnlab.tokenizer import Tokenizer
 B, T = 2, 6
 BASE = dict(d_vocab=13, n_ctx=16, d_model=16, n_layers=3, n_heads=4, d_mlp=24)
 STYLES = {
-    "gpt2": ModelConfig(**BASE, mlp="gelu_tanh"),
-    "llama": ModelConfig(
-        **BASE,
-        positional="rope",
-        norm="rmsnorm",
-        mlp="swiglu",
-        bias=False,
-        n_kv_heads=2,
-        tie_embeddings=False,
-    ),
-    # Pythia (GPT-NeoX): attention and MLP in parallel on resid_pre, partial RoPE, LayerNorm, untied
-    "pythia": ModelConfig(
-        **BASE,
-        positional="rope",
-        rotary_fraction=0.5,
-        tie_embeddings=False,
-        mlp="gelu",
-        parallel_residual=True,
-    ),
+    "gpt2": config("gpt2", **BASE),
+    "llama": config("llama-gqa", **BASE),
+    # Pythia (GPT-NeoX) with half of each head rotated, untied
+    "pythia": config("pythia-parallel", **BASE, rotary_fraction=0.5, tie_embeddings=False),
     "attn-only": ModelConfig(**BASE, attn_only=True),
 }
 TOL = dict(rtol=1e-9, atol=1e-9)
@@ -51,9 +37,8 @@ def build(config: ModelConfig) -> Transformer:
     identity)."""
     torch.manual_seed(0)
     model = Transformer(config).double().eval()
+    randomize(model)
     with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.3)
         for module in model.modules():
             if hasattr(module, "hook_scale"):
                 module.weight.add_(1.0)

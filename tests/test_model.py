@@ -16,6 +16,7 @@ import reference
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from styles import fields, randomize
 
 from attnlab import Transformer
 from attnlab.errors import UserError
@@ -25,34 +26,10 @@ from attnlab.model.transformer import Block
 SMALL = dict(d_vocab=11, n_ctx=16, d_model=16, n_layers=2, n_heads=2)
 
 DECODERS = {
-    "gpt2-like": dict(mlp="gelu_tanh"),
-    "llama-like": dict(
-        positional="rope",
-        norm="rmsnorm",
-        mlp="swiglu",
-        n_heads=4,
-        n_kv_heads=2,
-        bias=False,
-        tie_embeddings=False,
-    ),
-    "qwen-like": dict(
-        positional="rope",
-        rotary_fraction=0.5,
-        norm="rmsnorm",
-        mlp="swiglu",
-        bias=False,
-        qkv_bias=True,
-        qk_norm=True,
-        rope_theta=1e6,
-    ),
-    "neox-like": dict(
-        positional="rope",
-        rotary_fraction=0.25,
-        parallel_residual=True,
-        d_model=32,
-        n_heads=2,
-        tie_embeddings=False,
-    ),
+    "gpt2-like": fields("gpt2"),
+    "llama-like": fields("llama-gqa", n_heads=4),
+    "qwen-like": fields("qwen-qk-norm-partial-rope", mlp="swiglu", n_kv_heads=None, rope_theta=1e6),
+    "neox-like": fields("pythia-parallel", d_model=32, n_heads=2, tie_embeddings=False),
     "sliding-window-gqa": dict(
         positional="rope", n_heads=4, n_kv_heads=2, sliding_window=3, norm="rmsnorm"
     ),
@@ -61,35 +38,19 @@ DECODERS = {
     ),
     "none-attn-only": dict(positional="none", attn_only=True, n_heads=4, n_kv_heads=1),
     "d-head-scale": dict(d_head=5, n_heads=3, attn_scale=0.5, d_mlp=24, tie_embeddings=False),
-    # Gemma 3's parts: sandwich norms, the embedding times √d_model, GeGLU (tanh), QK-norm, a
-    # window on one block of two (the other global), each kind with its RoPE base, a query scale
-    "gemma-like": dict(
-        positional="rope",
-        norm="rmsnorm",
-        mlp="geglu_tanh",
+    # Gemma 3's parts with a window of 3 on one block of two and a soft-capped head
+    "gemma-like": fields(
+        "gemma3",
         n_heads=4,
-        n_kv_heads=1,
         d_head=8,
-        bias=False,
-        qk_norm=True,
-        sandwich_norm=True,
-        scale_embed=True,
         sliding_window=3,
-        sliding_window_pattern=2,
-        rope_theta=1e6,
         rope_theta_local=100.0,
         attn_scale=0.3,
         logit_softcap=5.0,
     ),
-    # the speedrun's parts (modded-nanogpt): ReLU², QK-norm, untied head, logit soft-cap
-    "speedrun-like": dict(
-        positional="rope",
-        norm="rmsnorm",
-        mlp="relu2",
-        qk_norm=True,
-        bias=False,
-        tie_embeddings=False,
-        logit_softcap=2.0,
+    # the speedrun's parts (modded-nanogpt) with QK-norm and an untied head
+    "speedrun-like": fields(
+        "speedrun-relu2-softcap", qk_norm=True, tie_embeddings=False, logit_softcap=2.0
     ),
 }
 ENCODERS = {
@@ -114,9 +75,7 @@ def random_model(config: ModelConfig) -> Transformer:
     """A float64 model in eval mode with every parameter from N(0, 0.3): far from the init's
     near-uniform patterns."""
     model = Transformer(config).double().eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.3)
+    randomize(model)
     return model
 
 

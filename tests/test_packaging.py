@@ -89,7 +89,9 @@ def test_wheel_requires_a_torch_range_and_carries_every_package_file(wheel):
         "attnlab/explorer/static/index.html",
         "attnlab/explorer/static/app.js",
         "attnlab/explorer/static/views/dict.js",
-    } <= expected  # the page's modules, in a folder too
+        "attnlab/generate/kernels/c/kernels.c",
+        "attnlab/generate/kernels/c/common.h",
+    } <= expected  # the page's modules, in a folder too; the kernels' C files and headers
     assert expected <= set(names), sorted(expected - set(names))
     with zipfile.ZipFile(wheel) as zf:
         (entry,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]

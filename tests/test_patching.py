@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from styles import config, randomize
 
 import attnlab
 from attnlab import Transformer
@@ -14,42 +15,18 @@ from attnlab.inspection import patching
 from attnlab.model.config import ModelConfig
 
 T = 5
-GPT2 = ModelConfig(d_vocab=13, n_ctx=16, d_model=16, n_layers=2, n_heads=4, d_mlp=24)
-LLAMA = ModelConfig(
-    d_vocab=13,
-    n_ctx=16,
-    d_model=16,
-    n_layers=2,
-    n_heads=4,
-    d_mlp=24,
-    positional="rope",
-    norm="rmsnorm",
-    mlp="swiglu",
-    bias=False,
-    n_kv_heads=2,
-)
+BASE = dict(d_vocab=13, n_ctx=16, d_model=16, n_layers=2, n_heads=4, d_mlp=24)
+GPT2 = ModelConfig(**BASE)
+LLAMA = config("llama-gqa", **BASE, tie_embeddings=True)
 # Pythia (GPT-NeoX): attention and MLP in parallel on resid_pre (no resid_mid), partial RoPE, untied
-PYTHIA = ModelConfig(
-    d_vocab=13,
-    n_ctx=16,
-    d_model=16,
-    n_layers=2,
-    n_heads=4,
-    d_mlp=24,
-    positional="rope",
-    rotary_fraction=0.5,
-    parallel_residual=True,
-    tie_embeddings=False,
-)
+PYTHIA = config("pythia-parallel", **BASE, rotary_fraction=0.5, tie_embeddings=False)
 TOL = dict(rtol=1e-9, atol=1e-9)
 
 
 def setup(config: ModelConfig):
     torch.manual_seed(0)
     model = Transformer(config).double().eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.4)
+    randomize(model, 0.4)
     g = torch.Generator().manual_seed(3)
     clean = torch.randint(0, config.d_vocab, (2, T), generator=g)
     corrupted = clean.clone()

@@ -18,6 +18,7 @@ import warnings
 
 import pytest
 import torch
+from styles import fields
 
 import attnlab
 from attnlab import slower
@@ -32,7 +33,7 @@ from attnlab.quant.quantize import store_weights_as
 from attnlab.tokenizer import Tokenizer
 
 BASE = dict(d_vocab=29, n_ctx=96, d_model=32, n_layers=2, n_heads=4, d_mlp=48)
-LLAMA = dict(positional="rope", norm="rmsnorm", mlp="swiglu", bias=False, n_kv_heads=2)
+LLAMA = fields("llama-gqa", tie_embeddings=True)
 MODULE_PATH = (
     "generation runs the model's modules at every new token, not attnlab's C decode step: "
 )
@@ -150,7 +151,8 @@ def test_each_forward_pass_line_is_said_once(fresh, monkeypatch):
     gradients take the modules anyway, and plain passes (training's evaluation) torch's modules as
     always: neither says anything."""
     kernels_here()
-    monkeypatch.setattr(kernels, "rows_vectorized", lambda: (False, False))
+    for where in (kernels, kernels.policy):  # generation's layers, and float_rows
+        monkeypatch.setattr(where, "rows_vectorized", lambda: (False, False))
     model = build(**LLAMA)
     ids = torch.randint(0, BASE["d_vocab"], (2, 70))
     with Said() as said:
@@ -229,7 +231,7 @@ def test_a_better_build_passed_over_is_said(fresh, tmp_path, monkeypatch):
         failing = flag_sets[0] == kernels.VARIANTS[best][0]
         return None if failing else real(source, flag_sets, verbose)
 
-    monkeypatch.setattr(kernels, "compile_library", compile_library)
+    monkeypatch.setattr(kernels.builds, "compile_library", compile_library)
     kernels.decision.cache_clear()
     kernels.library.cache_clear()
     try:
@@ -369,7 +371,7 @@ def test_cc_may_carry_arguments_and_a_cc_that_names_nothing_is_no_compiler(tmp_p
     """CC is split as a shell would (`CC="ccache gcc"`); CC naming no program is no compiler, not
     a reason to take another one."""
     monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
-    monkeypatch.setenv("CC", f"{kernels._compiler()[0]} -g")
+    monkeypatch.setenv("CC", f"{kernels.builds._compiler()[0]} -g")
     assert kernels.no_compiler() is None
     assert kernels.compile_library(kernels.CPU_SOURCE, (["-O2"],)) is not None
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))

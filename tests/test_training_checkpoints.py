@@ -20,7 +20,7 @@ from training_tiny import one_line_error, run_cli, tiny_config, tiny_flags
 
 import attnlab
 from attnlab.errors import UserError
-from attnlab.formats.native import file_digest
+from attnlab.files import file_digest
 from attnlab.training import checkpoint as checkpoint_module
 from attnlab.training.trainer import train
 
@@ -117,9 +117,9 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one_saying_so(
 def test_loading_a_run_and_resuming_it_skip_the_same_damaged_checkpoint_for_the_same_reason(
     tmp_path, damage
 ):
-    """attnlab.load(run) and --resume choose by one walk (native.newest_complete): the same folder,
+    """attnlab.load(run) and --resume choose by one walk (runs.newest_complete): the same folder,
     the same problem named, so a model loaded from a run is always the one a resume continues."""
-    from attnlab.formats.native import run_model_dir
+    from attnlab.formats.runs import run_model_dir
 
     # keeps steps 6 and 9
     train(tiny_config(tmp_path, max_iters=9, lr_decay_iters=9), progress=False)
@@ -155,8 +155,6 @@ def test_a_save_makes_each_file_durable_then_the_manifest_then_one_rename_then_s
     one rename to the final name, and the checkpoints/ folder fsynced after that rename, so the
     rename itself is on disk. The manifest's digests come from the bytes written: no file is read
     back to hash it."""
-    from attnlab.formats import native
-
     events, hashed = [], []
     fsync, rename = os.fsync, os.rename
     monkeypatch.setattr(
@@ -166,7 +164,7 @@ def test_a_save_makes_each_file_durable_then_the_manifest_then_one_rename_then_s
         os, "rename", lambda a, b: (events.append(("rename", Path(b).name)), rename(a, b))[1]
     )
     monkeypatch.setattr(
-        native, "file_digest", lambda file: hashed.append(file) or file_digest(file)
+        "attnlab.files.file_digest", lambda file: hashed.append(file) or file_digest(file)
     )
 
     def write(files) -> None:
@@ -201,7 +199,6 @@ def test_a_training_checkpoint_fsyncs_each_file_once_and_reads_none_back(tmp_pat
     """The trainer's save writes each of its five files and the manifest once, fsynced once, hashing
     nothing it has to read again (the hidden folder's rename is the commit; a per-file rename adds
     nothing)."""
-    from attnlab.formats import native
     from attnlab.training.trainer import Trainer
 
     trainer = Trainer(tiny_config(tmp_path, max_iters=3), progress=False)
@@ -214,7 +211,7 @@ def test_a_training_checkpoint_fsyncs_each_file_once_and_reads_none_back(tmp_pat
         os, "replace", lambda a, b: (renamed.append(Path(b).name), replace(a, b))[1]
     )
     monkeypatch.setattr(
-        native, "file_digest", lambda file: hashed.append(file) or file_digest(file)
+        "attnlab.files.file_digest", lambda file: hashed.append(file) or file_digest(file)
     )
     trainer.save_checkpoint(0.0)
     monkeypatch.undo()
@@ -351,14 +348,13 @@ def test_a_run_whose_only_checkpoint_is_damaged_loads_its_verified_model_files_w
 def test_loading_a_run_hashes_each_checkpoint_file_once(tmp_path, monkeypatch):
     """Choosing the newest complete checkpoint verifies it; loading it then does not hash the same
     bytes again."""
-    from attnlab.formats import native
-
     train(tiny_config(tmp_path, max_iters=3), progress=False)
     hashed = []
     monkeypatch.setattr(
-        native, "file_digest", lambda file: hashed.append(Path(file).name) or file_digest(file)
+        "attnlab.files.file_digest",
+        lambda file: hashed.append(Path(file).name) or file_digest(file),
     )
-    monkeypatch.setattr(native, "_verified", {})
+    monkeypatch.setattr("attnlab.files._verified", {})
     attnlab.load(tmp_path / "run")
     assert hashed and sorted(hashed) == sorted(set(hashed))
 
@@ -631,7 +627,8 @@ def test_a_kill_at_every_point_of_a_save_leaves_the_previous_or_the_new_checkpoi
 ):
     import shutil
 
-    from attnlab.formats.native import checkpoint_dirs, verify_manifest
+    from attnlab.files import verify_manifest
+    from attnlab.formats.runs import checkpoint_dirs
     from attnlab.training.trainer import Trainer
 
     trainer = Trainer(tiny_config(tmp_path, max_iters=6, lr_decay_iters=6), progress=False)

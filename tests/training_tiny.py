@@ -1,12 +1,16 @@
-"""Tiny training runs for the training tests: a small text and a config that trains in a second."""
+"""Tiny training runs for the training tests: a small text and a config that trains in a second;
+and the command line's answers to damaged models (one line, never a traceback)."""
 
 from __future__ import annotations
 
 import random
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
+import attnlab
+from attnlab.errors import UserError
 from attnlab.training.config import TrainConfig
 
 
@@ -118,3 +122,16 @@ def sample_damaged(path, env: dict[str, str], prompt: str) -> int:
     if done.returncode == 2:
         one_line_error(done.stderr)
     return done.returncode
+
+
+def load_or_one_line(path: Path) -> str:
+    """'ok' or the one line a refusal gives; any other exception fails the property."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = attnlab.load(path)
+    except UserError as exc:
+        assert "\n" not in str(exc) and str(exc), repr(exc)
+        return str(exc)
+    assert all(t.is_floating_point() for t in model.state_dict().values())
+    return "ok"

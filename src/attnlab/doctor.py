@@ -71,7 +71,7 @@ def instruction_sets_line() -> Line:
     lacking = [name for name, present in sets.items() if not present]
     text = f"{_listed(have)}; not reported: {_listed(lacking)}"
     values: dict[str, Any] = {"reported": have, "not_reported": lacking}
-    if kernels._is_x86():
+    if kernels.builds._is_x86():
         if kernels.compile_library(kernels.CPU_SOURCE, (["-O2"],)) is None:
             text += "; the operating system's permission not checked (cpu.c, which reads it, did "
             text += "not compile)"
@@ -134,7 +134,7 @@ def torch_line() -> Line:
 def compiler_line() -> Line:
     from .generate import kernels
 
-    compiler = kernels._compiler()
+    compiler = kernels.builds._compiler()
     if compiler is None:
         why = kernels.no_compiler()
         return Line("compiler", f"{why}: every path is torch's", {"compiler": None})
@@ -151,12 +151,12 @@ def compiler_line() -> Line:
 
 def kernels_line() -> Line:
     """The decode.c build this process runs, its self-check, and why each better build is not:
-    the kernels' own choice (kernels._choose, which generation and forward passes take), the
+    the kernels' own choice (kernels.builds._choose, which generation and forward passes take), the
     builds this CPU cannot execute named with what it lacks (kernels.why_not_here)."""
     from .generate import kernels
 
     try:
-        chosen, passed_over, why_none = kernels._choose()
+        chosen, passed_over, why_none = kernels.builds._choose()
     except UserError as exc:
         return Line("kernels", f"none: {exc}", {"build": None, "error": str(exc)})
     if why_none == "ATTNLAB_KERNELS=0":
@@ -196,7 +196,7 @@ def openmp_line() -> Line:
     if _chosen_quietly() is None:
         return Line("OpenMP", "no kernels run here", {"openmp": None})
     if not kernels.openmp():
-        compiler = " ".join(kernels._compiler() or ["the compiler"])
+        compiler = " ".join(kernels.builds._compiler() or ["the compiler"])
         return Line(
             "OpenMP",
             f"the kernels were built without OpenMP ({compiler} has none): they run on one thread",

@@ -4,9 +4,8 @@ next `run_with_cache`, and large fresh outputs in 2 MB pages.
 Why: a cache is large (SmolLM2-135M's, 4 x 256 tokens, every hook: 1.6 GiB), and every tensor in
 it is new memory. glibc's malloc gives a large block a mapping of its own and unmaps it when it is
 freed (or trims the top of its heap), so the next call faults each 4 KiB page in again and the
-kernel zeroes it: ~500,000 page faults a call, 0.4-0.9 s on this project's VMs beside the 0.7 s the
-forward pass and the cache's writes take (benchmarks/README.md, "run_with_cache and the memory it
-writes into").
+kernel zeroes it: ~500,000 page faults a call, a time of the order of the forward pass and the
+cache's writes themselves (benchmarks/README.md, "run_with_cache and the memory it writes into").
 
 Design choices:
 - `recycled()` (what run_with_cache runs its forward pass in) makes `new_tensor` take blocks of

@@ -31,7 +31,8 @@ from ..errors import UserError, first_line
 from .gguf import is_gguf, load_gguf
 from .gguf_write import save_gguf
 from .hf import is_hf, load_hf, save_hf
-from .native import is_native, load_native, run_model_dir, save_native
+from .native import is_native, load_native, save_native
+from .runs import run_model_dir
 
 # name -> (import name of the package, the model's folder or GGUF file inside it, pip name(s)); a
 # file that the package ships in parts, joined by its assemble(), is named None (see bundled_path)
@@ -181,7 +182,7 @@ def model_dir(path: str | Path, revision: str | None = None) -> Path:
     """The directory a load argument names: the path itself, a bundled model's folder, the snapshot
     of a Hub repository in the Hugging Face cache (downloaded first if needed), or for a training
     run's folder its newest complete checkpoint (the model files linked beside it can lag one save
-    behind after a kill; native.run_model_dir says what happens when every checkpoint is damaged);
+    behind after a kill; runs.run_model_dir says what happens when every checkpoint is damaged);
     or a GGUF file."""
     found = Path(path)
     if isinstance(path, str) and not found.exists():

@@ -42,14 +42,8 @@ from .bert import BERT
 from .gpt2 import GPT2
 from .gpt_neox import GPT_NEOX
 from .llama import LLAMA
-from .native import (
-    attach_tokenizer,
-    check_dtype,
-    check_fits,
-    empty_model,
-    state_dict_for_saving,
-    warn_non_finite,
-)
+from .native import attach_tokenizer, empty_model, state_dict_for_saving
+from .untrusted import check_dtype, check_fits, warn_non_finite
 
 INDEX = "model.safetensors.index.json"
 

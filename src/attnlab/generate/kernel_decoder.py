@@ -16,8 +16,8 @@ blocks' own RoPE table; √d_model on the embedding in the C lookup. So its step
 
 Greedy generation runs its whole loop in C (`generate_greedy`, decode.c's
 attnlab_generate_greedy): the argmax of the logits, fed back as the next step's token, with no
-Python between tokens (benchmarks/README.md, issue 25: the Python loop around the step cost
-0.8-1.2 ms a token on an AMD EPYC, 5-11 % of tg128 on an Intel Xeon).
+Python between tokens (the Python loop around the step cost a measurable part of each token:
+benchmarks/README.md, issue 25).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def stored_weight(linear, fill: bool = True) -> torch.Tensor:
 def repacked(linear) -> bool:
     """Whether a step multiplies by `linear` (a BlockLinear) in the 16-row layout: Q8_0, Q4_0,
     Q4_1, Q5_0 and Q4_K with d_out a multiple of 16, on a build whose products of that kind are
-    fastest so (kernels.repack16_fast: AVX-512 VNNI and AVX2, 1.06-1.33x the step on the file's
+    fastest so (kernels.repack16_fast: AVX-512 VNNI and AVX2, faster than the step on the file's
     layout, benchmarks/README.md, "The idle run on the Intel Xeon"; Q5_0 and Q4_K with AVX-512
     VNNI only, Q4_K's in "Q4_K in the 16-row layout")."""
     kind = BLOCK_TYPES[linear.kind].kernel

@@ -21,8 +21,8 @@ Design choices (after gpt-fast):
   streaming to `on_token`, which reads each token anyway). Sampling: attnlab.generate.sampling.
 - Greedy (temperature 0) on the kernel decode program, with no callback to call between tokens:
   the whole loop runs in C (`KernelDecoder.generate_greedy`: argmax, the token fed back, the next
-  step), the same tokens as the loop here (tests/test_kernels.py), 1.05-1.11x its speed (the
-  loop's Python between steps; benchmarks/README.md, "The idle run on the Intel Xeon").
+  step), the same tokens as the loop here (tests/test_kernels.py), faster by the loop's Python
+  between steps (benchmarks/README.md, "The idle run on the Intel Xeon").
 - Left-padded batches: `attention_mask` marks real tokens; positions count real tokens only, and
   padded keys stay masked, so each row generates exactly what it would alone.
 - `on_rows` (generation you can watch, attnlab.generate.watch): each new token's attention rows,

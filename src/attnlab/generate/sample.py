@@ -212,8 +212,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument(
         "--compile",
         action="store_true",
-        help="decode through torch.compile: tens of seconds to compile first, then ~2x faster on "
-        "a CPU",
+        help="decode through torch.compile: a compilation first, then faster steps on a CPU "
+        "(benchmarks/README.md)",
     )
     s.add_argument(
         "--bf16-weights",

@@ -5,13 +5,12 @@ Design choices:
 - A checkpoint is a folder `OUT/checkpoints/step-NNNNNNN/`: `train_state.pt` (what --resume reads),
   the native model (`config.json`, `model.safetensors`, `tokenizer.json`: what sample, load and the
   explorer read), `train.json` (the run's config) and `manifest.json` (every other file's size and
-  SHA-256, attnlab.formats.native.ManifestFolder.write_manifest).
+  SHA-256, attnlab.files.ManifestFolder.write_manifest).
 - It commits in one step. The files go into a fresh hidden folder (`.step-NNNNNNN.XXXX.tmp`), each
   one written once and fsynced once, its size and SHA-256 taken from the bytes written
-  (native.ManifestFolder:
-  nothing is read back), the manifest last; the hidden folder is fsynced (its entries), renamed to
-  its
-  final name (one atomic rename) and `checkpoints/` is fsynced so the rename survives a power cut.
+  (attnlab.files.ManifestFolder: nothing is read back), the manifest last; the hidden folder is
+  fsynced (its entries), renamed to its final name (one atomic rename) and `checkpoints/` is fsynced
+  so the rename survives a power cut.
   No file inside needs a rename of its own: no reader sees the folder before its rename. This is
   Orbax's AtomicRenameTemporaryPath (orbax/checkpoint/_src/path/atomicity.py: a
   `<step>.orbax-checkpoint-tmp` folder renamed when final, unfinished ones removed before the next
@@ -29,7 +28,7 @@ Design choices:
   OUT always holds a consistent model, at worst one checkpoint behind until the next save.
 - Finding a checkpoint (`find_checkpoint`): the newest `step-N` whose manifest verifies. A damaged
   newer one is skipped, and the run says which and why; with none complete, --resume stops with one
-  line. The walk is attnlab.formats.native.newest_complete, the one loading a run folder takes too.
+  line. The walk is attnlab.formats.runs.newest_complete, the one loading a run folder takes too.
 - Runs written before checkpoints had folders (train_state.pt and train.json in OUT) still resume.
 - Only rank 0 writes; every rank finds the same checkpoint from the same files.
 """
@@ -49,16 +48,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
-from ..files import fsync_dir, fsync_file
-from ..formats.native import (
-    CHECKPOINTS,
-    MODEL_FILES,
-    ManifestFolder,
-    checkpoint_dirs,
-    newest_complete,
-    verified_checkpoint,
-    verify_manifest,
-)
+from ..files import ManifestFolder, fsync_dir, fsync_file, verify_manifest
+from ..formats.native import MODEL_FILES
+from ..formats.runs import CHECKPOINTS, checkpoint_dirs, newest_complete, verified_checkpoint
 
 STATE_FILE = "train_state.pt"
 TRAIN_JSON = "train.json"

@@ -53,8 +53,8 @@ import torch
 from ..compiling import compile_function
 from ..env import capped
 from ..errors import UserError
-from ..files import atomic_write, atomic_write_text
-from ..formats.native import ManifestFolder, save_native
+from ..files import ManifestFolder, atomic_write, atomic_write_text
+from ..formats.native import save_native
 from ..generate.fast_layers import inference_layers
 from ..model.transformer import Transformer, next_token_loss
 from ..tokenizer import Tokenizer
