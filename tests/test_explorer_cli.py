@@ -77,6 +77,7 @@ def test_newest_run_picks_the_most_recently_written_checkpoint(tmp_path, model_d
 def test_with_no_model_it_serves_the_newest_run_and_minilm(
     tmp_path, model_dir, monkeypatch, capsys
 ):
+    from attnlab import workbench
     from attnlab.explorer import cli
 
     monkeypatch.chdir(tmp_path)
@@ -89,7 +90,7 @@ def test_with_no_model_it_serves_the_newest_run_and_minilm(
     def no_minilm(path):
         raise attnlab.UserError(f"{path}: no such model directory")
 
-    monkeypatch.setattr(attnlab, "load", no_minilm)
+    monkeypatch.setattr(workbench, "load", no_minilm)  # the explorer loads through it
     assert main(["explore"]) == 2
     captured = capsys.readouterr()
     assert "minilm is not available" in captured.out
