@@ -60,10 +60,10 @@ from _common import benchmark_device, copy_bandwidth, machine_line, median_time 
 from _llama_cpp import bench, find_tools, quantize_q8_0  # noqa: E402
 
 import attnlab  # noqa: E402
-from attnlab.generate.fast_layers import store_weights_as  # noqa: E402
 from attnlab.generate.kv_cache import KVCache
 from attnlab.generate.loop import generate, prefill  # noqa: E402
 from attnlab.generate.sampling import filter_logits, sample_next
+from attnlab.quant.quantize import store_weights_as  # noqa: E402
 
 SHAPE = dict(n_layers=6, d_model=384, n_heads=6, d_vocab=65, n_ctx=1024)
 ARCHS = {

@@ -1,4 +1,4 @@
-"""ggml's blocks (attnlab.generate.blocks) and the C products that multiply them (decode.c,
+"""ggml's blocks (attnlab.quant.blocks) and the C products that multiply them (decode.c,
 attnlab_linear_q), each against its reference.
 
 - The dequantizer equals gguf-py's `gguf.quants.dequantize` bit for bit, and `quantize_blocks`
@@ -39,7 +39,12 @@ import attnlab
 from attnlab.errors import UserError
 from attnlab.generate import fast_layers, kernel_decoder, kernels
 from attnlab.generate import loop as generation
-from attnlab.generate.blocks import (
+from attnlab.generate.fast_layers import PROMPT_KINDS, KernelBlockLinear, fast_linears
+from attnlab.generate.kernel_decoder import KernelDecoder
+from attnlab.generate.kv_cache import KVCache
+from attnlab.generate.loop import generate
+from attnlab.model.config import ModelConfig
+from attnlab.quant.blocks import (
     BLOCK_TYPES,
     QUANTIZABLE,
     BlockEmbedding,
@@ -47,11 +52,6 @@ from attnlab.generate.blocks import (
     dequantize,
     quantize_blocks,
 )
-from attnlab.generate.fast_layers import PROMPT_KINDS, KernelBlockLinear, fast_linears
-from attnlab.generate.kernel_decoder import KernelDecoder
-from attnlab.generate.kv_cache import KVCache
-from attnlab.generate.loop import generate
-from attnlab.model.config import ModelConfig
 
 # every test here runs once per build this CPU can execute (kernel_builds.py), but any_build's
 pytestmark = pytest.mark.usefixtures("kernel_build")
@@ -1026,7 +1026,7 @@ def test_smollm2s_blocks_part_from_the_float_paths_greedy_reply_only_at_a_near_t
 @pytest.mark.any_build
 def test_the_sample_commands_quantize_choices_are_quantizes():
     from attnlab.cli import build_parser
-    from attnlab.generate.fast_layers import QUANTIZATIONS
+    from attnlab.quant.quantize import QUANTIZATIONS
 
     sample = build_parser()._subparsers._group_actions[0].choices["sample"]
     (flag,) = [a for a in sample._actions if a.dest == "quantize"]

@@ -33,7 +33,7 @@ GENERATE = """
 import json, torch, attnlab
 from torch._dynamo.utils import counters
 from torch._inductor.cpu_vec_isa import pick_vec_isa
-from attnlab.generate.fast_layers import store_weights_as
+from attnlab.quant.quantize import store_weights_as
 from attnlab.generate.loop import generate
 
 torch.manual_seed(0)

@@ -44,7 +44,7 @@ def build(overrides: dict, dtype=torch.float64, std: float = 0.3) -> Transformer
 def test_weights_stored_narrower_than_the_activations_are_widened_where_used():
     import copy
 
-    from attnlab.generate.fast_layers import store_weights_as
+    from attnlab.quant.quantize import store_weights_as
 
     ids = torch.randint(0, 23, (2, 12), generator=torch.Generator().manual_seed(0))
     for overrides in (

@@ -506,8 +506,8 @@ def test_gemma3_kept_as_blocks_holds_every_matrix_and_the_embedding_as_the_files
     tied embedding stay the file's bytes, no float matrix is held; the module path computes the
     default's logits exactly, and generation's block products (8-bit activations, a few rows) stay
     near them with the same most likely token but at a near-tie."""
-    from attnlab.generate.blocks import BlockEmbedding, BlockLinear
     from attnlab.generate.fast_layers import fast_linears
+    from attnlab.quant.blocks import BlockEmbedding, BlockLinear
 
     kept = attnlab.load("gemma3-270m", keep_blocks=True)
     linears = [m for m in kept.modules() if isinstance(m, torch.nn.Linear | BlockLinear)]

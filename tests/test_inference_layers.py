@@ -1,6 +1,8 @@
-"""Forward passes without gradients in C (attnlab.generate.fast_layers.inference_layers): the
-model's Linear and Attention modules swapped for the kernels' ones for a pass over many float32
-rows on the CPU, each against the module path it stands in for.
+"""Forward passes without gradients in C (attnlab.generate.fast_layers.inference_layers, which
+run_with_cache and the other callers that want it enter; `forward` below): the model's Linear and
+Attention modules swapped for the kernels' ones for a pass over many float32 rows on the CPU, each
+against the module path it stands in for, and the swap decided before the pass as on the residual
+stream it runs on.
 
 Tolerances, derived: a float32 dot product of n terms summed in another order differs from the
 exact sum by at most about n · 2⁻²⁴ · Σ|xᵢwᵢ| (Higham's γₙ bound), so each product is checked
@@ -17,6 +19,7 @@ torch's path (the module path itself) and say why (`inference_kernels_unusable`)
 
 from __future__ import annotations
 
+import contextlib
 import types
 
 import pytest
@@ -36,7 +39,10 @@ from attnlab.generate.fast_layers import (
     KernelLinear,
     inference_kernels_unusable,
 )
+from attnlab.model.config import ModelConfig
 from attnlab.model.layers import Linear
+from attnlab.quant.int8 import Int8Linear
+from attnlab.quant.quantize import store_weights_as
 
 # every test here runs once per build this CPU can execute (kernel_builds.py), but any_build's
 pytestmark = pytest.mark.usefixtures("kernel_build")
@@ -120,20 +126,17 @@ def build(name: str) -> attnlab.Transformer:
     return styles.build(name, **{**BASE, **CONFIGS[name]})
 
 
+def forward(model, ids, **kwargs):
+    """model(ids) as the code that wants the kernels runs it: within inference_layers."""
+    with fast_layers.inference_layers(model, ids, kwargs.get("start_at_layer")):
+        return model(ids, **kwargs)
+
+
 def module_path(monkeypatch) -> None:
     """From now on forward passes keep the model's own modules (the reference path)."""
-    monkeypatch.setattr(fast_layers, "inference_layers", lambda m, r: _nothing(m))
-
-
-class _nothing:
-    def __init__(self, model):
-        self.model = model
-
-    def __enter__(self):
-        return self.model
-
-    def __exit__(self, *exc):
-        return False
+    monkeypatch.setattr(
+        fast_layers, "inference_layers", lambda model, *a, **k: contextlib.nullcontext(model)
+    )
 
 
 def tiled_linears(model: nn.Module, ids: torch.Tensor) -> int:
@@ -158,7 +161,7 @@ def test_a_forward_without_gradients_takes_the_kernels_and_gives_the_module_path
     ids = torch.randint(0, BASE["d_vocab"], (2, 64))  # 128 rows
     tiles = counting(monkeypatch, "linear_rows")
     with torch.no_grad():
-        fast = model(ids)
+        fast = forward(model, ids)
         fast_cache = model.run_with_cache(ids)[1]
         # every Linear of the blocks and the LM head large enough for the tiles, in both runs
         linears = tiled_linears(model, ids)
@@ -252,14 +255,15 @@ def test_a_hook_that_edits_a_norms_parts_changes_the_kernel_path_as_the_module_p
 
 
 def counting_swaps(monkeypatch) -> list:
-    """Count the times fast_layers.fast_linears swaps a model's modules."""
-    swapped, original = [], fast_layers.fast_linears
+    """Count the times fast_layers.swapped swaps a model's Linear modules."""
+    swapped, original = [], fast_layers.swapped
 
-    def spy(*a, **k):
-        swapped.append(1)
-        return original(*a, **k)
+    def spy(roots, fast):
+        if Linear in fast:
+            swapped.append(1)
+        return original(roots, fast)
 
-    monkeypatch.setattr(fast_layers, "fast_linears", spy)
+    monkeypatch.setattr(fast_layers, "swapped", spy)
     return swapped
 
 
@@ -282,9 +286,9 @@ def test_few_rows_keep_the_models_own_modules(seed, monkeypatch):
     model = build("llama-gqa")
     swapped = counting_swaps(monkeypatch)
     with torch.no_grad():
-        model(torch.randint(0, BASE["d_vocab"], (1, TILES_MIN_ROWS - 1)))
+        forward(model, torch.randint(0, BASE["d_vocab"], (1, TILES_MIN_ROWS - 1)))
         assert swapped == []
-        model(torch.randint(0, BASE["d_vocab"], (1, TILES_MIN_ROWS)))
+        forward(model, torch.randint(0, BASE["d_vocab"], (1, TILES_MIN_ROWS)))
         assert swapped == ([1] if tiles_here() else [])
 
 
@@ -296,7 +300,7 @@ def test_a_quantized_model_keeps_its_block_layers_module_path(seed, monkeypatch)
     ids = torch.randint(0, BASE["d_vocab"], (2, 64))
     blocks = counting(monkeypatch, "block_linear_rows")
     with torch.no_grad():
-        fast = model(ids)
+        fast = forward(model, ids)
         module_path(monkeypatch)
         reference = model(ids)
     assert blocks == []
@@ -338,7 +342,7 @@ def test_float_prompts_take_whichever_measured_faster_here(seed, monkeypatch, ti
     tiles = counting(monkeypatch, "linear_rows")
     model = build("llama-gqa")
     with torch.no_grad():
-        model(torch.randint(0, BASE["d_vocab"], (2, 64)))
+        forward(model, torch.randint(0, BASE["d_vocab"], (2, 64)))
     assert bool(tiles) == (tiles_here() and tiles_win)
     # the layers are swapped either way where the build has the tiles (RoPE, RMSNorm and SwiGLU in
     # C; torch's products and attention where they measured faster, in the fewest tensors: the
@@ -588,3 +592,102 @@ def test_where_torch_multiplies_hooks_that_edit_scores_and_patterns_flow_on(seed
         assert (fast - plain).abs().max() > 1e-3, where
     hidden = edited[-1][1]["blocks.0.attn.hook_pattern"][:, :, 5]
     assert torch.equal(hidden, torch.zeros_like(hidden))
+
+
+# the decision, made before the pass -------------------------------------------------------------
+
+
+def _block_embedding(model):
+    """`model` with its token embedding kept as Q8_0 blocks (as a GGUF file's may be)."""
+    from attnlab.quant.blocks import BlockEmbedding, quantize_blocks
+
+    weight = model.embed.weight
+    model.embed = BlockEmbedding(quantize_blocks(weight, "q8_0"), "q8_0", weight.shape[1])
+    return model
+
+
+def _learned(dtype):
+    """A GPT-2-style model (learned positions, token types) whose position table is `dtype`."""
+    model = attnlab.Transformer(ModelConfig(**BASE, n_token_types=2)).eval()
+    model.pos_embed.to(dtype)
+    return model
+
+
+@pytest.mark.any_build
+@pytest.mark.parametrize(
+    "make, shape",
+    [
+        (lambda: build("llama-gqa"), (2, 64)),
+        (lambda: build("llama-gqa"), (1, TILES_MIN_ROWS - 1)),
+        (lambda: build("llama-gqa"), (96,)),  # one sequence without its batch axis
+        (lambda: _block_embedding(build("llama-gqa")), (2, 64)),
+        (lambda: store_weights_as(build("llama-gqa"), torch.bfloat16), (2, 64)),
+        (lambda: build("gpt2").half(), (2, 64)),
+        (lambda: build("gpt2").to(torch.bfloat16), (2, 64)),
+        (lambda: _learned(torch.float64), (2, 64)),
+        (lambda: _learned(torch.float32), (2, 64)),
+    ],
+    ids=[
+        "float32",
+        "few rows",
+        "no batch axis",
+        "block embedding",
+        "bfloat16 weights",
+        "float16",
+        "bfloat16",
+        "float64 positions",
+        "learned positions",
+    ],
+)
+def test_the_decision_before_the_pass_is_the_one_on_its_residual_stream(make, shape):
+    """inference_layers decides from (rows, dtype, device) of the residual stream the blocks will
+    run on, known before the pass (`residual_stream`): the same as read off that stream after the
+    embeddings, for ids and for a residual stream given with start_at_layer."""
+    model = make()
+    ids = torch.randint(0, BASE["d_vocab"], shape)
+    batched = ids if ids.dim() == 2 else ids[None]
+    positions = torch.arange(batched.shape[1]).expand(*batched.shape)
+    with torch.no_grad():
+        resid = model.embed_tokens(batched, positions, None)  # [batch, pos, d_model]
+    seen = (resid.shape[:-1].numel(), resid.dtype, resid.device)
+    assert fast_layers.residual_stream(model, ids) == seen
+    assert fast_layers.residual_stream(model, resid, start_at_layer=1) == seen
+    # and so the swap: the blocks' Linear modules are the kernels' exactly where it says
+    expected = fast_layers.many_rows(*seen) and inference_kernels_unusable() is None
+    with torch.no_grad(), fast_layers.inference_layers(model, ids):
+        assert isinstance(model.blocks[0].attn.W_Q, KernelLinear) == expected
+        assert not isinstance(model.embed, KernelLinear)
+    assert type(model.blocks[0].attn.W_Q) is Linear
+
+
+@pytest.mark.any_build
+def test_with_gradients_or_a_plain_call_the_model_runs_its_own_modules(seed, monkeypatch):
+    """The model's forward enters no fast layer by itself: a pass without gradients that does not
+    enter inference_layers is the module path, bit for bit; and with gradients on, entering it
+    changes nothing."""
+    model = build("llama-gqa")
+    ids = torch.randint(0, BASE["d_vocab"], (2, 64))
+    swapped = counting_swaps(monkeypatch)
+    tiles = counting(monkeypatch, "linear_rows")
+    with torch.no_grad():
+        plain = model(ids)
+    assert swapped == [] and tiles == []
+    with fast_layers.inference_layers(model, ids):
+        assert type(model.blocks[0].attn.W_Q) is Linear
+        with_grad = model(ids)
+    assert swapped == [] and torch.equal(plain, with_grad.detach())
+
+
+def test_int8_weights_take_their_c_product_in_any_pass_without_gradients(seed, monkeypatch):
+    """Int8Linear is its equation; within inference_layers, whatever the rows, its modules are
+    KernelInt8Linear, whose few rows multiply in C (the numbers generation's decode step gets)."""
+    model = attnlab.quantize(build("llama-gqa"), "int8")
+    calls = counting(monkeypatch, "linear")
+    ids = torch.randint(0, BASE["d_vocab"], (1, fast_layers.MATVEC_MAX_ROWS))
+    with torch.no_grad():
+        plain = model(ids)
+        assert calls == []
+        fast = forward(model, ids)
+    assert len(calls) == len([m for m in model.modules() if isinstance(m, Int8Linear)])
+    close(fast, plain, "int8 logits")
+    assert all(type(m) is Int8Linear for m in model.modules() if isinstance(m, Int8Linear))

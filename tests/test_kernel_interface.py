@@ -164,7 +164,7 @@ def test_the_activation_kinds_are_the_c_sources():
 
 
 def test_the_block_types_are_the_c_sources_and_the_block_modules():
-    from attnlab.generate.blocks import BLOCK_TYPES
+    from attnlab.quant.blocks import BLOCK_TYPES
 
     assert c_enum("attnlab_block_type") == [f"BLOCK_{kind.name}" for kind in kernels.BlockKind]
     assert {t.name: t.kernel for t in BLOCK_TYPES.values()} == {

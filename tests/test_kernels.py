@@ -27,19 +27,15 @@ import attnlab
 from attnlab.errors import UserError
 from attnlab.generate import kernels
 from attnlab.generate import loop as generation
-from attnlab.generate.fast_layers import (
-    MATVEC_MAX_ROWS,
-    Int8Linear,
-    KernelLinear,
-    fast_linears,
-    quantize,
-)
+from attnlab.generate.fast_layers import MATVEC_MAX_ROWS, KernelLinear, fast_linears
 from attnlab.generate.kernel_decoder import KernelDecoder
 from attnlab.generate.kv_cache import KVCache
 from attnlab.generate.loop import generate
 from attnlab.model.attention import scaled_dot_product_attention
 from attnlab.model.layers import _ACTIVATIONS, LayerNorm, Linear, RMSNorm
 from attnlab.model.positions import Rotary, apply_rope
+from attnlab.quant.int8 import Int8Linear
+from attnlab.quant.quantize import quantize
 
 # every test here runs once per build of the kernels this CPU can execute (kernel_builds.py), but
 # those marked any_build
@@ -728,7 +724,7 @@ def test_hooked_post_norm_and_narrow_models_take_the_module_path(monkeypatch):
     assert "float32" in KernelDecoder.unsupported(build("gpt").double())
     assert (
         KernelDecoder.unsupported(
-            attnlab.generate.fast_layers.store_weights_as(build("gpt"), torch.bfloat16)
+            attnlab.quant.quantize.store_weights_as(build("gpt"), torch.bfloat16)
         )
         is not None
     )

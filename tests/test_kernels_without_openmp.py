@@ -41,10 +41,10 @@ from test_kernels import (
 
 from attnlab import slower
 from attnlab.generate import kernels
-from attnlab.generate.blocks import BLOCK_TYPES, dequantize
-from attnlab.generate.fast_layers import Int8Linear
 from attnlab.generate.loop import generate
 from attnlab.model.attention import scaled_dot_product_attention
+from attnlab.quant.blocks import BLOCK_TYPES, dequantize
+from attnlab.quant.int8 import Int8Linear
 
 NO_CLANG = (
     "clang is not installed: the kernels built without OpenMP (as Apple's clang builds them) are "

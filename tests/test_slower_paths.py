@@ -24,11 +24,12 @@ import attnlab
 from attnlab import slower
 from attnlab.cli import main
 from attnlab.generate import kernels
-from attnlab.generate.fast_layers import inference_kernels_unusable, store_weights_as
+from attnlab.generate.fast_layers import inference_kernels_unusable
 from attnlab.generate.kernel_decoder import KernelDecoder
 from attnlab.generate.loop import generate
 from attnlab.lens.hooks import reads
 from attnlab.model.config import ModelConfig
+from attnlab.quant.quantize import store_weights_as
 from attnlab.tokenizer import Tokenizer
 
 BASE = dict(d_vocab=29, n_ctx=96, d_model=32, n_layers=2, n_heads=4, d_mlp=48)

@@ -91,12 +91,12 @@ def test_sample_compiled_and_with_bf16_weights(run_dir, capsys, monkeypatch):
 
 
 def test_sample_with_int8_weights_is_the_quantized_models_generation(run_dir, capsys, monkeypatch):
-    import attnlab.generate.fast_layers
+    import attnlab.quant.quantize
 
     quantized = []
-    real = attnlab.generate.fast_layers.quantize
+    real = attnlab.quant.quantize.quantize
     monkeypatch.setattr(
-        attnlab.generate.fast_layers,
+        attnlab.quant.quantize,
         "quantize",
         lambda m, scheme: quantized.append(scheme) or real(m, scheme),
     )

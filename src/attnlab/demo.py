@@ -29,7 +29,7 @@ def show_pattern(seed: int) -> None:
     """The causal attention pattern of 'A B C' on a tiny untrained model: lower-triangular, rows sum
     to 1."""
     from .model.config import preset
-    from .model.transformer import Transformer
+    from .workbench import Transformer
 
     torch.manual_seed(seed)
     tokens = ["A", "B", "C"]
@@ -48,10 +48,10 @@ def show_pattern(seed: int) -> None:
 
 def run_demo(args: argparse.Namespace) -> int:
     from .data import BUILTIN_NAME
-    from .formats import load
     from .generate.sample import TextStream, encode_prompt, generate_windowed
     from .training.config import build_config
     from .training.trainer import train
+    from .workbench import load
 
     show_pattern(args.seed)
     overrides = {"out": args.out, "seed": args.seed}

@@ -25,8 +25,9 @@ DEFAULT_MODEL = "minilm"  # the bundled pretrained encoder (attnlab.load's name 
 
 
 def load_model(source: str, revision: str | None = None):
-    """The model `source` names (at `revision`, for a Hub name), in the form the explorer serves."""
-    from ..formats import load
+    """The model `source` names (at `revision`, for a Hub name), in the form the explorer serves:
+    attnlab.workbench's, whose run_with_cache enters the C kernels' layers."""
+    from ..workbench import load
 
     return load(source, revision=revision)
 

@@ -75,7 +75,7 @@ class Run:
             from ..training.snapshots import load_snapshot
 
             return load_snapshot(model, self.snapshots[step])
-        from ..formats import load
+        from ..workbench import load
 
         revision = self.snapshots[step]
         loaded = load(self.repo_id, revision=revision)

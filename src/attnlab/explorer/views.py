@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UserError
+from ..generate.fast_layers import inference_layers
 from ..generate.sampling import filter_logits, sample_next
 from ..inspection.attribution import direct_logit_attribution
 from ..model.attention import apply_mask, attention_pattern, attention_scores
@@ -263,6 +264,7 @@ class Explorer:
             torch.no_grad(),
             model.hooks(entry.hooks),
             model.hooks([(lambda n: n.endswith("attn.hook_pattern"), pool)]),
+            inference_layers(model, ids),
         ):
             model(ids)
         patterns = torch.stack(

@@ -29,7 +29,7 @@ Design choices:
   (gguf-py's numpy code, checked in the tests against a block-by-block transcription of ggml's C
   reference).
 - `keep_blocks=True` keeps each matrix in blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K) as
-  the file's blocks instead (attnlab.generate.blocks.BlockLinear: the bytes as they are, no float
+  the file's blocks instead (attnlab.quant.blocks.BlockLinear: the bytes as they are, no float
   copy; llama's q and k rows are put back in their order as whole rows of blocks). Its forward
   dequantizes, so the model's logits are the default's; generation multiplies the blocks in C with
   8-bit activations, as llama.cpp does. A token embedding in blocks stays blocks too
@@ -498,7 +498,7 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", keep_blocks:
     matrices and the embedding in blocks stay the file's blocks (module docstring)."""
     from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
 
-    from ..generate.blocks import BlockEmbedding, BlockLinear
+    from ..quant.blocks import BlockEmbedding, BlockLinear
 
     file = read_gguf(path)
     source = str(file.path)
@@ -633,7 +633,7 @@ def _blocks_of(tensor, name: str, w, model, gguf_arch: str, shapes: dict) -> dic
     LM head's (one tensor)."""
     from gguf import GGMLQuantizationType
 
-    from ..generate.blocks import BY_GGML_NAME
+    from ..quant.blocks import BY_GGML_NAME
 
     kind = BY_GGML_NAME.get(GGMLQuantizationType(tensor.tensor_type).name)
     if kind is None or len(tensor.shape) != 2:

@@ -181,7 +181,7 @@ def own_blocks(model) -> dict[str, Blocks]:
     """The blocks `model` holds (BlockLinear, BlockEmbedding), by the parameter each stands for
     ("blocks.0.attn.W_Q.weight", "embed.weight"); a tied LM head on the embedding's own tensor
     only once, as the embedding."""
-    from ..generate.blocks import BLOCK_TYPES, BlockEmbedding, BlockLinear
+    from ..quant.blocks import BLOCK_TYPES, BlockEmbedding, BlockLinear
 
     found = {}
     for name, module in model.named_modules():
@@ -256,7 +256,7 @@ def gguf_tensors(
 
 
 def _block_modules() -> tuple[type, ...]:
-    from ..generate.blocks import BlockEmbedding, BlockLinear
+    from ..quant.blocks import BlockEmbedding, BlockLinear
 
     return (BlockLinear, BlockEmbedding)
 

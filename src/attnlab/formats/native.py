@@ -33,10 +33,10 @@ from torch import nn
 
 from ..errors import UserError, first_line
 from ..files import AtomicFiles, ManifestFolder, verify_manifest
-from ..generate.fast_layers import QUANTIZATIONS, quantize
 from ..model.config import ModelConfig
 from ..model.positions import Rotary
 from ..model.transformer import Transformer
+from ..quant.quantize import QUANTIZATIONS, quantize
 from ..tokenizer import Tokenizer
 from .untrusted import check_dtype, check_fits, warn_non_finite
 

@@ -1,57 +1,55 @@
-"""The fast layers that generation swaps into a model: products of a few rows through attnlab's C
-kernel or, compiled, a fused multiply-and-sum; weights in 8 bits; weights stored narrower than the
-activations.
+"""The fast layers that the code wanting them swaps into a model: products of a few rows through
+attnlab's C kernels or, compiled, a fused multiply-and-sum; prompts and other many-row passes on
+tiled products, with RoPE, RMSNorm, SwiGLU and attention in C.
 
 Design choices:
-- The model's `Linear` is F.linear and nothing else. `fast_linears(model)` turns its Linear modules
-  into `KernelLinear` for as long as generation runs (the same modules, weights and hooks: only
-  their class changes, and changes back), so no layer chooses a fast path itself.
-- A forward pass that needs no gradients (torch.no_grad, inference_mode), of float32 on the CPU and
-  of at least TILES_MIN_ROWS rows, runs with its Linear, Attention, RMSNorm and MLP modules swapped
-  too (`inference_layers`, which Transformer.forward enters): run_with_cache, patching sweeps and
-  plain forwards get generation's RoPE, RMSNorm and SwiGLU kernels where no hook reads inside
-  them; products on AMX's tiles at float32's accuracy where the CPU and the OS allow them
-  (kernels.float_products: a layer's q, k and v, and its gate and up, with x split once), and
-  then also the attention's q Kᵀ and pattern V where hooks read the pattern, RMSNorm with the
-  scale and normalized input its hooks read, and SwiGLU's product beside a hooked gate, in C
-  (where every hook on the scores and pattern, or on the gate, only reads, `lens.hooks.reads`:
-  run_with_cache's own, the attention's three steps in one call a layer, and SwiGLU's product
-  from the call that makes gate and up, bit for bit the separate steps; a hook that may edit
-  keeps them apart, and one line says so); else, where it
-  measured faster than torch's (MKL's) GEMM on this machine (kernels.float_rows),
-  decode.c's tiled float32 GEMM and the attention in C (with the pattern in three steps, the
-  hooks between them); elsewhere torch's products and attention, the explicit path's T x T
-  steps in place (the fewest tensors, the module path's numbers bit for bit). Block layers
-  keep their module path there (their prompt product rounds activations to 8 bits). Where the
-  kernels cannot run, `inference_kernels_unusable()` says why, and so does one line, once per
-  process (attnlab.slower).
-- ggml's blocks (`quantize(model, "q4_0" | "q4_1" | "q8_0")`, attnlab.generate.blocks): 32
-  weights per block with their own scale, as llama.cpp stores them.
-- Weights in 8 bits (`quantize(model, "int8")`): each output feature's row w is stored as q =
-round(w / s) in
-  int8 with s = max|w| / 127, one float32 scale per row (gpt-fast's int8 weight-only scheme;
-  llama.cpp's Q8_0
-  keeps one scale per block of 32 instead). Activations stay float32: y = (x qᵀ) ⊙ s + b. `quantize`
-  swaps
-  `Int8Linear` in for every Linear, for good: the model remembers it, and is saved that way.
+- The model's layers are their equations and nothing else (attnlab.model, attnlab.quant). Each
+  fast layer here is a subclass of one (KernelLinear of Linear, KernelInt8Linear of Int8Linear,
+  KernelBlockLinear of BlockLinear, KernelAttention, KernelRMSNorm, KernelMLP) and is swapped in
+  by class for as long as a caller runs (`swapped`: the same modules, weights and hooks, the class
+  changed and changed back), so no layer chooses a fast path itself.
+- `fast_linears(model)`: generation's swap, for its whole run (prompt and decode steps).
+- `inference_layers(model, input, start_at_layer)`: the swap a forward pass without gradients
+  enters, decided before the pass from the residual stream it will run on (`residual_stream`):
+  float32 on the CPU with at least TILES_MIN_ROWS rows, where `inference_kernels_unusable()` has
+  no objection, its blocks and LM head run in the fast layers; otherwise only int8 weights take
+  their C product. run_with_cache (attnlab.workbench), the patching sweeps, the explorer and
+  training's evaluation enter it explicitly.
+- A few rows (up to MATVEC_MAX_ROWS: decoding a small batch): y = x Wᵀ + b streams each weight row
+  once, in C (eager) or as a multiply-and-sum loop (compiled), since the weights come from memory
+  at every token and a BLAS call pays for a shape it does not have.
+- Many rows (a prompt): the products `kernels.float_products()` chose for this machine: AMX's
+  tiles at float32's accuracy where the CPU and the OS allow them, decode.c's tiled float32 GEMM
+  where it is the faster, else torch's GEMM. Products that take the same input share one pass over
+  it: q, k and v, gate and up (x split once for AMX, rounded once to 8 bits for blocks).
+- Where hooks only read (`attnlab.lens.hooks.reads`, run_with_cache's), steps the hooks sit between
+  may run in one C call (q Kᵀ, softmax and pattern V; gate, up and silu(gate) · up; RMSNorm's scale
+  and normalized input) and hand the hooks the same tensors, bit for bit; a hook that may edit
+  keeps the steps apart, and one line says so.
+- Where torch's products are kept, the explicit attention's T x T steps run in place: Attention's
+  numbers bit for bit, fewer tensors.
+- Block layers keep their module path in forward passes without gradients (their prompt product
+  rounds activations to 8 bits); generation multiplies the blocks themselves.
+- Where the kernels cannot run, `inference_kernels_unusable()` says why, and so does one line,
+  once per process (attnlab.slower).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .. import slower
-from ..errors import UserError
 from ..memory import new_tensor
 from ..model.attention import Attention, causal_mask, expand_kv
 from ..model.layers import MLP, Linear, RMSNorm
+from ..quant.blocks import BLOCK_TYPES, BlockLinear
+from ..quant.int8 import Int8Linear
 from . import kernels
-from .blocks import BLOCK, BLOCK_TYPES, QUANTIZABLE, BlockLinear
 
 # up to this many rows a few-row product beat BLAS (benchmarks/README.md, "Figures behind the
 # code"): the compiled multiply-and-sum form and the C kernel (attnlab.generate.kernels), in
@@ -149,6 +147,25 @@ class KernelBlockLinear(BlockLinear):
             activations = "8-bit" if eight_bits else "float32"
             return kernels.block_linear_rows(x, self.blocks, kind, self.bias, activations)
         return F.linear(x, kernels.dequantize(self.blocks, kind, self.in_features), self.bias)
+
+
+class KernelInt8Linear(Int8Linear):
+    """Int8Linear (y = (x qᵀ) ⊙ scale + b) with generation's fast paths for a few rows: eager,
+    float32, on a CPU, the C kernel of attnlab.generate.kernels, which widens each int8 weight in
+    registers and streams each row once; inside a compiled graph, the widened weight in the same
+    multiply-and-sum loop as KernelLinear's; everything else as Int8Linear."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling() and few_rows(x):
+            return self.scaled(matvec(x, self.weight.to(x.dtype)))
+        if (
+            not torch.compiler.is_compiling()
+            and x.dtype == torch.float32
+            and kernel_rows(x, self.weight)
+            and kernels.usable(x, self.weight)
+        ):
+            return kernels.linear(x, self.weight, self.bias, self.scale)
+        return super().forward(x)
 
 
 def prompt_rows(x: torch.Tensor, *modules: nn.Module) -> bool:
@@ -435,7 +452,7 @@ class KernelAttention(Attention):
             and (kernels.float_rows() or kernels.float_products() == "amx")
         ):
             # with AMX's products too: its numbers are not torch's bit for bit anyway, and the C
-            # pass saves torch's all-masked guard (run_with_cache 1.5-5 %, benchmarks/README.md)
+            # pass saves torch's all-masked guard (benchmarks/README.md, "Forward passes in C")
             return kernels.softmax_rows(scores)
         if scores.shape[-1] > 0 and in_place():
             # attention_pattern's guard changes nothing where every row sees a key (its two
@@ -462,28 +479,41 @@ class KernelAttention(Attention):
         return super().mix(pattern, v)
 
 
+FAST = {
+    Linear: KernelLinear,
+    Int8Linear: KernelInt8Linear,
+    BlockLinear: KernelBlockLinear,
+    Attention: KernelAttention,
+    RMSNorm: KernelRMSNorm,
+    MLP: KernelMLP,
+}
+
+
 @contextlib.contextmanager
-def fast_linears(model: nn.Module, blocks: bool = True) -> Iterator[nn.Module]:
-    """Within the block, the model's Linear modules are KernelLinear, its BlockLinear modules
-    KernelBlockLinear (unless `blocks` is False), its Attention modules KernelAttention, its RMSNorm
-    modules KernelRMSNorm and its MLP modules KernelMLP (class swapped in place, then back).
-    Modules already swapped stay as they are, and are left so."""
-    fast = {
-        Linear: KernelLinear,
-        Attention: KernelAttention,
-        RMSNorm: KernelRMSNorm,
-        MLP: KernelMLP,
-    }
-    if blocks:
-        fast[BlockLinear] = KernelBlockLinear
-    swapped = [(m, type(m)) for m in model.modules() if type(m) in fast]
-    for module, cls in swapped:
+def swapped(roots: Iterable[nn.Module], fast: dict[type, type]) -> Iterator[None]:
+    """Within the block, every module under `roots` whose class is a key of `fast` has the class
+    it maps to (swapped in place, then back: the same modules, weights and hooks). Modules already
+    swapped stay as they are, and are left so."""
+    modules = {id(m): m for root in roots for m in root.modules()}.values()
+    changed = [(m, type(m)) for m in modules if type(m) in fast]
+    for module, cls in changed:
         module.__class__ = fast[cls]
     try:
-        yield model
+        yield
     finally:
-        for module, cls in swapped:
+        for module, cls in changed:
             module.__class__ = cls
+
+
+@contextlib.contextmanager
+def fast_linears(model: nn.Module, blocks: bool = True) -> Iterator[nn.Module]:
+    """Within the block, the model's Linear modules are KernelLinear, its Int8Linear modules
+    KernelInt8Linear, its BlockLinear modules KernelBlockLinear (unless `blocks` is False), its
+    Attention modules KernelAttention, its RMSNorm modules KernelRMSNorm and its MLP modules
+    KernelMLP (`swapped`)."""
+    fast = FAST if blocks else {k: v for k, v in FAST.items() if k is not BlockLinear}
+    with swapped([model], fast):
+        yield model
 
 
 def inference_kernels_unusable() -> str | None:
@@ -506,20 +536,56 @@ def _hooked(model: nn.Module) -> bool:
     return any(point.has_hooks for point in getattr(model, "hook_dict", {}).values())
 
 
-def inference_layers(model: nn.Module, resid: torch.Tensor) -> contextlib.AbstractContextManager:
-    """What Transformer.forward runs its blocks and LM head in: `fast_linears(model, blocks=False)`
-    for a pass that needs no gradients (torch.no_grad or inference_mode), outside a compiled graph,
-    whose residual stream `resid` [batch, pos, d_model] is float32 on the CPU with at least
-    TILES_MIN_ROWS rows, where `inference_kernels_unusable()` has no objection; else nothing
-    changes. Each swapped module still checks its own inputs and falls back to its module path."""
+def _table_dtype(table: nn.Module) -> torch.dtype:
+    """The dtype an embedding table's lookups give: its weight's, float32 for ggml blocks
+    (BlockEmbedding dequantizes to float32)."""
+    weight = next(table.parameters(), None)
+    return torch.float32 if weight is None else weight.dtype
+
+
+def residual_stream(
+    model: nn.Module, input: torch.Tensor, start_at_layer: int | None = None
+) -> tuple[int, torch.dtype, torch.device]:
+    """(rows, dtype, device) of the residual stream that `model(input, start_at_layer=...)` runs
+    its blocks on, known before the pass: with start_at_layer, the input's own; else batch x
+    positions of the ids (B, T) or (T,), on their device, in the dtype of the token embedding's
+    lookups promoted by the learned positions and token types added to them (Transformer.
+    embed_tokens: scaling by √d_model, sinusoidal positions and the embedding norm keep it)."""
+    if start_at_layer is not None:
+        return input.shape[:-1].numel(), input.dtype, input.device
+    dtype = _table_dtype(model.embed)
+    for table in (model.pos_embed, model.token_type_embed):
+        if table is not None:
+            dtype = torch.promote_types(dtype, _table_dtype(table))
+    return input.numel(), dtype, input.device
+
+
+def many_rows(rows: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """A residual stream the C kernels' prompt paths take: float32 on the CPU, at least
+    TILES_MIN_ROWS rows."""
+    return dtype == torch.float32 and device.type == "cpu" and rows >= TILES_MIN_ROWS
+
+
+def inference_layers(
+    model: nn.Module, input: torch.Tensor, start_at_layer: int | None = None
+) -> contextlib.AbstractContextManager:
+    """What the code that wants the C kernels runs a forward pass `model(input, start_at_layer=...)`
+    in (run_with_cache, patching sweeps, the explorer, training's evaluation), entered before the
+    pass. Only for a pass that needs no gradients (torch.no_grad or inference_mode), outside a
+    compiled graph; else nothing changes. Its residual stream (`residual_stream`) float32 on the
+    CPU with at least TILES_MIN_ROWS rows, where `inference_kernels_unusable()` has no objection:
+    the blocks and the LM head run in `fast_linears(blocks=False)` (the embeddings as they are).
+    Otherwise only Int8Linear modules become KernelInt8Linear (a few rows in C). Each swapped module
+    still checks its own inputs and falls back to its module path."""
     if (
         torch.is_grad_enabled()
         or torch.compiler.is_compiling()
-        or resid.dtype != torch.float32
-        or resid.device.type != "cpu"
-        or resid.shape[:-1].numel() < TILES_MIN_ROWS
+        or not isinstance(input, torch.Tensor)
     ):
         return contextlib.nullcontext(model)
+    int8 = {Int8Linear: KernelInt8Linear}
+    if not many_rows(*residual_stream(model, input, start_at_layer)):
+        return swapped([model], int8)
     why = inference_kernels_unusable()
     if why is not None:
         # said for hooked passes (run_with_cache, patching, the explorer), whose speed the C pass
@@ -527,132 +593,9 @@ def inference_layers(model: nn.Module, resid: torch.Tensor) -> contextlib.Abstra
         # (No kernels at all: their own line said so.)
         if kernels.available() and _hooked(model):
             slower.say(HOOKED_PASSES, "attnlab's C kernels", why)
-        return contextlib.nullcontext(model)
-    return fast_linears(model, blocks=False)
-
-
-class Int8Linear(nn.Module):
-    """A Linear whose weight is stored in int8 with one float32 scale per output feature
-    (`quantize`):
-    y = (x qᵀ) ⊙ scale + b, the activations in their own dtype. A few rows on a CPU take the C
-    kernel, which widens each int8 weight in registers; otherwise the int8 weight is widened and
-    multiplied (in a compiled graph, inside the same multiply-and-sum loop as Linear's)."""
-
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        bias: bool = True,
-        device: torch.device | str | None = None,
-    ) -> None:
-        super().__init__()
-        self.in_features, self.out_features = in_features, out_features
-        self.register_buffer(
-            "weight", torch.zeros(out_features, in_features, dtype=torch.int8, device=device)
-        )
-        self.register_buffer("scale", torch.ones(out_features, device=device))
-        self.bias = (
-            nn.Parameter(torch.zeros(out_features, device=device), requires_grad=False)
-            if bias
-            else None
-        )
-
-    @classmethod
-    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "Int8Linear":
-        """Round each row of `weight` (d_out, d_in) to int8 steps of max|row| / 127 (symmetric, so 0
-        stays 0)."""
-        module = cls(weight.shape[1], weight.shape[0], bias is not None, weight.device)
-        with torch.no_grad():
-            w = weight.detach().float()
-            scale = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
-            module.weight.copy_(torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
-            module.scale.copy_(scale)
-            if bias is not None:
-                module.bias.copy_(bias.detach())
-        return module
-
-    def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The weight the int8 values stand for: q ⊙ scale, (d_out, d_in)."""
-        return self.weight.to(dtype) * self.scale.to(dtype)[:, None]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling():
-            y = (
-                matvec(x, self.weight.to(x.dtype))
-                if few_rows(x)
-                else F.linear(x, self.weight.to(x.dtype))
-            )
-        elif (
-            x.dtype == torch.float32
-            and kernel_rows(x, self.weight)
-            and kernels.usable(x, self.weight)
-        ):
-            return kernels.linear(x, self.weight, self.bias, self.scale)
-        else:
-            y = F.linear(x, self.weight.to(x.dtype))
-        y = y * self.scale.to(x.dtype)
-        return y if self.bias is None else y + self.bias.to(x.dtype)
-
-    def extra_repr(self) -> str:
-        return (
-            f"in_features={self.in_features}, out_features={self.out_features}, "
-            f"bias={self.bias is not None}, int8"
-        )
-
-
-QUANTIZATIONS = ("int8", *QUANTIZABLE)
-
-
-def quantize(model: nn.Module, scheme: str = "int8") -> nn.Module:
-    """Store every Linear's weight in fewer bits, in place, for inference (weight-only: activations,
-    norms, embeddings stay as they are): "int8" (Int8Linear), or ggml's blocks "q8_0", "q4_0",
-    "q4_1" (attnlab.generate.blocks.BlockLinear, the bytes llama-quantize would write). A tied LM
-    head gets its own copy; the token embedding it shares keeps its dtype, since a lookup reads one
-    row. The model remembers it (`model.quantization`), so attnlab.save writes it that way."""
-    if scheme not in QUANTIZATIONS:
-        raise UserError(
-            f"unknown quantization {scheme!r}; choose one of {', '.join(QUANTIZATIONS)}"
-        )
-    current = getattr(model, "quantization", None)
-    if current == scheme:
-        return model
-    if current is not None:
-        raise UserError(
-            f"this model is already quantized ({current}); quantize its float original to "
-            f"{scheme} instead (rounding rounded weights again loses more)"
-        )
-    linears = [
-        (parent, name, child)
-        for parent in model.modules()
-        for name, child in parent.named_children()
-        if isinstance(child, nn.Linear)
-    ]
-    if scheme in QUANTIZABLE:  # every row must divide into blocks, checked before any change
-        for parent, name, child in linears:
-            if child.in_features % BLOCK:
-                raise UserError(
-                    f"{scheme}: a Linear ({name}) takes {child.in_features} inputs, not a multiple "
-                    f"of the block size {BLOCK}; use int8 for this model"
-                )
-    for parent, name, child in linears:
-        if scheme == "int8":
-            setattr(parent, name, Int8Linear.from_float(child.weight, child.bias))
-        else:
-            setattr(parent, name, BlockLinear.from_float(child.weight, scheme, child.bias))
-    model.quantization = scheme
-    return model
-
-
-def store_weights_as(model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """Store every Linear's weight matrix in `dtype` (bfloat16: half the bytes a decode step reads),
-    in place, for inference; activations, norms, embeddings and biases keep their dtype, so only the
-    weights are rounded. A weight shared with an embedding (a tied LM head) is left as it is, so the
-    residual stream keeps its dtype."""
-    embedding_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    for module in model.modules():
-        if isinstance(module, Linear) and id(module.weight) not in embedding_weights:
-            module.weight = nn.Parameter(module.weight.detach().to(dtype), requires_grad=False)
-    return model
+        return swapped([model], int8)
+    parts = [p for p in (*model.blocks, model.ln_final, model.unembed) if p is not None]
+    return swapped(parts, {k: v for k, v in FAST.items() if k is not BlockLinear})
 
 
 def matvec(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -29,9 +29,10 @@ import torch
 
 from ..model.config import GATED_MLPS
 from ..model.layers import Linear
+from ..quant.blocks import BLOCK_TYPES, BlockEmbedding, BlockLinear
+from ..quant.int8 import Int8Linear
 from . import kernels
-from .blocks import BLOCK_TYPES, BlockEmbedding, BlockLinear
-from .fast_layers import Int8Linear, few_rows
+from .fast_layers import few_rows
 from .kernels import independent
 from .kv_cache import KVCache
 
@@ -84,7 +85,7 @@ def repacked_blocks(linear, fill: bool = True) -> torch.Tensor:
 
 class KernelDecoder:
     """`decode_one_token` through attnlab.generate.kernels, for float32 (or int8-weight, or
-    ggml-block) models on a CPU, eager. Block weights (attnlab.generate.blocks) are multiplied as
+    ggml-block) models on a CPU, eager. Block weights (attnlab.quant.blocks) are multiplied as
     blocks at any batch size, the activation rounded to 8 bits per block of 32 (decode.c,
     attnlab_linear_q): the logits differ from the module path's by that rounding.
 

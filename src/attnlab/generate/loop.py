@@ -32,7 +32,7 @@ Design choices (after gpt-fast):
   step is chosen (a hook sends the step to the module path: `KernelDecoder.unsupported`).
 - Lower precision is the model's dtype (`model.to(torch.bfloat16)`): the cache takes the model's
   dtype, norms compute in float32, and sampling reads float32 logits. Or only the weights
-  (`attnlab.generate.fast_layers.store_weights_as(model, torch.bfloat16)`): half the bytes per
+  (`attnlab.quant.quantize.store_weights_as(model, torch.bfloat16)`): half the bytes per
   token, float32 arithmetic.
 """
 

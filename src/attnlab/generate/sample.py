@@ -65,13 +65,15 @@ def generate_windowed(model, ids, max_new_tokens: int, *, seed: int | None, on_t
     n_ctx/2)."""
     import torch
 
+    from .loop import generate
+
     n_ctx = model.config.n_ctx
     produced, remaining, window = ids, max_new_tokens, 0
     while remaining > 0:
         context = produced if produced.shape[1] < n_ctx else produced[:, -(n_ctx // 2) :]
         n = min(remaining, n_ctx - context.shape[1])
         step_seed = None if seed is None else seed + 7919 * window
-        out = model.generate(context, n, seed=step_seed, on_token=on_token, **sampling)
+        out = generate(model, context, n, seed=step_seed, on_token=on_token, **sampling)
         produced = torch.cat([produced, out[:, context.shape[1] :]], dim=1)
         remaining -= n
         window += 1
@@ -137,11 +139,11 @@ def run_sample(args: argparse.Namespace) -> int:
             f"{args.dir} is an encoder (BERT-style) model; sampling needs a causal language model"
         )
     if args.bf16_weights:
-        from .fast_layers import store_weights_as
+        from ..quant.quantize import store_weights_as
 
         store_weights_as(model, torch.bfloat16)
     if args.quantize:
-        from .fast_layers import quantize
+        from ..quant.quantize import quantize
 
         quantize(model, args.quantize)
     end_of_turn = None
@@ -220,7 +222,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     )
     s.add_argument(
         "--quantize",
-        choices=["int8", "q8_0", "q4_0", "q4_1"],  # fast_layers.QUANTIZATIONS (a test compares)
+        choices=["int8", "q8_0", "q4_0", "q4_1"],  # quant.quantize.QUANTIZATIONS (a test compares)
         default=None,
         help="int8: weight matrices in 8 bits with a scale per row (a quarter of the bytes), "
         "compute in float32; q8_0, q4_0, q4_1: llama.cpp's blocks of 32 weights, multiplied with "

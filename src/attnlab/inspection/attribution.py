@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError
+from ..generate.fast_layers import inference_layers
 from ..lens.names import check_one_token
 from . import patching
 from .experiments.common import make_out_dir, new_figure, save_figure, write_json
@@ -132,7 +133,7 @@ def direct_logit_attribution(
         model.tokenizer.decode([t]) if isinstance(t, int) else t for t in (answer, wrong)
     )
     ids = model.to_tokens(prompt)
-    with torch.no_grad():
+    with torch.no_grad(), inference_layers(model, ids):
         logits, cache = model.run_with_cache(ids)
         cache._check_residual_sum()
         heads = cache.stack_head_results(pos_slice=-1)  # [layer · head, batch, d_model]
@@ -215,7 +216,7 @@ def patch_sweeps(
         )
     make_out_dir(out)
     metric = patching.logit_diff_metric(answer_id, wrong_id)
-    with torch.no_grad():
+    with torch.no_grad(), inference_layers(model, clean_ids):
         clean_logits, cache = model.run_with_cache(clean_ids)
     labels = [
         f"{a}/{b}" if a != b else a

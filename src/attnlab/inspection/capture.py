@@ -20,6 +20,7 @@ from collections.abc import Iterable
 import torch
 
 from ..errors import UserError
+from ..generate.fast_layers import inference_layers
 from ..model.attention import apply_mask, attention_pattern, attention_scores, expand_kv
 
 
@@ -92,10 +93,9 @@ def capture_queries_keys(
         captured[hook.name] = tensor.detach()
 
     fwd_hooks = [(f"blocks.{l}.attn.{n}", keep) for l in layers for n in (q_name, k_name)]
-    with torch.no_grad():
-        model.run_with_hooks(
-            ids, fwd_hooks=fwd_hooks, stop_at_layer=layers[-1] + 1, **forward_kwargs
-        )
+    start = forward_kwargs.get("start_at_layer")
+    with torch.no_grad(), model.hooks(fwd_hooks), inference_layers(model, ids, start):
+        model(ids, stop_at_layer=layers[-1] + 1, **forward_kwargs)
     out = {}
     for layer in layers:
         attn = model.blocks[layer].attn

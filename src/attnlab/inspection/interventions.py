@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from ..errors import UserError
+from ..generate.fast_layers import inference_layers
 
 ABLATIONS = ("zero", "mean")
 
@@ -53,7 +54,8 @@ def mean_z(
     """Mean of `blocks.{layer}.attn.hook_z` over a reference batch: [head, d_head], or [pos, head,
     d_head]."""
     name = f"blocks.{layer}.attn.hook_z"
-    with torch.no_grad():
+    start = forward_kwargs.get("start_at_layer")
+    with torch.no_grad(), inference_layers(model, ids, start):
         _, cache = model.run_with_cache(ids, names_filter=name, **forward_kwargs)
     z = cache[name]  # [batch, pos, head, d_head]
     return z.mean(0) if per_position else z.mean((0, 1))

@@ -35,6 +35,9 @@ Wild" (IOI) patching plots of Wang et al. 2022):
   setters on an eval-mode model with no hooks attached to any of its modules; anything else (a
   caller's own setter, attached hooks, training mode) takes the reference path, and the result
   says which (`notes["path"]`, `notes["why"]`, a log line); `path="fast"` refuses instead.
+- Every pass of a sweep needs no gradients and runs in the C kernels' layers
+  (attnlab.generate.fast_layers.inference_layers, entered here for each pass with its own input),
+  whichever Transformer class the model has.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from typing import Any
 import torch
 
 from ..errors import UserError
+from ..generate.fast_layers import inference_layers
 from ..lens.names import get_act_name
 from .experiments.common import new_figure, save_figure
 
@@ -279,7 +283,9 @@ def generic_activation_patch(
                 bar,
             )
         else:
-            corrupted = scalar(model(corrupted_tokens))
+            with inference_layers(model, corrupted_tokens):
+                logits = model(corrupted_tokens)
+            corrupted = scalar(logits)
             for index in indices:
                 name = get_act_name(activation_name, index[0])
                 clean = clean_cache[name]
@@ -287,9 +293,9 @@ def generic_activation_patch(
                 def hook(activation: torch.Tensor, hook, index=index, clean=clean) -> torch.Tensor:
                     return patch_setter(activation.clone(), index, clean.to(activation.dtype))
 
-                values[index] = scalar(
-                    model.run_with_hooks(corrupted_tokens, fwd_hooks=[(name, hook)])
-                )
+                with model.hooks([(name, hook)]), inference_layers(model, corrupted_tokens):
+                    logits = model(corrupted_tokens)
+                values[index] = scalar(logits)
                 bar.update()
     notes = {"path": "fast" if fast else "reference"}
     if fast and logits_position(patching_metric, T) is not None:
@@ -342,7 +348,8 @@ def _fast_sweep(
     Patched run i of a stack holds batch rows i·B ... (i+1)·B − 1, B the corrupted batch."""
     cfg = model.config
     resid_names = [get_act_name("resid_pre", l) for l in range(cfg.n_layers)]
-    logits, corrupted_cache = model.run_with_cache(corrupted_tokens, names_filter=resid_names)
+    with inference_layers(model, corrupted_tokens):
+        logits, corrupted_cache = model.run_with_cache(corrupted_tokens, names_filter=resid_names)
     corrupted = scalar(logits)
     B, T = corrupted_tokens.shape
     if batch_size is None:
@@ -369,13 +376,12 @@ def _fast_sweep(
                 return activation
 
             stacked = resid.repeat(len(stack), *([1] * (resid.dim() - 1)))
-            if position is None:
-                logits = model.run_with_hooks(
-                    stacked, start_at_layer=layer, fwd_hooks=[(name, hook)]
-                )
-            else:
-                with model.hooks([(name, hook)]):
+            with model.hooks([(name, hook)]), inference_layers(model, stacked, layer):
+                if position is None:
+                    logits = model(stacked, start_at_layer=layer)
+                else:
                     final = model(stacked, start_at_layer=layer, stop_at_layer=cfg.n_layers)
+            if position is not None:
                 # [len(stack) · B, d_vocab]: the one position the metric reads, seen at every
                 # position of a [len(stack) · B, T, d_vocab] view (no copy)
                 row = model.logits_from_resid(final[:, position])

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import UserError
+from ..generate.fast_layers import inference_layers
 
 # A head stands out when its score reaches this (chosen so that a freshly initialised model has
 # none).
@@ -163,6 +164,7 @@ def score_patterns(model, tokens: torch.Tensor, hooks=()) -> dict[str, torch.Ten
             torch.no_grad(),
             model.hooks(list(hooks)),
             model.hooks([(layer_of.__contains__, score)]),
+            inference_layers(model, tokens),  # the C kernels' layers
         ):
             model(tokens, stop_at_layer=model.config.n_layers)  # no unembedding: no logits
     finally:

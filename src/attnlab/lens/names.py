@@ -106,7 +106,8 @@ def test_prompt(
         answer_ids = model.to_tokens(text, prepend_bos=False)[0]
         ids = torch.cat([prompt_ids, answer_ids]).to(model.device)
         with torch.no_grad():
-            logits = model(ids[None])[0].float()
+            # as the model's class runs a pass (attnlab.workbench's: in the C kernels' layers)
+            logits = model.run_with_hooks(ids[None])[0].float()
         if print_details:
             print("Tokenized prompt:", [model.tokenizer.decode([i]) for i in prompt_ids.tolist()])
             print("Tokenized answer:", [model.tokenizer.decode([i]) for i in answer_ids.tolist()])

@@ -379,8 +379,8 @@ class Attention(nn.Module):
         return self.hook_attn_scores.has_hooks or self.hook_pattern.has_hooks
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """W_Q x, W_K x, W_V x [batch, pos, heads · d_head]. Generation's fast layers multiply a
-        prompt's three with one rounding of x (attnlab.generate.fast_layers.KernelAttention)."""
+        """W_Q x, W_K x, W_V x [batch, pos, heads · d_head]. The fast layers, where a caller swaps
+        them in, multiply a prompt's three in one call (attnlab.generate.fast_layers)."""
         return self.W_Q(x), self.W_K(x), self.W_V(x)
 
     def rotate(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -398,8 +398,8 @@ class Attention(nn.Module):
         window: int | None,
     ) -> torch.Tensor:
         """z = softmax(Q Kᵀ · scale + mask) V [batch, head, pos, d_head] when no hook wants the
-        pattern: torch's fused kernel (scaled_dot_product_attention). Generation swaps in a C
-        kernel for a prompt (attnlab.generate.fast_layers.KernelAttention)."""
+        pattern: torch's fused kernel (scaled_dot_product_attention). The fast layers, where a
+        caller swaps them in, attend a prompt in C (attnlab.generate.fast_layers)."""
         cfg = self.config
         return scaled_dot_product_attention(
             q,
@@ -413,7 +413,7 @@ class Attention(nn.Module):
         )
 
     # The explicit path, in the three steps the hooks sit between (when the pattern is wanted); the
-    # C kernels' KernelAttention overrides each for a prompt.
+    # fast layers' KernelAttention (attnlab.generate.fast_layers) overrides each for a prompt.
     def score(
         self, q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | None, window: int | None
     ) -> torch.Tensor:

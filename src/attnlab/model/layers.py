@@ -18,8 +18,9 @@ Design choices:
   the gated ones (Shazeer 2020) multiply act(W_gate x) by W_in x: SwiGLU with silu (LLaMA), GeGLU
   with the tanh GELU (Gemma). hook_pre is the pre-activation (of the gate), hook_post what goes
   into W_out.
-- `Linear` is F.linear, nothing faster: the fast layers (the C kernels, int8 weights) live in
-  attnlab.generate.fast_layers and are swapped in by the code that wants them.
+- `Linear` is F.linear, nothing faster: the fast layers (the C kernels) live in
+  attnlab.generate.fast_layers and are swapped in by the code that wants them; weights in fewer
+  bits are attnlab.quant's.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ from .config import ModelConfig
 
 class Linear(nn.Linear):
     """nn.Linear (y = x Wᵀ + b) whose weight may be stored narrower than the activations
-    (`store_weights_as` of attnlab.generate.fast_layers): it is widened where it is used. The fast
-    products of a few rows (the C kernel, the compiled multiply-and-sum) are generation's:
-    attnlab.generate swaps them in (`fast_linears`)."""
+    (`store_weights_as` of attnlab.quant.quantize): it is widened where it is used. The fast
+    products (the C kernels, the compiled multiply-and-sum) are attnlab.generate.fast_layers',
+    swapped in by the code that wants them."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype)

@@ -2,9 +2,8 @@
 
 Design choices:
 - One class reads top to bottom, as in nanoGPT: `Block` (norm, attention, residual; norm, MLP,
-  residual)
-  and `Transformer` (embeddings, blocks, head). Decoder-only language models (GPT-2, LLaMA, Qwen2)
-  and BERT-style encoders are settings of `ModelConfig`, not separate code.
+  residual) and `Transformer` (embeddings, blocks, head). Decoder-only language models (GPT-2,
+  LLaMA, Qwen2) and BERT-style encoders are settings of `ModelConfig`, not separate code.
 - A block is wired one of three ways, `ModelConfig.wiring` (pre-norm, post-norm, parallel), a
   pre-norm one with or without sandwich norms: its docstring holds the equations, and the kernel
   decode program and the explorer's stages read the same description.
@@ -23,10 +22,10 @@ Design choices:
   still reaches them.
 - `attention_mask` (B, S) marks real tokens (1) and padding (0); positions may be given per row so
   that left-padded batches generate correctly.
-- A pass that needs no gradients (torch.no_grad, inference_mode) over many float32 rows on the CPU
-  runs its blocks and LM head with the Linear, Attention, RMSNorm and MLP modules swapped for the C
-  kernels' ones (attnlab.generate.fast_layers.inference_layers): the layers themselves stay the
-  chapter's equations, and tests hold the swapped ones to them.
+- `forward` runs the model's own modules and nothing else, with or without gradients. The code
+  that wants attnlab's C kernels swaps its fast layers in around a pass (attnlab.generate.
+  fast_layers); the Transformer you get from `attnlab.Transformer` and `attnlab.load`
+  (attnlab.workbench) adds `generate` and a fast `run_with_cache` on top of this class.
 """
 
 from __future__ import annotations
@@ -108,7 +107,7 @@ class Transformer(HookedModule, TransformerLensViews):
         self.config = config
         # set by attnlab.load / training when a tokenizer.json comes with the model
         self.tokenizer = None
-        # "int8" once attnlab.generate.fast_layers.quantize has run (saved with the model)
+        # "int8", "q8_0", ... once attnlab.quantize has run (saved with the model)
         self.quantization: str | None = None
         with torch.device(device) if device is not None else contextlib.nullcontext():
             self.embed = nn.Embedding(config.d_vocab, config.d_model)
@@ -165,7 +164,7 @@ class Transformer(HookedModule, TransformerLensViews):
 
     @property
     def device(self) -> torch.device:
-        # the embedding's parameter, or its blocks (attnlab.generate.blocks.BlockEmbedding, whose
+        # the embedding's parameter, or its blocks (attnlab.quant.blocks.BlockEmbedding, whose
         # `weight` is made at each read)
         weight = next(self.embed.parameters(), None)
         return (self.embed.blocks if weight is None else weight).device
@@ -292,21 +291,17 @@ class Transformer(HookedModule, TransformerLensViews):
         mask = None
         if attention_mask is not None:
             mask = attention_mask.to(torch.bool)[:, None, None, :]  # [batch, 1, 1, key_pos]
-        from ..generate.fast_layers import inference_layers  # (it imports the model's layers)
-
-        # a pass without gradients, of many float32 rows on the CPU: the products in C
-        with inference_layers(self, resid):
-            for block in self.blocks[start_at_layer:stop_at_layer]:
-                resid = block(
-                    resid,
-                    rope=rope_local if block.rope_local else rope,
-                    mask=mask,
-                    kv_cache=kv_cache,
-                    start_pos=start_pos,
-                )
-            if stop_at_layer is not None:
-                return resid
-            return self.logits_from_resid(resid)
+        for block in self.blocks[start_at_layer:stop_at_layer]:
+            resid = block(
+                resid,
+                rope=rope_local if block.rope_local else rope,
+                mask=mask,
+                kv_cache=kv_cache,
+                start_pos=start_pos,
+            )
+        if stop_at_layer is not None:
+            return resid
+        return self.logits_from_resid(resid)
 
     def logits_from_resid(self, resid: torch.Tensor) -> torch.Tensor:
         """The end of the forward pass: final norm, LM head and soft-cap of the residual stream
@@ -327,13 +322,6 @@ class Transformer(HookedModule, TransformerLensViews):
         """Mean next-token cross-entropy of a causal model: logits at position t predict
         targets[t]."""
         return next_token_loss(self(ids), targets, ignore_index=ignore_index)
-
-    def generate(self, ids: torch.Tensor, max_new_tokens: int, **kwargs: Any) -> torch.Tensor:
-        """Prompt followed by new tokens (B, T + new), decoded with a KV cache; see
-        attnlab.generate.loop.generate."""
-        from ..generate.loop import generate
-
-        return generate(self, ids, max_new_tokens, **kwargs)
 
     def num_params(self, non_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())

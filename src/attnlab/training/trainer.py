@@ -10,6 +10,8 @@ Design choices:
   one process.
 - Evaluation uses the same fixed eval_iters batches every time (seeded once per split), so
   successive evaluations differ only by what the model learned, not by which batches were drawn.
+  Its passes need no gradients and run in the C kernels' layers (attnlab.generate.fast_layers.
+  inference_layers), which the plain model's forward never enters by itself.
 - A checkpoint is one folder that commits whole or not at all (attnlab.training.checkpoint):
   `train_state.pt` (model, optimizer, step, configs; torch.save of tensors and plain values, read
   back with torch.load(weights_only=True), so nothing arbitrary is ever unpickled) is what --resume
@@ -53,6 +55,7 @@ from ..env import capped
 from ..errors import UserError
 from ..files import ManifestFolder, atomic_write, atomic_write_text
 from ..formats.native import save_native
+from ..generate.fast_layers import inference_layers
 from ..model.transformer import Transformer, next_token_loss
 from ..tokenizer import Tokenizer
 from .checkpoint import (
@@ -408,7 +411,8 @@ class Trainer:
             total = torch.zeros((), device=self.device, dtype=torch.float64)
             for k in range(self.dist.rank, cfg.eval_iters, self.dist.world):
                 x, y = self._batches(split, offsets[k])
-                with self._autocast():
+                # the evaluation's passes in the C kernels' layers (inference_layers)
+                with self._autocast(), inference_layers(self.raw_model, x):
                     total += next_token_loss(self.raw_model(x), y).double()
             if self.dist.enabled:
                 import torch.distributed as dist
@@ -678,5 +682,7 @@ def whole_split_loss(
     model.eval()
     total = torch.zeros((), dtype=torch.float64)
     for x, y in batches:
-        total += next_token_loss(model(x.to(device)), y.to(device), reduction="sum").double().cpu()
+        x = x.to(device)
+        with inference_layers(model, x):  # in the C kernels' layers
+            total += next_token_loss(model(x), y.to(device), reduction="sum").double().cpu()
     return float(total) / n

@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 
 from ...memory import fresh, new_tensor
-from ..blocks import BLOCK_TYPES
+from ...quant.blocks import BLOCK_TYPES
 from . import builds
 from .buffers import _kept_scratch
 from .programs import BlockKind, Call, Op
@@ -187,7 +187,7 @@ def block_linear(
 
 def dequantize(blocks: torch.Tensor, kind: BlockKind, d_in: int) -> torch.Tensor:
     """The float32 matrix (d_out, d_in) that `blocks` (uint8, contiguous) of `kind` stand for, on
-    torch's threads: attnlab.generate.blocks.dequantize's values, bit for bit. Callers check
+    torch's threads: attnlab.quant.blocks.dequantize's values, bit for bit. Callers check
     `usable`."""
     d_out, t = blocks.shape[0], _block_type(kind)
     assert tuple(blocks.shape) == (d_out, t.row_bytes(d_in)) and d_in % t.weights == 0

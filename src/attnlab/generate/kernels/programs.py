@@ -56,7 +56,7 @@ class Op(enum.IntEnum):
 
 class BlockKind(enum.IntEnum):
     """The C source's attnlab_block_type: the ggml block types attnlab_linear_q multiplies, in the
-    same order (attnlab.generate.blocks.BLOCK_TYPES names the same numbers)."""
+    same order (attnlab.quant.blocks.BLOCK_TYPES names the same numbers)."""
 
     Q8_0 = 0
     Q4_0 = 1

@@ -29,6 +29,7 @@ import torch
 
 from ...errors import UserError
 from ...files import atomic_write, atomic_write_text
+from ...generate.fast_layers import inference_layers
 from ...model.transformer import next_token_loss
 from ...tokenizer import Tokenizer
 from ...training.config import TrainConfig
@@ -211,7 +212,8 @@ def per_token_loss(model, data: torch.Tensor, batch: int = 256) -> torch.Tensor:
     total = torch.zeros(data.shape[1] - 1)
     with torch.no_grad():
         for rows in data.split(batch):
-            logits = model(rows[:, :-1])
+            with inference_layers(model, rows[:, :-1]):  # the C kernels' layers
+                logits = model(rows[:, :-1])
             total += next_token_loss(logits, rows[:, 1:], reduction="none").sum(0)
     return total / len(data)
 

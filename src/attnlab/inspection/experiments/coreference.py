@@ -26,6 +26,7 @@ import torch
 
 from ...errors import UserError
 from ...formats import load
+from ...generate.fast_layers import inference_layers
 from .common import format_table, new_figure, save_figure, write_outputs
 
 # (sentence, pronoun, antecedent, the other noun); pairs share their nouns and flip the antecedent.
@@ -127,7 +128,7 @@ def score_heads(model, sentences=SENTENCES) -> dict:
         tokens = locate(text, encoding.offsets, pronoun, antecedent, other)
         first_noun[i] = tokens["antecedent"][0] < tokens["other"][0]
         ids = torch.tensor([encoding.ids], device=model.device)
-        with torch.no_grad():
+        with torch.no_grad(), inference_layers(model, ids):
             _, cache = model.run_with_cache(
                 ids, names_filter=lambda name: name.endswith("attn.hook_pattern")
             )

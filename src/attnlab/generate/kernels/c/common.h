@@ -52,7 +52,7 @@
  * 14). */
 #define PREFETCH_AHEAD 8192
 
-/* ggml's block types the products multiply (attnlab.generate.blocks), by attnlab_block_type */
+/* ggml's block types the products multiply (attnlab.quant.blocks), by attnlab_block_type */
 typedef enum {
   BLOCK_Q8_0,
   BLOCK_Q4_0,

@@ -137,7 +137,7 @@ void attnlab_linear_q(const float *x, const uint8_t *w, const float *b, float *y
 }
 
 /* out [rows, d_in] = the float32 values of rows of blocks of `type`
- * (attnlab.generate.blocks.dequantize's formulas), for a prompt's products, which then run as a
+ * (attnlab.quant.blocks.dequantize's formulas), for a prompt's products, which then run as a
  * float32 GEMM. Equal to that reference bit for bit whatever the compiler fuses: d n, d (n - 8) and
  * d q are exact in float32 (an 11-bit by an 8-bit significand), so only the one addition of Q4_1's
  * m rounds. */

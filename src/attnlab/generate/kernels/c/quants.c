@@ -1,4 +1,4 @@
-/* The decode step's products with weights in ggml's blocks (attnlab.generate.blocks): 32 weights
+/* The decode step's products with weights in ggml's blocks (attnlab.quant.blocks): 32 weights
  * of a row per block with a float16 scale d (and, in Q4_1, a float16 offset m). As in llama.cpp
  * (ggml-cpu's quants.c, ggml_vec_dot_q4_0_q8_0 and its siblings), each row of x is first rounded to
  * 8 bits per block of 32 (q8: a float scale dx = max|x| / 127 and q = round(x / dx)), so that a
