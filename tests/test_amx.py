@@ -21,7 +21,14 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from test_inference_layers import BASE, build, counting, like_the_module_path, tiled_linears
+from test_inference_layers import (
+    BASE,
+    build,
+    counting,
+    forward,
+    like_the_module_path,
+    tiled_linears,
+)
 
 from attnlab import memory
 from attnlab.errors import UserError
@@ -147,7 +154,7 @@ def test_a_forward_without_gradients_takes_the_amx_product_and_the_module_paths_
     model = build("llama-gqa")
     ids = torch.randint(0, BASE["d_vocab"], (2, 64))
     with torch.no_grad():
-        fast = model(ids)
+        fast = forward(model, ids)  # within the fast layers, as their callers enter them
         fast_cache = model.run_with_cache(ids)[1]
         # every Linear of the blocks and the LM head large enough for the tiles, in both runs
         linears = tiled_linears(model, ids)
