@@ -1,6 +1,6 @@
 """Float32 products on AMX tiles against torch's (MKL's) float32 GEMM, on SmolLM2's shapes.
 
-attnlab's AMX product (decode.c, attnlab_linear_amx_many; kernels.linear_amx) splits each float32
+attnlab's AMX product (c/amx.c, attnlab_linear_amx_many; kernels.linear_amx) splits each float32
 value into three bfloat16 parts and sums six products of parts in float32: a float32 GEMM's
 accuracy on the tiles. For each of SmolLM2-135M's products of a 4 x 256-token forward pass
 (1,024 rows), and a layer's q, k, v and its gate, up in one call each (as forward passes take

@@ -30,7 +30,7 @@ Design choices:
   (attnlab's float path on the same values). Every file is made once into --work (default: a
   folder in the system's temporary directory).
 - attnlab loads each quantized file with keep_blocks=True (its blocks as they are, the kernels of
-  decode.c's attnlab_linear_q) and F32 by default (float32 kernels).
+  c/linear_q.c's attnlab_linear_q) and F32 by default (float32 kernels).
 - tg128 and pp512 as llama-bench defines them: 128 single-token decode steps from an empty cache
   (`generate(model, one token, 128)`), and one 512-token prompt in one batch (`generate(model,
   512 tokens, 1)`: the prompt's forward and one sampled token); tokens/s. Each round runs
@@ -38,7 +38,7 @@ Design choices:
   as llama-bench's warm-up does (one decode step before tg128, the whole prompt before pp512); the
   table shows medians over --repeats rounds, and the load average at each measurement beside them
   (a shared machine moves them).
-- Bandwidth: kernels.read_bandwidth, a read-only pass in C (decode.c, attnlab_read_pass: each
+- Bandwidth: kernels.read_bandwidth, a read-only pass in C (c/probe.c, attnlab_read_pass: each
   thread its half, 512-bit loads, prefetched as the decode products are) over 1 GiB in 2 MB pages
   (as the decode step's weights are), far larger than the caches, best of 7 passes; beside it the
   same on one thread, torch.sum's rate (median of 7) and a copy loop (read + write bytes counted).

@@ -19,13 +19,15 @@ Design choices:
   (divided by the threads): on a crowded host, with one thread, near what an idle core takes.
 - The bound: bytes the part streams / the read bandwidth (kernels.read_bandwidth, measured at the
   start and the end).
-- `--against FILE`: another decode.c (say main's, `git show main:src/attnlab/generate/kernels/
-  decode.c > main.c`), built with this process's flags: this source's whole step, and its
+- `--against FILE`: another build of the kernels: its unity file, with the files it includes
+  beside it (say main's: `git archive main src/attnlab/generate/kernels/c | tar -x -C /tmp/main`,
+  then `--against /tmp/main/src/attnlab/generate/kernels/c/kernels.c`; before the split, one
+  decode.c held them all), built with this process's flags: this source's whole step, and its
   products with weights in cache, against that one's (same model, same weights in memory), A/B in
   one process, in rounds of their own after the parts', each on a decoder of its own, taking
   turns at going first. (As one more part of the parts' rounds, where the parts' decoder has its
-  KV cache and activations warm in the caches, the same decode.c read 0.89-1.30x itself: one
-  thread, 2026-12-02, Intel.)
+  KV cache and activations warm in the caches, the same source read far from 1.0x itself:
+  benchmarks/README.md, decode_profile.py's A/B.)
 """
 
 from __future__ import annotations
@@ -96,8 +98,9 @@ def parts(decoder: KernelDecoder, threads: int) -> dict[str, tuple[kernels.Progr
 
 
 def other_library(source: Path) -> ctypes.CDLL:
-    """decode.c from `source` built with this process's flags, the functions a step program calls
-    declared (an older decode.c may lack newer ones that kernels.load declares)."""
+    """The kernels of `source` (a unity file, or an older single decode.c) built with this
+    process's flags, the functions a step program calls declared (an older source may lack newer
+    ones that kernels.load declares)."""
     flags = kernels.VARIANTS[kernels.variant()][0]
     path = kernels.compile_library(source, (flags,))
     if path is None:
@@ -174,7 +177,7 @@ def profile(name: str, file: str | Path, threads: int, args, read: float) -> lis
         for key in this:
             a, b = ab[("this", key)], ab[("other", key)]
             lines.append(
-                f"\nthis decode.c's {key} {1e3 * statistics.median(a):.3f} ms, "
+                f"\nthis source's {key} {1e3 * statistics.median(a):.3f} ms, "
                 f"{args.against.name}'s {1e3 * statistics.median(b):.3f} ms: "
                 f"**{statistics.median(y / x for x, y in zip(a, b)):.3f}x** as fast (median of "
                 f"{rounds} rounds' ratios, a decoder each)"
@@ -191,7 +194,9 @@ def main() -> int:
     parser.add_argument(
         "--clock", choices=CLOCKS, default="wall", help="cpu: process time / threads (loaded host)"
     )
-    parser.add_argument("--against", type=Path, default=None, help="another decode.c to A/B")
+    parser.add_argument(
+        "--against", type=Path, default=None, help="another build's kernels.c (or decode.c) to A/B"
+    )
     args = parser.parse_args()
     if args.files is None:
         from attnlab.formats import model_dir

@@ -25,7 +25,7 @@ What it does:
   head, as TransformerLens does).
 - run_with_cache: `--cache-batch` x `--cache-tokens` random tokens, every hook cached (both sides'
   defaults), and a plain forward for scale; tokens per second; which products attnlab's forward
-  ran (decode.c's kernels, or torch's and why: fast_layers.inference_kernels_unusable) and its
+  ran (attnlab's C kernels, or torch's and why: fast_layers.inference_kernels_unusable) and its
   logits against TransformerLens's. The caches of the first prompt are compared hook by hook.
 - Each measurement is the median of `--repeats`, the two libraries alternating (TransformerLens
   first in odd repeats, attnlab first in even ones), after two untimed runs of each.
@@ -291,11 +291,11 @@ def cache_and_forward(args, model, bridge, vocab: int) -> float:
     if why is None:
         products = {
             "amx": "AMX's tiles at float32's accuracy (kernels.float_products)",
-            "c": "decode.c's float32 tiles",
+            "c": "the C kernels' float32 tiles",
             "torch": "torch's GEMM (measured faster here: kernels.float_rows)",
         }[kernels.float_products()]
         attention = (
-            "decode.c's"
+            "the C kernels'"
             if kernels.float_rows()
             else "with its pattern (hooked) on AMX's tiles, fused (no hooks) torch's"
             if kernels.float_products() == "amx"

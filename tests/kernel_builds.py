@@ -1,4 +1,4 @@
-"""The C kernels' tests run once per build of decode.c that this CPU can execute (conftest.py
+"""The C kernels' tests run once per build of the C kernels that this CPU can execute (conftest.py
 registers the fixture and the hook below).
 
 Design choices:
@@ -30,7 +30,7 @@ from attnlab.generate import kernels
 
 
 def builds_of_this_architecture() -> tuple[str, ...]:
-    """decode.c's builds on this kind of processor, best first (kernels.choose_variant's names)."""
+    """The kernels' builds on this kind of processor, best first (choose_variant's names)."""
     return kernels.build_names()
 
 
@@ -72,7 +72,7 @@ def pytest_generate_tests(metafunc) -> None:
 
 @pytest.fixture(scope="module")
 def kernel_build(request):
-    """The build of decode.c this module's tests run under (its name), switched to with
+    """The build of the kernels this module's tests run under (its name), switched to with
     kernels.use_variant for as long as they run; None where the test is not run per build (the
     process's own build)."""
     name = getattr(request, "param", None)

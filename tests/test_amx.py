@@ -1,8 +1,8 @@
-"""Float32 products on AMX tiles (decode.c, attnlab_linear_amx; kernels.linear_amx), and the choice
+"""Float32 products on AMX tiles (c/amx.c, attnlab_linear_amx; kernels.linear_amx), and the choice
 of the product that forward passes and prompts of many rows take (kernels.float_products).
 
 Tolerances, derived: the kernel splits each float32 value into three bfloat16 parts and sums six
-exact products of parts in float32 (decode.c's comment), so it is a float32 GEMM with its own order
+exact products of parts in float32 (c/amx.c's comment), so it is a float32 GEMM with its own order
 of summation: within Higham's bound of the exact sum (1e-5 · |x| |W|ᵀ here, as the float32 tiles'
 tests), and, tighter, its largest error against float64 within 3x torch's own float32 GEMM's on the
 same product plus 8 units in the last place of the largest |x| |W|ᵀ + |b| (a few terms: six
@@ -415,7 +415,7 @@ def test_outputs_on_fresh_pages_stream_the_same_numbers(amx, seed, threads, monk
 
 
 def test_an_output_too_large_for_the_caches_streams_the_same_numbers(amx, seed):
-    """Outputs from decode.c's AMX_STREAM_FROM floats (the LM head's logits) leave the tiles
+    """Outputs from c/amx.c's AMX_STREAM_FROM floats (the LM head's logits) leave the tiles
     through streaming stores, smaller ones through a block in L1: the same values either way
     (the halves of the rows take the other path)."""
     g = torch.Generator().manual_seed(seed)

@@ -1,4 +1,4 @@
-"""ggml's blocks (attnlab.quant.blocks) and the C products that multiply them (decode.c,
+"""ggml's blocks (attnlab.quant.blocks) and the C products that multiply them (c/linear_q.c,
 attnlab_linear_q), each against its reference.
 
 - The dequantizer equals gguf-py's `gguf.quants.dequantize` bit for bit, and `quantize_blocks`
@@ -187,7 +187,7 @@ def emulated(x: torch.Tensor, blocks: torch.Tensor, kind: str) -> torch.Tensor:
 
 def rounded_to_8_bits(x: torch.Tensor) -> torch.Tensor:
     """x as the block products read it: each block of 32 values rounded to multiples of its scale
-    dx = max|x| / 127 (float32, round half to even, as decode.c's quantize_row_q8)."""
+    dx = max|x| / 127 (float32, round half to even, as c/quants.c's quantize_row_q8)."""
     blocks = x.float().reshape(*x.shape[:-1], -1, 32)
     d = blocks.abs().amax(-1, keepdim=True) / 127
     q = torch.round(blocks * torch.where(d > 0, 1 / d, torch.zeros_like(d)))
@@ -245,7 +245,7 @@ def test_products_of_one_x_in_a_program_round_it_once_and_equal_their_calls_alon
     kind, seed, monkeypatch
 ):
     """In a step program, a block product right after another on the same x (k and v after q)
-    reads that one's rounding of x instead of rounding it again (decode.c, attnlab_run): bit for
+    reads that one's rounding of x instead of rounding it again (c/program.c, attnlab_run): bit for
     bit the outputs of each product called alone; one after a product on another x rounds x."""
     d_in = 96 * BLOCK_TYPES[kind].weights // 32
     x, other = torch.randn(3, d_in), torch.randn(3, d_in) * 5
@@ -295,7 +295,7 @@ REPACKABLE = [k for k in BLOCK_TYPES if BLOCK_TYPES[k].kernel in kernels.REPACKA
 
 
 def repacked_reference(blocks: torch.Tensor, kind: str) -> torch.Tensor:
-    """The 16-row decode layout (decode.c, attnlab_repack16) written out in torch: per group of 16
+    """The 16-row decode layout (c/repack.c, attnlab_repack16) written out in torch: per group of 16
     rows and per block, the quants in 64-byte chunks whose lane n (4 bytes) is row n's quant bytes
     4j .. 4j + 3, then the 16 d's, then (Q4_1) the 16 m's; Q4_K: its 128 quant bytes so, the 16
     d's, the 16 dmin's, then its 12 bytes of scales and mins as 3 chunks of the same kind."""
@@ -412,7 +412,7 @@ def test_the_c_dequantizer_equals_the_reference_bit_for_bit(kind):
     torch.testing.assert_close(ours, dequantize(blocks, kind), rtol=0, atol=0, equal_nan=True)
 
 
-# A prompt's products: many rows at once, tiled (decode.c, attnlab_linear_q_rows / _f_rows) -------
+# A prompt's products: many rows at once, tiled (c/tiles_q8.c, c/tiles_f32.c) --------------
 
 # rows: past the few-row threshold (8), not always a multiple of the register tile (6 rows with
 # 8-bit activations, 12 in float32); d_out: not always a multiple of the 32 features of a tile
@@ -569,7 +569,7 @@ def test_the_block_products_hold_the_largest_integer_sums(kind):
 
 @pytest.fixture(scope="module")
 def without_vnni(kernel_build, tmp_path_factory):
-    """decode.c's AVX-512 build without its VNNI instructions (-mno-avx512vnni: maddubs in their
+    """The kernels' AVX-512 build without its VNNI instructions (-mno-avx512vnni: maddubs in their
     place), which no build of kernels.VARIANTS is (a CPU with AVX-512 but not VNNI runs the AVX2
     build), built in a temporary cache: the user's is left alone."""
     flags = [*kernels.VARIANTS["avx512"][0], "-mno-avx512vnni", "-mno-avxvnni"]
@@ -584,7 +584,7 @@ def without_vnni(kernel_build, tmp_path_factory):
 def test_the_avx512_forms_without_vnni_hold_the_builds_bounds(
     kind, without_vnni, seed, monkeypatch
 ):
-    """The block products' checks above, on decode.c's AVX-512 forms without VNNI: the decode
+    """The block products' checks above, on the kernels' AVX-512 forms without VNNI: the decode
     step's products, in both layouts, the prompt's, those sharing one rounding (two threads) and
     the largest integer sums."""
     monkeypatch.setattr(kernels.builds, "library", lambda: without_vnni)
@@ -928,7 +928,7 @@ def float_computation(smollm2_blocks) -> tuple[torch.Tensor, float, torch.Tensor
 
 # Perplexity of SmolLM2's blocks against the float computation, over corpus_chunks: at most 1 %
 # apart. Rounding each product's input to 8 bits (emulated on the module path: every block
-# product's x rounded as decode.c rounds it) raises it 0.34 % on these four chunks, and a build
+# product's x rounded as the C kernels round it) raises it 0.34 % on these four chunks, and a build
 # moves each chunk by its own rounding noise besides: another order of summation (another build,
 # or the same build tuned for another CPU) turns some activation's 8-bit rounding the other way,
 # and that compounds over 30 layers, so that one chunk alone moved from -0.52 % to +0.11 % from

@@ -215,7 +215,7 @@ def test_a_topic_that_fails_is_its_line_and_the_others_still_print(monkeypatch, 
     ids=["gcc", "clang", "none"],
 )
 def test_the_openmp_line_says_the_kernels_own_report(tmp_path, monkeypatch, openmp, symbols, says):
-    """kernels.openmp (decode.c's attnlab_openmp) decides the line; the library's calls name the
+    """kernels.openmp (c/probe.c's attnlab_openmp) decides the line; the library's calls name the
     runtime."""
     library = tmp_path / "decode-test.so"
     library.write_bytes(b"\x7fELF" + symbols)

@@ -452,7 +452,7 @@ def test_the_softmax_of_a_row_without_a_visible_key_is_zeros_and_a_pattern_of_an
 
 
 def test_a_rows_weights_do_not_depend_on_the_masked_keys_after_it():
-    """decode.c's softmax_row sums in 16 fixed lanes and skips the trailing blocks of 16 masked
+    """The C kernels' softmax_row sums in 16 fixed lanes and skips the trailing blocks of 16 masked
     scores: a causal row's weights are the same bits whatever number of masked keys follow it
     (the fused attention's pattern relies on it), and each masked key weighs exactly 0."""
     g = torch.Generator().manual_seed(0)

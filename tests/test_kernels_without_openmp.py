@@ -86,7 +86,7 @@ def clang_build(tmp_path_factory):
             kernels.decision.cache_clear()
             kernels.library.cache_clear()
     said = [str(w.message) for w in record if w.category is slower.SlowerPath]
-    assert without is not None, f"clang does not compile decode.c with {flags}"
+    assert without is not None, f"clang does not compile the kernels with {flags}"
     return chosen, openmp, clang_has_openmp(clang, folder), said, kernels.load(without)
 
 

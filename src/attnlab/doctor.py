@@ -150,7 +150,7 @@ def compiler_line() -> Line:
 
 
 def kernels_line() -> Line:
-    """The decode.c build this process runs, its self-check, and why each better build is not:
+    """The kernels' build this process runs, its self-check, and why each better build is not:
     the kernels' own choice (kernels.builds._choose, which generation and forward passes take), the
     builds this CPU cannot execute named with what it lacks (kernels.why_not_here)."""
     from .generate import kernels
@@ -188,7 +188,7 @@ def kernels_line() -> Line:
 
 
 def openmp_line() -> Line:
-    """Whether the kernels run on OpenMP's threads (kernels.openmp: decode.c, attnlab_openmp),
+    """Whether the kernels run on OpenMP's threads (kernels.openmp: c/probe.c, attnlab_openmp),
     and which runtime they call (the library's dynamic symbols: GCC's libgomp, which torch's
     wheel loads too, or LLVM's libomp)."""
     from .generate import kernels

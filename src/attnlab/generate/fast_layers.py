@@ -19,7 +19,7 @@ Design choices:
   once, in C (eager) or as a multiply-and-sum loop (compiled), since the weights come from memory
   at every token and a BLAS call pays for a shape it does not have.
 - Many rows (a prompt): the products `kernels.float_products()` chose for this machine: AMX's
-  tiles at float32's accuracy where the CPU and the OS allow them, decode.c's tiled float32 GEMM
+  tiles at float32's accuracy where the CPU and the OS allow them, tiles_f32.c's tiled float32 GEMM
   where it is the faster, else torch's GEMM. Products that take the same input share one pass over
   it: q, k and v, gate and up (x split once for AMX, rounded once to 8 bits for blocks).
 - Where hooks only read (`attnlab.lens.hooks.reads`, run_with_cache's), steps the hooks sit between
@@ -55,7 +55,7 @@ from . import kernels
 # code"): the compiled multiply-and-sum form and the C kernel (attnlab.generate.kernels), in
 # KernelLinear and the kernel decode step alike
 MATVEC_MAX_ROWS = 8
-# the block kinds decode.c's prompt products unpack (kernels.ROWS_KINDS); Q6_K multiplies a prompt
+# the block kinds tiles_q8.c's prompt products unpack (kernels.ROWS_KINDS); Q6_K multiplies a prompt
 # through the C dequantizer and F.linear
 PROMPT_KINDS = tuple(k for k, t in BLOCK_TYPES.items() if t.kernel in kernels.ROWS_KINDS)
 
@@ -125,7 +125,7 @@ class KernelLinear(Linear):
 
 class KernelBlockLinear(BlockLinear):
     """BlockLinear with generation's fast paths (eager, float32, on a CPU): a few rows multiply the
-    blocks in C with 8-bit activations (decode.c, attnlab_linear_q: the decode step's product);
+    blocks in C with 8-bit activations (c/linear_q.c, attnlab_linear_q: the decode step's product);
     more rows (a prompt) of the kinds in PROMPT_KINDS take the tiled GEMM with the same 8-bit
     activations (attnlab_linear_q_rows) where this build runs it on AVX-512 VNNI, else the tiled
     float32 GEMM on dequantized tiles where it has AVX-512; anything else dequantizes in C and runs
@@ -231,7 +231,7 @@ def multiply_together(x: torch.Tensor, *linears: KernelLinear) -> list[torch.Ten
 
 
 class KernelRMSNorm(RMSNorm):
-    """RMSNorm with generation's fast path for a prompt: decode.c's RMSNorm (the decode step's),
+    """RMSNorm with generation's fast path for a prompt: c/ops.c's RMSNorm (the decode step's),
     the rows shared by the threads; where hooks read its scale and normalized input
     (run_with_cache) and the products are not torch's (kernels.float_products; with torch's, the
     module path's numbers bit for bit), those two from the same C pass, handed to the hooks as
@@ -262,7 +262,7 @@ class KernelRMSNorm(RMSNorm):
 class KernelMLP(MLP):
     """MLP with generation's fast path for a SwiGLU prompt that no hook reads inside: the gate and
     up products share one rounding of x where both are blocks (`shared_rounding`) or go through
-    one AMX call (`amx_together`), and silu(gate) · up runs in C (decode.c's, the decode step's);
+    one AMX call (`amx_together`), and silu(gate) · up runs in C (c/ops.c's, the decode step's);
     where hooks read the gate and the product (run_with_cache), the product in C into up, which
     no one holds, or, on AMX tiles with a gate hook that only reads, from the same call as gate
     and up (kernels.swiglu_amx), unless the products are torch's (then MLP's steps, its numbers
@@ -345,10 +345,10 @@ def in_place() -> bool:
 
 class KernelAttention(Attention):
     """Attention with generation's fast paths for a prompt (eager, float32, on a CPU): W_Q, W_K and
-    W_V of blocks share one rounding of x (`shared_rounding`); RoPE in C, out of place (decode.c,
+    W_V of blocks share one rounding of x (`shared_rounding`); RoPE in C, out of place (c/ops.c,
     attnlab_rope_rows: apply_rope's numbers bit for bit); and, where this build of the kernels has
     AVX-512, causal attention over the whole prompt from position 0, without mask or dropout, and
-    without a window or with one no shorter than the prompt, in C (decode.c, attnlab_attend_rows);
+    without a window or with one no shorter than the prompt, in C (attnlab_attend_rows);
     everything else as Attention. When a hook wants the scores or the pattern (run_with_cache),
     the same prompts take the explicit path's three steps in C (attnlab_attend_scores,
     _softmax_rows, _attend_mix), the hooks between them as in Attention.forward; where the products

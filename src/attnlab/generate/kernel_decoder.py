@@ -14,7 +14,7 @@ in place and added to the residual; per-block windows as a second key mask (the 
 cache slots, remade by the program's first op at each step; Mistral's window too); the windowed
 blocks' own RoPE table; √d_model on the embedding in the C lookup. So its step is one program too.
 
-Greedy generation runs its whole loop in C (`generate_greedy`, decode.c's
+Greedy generation runs its whole loop in C (`generate_greedy`, c/program.c's
 attnlab_generate_greedy): the argmax of the logits, fed back as the next step's token, with no
 Python between tokens (the Python loop around the step cost a measurable part of each token:
 benchmarks/README.md, issue 25).
@@ -86,7 +86,7 @@ def repacked_blocks(linear, fill: bool = True) -> torch.Tensor:
 class KernelDecoder:
     """`decode_one_token` through attnlab.generate.kernels, for float32 (or int8-weight, or
     ggml-block) models on a CPU, eager. Block weights (attnlab.quant.blocks) are multiplied as
-    blocks at any batch size, the activation rounded to 8 bits per block of 32 (decode.c,
+    blocks at any batch size, the activation rounded to 8 bits per block of 32 (c/linear_q.c,
     attnlab_linear_q): the logits differ from the module path's by that rounding.
 
     At construction the step is written down once as a list of prepared C calls on preallocated

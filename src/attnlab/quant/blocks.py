@@ -23,7 +23,7 @@ Design choices:
   here, checked bit for bit against gguf-py's `gguf.quants.dequantize`, which nobody here wrote),
   then F.linear, so its output is a float model's on the file's values. Generation's kernel decode
   step (attnlab.generate.kernel_decoder) multiplies the blocks themselves in C instead, with the
-  activation rounded to 8 bits per block of 32 as llama.cpp does (decode.c, attnlab_linear_q); the
+  activation rounded to 8 bits per block of 32 as llama.cpp does (linear_q.c, attnlab_linear_q); the
   tests hold it to this reference within the bound that rounding implies.
 - `quantize_blocks` makes the same blocks from float weights, bit-equal to gguf-py's
   `gguf.quants.quantize` (the numpy transcription of ggml's C reference that llama-quantize runs):
@@ -50,7 +50,7 @@ class BlockType:
     name: str  # ggml's name, as GGUF's tensor types spell it
     ggml_type: int  # its number in GGUF's tensor info (GGMLQuantizationType)
     nbytes: int  # bytes per block
-    kernel: int  # decode.c's attnlab_block_type (attnlab.generate.kernels.BlockKind)
+    kernel: int  # the C kernels' attnlab_block_type (attnlab.generate.kernels.BlockKind)
     weights: int = BLOCK  # weights per block (QK_K = 256 for the K-quants)
 
     def row_bytes(self, d_in: int) -> int:
