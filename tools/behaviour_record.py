@@ -37,15 +37,25 @@ BASE = dict(d_vocab=97, n_ctx=128, d_model=128, n_layers=2, n_heads=4, d_mlp=192
 STYLES = {
     "gpt2": dict(mlp="gelu_tanh"),
     "llama-gqa": dict(
-        positional="rope", n_heads=2, n_kv_heads=1, norm="rmsnorm", mlp="swiglu", bias=False,
+        positional="rope",
+        n_heads=2,
+        n_kv_heads=1,
+        norm="rmsnorm",
+        mlp="swiglu",
+        bias=False,
         tie_embeddings=True,
     ),
     "qwen-qkv-bias-window": dict(
         positional="rope", qkv_bias=True, norm="rmsnorm", mlp="swiglu", sliding_window=8
     ),
     "gemma3-like": dict(
-        positional="rope", norm="rmsnorm", mlp="geglu_tanh", bias=False, sandwich_norm=True,
-        scale_embed=True, n_kv_heads=2,
+        positional="rope",
+        norm="rmsnorm",
+        mlp="geglu_tanh",
+        bias=False,
+        sandwich_norm=True,
+        scale_embed=True,
+        n_kv_heads=2,
     ),
 }
 
@@ -144,9 +154,7 @@ def record_patching() -> dict:
         def metric(logits):
             return logits[0, -1, 5] - logits[0, -1, 7]
 
-        result = patching.get_act_patch_attn_head_out_all_pos(
-            model, corrupted, clean_cache, metric
-        )
+        result = patching.get_act_patch_attn_head_out_all_pos(model, corrupted, clean_cache, metric)
     values = result if isinstance(result, torch.Tensor) else torch.as_tensor(result.values)
     del attnlab
     return {"head_out_all_pos": digest(values.float())}
@@ -161,7 +169,12 @@ def record_training() -> dict:
     with tempfile.TemporaryDirectory() as folder:
         # big enough that the evaluation's products reach the kernels' tiles (256 rows of 64)
         config = tiny_config(
-            Path(folder), max_iters=12, lr_decay_iters=12, n_layer=2, n_embd=64, block_size=32,
+            Path(folder),
+            max_iters=12,
+            lr_decay_iters=12,
+            n_layer=2,
+            n_embd=64,
+            block_size=32,
             batch_size=8,
         )
         result = Trainer(config).run()
