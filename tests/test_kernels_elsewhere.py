@@ -16,7 +16,10 @@ Design choices:
 - The AArch64 builds: gcc with the portable build's flags and with the dot-product extension that
   most ARM CPUs in use have (armv8.2-a+dotprod, the level llama.cpp's ARM builds target for its
   vdotq products), and clang without OpenMP (-fopenmp-simd, the kernels' build for a compiler
-  without it, as Apple's clang is). No speed is measured: emulation says nothing about it.
+  without it, as Apple's clang is). The decode step's Q8_0, Q4_0 and Q4_1 products take NEON's
+  integer dot products there (vdotq with the dot-product extension, widening products without):
+  integer sums are exact, so those outputs are the portable build's on the same machine, bit for
+  bit. No speed is measured: emulation says nothing about it.
 - Without a cross compiler or qemu-aarch64 the tests skip, saying what to install.
 """
 
