@@ -68,10 +68,10 @@ test: venv-test browser compiler
 	$(VENV)/bin/ruff check
 	$(PY) -m pytest -n 2 --timeout 900 $(PYTEST_ARGS)
 
-# the C kernels and the explorer's JavaScript in .clang-format's style (100 columns; the test
-# environment's clang-format, from PyPI); tests/test_source_format.py checks it
+# the C kernels, the tests' C programs and the explorer's JavaScript in .clang-format's style (100
+# columns; the test environment's clang-format, from PyPI); tests/test_source_format.py checks it
 format: venv-test
-	$(VENV)/bin/clang-format -i $$(find src -name '*.c' -o -name '*.h' -o -name '*.js')
+	$(VENV)/bin/clang-format -i $$(find src tests/c -name '*.c' -o -name '*.h' -o -name '*.js')
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -23,6 +23,9 @@
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
+#if defined(__ARM_NEON)
+#include <arm_neon.h>
+#endif
 
 /* The build's instruction sets: AVX512 (F and BW; the build's flags add VL, DQ and VNNI), AMX's
  * bfloat16 tiles (compiled in where the compiler can target them; run only where the CPU and the

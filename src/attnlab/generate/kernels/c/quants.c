@@ -9,7 +9,8 @@
  * Each |x - dx q| <= dx / 2, so a product moves by at most sum over blocks of dx / 2 sum |w| (the
  * tests' bound). The integer dot product: AVX-512 VNNI's dpbusd (unsigned 8-bit times signed 8-bit,
  * four products added into each 32-bit lane) where the compiler targets it, AVX2's maddubs + madd
- * otherwise, a plain loop anywhere else; which one is fixed by the build. Q8_0's signed weights
+ * otherwise, NEON on AArch64 (vdotq with the dot-product instructions), a plain loop anywhere else;
+ * which one is fixed by the build. Q8_0's signed weights
  * take the sign trick (|w| times x with w's sign). Q4_0's -8 is folded into the lane sums' start
  * (-8 times each lane's four q_x, made once per row of x), Q4_1's m term uses the row's dx sum q_x
  * per block. Q5_0 and the K-quants: quants_k.c; the 16-row layout: repack.c; the loop over a
@@ -195,6 +196,43 @@ static inline __attribute__((always_inline)) void dot4_q(int type, const uint8_t
   }
 }
 #else
+/* sum q_w q_x over one block (Q8_0), or sum n q_x (Q4_0 without its -8, Q4_1): integers, exact, so
+ * every form gives the same sum. NEON (AArch64): vdotq's four products into each 32-bit lane where
+ * the CPU has the dot-product instructions (as llama.cpp's ggml_vec_dot_q8_0_q8_0 on ARM), widening
+ * products and pairwise sums otherwise; a plain loop anywhere else. */
+static inline int32_t block_isum(int type, const uint8_t *p, const int8_t *q) {
+#if defined(__ARM_NEON) && defined(__aarch64__)
+  int8x16_t w0, w1;
+  if (type == BLOCK_Q8_0) {
+    w0 = vld1q_s8(((const block_q8_0 *)p)->qs), w1 = vld1q_s8(((const block_q8_0 *)p)->qs + 16);
+  } else { /* weights j and j + 16 in byte j's low and high nibbles */
+    uint8x16_t n =
+        vld1q_u8(type == BLOCK_Q4_1 ? ((const block_q4_1 *)p)->qs : ((const block_q4_0 *)p)->qs);
+    w0 = vreinterpretq_s8_u8(vandq_u8(n, vdupq_n_u8(15))),
+    w1 = vreinterpretq_s8_u8(vshrq_n_u8(n, 4));
+  }
+  int8x16_t x0 = vld1q_s8(q), x1 = vld1q_s8(q + 16);
+#if defined(__ARM_FEATURE_DOTPROD)
+  return vaddvq_s32(vdotq_s32(vdotq_s32(vdupq_n_s32(0), w0, x0), w1, x1));
+#else
+  int16x8_t lo =
+      vmlal_s8(vmull_s8(vget_low_s8(w0), vget_low_s8(x0)), vget_low_s8(w1), vget_low_s8(x1));
+  int16x8_t hi = vmlal_high_s8(vmull_high_s8(w0, x0), w1, x1); /* |sum| <= 2 * 128 * 127: fits */
+  return vaddvq_s32(vaddq_s32(vpaddlq_s16(lo), vpaddlq_s16(hi)));
+#endif
+#else
+  int32_t isum = 0;
+  if (type == BLOCK_Q8_0) {
+    for (int j = 0; j < QK; j++) isum += ((const block_q8_0 *)p)->qs[j] * q[j];
+  } else {
+    const uint8_t *n =
+        type == BLOCK_Q4_1 ? ((const block_q4_1 *)p)->qs : ((const block_q4_0 *)p)->qs;
+    for (int j = 0; j < QK / 2; j++) isum += (n[j] & 15) * q[j] + (n[j] >> 4) * q[j + 16];
+  }
+  return isum;
+#endif
+}
+
 /* s[k] = the product of block rows w[k] (k < 4, nb blocks each) with the rounded row r of x */
 static inline __attribute__((always_inline)) void dot4_q(int type, const uint8_t *const w[4],
                                                          q8_row r, int64_t nb, float *s) {
@@ -245,16 +283,9 @@ static inline __attribute__((always_inline)) void dot4_q(int type, const uint8_t
     for (int64_t b = 0; b < nb; b++) {
       const uint8_t *p = w[k] + b * bytes;
       const block_q4_1 *p41 = (const block_q4_1 *)p; /* (d comes first in all three) */
-      const int8_t *q = r.q + b * QK;
-      int32_t isum = 0;
-      if (type == BLOCK_Q8_0) {
-        for (int j = 0; j < QK; j++) isum += ((const block_q8_0 *)p)->qs[j] * q[j];
-      } else {
-        const uint8_t *n = type == BLOCK_Q4_1 ? p41->qs : ((const block_q4_0 *)p)->qs;
-        for (int j = 0; j < QK / 2; j++) isum += (n[j] & 15) * q[j] + (n[j] >> 4) * q[j + 16];
-        if (type == BLOCK_Q4_0)
-          for (int l = 0; l < 8; l++) isum += r.c8[b * 8 + l];
-      }
+      int32_t isum = block_isum(type, p, r.q + b * QK);
+      if (type == BLOCK_Q4_0)
+        for (int l = 0; l < 8; l++) isum += r.c8[b * 8 + l];
       total += half_at(&p41->d) * r.dx[b] * (float)isum;
       if (type == BLOCK_Q4_1) total += half_at(&p41->m) * r.sx[b];
     }
