@@ -4,12 +4,14 @@ rendered safely.
 Design choices:
 - The reference is llama.cpp's own tokenizer (llama-vocab.cpp), not the one transformers builds from
   a GGUF file: ids must equal what `llama-tokenize` gives on the same file
-  (tests/fixtures/gguf_tokens.json holds its output for a fixed set of texts). Each
+  (tests/fixtures/gguf_tokens.json holds its output for a fixed set of texts, and
+  tests/test_formats_gguf_vocabularies.py runs llama.cpp's own tokenizer tests). Each
   `tokenizer.ggml.pre` value maps to llama.cpp's list of split regexes for it, applied one after the
   other (each splits the pieces the previous one left, and text a regex does not match stays a piece
   of its own, as in llama.cpp), then byte-level BPE with the file's merges.
-- Byte-level BPE ("gpt2" in tokenizer.ggml.model), with the pre-tokenizers of the models attnlab
-  runs (SmolLM's digits one by one, GPT-2's, Llama 3's, Qwen2's), and SentencePiece ("llama":
+- Byte-level BPE ("gpt2" in tokenizer.ggml.model), with the pre-tokenizers of llama.cpp's tested
+  vocabularies (PRE_TOKENIZERS: GPT-2's, Llama 3's, Qwen2's, the digits one by one of StarCoder's
+  family, DeepSeek's, Falcon's, ...), and SentencePiece ("llama":
   Gemma's); another model or pre-tokenizer is refused by name rather than tokenized differently
   from llama.cpp.
 - SentencePiece as llama.cpp runs it (llm_tokenizer_spm): spaces become "▁" (a "▁" first where
@@ -55,13 +57,54 @@ _QWEN2 = (
     r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
     r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+_QWEN35 = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|"
+    r"\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# DeepSeek LLM's letters: the ranges of its tokenizer.json, as llama.cpp copies them (escaped:
+# several of its characters change under Unicode normalization, which an editor may apply)
+_DEEPSEEK_LETTERS = (
+    "A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-"
+    "\u02af\u0370-\u0373\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1"
+    "\u03a3-\u03f5\u03f7-\u0481\u048a-\u052f\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5\u13f8-"
+    "\u13fd\u1c90-\u1cba\u1cbd-\u1cbf\u1d00-\u1d2b\u1d6b-\u1d77\u1d79-\u1d9a\u1e00-\u1f15"
+    "\u1f18-\u1f1d\u1f20-\u1f45\u1f48-\u1f4d\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d"
+    "\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb"
+    "\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc\u2102\u2107\u210a-\u2113\u2115\u2119-\u211d"
+    "\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139\u213c-\u213f\u2145-\u2149\u214e\u2183"
+    "\u2184\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3\ua640-\ua66d\ua680-\ua69b"
+    "\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06\ufb13-\ufb17\uff21-"
+    "\uff3a\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3\U000104d8-\U000104fb"
+    "\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df\U0001e900-\U0001e943"
+)
+_CJK = "[一-龥ࠀ-一가-퟿]+"
 PRE_TOKENIZERS: dict[str, tuple[tuple[str, ...], bool]] = {
     "smollm": ((r"\p{N}", _GPT2), False),
     "starcoder": ((r"\p{N}", _GPT2), False),
+    "refact": ((r"\p{N}", _GPT2), False),
+    "command-r": ((r"\p{N}", _GPT2), False),
     "gpt-2": ((_GPT2,), False),
+    "mpt": ((_GPT2,), False),
+    "falcon": ((r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, "[0-9][0-9][0-9]"), False),
+    "deepseek-llm": (
+        (
+            r"[\r\n]",
+            rf"\s?[{_DEEPSEEK_LETTERS}]+",
+            r"\s?[!-/:-~！-／：-～‘-‟　-。]+",
+            r"\s+$",
+            _CJK,
+            r"\p{N}+",
+        ),
+        False,
+    ),
+    "deepseek-coder": (
+        (r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK, r"\p{N}"),
+        False,
+    ),
     "llama-bpe": ((_LLAMA3,), True),
     "llama3": ((_LLAMA3,), True),
     "qwen2": ((_QWEN2,), False),
+    "qwen35": ((_QWEN35,), False),
 }
 # llama_token_type values in tokenizer.ggml.token_type
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED = 1, 2, 3, 4

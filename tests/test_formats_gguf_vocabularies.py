@@ -1,0 +1,115 @@
+"""llama.cpp's own tokenizer tests (tests/test-tokenizer-0.cpp) on attnlab's GGUF tokenizer: for
+every vocabulary-only file llama.cpp ships (models/ggml-vocab-*.gguf), each text of its .inp must
+give the ids of its .out.
+
+The files come from llama.cpp's sources as the pinned llama-cpp-python sdist carries them, unpacked
+into the venv by `make venv-test` (the Makefile's LLAMA_CPP_SDIST); nothing is copied into the
+repository, and without them every test here skips in one line naming that step. As
+test-tokenizer-0 does: no BOS or EOS added (add_special=false) and the texts read as they are, the
+tests compared by text (a std::map: a text given twice is one test). It also passes
+parse_special=false, which only matters where a text holds a control token's text; none does, and
+the first test checks that. A vocabulary attnlab cannot yet tokenize as llama.cpp does is a strict
+xfail naming what it lacks, so the day it passes the test says so.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from attnlab.errors import UserError
+from attnlab.formats.gguf import read_gguf
+from attnlab.formats.gguf_tokenizer import CONTROL, UNKNOWN, tokenizer_from_gguf
+
+# where the Makefile's venv-test step unpacks them
+VOCABULARIES = Path(sys.prefix) / "llama.cpp-vocabularies"
+SEPARATOR = "\n__ggml_vocab_test__\n"
+# the vocabularies attnlab refuses, and what it lacks for each
+UNSUPPORTED = {
+    "llama-spm": "SentencePiece pieces that share a score (llama.cpp breaks ties by position)",
+    "phi-3": "SentencePiece pieces that share a score (llama.cpp breaks ties by position)",
+    "bert-bge": "the WordPiece tokenizer model ('bert')",
+    "gemma-4": "the 'gemma4' tokenizer model (BPE over raw UTF-8 with SentencePiece's spaces)",
+}
+
+
+def _names(tested: bool) -> list[str]:
+    files = sorted(VOCABULARIES.glob("ggml-vocab-*.gguf"))
+    names = [f.name.removeprefix("ggml-vocab-").removesuffix(".gguf") for f in files]
+    return [n for n in names if _path(n).with_suffix(".gguf.inp").exists() == tested] or [""]
+
+
+def _path(name: str) -> Path:
+    return VOCABULARIES / f"ggml-vocab-{name}.gguf"
+
+
+def _skip_without_files(name: str) -> None:
+    if not name:
+        pytest.skip(
+            f"llama.cpp's tokenizer tests are not in {VOCABULARIES}: run `make venv-test` with "
+            "PyPI reachable (it unpacks them from the llama-cpp-python sdist)"
+        )
+
+
+def read_cases(path: Path) -> dict[str, list[int]]:
+    """The .inp's texts and the .out's ids, read as test-tokenizer-0's read_tests reads them."""
+    raw = _read(path.with_suffix(".gguf.inp"))
+    texts = raw.split(SEPARATOR)
+    if raw.endswith(SEPARATOR):  # the loop there stops at the end: no empty last text
+        texts.pop()
+    lines = _read(path.with_suffix(".gguf.out")).split("\n")
+    if lines and lines[-1] == "":  # std::getline: a final newline ends the last line
+        lines.pop()
+    assert len(texts) == len(lines), f"{path.name}: {len(texts)} texts but {len(lines)} id lines"
+    return {text: [int(i) for i in line.split()] for text, line in zip(texts, lines)}
+
+
+def _read(path: Path) -> str:
+    with open(path, encoding="utf-8", newline="") as f:  # as the bytes are: no newline rewriting
+        return f.read()
+
+
+def _marks(name: str):
+    if name in UNSUPPORTED:
+        reason = f"attnlab lacks {UNSUPPORTED[name]}"
+        return pytest.mark.xfail(strict=True, raises=(UserError, AssertionError), reason=reason)
+    return ()
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=_marks(n), id=n or "none") for n in _names(tested=True)]
+)
+def test_every_text_gives_llama_cpps_ids(name):
+    _skip_without_files(name)
+    path = _path(name)
+    file = read_gguf(path)
+    cases = read_cases(path)
+    assert len(cases) >= 40, f"{path.name}: only {len(cases)} cases"
+    tokens = file.value("tokenizer.ggml.tokens")
+    types = file.value("tokenizer.ggml.token_type") or []
+    # parse_special=false only changes a text that holds a control (or unknown) token's text
+    controls = [t for t, kind in zip(tokens, types) if kind in (CONTROL, UNKNOWN) and t]
+    assert not [t for t in controls if any(t in text for text in cases)]
+    tokenizer = tokenizer_from_gguf(file)
+    wrong = {
+        text: (ids, got)
+        for text, ids in cases.items()
+        if (got := tokenizer.encode(text, add_special_tokens=False)) != ids
+    }
+    shown = "; ".join(f"{t!r}: {ids} from llama.cpp, {got}" for t, (ids, got) in wrong.items())
+    assert not wrong, f"{path.name}: {len(wrong)} of {len(cases)} texts differ: {shown[:2000]}"
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, id=n or "none") for n in _names(tested=False)])
+def test_a_vocabulary_without_tests_is_built_or_refused_in_one_line(name):
+    """llama.cpp ships some vocabularies with no texts to test (aquila, baichuan, ...): each
+    still gives a tokenizer, or one line saying what attnlab lacks."""
+    _skip_without_files(name)
+    try:
+        tokenizer = tokenizer_from_gguf(read_gguf(_path(name)))
+    except UserError as exc:
+        assert "\n" not in str(exc) and "attnlab" in str(exc)
+        return
+    assert tokenizer.encode("Hello world", add_special_tokens=False)
