@@ -28,8 +28,6 @@ VOCABULARIES = Path(sys.prefix) / "llama.cpp-vocabularies"
 SEPARATOR = "\n__ggml_vocab_test__\n"
 # the vocabularies attnlab refuses, and what it lacks for each
 UNSUPPORTED = {
-    "llama-spm": "SentencePiece pieces that share a score (llama.cpp breaks ties by position)",
-    "phi-3": "SentencePiece pieces that share a score (llama.cpp breaks ties by position)",
     "bert-bge": "the WordPiece tokenizer model ('bert')",
     "gemma-4": "the 'gemma4' tokenizer model (BPE over raw UTF-8 with SentencePiece's spaces)",
 }

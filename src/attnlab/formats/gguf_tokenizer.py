@@ -11,18 +11,19 @@ Design choices:
   of its own, as in llama.cpp), then byte-level BPE with the file's merges.
 - Byte-level BPE ("gpt2" in tokenizer.ggml.model), with the pre-tokenizers of llama.cpp's tested
   vocabularies (PRE_TOKENIZERS: GPT-2's, Llama 3's, Qwen2's, the digits one by one of StarCoder's
-  family, DeepSeek's, Falcon's, ...), and SentencePiece ("llama":
-  Gemma's); another model or pre-tokenizer is refused by name rather than tokenized differently
-  from llama.cpp.
-- SentencePiece as llama.cpp runs it (llm_tokenizer_spm): spaces become "▁" (a "▁" first where
-  add_space_prefix says so; Gemma's file says no), the text is split into characters, and the
-  adjacent pair whose join is a token with the highest score merges first, again and again; a
-  character left outside the vocabulary becomes its UTF-8 bytes' <0xXX> tokens (byte fallback).
-  That is a BPE whose merges are every split of every token in two tokens, ranked by the joined
-  token's score, which is how it is handed to the `tokenizers` library (no pre-tokenizer: the
-  whole text between special tokens is one word, as in llama.cpp). llama.cpp breaks a tie between
-  two joins of equal score by their position, a ranked BPE by rank: a file whose normal pieces
-  share a score is refused (Gemma 3's 255,474 normal pieces all have distinct scores).
+  family, DeepSeek's, Falcon's, ...), and SentencePiece ("llama": Llama 2's, Mistral 7B's,
+  Phi-3's, Gemma's); another model or pre-tokenizer is refused by name rather than tokenized
+  differently from llama.cpp.
+- SentencePiece as llama.cpp runs it (llm_tokenizer_spm), in the class SentencePiece, which encodes:
+  spaces become "▁" (a "▁" first where add_space_prefix says so; Gemma's file says no), the text is
+  split into characters, and the adjacent pair whose join is a token with the highest score merges
+  first, again and again, a tie going to the leftmost pair; a character left outside the
+  vocabulary becomes its UTF-8 bytes' <0xXX> tokens (byte fallback). Beside it the tokenizer keeps
+  a `tokenizers` BPE (for decoding, and as the tokenizer.json a saved model holds) whose merges are
+  every split of every token in two tokens, ranked by the joined token's score (no pre-tokenizer:
+  the whole text between special tokens is one word, as in llama.cpp). It gives the same ids where
+  the scores are distinct (Gemma's), not where pieces share one (Llama 2's): llama.cpp breaks such
+  a tie by position, a ranked BPE by rank.
 - Token types: CONTROL (and UNKNOWN) tokens are special (matched in text, skipped by
   decode(skip_special_tokens=True)), USER_DEFINED ones are matched in text too, as llama.cpp's
   partition of special tokens does; add_bos_token / add_eos_token become the post-processor.
@@ -40,6 +41,7 @@ Design choices:
 
 from __future__ import annotations
 
+import heapq
 from typing import Any
 
 from ..errors import UserError, first_line
@@ -131,7 +133,7 @@ def tokenizer_from_gguf(file) -> Tokenizer | None:
         )
     try:
         if kind == "llama":
-            return Tokenizer(_sentencepiece(file), "hf")
+            return _sentencepiece(file)
         return Tokenizer(_byte_level_bpe(file, *PRE_TOKENIZERS[pre]), "hf")
     except (TypeError, ValueError, AttributeError, IndexError) as exc:
         if isinstance(exc, UserError):
@@ -243,11 +245,9 @@ def _byte_level_bpe(file, regexes: tuple[str, ...], ignore_merges: bool):
     return backend
 
 
-def _sentencepiece(file):
-    """llama.cpp's SentencePiece (module docstring) as a `tokenizers` BPE with byte fallback."""
-    from tokenizers import AddedToken, decoders, models, normalizers, processors
-    from tokenizers import Tokenizer as Backend
-
+def _sentencepiece(file) -> Tokenizer:
+    """llama.cpp's SentencePiece: SentencePiece below encodes, a `tokenizers` BPE with byte
+    fallback (module docstring) decodes, names ids and is what a saved tokenizer.json holds."""
     tokens = _strings(file, "tokenizer.ggml.tokens")
     scores = file.value("tokenizer.ggml.scores")
     types = file.value("tokenizer.ggml.token_type") or [1] * len(tokens)
@@ -257,15 +257,129 @@ def _sentencepiece(file):
             f"{len(scores) if isinstance(scores, list) else 'no'} scores and {len(types)} token "
             "types; the tokenizer is damaged"
         )
+    prefix = bool(file.value("tokenizer.ggml.add_space_prefix", True))
+    bos, eos = _ends(file, tokens, add_bos=True)
+    encoder = SentencePiece(tokens, scores, types, prefix, bos, eos)
+    return Tokenizer(_sentencepiece_backend(file, tokens, scores, types, prefix), "hf", encoder)
+
+
+class SentencePiece:
+    """llama.cpp's SentencePiece tokenizer (llama_vocab::impl::tokenize, its SPM case, and
+    llm_tokenizer_spm_session in src/llama-vocab.cpp), step by step:
+    - the text is cut at special tokens' texts (tokenizer_st_partition: the longest first; control
+      and unknown ones only when parse_special), and each piece between them gets a space before it
+      where add_space_prefix says so and the piece starts the text or follows a special token;
+    - spaces become "▁", the piece is split into characters, and the adjacent pair whose join is a
+      token with the highest score merges, again and again; a tie goes to the leftmost pair (the
+      queue's comparator orders by score, then by the left symbol's index);
+    - each symbol left is its token, or (a character outside the vocabulary) its UTF-8 bytes'
+      <0xXX> tokens (resegment: every merged symbol is a token, so only characters fall back).
+    A token text that appears twice is looked up as its last id, as llama.cpp's token_to_id map is
+    filled."""
+
+    def __init__(self, tokens, scores, types, add_space_prefix: bool, bos, eos) -> None:
+        self.ids = {token: index for index, token in enumerate(tokens)}
+        self.scores = scores
+        self.add_space_prefix = add_space_prefix
+        self.bos, self.eos = bos, eos
+        # (text, id, matched only when parse_special), the longest text first
+        specials = [
+            (token, index, kind != USER_DEFINED)
+            for index, (token, kind) in enumerate(zip(tokens, types))
+            if kind in (CONTROL, USER_DEFINED, UNKNOWN) and token
+        ]
+        self.specials = sorted(specials, key=lambda s: len(s[0].encode()), reverse=True)
+        self.byte_ids = [self.ids.get(f"<0x{b:02X}>", self.ids.get(chr(b))) for b in range(256)]
+
+    def __call__(
+        self, text: str, add_special_tokens: bool = True, parse_special: bool = True
+    ) -> list[int]:
+        ids = [self.bos] if add_special_tokens and self.bos is not None else []
+        follows_special = True  # the first piece gets the space prefix too
+        for piece in self.partition(text, parse_special):
+            if isinstance(piece, int):
+                ids.append(piece)
+                follows_special = True
+                continue
+            if self.add_space_prefix and follows_special:
+                piece = " " + piece
+            ids += self.merge(piece.replace(" ", "▁"))
+            follows_special = False
+        if add_special_tokens and self.eos is not None:
+            ids.append(self.eos)
+        return ids
+
+    def partition(self, text: str, parse_special: bool) -> list[str | int]:
+        """The text as pieces of text and special tokens' ids, no piece empty."""
+        pieces: list[str | int] = [text] if text else []
+        for token, index, control in self.specials:
+            if control and not parse_special:
+                continue
+            cut: list[str | int] = []
+            for piece in pieces:
+                if isinstance(piece, int) or token not in piece:
+                    cut.append(piece)
+                    continue
+                for at, part in enumerate(piece.split(token)):
+                    cut += ([index] if at else []) + ([part] if part else [])
+            pieces = cut
+        return pieces
+
+    def merge(self, text: str) -> list[int]:
+        """One piece of text (spaces already "▁") as ids: the bigram merges by score."""
+        symbols = list(text)  # each symbol's text; "" once merged into its left neighbour
+        before = list(range(-1, len(symbols) - 1))
+        after = [*range(1, len(symbols)), -1]
+        queue: list[tuple[float, int, int, int]] = []
+
+        def add_bigram(left: int, right: int) -> None:
+            if left < 0 or right < 0:
+                return
+            joined = symbols[left] + symbols[right]
+            index = self.ids.get(joined)
+            if index is not None:  # best score first, then the leftmost
+                heapq.heappush(queue, (-self.scores[index], left, right, len(joined)))
+
+        for i in range(1, len(symbols)):
+            add_bigram(i - 1, i)
+        while queue:
+            _, left, right, size = heapq.heappop(queue)
+            # a pair one of whose symbols has merged since it was queued is stale
+            if not symbols[left] or not symbols[right]:
+                continue
+            if len(symbols[left]) + len(symbols[right]) != size:
+                continue
+            symbols[left] += symbols[right]
+            symbols[right] = ""
+            after[left] = after[right]
+            if after[right] >= 0:
+                before[after[right]] = left
+            add_bigram(before[left], left)
+            add_bigram(left, after[left])
+        ids = []
+        for symbol in symbols:
+            if not symbol:
+                continue
+            index = self.ids.get(symbol)
+            if index is not None:
+                ids.append(index)
+                continue
+            for byte in symbol.encode("utf-8"):  # byte fallback
+                if self.byte_ids[byte] is None:
+                    raise UserError(
+                        f"the text has {symbol!r}, which is not in the SentencePiece vocabulary, "
+                        f"and the vocabulary has no token for its byte 0x{byte:02X}"
+                    )
+                ids.append(self.byte_ids[byte])
+        return ids
+
+
+def _sentencepiece_backend(file, tokens, scores, types, prefix: bool):
+    from tokenizers import AddedToken, decoders, models, normalizers, processors
+    from tokenizers import Tokenizer as Backend
+
     # as llama.cpp looks a text up: the last token of a text that appears twice
     vocab = {token: index for index, token in enumerate(tokens)}
-    normal = [score for score, kind in zip(scores, types) if kind == NORMAL]
-    if len(set(normal)) != len(normal):
-        raise UserError(
-            f"{file.path}: {len(normal) - len(set(normal))} SentencePiece pieces share a score "
-            "with another; llama.cpp breaks such ties by position in the text, which attnlab's "
-            "tokenizer cannot, so its ids could differ from llama.cpp's"
-        )
     # Every split of a token in two tokens, the best-scored joins first: llama.cpp merges the
     # adjacent pair whose join scores highest (ties: the leftmost, as the BPE's queue does).
     # (one comprehension: Gemma 3's 262k tokens give 515k merges, and a loop was slower)
@@ -283,7 +397,6 @@ def _sentencepiece(file):
     except Exception as exc:
         raise UserError(f"{file.path}: the tokenizer cannot be built ({first_line(exc)})") from None
     escape = [normalizers.Replace(" ", "▁")]
-    prefix = bool(file.value("tokenizer.ggml.add_space_prefix", True))
     if prefix:  # llama.cpp puts it before each text fragment, every one following a special token
         escape.insert(0, normalizers.Prepend("▁"))
     backend.normalizer = normalizers.Sequence(escape)
@@ -311,9 +424,9 @@ def _strings(file, key: str) -> list[str]:
     return values
 
 
-def _post_processor(file, tokens: list[str], processors, add_bos: bool):
-    """BOS / EOS added as tokenizer.ggml.add_bos_token / add_eos_token say; without them,
-    llama.cpp's defaults for byte-level BPE (`add_bos`; no EOS)."""
+def _ends(file, tokens: list[str], add_bos: bool) -> tuple[int | None, int | None]:
+    """The ids of the BOS and EOS added to a text, as tokenizer.ggml.add_bos_token /
+    add_eos_token say; without them, llama.cpp's defaults (`add_bos`; no EOS)."""
     ends = []
     for key, default in (("bos", add_bos), ("eos", False)):
         if not file.value(f"tokenizer.ggml.add_{key}_token", default):
@@ -325,7 +438,13 @@ def _post_processor(file, tokens: list[str], processors, add_bos: bool):
                 f"{file.path}: add_{key}_token is set but {key}_token_id is {index!r}, not a "
                 "token id"
             )
-        ends.append((tokens[index], index))
+        ends.append(index)
+    return ends[0], ends[1]
+
+
+def _post_processor(file, tokens: list[str], processors, add_bos: bool):
+    """BOS / EOS added as _ends says."""
+    ends = [None if i is None else (tokens[i], i) for i in _ends(file, tokens, add_bos)]
     bos, eos = ends
     if bos is None and eos is None:
         return None
