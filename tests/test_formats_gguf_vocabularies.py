@@ -14,6 +14,7 @@ xfail naming what it lacks, so the day it passes the test says so.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import pytest
 
 from attnlab.errors import UserError
 from attnlab.formats.gguf import read_gguf
-from attnlab.formats.gguf_tokenizer import CONTROL, UNKNOWN, tokenizer_from_gguf
+from attnlab.formats.gguf_tokenizer import CONTROL, PRE_TOKENIZERS, UNKNOWN, tokenizer_from_gguf
 
 # where the Makefile's venv-test step unpacks them
 VOCABULARIES = Path(sys.prefix) / "llama.cpp-vocabularies"
@@ -111,3 +112,40 @@ def test_a_vocabulary_without_tests_is_built_or_refused_in_one_line(name):
         assert "\n" not in str(exc) and "attnlab" in str(exc)
         return
     assert tokenizer.encode("Hello world", add_special_tokens=False)
+
+
+def llama_cpp_pre_tokenizers(source: str) -> dict[str, tuple[tuple[str, ...], bool]]:
+    """Each tokenizer.ggml.pre name of llama-vocab.cpp with its regex_exprs (llm_tokenizer_bpe's
+    switch, C escapes undone) and whether it sets ignore_merges: PRE_TOKENIZERS's form."""
+    kinds, ignores = {}, {}
+    for condition, body in re.findall(r"} else if \((.*?)\) \{(.*?)(?=\n\s*\})", source, re.S):
+        kind = re.search(r"pre_type = (LLAMA_VOCAB_PRE_TYPE_\w+);", body)
+        for name in re.findall(r'tokenizer_pre == "([^"]+)"', condition):
+            if kind:
+                kinds[name] = kind.group(1)
+                ignores[name] = "ignore_merges = true" in body
+    regexes = {}
+    for cases, body in re.findall(
+        r"((?:case LLAMA_VOCAB_PRE_TYPE_\w+:\s*)+)regex_exprs = \{(.*?)\};", source, re.S
+    ):
+        lines = [line for line in body.splitlines() if not line.strip().startswith("//")]
+        literals = re.findall(r'"((?:[^"\\]|\\.)*)"', "\n".join(lines))
+        undone = tuple(re.sub(r"\\(.)", lambda m: _C_ESCAPES.get(m[1], m[1]), s) for s in literals)
+        for kind in re.findall(r"case (LLAMA_VOCAB_PRE_TYPE_\w+):", cases):
+            regexes[kind] = undone
+    return {name: (regexes[kind], ignores[name]) for name, kind in kinds.items() if kind in regexes}
+
+
+_C_ESCAPES = {"r": "\r", "n": "\n", "t": "\t"}
+
+
+def test_pre_tokenizers_are_llama_cpps_regexes():
+    """Every pre-tokenizer attnlab knows splits by the very regexes of llama.cpp's source (the
+    tests above cannot tell some of them apart: no text there has a combining mark, say)."""
+    source = VOCABULARIES / "llama-vocab.cpp"
+    _skip_without_files(source.exists() and "llama-vocab.cpp")
+    theirs = llama_cpp_pre_tokenizers(source.read_text(encoding="utf-8"))
+    assert {"gpt-2", "qwen35", "deepseek-llm", "falcon"} <= set(theirs)  # the parse found them
+    for name, (regexes, ignore_merges) in PRE_TOKENIZERS.items():
+        assert name in theirs, f"llama.cpp knows no pre-tokenizer {name!r}"
+        assert (regexes, ignore_merges) == theirs[name], name

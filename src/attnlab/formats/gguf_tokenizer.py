@@ -47,7 +47,8 @@ from typing import Any
 from ..errors import UserError, first_line
 from ..tokenizer import Tokenizer
 
-# llama.cpp's split regexes per tokenizer.ggml.pre (src/llama-vocab.cpp, llm_tokenizer_bpe), and
+# llama.cpp's split regexes per tokenizer.ggml.pre (src/llama-vocab.cpp, llm_tokenizer_bpe; the same
+# strings, which tests/test_formats_gguf_vocabularies.py checks against that file), and
 # whether its BPE first looks the whole piece up in the vocabulary (ignore_merges: Llama 3, which
 # also adds BOS by default).
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
@@ -90,7 +91,7 @@ PRE_TOKENIZERS: dict[str, tuple[tuple[str, ...], bool]] = {
     "falcon": ((r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, "[0-9][0-9][0-9]"), False),
     "deepseek-llm": (
         (
-            r"[\r\n]",
+            "[\r\n]",
             rf"\s?[{_DEEPSEEK_LETTERS}]+",
             r"\s?[!-/:-~！-／：-～‘-‟　-。]+",
             r"\s+$",
@@ -100,7 +101,7 @@ PRE_TOKENIZERS: dict[str, tuple[tuple[str, ...], bool]] = {
         False,
     ),
     "deepseek-coder": (
-        (r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK, r"\p{N}"),
+        ("[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK, r"\p{N}"),
         False,
     ),
     "llama-bpe": ((_LLAMA3,), True),
