@@ -29,7 +29,6 @@ VOCABULARIES = Path(sys.prefix) / "llama.cpp-vocabularies"
 SEPARATOR = "\n__ggml_vocab_test__\n"
 # the vocabularies attnlab refuses, and what it lacks for each
 UNSUPPORTED = {
-    "bert-bge": "the WordPiece tokenizer model ('bert')",
     "gemma-4": "the 'gemma4' tokenizer model (BPE over raw UTF-8 with SentencePiece's spaces)",
 }
 

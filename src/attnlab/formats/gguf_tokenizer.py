@@ -12,8 +12,9 @@ Design choices:
 - Byte-level BPE ("gpt2" in tokenizer.ggml.model), with the pre-tokenizers of llama.cpp's tested
   vocabularies (PRE_TOKENIZERS: GPT-2's, Llama 3's, Qwen2's, the digits one by one of StarCoder's
   family, DeepSeek's, Falcon's, ...), and SentencePiece ("llama": Llama 2's, Mistral 7B's,
-  Phi-3's, Gemma's); another model or pre-tokenizer is refused by name rather than tokenized
-  differently from llama.cpp.
+  Phi-3's, Gemma's), and WordPiece ("bert": BERT's, in the class WordPiece, which encodes as
+  llama.cpp does, beside BERT's `tokenizers` WordPiece); another model or pre-tokenizer is refused
+  by name rather than tokenized differently from llama.cpp.
 - SentencePiece as llama.cpp runs it (llm_tokenizer_spm), in the class SentencePiece, which encodes:
   spaces become "▁" (a "▁" first where add_space_prefix says so; Gemma's file says no), the text is
   split into characters, and the adjacent pair whose join is a token with the highest score merges
@@ -42,6 +43,7 @@ Design choices:
 from __future__ import annotations
 
 import heapq
+import unicodedata
 from typing import Any
 
 from ..errors import UserError, first_line
@@ -120,11 +122,11 @@ def tokenizer_from_gguf(file) -> Tokenizer | None:
         return None
     if kind == "rwkv":
         return char_tokenizer(file)
-    if kind not in ("gpt2", "llama"):
+    if kind not in ("gpt2", "llama", "bert"):
         raise UserError(
             f"{file.path}: tokenizer model {kind!r}, which attnlab does not build from a GGUF "
-            "file (it builds 'gpt2', byte-level BPE, 'llama', SentencePiece, and 'rwkv' of "
-            "single characters)"
+            "file (it builds 'gpt2', byte-level BPE, 'llama', SentencePiece, 'bert', WordPiece, "
+            "and 'rwkv' of single characters)"
         )
     pre = file.value("tokenizer.ggml.pre", "default")
     if kind == "gpt2" and pre not in PRE_TOKENIZERS:
@@ -135,6 +137,8 @@ def tokenizer_from_gguf(file) -> Tokenizer | None:
     try:
         if kind == "llama":
             return _sentencepiece(file)
+        if kind == "bert":
+            return _wordpiece(file)
         return Tokenizer(_byte_level_bpe(file, *PRE_TOKENIZERS[pre]), "hf")
     except (TypeError, ValueError, AttributeError, IndexError) as exc:
         if isinstance(exc, UserError):
@@ -264,6 +268,36 @@ def _sentencepiece(file) -> Tokenizer:
     return Tokenizer(_sentencepiece_backend(file, tokens, scores, types, prefix), "hf", encoder)
 
 
+def special_tokens(tokens: list[str], types: list[int]) -> list[tuple[str, int, bool]]:
+    """llama.cpp's cache_special_tokens: (text, id, is control or unknown) of every token the text
+    is cut at before tokenizing, the longest text (in bytes) first."""
+    specials = [
+        (token, index, kind != USER_DEFINED)
+        for index, (token, kind) in enumerate(zip(tokens, types))
+        if kind in (CONTROL, USER_DEFINED, UNKNOWN) and token
+    ]
+    return sorted(specials, key=lambda s: len(s[0].encode()), reverse=True)
+
+
+def partition(text: str, specials, parse_special: bool) -> list[str | int]:
+    """tokenizer_st_partition: the text as pieces of text and special tokens' ids, no piece empty;
+    each special token in turn cuts every piece of text left, control and unknown ones only when
+    parse_special (user-defined ones always)."""
+    pieces: list[str | int] = [text] if text else []
+    for token, index, control in specials:
+        if control and not parse_special:
+            continue
+        cut: list[str | int] = []
+        for piece in pieces:
+            if isinstance(piece, int) or token not in piece:
+                cut.append(piece)
+                continue
+            for at, part in enumerate(piece.split(token)):
+                cut += ([index] if at else []) + ([part] if part else [])
+        pieces = cut
+    return pieces
+
+
 class SentencePiece:
     """llama.cpp's SentencePiece tokenizer (llama_vocab::impl::tokenize, its SPM case, and
     llm_tokenizer_spm_session in src/llama-vocab.cpp), step by step:
@@ -283,13 +317,7 @@ class SentencePiece:
         self.scores = scores
         self.add_space_prefix = add_space_prefix
         self.bos, self.eos = bos, eos
-        # (text, id, matched only when parse_special), the longest text first
-        specials = [
-            (token, index, kind != USER_DEFINED)
-            for index, (token, kind) in enumerate(zip(tokens, types))
-            if kind in (CONTROL, USER_DEFINED, UNKNOWN) and token
-        ]
-        self.specials = sorted(specials, key=lambda s: len(s[0].encode()), reverse=True)
+        self.specials = special_tokens(tokens, types)
         self.byte_ids = [self.ids.get(f"<0x{b:02X}>", self.ids.get(chr(b))) for b in range(256)]
 
     def __call__(
@@ -297,7 +325,7 @@ class SentencePiece:
     ) -> list[int]:
         ids = [self.bos] if add_special_tokens and self.bos is not None else []
         follows_special = True  # the first piece gets the space prefix too
-        for piece in self.partition(text, parse_special):
+        for piece in partition(text, self.specials, parse_special):
             if isinstance(piece, int):
                 ids.append(piece)
                 follows_special = True
@@ -309,22 +337,6 @@ class SentencePiece:
         if add_special_tokens and self.eos is not None:
             ids.append(self.eos)
         return ids
-
-    def partition(self, text: str, parse_special: bool) -> list[str | int]:
-        """The text as pieces of text and special tokens' ids, no piece empty."""
-        pieces: list[str | int] = [text] if text else []
-        for token, index, control in self.specials:
-            if control and not parse_special:
-                continue
-            cut: list[str | int] = []
-            for piece in pieces:
-                if isinstance(piece, int) or token not in piece:
-                    cut.append(piece)
-                    continue
-                for at, part in enumerate(piece.split(token)):
-                    cut += ([index] if at else []) + ([part] if part else [])
-            pieces = cut
-        return pieces
 
     def merge(self, text: str) -> list[int]:
         """One piece of text (spaces already "▁") as ids: the bigram merges by score."""
@@ -373,6 +385,140 @@ class SentencePiece:
                     )
                 ids.append(self.byte_ids[byte])
         return ids
+
+
+# llama.cpp's whitespace (unicode_set_whitespace in src/unicode-data.cpp; not str.isspace's)
+_WHITESPACE = frozenset(
+    map(chr, [*range(0x9, 0xE), 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B), 0x2028, 0x2029])
+) | frozenset(map(chr, [0x202F, 0x205F, 0x3000]))
+# BERT's CJK ideographs (llm_tokenizer_wpm_session::is_chinese_char, its 0x2B920 included)
+_CHINESE = (
+    (0x4E00, 0x9FFF),
+    (0x3400, 0x4DBF),
+    (0x20000, 0x2A6DF),
+    (0x2A700, 0x2B73F),
+    (0x2B740, 0x2B81F),
+    (0x2B920, 0x2CEAF),
+    (0xF900, 0xFAFF),
+    (0x2F800, 0x2FA1F),
+)
+
+
+class WordPiece:
+    """llama.cpp's WordPiece tokenizer (BERT's: llm_tokenizer_wpm_session and the WPM case of
+    llama_vocab::impl::tokenize). The text is cut at special tokens (as SentencePiece's); each
+    piece is split into words at whitespace and around every punctuation mark, ASCII symbol and
+    CJK ideograph (each one a word), with control characters dropped, lowercased and accents
+    stripped where tokenizer.ggml.normalizer.* say (both by default; an accent is stripped as
+    llama.cpp does, each character replaced by the first character of its NFD form and marks
+    dropped). Each word, with "▁" before it, is taken greedily as the longest token that matches
+    its next characters; a word some part of which matches no token is the unknown token. The
+    BOS ([CLS]) and separator ([SEP]) around it are add_special_tokens's."""
+
+    def __init__(self, tokens, types, lowercase: bool, strip_accents: bool, bos, sep, unknown):
+        self.ids = {token: index for index, token in enumerate(tokens)}
+        self.longest = max(map(len, tokens))
+        self.specials = special_tokens(tokens, types)
+        self.lowercase, self.strip_accents = lowercase, strip_accents
+        self.bos, self.sep, self.unknown = bos, sep, unknown
+
+    def __call__(
+        self, text: str, add_special_tokens: bool = True, parse_special: bool = True
+    ) -> list[int]:
+        ids = [self.bos] if add_special_tokens else []
+        for piece in partition(text, self.specials, parse_special):
+            if isinstance(piece, int):
+                ids.append(piece)
+                continue
+            for word in self.words(piece):
+                ids += self.longest_first("▁" + word)
+        return ids + ([self.sep] if add_special_tokens else [])
+
+    def words(self, text: str) -> list[str]:
+        words = [""]
+        for char in text:
+            if self.strip_accents:
+                char = unicodedata.normalize("NFD", char)[0]
+            kind = unicodedata.category(char)
+            if char in _WHITESPACE:
+                if words[-1]:
+                    words.append("")
+                continue
+            if char in "\x00\ufffd" or (kind[0] == "C" and kind != "Cn"):
+                continue
+            if self.strip_accents and kind[0] == "M":
+                continue
+            if self.lowercase:
+                char = char.lower()[0]
+            point = ord(char)
+            if (
+                kind[0] == "P"
+                or (point < 0x7F and kind[0] == "S")
+                or any(low <= point <= high for low, high in _CHINESE)
+            ):
+                words[-1:] = [*([words[-1]] if words[-1] else []), char, ""]
+            else:
+                words[-1] += char
+        return [word for word in words if word]
+
+    def longest_first(self, word: str) -> list[int]:
+        ids, start = [], 0
+        while start < len(word):
+            for end in range(min(len(word), start + self.longest), start, -1):
+                if (index := self.ids.get(word[start:end])) is not None:
+                    ids.append(index)
+                    start = end
+                    break
+            else:  # some part matches no token: the whole word is unknown
+                return [self.unknown]
+        return ids
+
+
+def _wordpiece(file) -> Tokenizer:
+    """llama.cpp's WordPiece: WordPiece above encodes, the `tokenizers` WordPiece of BERT (tokens
+    continuing a word as "##" pieces, those starting one without their "▁") decodes."""
+    from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers, processors
+    from tokenizers import Tokenizer as Backend
+
+    tokens = _strings(file, "tokenizer.ggml.tokens")
+    types = file.value("tokenizer.ggml.token_type") or [1] * len(tokens)
+    if len(types) != len(tokens):
+        raise UserError(
+            f"{file.path}: {len(tokens)} tokens but {len(types)} token types; the tokenizer is "
+            "damaged"
+        )
+    lowercase = bool(file.value("tokenizer.ggml.normalizer.lowercase", True))
+    strip_accents = bool(file.value("tokenizer.ggml.normalizer.strip_accents", lowercase))
+    ids = {}
+    for key, default in (("bos", 101), ("seperator", 102), ("unknown", 100)):
+        index = file.value(f"tokenizer.ggml.{key}_token_id", default)
+        if not isinstance(index, int) or not 0 <= index < len(tokens):
+            raise UserError(f"{file.path}: {key}_token_id is {index!r}, not a token id")
+        ids[key] = index
+    encoder = WordPiece(
+        tokens, types, lowercase, strip_accents, ids["bos"], ids["seperator"], ids["unknown"]
+    )
+    vocab = {}
+    for index, (token, kind) in enumerate(zip(tokens, types)):
+        piece = token if kind != NORMAL else token[1:] if token[:1] == "▁" else "##" + token
+        vocab.setdefault(piece, index)
+    backend = Backend(models.WordPiece(vocab, unk_token=tokens[ids["unknown"]]))
+    backend.normalizer = normalizers.BertNormalizer(
+        lowercase=lowercase, strip_accents=strip_accents
+    )
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.decoder = decoders.WordPiece()
+    backend.post_processor = processors.BertProcessing(
+        (tokens[ids["seperator"]], ids["seperator"]), (tokens[ids["bos"]], ids["bos"])
+    )
+    backend.add_tokens(
+        [
+            AddedToken(tokens[i], special=types[i] != USER_DEFINED, normalized=False)
+            for i in range(len(tokens))
+            if types[i] in (CONTROL, USER_DEFINED, UNKNOWN)
+        ]
+    )
+    return Tokenizer(backend, "hf", encoder)
 
 
 def _sentencepiece_backend(file, tokens, scores, types, prefix: bool):
