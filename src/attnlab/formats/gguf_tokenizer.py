@@ -13,8 +13,9 @@ Design choices:
   vocabularies (PRE_TOKENIZERS: GPT-2's, Llama 3's, Qwen2's, the digits one by one of StarCoder's
   family, DeepSeek's, Falcon's, ...), and SentencePiece ("llama": Llama 2's, Mistral 7B's,
   Phi-3's, Gemma's), and WordPiece ("bert": BERT's, in the class WordPiece, which encodes as
-  llama.cpp does, beside BERT's `tokenizers` WordPiece); another model or pre-tokenizer is refused
-  by name rather than tokenized differently from llama.cpp.
+  llama.cpp does, beside BERT's `tokenizers` WordPiece), and Gemma 4's BPE on UTF-8 ("gemma4",
+  _gemma4); another model or pre-tokenizer is refused by name rather than tokenized differently
+  from llama.cpp.
 - SentencePiece as llama.cpp runs it (llm_tokenizer_spm), in the class SentencePiece, which encodes:
   spaces become "▁" (a "▁" first where add_space_prefix says so; Gemma's file says no), the text is
   split into characters, and the adjacent pair whose join is a token with the highest score merges
@@ -43,6 +44,7 @@ Design choices:
 from __future__ import annotations
 
 import heapq
+import re
 import unicodedata
 from typing import Any
 
@@ -122,12 +124,14 @@ def tokenizer_from_gguf(file) -> Tokenizer | None:
         return None
     if kind == "rwkv":
         return char_tokenizer(file)
-    if kind not in ("gpt2", "llama", "bert"):
+    if kind not in ("gpt2", "llama", "bert", "gemma4"):
         raise UserError(
             f"{file.path}: tokenizer model {kind!r}, which attnlab does not build from a GGUF "
             "file (it builds 'gpt2', byte-level BPE, 'llama', SentencePiece, 'bert', WordPiece, "
-            "and 'rwkv' of single characters)"
+            "'gemma4', BPE on UTF-8, and 'rwkv' of single characters)"
         )
+    if kind == "gemma4":
+        return _gemma4(file)
     pre = file.value("tokenizer.ggml.pre", "default")
     if kind == "gpt2" and pre not in PRE_TOKENIZERS:
         raise UserError(
@@ -200,8 +204,20 @@ def char_tokenizer(file) -> Tokenizer:
     return Tokenizer.from_chars(vocab)
 
 
-def _byte_level_bpe(file, regexes: tuple[str, ...], ignore_merges: bool):
-    from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
+def _byte_level_bpe(file, regexes: tuple[str, ...], ignore_merges: bool, raw: bool = False):
+    """llama.cpp's BPE: the pieces the regexes split, each merged by the file's ranked merges (as
+    the `tokenizers` BPE merges: the lowest rank first, then the leftmost). Byte-level (GPT-2's
+    alphabet), or `raw`: on the UTF-8 text itself with spaces as "▁" and a character outside the
+    vocabulary as its <0xXX> byte tokens (Gemma 4's, llama.cpp's byte_encode = false)."""
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+    )
     from tokenizers import Tokenizer as Backend
 
     tokens = _strings(file, "tokenizer.ggml.tokens")
@@ -228,17 +244,25 @@ def _byte_level_bpe(file, regexes: tuple[str, ...], ignore_merges: bool):
             )
         pairs.append((merge[:cut], merge[cut + 1 :]))
     try:
-        backend = Backend(models.BPE(vocab, pairs, ignore_merges=ignore_merges))
+        model = models.BPE(vocab, pairs, ignore_merges=ignore_merges, byte_fallback=raw)
+        backend = Backend(model)
     # the library raises a bare Exception (a merge of tokens the vocabulary lacks)
     except Exception as exc:
         raise UserError(
             f"{file.path}: the tokenizer's merges do not fit its tokens ({first_line(exc)})"
         ) from None
-    backend.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(regex), behavior="isolated") for regex in regexes]
-        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
-    )
-    backend.decoder = decoders.ByteLevel()
+    splits = [pre_tokenizers.Split(Regex(regex), behavior="isolated") for regex in regexes]
+    if raw:
+        backend.normalizer = normalizers.Replace(" ", "▁")
+        backend.pre_tokenizer = pre_tokenizers.Sequence(splits)
+        backend.decoder = decoders.Sequence(
+            [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+        )
+    else:
+        backend.pre_tokenizer = pre_tokenizers.Sequence(
+            splits + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        )
+        backend.decoder = decoders.ByteLevel()
     backend.add_tokens(
         [
             AddedToken(tokens[i], special=types[i] == CONTROL, normalized=False)
@@ -246,7 +270,9 @@ def _byte_level_bpe(file, regexes: tuple[str, ...], ignore_merges: bool):
             if types[i] in (CONTROL, USER_DEFINED)
         ]
     )
-    backend.post_processor = _post_processor(file, tokens, processors, add_bos=ignore_merges)
+    backend.post_processor = _post_processor(
+        file, tokens, processors, add_bos=ignore_merges or raw, bos_always=raw
+    )
     return backend
 
 
@@ -384,6 +410,47 @@ class SentencePiece:
                         f"and the vocabulary has no token for its byte 0x{byte:02X}"
                     )
                 ids.append(self.byte_ids[byte])
+        return ids
+
+
+def _gemma4(file) -> Tokenizer:
+    """Gemma 4's BPE on UTF-8 (tokenizer model "gemma4") as llama.cpp's BPE session runs it: no
+    split but lines and runs of newlines ("[^\\n]+|[\\n]+"), BOS added whatever the file says
+    (llama.cpp overrides add_bos_token for it), and a run of newlines that is a token taken whole
+    before any merge (llama.cpp's fix for Gemma 4, whose merges do not build them): RawLines."""
+    tokens = _strings(file, "tokenizer.ggml.tokens")
+    types = file.value("tokenizer.ggml.token_type") or [1] * len(tokens)
+    backend = _byte_level_bpe(file, ("[^\n]+|[\n]+",), False, raw=True)
+    bos, eos = _ends(file, tokens, add_bos=True, bos_always=True)
+    return Tokenizer(backend, "hf", RawLines(backend, tokens, types, bos, eos))
+
+
+class RawLines:
+    """The encoder of _gemma4: special tokens cut first (partition), spaces as "▁", the text split
+    into lines and runs of newlines, a run that is a token whole, anything else the backend's
+    BPE (its model alone: the merges, byte fallback)."""
+
+    def __init__(self, backend, tokens, types, bos, eos) -> None:
+        self.model = backend.model
+        self.ids = {token: index for index, token in enumerate(tokens)}
+        self.specials = special_tokens(tokens, types)
+        self.bos, self.eos = bos, eos
+
+    def __call__(
+        self, text: str, add_special_tokens: bool = True, parse_special: bool = True
+    ) -> list[int]:
+        ids = [self.bos] if add_special_tokens and self.bos is not None else []
+        for piece in partition(text, self.specials, parse_special):
+            if isinstance(piece, int):
+                ids.append(piece)
+                continue
+            for word in re.findall(r"[^\n]+|\n+", piece.replace(" ", "▁")):
+                if word[0] == "\n" and word in self.ids:
+                    ids.append(self.ids[word])
+                else:
+                    ids += [token.id for token in self.model.tokenize(word)]
+        if add_special_tokens and self.eos is not None:
+            ids.append(self.eos)
         return ids
 
 
@@ -571,12 +638,17 @@ def _strings(file, key: str) -> list[str]:
     return values
 
 
-def _ends(file, tokens: list[str], add_bos: bool) -> tuple[int | None, int | None]:
+def _ends(
+    file, tokens: list[str], add_bos: bool, bos_always: bool = False
+) -> tuple[int | None, int | None]:
     """The ids of the BOS and EOS added to a text, as tokenizer.ggml.add_bos_token /
-    add_eos_token say; without them, llama.cpp's defaults (`add_bos`; no EOS)."""
+    add_eos_token say; without them, llama.cpp's defaults (`add_bos`; no EOS). `bos_always`: BOS
+    whatever the file says (llama.cpp's override for Gemma 4)."""
     ends = []
     for key, default in (("bos", add_bos), ("eos", False)):
-        if not file.value(f"tokenizer.ggml.add_{key}_token", default):
+        if not (key == "bos" and bos_always) and not file.value(
+            f"tokenizer.ggml.add_{key}_token", default
+        ):
             ends.append(None)
             continue
         index = file.value(f"tokenizer.ggml.{key}_token_id")
@@ -589,9 +661,10 @@ def _ends(file, tokens: list[str], add_bos: bool) -> tuple[int | None, int | Non
     return ends[0], ends[1]
 
 
-def _post_processor(file, tokens: list[str], processors, add_bos: bool):
+def _post_processor(file, tokens: list[str], processors, add_bos: bool, bos_always: bool = False):
     """BOS / EOS added as _ends says."""
-    ends = [None if i is None else (tokens[i], i) for i in _ends(file, tokens, add_bos)]
+    ends = _ends(file, tokens, add_bos, bos_always)
+    ends = [None if i is None else (tokens[i], i) for i in ends]
     bos, eos = ends
     if bos is None and eos is None:
         return None
