@@ -147,3 +147,31 @@ def test_pre_tokenizers_are_llama_cpps_regexes():
     for name, (regexes, ignore_merges) in PRE_TOKENIZERS.items():
         assert name in theirs, f"llama.cpp knows no pre-tokenizer {name!r}"
         assert (regexes, ignore_merges) == theirs[name], name
+
+
+def test_gemma4_takes_a_run_of_newlines_that_is_a_token_whole(tmp_path):
+    """llama.cpp looks a run of newlines up whole before merging it (its fix for Gemma 4, whose
+    merges did not build them); the shipped file's merges do build them, so its texts cannot tell.
+    A vocabulary with the runs as tokens and no merges for them can."""
+    from gguf import GGUFWriter
+
+    tokens = ["<pad>", "<eos>", "<bos>"] + [f"<0x{b:02X}>" for b in range(256)]
+    tokens += ["a", "b", "ab", "▁", "\n", "\n\n", "\n\n\n"]
+    path = tmp_path / "gemma4.gguf"
+    writer = GGUFWriter(str(path), "gemma4")
+    writer.add_tokenizer_model("gemma4")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3, 3, 3] + [6] * 256 + [1] * 7)
+    writer.add_token_merges(["a b"])
+    writer.add_bos_token_id(2)
+    writer.add_add_bos_token(False)  # llama.cpp adds it for Gemma 4 all the same
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tokenizer = tokenizer_from_gguf(read_gguf(path))
+    ab, space, newline, two, three = (tokens.index(t) for t in ("ab", "▁", "\n", "\n\n", "\n\n\n"))
+    assert tokenizer.encode("ab\n\n\nab ab\n\n") == [2, ab, three, ab, space, ab, two]
+    # a run longer than any token is merged as any text is (here: no merge, one by one)
+    assert tokenizer.encode("\n\n\n\n", add_special_tokens=False) == [newline] * 4
+    assert tokenizer.encode("中", add_special_tokens=False) == [3 + b for b in "中".encode()]
