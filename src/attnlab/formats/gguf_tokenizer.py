@@ -130,8 +130,6 @@ def tokenizer_from_gguf(file) -> Tokenizer | None:
             "file (it builds 'gpt2', byte-level BPE, 'llama', SentencePiece, 'bert', WordPiece, "
             "'gemma4', BPE on UTF-8, and 'rwkv' of single characters)"
         )
-    if kind == "gemma4":
-        return _gemma4(file)
     pre = file.value("tokenizer.ggml.pre", "default")
     if kind == "gpt2" and pre not in PRE_TOKENIZERS:
         raise UserError(
@@ -139,6 +137,8 @@ def tokenizer_from_gguf(file) -> Tokenizer | None:
             f"{', '.join(PRE_TOKENIZERS)}); the ids would differ from llama.cpp's"
         )
     try:
+        if kind == "gemma4":
+            return _gemma4(file)
         if kind == "llama":
             return _sentencepiece(file)
         if kind == "bert":
@@ -413,6 +413,47 @@ class SentencePiece:
         return ids
 
 
+def _sentencepiece_backend(file, tokens, scores, types, prefix: bool):
+    from tokenizers import AddedToken, decoders, models, normalizers, processors
+    from tokenizers import Tokenizer as Backend
+
+    # as llama.cpp looks a text up: the last token of a text that appears twice
+    vocab = {token: index for index, token in enumerate(tokens)}
+    # Every split of a token in two tokens, the best-scored joins first: llama.cpp merges the
+    # adjacent pair whose join scores highest (ties: the leftmost, as the BPE's queue does).
+    # (one comprehension: Gemma 3's 262k tokens give 515k merges, and a loop was slower)
+    best_first = sorted(range(len(tokens)), key=scores.__getitem__, reverse=True)  # stable
+    joins = [tokens[i] for i in best_first if vocab[tokens[i]] == i]
+    merges = [
+        (left, right)
+        for token in joins
+        for cut in range(1, len(token))
+        if (left := token[:cut]) in vocab and (right := token[cut:]) in vocab
+    ]
+    try:
+        backend = Backend(models.BPE(vocab, merges, byte_fallback=True, fuse_unk=False))
+    # the library raises a bare Exception
+    except Exception as exc:
+        raise UserError(f"{file.path}: the tokenizer cannot be built ({first_line(exc)})") from None
+    escape = [normalizers.Replace(" ", "▁")]
+    if prefix:  # llama.cpp puts it before each text fragment, every one following a special token
+        escape.insert(0, normalizers.Prepend("▁"))
+    backend.normalizer = normalizers.Sequence(escape)
+    backend.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+        + ([decoders.Strip(" ", 1, 0)] if prefix else [])
+    )
+    backend.add_tokens(
+        [
+            AddedToken(tokens[i], special=types[i] != USER_DEFINED, normalized=False)
+            for i in range(len(tokens))
+            if types[i] in (CONTROL, USER_DEFINED, UNKNOWN)
+        ]
+    )
+    backend.post_processor = _post_processor(file, tokens, processors, add_bos=True)
+    return backend
+
+
 def _gemma4(file) -> Tokenizer:
     """Gemma 4's BPE on UTF-8 (tokenizer model "gemma4") as llama.cpp's BPE session runs it: no
     split but lines and runs of newlines ("[^\\n]+|[\\n]+"), BOS added whatever the file says
@@ -586,47 +627,6 @@ def _wordpiece(file) -> Tokenizer:
         ]
     )
     return Tokenizer(backend, "hf", encoder)
-
-
-def _sentencepiece_backend(file, tokens, scores, types, prefix: bool):
-    from tokenizers import AddedToken, decoders, models, normalizers, processors
-    from tokenizers import Tokenizer as Backend
-
-    # as llama.cpp looks a text up: the last token of a text that appears twice
-    vocab = {token: index for index, token in enumerate(tokens)}
-    # Every split of a token in two tokens, the best-scored joins first: llama.cpp merges the
-    # adjacent pair whose join scores highest (ties: the leftmost, as the BPE's queue does).
-    # (one comprehension: Gemma 3's 262k tokens give 515k merges, and a loop was slower)
-    best_first = sorted(range(len(tokens)), key=scores.__getitem__, reverse=True)  # stable
-    joins = [tokens[i] for i in best_first if vocab[tokens[i]] == i]
-    merges = [
-        (left, right)
-        for token in joins
-        for cut in range(1, len(token))
-        if (left := token[:cut]) in vocab and (right := token[cut:]) in vocab
-    ]
-    try:
-        backend = Backend(models.BPE(vocab, merges, byte_fallback=True, fuse_unk=False))
-    # the library raises a bare Exception
-    except Exception as exc:
-        raise UserError(f"{file.path}: the tokenizer cannot be built ({first_line(exc)})") from None
-    escape = [normalizers.Replace(" ", "▁")]
-    if prefix:  # llama.cpp puts it before each text fragment, every one following a special token
-        escape.insert(0, normalizers.Prepend("▁"))
-    backend.normalizer = normalizers.Sequence(escape)
-    backend.decoder = decoders.Sequence(
-        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
-        + ([decoders.Strip(" ", 1, 0)] if prefix else [])
-    )
-    backend.add_tokens(
-        [
-            AddedToken(tokens[i], special=types[i] != USER_DEFINED, normalized=False)
-            for i in range(len(tokens))
-            if types[i] in (CONTROL, USER_DEFINED, UNKNOWN)
-        ]
-    )
-    backend.post_processor = _post_processor(file, tokens, processors, add_bos=True)
-    return backend
 
 
 def _strings(file, key: str) -> list[str]:
