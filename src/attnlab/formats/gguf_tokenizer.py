@@ -25,7 +25,9 @@ Design choices:
   every split of every token in two tokens, ranked by the joined token's score (no pre-tokenizer:
   the whole text between special tokens is one word, as in llama.cpp). It gives the same ids where
   the scores are distinct (Gemma's), not where pieces share one (Llama 2's): llama.cpp breaks such
-  a tie by position, a ranked BPE by rank.
+  a tie by position, a ranked BPE by rank. So the backend encodes a file whose scores are
+  distinct (compiled, and it is many times faster on a long text), SentencePiece one where they
+  tie.
 - Token types: CONTROL (and UNKNOWN) tokens are special (matched in text, skipped by
   decode(skip_special_tokens=True)), USER_DEFINED ones are matched in text too, as llama.cpp's
   partition of special tokens does; add_bos_token / add_eos_token become the post-processor.
@@ -290,7 +292,11 @@ def _sentencepiece(file) -> Tokenizer:
         )
     prefix = bool(file.value("tokenizer.ggml.add_space_prefix", True))
     bos, eos = _ends(file, tokens, add_bos=True)
-    encoder = SentencePiece(tokens, scores, types, prefix, bos, eos)
+    # The backend gives llama.cpp's ids where the pieces' scores are distinct (Gemma's), in
+    # compiled code; SentencePiece encodes where they tie (Llama 2's), which the backend cannot.
+    normal = [score for score, kind in zip(scores, types) if kind == NORMAL]
+    tied = len(set(normal)) != len(normal)
+    encoder = SentencePiece(tokens, scores, types, prefix, bos, eos) if tied else None
     return Tokenizer(_sentencepiece_backend(file, tokens, scores, types, prefix), "hf", encoder)
 
 
