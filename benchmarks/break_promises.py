@@ -794,7 +794,12 @@ BREAKS = [
         "Gemma's user-defined pieces (runs of spaces, newlines) split the text first (llama.cpp)",
         "user-defined pieces left to the merges",
         "src/attnlab/formats/gguf_tokenizer.py",
-        [("if types[i] in (CONTROL, USER_DEFINED, UNKNOWN)", "if types[i] in (CONTROL, UNKNOWN)")],
+        [
+            (
+                "            if types[i] in (CONTROL, USER_DEFINED, UNKNOWN)\n",
+                "            if types[i] in (CONTROL, UNKNOWN)\n",
+            )
+        ],
         [GEMMA3 + "::test_sentencepiece_equals_llama_cpps_algorithm"],
     ),
     # Forward passes in C (issue 25, run_with_cache)

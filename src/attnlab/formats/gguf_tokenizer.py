@@ -419,9 +419,24 @@ class SentencePiece:
         return ids
 
 
+def _add_pieces_cut_first(backend, tokens: list[str], types: list[int]) -> None:
+    """The tokens llama.cpp cuts the text at before the model runs (its partition of special
+    tokens): control and unknown ones, special (decode(skip_special_tokens=True) drops them), and
+    user-defined ones (Gemma's runs of spaces and newlines), which decoding keeps."""
+    from tokenizers import AddedToken
+
+    backend.add_tokens(
+        [
+            AddedToken(tokens[i], special=types[i] != USER_DEFINED, normalized=False)
+            for i in range(len(tokens))
+            if types[i] in (CONTROL, USER_DEFINED, UNKNOWN)
+        ]
+    )
+
+
 def _sentencepiece_backend(file, tokens, scores, types, prefix: bool):
-    from tokenizers import AddedToken, decoders, models, normalizers, processors
     from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, normalizers, processors
 
     # as llama.cpp looks a text up: the last token of a text that appears twice
     vocab = {token: index for index, token in enumerate(tokens)}
@@ -449,13 +464,7 @@ def _sentencepiece_backend(file, tokens, scores, types, prefix: bool):
         [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
         + ([decoders.Strip(" ", 1, 0)] if prefix else [])
     )
-    backend.add_tokens(
-        [
-            AddedToken(tokens[i], special=types[i] != USER_DEFINED, normalized=False)
-            for i in range(len(tokens))
-            if types[i] in (CONTROL, USER_DEFINED, UNKNOWN)
-        ]
-    )
+    _add_pieces_cut_first(backend, tokens, types)
     backend.post_processor = _post_processor(file, tokens, processors, add_bos=True)
     return backend
 
@@ -591,8 +600,8 @@ class WordPiece:
 def _wordpiece(file) -> Tokenizer:
     """llama.cpp's WordPiece: WordPiece above encodes, the `tokenizers` WordPiece of BERT (tokens
     continuing a word as "##" pieces, those starting one without their "▁") decodes."""
-    from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers, processors
     from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
     tokens = _strings(file, "tokenizer.ggml.tokens")
     types = file.value("tokenizer.ggml.token_type") or [1] * len(tokens)
@@ -625,13 +634,7 @@ def _wordpiece(file) -> Tokenizer:
     backend.post_processor = processors.BertProcessing(
         (tokens[ids["seperator"]], ids["seperator"]), (tokens[ids["bos"]], ids["bos"])
     )
-    backend.add_tokens(
-        [
-            AddedToken(tokens[i], special=types[i] != USER_DEFINED, normalized=False)
-            for i in range(len(tokens))
-            if types[i] in (CONTROL, USER_DEFINED, UNKNOWN)
-        ]
-    )
+    _add_pieces_cut_first(backend, tokens, types)
     return Tokenizer(backend, "hf", encoder)
 
 
