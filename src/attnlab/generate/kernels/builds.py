@@ -12,17 +12,17 @@ Design choices:
   on x86-64 (VARIANTS: AVX-512 with VNNI, AVX2 with FMA and F16C, portable C), and the process uses
   the best one that (1) the CPU reports, (2) the operating system enables (XCR0's register state,
   read by cpu.c: a CPU flag is not permission) and (3) passes a self-check in a child process
-  (checks/self_check.py: exact integer products through each kind of kernel), so that an
+  (checks/check.py: exact integer products through each kind of kernel), so that an
   instruction that faults here kills the child, never the user's process; the verdict is cached
   beside the library. ATTNLAB_KERNELS=avx512, avx2 or portable forces one (tests, the AVX2
   benchmark column); one this machine does not allow is a one-line error. Off x86-64 the builds
   are -march=native and portable.
 - AMX (Sapphire Rapids and later) is a fourth permission, asked of the operating system per
-  process (arch_prctl for the tile state, Linux 5.16+): `amx_unusable` runs checks/amx_check.py
-  (the permission, then an exact product on the tiles) in a child process once per build and
-  machine, then asks for this process's own permission. llama.cpp's AMX path faults in the
-  virtual machines this was written on (GCC 12's tile configuration intrinsic, the C source's
-  comment); a fault here costs the child only.
+  process (arch_prctl for the tile state, Linux 5.16+): `amx_unusable` runs the amx check of
+  checks/check.py (the permission, then an exact product on the tiles) in a child process once
+  per build and machine, then asks for this process's own permission. llama.cpp's AMX path faults
+  in the virtual machines this was written on (GCC 12's tile configuration intrinsic, the C
+  source's comment); a fault here costs the child only.
 - OpenMP links to libgomp.so.1, which torch's wheel has already loaded under that name: the kernels
   share torch's thread pool and its `torch.set_num_threads`. A compiler without OpenMP (Apple's
   clang, clang without libomp) builds them with -fopenmp-simd instead (`openmp_or_not`): the same
@@ -59,7 +59,7 @@ import torch
 from ... import machine, slower
 from ...env import cache_root
 from ...errors import UserError
-from .checks import AMX_CHECK, SELF_CHECK
+from .checks import AMX_CHECK, PROGRAM, SELF_CHECK
 from .interface import CPU_FUNCTIONS, declare, load
 
 # the file the compiler is given (a unity file that includes the rest of the C source), and
@@ -242,9 +242,9 @@ def why_not_here(name: str, flags: Iterable[str] | None = None) -> str:
 NOT_THE_BUILD = {signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 
 
-def self_check(path: Path, script: Path = SELF_CHECK, suffix: str = ".checked") -> str | None:
-    """None when the library at `path` passes the check program `script` (checks/self_check.py, or
-    checks/amx_check.py) in a child process, else why not (a fault, a wrong sum). A verdict that
+def self_check(path: Path, check: str = SELF_CHECK, suffix: str = ".checked") -> str | None:
+    """None when the library at `path` passes `check` of checks/check.py (SELF_CHECK, or
+    AMX_CHECK) in a child process, else why not (a fault, a wrong sum). A verdict that
     would be the same next time (passed, an instruction fault, a wrong sum) is cached in a file
     beside the library (`suffix`); the child killed from outside (an out-of-memory kill, a
     Ctrl-C) or out of time is not, so the next process checks again."""
@@ -254,7 +254,7 @@ def self_check(path: Path, script: Path = SELF_CHECK, suffix: str = ".checked") 
         return None if text == "ok" else text
     try:
         result = subprocess.run(
-            [sys.executable, "-I", "-S", str(script), str(path)],
+            [sys.executable, "-I", "-S", str(PROGRAM), check, str(path)],
             capture_output=True,
             text=True,
             timeout=120,
@@ -443,9 +443,9 @@ def usable(*tensors: torch.Tensor) -> bool:
 
 def amx_unusable() -> str | None:
     """Why this process cannot take `linear_amx` (None: it can): no AVX-512 build of the kernels,
-    or checks/amx_check.py failed in its child process (the CPU lacks AMX-BF16, the operating
-    system does not grant the tile state, a fault, a wrong sum). Decided once per process and
-    build."""
+    or the amx check of checks/check.py failed in its child process (the CPU lacks AMX-BF16, the
+    operating system does not grant the tile state, a fault, a wrong sum). Decided once per
+    process and build."""
     return _amx_unusable(chosen_variant())
 
 

@@ -1,10 +1,9 @@
-"""Programs that check a fresh build of the kernels in a child process (builds.self_check runs them
-as `python -I -S program library.so`), so that an instruction that faults here kills the child,
-never the user's process. Each prints "ok" when the library computes exact sums, and reads the
-C functions' signatures from the one table (interface.py, loaded by its path: the child imports
-nothing of attnlab, which would import torch). They are not imported by attnlab."""
+"""The check program (check.py) that builds.self_check runs on a fresh build of the kernels in a
+child process, `python -I -S check.py CHECK library.so`: CHECK is SELF_CHECK for every build,
+AMX_CHECK for the AMX products. It is not imported by attnlab (the child imports nothing of it)."""
 
 from pathlib import Path
 
-SELF_CHECK = Path(__file__).with_name("self_check.py")
-AMX_CHECK = Path(__file__).with_name("amx_check.py")
+PROGRAM = Path(__file__).with_name("check.py")
+SELF_CHECK = "kernels"
+AMX_CHECK = "amx"
