@@ -141,6 +141,8 @@ def test_router_choices_are_in_the_cache(seed, tmp_path):
             ids, fwd_hooks=[("blocks.1.mlp.hook_expert_indices", other_experts)]
         )
     assert not torch.allclose(edited, logits)
+    # the lens's views take a mixture of experts: no output bias of its own
+    assert not model.accumulated_bias(2, mlp_input=True).any()
 
 
 def test_moe_config_errors():
