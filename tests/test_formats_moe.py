@@ -142,7 +142,7 @@ def test_router_choices_are_in_the_cache(seed, tmp_path):
         )
     assert not torch.allclose(edited, logits)
     # the lens's views take a mixture of experts: no output bias of its own
-    assert not model.accumulated_bias(2, mlp_input=True).any()
+    assert not model.accumulated_bias(2).any()
 
 
 def test_moe_config_errors():
