@@ -155,7 +155,7 @@ def test_moe_config_errors():
         ModelConfig(d_shared_expert=8)
 
 
-def test_dense_layers_among_experts_are_refused(tmp_path):
+def test_dense_layers_among_experts_and_writing_are_refused(tmp_path):
     model = transformers.Qwen3MoeForCausalLM(
         transformers.Qwen3MoeConfig(
             vocab_size=50,
@@ -168,8 +168,11 @@ def test_dense_layers_among_experts_are_refused(tmp_path):
         )
     )
     model.save_pretrained(tmp_path)
+    build_hf("mixtral", tmp_path / "moe")
     with pytest.raises(UserError, match=r"mlp_only_layers \[1\]\) are not supported"):
         attnlab.load(tmp_path)
+    with pytest.raises(UserError, match="cannot save a mixture of experts as Hugging Face"):
+        attnlab.save(attnlab.load(tmp_path / "moe"), tmp_path / "out", format="hf")
 
 
 # GGUF ---------------------------------------------------------------------------------------------

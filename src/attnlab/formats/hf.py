@@ -271,6 +271,8 @@ def architecture_to_write(cfg: ModelConfig) -> Architecture:
             f"cannot save as Hugging Face format: {name}={value!r} (a Gemma 3 setting, and "
             "attnlab writes no Gemma 3 directory); save with format='attnlab' instead"
         )
+    if cfg.n_experts:
+        return archs["mixtral"]  # its writer names what it cannot write yet
     if not cfg.causal:
         return archs["bert"]
     if cfg.positional == "rope":
