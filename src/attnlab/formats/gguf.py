@@ -38,8 +38,14 @@ Design choices:
 - Architectures: llama (SmolLM, TinyLlama, Llama 2/3 without rope_freqs, and Mistral 7B files, which
   llama.cpp writes as llama and runs without a sliding window), mistral and mistral3 (llama's
   tensors under their own key prefix: _mistral_settings), qwen2, qwen3, gpt2 and gemma3 (its table
-  and its settings in attnlab.formats.gemma3: the file's norms already hold Gemma's 1 + w). Any
-  other is refused by name.
+  and its settings in attnlab.formats.gemma3: the file's norms already hold Gemma's 1 + w),
+  and the mixtures of experts (attnlab.formats.moe): llama with experts (Mixtral), qwen2moe and
+  qwen3moe. Any other is refused by name.
+- Experts: the converter stacks each block's experts into one 3-D tensor (ffn_gate_exps,
+  ffn_up_exps, ffn_down_exps: [n_experts, rows, cols] in numpy's order), which gguf-py's name
+  map does not place; `_expert_weights` reads each as one Weight fused over the experts along
+  dim 0, so the float path and keep_blocks (one row of blocks per row: each expert its own
+  BlockLinear) take them as they take any fused matrix.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ import torch
 
 from ..errors import UserError, first_line
 from ..model.transformer import Transformer
+from .architecture import Weight
 from .gemma3 import GEMMA3
 from .gemma3 import MODEL_TYPE as GEMMA3_TYPE
 from .gguf_tokenizer import tokenizer_from_gguf
@@ -75,6 +82,8 @@ ARCHITECTURES = {
     "qwen3": "qwen3",
     "gpt2": "gpt2",
     "gemma3": GEMMA3_TYPE,
+    "qwen2moe": "qwen2_moe",  # and llama with experts: mixtral (_expert_settings)
+    "qwen3moe": "qwen3_moe",
 }
 # the architectures whose q and k rows llama.cpp's converter permuted (LLAMA_ROPE_TYPE_NORM)
 PERMUTED = ("llama", "mistral", "mistral3")
@@ -405,7 +414,60 @@ def hf_config(file: GGUFFile) -> dict:
         hf.update(_gemma3_settings(file, hf))
     if arch in ("mistral", "mistral3"):
         hf.update(_mistral_settings(file, arch))
+    if arch in ("llama", "qwen2moe", "qwen3moe"):
+        hf.update(_expert_settings(file, arch))
     return hf
+
+
+def _expert_settings(file: GGUFFile, arch: str) -> dict:
+    """A mixture of experts as its config.json holds it (attnlab.formats.moe): a llama file with
+    experts is a Mixtral (the converter writes Mixtral as llama plus expert_count); qwen2moe and
+    qwen3moe give the experts' width apart from the dense one, and qwen2moe a shared expert's.
+    llama.cpp renormalises the chosen experts' weights for llama and qwen3moe and never for
+    qwen2moe (src/models/*.cpp, build_moe_ffn's norm_w), whatever config.json said: so do we.
+    {} for a dense llama."""
+    get = lambda key, default=None: file.value(f"{arch}.{key}", default)  # noqa: E731
+    n_experts = get("expert_count")
+    if arch == "llama":
+        if not n_experts:
+            return {}
+        return {
+            "model_type": "mixtral",
+            "num_local_experts": n_experts,
+            "num_experts_per_tok": get("expert_used_count"),
+        }
+    return {
+        "num_experts": n_experts,
+        "num_experts_per_tok": get("expert_used_count"),
+        "moe_intermediate_size": get("expert_feed_forward_length"),
+        "shared_expert_intermediate_size": get("expert_shared_feed_forward_length", 0),
+        "norm_topk_prob": arch == "qwen3moe",
+        "qkv_bias": "blk.0.attn_q.bias" in file.tensors,
+    }
+
+
+def _expert_weights(table: list, config) -> tuple[list, dict]:
+    """The weight table without its per-expert rows, and the file's 3-D expert tensors, each as
+    one Weight that fuses every expert of a block along dim 0 (the converter stacked the
+    experts' matrices, [n_experts, rows, cols] in numpy's order): {GGUF name: Weight}. The
+    router and the shared expert are 2-D tensors that gguf-py's name map places."""
+    from gguf import MODEL_TENSOR, TENSOR_NAMES
+
+    if not config.n_experts:
+        return table, {}
+    table = [w for w in table if ".mlp.experts." not in w.ours[0]]
+    fused = {}
+    parts = {
+        "W_gate": MODEL_TENSOR.FFN_GATE_EXP,
+        "W_in": MODEL_TENSOR.FFN_UP_EXP,
+        "W_out": MODEL_TENSOR.FFN_DOWN_EXP,
+    }
+    for i in range(config.n_layers):
+        for ours, kind in parts.items():
+            name = TENSOR_NAMES[kind].format(bid=i) + ".weight"
+            experts = [f"blocks.{i}.mlp.experts.{e}.{ours}.weight" for e in range(config.n_experts)]
+            fused[name] = Weight(name, *experts)
+    return table, fused
 
 
 def _mistral_settings(file: GGUFFile, arch: str) -> dict:
@@ -534,12 +596,12 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", keep_blocks:
     shapes = {
         name: tuple(t.shape) for name, t in Transformer(config, device="meta").state_dict().items()
     }
-    table = arch.weights(hf, config)
+    table, experts = _expert_weights(arch.weights(hf, config), config)
     found = {}
-    for w in table:
+    for w in table + list(experts.values()):
         full = w.hf if w.hf in arch.head_keys else arch.write_prefix + w.hf
         base, suffix = full.rsplit(".", 1)
-        name = f"{names.get_name(base)}.{suffix}"
+        name = w.hf if w.hf in experts else f"{names.get_name(base)}.{suffix}"
         tensor = file.tensors.get(name)
         if tensor is None:
             raise UserError(
@@ -548,6 +610,8 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", keep_blocks:
             )
         expected = w.hf_shape(shapes)[::-1] if w.conv1d else w.hf_shape(shapes)
         actual = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+        if name in experts and len(actual) == 3:  # [n_experts, rows, cols]: experts' rows
+            actual = (actual[0] * actual[1], actual[2])
         if actual != expected:
             raise UserError(
                 f"{source}: tensor {name!r} has shape {actual} but the metadata implies "
@@ -586,6 +650,8 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", keep_blocks:
                 continue
             values = dequantize(file.tensors[name])
             tensor = torch.from_numpy(values)
+            if tensor.dim() != len(w.hf_shape(shapes)):  # experts' [n_experts, rows, cols]
+                tensor = tensor.reshape(w.hf_shape(shapes))
             if not np.isfinite(values).all():  # numpy's check: faster here than torch.isfinite
                 non_finite[name] = tensor
             if gguf_arch in PERMUTED and ".attn_q." in name:
@@ -636,9 +702,9 @@ def _blocks_of(tensor, name: str, w, model, gguf_arch: str, shapes: dict) -> dic
     from ..quant.blocks import BY_GGML_NAME
 
     kind = BY_GGML_NAME.get(GGMLQuantizationType(tensor.tensor_type).name)
-    if kind is None or len(tensor.shape) != 2:
+    if kind is None or len(tensor.shape) not in (2, 3):
         return {}
-    rows = int(tensor.shape[1])
+    rows = int(np.prod(tensor.shape[1:]))  # experts' [n_experts, rows]: one row of blocks each
     # a copy of the file's bytes, one row of blocks per output feature: [rows, bytes per row]
     blocks = torch.from_numpy(np.array(tensor.data, dtype=np.uint8).reshape(rows, -1))
     if gguf_arch in PERMUTED and ".attn_q." in name:

@@ -42,6 +42,7 @@ from .bert import BERT
 from .gpt2 import GPT2
 from .gpt_neox import GPT_NEOX
 from .llama import LLAMA
+from .moe import MOE
 from .native import attach_tokenizer, empty_model, state_dict_for_saving
 from .untrusted import check_dtype, check_fits, warn_non_finite
 
@@ -52,7 +53,7 @@ def architectures() -> dict[str, Architecture]:
     """model_type -> Architecture."""
     return {
         model_type: arch
-        for arch in (GPT2, GPT_NEOX, LLAMA, BERT)
+        for arch in (GPT2, GPT_NEOX, LLAMA, BERT, MOE)
         for model_type in arch.model_types
     }
 
@@ -270,6 +271,8 @@ def architecture_to_write(cfg: ModelConfig) -> Architecture:
             f"cannot save as Hugging Face format: {name}={value!r} (a Gemma 3 setting, and "
             "attnlab writes no Gemma 3 directory); save with format='attnlab' instead"
         )
+    if cfg.n_experts:
+        return archs["mixtral"]  # its writer names what it cannot write yet
     if not cfg.causal:
         return archs["bert"]
     if cfg.positional == "rope":

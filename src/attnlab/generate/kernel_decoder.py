@@ -27,8 +27,10 @@ from collections.abc import Callable
 
 import torch
 
+from .. import slower
 from ..model.config import GATED_MLPS
 from ..model.layers import Linear
+from ..model.moe import MoE
 from ..quant.blocks import BLOCK_TYPES, BlockEmbedding, BlockLinear
 from ..quant.int8 import Int8Linear
 from . import kernels
@@ -271,6 +273,8 @@ class KernelDecoder:
         mlp, h_mlp, product, steps = block.mlp, self.h_mlp, self._product, []
         if block.wiring != "parallel":
             steps.append(kernels.norm_call(block.ln2, self.x, h_mlp))
+        if isinstance(mlp, MoE):
+            return steps + self._moe_steps(block)
         steps.append(product(mlp.W_in, h_mlp, self.pre))
         if mlp.gated:
             steps[-1] = independent(steps[-1])  # W_in and W_gate both read h_mlp
@@ -307,6 +311,20 @@ class KernelDecoder:
             steps.append(kernels.softcap_call(self.logits, model.config.logit_softcap))
         return steps
 
+    def _moe_steps(self, block) -> list:
+        """A mixture of experts' MLP (attnlab.model.moe) as its module computes it, a PyTorch step
+        between the C programs: the router, then only the chosen experts' products (the step's
+        Linears being generation's fast ones, a few rows in C). Said in one line."""
+        slower.say(
+            "the mixture-of-experts MLP runs as its PyTorch module between the C step's programs",
+            "one C program per step",
+            "the C step has no expert routing",
+        )
+        mlp, h_mlp, x = block.mlp, self.h_mlp, self.x
+        if block.ln2_post is not None:
+            return [lambda: x.add_(block.ln2_post(mlp(h_mlp)))]
+        return [lambda: x.add_(mlp(h_mlp))]  # resid_post = resid_mid + mlp_out
+
     @staticmethod
     def linears_in_step_order(model) -> list:
         """The Linear (Int8Linear, BlockLinear) modules a step multiplies by, in that order."""
@@ -314,7 +332,7 @@ class KernelDecoder:
         for block in model.blocks:
             attn, mlp = block.attn, block.mlp
             linears += [attn.W_Q, attn.W_K, attn.W_V, attn.W_O]
-            if mlp is not None:
+            if mlp is not None and not isinstance(mlp, MoE):  # experts: read as routed
                 linears += [mlp.W_in] + ([mlp.W_gate] if mlp.gated else []) + [mlp.W_out]
         return linears + [model.unembed]
 

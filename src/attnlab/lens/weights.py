@@ -181,13 +181,10 @@ class TransformerLensViews:
             block = self.blocks[i]
             if block.attn.W_O.bias is not None:
                 total = total + block.attn.W_O.bias.detach()
-            if (
-                include_mlp_biases
-                and i < layer
-                and block.mlp is not None
-                and block.mlp.W_out.bias is not None
-            ):
-                total = total + block.mlp.W_out.bias.detach()
+            # a mixture of experts (attnlab.model.moe) has no W_out of its own, and no biases
+            out = getattr(block.mlp, "W_out", None)
+            if include_mlp_biases and i < layer and out is not None and out.bias is not None:
+                total = total + out.bias.detach()
         return total
 
     def tokens_to_residual_directions(self, tokens: Any) -> torch.Tensor:

@@ -120,6 +120,15 @@ class ModelConfig:
     init_std: float = 0.02  # std of the normal init of weights (GPT-2)
     # format-specific notes (e.g. HF ids)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    # mixture of experts (attnlab.model.moe; TransformerLens's num_experts): each block's MLP is
+    # n_experts SwiGLU experts of width d_mlp and a router; 0 = one dense MLP
+    n_experts: int = 0
+    experts_per_token: int = 0  # how many experts the router picks for each token (top-k)
+    # the picked experts' router weights divided by their sum (Mixtral always; Qwen's
+    # norm_topk_prob), else the softmax's own values
+    norm_topk_prob: bool = True
+    # width of an expert every token goes through, times sigmoid(w · x) (Qwen2-MoE); 0 = none
+    d_shared_expert: int = 0
 
     def __post_init__(self) -> None:
         positive = ("d_vocab", "n_ctx", "d_model", "n_layers", "n_heads", "d_head", "d_mlp")
@@ -252,6 +261,34 @@ class ModelConfig:
             )
         if self.n_token_types < 0:
             raise UserError(f"n_token_types must be >= 0, got {self.n_token_types}")
+        self._check_experts()
+
+    def _check_experts(self) -> None:
+        """A mixture of experts (n_experts > 0) picks 1 to n_experts experts per token, each a
+        SwiGLU MLP without biases (Mixtral's and Qwen-MoE's)."""
+        if self.n_experts < 0 or self.d_shared_expert < 0:
+            raise UserError(
+                f"n_experts ({self.n_experts}) and d_shared_expert ({self.d_shared_expert}) must "
+                "be >= 0"
+            )
+        if not self.n_experts:
+            if self.d_shared_expert:
+                raise UserError(
+                    f"d_shared_expert={self.d_shared_expert} is a mixture of experts' shared "
+                    "expert; set n_experts too, or d_shared_expert=0"
+                )
+            return
+        if not 1 <= self.experts_per_token <= self.n_experts:
+            raise UserError(
+                f"experts_per_token must be 1 to n_experts ({self.n_experts}), got "
+                f"{self.experts_per_token}; Mixtral picks 2"
+            )
+        if self.mlp != "swiglu" or self.bias or self.attn_only:
+            raise UserError(
+                "a mixture of experts has SwiGLU experts without biases: it needs mlp='swiglu', "
+                f"bias=False and attn_only=False; got mlp={self.mlp!r}, bias={self.bias}, "
+                f"attn_only={self.attn_only}"
+            )
 
     def _check_types(self) -> None:
         """Each field holds what its annotation says (an integer, a finite number, true/false, a

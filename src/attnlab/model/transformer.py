@@ -44,6 +44,7 @@ from ..lens.weights import TransformerLensViews
 from .attention import Attention
 from .config import ModelConfig
 from .layers import MLP, Linear, make_norm
+from .moe import MoE
 from .positions import Rotary, sinusoidal_positions
 
 
@@ -57,7 +58,8 @@ class Block(nn.Module):
         self.ln1 = make_norm(config)
         self.attn = Attention(config, layer)
         self.ln2 = None if config.attn_only else make_norm(config)
-        self.mlp = None if config.attn_only else MLP(config)
+        # the dense MLP, or a mixture of experts (attnlab.model.moe)
+        self.mlp = None if config.attn_only else (MoE if config.n_experts else MLP)(config)
         # sandwich_norm: the sublayers' outputs normed before the residual add (ModelConfig.wiring)
         self.ln1_post = make_norm(config) if config.sandwich_norm else None
         self.ln2_post = make_norm(config) if config.sandwich_norm else None
@@ -154,9 +156,10 @@ class Transformer(HookedModule, TransformerLensViews):
     def _init_residual_projections(self) -> None:
         std = self.config.init_std / math.sqrt(2 * self.config.n_layers)
         for block in self.blocks:
-            for projection in [block.attn.W_O] + (
-                [block.mlp.W_out] if block.mlp is not None else []
-            ):
+            # W_O and every W_out (an MLP's, or each expert's)
+            mlp = block.mlp.named_modules() if block.mlp is not None else []
+            outs = [module for name, module in mlp if name.rsplit(".", 1)[-1] == "W_out"]
+            for projection in [block.attn.W_O] + outs:
                 if self.config.zero_init_projections:
                     nn.init.zeros_(projection.weight)
                 else:
