@@ -265,7 +265,7 @@ def figures_of(results: dict) -> list[dict]:
             figures.append(
                 figure(f"{name}, time", "ms", 1e3 * time[path], 1e3 * time["sdpa"], "lower")
             )
-            if memory.get(path) and memory.get("sdpa"):
+            if memory.get(path) is not None and memory.get("sdpa") is not None:
                 figures.append(
                     figure(
                         f"{name}, peak memory",
