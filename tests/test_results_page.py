@@ -1,5 +1,6 @@
 """The results page is data: docs/results.md is what benchmarks/render_results.py writes from the
-committed records in benchmarks/results/, and every figure README.md and docs/ quote is on it.
+committed records in benchmarks/results/, and every figure README.md, benchmarks/README.md and docs/
+quote is on it. benchmarks/README.md is the scripts' manual, not a diary.
 
 A figure (render_results.quoted_figures) is a number with a unit of speed or time, a ratio with
 decimals, a share or a size with decimals, outside code blocks and inline code. A tutorial's
@@ -10,6 +11,7 @@ other figures count.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -98,7 +100,8 @@ def unsupported(root: Path, page_text: str) -> list[str]:
     does not show."""
     on_page = {normal(figure) for _, figure in quoted_figures(page_text)}
     page = root / "docs" / "results.md"
-    sources = [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+    readmes = [root / "README.md", root / "benchmarks" / "README.md"]
+    sources = [*readmes, *sorted((root / "docs").rglob("*.md"))]
     return [
         f"{path.relative_to(root)}:{line}: {figure} is not on docs/results.md"
         for path in sources
@@ -130,3 +133,36 @@ def test_a_quoted_figure_missing_from_the_page_is_named_with_its_place(tmp_path)
     (tmp_path / "README.md").write_text("# attnlab\n\nno figure here\n")
     (tmp_path / "docs" / "how.md").unlink()
     assert unsupported(tmp_path, page) == []
+
+
+MANUAL = ROOT / "benchmarks" / "README.md"
+# a heading that names a session, an issue, a branch, a date or a clock time belongs to a diary
+DIARY = re.compile(
+    r"session|issue|branch|\bagain\b|helper|\b20\d\d\b|\d{1,2}:\d\d|UTC|yesterday|today",
+    re.IGNORECASE,
+)
+DATE = re.compile(
+    r"\b20\d\d-[01]\d-[0-3]\d\b|\b[0-2]?\d:[0-5]\d\s*UTC\b|\b\d{1,2} (?:Nov|Dec)\w* 20\d\d"
+)
+
+
+def test_the_benchmarks_manual_is_short_dateless_and_names_every_script():
+    text = MANUAL.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    assert len(lines) <= 500, f"benchmarks/README.md has {len(lines)} lines; the manual keeps 500"
+    headings = [line for line in lines if line.startswith("#") and DIARY.search(line)]
+    assert not headings, f"headings of a diary: {headings}"
+    assert not DATE.findall(text), DATE.findall(text)
+    scripts = sorted(
+        p.name
+        for p in (ROOT / "benchmarks").glob("*.py")
+        if not p.name.startswith("_") and p.name != "render_results.py"
+    )
+    missing = [name for name in scripts if f"{name}" not in text]
+    assert not missing, f"benchmark scripts benchmarks/README.md does not describe: {missing}"
+
+
+def test_the_manual_check_catches_a_diary_heading_and_a_date():
+    assert DIARY.search("### The Intel Xeon, 16:55 UTC (issue 25)")
+    assert DIARY.search("### Second session: prefetch") and not DIARY.search("### Decode kernels")
+    assert DATE.findall("measured 2026-12-02, 14:02 UTC") == ["2026-12-02", "14:02 UTC"]
