@@ -21,6 +21,15 @@ import resource
 import subprocess
 from pathlib import Path
 
+# llama.cpp's build ("b1234 (abcdef0)", as llama-bench's JSON gives it) of every llama-bench run of
+# this process: the anchor's version in the results record
+BUILDS: set[str] = set()
+
+
+def note_build(row: dict) -> None:
+    """Keep the build of one row of llama-bench's JSON output in BUILDS."""
+    BUILDS.add(f"b{row.get('build_number')} ({row.get('build_commit')})")
+
 
 def find_tools(directory: str | None) -> dict[str, Path] | None:
     """{"bench": llama-bench, "quantize": llama-quantize} in `directory` (or $ATTNLAB_LLAMA_CPP), or
@@ -110,6 +119,7 @@ def bench(
         )
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         (row,) = json.loads(result.stdout)
+        note_build(row)
         return row["avg_ts"], (after.ru_utime + after.ru_stime) - (
             before.ru_utime + before.ru_stime
         )

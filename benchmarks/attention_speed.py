@@ -41,7 +41,6 @@ Design choices:
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -51,7 +50,16 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import CLOCKS, benchmark_device, machine_line, synchronize  # noqa: E402
+from _common import (  # noqa: E402
+    CLOCKS,
+    add_results_argument,
+    benchmark_device,
+    figure,
+    machine_description,
+    machine_line,
+    synchronize,
+    write_result,
+)
 
 from attnlab.model.attention import chunked_attention, scaled_dot_product_attention  # noqa: E402
 
@@ -242,6 +250,34 @@ def plot(results: dict, out: Path) -> list[Path]:
     return written
 
 
+def figures_of(results: dict) -> list[dict]:
+    """The record's figures: each path's time and peak memory at the longest T it ran, beside
+    SDPA's at that T (every T is in the record's details)."""
+    figures = []
+    for pass_ in PASSES:
+        for path in PATHS[1:]:
+            rows = [r for r in results["rows"] if path in r["time"].get(pass_, {})]
+            if not rows:
+                continue
+            row = rows[-1]
+            time, memory = row["time"][pass_], row["memory"][pass_]
+            name = f"{path}, {pass_}, T={row['T']}"
+            figures.append(
+                figure(f"{name}, time", "ms", 1e3 * time[path], 1e3 * time["sdpa"], "lower")
+            )
+            if memory.get(path) is not None and memory.get("sdpa") is not None:
+                figures.append(
+                    figure(
+                        f"{name}, peak memory",
+                        "MiB",
+                        memory[path] / 2**20,
+                        memory["sdpa"] / 2**20,
+                        "lower",
+                    )
+                )
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--min-t", type=int, default=256, help="first T (doubling from there)")
@@ -285,6 +321,7 @@ def main() -> None:
     parser.add_argument(
         "--memory-probe", nargs=3, metavar=("PATH", "PASS", "T"), help=argparse.SUPPRESS
     )
+    add_results_argument(parser)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -295,6 +332,7 @@ def main() -> None:
 
     device, dtype = benchmark_device(args.device), DTYPES[args.dtype]
     machine = machine_line(device)
+    description = machine_description(device)  # the load average before the timed runs
     window = f", attnlab's paths with a sliding window of {args.window}" if args.window else ""
     print(
         f"# Attention speed\n{machine}, clock: {args.clock}\nB={B}, heads={H}, d_head={D}, "
@@ -351,14 +389,27 @@ def main() -> None:
         T *= 2
     results["end_machine"] = machine_line(device)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "attention_speed.json").write_text(json.dumps(results, indent=1) + "\n")
+    window = f", window {args.window}" if args.window else ""
+    write_result(
+        args.results,
+        "attention_speed",
+        measures=f"Causal attention (B={B}, {H} heads, d_head {D}), time and peak memory of "
+        "attnlab's fused, chunked and explicit paths against torch's "
+        "scaled_dot_product_attention called directly, taking turns in one process.",
+        anchor="torch's SDPA",
+        anchor_version=torch.__version__,
+        figures=figures_of(results),
+        setup=f"{device.type}, {args.dtype}{window}, clock {args.clock}",
+        machine=description,
+        details=results,
+    )
     for pass_, stop in results["explicit_stops"].items():
         print(
             f"explicit path, {pass_}: stops before T={stop['T']} (predicted "
             f"{stop['predicted_gib']:.1f} GiB > "
             f"budget {stop['budget_gib']:.1f} GiB)"
         )
-    print("wrote", ", ".join(str(p) for p in plot(results, args.out)), "and attention_speed.json")
+    print("wrote", ", ".join(str(p) for p in plot(results, args.out)))
     print(f"end: {results['end_machine']}")
 
 

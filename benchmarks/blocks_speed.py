@@ -84,7 +84,16 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import copy_bandwidth, machine_line, median_time  # noqa: E402
+from _common import (  # noqa: E402
+    add_results_argument,
+    copy_bandwidth,
+    figure,
+    machine_description,
+    machine_line,
+    median_time,
+    write_result,
+)
+from _llama_cpp import BUILDS, note_build  # noqa: E402
 
 import attnlab  # noqa: E402
 from attnlab.generate import kernels  # noqa: E402
@@ -194,6 +203,7 @@ def llama_bench(tools: Path, file: Path, prompt: int, new: int, threads: int) ->
         text=True,
     )
     (row,) = json.loads(result.stdout)
+    note_build(row)
     return row["avg_ts"]
 
 
@@ -230,7 +240,9 @@ def prompt_path_of_this_build() -> str:
     )  # fmt: skip
 
 
-def run_speed(args, files: dict[str, Path]) -> list[str]:
+def run_speed(args, files: dict[str, Path]) -> tuple[list[str], list[dict], float]:
+    """The speed table's lines, its figures for the results record (tg128 and pp512 of each file
+    and build, attnlab beside llama.cpp) and the read bandwidth (bytes/s)."""
     threads = torch.get_num_threads()
     models = {kind: load_model(kind, file) for kind, file in files.items()}
     one = torch.tensor([[1]])
@@ -318,6 +330,16 @@ def run_speed(args, files: dict[str, Path]) -> list[str]:
         )
         return lt, ot, lp, op, f"{ot_load}; {op_load}"
 
+    figures = []
+    for kind in files:
+        for suffix in [c[0] for c in columns]:
+            lt, ot, lp, op, _ = rates(kind, suffix)
+            label = LABELS.get(kind, kind.upper()) + (", AVX2 builds" if suffix else "")
+            figures += [
+                figure(f"{label}, {what}", "tok/s", ours, theirs)
+                for what, ours, theirs in (("tg128", ot, lt), ("pp512", op, lp))
+                if ours is not None
+            ]
     for kind in files:
         nbytes = step_bytes(models[kind])
         lt, ot, lp, op, loads = rates(kind)
@@ -348,7 +370,7 @@ def run_speed(args, files: dict[str, Path]) -> list[str]:
                 f"{100 * nbytes * ot / read:.0f} % | {fmt(lp)} | {fmt(op)} | {ratio(op, lp)} | "
                 f"{loads} |"
             )
-    return lines
+    return lines, figures, read
 
 
 CHUNK = 512  # llama-perplexity's -c 512
@@ -510,6 +532,7 @@ def main() -> int:
     parser.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "attnlab-blocks"))
     parser.add_argument("--text", default=None, help="a UTF-8 text for perplexity")
     parser.add_argument("--chunks", type=int, default=16, help="512-token chunks scored")
+    add_results_argument(parser)
     args = parser.parse_args()
     for name in ("llama_cpp", "llama_cpp_pp", "llama_cpp_avx2"):
         value = getattr(args, name)
@@ -536,7 +559,23 @@ def main() -> int:
     ]
     started = time.perf_counter()
     if args.only is None or "speed" in args.only:
-        lines += run_speed(args, files)
+        machine = machine_description()  # the load average before the timed runs
+        speed_lines, figures, read = run_speed(args, files)
+        lines += speed_lines
+        write_result(
+            args.results,
+            "blocks_speed",
+            measures="Generation from GGUF files kept in their blocks (SmolLM2-135M, Gemma 3 "
+            "270M): tg128 (128 decode steps from an empty cache) and pp512 (one 512-token "
+            "prompt) as llama-bench defines them, attnlab's block kernels against llama-bench "
+            "on the same file, alternating rounds.",
+            anchor="llama.cpp's llama-bench" if args.tools else None,
+            anchor_version=", ".join(sorted(BUILDS)) or None,
+            figures=figures,
+            setup=", ".join(LABELS.get(kind, kind.upper()) for kind in files)
+            + f", {torch.get_num_threads()} threads",
+            machine={**machine, "read_bandwidth": read},
+        )
     if args.only is None or "quality" in args.only:
         lines += run_quality(args, files)
     lines.append(f"\n({time.perf_counter() - started:.0f} s)")

@@ -122,7 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--screenshot", type=Path, default=None, help="a PNG of the whole matrix")
     parser.add_argument("--shot-head", default="0.0", help="LAYER.HEAD of the screenshot's head")
     parser.add_argument("--no-machine", action="store_true", help="skip the matmul measurement")
+    from _common import add_results_argument, figure, machine_description, write_result
+
+    add_results_argument(parser)
     args = parser.parse_args(argv)
+    description = machine_description()  # the load average before the timed runs
     chromium = shutil.which("chromium")
     if chromium is None:
         raise SystemExit("chromium is not installed: make browser (Debian's chromium) first")
@@ -265,6 +269,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average {' '.join(result['load_average'])}, {result['measured']}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(
+        args.results,
+        "explorer_full_context",
+        measures="A real LLM's whole context as a map in the explorer, in headless Chromium, from "
+        "the click to the painted frame: processing the text, the first head's picture, a head "
+        "switch, a zoom step (no anchor: the times a user waits).",
+        anchor=None,
+        anchor_version=None,
+        figures=[
+            figure("processing the text", "s", result["processing_ms"] / 1e3, None, "lower"),
+            figure("first picture", "ms", result["first_picture_ms"], None, "lower"),
+            figure("a head switch, median", "ms", result["switch_ms_median"], None, "lower"),
+            figure("a zoom step, median", "ms", result["zoom_ms_median"], None, "lower"),
+        ],
+        setup=f"{Path(args.model).name}, {result['tokens']} tokens",
+        machine=description,
+    )
     return 0
 
 

@@ -137,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--atlas-tokens", type=int, default=512, help="the atlas text's length")
     parser.add_argument("--json", help="write the results here")
+    from _common import add_results_argument, figure, machine_description, write_result
+
+    add_results_argument(parser)
     args = parser.parse_args(argv)
 
     import torch
@@ -149,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
 
     machine = machine_line()
     print(machine)
+    description = machine_description()  # the load average before the timed runs
     model = attnlab.load(args.model)
     name = Path(args.model).name
     ids = torch.tensor([model.tokenizer.encode(PROMPT)])
@@ -183,6 +187,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
+    write_result(
+        args.results,
+        "explorer_generate",
+        measures="Generation you can watch: tokens per second as the explorer streams them (every "
+        "head's rows of each step computed and sent), against `attnlab sample`'s loop "
+        "(model.generate) on the same prompt and settings; and the atlas's time.",
+        anchor="attnlab sample's loop",
+        anchor_version=attnlab.__version__,
+        figures=[
+            *(
+                figure(labels[key], "tok/s", rates[key], rates["sample"])
+                for key in ("modules", "watched", "server", "page")
+            ),
+            figure(
+                f"atlas of a {a['tokens']}-token text, the request", "s", a["wall_s"], None, "lower"
+            ),
+        ],
+        setup=f"{args.model}, {args.tokens} tokens",
+        machine=description,
+        details=results,
+    )
     return 0
 
 

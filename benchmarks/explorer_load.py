@@ -218,9 +218,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-machine", action="store_true", help="skip the matmul and copy measurements (tests)"
     )
+    from _common import add_results_argument, figure, machine_description, write_result
+
+    import attnlab
+
+    add_results_argument(parser)
     args = parser.parse_args(argv)
     deadline = time.monotonic() + args.deadline
     load_before = round(os.getloadavg()[0], 2)
+    description = machine_description()
 
     machine = {}
     if not args.no_machine:
@@ -384,6 +390,37 @@ def main(argv: list[str] | None = None) -> int:
                 indent=1,
             )
         )
+    if machine:
+        description.update(
+            copy_bandwidth=machine["copy_gbs"] * 1e9, matmul_flops=machine["matmul_gflops"] * 1e9
+        )
+    anchor_ok = latencies["anchor", "ok"]
+    write_result(
+        args.results,
+        "explorer_load",
+        measures="The explorer's bounded queue under load: latencies at capacity and refusals "
+        "(503) at twice capacity, beside an HTTP round trip with no model work (GET "
+        "/static/style.css) as the anchor.",
+        anchor="a static file's round trip",
+        anchor_version=attnlab.__version__,
+        figures=[
+            figure(
+                f"{label}, p50",
+                "ms",
+                percentile(latencies[phase, kind], 50),
+                percentile(anchor_ok, 50),
+                "lower",
+            )
+            for label, phase, kind in table[1:]
+            if latencies[phase, kind]
+        ]
+        + [
+            figure("503s within 50 ms", "%", 100 * within / len(refusals) if refusals else 0.0),
+        ],
+        setup=f"{name}, queue {C}, {args.requests} requests x {args.rounds} rounds",
+        machine=description,
+        details={"promises": promises, "statuses": statuses, "busy_max_ms": busy_max},
+    )
     return 0 if all(promises.values()) else 1
 
 

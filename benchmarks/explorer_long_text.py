@@ -105,7 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-machine", action="store_true", help="skip the matmul and copy measurements"
     )
+    from _common import add_results_argument, figure, machine_description, write_result
+
+    add_results_argument(parser)
     args = parser.parse_args(argv)
+    description = machine_description()  # the load average before the timed runs
 
     from explorer_models import small_models
     from playwright.sync_api import sync_playwright
@@ -177,6 +181,36 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(
             json.dumps({**machine, "rounds": rounds, "medians": table}, indent=2) + "\n"
         )
+    if machine:
+        description.update(
+            copy_bandwidth=machine["copy_gbs"] * 1e9, matmul_flops=machine["matmul_gflops"] * 1e9
+        )
+    f16, f32 = table["f16"], table["f32"]
+    write_result(
+        args.results,
+        "explorer_long_text",
+        measures="A long text in the explorer, in headless Chromium: the bytes of one head's "
+        "pattern and how soon the page draws, with float16 matrices (a causal pattern's "
+        "triangle) against float32 ones, alternating rounds.",
+        anchor="float32 matrices",
+        anchor_version=attnlab.__version__,
+        figures=[
+            figure(
+                "bytes of one head's pattern", "MB", f16["bytes"] / 1e6, f32["bytes"] / 1e6, "lower"
+            ),
+            *(
+                figure(label, "s", f16[key], f32[key], "lower")
+                for key, label in (
+                    ("open_s", "run to first view drawn"),
+                    ("matrix_first_draw_s", "matrix tab to drawn"),
+                    ("head_switch_s", "head switch"),
+                )
+            ),
+        ],
+        setup=f"{rounds[0]['tokens']} tokens",
+        machine=description,
+        details={"medians": table},
+    )
     return 0
 
 

@@ -56,8 +56,17 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import benchmark_device, copy_bandwidth, machine_line, median_time  # noqa: E402
-from _llama_cpp import bench, find_tools, quantize_q8_0  # noqa: E402
+from _common import (  # noqa: E402
+    add_results_argument,
+    benchmark_device,
+    copy_bandwidth,
+    figure,
+    machine_description,
+    machine_line,
+    median_time,
+    write_result,
+)
+from _llama_cpp import BUILDS, bench, find_tools, quantize_q8_0  # noqa: E402
 
 import attnlab  # noqa: E402
 from attnlab.generate.kv_cache import KVCache
@@ -170,7 +179,9 @@ def padded_batch(
     return (ids * mask).to(device), mask.to(device)
 
 
-def run_arch(arch: str, args, bandwidth: float) -> list[str]:
+def run_arch(arch: str, args, bandwidth: float, figures: list[dict]) -> list[str]:
+    """The variants' table of one architecture; each variant's tokens/s beside transformers' goes
+    into `figures`."""
     lines = []
     device = args.device
     with tempfile.TemporaryDirectory() as tmp:
@@ -241,6 +252,7 @@ def run_arch(arch: str, args, bandwidth: float) -> list[str]:
         )
         same = shared_prefix(out, reference) - PROMPT
         agree = "yes" if same == new else f"first {same} of {new}"
+        figures.append(figure(f"{arch}-style, {name}", "tok/s", new / seconds, new / hf_s))
         lines.append(
             f"| {name} | {new / seconds:.0f} | {hf_s / seconds:.2f} | {new / seconds / limit:.0%} "
             f"| {agree} |"
@@ -358,10 +370,10 @@ LLAMA_CPP_MODELS = {  # the issue's two models: label -> (LLaMA-style config, ne
 }
 
 
-def run_llama_cpp(args, tools) -> list[str]:
+def run_llama_cpp(args, tools, figures: list[dict]) -> list[str]:
     """llama.cpp F32 and Q8_0 against attnlab's default path (float32 and int8), compiled path and
     transformers, on the same random weights, alternating within each round; medians over --repeats
-    rounds."""
+    rounds. attnlab's float32 beside llama.cpp's F32 and its int8 beside Q8_0 go into `figures`."""
     from transformers import AutoModelForCausalLM
 
     threads = torch.get_num_threads()
@@ -431,6 +443,10 @@ def run_llama_cpp(args, tools) -> list[str]:
                 )
                 - 1
             )
+            figures += [
+                figure(f"{label}, {new} tokens, float32 (F32)", "tok/s", med["ours"], med["f32"]),
+                figure(f"{label}, {new} tokens, int8 (Q8_0)", "tok/s", med["int8"], med["q8"]),
+            ]
             compiled = f"{med['compiled']:.1f}" if "compiled" in med else "-"
             lines.append(
                 f"| {label}, {new} tokens | {med['f32']:.1f} | {med['q8']:.1f} | "
@@ -600,6 +616,7 @@ def main() -> None:
         action="store_true",
         help="time to first token with compile=True too (slow)",
     )
+    add_results_argument(parser)
     args = parser.parse_args()
     args.device = benchmark_device(args.device)
     tools = find_tools(args.llama_cpp)
@@ -617,14 +634,43 @@ def main() -> None:
         copy_bandwidth(clock=args.clock, device=args.device) for _ in range(3)
     )
     print(f"copy bandwidth (256 MB, read + write): {bandwidth / 1e9:.1f} GB/s", flush=True)
+    machine = machine_description(args.device, copy_bandwidth=bandwidth)
+    threads = f"{torch.get_num_threads()} threads, clock {args.clock}"
     if tools is not None and "llama-cpp" in args.only:
-        print("\n".join(run_llama_cpp(args, tools)), flush=True)
+        figures: list[dict] = []
+        print("\n".join(run_llama_cpp(args, tools, figures)), flush=True)
+        write_result(
+            args.results,
+            "generate_speed",
+            measures="Greedy generation, B = 1, from one token and an empty cache: attnlab's "
+            "generate() against llama-bench on the same random weights written as GGUF (F32, and "
+            "Q8_0 beside attnlab's int8), alternating rounds.",
+            anchor="llama.cpp's llama-bench",
+            anchor_version=", ".join(sorted(BUILDS)) or None,
+            figures=figures,
+            setup=f"against llama.cpp, {threads}",
+            machine=machine,
+        )
     if "ttft" in args.only:
         print("\n".join(run_ttft(args, tools)), flush=True)
     if "batches" in args.only:
         print("\n".join(run_batches(args)), flush=True)
-    for arch in args.arch if "variants" in args.only else []:
-        print("\n".join(run_arch(arch, args, bandwidth)), flush=True)
+    if "variants" in args.only:
+        figures = []
+        for arch in args.arch:
+            print("\n".join(run_arch(arch, args, bandwidth, figures)), flush=True)
+        write_result(
+            args.results,
+            "generate_speed",
+            measures="Greedy generation, B = 1, of nanoGPT's shakespeare_char shape (random "
+            "weights, GPT-2 and LLaMA styles): attnlab's generate() paths against Hugging Face "
+            "transformers' generate() on the same weights.",
+            anchor="transformers",
+            anchor_version=__import__("transformers").__version__,
+            figures=figures,
+            setup=f"against transformers, {args.new_tokens} new tokens, {threads}",
+            machine=machine,
+        )
     print(f"\nend: {machine_line(args.device)}")
 
 

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import add_results_argument, figure, write_result  # noqa: E402
 from _llama_cpp import tokenize  # noqa: E402
 
 import attnlab  # noqa: E402
@@ -76,6 +77,7 @@ def main() -> int:
     )
     parser.add_argument("--n-ctx", type=int, default=512)
     parser.add_argument("--threads", type=int, default=2)
+    add_results_argument(parser)
     args = parser.parse_args()
     if not args.llama_cpp:
         raise SystemExit(
@@ -115,6 +117,7 @@ def main() -> int:
         if done.returncode:
             raise SystemExit(f"llama-perplexity failed:\n{done.stderr[-2000:]}")
         reported = re.search(r"Final estimate: PPL = ([0-9.]+ \+/- [0-9.]+)", done.stderr).group(1)
+        build = re.search(r"build: (\d+) \((\w+)\)", done.stderr)
         n_ctx, n_vocab, tokens, records = read_log_probs(base)
         theirs_ids = tokenize(tools, path, text_file)
     ours_ids = model.tokenizer.encode(text)
@@ -159,6 +162,22 @@ def main() -> int:
         f"top-1 agreement {agree / count:.2%}; KL(llama.cpp || attnlab) mean {kls.mean():.4f}, "
         f"median {np.median(kls):.4f}, 99th percentile {np.quantile(kls, 0.99):.4f}, max "
         f"{kls.max():.4f}"
+    )
+    write_result(
+        args.results,
+        "gguf_vs_llama_cpp",
+        measures="The same GGUF file and text in attnlab and in llama.cpp: perplexity on the "
+        "second half of each chunk (as llama-perplexity scores), the top-1 agreement and the KL "
+        "divergence of the next-token distributions, and the tokenizer's token count.",
+        anchor="llama.cpp's llama-perplexity",
+        anchor_version=f"b{build.group(1)} ({build.group(2)})" if build else None,
+        figures=[
+            figure("perplexity", "", math.exp(nll_ours / count), math.exp(nll_theirs / count), ""),
+            figure("tokens of the text", "tokens", len(ours_ids), len(theirs_ids), ""),
+            figure("top-1 agreement with llama.cpp", "%", 100 * agree / count),
+            figure("KL(llama.cpp || attnlab), mean", "nats", float(kls.mean()), None, "lower"),
+        ],
+        setup=f"{path.name}, chunks of {n_ctx}, {args.threads} threads",
     )
     return 0
 

@@ -49,7 +49,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import machine_line  # noqa: E402
+from _common import (  # noqa: E402
+    add_results_argument,
+    figure,
+    machine_description,
+    machine_line,
+    write_result,
+)
 from compare_transformer_lens import boot, build, relative  # noqa: E402
 
 import attnlab  # noqa: E402
@@ -129,6 +135,7 @@ def main() -> int:
         choices=["sweep", "cache"],
         help="time only the patching sweep, or only run_with_cache and the forward",
     )
+    add_results_argument(parser)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -174,10 +181,35 @@ def main() -> int:
         )
 
         sweep_ratio = cache_ratio = None
+        figures = []
+        machine = machine_description()  # the load average before the timed runs
         if args.only != "cache":
-            sweep_ratio = sweep(args, model, bridge, corrupted, cache, tl_cache, metric)
+            times = sweep(args, model, bridge, corrupted, cache, tl_cache, metric)
+            sweep_ratio = times["TransformerLens"] / times["attnlab"]
+            figures.append(
+                figure(
+                    "head-patching sweep", "s", times["attnlab"], times["TransformerLens"], "lower"
+                )
+            )
         if args.only != "sweep":
-            cache_ratio = cache_and_forward(args, model, bridge, vocab)
+            rates = cache_and_forward(args, model, bridge, vocab)
+            cache_ratio = rates["attnlab run_with_cache"] / rates["TransformerLens run_with_cache"]
+            figures += [
+                figure(what, "tok/s", rates[f"attnlab {what}"], rates[f"TransformerLens {what}"])
+                for what in ("run_with_cache", "forward")
+            ]
+        write_result(
+            args.results,
+            "patching_speed",
+            measures="A head-patching sweep (every head's z, all positions) and run_with_cache of "
+            "every hook, attnlab against TransformerLens on the same float32 weights, alternating.",
+            anchor="TransformerLens",
+            anchor_version=version("transformer_lens"),
+            figures=figures,
+            setup=f"{args.model}, sweep {args.tokens} tokens, cache {args.cache_batch} x "
+            f"{args.cache_tokens} tokens, {torch.get_num_threads()} threads",
+            machine=machine,
+        )
         print(
             "\nratios: "
             + ", ".join(
@@ -204,9 +236,9 @@ def main() -> int:
     return 0
 
 
-def sweep(args, model, bridge, corrupted, cache, tl_cache, metric) -> float:
+def sweep(args, model, bridge, corrupted, cache, tl_cache, metric) -> dict[str, float]:
     """Time the full head-patching sweep of both libraries (and attnlab's reference path with
-    --reference); print the results' differences and the times; return the speed ratio."""
+    --reference); print the results' differences and the times; return the times (s)."""
     from transformer_lens import patching as tl_patching
 
     cfg = model.config
@@ -244,7 +276,7 @@ def sweep(args, model, bridge, corrupted, cache, tl_cache, metric) -> float:
         print(f"  {name:24} {seconds:8.2f} s")
     sweep_ratio = times["TransformerLens"] / times["attnlab"]
     print(f"  attnlab / TransformerLens speed: {sweep_ratio:.2f}x")
-    return sweep_ratio
+    return times
 
 
 def cache_ids(args, vocab: int) -> torch.Tensor:
@@ -254,9 +286,10 @@ def cache_ids(args, vocab: int) -> torch.Tensor:
     )
 
 
-def cache_and_forward(args, model, bridge, vocab: int) -> float:
+def cache_and_forward(args, model, bridge, vocab: int) -> dict[str, float]:
     """Time run_with_cache and a plain forward of both libraries on the same tokens; print the
-    tokens per second and which path attnlab's forward took; return run_with_cache's ratio."""
+    tokens per second and which path attnlab's forward took; return the tokens per second of
+    each ("attnlab forward", "TransformerLens run_with_cache", ...)."""
     from attnlab.generate import kernels
     from attnlab.generate.fast_layers import inference_kernels_unusable
 
@@ -309,7 +342,7 @@ def cache_and_forward(args, model, bridge, vocab: int) -> float:
         fast = model(ids)
         logits = bridge(ids)
     print(f"  logits, attnlab vs TransformerLens: relative difference {relative(fast, logits):.1e}")
-    return cache_ratio
+    return {name: n / seconds for name, seconds in {**cache_times, **forward_times}.items()}
 
 
 if __name__ == "__main__":

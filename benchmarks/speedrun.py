@@ -39,7 +39,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import copy_bandwidth, machine_line  # noqa: E402
+from _common import (  # noqa: E402
+    add_results_argument,
+    copy_bandwidth,
+    figure,
+    git_commit,
+    machine_description,
+    machine_line,
+    write_result,
+)
 from train_speed import measure_matmul_peak  # noqa: E402
 
 NANOGPT_FLAGS = [
@@ -234,15 +242,6 @@ def markdown_table(rows: list[dict], mean: dict, machine: str, args: argparse.Na
     return "\n".join(lines) + "\n"
 
 
-def git_commit(folder: Path) -> str | None:
-    """The commit checked out in `folder` ("+" where its files differ from it), None outside git."""
-    run = lambda *a: subprocess.run(["git", *a], cwd=folder, capture_output=True, text=True)
-    head = run("rev-parse", "HEAD")
-    if head.returncode != 0:
-        return None
-    return head.stdout.strip() + ("+" if run("status", "--porcelain").stdout.strip() else "")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -262,6 +261,7 @@ def main() -> None:
         help="run each seed's two programs at the same time (a crowded machine: both see the same "
         "load)",
     )
+    add_results_argument(parser)
     args = parser.parse_args()
     if not (args.nanogpt / "data" / "shakespeare_char" / "val.bin").is_file():
         raise SystemExit(
@@ -310,21 +310,34 @@ def main() -> None:
     table = markdown_table(rows, mean, machine, args)
     print("\n" + table)
     (args.out / "speedrun.md").write_text(table)
-    (args.out / "speedrun.json").write_text(
-        json.dumps(
-            {
-                "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-                "attnlab": git_commit(Path(__file__).parent),
-                "nanogpt": git_commit(args.nanogpt),
-                "machine": machine,
-                "matmul_flops": peak,
-                "copy_bytes_per_s": copy,
-                "rows": rows,
-                "mean": mean,
-            },
-            indent=1,
-        )
-        + "\n"
+    write_record(args, rows, mean, peak, copy)
+
+
+def write_record(args, rows: list[dict], mean: dict, peak: float, copy: float) -> Path:
+    """The run as a results record: the mean wall and CPU times and whole-split losses of both
+    programs over the seeds; each seed's numbers in its details."""
+    n, a = mean["nanogpt"], mean["attnlab"]
+    seeds = f"mean of {len(rows)} seed{'s' if len(rows) > 1 else ''}"
+    return write_result(
+        args.results,
+        "speedrun",
+        measures="Training on Tiny Shakespeare to nanoGPT's loss: `attnlab train --preset "
+        "speedrun` against nanoGPT's README CPU command, each a whole process, alternating.",
+        anchor="nanoGPT",
+        anchor_version=git_commit(args.nanogpt),
+        figures=[
+            figure(f"wall time, {seeds}", "s", a["wall_s"], n["wall_s"], "lower"),
+            figure(f"CPU time, {seeds}", "s", a["cpu_s"], n["cpu_s"], "lower"),
+            figure(
+                f"validation loss, whole split, {seeds}",
+                "",
+                a["val_loss_full"],
+                n["val_loss_full"],
+                "",
+            ),
+        ],
+        machine=machine_description(copy_bandwidth=copy, matmul_flops=peak),
+        details={"rows": rows, "concurrent": args.concurrent},
     )
 
 

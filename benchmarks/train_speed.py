@@ -39,7 +39,16 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import benchmark_device, machine_line, median_time, synchronize  # noqa: E402
+from _common import (  # noqa: E402
+    add_results_argument,
+    benchmark_device,
+    figure,
+    machine_description,
+    machine_line,
+    median_time,
+    synchronize,
+    write_result,
+)
 
 from attnlab.training.config import build_config
 from attnlab.training.trainer import Trainer
@@ -299,6 +308,7 @@ def main() -> None:
         "--threads", type=int, default=None, help="torch threads (default: torch's choice)"
     )
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    add_results_argument(parser)
     args = parser.parse_args()
     device = benchmark_device(args.device)
     if args.threads:
@@ -316,6 +326,8 @@ def main() -> None:
     print("| config | variant | ms/step | tokens/s | MFU | vs baseline |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")
     notes: list[str] = []
+    machine = machine_description(device, matmul_flops=peak)
+    figures = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.configs:
             steps = args.steps if name == "nano" else max(1, args.steps // 3)
@@ -328,7 +340,29 @@ def main() -> None:
                     flush=True,
                 )
             notes.append(note)
+            baseline = rows[0]  # RecipeLoop: nanoGPT's recipe in plain PyTorch
+            figures += [
+                figure(
+                    f"{name}, {row['variant']}",
+                    "tok/s",
+                    row["tokens_per_s"],
+                    baseline["tokens_per_s"],
+                )
+                for row in rows[1:]
+            ]
     print("\n".join(notes))
+    write_result(
+        args.results,
+        "train_speed",
+        measures="Training tokens per second of `attnlab train`'s step in its variants, against "
+        "nanoGPT's model and train step in plain eager PyTorch (RecipeLoop) on the same tokens, "
+        "in interleaved rounds in one process.",
+        anchor="nanoGPT's recipe in eager PyTorch",
+        anchor_version=torch.__version__,
+        figures=figures,
+        setup=f"{', '.join(args.configs)}, {torch.get_num_threads()} threads",
+        machine=machine,
+    )
     peak_after = measure_matmul_peak(device=device)
     print(
         f"float32 matmul peak measured again at the end: {peak_after / 1e9:.1f} GFLOP/s (load "

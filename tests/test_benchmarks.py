@@ -1,5 +1,6 @@
 """The benchmark scripts still run: a tiny attention sweep end to end, and --device refusals in one
-line.
+line; and each wired benchmark's quick run writes a results record (into a temporary folder, never
+into benchmarks/results/) that benchmarks/render_results.py accepts.
 
 The full runs take minutes to hours (benchmarks/README.md) and their numbers are never asserted;
 these tests only keep the scripts from rotting as the library changes under them.
@@ -25,6 +26,23 @@ def run_script(name: str, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+def rendered_record(folder: Path, benchmark: str, script: str | None = None) -> dict:
+    """The one record in `folder`, checked as the results page reads it and rendered into a table
+    of `benchmark` that shows each of its figures; its command runs `script` when given."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from render_results import load_records, render
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    (record,) = load_records(folder)
+    page = render([record])
+    assert record["benchmark"] == benchmark and f"## {benchmark}" in page
+    assert all(f"| {figure['name']} |" in page for figure in record["figures"])
+    assert script is None or f"python benchmarks/{script} " in record["command"]
+    assert record["versions"]["torch"] == torch.__version__
+    return record
+
+
 @pytest.mark.parametrize("window", [None, 16])
 def test_attention_sweep_writes_its_table_json_and_plots(tmp_path, window):
     done = run_script(
@@ -42,10 +60,18 @@ def test_attention_sweep_writes_its_table_json_and_plots(tmp_path, window):
         "1",
         "--out",
         str(tmp_path),
+        "--results",
+        str(tmp_path / "results"),
         *(["--window", str(window)] if window else []),
     )
     assert done.returncode == 0, done.stderr
-    results = json.loads((tmp_path / "attention_speed.json").read_text())
+    record = rendered_record(tmp_path / "results", "attention_speed", "attention_speed.py")
+    assert [f["name"] for f in record["figures"]] == [
+        f"chunked, {p}, T=64, {what}" for p in ("forward", "forward+backward")
+        for what in ("time", "peak memory")
+    ]  # fmt: skip
+    assert record["anchor"] == "torch's SDPA" and record["figures"][0]["anchor"] > 0
+    results = record["details"]
     assert (
         results["device"] == "cpu" and results["dtype"] == "float32" and results["window"] == window
     )
@@ -118,8 +144,12 @@ def test_explorer_long_text_benchmark_runs_both_encodings(tmp_path):
         "--no-machine",
         "--json",
         str(out),
+        "--results",
+        str(tmp_path / "results"),
     )
     assert result.returncode == 0, result.stderr
+    record = rendered_record(tmp_path / "results", "explorer_long_text", "explorer_long_text.py")
+    assert record["figures"][0]["ratio"] > 1  # float16's bytes are fewer
     medians = json.loads(out.read_text())["medians"]
     assert medians["f16"]["bytes"] < 0.4 * medians["f32"]["bytes"], medians
     assert "| f16 / f32 |" in result.stdout
@@ -159,8 +189,14 @@ def test_explorer_full_context_benchmark_times_each_step(tmp_path):
         str(tmp_path / "shot.png"),
         "--shot-head",
         "1.2",
+        "--results",
+        str(tmp_path / "results"),
     )
     assert result.returncode == 0, result.stderr
+    record = rendered_record(
+        tmp_path / "results", "explorer_full_context", "explorer_full_context.py"
+    )
+    assert record["anchor"] is None and len(record["figures"]) == 4
     numbers = json.loads(out.read_text())
     assert numbers["tokens"] == 696 and numbers["characters"] == 696  # whole lines of 24
     assert numbers["processing_ms"] > 0 and numbers["first_picture_ms"] > 0
@@ -223,6 +259,28 @@ def test_speedrun_table_states_every_seed_the_mean_and_the_goal():
         [*rows[:2], row(3, 60.0, 18.0, 1.901)],
     ):
         assert "NOT met" in markdown_table(rows, mean(rows), "a machine", args)
+
+
+def test_the_speedrun_record_holds_both_programs_means_and_every_seed(tmp_path):
+    """speedrun.write_record (a full run takes ten minutes and nanoGPT): the mean wall and CPU
+    times and losses beside nanoGPT's, each seed in the details, the ratio nanoGPT's time over
+    attnlab's."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from speedrun import write_record
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    sides = {"nanogpt": (60.0, 120.0, 1.898), "attnlab": (20.0, 36.0, 1.874)}
+    rows = [{"seed": 1337, **{k: dict(zip(("wall_s", "cpu_s", "val_loss_full"), v))
+                              for k, v in sides.items()}}]  # fmt: skip
+    mean = {name: dict(side) for name, side in rows[0].items() if name != "seed"}
+    args = SimpleNamespace(results=tmp_path, nanogpt=tmp_path, concurrent=False)
+    write_record(args, rows, mean, 1e11, 2e10)
+    record = rendered_record(tmp_path, "speedrun")
+    wall, cpu, loss = record["figures"]
+    assert (wall["attnlab"], wall["anchor"], wall["ratio"]) == (20.0, 60.0, 3.0)
+    assert cpu["ratio"] == pytest.approx(120 / 36) and loss["ratio"] is None
+    assert record["details"]["rows"] == rows and record["machine"]["copy_bandwidth"] == 2e10
 
 
 def test_every_break_of_break_promises_still_matches_the_code_exactly_once():
