@@ -1,6 +1,7 @@
-"""The chapters' claims on a real decoder (docs/tutorials/real-decoder.md), pinned on SmolLM2-135M-Instruct's
-GGUF file (30 layers × 9 query heads sharing 3 key/value heads), so that a regression of `attnlab
-heads`, `attnlab attribute` or `attnlab patch` on a grouped-query model fails here.
+"""The chapters' claims on a real decoder (docs/tutorials/real-decoder.md), pinned on
+SmolLM2-135M-Instruct's GGUF file (30 layers × 9 query heads sharing 3 key/value heads), so that a
+regression of `attnlab heads`, `attnlab attribute` or `attnlab patch` on a grouped-query model fails
+here.
 
 Design choices:
 - The page's numbers come from docs/real_decoder.py, which runs the page's commands; the page's
@@ -30,12 +31,13 @@ from attnlab.inspection.scores import head_scores
 from attnlab.lens.names import get_act_name
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGE = ROOT / "docs" / "tutorials" / "real-decoder.md"
-COMMITTED = ROOT / "docs" / "tutorials" / "real-decoder"
+TUTORIALS = ROOT / "docs" / "tutorials"
+PAGE = TUTORIALS / "real-decoder.md"
+COMMITTED = TUTORIALS / "real-decoder"
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("real_decoder", ROOT / "docs" / "tutorials" / "real_decoder.py")
+    spec = importlib.util.spec_from_file_location("real_decoder", TUTORIALS / "real_decoder.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -1,6 +1,6 @@
 """The worked example of docs/tutorials/induction-heads.md: find the induction heads of a
-two-layer attention-only model by direct logit attribution and by head patching, and see the K-composition
-that links them.
+two-layer attention-only model by direct logit attribution and by head patching, and see the
+K-composition that links them.
 
     attnlab experiment induction --out runs/induction          # trains the 1- and 2-layer models
     (under a minute)

