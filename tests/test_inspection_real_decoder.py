@@ -4,8 +4,8 @@ regression of `attnlab heads`, `attnlab attribute` or `attnlab patch` on a group
 here.
 
 Design choices:
-- The page's numbers come from docs/real_decoder.py, which runs the page's commands; the page's
-  command block must be the script's commands, word for word, and its pictures must exist.
+- The page's numbers come from docs/tutorials/real_decoder.py, which runs the page's commands; the
+  page's command block must be the script's commands, word for word, and its pictures must exist.
 - The model is loaded once; each finding is recomputed by the function its command calls (or the
   script's own), on the cheapest input that still shows it: one of `heads`' four sequences, the
   page's three best heads patched alone instead of the whole 270-run sweep. The findings are pinned
