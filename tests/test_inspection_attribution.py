@@ -178,8 +178,8 @@ def test_mistakes_are_one_line(model_dir, tmp_path, capsys, argv, message):
 
 
 def test_the_worked_example_script_runs(tmp_path):
-    """docs/induction_heads.py on a tiny untrained attention-only model: it writes its pictures and
-    numbers."""
+    """docs/tutorials/induction_heads.py on a tiny untrained attention-only model: it writes its
+    pictures and numbers."""
     import subprocess
     import sys
     from pathlib import Path
@@ -197,7 +197,7 @@ def test_the_worked_example_script_runs(tmp_path):
         )
     )
     save_native(model, tmp_path / "model")
-    script = Path(__file__).resolve().parent.parent / "docs" / "induction_heads.py"
+    script = Path(__file__).resolve().parent.parent / "docs" / "tutorials" / "induction_heads.py"
     done = subprocess.run(
         [
             sys.executable,

@@ -1,10 +1,11 @@
-"""The chapters' claims on a real decoder (docs/real-decoder.md), pinned on SmolLM2-135M-Instruct's
-GGUF file (30 layers × 9 query heads sharing 3 key/value heads), so that a regression of `attnlab
-heads`, `attnlab attribute` or `attnlab patch` on a grouped-query model fails here.
+"""The chapters' claims on a real decoder (docs/tutorials/real-decoder.md), pinned on
+SmolLM2-135M-Instruct's GGUF file (30 layers × 9 query heads sharing 3 key/value heads), so that a
+regression of `attnlab heads`, `attnlab attribute` or `attnlab patch` on a grouped-query model fails
+here.
 
 Design choices:
-- The page's numbers come from docs/real_decoder.py, which runs the page's commands; the page's
-  command block must be the script's commands, word for word, and its pictures must exist.
+- The page's numbers come from docs/tutorials/real_decoder.py, which runs the page's commands; the
+  page's command block must be the script's commands, word for word, and its pictures must exist.
 - The model is loaded once; each finding is recomputed by the function its command calls (or the
   script's own), on the cheapest input that still shows it: one of `heads`' four sequences, the
   page's three best heads patched alone instead of the whole 270-run sweep. The findings are pinned
@@ -30,12 +31,13 @@ from attnlab.inspection.scores import head_scores
 from attnlab.lens.names import get_act_name
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGE = ROOT / "docs" / "real-decoder.md"
-COMMITTED = ROOT / "docs" / "real-decoder"
+TUTORIALS = ROOT / "docs" / "tutorials"
+PAGE = TUTORIALS / "real-decoder.md"
+COMMITTED = TUTORIALS / "real-decoder"
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("real_decoder", ROOT / "docs" / "real_decoder.py")
+    spec = importlib.util.spec_from_file_location("real_decoder", TUTORIALS / "real_decoder.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -58,14 +60,14 @@ def page_commands() -> list[str]:
 def test_the_page_shows_the_scripts_commands_and_its_pictures():
     script = load_script()
     assert page_commands() == [
-        "python docs/real_decoder.py --out docs/real-decoder",
-        *script.commands("smollm2", "docs/real-decoder"),
+        "python docs/tutorials/real_decoder.py --out docs/tutorials/real-decoder",
+        *script.commands("smollm2", "docs/tutorials/real-decoder"),
     ]
     pictures = re.findall(r"\]\((real-decoder/[^)]+\.png)\)", PAGE.read_text(encoding="utf-8"))
     assert len(pictures) >= 5
     for picture in pictures:
-        assert (ROOT / "docs" / picture).read_bytes()[:4] == b"\x89PNG", picture
-    assert "(docs/real-decoder.md)" in (ROOT / "README.md").read_text(encoding="utf-8")
+        assert (PAGE.parent / picture).read_bytes()[:4] == b"\x89PNG", picture
+    assert "(docs/tutorials/real-decoder.md)" in (ROOT / "README.md").read_text(encoding="utf-8")
 
 
 # The findings, on the model itself ----------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""Every command block of README.md (```bash), run as written, so that a README drifting from
-the code fails the suite.
+"""Every command block (```bash) of README.md and of the manual in docs/, run as written, so that
+a page drifting from the code fails the suite.
 
 How, per block (one test each, so that xdist spreads them):
 - Each command runs through `bash -c` in a fresh folder, the block's commands in order (a later
@@ -18,7 +18,7 @@ How, per block (one test each, so that xdist spreads them):
   with HF_HUB_OFFLINE=1, its Hub models in the cache (fetched online first, as "from the cache"
   presumes).
 - EXCLUDED lists the commands that cannot run here, each with its reason; a listed command that
-  is no longer in the README fails the suite, so the list cannot outlive its reasons.
+  is no longer on any page fails the suite, so the list cannot outlive its reasons.
 """
 
 from __future__ import annotations
@@ -43,13 +43,31 @@ import attnlab
 from attnlab.explorer.server import URL_LINE
 
 ROOT = Path(attnlab.__file__).resolve().parents[2]
-README = ROOT / "README.md"
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+REAL_DECODER = (
+    "the real-decoder tutorial's findings on SmolLM2 (minutes of CPU, its pictures written into "
+    "docs/): tests/test_inspection_real_decoder.py checks that these are the script's commands "
+    "word for word and recomputes each finding with the function the command calls"
+)
 
 EXCLUDED = {
     "make demo": "the demo with its defaults: 300 steps, then the explorer on port 8000 until "
     "Ctrl-C; tests/test_training_demo.py runs the same `attnlab demo` as a process, "
     "shortened by its own flags, to its explorer in chromium and a Ctrl-C",
     "make test": "the whole suite, which this test is part of",
+    "python docs/tutorials/induction_heads.py runs/induction/induction-2L "
+    "--out docs/tutorials/induction-heads": "writes the tutorial's pictures into the repository; "
+    "tests/test_inspection_attribution.py runs the same script on a tiny model into a temporary "
+    "folder, and tests/test_docs.py runs the page's Python blocks",
+    "python docs/tutorials/real_decoder.py --out docs/tutorials/real-decoder": REAL_DECODER,
+    "attnlab heads smollm2 --json docs/tutorials/real-decoder/heads.json "
+    "--png docs/tutorials/real-decoder/heads.png": REAL_DECODER,
+    'attnlab attribute smollm2 --prompt "The capital of France is" --answer " Paris" '
+    '--wrong " Rome" --png docs/tutorials/real-decoder/attribution.png '
+    "--json docs/tutorials/real-decoder/attribution.json": REAL_DECODER,
+    'attnlab patch smollm2 --clean "The capital of France is" --corrupted "The capital of Italy '
+    'is" --answer " Paris" --wrong " Rome" --sweeps head-outputs '
+    "--out docs/tutorials/real-decoder/patching": REAL_DECODER,
 }
 SHORTENED = {"ATTNLAB_MAX_STEPS": "3", "ATTNLAB_MAX_NEW_TOKENS": "8", "ATTNLAB_PORT": "0"}
 # Tiny Shakespeare's stand-in, public-domain lines with every character the README's prompts use
@@ -73,16 +91,18 @@ These times of woe afford no time to woo.
 
 @dataclass(frozen=True)
 class Block:
+    page: str  # README.md or docs/...
     section: str  # the heading above it
-    line: int  # where the block starts in README.md
+    line: int  # where the block starts in the page
     commands: tuple[str, ...]  # without their comments
 
     @property
     def name(self) -> str:
-        return f"line{self.line}-" + re.sub(r"[^a-z0-9]+", "-", self.section.lower()).strip("-")
+        slug = lambda text: re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+        return f"{slug(self.page.removesuffix('.md'))}-line{self.line}-{slug(self.section)}"
 
 
-def readme_blocks(text: str) -> list[Block]:
+def page_blocks(page: str, text: str) -> list[Block]:
     blocks = []
     for match in re.finditer(r"^```bash\n(.*?)^```", text, flags=re.S | re.M):
         before = text[: match.start()]
@@ -92,19 +112,24 @@ def readme_blocks(text: str) -> list[Block]:
             if shlex.split(line, comments=True):  # neither blank nor a comment
                 commands.append(line.split("  #")[0].strip())  # its comment is two spaces away
         section = headings[-1] if headings else "top"
-        blocks.append(Block(section, before.count("\n") + 1, tuple(commands)))
+        blocks.append(Block(page, section, before.count("\n") + 1, tuple(commands)))
     return blocks
 
 
-BLOCKS = readme_blocks(README.read_text(encoding="utf-8"))
+BLOCKS = [
+    block
+    for path in PAGES
+    for block in page_blocks(str(path.relative_to(ROOT)), path.read_text(encoding="utf-8"))
+]
 RUNNABLE = [b for b in BLOCKS if any(c not in EXCLUDED for c in b.commands)]
 
 
-def test_the_readme_has_command_blocks_and_every_exclusion_is_still_in_it():
+def test_the_pages_have_command_blocks_and_every_exclusion_is_still_in_them():
     commands = [c for block in BLOCKS for c in block.commands]
     assert len(RUNNABLE) >= 5, [b.name for b in BLOCKS]
+    assert any(b.page == "README.md" for b in RUNNABLE), "the README has no command block"
     missing = [c for c in EXCLUDED if c not in commands]
-    assert not missing, f"EXCLUDED lists commands the README no longer has: {missing}"
+    assert not missing, f"EXCLUDED lists commands no page has any more: {missing}"
 
 
 def words(command: str) -> list[str]:
@@ -271,7 +296,7 @@ def run_server(command: str, env: dict[str, str], folder: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("block", RUNNABLE, ids=[b.name for b in RUNNABLE])
-def test_readme_block_runs_as_written(block, hub_repos, tmp_path):
+def test_block_runs_as_written(block, hub_repos, tmp_path):
     with HubServer(hub_repos) as hub:
         env = environment(hub, tmp_path)
         prepare(block, tmp_path, env)

