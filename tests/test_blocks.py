@@ -1000,7 +1000,7 @@ def test_smollm2s_blocks_part_from_the_float_paths_greedy_reply_only_at_a_near_t
     two best tokens are within 0.3 nats of each other, a near-tie that rounding may turn either
     way (a wrong product parts them early and at a clear choice; 83 of the float reply's 100
     positions have a wider gap, the median 1.27 nats). On this prompt they part at token 21, at
-    0.24 nats (benchmarks/README.md, "GGUF blocks")."""
+    0.24 nats."""
     from attnlab.formats.gguf_tokenizer import render_chat
 
     model = smollm2_blocks

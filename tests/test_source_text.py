@@ -1,6 +1,6 @@
 """No measured figure in the source's prose: the comments and docstrings of src/ (Python, C and
 its headers, JavaScript) keep the equation and the reason, never a timing, a rate, a ratio or a
-date. Figures belong in benchmarks/results/ (rendered by benchmarks/README.md's script), where
+date. Figures belong in benchmarks/results/ (rendered by benchmarks/render_results.py), where
 the machine, the versions and the command come with them; a number in a comment goes stale the
 day the code or the machine changes.
 

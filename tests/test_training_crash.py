@@ -5,7 +5,7 @@ benchmarks/crash_test.py --ddp).
 Every kill leaves only complete, readable checkpoints, the newest complete step never goes back, and
 the finished run's evaluations equal the uninterrupted run's (1e-6). The kill points are in
 benchmarks/crash_hook (loaded into the killed processes only); benchmarks/crash_test.py runs the
-same checks with 50 kills, and its results are in benchmarks/README.md.
+same checks with 50 kills, benchmarks/README.md says how to run it.
 """
 
 from __future__ import annotations
