@@ -12,9 +12,9 @@
   induction experiment's --explore); 8000 without it, 0 picks a free one.
 
 The first two make a documented command short without changing its text: the suite runs every
-command of the README and the docs that way (tests/test_readme_commands.py). What they shorten is said on
-stderr, so a capped run is never taken for a whole one. A value that is not a whole number is one
-line naming the variable.
+command of the README and the docs that way (tests/test_readme_commands.py). What they shorten
+is said on stderr, so a capped run is never taken for a whole one. A value that is not a whole
+number is one line naming the variable.
 """
 
 from __future__ import annotations
