@@ -172,7 +172,7 @@ void attnlab_attend_rows(const float *q, const float *k, const float *v, float *
       float tile_out[TILE_ROWS_F * TILE_N];
       for (int64_t s0 = 0; s0 < n; s0 += TILE_N) {
         f_tile_rows(kt + ((b * kv_heads + g) * key_blocks + s0 / TILE_N) * d_head * TILE_N, TILE_N,
-                    d_head, qr, tile_out);
+                    d_head, qr, NULL, tile_out);
         for (int64_t r = 0; r < TILE_ROWS_F; r++)
           memcpy(p + r * padded + s0, tile_out + r * TILE_N, sizeof(float) * TILE_N);
       }
@@ -192,7 +192,7 @@ void attnlab_attend_rows(const float *q, const float *k, const float *v, float *
       }
       const float *vh = v + g * d_head + b * T * kv_heads * d_head;
       for (int64_t c0 = 0; c0 < d_head; c0 += TILE_N) {
-        f_tile_rows(vh + c0, kv_heads * d_head, n, pr, tile_out);
+        f_tile_rows(vh + c0, kv_heads * d_head, n, pr, NULL, tile_out);
         for (int64_t r = 0; r < m; r++)
           for (int64_t j = 0; j < TILE_N; j++)
             out[((b * T + t0 + r) * heads + h) * d_head + c0 + j] =
@@ -231,7 +231,7 @@ void attnlab_attend_scores(const float *q, const float *k, float *scores, float 
       /* the key blocks any of these queries sees */
       for (int64_t s0 = 0; s0 < t0 + m; s0 += TILE_N) {
         f_tile_rows(scratch + ((b * kv_heads + g) * key_blocks + s0 / TILE_N) * d_head * TILE_N,
-                    TILE_N, d_head, qr, tile_out);
+                    TILE_N, d_head, qr, NULL, tile_out);
         int64_t n = T - s0 < TILE_N ? T - s0 : TILE_N;
         for (int64_t r = 0; r < m; r++)
           for (int64_t j = 0; j < n; j++)
@@ -302,7 +302,7 @@ void attnlab_attend_mix(const float *pattern, const float *v, float *out, int64_
     for (int64_t r = 0; r < TILE_ROWS_F; r++) pr[r] = pattern + (bh * T + t0 + (r < m ? r : 0)) * S;
     float tile_out[TILE_ROWS_F * TILE_N];
     for (int64_t c0 = 0; c0 < d_head; c0 += TILE_N) {
-      f_tile_rows(vh + c0, kv_heads * d_head, S, pr, tile_out);
+      f_tile_rows(vh + c0, kv_heads * d_head, S, pr, NULL, tile_out);
       for (int64_t r = 0; r < m; r++)
         memcpy(out + ((b * T + t0 + r) * heads + h) * d_head + c0, tile_out + r * TILE_N,
                TILE_N * sizeof(float));
