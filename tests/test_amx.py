@@ -329,7 +329,7 @@ def test_the_three_attention_steps_in_one_call_are_the_steps_bit_for_bit(
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(batch, heads, T, d_head, generator=g)
     k, v = (torch.randn(batch, kv_heads, T, d_head, generator=g) * 2 for _ in range(2))
-    scores, pattern, z = kernels.attend_explicit(q, k, v, d_head**-0.5)
+    scores, pattern, z = kernels.attend_explicit(q, k, v, d_head**-0.5, amx=True)
     assert z.shape == (batch, heads, T, d_head)
     assert torch.equal(scores, kernels.attend_scores(q, k, d_head**-0.5, amx=True))
     assert torch.equal(pattern, kernels.softmax_rows(scores))

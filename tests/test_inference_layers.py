@@ -348,7 +348,7 @@ def test_float_prompts_take_whichever_measured_faster_here(
         kernels.policy, "_attention_beats_torch", lambda build, threads: attention_wins
     )
     tiles = counting(monkeypatch, "linear_rows")
-    steps = {step: counting(monkeypatch, step) for step in ATTENTION_STEPS}
+    fused = counting(monkeypatch, "attend_explicit")
     model = build("llama-gqa")
     ids = torch.randint(0, BASE["d_vocab"], (2, 64))
     with torch.no_grad():
@@ -356,8 +356,7 @@ def test_float_prompts_take_whichever_measured_faster_here(
         products = len(tiles)
         model.run_with_cache(ids)
     assert bool(products) == (tiles_here() and tiles_win)
-    for step, calls in steps.items():
-        assert len(calls) == (BASE["n_layers"] if tiles_here() and attention_wins else 0), step
+    assert len(fused) == (BASE["n_layers"] if tiles_here() and attention_wins else 0)
     # the layers are swapped either way where the build has the tiles (RoPE, RMSNorm and SwiGLU in
     # C; torch's products and attention where they measured faster, in the fewest tensors: the
     # test below)
@@ -430,16 +429,18 @@ def test_the_one_off_timing_compares_the_c_attention_with_torchs_steps(monkeypat
 
         return call
 
-    mix, softmax = kernels.attend_mix, torch.softmax
+    fused, softmax = kernels.attend_explicit, torch.softmax
     for slowed, expected in (("c", False), ("torch", True)):
         monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / slowed))
-        monkeypatch.setattr(kernels.policy, "attend_mix", slow(mix) if slowed == "c" else mix)
+        monkeypatch.setattr(
+            kernels.policy, "attend_explicit", slow(fused) if slowed == "c" else fused
+        )
         monkeypatch.setattr(torch, "softmax", slow(softmax) if slowed == "torch" else softmax)
         state = torch.get_rng_state()
         assert kernels.policy._attention_beats_torch("test", 1) is expected
         assert torch.equal(torch.get_rng_state(), state)
         machine.forget()  # as a new process: the answer from its file, the timing not run again
-        monkeypatch.setattr(kernels.policy, "attend_mix", None)
+        monkeypatch.setattr(kernels.policy, "attend_explicit", None)
         assert kernels.policy._attention_beats_torch("test", 1) is expected
 
 
@@ -536,13 +537,46 @@ def test_the_attention_steps_on_two_threads_equal_one(monkeypatch):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    "batch, T, heads, kv_heads, d_head",
+    # T not a multiple of the 6 or 12 queries of a register block, nor of 32 keys
+    [(1, 1, 2, 1, 32), (2, 37, 4, 2, 32), (1, 70, 6, 3, 64), (2, 13, 3, 3, 96)],
+)
+def test_the_three_attention_steps_in_one_call_on_the_tiles_are_the_steps_bit_for_bit(
+    seed, batch, T, heads, kv_heads, d_head, threads, monkeypatch
+):
+    """attend_explicit on the float32 tiles (run_with_cache's attention where its hooks only read:
+    a block of queries' scores and pattern read back from the core's cache, the zeros after its
+    last query not multiplied) gives attend_scores', softmax_rows' and attend_mix's results
+    exactly."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, heads, T, d_head, generator=g)
+    k, v = (torch.randn(batch, kv_heads, T, d_head, generator=g) * 2 for _ in range(2))
+    scores, pattern, z = kernels.attend_explicit(q, k, v, d_head**-0.5)
+    assert z.shape == (batch, heads, T, d_head)
+    assert torch.equal(scores, kernels.attend_scores(q, k, d_head**-0.5))
+    assert torch.equal(pattern, kernels.softmax_rows(scores))
+    assert torch.equal(z, kernels.attend_mix(pattern, v))
+
+
 @pytest.mark.parametrize("name", ["gpt2", "llama-gqa"])
-def test_run_with_cache_takes_the_attention_steps_in_every_block(seed, name, monkeypatch):
+def test_run_with_cache_takes_the_attention_in_one_call_in_every_block(seed, name, monkeypatch):
+    """Its hooks only read: one attend_explicit a block where this build has the tiles; a hook
+    that may edit the pattern keeps the three steps apart, in every block."""
     model = build(name)
+    fused = counting(monkeypatch, "attend_explicit")
     calls = {step: counting(monkeypatch, step) for step in ATTENTION_STEPS}
+    ids = torch.randint(0, BASE["d_vocab"], (2, 64))
     with torch.no_grad():
-        model.run_with_cache(torch.randint(0, BASE["d_vocab"], (2, 64)))
-    expected = model.config.n_layers if tiles_here() else 0
+        model.run_with_cache(ids)
+        expected = model.config.n_layers if tiles_here() else 0
+        assert len(fused) == expected and all(c == [] for c in calls.values())
+        editing = [(f"blocks.{i}.attn.hook_pattern", lambda pattern, hook: pattern)
+                   for i in range(model.config.n_layers)]  # fmt: skip
+        model.run_with_cache(ids, fwd_hooks=editing)
+    assert len(fused) == expected
     assert {step: len(c) for step, c in calls.items()} == dict.fromkeys(ATTENTION_STEPS, expected)
 
 

@@ -327,13 +327,13 @@ class KernelMLP(MLP):
         return self.W_out(kernels.silu_mul_rows(gate, up))
 
 
-def say_editing_hook(steps: str, points: str) -> None:
+def say_editing_hook(steps: str, points: str, tiles: str = "AMX tiles") -> None:
     """One line (attnlab.slower): a hook at `points` that may edit (not marked
-    attnlab.lens.hooks.reads) keeps `steps` apart, where AMX's tiles compute them in one C call
-    under hooks that only read."""
+    attnlab.lens.hooks.reads) keeps `steps` apart, where `tiles` (AMX's, or the float32 tiles of
+    the C kernels) compute them in one C call under hooks that only read."""
     slower.say(
         f"forward passes compute {steps} in separate steps",
-        "in one C call on AMX tiles",
+        f"in one C call on {tiles}",
         f"a hook at {points} may edit them (a hook that only reads says so with "
         "attnlab.lens.hooks.reads)",
     )
@@ -421,22 +421,25 @@ class KernelAttention(Attention):
         return super().attend(q, k, v, mask=mask, dropout_p=dropout_p, window=window)
 
     def attend_explicit(self, q, k, v, *, mask, dropout_p, window):
-        if (
-            v.dtype == torch.float32
-            and v.shape == k.shape
-            and self.prompt(q, k, mask=mask, dropout_p=dropout_p, window=window, path="amx")
-            and kernels.usable(v)
-        ):
-            if self.hook_attn_scores.only_read and self.hook_pattern.only_read:
+        if v.dtype == torch.float32 and v.shape == k.shape and kernels.usable(v):
+            taken = dict(mask=mask, dropout_p=dropout_p, window=window)
+            amx = self.prompt(q, k, **taken, path="amx")
+            tiles = (
+                not amx and q.shape[-1] % 32 == 0 and self.prompt(q, k, **taken, path="explicit")
+            )
+            if (amx or tiles) and self.hook_attn_scores.only_read and self.hook_pattern.only_read:
                 # hooks that only read (run_with_cache's): the three steps in one C call, bit for
                 # bit
-                scores, pattern, z = kernels.attend_explicit(q, k, v, self.config.scale)
+                scores, pattern, z = kernels.attend_explicit(q, k, v, self.config.scale, amx=amx)
                 self.hook_attn_scores(scores)
                 self.hook_pattern(pattern)
                 return z
-            say_editing_hook(
-                "the attention's scores, pattern and z", "hook_attn_scores or hook_pattern"
-            )
+            if amx or tiles:
+                say_editing_hook(
+                    "the attention's scores, pattern and z",
+                    "hook_attn_scores or hook_pattern",
+                    "AMX tiles" if amx else "the float32 tiles",
+                )
         return super().attend_explicit(q, k, v, mask=mask, dropout_p=dropout_p, window=window)
 
     def score(self, q, k, *, mask, window):

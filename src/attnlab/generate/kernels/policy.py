@@ -9,8 +9,8 @@ Design choices:
   GEMM here, else
   torch. Which is faster is a measurement, not a rule: MKL takes its AVX-512 path on Intel CPUs
   and not on AMD's, and torch's GEMM may be built on another BLAS.
-- A prompt's attention (its scores, pattern and z in C: attnlab_attend_scores, _softmax_rows,
-  _attend_mix) has a race of its own against torch's steps (`attention_against_torch`): it saves
+- A prompt's attention (its scores, pattern and z in C: attnlab_attend_explicit, or its three
+  steps) has a race of its own against torch's steps (`attention_against_torch`): it saves
   torch's T x T copies and the masked half of a causal pattern, so it may win where the products
   lose (MKL's AVX2 GEMM against AVX2's tiles).
 - The races (`tiles_against_torch`, `attention_against_torch`) are run once per machine, build and
@@ -29,7 +29,7 @@ import torch
 from ... import machine
 from ...errors import UserError
 from ...model.attention import causal_mask, expand_kv
-from .attention import attend_mix, attend_scores, softmax_rows
+from .attention import attend_explicit
 from .builds import amx_unusable, chosen_variant, variant
 from .products import linear_rows, rows_vectorized
 
@@ -144,7 +144,8 @@ def _attention_beats_torch(build: str | None, threads: int) -> bool:
 
 def attention_against_torch(build: str | None, threads: int) -> machine.Measured:
     """A prompt's causal attention with its pattern (the hooked path: scores, pattern, z) in the C
-    kernels (attend_scores, softmax_rows, attend_mix) against torch's (as KernelAttention takes
+    kernels (attend_explicit, run_with_cache's one call; hooks that may edit take its three
+    steps) against torch's (as KernelAttention takes
     them where they are the faster: Attention's numbers, fewer copies) on SmolLM2's heads (9
     queries, 3 keys and values, d_head 64) over 256 positions, each the best of 5 after one
     warm-up, taking turns: values attention_ms, torch_ms and attention_won, measured once per
@@ -166,7 +167,7 @@ def attention_against_torch(build: str | None, threads: int) -> machine.Measured
             return torch.matmul(torch.softmax(scores, dim=-1), expand_kv(q, v))
 
         runs = {
-            "c": lambda: attend_mix(softmax_rows(attend_scores(q, k, 0.125)), v),
+            "c": lambda: attend_explicit(q, k, v, 0.125),
             "torch": with_torch,
         }
         times = {name: [] for name in runs}
