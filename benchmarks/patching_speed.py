@@ -327,14 +327,19 @@ def cache_and_forward(args, model, bridge, vocab: int) -> dict[str, float]:
             "c": "the C kernels' float32 tiles",
             "torch": "torch's GEMM (measured faster here: kernels.float_rows)",
         }[kernels.float_products()]
-        attention = (
-            "the C kernels'"
-            if kernels.float_rows()
-            else "with its pattern (hooked) on AMX's tiles, fused (no hooks) torch's"
+        hooked = (
+            "on AMX's tiles"
             if kernels.float_products() == "amx"
-            else "torch's (measured faster here)"
+            else "the C kernels'"
+            if kernels.attention_rows()
+            else "torch's (measured faster here: kernels.attention_rows)"
         )
-        products += f"; attention {attention}; RoPE, RMSNorm and SwiGLU in C, hooked or not"
+        fused = "the C kernels'" if kernels.float_rows() else "torch's"
+        hooked_parts = "hooked or not" if kernels.float_products() != "torch" else "unhooked"
+        products += (
+            f"; attention with its pattern (hooked) {hooked}, fused (no hooks) {fused}; RoPE in "
+            f"C, RMSNorm and SwiGLU in C {hooked_parts}"
+        )
     else:
         products = f"torch's ({why})"
     print(f"  attnlab's products and attention: {products}")

@@ -134,7 +134,9 @@ def test_a_forward_without_gradients_takes_the_amx_product_and_the_module_paths_
     amx, seed, monkeypatch
 ):
     monkeypatch.setenv("ATTNLAB_FLOAT_ROWS", "amx")
-    kernels.float_rows()  # the attention's choice, timed once (with the tiles) before counting
+    # the fused attention's and the explicit one's choices, timed once (with the tiles) before
+    # counting
+    kernels.float_rows(), kernels.attention_rows()
     products, calls, many = [], [], kernels.linear_amx_many  # the matrices; the calls
     for where in (kernels, kernels.products):  # generation's layers, and linear_amx
         monkeypatch.setattr(
@@ -167,14 +169,17 @@ def test_a_forward_without_gradients_takes_the_amx_product_and_the_module_paths_
 
 def test_many_rows_take_amx_where_allowed_else_the_measured_product(monkeypatch):
     """Unforced: AMX where amx_unusable has no objection, else the float32 tiles or torch as
-    measured (kernels.float_rows). Forced: what ATTNLAB_FLOAT_ROWS names; amx where AMX cannot run,
-    or a name it does not take, is one line."""
+    measured (kernels.float_rows; the attention's C steps as measured: kernels.attention_rows).
+    Forced: what ATTNLAB_FLOAT_ROWS names; amx where AMX cannot run, or a name it does not take,
+    is one line."""
     monkeypatch.delenv("ATTNLAB_FLOAT_ROWS")
     monkeypatch.setattr(kernels.policy, "rows_vectorized", lambda: (True, True))
     monkeypatch.setattr(kernels.policy, "_tiles_beat_torch", lambda build, threads: False)
+    monkeypatch.setattr(kernels.policy, "_attention_beats_torch", lambda build, threads: True)
     monkeypatch.setattr(kernels.policy, "amx_unusable", lambda: None)
     assert kernels.float_products() == "amx"
-    assert kernels.float_rows() is False  # the attention: as measured
+    # the fused attention and blocks' float32 products, and the C attention steps: as measured
+    assert kernels.float_rows() is False and kernels.attention_rows() is True
     monkeypatch.setenv("ATTNLAB_FLOAT_ROWS", "c")
     assert kernels.float_products() == "c" and kernels.float_rows() is True
     monkeypatch.setenv("ATTNLAB_FLOAT_ROWS", "torch")
@@ -324,7 +329,7 @@ def test_the_three_attention_steps_in_one_call_are_the_steps_bit_for_bit(
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(batch, heads, T, d_head, generator=g)
     k, v = (torch.randn(batch, kv_heads, T, d_head, generator=g) * 2 for _ in range(2))
-    scores, pattern, z = kernels.attend_explicit(q, k, v, d_head**-0.5)
+    scores, pattern, z = kernels.attend_explicit(q, k, v, d_head**-0.5, amx=True)
     assert z.shape == (batch, heads, T, d_head)
     assert torch.equal(scores, kernels.attend_scores(q, k, d_head**-0.5, amx=True))
     assert torch.equal(pattern, kernels.softmax_rows(scores))

@@ -12,9 +12,9 @@ activation are compared with the module path's float32 numbers within 1e-4 of ea
 largest value, and with a float64 copy of the model.
 
 Each test runs under every build of the kernels this CPU can execute (tests/kernel_builds.py) and
-checks what that build does: the AVX-512 build swaps the layers and multiplies on its float32
-tiles; the AVX2 and portable builds have no vectorised float32 tiles, so forward passes keep
-torch's path (the module path itself) and say why (`inference_kernels_unusable`).
+checks what that build does: the AVX-512 and AVX2 builds swap the layers and multiply on their
+float32 tiles; the portable build has no vectorised float32 tiles, so forward passes keep torch's
+path (the module path itself) and say why (`inference_kernels_unusable`).
 """
 
 from __future__ import annotations
@@ -56,8 +56,9 @@ def built_kernels():
 
 
 def tiles_here() -> bool:
-    """Whether this build's float32 tiles are vectorised (AVX-512), and so forward passes without
-    gradients take the kernels' layers; where they are not, torch's path runs and says why."""
+    """Whether this build's float32 tiles are vectorised (AVX-512, AVX2), and so forward passes
+    without gradients take the kernels' layers; where they are not, torch's path runs and says
+    why."""
     tiles = kernels.rows_vectorized()[1]
     no_tiles = f"the {kernels.variant()} build of the kernels has no vectorised float32 tiles"
     assert inference_kernels_unusable() == (None if tiles else no_tiles)
@@ -329,28 +330,40 @@ def test_without_vectorised_tiles_torchs_path_runs_and_says_why(seed, monkeypatc
     ]
 
 
-@pytest.mark.parametrize("tiles_win", [True, False])
-def test_float_prompts_take_whichever_measured_faster_here(seed, monkeypatch, tiles_win):
+@pytest.mark.parametrize("tiles_win, attention_wins", [(True, True), (False, True), (True, False)])
+def test_float_prompts_take_whichever_measured_faster_here(
+    seed, monkeypatch, tiles_win, attention_wins
+):
     """Unforced, without AMX (tests/test_amx.py), the float32 tiles run where they beat torch's
-    GEMM in the one-off timing (kernels.float_rows: MKL's AVX-512 path runs on Intel CPUs only);
-    otherwise torch's products, and the forward pass says why. ATTNLAB_FLOAT_ROWS forces either;
-    anything else is one line. A build without vectorised float32 tiles keeps torch's products
-    whatever the timing or ATTNLAB_FLOAT_ROWS says (tiles_here says why)."""
+    GEMM in the one-off timing (kernels.float_rows: MKL's AVX-512 path runs on Intel CPUs only;
+    MKL's AVX2 GEMM against AVX2's tiles); otherwise torch's products, and the forward pass says
+    why. run_with_cache's attention steps take C where they beat torch's in their own timing
+    (kernels.attention_rows), whichever product won. ATTNLAB_FLOAT_ROWS forces both; anything
+    else is one line. A build without vectorised float32 tiles keeps torch's products whatever
+    the timing or ATTNLAB_FLOAT_ROWS says (tiles_here says why)."""
     monkeypatch.delenv("ATTNLAB_FLOAT_ROWS")
     monkeypatch.setattr(kernels.policy, "amx_unusable", lambda: "no AMX (this test's premise)")
     monkeypatch.setattr(kernels.policy, "_tiles_beat_torch", lambda build, threads: tiles_win)
+    monkeypatch.setattr(
+        kernels.policy, "_attention_beats_torch", lambda build, threads: attention_wins
+    )
     tiles = counting(monkeypatch, "linear_rows")
+    fused = counting(monkeypatch, "attend_explicit")
     model = build("llama-gqa")
+    ids = torch.randint(0, BASE["d_vocab"], (2, 64))
     with torch.no_grad():
-        forward(model, torch.randint(0, BASE["d_vocab"], (2, 64)))
-    assert bool(tiles) == (tiles_here() and tiles_win)
+        forward(model, ids)
+        products = len(tiles)
+        model.run_with_cache(ids)
+    assert bool(products) == (tiles_here() and tiles_win)
+    assert len(fused) == (BASE["n_layers"] if tiles_here() and attention_wins else 0)
     # the layers are swapped either way where the build has the tiles (RoPE, RMSNorm and SwiGLU in
     # C; torch's products and attention where they measured faster, in the fewest tensors: the
     # test below)
     monkeypatch.setenv("ATTNLAB_FLOAT_ROWS", "torch" if tiles_win else "c")
-    assert kernels.float_rows() == (tiles_here() and not tiles_win)
+    assert kernels.float_rows() == kernels.attention_rows() == (tiles_here() and not tiles_win)
     monkeypatch.setenv("ATTNLAB_FLOAT_ROWS", "mkl")
-    for choice in (kernels.float_rows, kernels.float_products):
+    for choice in (kernels.float_rows, kernels.attention_rows, kernels.float_products):
         with pytest.raises(UserError, match="ATTNLAB_FLOAT_ROWS=mkl: it takes amx, c or torch"):
             choice()
 
@@ -392,6 +405,43 @@ def test_the_one_off_timing_compares_the_tiles_with_torchs_gemm(monkeypatch, tmp
         machine.forget()  # as a new process: the answer from its file, the timing not run again
         monkeypatch.setattr(kernels.policy, "linear_rows", None)
         assert kernels.policy._tiles_beat_torch("test", 1) is expected
+
+
+@pytest.mark.any_build
+def test_the_one_off_timing_compares_the_c_attention_with_torchs_steps(monkeypatch, tmp_path):
+    """_attention_beats_torch times the C attention steps and torch's on the same heads and picks
+    the faster, as _tiles_beat_torch does (the test above): made slow on purpose, each side
+    loses, and the answer is kept per machine."""
+    from attnlab import machine
+
+    clock = [0.0]
+
+    def perf_counter():
+        clock[0] += 1e-3
+        return clock[0]
+
+    monkeypatch.setattr(kernels.policy, "time", types.SimpleNamespace(perf_counter=perf_counter))
+
+    def slow(step):
+        def call(*args, **kwargs):
+            clock[0] += 1.0
+            return step(*args, **kwargs)
+
+        return call
+
+    fused, softmax = kernels.attend_explicit, torch.softmax
+    for slowed, expected in (("c", False), ("torch", True)):
+        monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / slowed))
+        monkeypatch.setattr(
+            kernels.policy, "attend_explicit", slow(fused) if slowed == "c" else fused
+        )
+        monkeypatch.setattr(torch, "softmax", slow(softmax) if slowed == "torch" else softmax)
+        state = torch.get_rng_state()
+        assert kernels.policy._attention_beats_torch("test", 1) is expected
+        assert torch.equal(torch.get_rng_state(), state)
+        machine.forget()  # as a new process: the answer from its file, the timing not run again
+        monkeypatch.setattr(kernels.policy, "attend_explicit", None)
+        assert kernels.policy._attention_beats_torch("test", 1) is expected
 
 
 # run_with_cache's attention: the explicit path's three steps in C --------------------------------
@@ -487,13 +537,46 @@ def test_the_attention_steps_on_two_threads_equal_one(monkeypatch):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    "batch, T, heads, kv_heads, d_head",
+    # T not a multiple of the 6 or 12 queries of a register block, nor of 32 keys
+    [(1, 1, 2, 1, 32), (2, 37, 4, 2, 32), (1, 70, 6, 3, 64), (2, 13, 3, 3, 96)],
+)
+def test_the_three_attention_steps_in_one_call_on_the_tiles_are_the_steps_bit_for_bit(
+    seed, batch, T, heads, kv_heads, d_head, threads, monkeypatch
+):
+    """attend_explicit on the float32 tiles (run_with_cache's attention where its hooks only read:
+    a block of queries' scores and pattern read back from the core's cache, the zeros after its
+    last query not multiplied) gives attend_scores', softmax_rows' and attend_mix's results
+    exactly."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, heads, T, d_head, generator=g)
+    k, v = (torch.randn(batch, kv_heads, T, d_head, generator=g) * 2 for _ in range(2))
+    scores, pattern, z = kernels.attend_explicit(q, k, v, d_head**-0.5)
+    assert z.shape == (batch, heads, T, d_head)
+    assert torch.equal(scores, kernels.attend_scores(q, k, d_head**-0.5))
+    assert torch.equal(pattern, kernels.softmax_rows(scores))
+    assert torch.equal(z, kernels.attend_mix(pattern, v))
+
+
 @pytest.mark.parametrize("name", ["gpt2", "llama-gqa"])
-def test_run_with_cache_takes_the_attention_steps_in_every_block(seed, name, monkeypatch):
+def test_run_with_cache_takes_the_attention_in_one_call_in_every_block(seed, name, monkeypatch):
+    """Its hooks only read: one attend_explicit a block where this build has the tiles; a hook
+    that may edit the pattern keeps the three steps apart, in every block."""
     model = build(name)
+    fused = counting(monkeypatch, "attend_explicit")
     calls = {step: counting(monkeypatch, step) for step in ATTENTION_STEPS}
+    ids = torch.randint(0, BASE["d_vocab"], (2, 64))
     with torch.no_grad():
-        model.run_with_cache(torch.randint(0, BASE["d_vocab"], (2, 64)))
-    expected = model.config.n_layers if tiles_here() else 0
+        model.run_with_cache(ids)
+        expected = model.config.n_layers if tiles_here() else 0
+        assert len(fused) == expected and all(c == [] for c in calls.values())
+        editing = [(f"blocks.{i}.attn.hook_pattern", lambda pattern, hook: pattern)
+                   for i in range(model.config.n_layers)]  # fmt: skip
+        model.run_with_cache(ids, fwd_hooks=editing)
+    assert len(fused) == expected
     assert {step: len(c) for step, c in calls.items()} == dict.fromkeys(ATTENTION_STEPS, expected)
 
 
@@ -543,9 +626,11 @@ def test_hooks_that_edit_scores_and_patterns_change_both_paths_alike(seed, monke
 
 def torchs_products(monkeypatch) -> None:
     """As where torch's GEMM measured faster than the tiles (kernels.float_rows: the Intel Xeon of
-    2026-12-02): the swapped layers keep torch's products and attention."""
+    2026-12-02) and torch's attention faster than the C steps (kernels.attention_rows): the
+    swapped layers keep torch's products and attention."""
     for where in (kernels, kernels.policy):  # generation's layers, and float_products
         monkeypatch.setattr(where, "float_rows", lambda: False)
+        monkeypatch.setattr(where, "attention_rows", lambda: False)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))

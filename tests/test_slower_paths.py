@@ -359,7 +359,7 @@ def test_a_watched_generation_reads_the_pattern_in_the_fused_call(fresh, amx_pro
     model = build(**LLAMA, norm_placement="post")
     fused = []
     real = kernels.attend_explicit
-    kernels_attend = lambda *args: fused.append(1) or real(*args)  # noqa: E731
+    kernels_attend = lambda *args, **kw: fused.append(1) or real(*args, **kw)  # noqa: E731
     with Said() as said, pytest.MonkeyPatch.context() as patch:
         patch.setattr(kernels, "attend_explicit", kernels_attend)
         generate_watched(model, torch.tensor([[1, 2, 3, 4, 5, 6]]), 3, lambda step: None)

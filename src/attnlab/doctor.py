@@ -219,7 +219,7 @@ def _chosen_quietly() -> tuple[str, Path] | None:
 
 def float_products_line() -> Line:
     """How float32 products of many rows run (kernels.float_products), and a prompt's attention
-    (kernels.float_rows), and why."""
+    (kernels.float_rows: fused; kernels.attention_rows: the steps hooks see), and why."""
     from .generate import kernels
 
     forced = os.environ.get("ATTNLAB_FLOAT_ROWS")
@@ -246,16 +246,25 @@ def float_products_line() -> Line:
         why = f"no AMX ({values['amx_unusable']})"
     text = f"{path} for many rows: {why}"
     if not kernels.rows_vectorized()[1]:
-        text += "; the float32 tiles are vectorised in the AVX-512 build only (attention: torch)"
+        text += (
+            "; the float32 tiles are vectorised in the AVX-512 and AVX2 builds only "
+            "(attention: torch)"
+        )
     elif not forced:
         tiles = kernels.tiles_against_torch(kernels.variant(), torch.get_num_threads())
         values.update(tiles.values)
+        steps = kernels.attention_against_torch(kernels.variant(), torch.get_num_threads())
+        values.update(steps.values)
         text += (
-            f"; {'the tiles' if tiles.values['tiles_won'] else 'torch'} for the attention"
+            f"; {'the tiles' if tiles.values['tiles_won'] else 'torch'} for the fused attention"
             f"{'' if path == 'amx' else ' and the products'}: the float32 tiles ran "
             f"{tiles.values['tiles_gflops']:,.0f} GFLOP/s against torch's "
             f"{tiles.values['torch_gflops']:,.0f} (256 x 576 by 576 x 576, "
-            f"{machine.threads_phrase()}; measured once)"
+            f"{machine.threads_phrase()}; measured once); "
+            f"{'C' if steps.values['attention_won'] else 'torch'} for the attention's scores, "
+            f"pattern and z{' (AMX: its own)' if path == 'amx' else ''}: "
+            f"{steps.values['attention_ms']:.1f} ms against torch's "
+            f"{steps.values['torch_ms']:.1f} (SmolLM2's heads, 256 positions; measured once)"
         )
     return Line("float products", text, values)
 

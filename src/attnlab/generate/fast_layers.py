@@ -91,8 +91,9 @@ class KernelLinear(Linear):
     run faster than the BLAS call (benchmarks/README.md, "Generation speed"). From TILES_MIN_ROWS
     rows (a prompt, a batch of sequences) the product kernels.float_products chooses: AMX's tiles
     at float32's accuracy where the CPU and the OS allow them, else the tiled float32 GEMM in C
-    where this build runs it on AVX-512 and it measured faster than torch's; everything else takes
-    F.linear, and tests/test_fast_paths.py and tests/test_kernels.py hold them to its numbers.
+    where this build vectorises it (AVX-512, AVX2) and it measured faster than torch's; everything
+    else takes F.linear, and tests/test_fast_paths.py and tests/test_kernels.py hold them to its
+    numbers.
     The weight may be stored narrower than the activations (`store_weights_as`): it is widened where
     it is used, which a compiled graph fuses into the same loop."""
 
@@ -128,7 +129,8 @@ class KernelBlockLinear(BlockLinear):
     blocks in C with 8-bit activations (c/linear_q.c, attnlab_linear_q: the decode step's product);
     more rows (a prompt) of the kinds in PROMPT_KINDS take the tiled GEMM with the same 8-bit
     activations (attnlab_linear_q_rows) where this build runs it on AVX-512 VNNI, else the tiled
-    float32 GEMM on dequantized tiles where it has AVX-512; anything else dequantizes in C and runs
+    float32 GEMM on dequantized tiles where it has them vectorised (kernels.float_rows); anything
+    else dequantizes in C and runs
     F.linear (the module path's numbers)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -325,13 +327,13 @@ class KernelMLP(MLP):
         return self.W_out(kernels.silu_mul_rows(gate, up))
 
 
-def say_editing_hook(steps: str, points: str) -> None:
+def say_editing_hook(steps: str, points: str, tiles: str = "AMX tiles") -> None:
     """One line (attnlab.slower): a hook at `points` that may edit (not marked
-    attnlab.lens.hooks.reads) keeps `steps` apart, where AMX's tiles compute them in one C call
-    under hooks that only read."""
+    attnlab.lens.hooks.reads) keeps `steps` apart, where `tiles` (AMX's, or the float32 tiles of
+    the C kernels) compute them in one C call under hooks that only read."""
     slower.say(
         f"forward passes compute {steps} in separate steps",
-        "in one C call on AMX tiles",
+        f"in one C call on {tiles}",
         f"a hook at {points} may edit them (a hook that only reads says so with "
         "attnlab.lens.hooks.reads)",
     )
@@ -346,17 +348,19 @@ def in_place() -> bool:
 class KernelAttention(Attention):
     """Attention with generation's fast paths for a prompt (eager, float32, on a CPU): W_Q, W_K and
     W_V of blocks share one rounding of x (`shared_rounding`); RoPE in C, out of place (c/ops.c,
-    attnlab_rope_rows: apply_rope's numbers bit for bit); and, where this build of the kernels has
-    AVX-512, causal attention over the whole prompt from position 0, without mask or dropout, and
-    without a window or with one no shorter than the prompt, in C (attnlab_attend_rows);
-    everything else as Attention. When a hook wants the scores or the pattern (run_with_cache),
-    the same prompts take the explicit path's three steps in C (attnlab_attend_scores,
-    _softmax_rows, _attend_mix), the hooks between them as in Attention.forward; where the products
-    take AMX's tiles (kernels.float_products), q Kᵀ and pattern V on them and the softmax in C,
-    all three in one call where the hooks between them only read (kernels.attend_explicit);
-    where torch's GEMM is the faster and AMX cannot run, torch's steps, with the scores scaled and
-    masked in place and the softmax's all-masked guard only where a row needs it (Attention's
-    numbers bit for bit)."""
+    attnlab_rope_rows: apply_rope's numbers bit for bit); and, where this build of the kernels
+    vectorises its float32 tiles (AVX-512, AVX2) and they measured faster than torch's GEMM
+    (kernels.float_rows), causal attention over the whole prompt from position 0, without mask
+    or dropout, and without a window or with one no shorter than the prompt, in C
+    (attnlab_attend_rows); everything else as Attention. When a hook wants the scores or the
+    pattern (run_with_cache), the same prompts take the explicit path's three steps in C
+    (attnlab_attend_scores, _softmax_rows, _attend_mix) where they measured faster than torch's
+    steps (kernels.attention_rows), the hooks between them as in Attention.forward; where the
+    products take AMX's tiles (kernels.float_products), q Kᵀ and pattern V on them and the
+    softmax in C, all three in one call where the hooks between them only read
+    (kernels.attend_explicit); where torch's steps are the faster and AMX cannot run, torch's
+    steps, with the scores scaled and masked in place and the softmax's all-masked guard only
+    where a row needs it (Attention's numbers bit for bit)."""
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if shared_rounding(x, self.W_Q, self.W_K, self.W_V):
@@ -381,11 +385,18 @@ class KernelAttention(Attention):
             return kernels.rope_rows(x, cos, sin)
         return super().rotate(x, rope)
 
-    def prompt(self, q, k, *, mask, dropout_p, window, amx: bool = False) -> bool:
-        """A prompt from position 0 the kernels take: causal, the queries are every key, no mask,
-        dropout or window it outgrows, float32 on the CPU, no gradients, a vectorised build whose
-        float32 tiles measured faster than torch's GEMM (`amx`: where the products take AMX's
-        tiles, kernels.float_products)."""
+    def prompt(self, q, k, *, mask, dropout_p, window, path: str = "fused") -> bool:
+        """A prompt from position 0 the kernels take on `path`: causal, the queries are every key,
+        no mask, dropout or window it outgrows, float32 on the CPU, no gradients, and the path
+        chosen for this machine: "fused" (attend_rows) where the float32 tiles measured faster
+        than torch's GEMM (kernels.float_rows), "explicit" (the scores, pattern and z that hooks
+        see) where the C attention measured faster than torch's steps (kernels.attention_rows),
+        "amx" where the products take AMX's tiles (kernels.float_products)."""
+        chosen = {
+            "fused": kernels.float_rows,
+            "explicit": kernels.attention_rows,
+            "amx": lambda: kernels.float_products() == "amx",
+        }[path]
         return (
             self.config.causal
             and mask is None
@@ -396,7 +407,7 @@ class KernelAttention(Attention):
             and q.dtype == k.dtype == torch.float32
             and not torch.compiler.is_compiling()
             and kernels.usable(q, k)
-            and (kernels.float_products() == "amx" if amx else kernels.float_rows())
+            and chosen()
         )
 
     def attend(self, q, k, v, *, mask, dropout_p, window):
@@ -410,28 +421,31 @@ class KernelAttention(Attention):
         return super().attend(q, k, v, mask=mask, dropout_p=dropout_p, window=window)
 
     def attend_explicit(self, q, k, v, *, mask, dropout_p, window):
-        if (
-            v.dtype == torch.float32
-            and v.shape == k.shape
-            and self.prompt(q, k, mask=mask, dropout_p=dropout_p, window=window, amx=True)
-            and kernels.usable(v)
-        ):
-            if self.hook_attn_scores.only_read and self.hook_pattern.only_read:
+        if v.dtype == torch.float32 and v.shape == k.shape and kernels.usable(v):
+            taken = dict(mask=mask, dropout_p=dropout_p, window=window)
+            amx = self.prompt(q, k, **taken, path="amx")
+            tiles = (
+                not amx and q.shape[-1] % 32 == 0 and self.prompt(q, k, **taken, path="explicit")
+            )
+            if (amx or tiles) and self.hook_attn_scores.only_read and self.hook_pattern.only_read:
                 # hooks that only read (run_with_cache's): the three steps in one C call, bit for
                 # bit
-                scores, pattern, z = kernels.attend_explicit(q, k, v, self.config.scale)
+                scores, pattern, z = kernels.attend_explicit(q, k, v, self.config.scale, amx=amx)
                 self.hook_attn_scores(scores)
                 self.hook_pattern(pattern)
                 return z
-            say_editing_hook(
-                "the attention's scores, pattern and z", "hook_attn_scores or hook_pattern"
-            )
+            if amx or tiles:
+                say_editing_hook(
+                    "the attention's scores, pattern and z",
+                    "hook_attn_scores or hook_pattern",
+                    "AMX tiles" if amx else "the float32 tiles",
+                )
         return super().attend_explicit(q, k, v, mask=mask, dropout_p=dropout_p, window=window)
 
     def score(self, q, k, *, mask, window):
-        if self.prompt(q, k, mask=mask, dropout_p=0.0, window=window, amx=True):
+        if self.prompt(q, k, mask=mask, dropout_p=0.0, window=window, path="amx"):
             return kernels.attend_scores(q, k, self.config.scale, amx=True)
-        if self.prompt(q, k, mask=mask, dropout_p=0.0, window=window):
+        if self.prompt(q, k, mask=mask, dropout_p=0.0, window=window, path="explicit"):
             return kernels.attend_scores(q, k, self.config.scale)
         if self.config.causal and mask is None and in_place():
             # Attention.score's product, scale and causal mask (attention_scores, apply_mask) in one
@@ -449,7 +463,7 @@ class KernelAttention(Attention):
             and scores.shape[-1] > 0
             and not torch.compiler.is_compiling()
             and kernels.usable(scores)
-            and (kernels.float_rows() or kernels.float_products() == "amx")
+            and (kernels.attention_rows() or kernels.float_products() == "amx")
         ):
             # with AMX's products too: its numbers are not torch's bit for bit anyway, and the C
             # pass saves torch's all-masked guard (benchmarks/README.md, "Forward passes in C")
@@ -474,7 +488,7 @@ class KernelAttention(Attention):
         ):
             if kernels.float_products() == "amx":
                 return kernels.attend_mix(pattern, v, amx=True)
-            if v.shape[-1] % 32 == 0 and kernels.float_rows():
+            if v.shape[-1] % 32 == 0 and kernels.attention_rows():
                 return kernels.attend_mix(pattern, v)
         return super().mix(pattern, v)
 
@@ -519,7 +533,7 @@ def fast_linears(model: nn.Module, blocks: bool = True) -> Iterator[nn.Module]:
 def inference_kernels_unusable() -> str | None:
     """Why a forward pass without gradients cannot take the C kernels here (None: it can): no
     kernels (no compiler, a build that failed its self-check, ATTNLAB_KERNELS=0), or a build whose
-    float32 tiles are not vectorised (AVX2 and portable builds, where torch's GEMM is kept)."""
+    float32 tiles are not vectorised (the portable builds, where torch's GEMM is kept)."""
     why = kernels.unavailable()
     if why is not None:
         return f"attnlab's C kernels are off ({why})"

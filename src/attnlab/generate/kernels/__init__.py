@@ -80,7 +80,14 @@ from .elementwise import (
     window_mask_call,
 )
 from .interface import C_FOLDER, FUNCTIONS, Signature, declare, load
-from .policy import FLOAT_ROWS, float_products, float_rows, tiles_against_torch
+from .policy import (
+    FLOAT_ROWS,
+    attention_against_torch,
+    attention_rows,
+    float_products,
+    float_rows,
+    tiles_against_torch,
+)
 from .probe import read_bandwidth
 from .products import (
     REPACKABLE,
@@ -145,6 +152,8 @@ __all__ = [
     "attend_mix",
     "attend_rows",
     "attend_scores",
+    "attention_against_torch",
+    "attention_rows",
     "available",
     "block_bytes",
     "block_linear",

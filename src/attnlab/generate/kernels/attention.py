@@ -116,21 +116,31 @@ def softmax_rows(scores: torch.Tensor) -> torch.Tensor:
 
 
 def attend_explicit(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, amx: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """attend_scores, softmax_rows and attend_mix (amx=True) in one call, for hooks between them
-    that only read (attnlab_attend_explicit_amx: a head's scores and pattern read back
-    from the core's cache, the pattern's zeros above the diagonal not multiplied): their three
-    results, bit for bit, for q [batch, head, T, d_head], k, v [batch, kv_head, T, d_head]; where
-    `amx_unusable` has no objection. Returns (scores, pattern, z [batch, head, T, d_head])."""
+    """attend_scores, softmax_rows and attend_mix (of the same `amx`) in one call, for hooks
+    between them that only read (attnlab_attend_explicit, d_head a multiple of 32; `amx`:
+    attnlab_attend_explicit_amx, where `amx_unusable` has no objection): a block of queries'
+    scores and pattern read back from the core's cache, the pattern's zeros after the block's last
+    query not multiplied. Their three results, bit for bit (values finite: an infinite or NaN value
+    past a query block's last key is not multiplied by its zero weight), for q [batch, head, T,
+    d_head], k, v [batch, kv_head, T, d_head]. Returns (scores, pattern, z [batch, head, T,
+    d_head])."""
     B, H, T, D = q.shape
     Hkv = k.shape[1]
-    assert k.shape == v.shape == (B, Hkv, T, D) and H % Hkv == 0
+    assert k.shape == v.shape == (B, Hkv, T, D) and H % Hkv == 0 and (amx or D % 32 == 0)
     assert q.dtype == k.dtype == v.dtype == torch.float32
-    _no_amx_raises()
     q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # [batch, pos, head, d_head]
     lib, threads = builds.library(), torch.get_num_threads()
     scores, pattern, out = new_tensor(B, H, T, T), new_tensor(B, H, T, T), new_tensor(B, T, H, D)
+    if not amx:
+        scratch = torch.empty(lib.attnlab_attend_rows_scratch(B, T, Hkv, D, 1) // 4)
+        lib.attnlab_attend_explicit(
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), scores.data_ptr(), pattern.data_ptr(),
+            out.data_ptr(), scratch.data_ptr(), B, T, H, Hkv, D, scale, threads,
+        )  # fmt: skip
+        return scores, pattern, out.transpose(1, 2)
+    _no_amx_raises()
     scratch = _kept_scratch(lib.attnlab_attend_amx_scratch(T, T, D, threads))
     lib.attnlab_attend_explicit_amx(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), scores.data_ptr(), pattern.data_ptr(),

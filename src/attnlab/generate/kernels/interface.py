@@ -101,6 +101,9 @@ FUNCTIONS: dict[str, Signature] = {
     "attnlab_attend_scores": _void(*[_ptr] * 4, *[_i64] * 5, _float, _int),
     "attnlab_softmax_rows": _void(_ptr, _ptr, _i64, _i64, _int),
     "attnlab_attend_mix": _void(*[_ptr] * 3, *[_i64] * 6, _int),
+    # all three in one call, on the float32 tiles (q, k, v, scores, pattern, out, scratch, batch,
+    # T, heads, kv_heads, d_head, scale, threads)
+    "attnlab_attend_explicit": _void(*[_ptr] * 7, *[_i64] * 5, _float, _int),
     # the steps' two products on AMX tiles (as above, with scratch), all three steps in one call
     # (q, k, v, scores, pattern, out, scratch, batch, T, heads, kv_heads, d_head, scale,
     # threads), and their scratch bytes (T, S, d_head, threads)

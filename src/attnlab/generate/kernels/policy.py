@@ -1,16 +1,22 @@
 """Which numeric path a forward pass's float32 work of many rows takes: AMX's tiles, the kernels'
-float32 tiles, or torch's GEMM (`float_products`, `float_rows`).
+float32 tiles, or torch's GEMM (`float_products`, `float_rows`), and a prompt's attention: the
+kernels' C steps or torch's (`attention_rows`).
 
 Design choices:
 - The choice comes from what this machine reports and measures, never from the instruction sets
   alone: AMX where this process may run it (builds.amx_unusable), else the float32 tiles where
-  this build vectorises them (AVX-512) and they multiply faster than torch's GEMM here, else
+  this build vectorises them (AVX-512, or AVX2 with FMA) and they multiply faster than torch's
+  GEMM here, else
   torch. Which is faster is a measurement, not a rule: MKL takes its AVX-512 path on Intel CPUs
   and not on AMD's, and torch's GEMM may be built on another BLAS.
-- The race (`tiles_against_torch`) is run once per machine, build and thread count and cached by
-  attnlab.machine.measured; `attnlab doctor` prints its verdict.
-- ATTNLAB_FLOAT_ROWS=amx, c or torch chooses instead; a name it does not take, or amx where AMX
-  cannot run, is one line naming why.
+- A prompt's attention (its scores, pattern and z in C: attnlab_attend_explicit, or its three
+  steps) has a race of its own against torch's steps (`attention_against_torch`): it saves
+  torch's T x T copies and the masked half of a causal pattern, so it may win where the products
+  lose (MKL's AVX2 GEMM against AVX2's tiles).
+- The races (`tiles_against_torch`, `attention_against_torch`) are run once per machine, build and
+  thread count and cached by attnlab.machine.measured; `attnlab doctor` prints their verdicts.
+- ATTNLAB_FLOAT_ROWS=amx, c or torch chooses instead (c or torch: the attention's too); a name it
+  does not take, or amx where AMX cannot run, is one line naming why.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ import torch
 
 from ... import machine
 from ...errors import UserError
+from ...model.attention import causal_mask, expand_kv
+from .attention import attend_explicit
 from .builds import amx_unusable, chosen_variant, variant
 from .products import linear_rows, rows_vectorized
 
@@ -39,12 +47,12 @@ def _forced_float_rows() -> str | None:
 
 
 def float_rows() -> bool:
-    """Whether float32 work of many rows (a prompt's attention, and its products where
-    `float_products` says "c": forward passes without gradients, attnlab.generate.fast_layers)
-    takes the C kernels: where this build's float32 tiles are vectorised (AVX-512) and multiply
-    faster than torch's GEMM on this machine, measured once per machine, build and thread count
-    (`_tiles_beat_torch`). Which is faster is not a matter of the instruction sets alone: MKL
-    takes its AVX-512 path on Intel CPUs and not on AMD's, and torch's GEMM may be built on
+    """Whether a prompt's float32 products of many rows where `float_products` says "c" (forward
+    passes without gradients, attnlab.generate.fast_layers), and those of dequantized blocks,
+    take the C kernels: where this build's float32 tiles are vectorised (AVX-512, AVX2) and
+    multiply faster than torch's GEMM on this machine, measured once per machine, build and thread
+    count (`_tiles_beat_torch`). Which is faster is not a matter of the instruction sets alone:
+    MKL takes its AVX-512 path on Intel CPUs and not on AMD's, and torch's GEMM may be built on
     another BLAS (benchmarks/README.md, issue 25). ATTNLAB_FLOAT_ROWS=c or torch chooses instead
     (amx: the measured choice, for the attention); a name it does not take is one line in every
     build."""
@@ -54,6 +62,21 @@ def float_rows() -> bool:
     if forced in ("c", "torch"):
         return forced == "c"
     return _tiles_beat_torch(variant(), torch.get_num_threads())
+
+
+def attention_rows() -> bool:
+    """Whether a prompt's causal attention from position 0 (scores, pattern and z, or the three
+    fused: attnlab.generate.fast_layers.KernelAttention) takes the C kernels' float32 tiles: where
+    this build vectorises them and its attention ran faster than torch's steps on this machine,
+    measured once per machine, build and thread count (`attention_against_torch`).
+    ATTNLAB_FLOAT_ROWS=c or torch chooses instead (amx: the measured choice; AMX's own attention
+    is `float_products`'s); a name it does not take is one line in every build."""
+    forced = _forced_float_rows()
+    if not rows_vectorized()[1]:
+        return False
+    if forced in ("c", "torch"):
+        return forced == "c"
+    return _attention_beats_torch(variant(), torch.get_num_threads())
 
 
 def float_products() -> str:
@@ -111,3 +134,54 @@ def tiles_against_torch(build: str | None, threads: int) -> machine.Measured:
 
     extra = {"build": build, "library": library_file, "threads": threads, "version": 1}
     return machine.measured("float32-tiles-against-torch", measure, extra)
+
+
+def _attention_beats_torch(build: str | None, threads: int) -> bool:
+    """Whether the C kernels' attention of `build` ran faster than torch's steps on `threads`
+    threads: `attention_against_torch`'s answer, kept as `_tiles_beat_torch`'s is."""
+    return attention_against_torch(build, threads).values["attention_won"]
+
+
+def attention_against_torch(build: str | None, threads: int) -> machine.Measured:
+    """A prompt's causal attention with its pattern (the hooked path: scores, pattern, z) in the C
+    kernels (attend_explicit, run_with_cache's one call; hooks that may edit take its three
+    steps) against torch's (as KernelAttention takes
+    them where they are the faster: Attention's numbers, fewer copies) on SmolLM2's heads (9
+    queries, 3 keys and values, d_head 64) over 256 positions, each the best of 5 after one
+    warm-up, taking turns: values attention_ms, torch_ms and attention_won, measured once per
+    machine, build and thread count."""
+    chosen = chosen_variant()
+    library_file = chosen[1].name if chosen is not None and chosen[0] == build else None
+
+    def measure() -> dict[str, float | bool]:
+        generator = torch.Generator().manual_seed(0)  # the caller's random state left alone
+        # [batch, head, pos, d_head], as Attention hands them on
+        q = torch.randn(1, 256, 9, 64, generator=generator).transpose(1, 2)
+        k, v = (torch.randn(1, 256, 3, 64, generator=generator).transpose(1, 2) for _ in "kv")
+
+        def with_torch() -> torch.Tensor:
+            # the steps KernelAttention takes where torch's are the faster: the scores scaled and
+            # masked in place, the softmax without the all-masked guard (no row needs it here)
+            scores = torch.matmul(q, expand_kv(q, k).transpose(-2, -1)).mul_(0.125)
+            scores.masked_fill_(~causal_mask(256, 256), float("-inf"))
+            return torch.matmul(torch.softmax(scores, dim=-1), expand_kv(q, v))
+
+        runs = {
+            "c": lambda: attend_explicit(q, k, v, 0.125),
+            "torch": with_torch,
+        }
+        times = {name: [] for name in runs}
+        for _ in range(6):
+            for name, run in runs.items():
+                start = time.perf_counter()
+                run()
+                times[name].append(time.perf_counter() - start)
+        best = {name: min(seconds[1:]) for name, seconds in times.items()}
+        return {
+            "attention_ms": best["c"] * 1e3,
+            "torch_ms": best["torch"] * 1e3,
+            "attention_won": best["c"] < best["torch"],
+        }
+
+    extra = {"build": build, "library": library_file, "threads": threads, "version": 1}
+    return machine.measured("attention-against-torch", measure, extra)

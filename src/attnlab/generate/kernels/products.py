@@ -201,8 +201,10 @@ def dequantize(blocks: torch.Tensor, kind: BlockKind, d_in: int) -> torch.Tensor
 
 def rows_vectorized() -> tuple[bool, bool]:
     """Whether this build's prompt products (`block_linear_rows`, `linear_rows`) run vectorised:
-    (the 8-bit product on AVX-512 VNNI, the float32 one on AVX-512). Generation takes them for
-    prompts only then (attnlab.generate.fast_layers); elsewhere they are plain loops, for tests."""
+    (the 8-bit product on AVX-512 VNNI or AVX2, the float32 one and the prompt attention on
+    AVX-512 or AVX2 with FMA). Generation and forward passes take them for prompts only then
+    (attnlab.generate.fast_layers; the float32 ones where they also measured faster than torch's
+    GEMM, kernels.float_rows); elsewhere they are plain loops, for tests."""
     bits = builds.library().attnlab_linear_rows_vectorized()
     return bool(bits & 1), bool(bits & 2)
 

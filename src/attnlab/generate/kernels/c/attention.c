@@ -172,7 +172,7 @@ void attnlab_attend_rows(const float *q, const float *k, const float *v, float *
       float tile_out[TILE_ROWS_F * TILE_N];
       for (int64_t s0 = 0; s0 < n; s0 += TILE_N) {
         f_tile_rows(kt + ((b * kv_heads + g) * key_blocks + s0 / TILE_N) * d_head * TILE_N, TILE_N,
-                    d_head, qr, tile_out);
+                    d_head, qr, NULL, tile_out);
         for (int64_t r = 0; r < TILE_ROWS_F; r++)
           memcpy(p + r * padded + s0, tile_out + r * TILE_N, sizeof(float) * TILE_N);
       }
@@ -192,7 +192,7 @@ void attnlab_attend_rows(const float *q, const float *k, const float *v, float *
       }
       const float *vh = v + g * d_head + b * T * kv_heads * d_head;
       for (int64_t c0 = 0; c0 < d_head; c0 += TILE_N) {
-        f_tile_rows(vh + c0, kv_heads * d_head, n, pr, tile_out);
+        f_tile_rows(vh + c0, kv_heads * d_head, n, pr, NULL, tile_out);
         for (int64_t r = 0; r < m; r++)
           for (int64_t j = 0; j < TILE_N; j++)
             out[((b * T + t0 + r) * heads + h) * d_head + c0 + j] =
@@ -231,7 +231,7 @@ void attnlab_attend_scores(const float *q, const float *k, float *scores, float 
       /* the key blocks any of these queries sees */
       for (int64_t s0 = 0; s0 < t0 + m; s0 += TILE_N) {
         f_tile_rows(scratch + ((b * kv_heads + g) * key_blocks + s0 / TILE_N) * d_head * TILE_N,
-                    TILE_N, d_head, qr, tile_out);
+                    TILE_N, d_head, qr, NULL, tile_out);
         int64_t n = T - s0 < TILE_N ? T - s0 : TILE_N;
         for (int64_t r = 0; r < m; r++)
           for (int64_t j = 0; j < n; j++)
@@ -302,10 +302,67 @@ void attnlab_attend_mix(const float *pattern, const float *v, float *out, int64_
     for (int64_t r = 0; r < TILE_ROWS_F; r++) pr[r] = pattern + (bh * T + t0 + (r < m ? r : 0)) * S;
     float tile_out[TILE_ROWS_F * TILE_N];
     for (int64_t c0 = 0; c0 < d_head; c0 += TILE_N) {
-      f_tile_rows(vh + c0, kv_heads * d_head, S, pr, tile_out);
+      f_tile_rows(vh + c0, kv_heads * d_head, S, pr, NULL, tile_out);
       for (int64_t r = 0; r < m; r++)
         memcpy(out + ((b * T + t0 + r) * heads + h) * d_head + c0, tile_out + r * TILE_N,
                TILE_N * sizeof(float));
+    }
+  }
+}
+
+/* attnlab_attend_scores, attnlab_softmax_rows and attnlab_attend_mix in one call, for hooks between
+ * them that only read (run_with_cache): per block of TILE_ROWS_F queries of a head, its scores
+ * (written to scores), their pattern (softmax_row, the scores read back from the core's cache) and
+ * z = pattern V over the keys the block sees, while its rows are in the cache; the pattern's later
+ * keys are a causal softmax's exact zeros, which add nothing to a sum of finite values and are not
+ * multiplied (as attnlab_attend_explicit_amx does not). The three calls' numbers, bit for bit. q,
+ * out_z [batch, T, heads, d_head], k, v [batch, T, kv_heads, d_head], d_head a multiple of TILE_N;
+ * scores and pattern [batch, heads, T, T]; scratch as attnlab_attend_scores's. */
+void attnlab_attend_explicit(const float *q, const float *k, const float *v, float *scores,
+                             float *pattern, float *out_z, float *scratch, int64_t batch, int64_t T,
+                             int64_t heads, int64_t kv_heads, int64_t d_head, float scale,
+                             int threads) {
+  int64_t padded = (T + TILE_N - 1) / TILE_N * TILE_N, key_blocks = padded / TILE_N,
+          group = heads / kv_heads;
+  int64_t query_blocks = (T + TILE_ROWS_F - 1) / TILE_ROWS_F;
+#pragma omp parallel num_threads(threads)
+  {
+    lay_out_keys(k, scratch, batch, T, kv_heads, d_head);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < batch * heads * query_blocks; i++) {
+      int64_t t0 = (query_blocks - 1 - i % query_blocks) * TILE_ROWS_F, bh = i / query_blocks;
+      int64_t b = bh / heads, h = bh % heads, g = h / group,
+              m = T - t0 < TILE_ROWS_F ? T - t0 : TILE_ROWS_F;
+      int64_t seen = t0 + m; /* keys that any of these queries sees */
+      const float *qr[TILE_ROWS_F], *pr[TILE_ROWS_F];
+      float tile_out[TILE_ROWS_F * TILE_N], *rows = scores + (bh * T + t0) * T,
+                                            *weights = pattern + (bh * T + t0) * T;
+      for (int64_t r = 0; r < TILE_ROWS_F; r++) { /* rows past the last repeat t0; dropped */
+        qr[r] = q + ((b * T + t0 + (r < m ? r : 0)) * heads + h) * d_head;
+        pr[r] = weights + (r < m ? r : 0) * T;
+      }
+      /* the scores: attnlab_attend_scores's */
+      for (int64_t s0 = 0; s0 < seen; s0 += TILE_N) {
+        f_tile_rows(scratch + ((b * kv_heads + g) * key_blocks + s0 / TILE_N) * d_head * TILE_N,
+                    TILE_N, d_head, qr, NULL, tile_out);
+        int64_t n = T - s0 < TILE_N ? T - s0 : TILE_N;
+        for (int64_t r = 0; r < m; r++)
+          for (int64_t j = 0; j < n; j++)
+            rows[r * T + s0 + j] = s0 + j <= t0 + r ? tile_out[r * TILE_N + j] * scale : -INFINITY;
+      }
+      for (int64_t r = 0; r < m; r++) {
+        for (int64_t s = (seen + TILE_N - 1) / TILE_N * TILE_N; s < T; s++)
+          rows[r * T + s] = -INFINITY;
+        softmax_row(rows + r * T, weights + r * T, T);
+      }
+      /* z: attnlab_attend_mix's, over the keys seen */
+      const float *vh = v + (b * T * kv_heads + g) * d_head;
+      for (int64_t c0 = 0; c0 < d_head; c0 += TILE_N) {
+        f_tile_rows(vh + c0, kv_heads * d_head, seen, pr, NULL, tile_out);
+        for (int64_t r = 0; r < m; r++)
+          memcpy(out_z + ((b * T + t0 + r) * heads + h) * d_head + c0, tile_out + r * TILE_N,
+                 TILE_N * sizeof(float));
+      }
     }
   }
 }

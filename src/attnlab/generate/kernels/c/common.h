@@ -147,11 +147,35 @@ typedef struct {
 #define GROUP 16
 
 #define TILE_N 32 /* output features per packed tile: two vectors of 16 */
+/* rows per register tile, float32 products (tiles_f32.c's f_tile_rows); F_TILES: whether that
+ * product runs on this build's vectors (AVX-512, or AVX2 with FMA) or is the compiler's loop */
 #if AVX512
-#define TILE_ROWS_F 12 /* rows per register tile, float32 products: 24 sums of 16 floats */
+#define TILE_ROWS_F 12 /* 24 sums of 16 floats */
+#define F_TILES 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#define TILE_ROWS_F 6 /* 12 sums of 8 floats, for each half of the tile's 32 features */
+#define F_TILES 1
 #else
 #define TILE_ROWS_F 3 /* 12 sums of 8 floats */
+#define F_TILES 0
 #endif
+
+/* The product's blocking, as BLIS's (its kc, mc and nc): each thread takes a contiguous share of
+ * the tiles, F_GROUP of them laid out at a time; the rows go F_PANEL register blocks at a time
+ * (a panel of x), each through every tile of the group, their sums over k in pieces of F_KC. So the
+ * tile's piece (F_KC x TILE_N floats, 16 KiB on AVX2) stays in the level-1 cache while every block
+ * of the panel reads it, where a whole tile (72 KiB at d_in 576) came from level 2 for every
+ * block; and the panel of x stays in level 2 for the whole group, where it came from level 3 (or
+ * memory) once per tile. AVX-512 keeps its tile-at-a-time pass (F_KC all of k, one tile a
+ * group). The pieces add to the same sums bit for bit (tiles_f32.c's f_tile_rows). */
+#if AVX512
+#define F_KC INT64_MAX
+#define F_GROUP 1
+#else
+#define F_KC 128
+#define F_GROUP 4
+#endif
+#define F_PANEL 12
 
 #if AVX512 && defined(__AVX512VNNI__)
 #define ROWS_VNNI 1

@@ -432,18 +432,24 @@ static void store_tile(const float *out, const float *b, float *y, int64_t r0, i
       y[(r0 + r) * d_out + o0 + j] = out[r * TILE_N + j] + (b ? b[o0 + j] : 0.0f);
 }
 
+/* the bytes of one laid-out float32 tile of d_in rows (tiles_f32.c) */
+static int64_t f_tile_bytes(int64_t d_in) {
+  return align64(d_in * TILE_N * (int64_t)sizeof(float));
+}
+
 /* The scratch bytes attnlab_linear_q_rows(_many) and attnlab_linear_f_rows need: the rounded rows,
- * and one tile per thread. */
+ * and per thread one 8-bit tile or F_GROUP float32 ones. */
 int64_t attnlab_linear_rows_scratch(int64_t rows, int64_t d_in, int threads) {
   int64_t rounded = align64(rows * x_row_bytes(d_in)), q = q_tile_bytes(d_in / QK);
-  int64_t f = d_in * TILE_N * (int64_t)sizeof(float);
+  int64_t f = F_GROUP * f_tile_bytes(d_in);
   return rounded + threads * align64(q > f ? q : f);
 }
 
 /* Which of the two products run vectorised in this build: bit 0 attnlab_linear_q_rows (AVX-512 VNNI
- * or AVX2; otherwise a plain loop), bit 1 attnlab_linear_f_rows on AVX-512 registers (otherwise
- * whatever vectors the target has, where callers keep torch's GEMM). */
-int attnlab_linear_rows_vectorized(void) { return (ROWS_VNNI || ROWS_AVX2) | (AVX512 << 1); }
+ * or AVX2; otherwise a plain loop), bit 1 attnlab_linear_f_rows and the prompt attention on
+ * AVX-512's or AVX2's FMA registers (F_TILES; otherwise whatever vectors the target has, where
+ * callers keep torch's GEMM). */
+int attnlab_linear_rows_vectorized(void) { return (ROWS_VNNI || ROWS_AVX2) | (F_TILES << 1); }
 
 /* y_i [rows, d_out[i]] = x [rows, d_in] W_i^T + b_i for the n matrices W_i (blocks of type[i]; b_i
  * may be NULL), x rounded to 8 bits per block once for all of them (as attnlab_linear_q rounds it):
