@@ -89,6 +89,50 @@ CONFIGS = [
         "gptneox",
         config_json=dict(rotary_pct=0.25, rotary_emb_base=10000),
     ),
+    Case(
+        "phi3",
+        "phi3",
+        # Phi-3-mini's vocabulary (Llama 2's and 64 more, padded by the converter) and window
+        # (longer than the prompts: llama.cpp runs phi3 files without it)
+        dict(
+            **SMALL,
+            **SMALL_POSITIONS,
+            num_key_value_heads=2,
+            vocab_size=32064,
+            sliding_window=2047,
+        ),
+        "spm",
+        "phi3",
+        # Phi-3-mini's added tokens (llama.cpp looks <|endoftext|> up in a Phi-3's vocabulary)
+        tokenizer_config={
+            "added_tokens_decoder": {
+                str(i): {"content": text, "special": True}
+                for i, text in (
+                    (32000, "<|endoftext|>"),
+                    (32001, "<|assistant|>"),
+                    (32006, "<|system|>"),
+                    (32007, "<|end|>"),
+                    (32010, "<|user|>"),
+                )
+            }
+        },
+    ),
+    Case(
+        "gemma",
+        "gemma",
+        dict(**SMALL, **SMALL_POSITIONS, num_key_value_heads=1, head_dim=32, vocab_size=32000),
+        "spm",
+        "gemma",
+    ),
+    Case(
+        "stablelm",
+        "stablelm",
+        dict(
+            **SMALL, **SMALL_POSITIONS, num_key_value_heads=2, vocab_size=50257, use_qkv_bias=True
+        ),
+        "bpe",
+        "stablelm",
+    ),
 ]
 BY_NAME = {case.name: case for case in CONFIGS}
 
@@ -171,7 +215,10 @@ def write_spm_tokenizer(sources: Sources, directory: Path) -> None:
     model = pieces + _protobuf_field(2, 2, trainer) + _protobuf_field(3, 2, normalizer)
     (directory / "tokenizer.model").write_bytes(model)
     (directory / "tokenizer_config.json").write_text(
-        json.dumps({"add_bos_token": True, "add_eos_token": False}), encoding="utf-8"
+        json.dumps(
+            {"add_bos_token": True, "add_eos_token": False, "tokenizer_class": "LlamaTokenizer"}
+        ),
+        encoding="utf-8",
     )
 
 
@@ -345,6 +392,7 @@ def run_case(case: Case, reference, path: Path, failed: str | None, binaries: Pa
         ours = greedy_text(model, PROMPT, NEW_TOKENS)
         theirs = llama_simple(binaries, path, PROMPT, NEW_TOKENS)
         row["greedy_equal_llama_simple"] = ours == theirs
+        row["greedy_text"] = ours
         if ours != theirs:
             row["greedy_note"] = f"attnlab {ours!r} vs llama-simple {theirs!r}"
     else:

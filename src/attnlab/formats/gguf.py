@@ -37,9 +37,14 @@ Design choices:
   same tensor. Float tensors (F32, F16, BF16) are read as by default.
 - Architectures: llama (SmolLM, TinyLlama, Llama 2/3 without rope_freqs, and Mistral 7B files, which
   llama.cpp writes as llama and runs without a sliding window), mistral and mistral3 (llama's
-  tensors under their own key prefix: _mistral_settings), qwen2, qwen3, gpt2 and gemma3 (its table
-  and its settings in attnlab.formats.gemma3: the file's norms already hold Gemma's 1 + w). Any
-  other is refused by name.
+  tensors under their own key prefix: _mistral_settings), qwen2, qwen3, gpt2, gemma3 and gemma
+  (their table and settings in attnlab.formats.gemma3: the file's norms already hold 1 + w),
+  gptneox (attnlab.formats.gpt_neox's table; the converter wrote its fused q/k/v as all q rows,
+  then k, then v, where Pythia's checkpoint interleaves them per head: FUSED_BY_PART), phi3
+  (attnlab.formats.phi3) and stablelm (attnlab.formats.stablelm), the last two with RoPE on part of
+  each head where rope.dimension_count says so. Any other is refused by name, with the list of
+  these. Each is tested on a file llama.cpp's converter wrote from a transformers model
+  (tests/test_formats_gguf_architectures.py, benchmarks/gguf_architectures.py).
 """
 
 from __future__ import annotations
@@ -55,11 +60,13 @@ import torch
 
 from ..errors import UserError, first_line
 from ..model.transformer import Transformer
-from .gemma3 import GEMMA3
+from .gemma3 import GEMMA, GEMMA3
 from .gemma3 import MODEL_TYPE as GEMMA3_TYPE
 from .gguf_tokenizer import tokenizer_from_gguf
 from .hf import architecture_for
 from .native import empty_model
+from .phi3 import PHI3
+from .stablelm import STABLELM
 from .untrusted import check_fits, warn_non_finite
 
 MAGIC = b"GGUF"
@@ -75,11 +82,23 @@ ARCHITECTURES = {
     "qwen3": "qwen3",
     "gpt2": "gpt2",
     "gemma3": GEMMA3_TYPE,
+    "gptneox": "gpt_neox",
+    "phi3": "phi3",
+    "gemma": "gemma",
+    "stablelm": "stablelm",
 }
+# the tables of the model_types above that attnlab.formats.hf does not read from directories
+GGUF_TABLES = {GEMMA3_TYPE: GEMMA3, "phi3": PHI3, "gemma": GEMMA, "stablelm": STABLELM}
+# the architectures whose RoPE may rotate part of each head (rope.dimension_count < head size)
+PARTIAL_ROTARY = ("phi3", "stablelm")
 # the architectures whose q and k rows llama.cpp's converter permuted (LLAMA_ROPE_TYPE_NORM)
 PERMUTED = ("llama", "mistral", "mistral3")
 # the tensor-name map each one is written by (gguf-py has no "mistral": llama's names)
 NAME_MAPS = {"mistral": "llama"}
+# the architectures whose fused q/k/v the converter wrote as all of q, then k, then v, where the
+# Hugging Face checkpoint interleaves them per head (convert_hf_to_gguf.py, GPTNeoXModel.
+# modify_tensors): their table's per-head split is read as a plain one
+FUSED_BY_PART = ("gptneox",)
 # the tensor types read here
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K")
 
@@ -361,6 +380,8 @@ def hf_config(file: GGUFFile) -> dict:
             "tie_word_embeddings": tied,
             **special,
         }
+    if arch == "gptneox":
+        return _gptneox_config(file, get, d_vocab, tied, special)
     d_model, n_heads = get("embedding_length"), get("attention.head_count")
     head_dim = get("attention.key_length")
     if head_dim is None and isinstance(d_model, int) and isinstance(n_heads, int) and n_heads > 0:
@@ -370,11 +391,16 @@ def hf_config(file: GGUFFile) -> dict:
             f"{file.path}: key length {head_dim} and value length {get('attention.value_length')} "
             "differ; attnlab's heads have one size"
         )
-    if get("rope.dimension_count", head_dim) != head_dim:
+    rotated = get("rope.dimension_count", head_dim)
+    if arch in PARTIAL_ROTARY and isinstance(rotated, int) and isinstance(head_dim, int):
+        partial = {"partial_rotary_factor": rotated / head_dim}
+    elif rotated != head_dim:
         raise UserError(
             f"{file.path}: RoPE rotates {get('rope.dimension_count')} of {head_dim} dims per head; "
             f"{arch} rotates all of them in attnlab (as in transformers)"
         )
+    else:
+        partial = {}
     hf = {
         "model_type": ARCHITECTURES[arch],
         "vocab_size": d_vocab,
@@ -388,6 +414,7 @@ def hf_config(file: GGUFFile) -> dict:
         "rms_norm_eps": get("attention.layer_norm_rms_epsilon", 1e-6),
         "rope_theta": get("rope.freq_base", 10000.0),
         "tie_word_embeddings": tied,
+        **partial,
         **special,
     }
     scaling = get("rope.scaling.type", "none")
@@ -403,9 +430,50 @@ def hf_config(file: GGUFFile) -> dict:
         hf["model_type"], hf["attention_bias"] = "llama", False
     if arch == "gemma3":
         hf.update(_gemma3_settings(file, hf))
+    if arch == "gemma":  # llama.cpp's Gemma: the tanh GELU, 1/sqrt(head size), tied
+        hf["hidden_activation"] = "gelu_pytorch_tanh"
+    if arch == "stablelm":  # LayerNorm, biases on q/k/v where the file has them
+        hf.update(
+            layer_norm_eps=get("attention.layer_norm_epsilon", 1e-5),
+            use_qkv_bias="blk.0.attn_q.bias" in file.tensors,
+            use_parallel_residual=bool(get("use_parallel_residual", False)),
+            qk_layernorm="blk.0.attn_q_norm.weight" in file.tensors,
+        )
     if arch in ("mistral", "mistral3"):
         hf.update(_mistral_settings(file, arch))
+    if arch == "phi3":
+        # llama.cpp reads phi3.attention.sliding_window and runs without it (src/models/phi3.cpp:
+        # "Phi SWA is currently disabled", ggml-org/llama.cpp#13676): as it computes the file
+        hf["sliding_window"] = None
     return hf
+
+
+def _gptneox_config(file: GGUFFile, get, d_vocab, tied: bool, special: dict) -> dict:
+    """GPT-NeoX's config.json from llama.cpp's keys (convert_hf_to_gguf.py, GPTNeoXModel): the
+    rotary fraction is rope.dimension_count over the head size; the converter writes no RoPE base
+    (llama.cpp's default, 10,000, as Pythia's) and no activation (llama.cpp's GELU; Pythia's
+    config says the exact one, which transformers computes); biases on q/k/v and the output
+    projection where the file has them."""
+    d_model, n_heads = get("embedding_length"), get("attention.head_count")
+    head_dim = d_model // n_heads if isinstance(d_model, int) and isinstance(n_heads, int) else None
+    rotated = get("rope.dimension_count", head_dim)
+    return {
+        "model_type": "gpt_neox",
+        "vocab_size": d_vocab,
+        "max_position_embeddings": get("context_length"),
+        "hidden_size": d_model,
+        "num_hidden_layers": get("block_count"),
+        "num_attention_heads": n_heads,
+        "intermediate_size": get("feed_forward_length"),
+        "rotary_pct": rotated / head_dim if isinstance(rotated, int) and head_dim else rotated,
+        "rotary_emb_base": get("rope.freq_base", 10000.0),
+        "use_parallel_residual": bool(get("use_parallel_residual", True)),
+        "layer_norm_eps": get("attention.layer_norm_epsilon", 1e-5),
+        "hidden_act": "gelu",
+        "attention_bias": "blk.0.attn_qkv.bias" in file.tensors,
+        "tie_word_embeddings": tied,
+        **special,
+    }
 
 
 def _mistral_settings(file: GGUFFile, arch: str) -> dict:
@@ -503,7 +571,7 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", keep_blocks:
     file = read_gguf(path)
     source = str(file.path)
     hf = hf_config(file)
-    arch = GEMMA3 if hf["model_type"] == GEMMA3_TYPE else architecture_for(hf, source)
+    arch = GGUF_TABLES.get(hf["model_type"]) or architecture_for(hf, source)
     try:
         config = arch.config_from_hf(hf, source)
     except UserError as exc:
@@ -535,6 +603,8 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", keep_blocks:
         name: tuple(t.shape) for name, t in Transformer(config, device="meta").state_dict().items()
     }
     table = arch.weights(hf, config)
+    if gguf_arch in FUSED_BY_PART:
+        table = [type(w)(w.hf, *w.ours, conv1d=w.conv1d) for w in table]
     found = {}
     for w in table:
         full = w.hf if w.hf in arch.head_keys else arch.write_prefix + w.hf
