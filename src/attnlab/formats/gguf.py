@@ -67,6 +67,7 @@ from .hf import architecture_for
 from .native import empty_model
 from .phi3 import PHI3
 from .stablelm import STABLELM
+from .starcoder2 import STARCODER2
 from .untrusted import check_fits, warn_non_finite
 
 MAGIC = b"GGUF"
@@ -86,9 +87,16 @@ ARCHITECTURES = {
     "phi3": "phi3",
     "gemma": "gemma",
     "stablelm": "stablelm",
+    "starcoder2": "starcoder2",
 }
 # the tables of the model_types above that attnlab.formats.hf does not read from directories
-GGUF_TABLES = {GEMMA3_TYPE: GEMMA3, "phi3": PHI3, "gemma": GEMMA, "stablelm": STABLELM}
+GGUF_TABLES = {
+    GEMMA3_TYPE: GEMMA3,
+    "phi3": PHI3,
+    "gemma": GEMMA,
+    "stablelm": STABLELM,
+    "starcoder2": STARCODER2,
+}
 # the architectures whose RoPE may rotate part of each head (rope.dimension_count < head size)
 PARTIAL_ROTARY = ("phi3", "stablelm")
 # the architectures whose q and k rows llama.cpp's converter permuted (LLAMA_ROPE_TYPE_NORM)
@@ -432,6 +440,12 @@ def hf_config(file: GGUFFile) -> dict:
         hf.update(_gemma3_settings(file, hf))
     if arch == "gemma":  # llama.cpp's Gemma: the tanh GELU, 1/sqrt(head size), tied
         hf["hidden_activation"] = "gelu_pytorch_tanh"
+    if arch == "starcoder2":  # LayerNorm, the tanh GELU, biases where the file has them
+        hf.update(
+            norm_epsilon=get("attention.layer_norm_epsilon", 1e-5),
+            hidden_act="gelu_pytorch_tanh",
+            use_bias="blk.0.attn_q.bias" in file.tensors,
+        )
     if arch == "stablelm":  # LayerNorm, biases on q/k/v where the file has them
         hf.update(
             layer_norm_eps=get("attention.layer_norm_epsilon", 1e-5),
