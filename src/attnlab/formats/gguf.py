@@ -88,6 +88,7 @@ ARCHITECTURES = {
     "gemma": "gemma",
     "stablelm": "stablelm",
     "starcoder2": "starcoder2",
+    "granite": "llama",  # with Granite's multipliers (hf_config)
 }
 # the tables of the model_types above that attnlab.formats.hf does not read from directories
 GGUF_TABLES = {
@@ -100,7 +101,7 @@ GGUF_TABLES = {
 # the architectures whose RoPE may rotate part of each head (rope.dimension_count < head size)
 PARTIAL_ROTARY = ("phi3", "stablelm")
 # the architectures whose q and k rows llama.cpp's converter permuted (LLAMA_ROPE_TYPE_NORM)
-PERMUTED = ("llama", "mistral", "mistral3")
+PERMUTED = ("llama", "mistral", "mistral3", "granite")
 # the tensor-name map each one is written by (gguf-py has no "mistral": llama's names)
 NAME_MAPS = {"mistral": "llama"}
 # the architectures whose fused q/k/v the converter wrote as all of q, then k, then v, where the
@@ -440,6 +441,17 @@ def hf_config(file: GGUFFile) -> dict:
         hf.update(_gemma3_settings(file, hf))
     if arch == "gemma":  # llama.cpp's Gemma: the tanh GELU, 1/sqrt(head size), tied
         hf["hidden_activation"] = "gelu_pytorch_tanh"
+    if arch == "granite":
+        # convert_hf_to_gguf.py's GraniteModel: {arch}.attention.scale, .embedding_scale,
+        # .residual_scale, .logit_scale from config.json's *_multiplier and logits_scaling
+        for key, name in (
+            ("attention.scale", "attention_multiplier"),
+            ("embedding_scale", "embedding_multiplier"),
+            ("residual_scale", "residual_multiplier"),
+            ("logit_scale", "logits_scaling"),
+        ):
+            if get(key) is not None:
+                hf[name] = get(key)
     if arch == "starcoder2":  # LayerNorm, the tanh GELU, biases where the file has them
         hf.update(
             norm_epsilon=get("attention.layer_norm_epsilon", 1e-5),

@@ -120,6 +120,14 @@ class ModelConfig:
     init_std: float = 0.02  # std of the normal init of weights (GPT-2)
     # format-specific notes (e.g. HF ids)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    # Granite's multipliers (IBM Granite 3): the token embedding times this before the first block
+    # (after scale_embed's √d_model)
+    embedding_multiplier: float = 1.0
+    # each sublayer's output (attn_out, mlp_out: the hooks see it) times this before it joins the
+    # residual stream
+    residual_multiplier: float = 1.0
+    # the logits times this, before any soft-cap (Granite: 1 / logits_scaling)
+    logit_scale: float = 1.0
 
     def __post_init__(self) -> None:
         positive = ("d_vocab", "n_ctx", "d_model", "n_layers", "n_heads", "d_head", "d_mlp")
@@ -250,6 +258,9 @@ class ModelConfig:
                 "logit_softcap must be a positive number (or None for no cap), got "
                 f"{self.logit_softcap}"
             )
+        for name in ("embedding_multiplier", "residual_multiplier", "logit_scale"):
+            if not getattr(self, name) > 0:
+                raise UserError(f"{name} must be a positive number, got {getattr(self, name)}")
         if self.n_token_types < 0:
             raise UserError(f"n_token_types must be >= 0, got {self.n_token_types}")
 
