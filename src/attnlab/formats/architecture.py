@@ -247,12 +247,6 @@ def decoder(
 ) -> Architecture:
     """A decoder in LLaMA's checkpoint layout (`model.` before the blocks, `lm_head` outside),
     read only: saving as it is refused in one line naming `name` (Gemma, Phi-3, StableLM)."""
-
-    def config_to_hf(cfg: ModelConfig) -> dict:
-        raise UserError(
-            f"attnlab writes no Hugging Face {name} directory; save with format='attnlab'"
-        )
-
     return Architecture(
         model_types=model_types,
         read_prefixes=("model.",),
@@ -260,9 +254,20 @@ def decoder(
         head_keys=("lm_head.weight",),
         ignored=(),
         config_from_hf=config_from_hf,
-        config_to_hf=config_to_hf,
+        config_to_hf=refuse_writing(name),
         weights=weights,
     )
+
+
+def refuse_writing(name: str) -> Callable[[ModelConfig], dict]:
+    """A config_to_hf for an architecture attnlab reads but does not write."""
+
+    def config_to_hf(cfg: ModelConfig) -> dict:
+        raise UserError(
+            f"attnlab writes no Hugging Face {name} directory; save with format='attnlab'"
+        )
+
+    return config_to_hf
 
 
 def embedding_and_head(cfg: ModelConfig, final_norm_bias: bool = False) -> tuple[list, list]:

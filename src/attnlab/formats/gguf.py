@@ -42,8 +42,11 @@ Design choices:
   gptneox (attnlab.formats.gpt_neox's table; the converter wrote its fused q/k/v as all q rows,
   then k, then v, where Pythia's checkpoint interleaves them per head: FUSED_BY_PART), phi3
   (attnlab.formats.phi3) and stablelm (attnlab.formats.stablelm), the last two with RoPE on part of
-  each head where rope.dimension_count says so. Any other is refused by name, with the list of
-  these. Each is tested on a file llama.cpp's converter wrote from a transformers model
+  each head where rope.dimension_count says so, starcoder2 (attnlab.formats.starcoder2), granite
+  (llama's table and rows, with Granite's multipliers), falcon and command-r (attnlab.formats.
+  parallel: one norm shared by a parallel block's two branches, read into both of attnlab's; a
+  tensor the table lists twice is read once and copied). Any other is refused by name, with the
+  list of these. Each is tested on a file llama.cpp's converter wrote from a transformers model
   (tests/test_formats_gguf_architectures.py, benchmarks/gguf_architectures.py).
 """
 
@@ -65,6 +68,7 @@ from .gemma3 import MODEL_TYPE as GEMMA3_TYPE
 from .gguf_tokenizer import tokenizer_from_gguf
 from .hf import architecture_for
 from .native import empty_model
+from .parallel import COHERE, FALCON
 from .phi3 import PHI3
 from .stablelm import STABLELM
 from .starcoder2 import STARCODER2
@@ -89,6 +93,8 @@ ARCHITECTURES = {
     "stablelm": "stablelm",
     "starcoder2": "starcoder2",
     "granite": "llama",  # with Granite's multipliers (hf_config)
+    "falcon": "falcon",
+    "command-r": "cohere",
 }
 # the tables of the model_types above that attnlab.formats.hf does not read from directories
 GGUF_TABLES = {
@@ -97,11 +103,15 @@ GGUF_TABLES = {
     "gemma": GEMMA,
     "stablelm": STABLELM,
     "starcoder2": STARCODER2,
+    "falcon": FALCON,
+    "cohere": COHERE,
 }
 # the architectures whose RoPE may rotate part of each head (rope.dimension_count < head size)
 PARTIAL_ROTARY = ("phi3", "stablelm")
 # the architectures whose q and k rows llama.cpp's converter permuted (LLAMA_ROPE_TYPE_NORM)
-PERMUTED = ("llama", "mistral", "mistral3", "granite")
+# (command-r: the converter keeps the checkpoint's rows, and transformers' Cohere and llama.cpp
+# both rotate interleaved pairs, which the same reordering turns into attnlab's halves)
+PERMUTED = ("llama", "mistral", "mistral3", "granite", "command-r")
 # the tensor-name map each one is written by (gguf-py has no "mistral": llama's names)
 NAME_MAPS = {"mistral": "llama"}
 # the architectures whose fused q/k/v the converter wrote as all of q, then k, then v, where the
@@ -452,6 +462,20 @@ def hf_config(file: GGUFFile) -> dict:
         ):
             if get(key) is not None:
                 hf[name] = get(key)
+    if arch == "falcon":  # Falcon-7B's layout: one norm per block, parallel, multi-query
+        n_kv = get("attention.head_count_kv", 1)
+        hf.update(
+            layer_norm_epsilon=get("attention.layer_norm_epsilon", 1e-5),
+            multi_query=n_kv == 1,
+            new_decoder_architecture=n_kv != 1 or "blk.0.attn_norm_2.weight" in file.tensors,
+            bias="blk.0.attn_qkv.bias" in file.tensors,
+        )
+    if arch == "command-r":
+        hf.update(
+            layer_norm_eps=get("attention.layer_norm_epsilon", 1e-5),
+            logit_scale=get("logit_scale", 1.0),
+            use_qk_norm="blk.0.attn_q_norm.weight" in file.tensors,
+        )
     if arch == "starcoder2":  # LayerNorm, the tanh GELU, biases where the file has them
         hf.update(
             norm_epsilon=get("attention.layer_norm_epsilon", 1e-5),
@@ -631,7 +655,7 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", keep_blocks:
     table = arch.weights(hf, config)
     if gguf_arch in FUSED_BY_PART:
         table = [type(w)(w.hf, *w.ours, conv1d=w.conv1d) for w in table]
-    found = {}
+    found, copies = {}, {}  # copies: attnlab name -> the one it is a copy of
     for w in table:
         full = w.hf if w.hf in arch.head_keys else arch.write_prefix + w.hf
         base, suffix = full.rsplit(".", 1)
@@ -649,6 +673,9 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", keep_blocks:
                 f"{source}: tensor {name!r} has shape {actual} but the metadata implies "
                 f"{expected}; the metadata does not match the tensors"
             )
+        if name in found:  # a shared norm read into two (attnlab.formats.parallel)
+            copies[w.ours[0]] = found[name].ours[0]
+            continue
         found[name] = w
     extra = sorted(set(file.tensors) - set(found))
     if extra:
@@ -694,6 +721,9 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", keep_blocks:
                 if ours.removesuffix(".weight") not in kept:  # else: its blocks, not a float copy
                     params[ours].copy_(part)
                 covered.add(ours)
+        for ours, source in copies.items():
+            params[ours].copy_(params[source])
+            covered.add(ours)
         for name, tensor in params.items():
             if name not in covered and not (name == "unembed.weight" and config.tie_embeddings):
                 if name.endswith(".blocks"):
