@@ -143,7 +143,8 @@ CONFIGS = [
         "bpe",
         "starcoder2",
     ),
-    # read by transformers and the converter, not yet by attnlab (each refused in one line)
+    # not read by attnlab yet (the test checks that it is refused in one line): Gemma 2's
+    # attention soft-cap, OLMo 2's norms after each sublayer and on the whole of q and k
     Case(
         "gemma2",
         "gemma2",
@@ -185,7 +186,13 @@ CONFIGS = [
     Case(
         "phi2",
         "phi",
-        dict(**SMALL, **SMALL_POSITIONS, vocab_size=50257, partial_rotary_factor=0.5),
+        # Phi-2's MLP width, 4 x d_model (the converter writes it so, and llama.cpp checks it)
+        dict(
+            **{**SMALL, "intermediate_size": 256},
+            **SMALL_POSITIONS,
+            vocab_size=50257,
+            partial_rotary_factor=0.5,
+        ),
         "bpe",
         "phi2",
     ),

@@ -393,7 +393,9 @@ def transformer_forward(
             x = _norm_fn(config, state, "ln_final")(x)
         if config.causal:
             x = linear(
-                x, state["unembed.weight"] if "unembed.weight" in state else state["embed.weight"]
+                x,
+                state["unembed.weight"] if "unembed.weight" in state else state["embed.weight"],
+                state.get("unembed.bias"),  # Phi-2's
             )
             x = x * config.logit_scale  # Granite: 1 / logits_scaling
             if config.logit_softcap is not None:

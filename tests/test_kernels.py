@@ -553,10 +553,14 @@ def test_kernel_decode_step_gives_the_module_paths_logits(seed, name, threads, m
         torch.testing.assert_close(logits, full[:, t], rtol=1e-4, atol=1e-4)
 
 
-def test_the_c_step_scales_the_embedding_by_granites_multiplier(seed):
-    """embedding_multiplier joins √d_model in the C lookup; Granite's other two multipliers send
-    the model down the module path, which says why."""
-    model = build("gemma3", embedding_multiplier=2.5)
+@pytest.mark.parametrize(
+    "name, changes",
+    [("gemma3", dict(embedding_multiplier=2.5)), ("pythia-parallel", dict(unembed_bias=True))],
+)
+def test_the_c_step_takes_granites_embedding_multiplier_and_phi2s_head_bias(seed, name, changes):
+    """embedding_multiplier joins √d_model in the C lookup, the LM head's bias its product;
+    Granite's other two multipliers send the model down the module path, which says why."""
+    model = build(name, **changes)
     assert KernelDecoder.unsupported(model) is None
     ids = torch.randint(0, SIZES["d_vocab"], (1, 6))
     full = model(ids)

@@ -49,6 +49,8 @@ DECODERS = {
         logit_scale=0.25,
     ),
     "granite-parallel": fields("pythia-parallel", residual_multiplier=1.7, logit_scale=2.0),
+    # Phi-2's bias on the LM head
+    "phi2-like": fields("pythia-parallel", mlp="gelu_tanh", unembed_bias=True),
     # Gemma 3's parts with a window of 3 on one block of two and a soft-capped head
     "gemma-like": fields(
         "gemma3",

@@ -68,7 +68,7 @@ from .gemma3 import MODEL_TYPE as GEMMA3_TYPE
 from .gguf_tokenizer import tokenizer_from_gguf
 from .hf import architecture_for
 from .native import empty_model
-from .parallel import COHERE, FALCON
+from .parallel import COHERE, FALCON, PHI2
 from .phi3 import PHI3
 from .stablelm import STABLELM
 from .starcoder2 import STARCODER2
@@ -95,6 +95,7 @@ ARCHITECTURES = {
     "granite": "llama",  # with Granite's multipliers (hf_config)
     "falcon": "falcon",
     "command-r": "cohere",
+    "phi2": "phi",
 }
 # the tables of the model_types above that attnlab.formats.hf does not read from directories
 GGUF_TABLES = {
@@ -105,9 +106,10 @@ GGUF_TABLES = {
     "starcoder2": STARCODER2,
     "falcon": FALCON,
     "cohere": COHERE,
+    "phi": PHI2,
 }
 # the architectures whose RoPE may rotate part of each head (rope.dimension_count < head size)
-PARTIAL_ROTARY = ("phi3", "stablelm")
+PARTIAL_ROTARY = ("phi3", "stablelm", "phi2")
 # the architectures whose q and k rows llama.cpp's converter permuted (LLAMA_ROPE_TYPE_NORM)
 # (command-r: the converter keeps the checkpoint's rows, and transformers' Cohere and llama.cpp
 # both rotate interleaved pairs, which the same reordering turns into attnlab's halves)
@@ -469,6 +471,16 @@ def hf_config(file: GGUFFile) -> dict:
             multi_query=n_kv == 1,
             new_decoder_architecture=n_kv != 1 or "blk.0.attn_norm_2.weight" in file.tensors,
             bias="blk.0.attn_qkv.bias" in file.tensors,
+        )
+    if arch == "phi2":
+        up = file.tensors.get("blk.0.ffn_up.weight")
+        hf.update(
+            layer_norm_eps=get("attention.layer_norm_epsilon", 1e-5),
+            hidden_act="gelu_new",
+            qk_layernorm="blk.0.attn_q_norm.weight" in file.tensors,
+            # the converter writes 4 * d_model as feed_forward_length, whatever the checkpoint's:
+            # the MLP's width is its tensor's
+            intermediate_size=int(up.shape[1]) if up is not None else hf["intermediate_size"],
         )
     if arch == "command-r":
         hf.update(

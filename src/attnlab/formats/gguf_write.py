@@ -128,6 +128,8 @@ def refuse_unrunnable(cfg: ModelConfig) -> tuple[str, Architecture]:
         problems.append("a norm placement other than pre-norm with a final norm")
     if cfg.parallel_residual:
         problems.append("parallel attention and MLP (parallel_residual)")
+    if cfg.unembed_bias:
+        problems.append("a bias on the LM head (unembed_bias)")
     if cfg.n_token_types:
         problems.append("token-type embeddings")
     if cfg.attn_only:

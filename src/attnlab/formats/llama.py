@@ -152,6 +152,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         embedding_multiplier=1.0,
         residual_multiplier=1.0,
         logit_scale=1.0,
+        unembed_bias=False,
     )
     if cfg.attn_scale not in (None, cfg.d_head**-0.5):
         raise UserError(

@@ -1,6 +1,7 @@
-"""Falcon (Almazrouei et al. 2023, the 7B's layout) and Command-R (Cohere): parallel blocks with one
-norm that attention and MLP share, read from GGUF files (attnlab.formats.gguf makes the config dict
-from their metadata): config.json fields onto ModelConfig and the weight names.
+"""Falcon (Almazrouei et al. 2023, the 7B's layout), Command-R (Cohere) and Phi-2 (Microsoft):
+parallel blocks with one norm that attention and MLP share, read from GGUF files
+(attnlab.formats.gguf makes the config dict from their metadata): config.json fields onto
+ModelConfig and the weight names.
 
 Design choices:
 - Both compute resid_post = resid_pre + attn(norm(resid_pre)) + mlp(norm(resid_pre)) with one
@@ -17,7 +18,10 @@ Design choices:
   (transformers' Cohere rotates x[2i], x[2i+1]; llama.cpp's command-r graph too): attnlab rotates
   halves, so the q and k rows are put in halves order on reading (attnlab.formats.gguf's PERMUTED),
   which computes the same scores. use_qk_norm (Command-R+ 08-2024) is refused by name.
-- attnlab writes neither directory.
+- Phi-2 (`phi`; GGUF `phi2`): LayerNorm and every linear layer with a bias, the LM head's too
+  (ModelConfig.unembed_bias), the tanh GELU MLP (fc1, fc2), RoPE on the first
+  partial_rotary_factor of each head (rotate-half), an untied head. qk_layernorm is refused.
+- attnlab writes none of these directories.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from ..model.config import ModelConfig
 from .architecture import (
     Architecture,
     Weight,
+    activation_from_hf,
     decoder,
     embedding_and_head,
     llama_projections,
@@ -140,3 +145,58 @@ FALCON = Architecture(
     weights=falcon_weights,
 )
 COHERE = decoder(("cohere",), cohere_config, cohere_weights, "Command-R")
+
+
+def phi2_config(hf: dict, source: str) -> ModelConfig:
+    if hf.get("qk_layernorm"):
+        raise UserError(f"{source}: Phi-2 with qk_layernorm is not supported")
+    sizes = sizes_from_hf(hf, source)
+    return ModelConfig(
+        **sizes,
+        n_kv_heads=hf.get("num_key_value_heads") or sizes["n_heads"],
+        **rope_from_hf(hf, source, sizes["d_model"] // sizes["n_heads"], partial_default=0.5),
+        norm="layernorm",
+        norm_eps=hf.get("layer_norm_eps", 1e-5),
+        parallel_residual=True,
+        mlp=activation_from_hf(hf.get("hidden_act", "gelu_new"), source),
+        bias=True,
+        unembed_bias=True,
+        tie_embeddings=hf.get("tie_word_embeddings", False),
+        extra=special_ids(hf),
+    )
+
+
+def phi2_weights(hf: dict, cfg: ModelConfig) -> list[Weight]:
+    table = [
+        Weight("embed_tokens.weight", "embed.weight"),
+        Weight("final_layernorm.weight", "ln_final.weight"),
+        Weight("final_layernorm.bias", "ln_final.bias"),
+        Weight("lm_head.bias", "unembed.bias"),
+    ]
+    for i in range(cfg.n_layers):
+        h, b = f"layers.{i}.", f"blocks.{i}."
+        table += _shared_norm(h, b, "input_layernorm", bias=True)
+        for theirs, ours in (
+            ("self_attn.q_proj", "attn.W_Q"),
+            ("self_attn.k_proj", "attn.W_K"),
+            ("self_attn.v_proj", "attn.W_V"),
+            ("self_attn.dense", "attn.W_O"),
+            ("mlp.fc1", "mlp.W_in"),
+            ("mlp.fc2", "mlp.W_out"),
+        ):
+            table += [Weight(h + theirs + end, b + ours + end) for end in (".weight", ".bias")]
+    if not cfg.tie_embeddings:
+        table.append(Weight("lm_head.weight", "unembed.weight"))
+    return table
+
+
+PHI2 = Architecture(
+    model_types=("phi",),
+    read_prefixes=("model.",),
+    write_prefix="model.",
+    head_keys=("lm_head.weight", "lm_head.bias"),
+    ignored=(),
+    config_from_hf=phi2_config,
+    config_to_hf=refuse_writing("Phi-2"),
+    weights=phi2_weights,
+)

@@ -128,6 +128,7 @@ class ModelConfig:
     residual_multiplier: float = 1.0
     # the logits times this, before any soft-cap (Granite: 1 / logits_scaling)
     logit_scale: float = 1.0
+    unembed_bias: bool = False  # a bias on the LM head (Phi-2's lm_head.bias)
 
     def __post_init__(self) -> None:
         positive = ("d_vocab", "n_ctx", "d_model", "n_layers", "n_heads", "d_head", "d_mlp")

@@ -140,7 +140,9 @@ class Transformer(HookedModule, TransformerLensViews):
             self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
             self.ln_final = make_norm(config) if config.final_norm else None
             self.unembed = (
-                Linear(config.d_model, config.d_vocab, bias=False) if config.causal else None
+                Linear(config.d_model, config.d_vocab, bias=config.unembed_bias)
+                if config.causal
+                else None
             )
         self.hook_embed = HookPoint()  # [batch, pos, d_model]
         self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
