@@ -470,7 +470,8 @@ def run_case(case: Case, reference, path: Path, failed: str | None, binaries: Pa
     try:
         found = compare_with_transformers(reference, path)
     except Exception as exc:  # a refusal (UserError) or a failure: the row says which
-        return {**row, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"}
+        message = str(exc).splitlines()[0].replace(str(path), path.name)
+        return {**row, "error": f"{type(exc).__name__}: {message}"}
     model = found.pop("model")
     row.update(found)
     row["within_bounds"] = (
