@@ -41,21 +41,27 @@ $(VENV)/.test: $(VENV)/.runtime
 	$(PIP) --no-deps $(GEMMA3)
 	touch $@
 
-# Only the vocabulary files and src/llama-vocab.cpp (its pre-tokenizers' regexes, which the tests
-# compare) are unpacked; that file marks the step done (none is left if any part fails). The sdist
-# (77 MB) is removed; without network access this prints one line and the tokenizer tests skip.
-$(VOCABS)/llama-vocab.cpp: | $(VENV)/.runtime
+# Only the vocabulary files, src/llama-vocab.cpp (its pre-tokenizers' regexes, which the tests
+# compare) and the converter (converter/: convert_hf_to_gguf.py with conversion/ and gguf-py/;
+# tests/test_formats_gguf_architectures.py writes GGUF files with it) are unpacked; it marks
+# the step done (none is left if any part fails). The sdist (77 MB) is removed; without network
+# access this prints one line and those tests skip.
+$(VOCABS)/converter/convert_hf_to_gguf.py: | $(VENV)/.runtime
 	@rm -rf $(VOCABS) && mkdir -p $(VOCABS)/sdist
 	@$(PY) -m pip download --quiet --disable-pip-version-check --no-deps --no-binary :all: \
 	  -d $(VOCABS)/sdist "$(LLAMA_CPP_SDIST)" >/dev/null 2>&1 \
 	  && tar xzf $(VOCABS)/sdist/*.tar.gz -C $(VOCABS) --strip-components=4 --wildcards \
 	    '*/vendor/llama.cpp/models/ggml-vocab-*' '*/vendor/llama.cpp/src/llama-vocab.cpp' \
+	  && mkdir -p $(VOCABS)/converter \
+	  && tar xzf $(VOCABS)/sdist/*.tar.gz -C $(VOCABS)/converter --strip-components=3 --wildcards \
+	    '*/vendor/llama.cpp/convert_hf_to_gguf.py' '*/vendor/llama.cpp/conversion/*' \
+	    '*/vendor/llama.cpp/gguf-py/*' \
 	  && rm -rf $(VOCABS)/sdist \
 	  || { rm -rf $(VOCABS); echo "could not fetch $(LLAMA_CPP_SDIST)'s sdist from PyPI: llama.cpp's" \
-	    "tokenizer tests will skip"; }
+	    "tokenizer and converter tests will skip"; }
 
 venv: $(VENV)/.runtime
-venv-test: $(VENV)/.test $(VOCABS)/llama-vocab.cpp
+venv-test: $(VENV)/.test $(VOCABS)/converter/convert_hf_to_gguf.py
 
 # Debian's chromium for the browser tests (Playwright's own browser download cannot work offline).
 browser:

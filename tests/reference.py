@@ -356,11 +356,12 @@ def transformer_forward(
     """The whole model for ids (B, T): logits (B, T, d_vocab) if config.causal, else hidden states
     (B, T, d_model).
 
-        x₀ = E[ids] (· √d_model if scale_embed) (+ P[pos] learned | + PE(pos) sinusoidal)
+        x₀ = E[ids] (· √d_model if scale_embed) · embedding_multiplier (+ P[pos] learned | + PE(pos)
+        sinusoidal)
         (+ token-type embedding) (then Norm if embed_norm)
         x_{l+1} = Block_l(x_l)           (pre- or post-norm; RoPE inside attention when positional
         == "rope")
-        logits  = Norm_final(x_L) W_Uᵀ   (W_U = E when the embeddings are tied)
+        logits  = Norm_final(x_L) W_Uᵀ · logit_scale   (W_U = E when the embeddings are tied)
         logits  = c · tanh(logits / c)   (only with a logit soft-cap c)
 
     `state` is a model's state dict as NumPy arrays; attention_mask (B, T) is 1 for real tokens.
@@ -373,6 +374,7 @@ def transformer_forward(
         x = state["embed.weight"][ids[b]]
         if config.scale_embed:  # Vaswani et al. §3.4; Gemma
             x = x * np.sqrt(config.d_model)
+        x = x * config.embedding_multiplier  # Granite
         if config.positional == "learned":
             x = x + state["pos_embed.weight"][positions[b]]
         elif config.positional == "sinusoidal":
@@ -391,8 +393,11 @@ def transformer_forward(
             x = _norm_fn(config, state, "ln_final")(x)
         if config.causal:
             x = linear(
-                x, state["unembed.weight"] if "unembed.weight" in state else state["embed.weight"]
+                x,
+                state["unembed.weight"] if "unembed.weight" in state else state["embed.weight"],
+                state.get("unembed.bias"),  # Phi-2's
             )
+            x = x * config.logit_scale  # Granite: 1 / logits_scaling
             if config.logit_softcap is not None:
                 x = config.logit_softcap * np.tanh(x / config.logit_softcap)
         out.append(x)
@@ -459,9 +464,13 @@ def block_forward(
         block = parallel_block
     norm2 = None if config.attn_only else _norm_fn(config, state, prefix + ".ln2")
     norm1 = _norm_fn(config, state, prefix + ".ln1")
+    r = config.residual_multiplier  # Granite: each sublayer's output times r before the add
     if config.sandwich_norm:
         post1, post2 = (
-            _norm_fn(config, state, prefix + name) for name in (".ln1_post", ".ln2_post")
+            (lambda h, norm=_norm_fn(config, state, prefix + name): norm(h) * r)
+            for name in (".ln1_post", ".ln2_post")
         )
         return sandwich_norm_block(x, attn, mlp_fn, norm1, norm2, post1, post2)
-    return block(x, attn, mlp_fn, norm1, norm2)
+    scaled_attn = lambda h: attn(h) * r  # noqa: E731
+    scaled_mlp = None if mlp_fn is None else (lambda h: mlp_fn(h) * r)
+    return block(x, scaled_attn, scaled_mlp, norm1, norm2)

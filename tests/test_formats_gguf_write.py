@@ -254,6 +254,8 @@ def test_a_tokenizer_llama_cpp_does_not_know_is_refused(tmp_path):
         (dict(sliding_window=8), ["sliding window"]),
         (dict(positional="sinusoidal"), ["positional='sinusoidal'"]),
         (dict(bias=True), ["biases on every linear layer"]),
+        (dict(residual_multiplier=0.5), ["Granite's multipliers (residual_multiplier=0.5)"]),
+        (dict(unembed_bias=True), ["a bias on the LM head"]),
     ],
 )
 def test_a_model_llama_cpp_cannot_run_is_one_line_naming_what_it_lacks(changes, words, tmp_path):

@@ -553,6 +553,25 @@ def test_kernel_decode_step_gives_the_module_paths_logits(seed, name, threads, m
         torch.testing.assert_close(logits, full[:, t], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize(
+    "name, changes",
+    [("gemma3", dict(embedding_multiplier=2.5)), ("pythia-parallel", dict(unembed_bias=True))],
+)
+def test_the_c_step_takes_granites_embedding_multiplier_and_phi2s_head_bias(seed, name, changes):
+    """embedding_multiplier joins √d_model in the C lookup, the LM head's bias its product;
+    Granite's other two multipliers send the model down the module path, which says why."""
+    model = build(name, **changes)
+    assert KernelDecoder.unsupported(model) is None
+    ids = torch.randint(0, SIZES["d_vocab"], (1, 6))
+    full = model(ids)
+    cache = KVCache.for_model(model, 1, 8)
+    model(ids[:, :5], kv_cache=cache, start_pos=0)
+    logits = KernelDecoder(model, cache)(ids[:, 5:], 5, torch.full((1, 1), 5))
+    torch.testing.assert_close(logits, full[:, 5], rtol=1e-4, atol=1e-4)
+    for multiplier in (dict(residual_multiplier=0.5), dict(logit_scale=0.125)):
+        assert "Granite" in KernelDecoder.unsupported(build("llama-gqa", **multiplier))
+
+
 # past the few-row kernels: "B = 32" of the benchmarks
 @pytest.mark.parametrize("B", [MATVEC_MAX_ROWS + 1, 32])
 @pytest.mark.parametrize("int8", [False, True])

@@ -38,6 +38,19 @@ DECODERS = {
     ),
     "none-attn-only": dict(positional="none", attn_only=True, n_heads=4, n_kv_heads=1),
     "d-head-scale": dict(d_head=5, n_heads=3, attn_scale=0.5, d_mlp=24, tie_embeddings=False),
+    # Granite's multipliers on the embedding, each sublayer's output and the logits; and on a
+    # parallel block, where both sublayers are scaled
+    "granite-like": fields(
+        "llama-gqa",
+        n_heads=4,
+        attn_scale=0.3,
+        embedding_multiplier=3.0,
+        residual_multiplier=0.4,
+        logit_scale=0.25,
+    ),
+    "granite-parallel": fields("pythia-parallel", residual_multiplier=1.7, logit_scale=2.0),
+    # Phi-2's bias on the LM head
+    "phi2-like": fields("pythia-parallel", mlp="gelu_tanh", unembed_bias=True),
     # Gemma 3's parts with a window of 3 on one block of two and a soft-capped head
     "gemma-like": fields(
         "gemma3",

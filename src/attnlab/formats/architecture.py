@@ -237,3 +237,63 @@ def rope_to_hf(cfg: ModelConfig) -> dict:
             original_max_position_embeddings=cfg.rope_original_n_ctx or cfg.n_ctx,
         )
     return rope
+
+
+def decoder(
+    model_types: tuple[str, ...],
+    config_from_hf: Callable[[dict, str], ModelConfig],
+    weights: Callable[[dict, ModelConfig], list[Weight]],
+    name: str,
+) -> Architecture:
+    """A decoder in LLaMA's checkpoint layout (`model.` before the blocks, `lm_head` outside),
+    read only: saving as it is refused in one line naming `name` (Gemma, Phi-3, StableLM)."""
+    return Architecture(
+        model_types=model_types,
+        read_prefixes=("model.",),
+        write_prefix="model.",
+        head_keys=("lm_head.weight",),
+        ignored=(),
+        config_from_hf=config_from_hf,
+        config_to_hf=refuse_writing(name),
+        weights=weights,
+    )
+
+
+def refuse_writing(name: str) -> Callable[[ModelConfig], dict]:
+    """A config_to_hf for an architecture attnlab reads but does not write."""
+
+    def config_to_hf(cfg: ModelConfig) -> dict:
+        raise UserError(
+            f"attnlab writes no Hugging Face {name} directory; save with format='attnlab'"
+        )
+
+    return config_to_hf
+
+
+def embedding_and_head(cfg: ModelConfig, final_norm_bias: bool = False) -> tuple[list, list]:
+    """The Weights before and after the blocks in LLaMA's layout: the token embedding and the final
+    norm (with its bias: LayerNorm models), and the LM head unless it is the embedding."""
+    first = [
+        Weight("embed_tokens.weight", "embed.weight"),
+        Weight("norm.weight", "ln_final.weight"),
+    ]
+    if final_norm_bias:
+        first.append(Weight("norm.bias", "ln_final.bias"))
+    last = [] if cfg.tie_embeddings else [Weight("lm_head.weight", "unembed.weight")]
+    return first, last
+
+
+def llama_projections(h: str, b: str) -> list[Weight]:
+    """One block's seven matrices in LLaMA's names (h: the checkpoint's prefix, b: attnlab's)."""
+    return [
+        Weight(h + theirs + ".weight", b + ours + ".weight")
+        for theirs, ours in (
+            ("self_attn.q_proj", "attn.W_Q"),
+            ("self_attn.k_proj", "attn.W_K"),
+            ("self_attn.v_proj", "attn.W_V"),
+            ("self_attn.o_proj", "attn.W_O"),
+            ("mlp.gate_proj", "mlp.W_gate"),
+            ("mlp.up_proj", "mlp.W_in"),
+            ("mlp.down_proj", "mlp.W_out"),
+        )
+    ]

@@ -67,6 +67,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         attn_only=False,
         qk_norm=False,
         parallel_residual=False,
+        unembed_bias=False,
     )
     check_plain_heads(cfg, "BERT")
     return {

@@ -20,15 +20,29 @@ Design choices:
   reader subtracts the 1 and its model adds it back). A Hugging Face Gemma 3 directory, whose
   norms lack the 1, is not read through this table (attnlab.formats.hf does not list it), and
   attnlab writes no Gemma 3 directory.
+- Gemma (the first, `gemma`: GemmaModel in convert_hf_to_gguf.py, which adds the 1 as well) is the
+  same table without the sandwich norms, the QK-norm, the windows and the soft-cap: LLaMA's two
+  norms per block (input_layernorm, post_attention_layernorm), the GeGLU MLP, √d_model on the
+  embedding, 1/sqrt(head_dim) on the queries, the tied embedding (`GEMMA`).
 """
 
 from __future__ import annotations
 
 from ..errors import UserError
 from ..model.config import ModelConfig
-from .architecture import Architecture, Weight, hf_value, rope_from_hf, sizes_from_hf, special_ids
+from .architecture import (
+    Weight,
+    decoder,
+    embedding_and_head,
+    hf_value,
+    llama_projections,
+    rope_from_hf,
+    sizes_from_hf,
+    special_ids,
+)
 
 MODEL_TYPE = "gemma3_text"
+GEMMA_TYPE = "gemma"
 
 
 def config_from_hf(hf: dict, source: str) -> ModelConfig:
@@ -42,6 +56,8 @@ def config_from_hf(hf: dict, source: str) -> ModelConfig:
     window = hf.get("sliding_window")
     if window is not None and (not isinstance(window, int) or window <= 0):
         raise UserError(f"{source}: sliding_window must be a positive integer, got {window!r}")
+    if hf.get("model_type") == GEMMA_TYPE:  # Gemma: none of Gemma 3's additions
+        window = None
     scalar = hf.get("query_pre_attn_scalar", d_head)
     if not isinstance(scalar, (int, float)) or isinstance(scalar, bool) or not scalar > 0:
         raise UserError(f"{source}: query_pre_attn_scalar must be positive, got {scalar!r}")
@@ -55,11 +71,11 @@ def config_from_hf(hf: dict, source: str) -> ModelConfig:
         sliding_window_pattern=hf.get("sliding_window_pattern") if window else None,
         norm="rmsnorm",
         norm_eps=hf.get("rms_norm_eps", 1e-6),
-        sandwich_norm=True,
+        sandwich_norm=hf.get("model_type") != GEMMA_TYPE,
         scale_embed=True,
         mlp="geglu_tanh",
         bias=False,
-        qk_norm=True,
+        qk_norm=hf.get("model_type") != GEMMA_TYPE,
         attn_scale=None if scalar == d_head else float(scalar) ** -0.5,
         logit_softcap=hf.get("final_logit_softcapping"),
         tie_embeddings=hf.get("tie_word_embeddings", True),
@@ -67,47 +83,28 @@ def config_from_hf(hf: dict, source: str) -> ModelConfig:
     )
 
 
-def config_to_hf(cfg: ModelConfig) -> dict:
-    raise UserError(
-        "attnlab writes no Hugging Face Gemma 3 directory (its norms store w where attnlab keeps "
-        "1 + w); save with format='attnlab' instead"
-    )
-
-
 def weights(hf: dict, cfg: ModelConfig) -> list[Weight]:
-    table = [
-        Weight("embed_tokens.weight", "embed.weight"),
-        Weight("norm.weight", "ln_final.weight"),
-    ]
+    table, head = embedding_and_head(cfg)
     for i in range(cfg.n_layers):
         h, b = f"layers.{i}.", f"blocks.{i}."
-        table += [
-            Weight(h + "input_layernorm.weight", b + "ln1.weight"),
-            Weight(h + "post_attention_layernorm.weight", b + "ln1_post.weight"),
-            Weight(h + "pre_feedforward_layernorm.weight", b + "ln2.weight"),
-            Weight(h + "post_feedforward_layernorm.weight", b + "ln2_post.weight"),
-            Weight(h + "self_attn.q_norm.weight", b + "attn.q_norm.weight"),
-            Weight(h + "self_attn.k_norm.weight", b + "attn.k_norm.weight"),
-            Weight(h + "self_attn.q_proj.weight", b + "attn.W_Q.weight"),
-            Weight(h + "self_attn.k_proj.weight", b + "attn.W_K.weight"),
-            Weight(h + "self_attn.v_proj.weight", b + "attn.W_V.weight"),
-            Weight(h + "self_attn.o_proj.weight", b + "attn.W_O.weight"),
-            Weight(h + "mlp.gate_proj.weight", b + "mlp.W_gate.weight"),
-            Weight(h + "mlp.up_proj.weight", b + "mlp.W_in.weight"),
-            Weight(h + "mlp.down_proj.weight", b + "mlp.W_out.weight"),
-        ]
-    if not cfg.tie_embeddings:
-        table.append(Weight("lm_head.weight", "unembed.weight"))
-    return table
+        table.append(Weight(h + "input_layernorm.weight", b + "ln1.weight"))
+        if cfg.sandwich_norm:
+            table += [
+                Weight(h + "post_attention_layernorm.weight", b + "ln1_post.weight"),
+                Weight(h + "pre_feedforward_layernorm.weight", b + "ln2.weight"),
+                Weight(h + "post_feedforward_layernorm.weight", b + "ln2_post.weight"),
+            ]
+        else:  # Gemma: LLaMA's second norm
+            table.append(Weight(h + "post_attention_layernorm.weight", b + "ln2.weight"))
+        if cfg.qk_norm:
+            table += [
+                Weight(h + "self_attn.q_norm.weight", b + "attn.q_norm.weight"),
+                Weight(h + "self_attn.k_norm.weight", b + "attn.k_norm.weight"),
+            ]
+        table += llama_projections(h, b)
+    return table + head
 
 
-GEMMA3 = Architecture(
-    model_types=(MODEL_TYPE,),
-    read_prefixes=("model.",),
-    write_prefix="model.",
-    head_keys=("lm_head.weight",),
-    ignored=(),
-    config_from_hf=config_from_hf,
-    config_to_hf=config_to_hf,
-    weights=weights,
-)
+# Hugging Face Gemma directories store w, not 1 + w: neither is written (module docstring)
+GEMMA = decoder((GEMMA_TYPE,), config_from_hf, weights, "Gemma")
+GEMMA3 = decoder((MODEL_TYPE,), config_from_hf, weights, "Gemma 3")

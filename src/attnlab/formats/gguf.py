@@ -37,10 +37,19 @@ Design choices:
   same tensor. Float tensors (F32, F16, BF16) are read as by default.
 - Architectures: llama (SmolLM, TinyLlama, Llama 2/3 without rope_freqs, and Mistral 7B files, which
   llama.cpp writes as llama and runs without a sliding window), mistral and mistral3 (llama's
-  tensors under their own key prefix: _mistral_settings), qwen2, qwen3, gpt2 and gemma3 (its table
-  and its settings in attnlab.formats.gemma3: the file's norms already hold Gemma's 1 + w),
-  and the mixtures of experts (attnlab.formats.moe): llama with experts (Mixtral), qwen2moe and
-  qwen3moe. Any other is refused by name.
+  tensors under their own key prefix: _mistral_settings), qwen2, qwen3, gpt2, gemma3 and gemma
+  (their table and settings in attnlab.formats.gemma3: the file's norms already hold 1 + w),
+  gptneox (attnlab.formats.gpt_neox's table; the converter wrote its fused q/k/v as all q rows,
+  then k, then v, where Pythia's checkpoint interleaves them per head: FUSED_BY_PART), phi3
+  (attnlab.formats.phi3) and stablelm (attnlab.formats.stablelm), the last two with RoPE on part of
+  each head where rope.dimension_count says so, starcoder2 (attnlab.formats.starcoder2), granite
+  (llama's table and rows, with Granite's multipliers), falcon and command-r (attnlab.formats.
+  parallel: one norm shared by a parallel block's two branches, read into both of attnlab's; a
+  tensor the table lists twice is read once and copied), and the mixtures of experts
+  (attnlab.formats.moe): llama with experts (Mixtral), qwen2moe and qwen3moe. Any other is refused
+  by name, with the list of these. Each is tested on a file llama.cpp's converter wrote from a
+  transformers model (tests/test_formats_gguf_architectures.py, tests/test_formats_moe.py,
+  benchmarks/gguf_architectures.py).
 - Experts: the converter stacks each block's experts into one 3-D tensor (ffn_gate_exps,
   ffn_up_exps, ffn_down_exps: [n_experts, rows, cols] in numpy's order), which gguf-py's name
   map does not place; `_expert_weights` reads each as one Weight fused over the experts along
@@ -62,11 +71,15 @@ import torch
 from ..errors import UserError, first_line
 from ..model.transformer import Transformer
 from .architecture import Weight
-from .gemma3 import GEMMA3
+from .gemma3 import GEMMA, GEMMA3
 from .gemma3 import MODEL_TYPE as GEMMA3_TYPE
 from .gguf_tokenizer import tokenizer_from_gguf
 from .hf import architecture_for
 from .native import empty_model
+from .parallel import COHERE, FALCON, PHI2
+from .phi3 import PHI3
+from .stablelm import STABLELM
+from .starcoder2 import STARCODER2
 from .untrusted import check_fits, warn_non_finite
 
 MAGIC = b"GGUF"
@@ -84,11 +97,39 @@ ARCHITECTURES = {
     "gemma3": GEMMA3_TYPE,
     "qwen2moe": "qwen2_moe",  # and llama with experts: mixtral (_expert_settings)
     "qwen3moe": "qwen3_moe",
+    "gptneox": "gpt_neox",
+    "phi3": "phi3",
+    "gemma": "gemma",
+    "stablelm": "stablelm",
+    "starcoder2": "starcoder2",
+    "granite": "llama",  # with Granite's multipliers (hf_config)
+    "falcon": "falcon",
+    "command-r": "cohere",
+    "phi2": "phi",
 }
+# the tables of the model_types above that attnlab.formats.hf does not read from directories
+GGUF_TABLES = {
+    GEMMA3_TYPE: GEMMA3,
+    "phi3": PHI3,
+    "gemma": GEMMA,
+    "stablelm": STABLELM,
+    "starcoder2": STARCODER2,
+    "falcon": FALCON,
+    "cohere": COHERE,
+    "phi": PHI2,
+}
+# the architectures whose RoPE may rotate part of each head (rope.dimension_count < head size)
+PARTIAL_ROTARY = ("phi3", "stablelm", "phi2")
 # the architectures whose q and k rows llama.cpp's converter permuted (LLAMA_ROPE_TYPE_NORM)
-PERMUTED = ("llama", "mistral", "mistral3")
+# (command-r: the converter keeps the checkpoint's rows, and transformers' Cohere and llama.cpp
+# both rotate interleaved pairs, which the same reordering turns into attnlab's halves)
+PERMUTED = ("llama", "mistral", "mistral3", "granite", "command-r")
 # the tensor-name map each one is written by (gguf-py has no "mistral": llama's names)
 NAME_MAPS = {"mistral": "llama"}
+# the architectures whose fused q/k/v the converter wrote as all of q, then k, then v, where the
+# Hugging Face checkpoint interleaves them per head (convert_hf_to_gguf.py, GPTNeoXModel.
+# modify_tensors): their table's per-head split is read as a plain one
+FUSED_BY_PART = ("gptneox",)
 # the tensor types read here
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K")
 
@@ -370,6 +411,8 @@ def hf_config(file: GGUFFile) -> dict:
             "tie_word_embeddings": tied,
             **special,
         }
+    if arch == "gptneox":
+        return _gptneox_config(file, get, d_vocab, tied, special)
     d_model, n_heads = get("embedding_length"), get("attention.head_count")
     head_dim = get("attention.key_length")
     if head_dim is None and isinstance(d_model, int) and isinstance(n_heads, int) and n_heads > 0:
@@ -379,11 +422,16 @@ def hf_config(file: GGUFFile) -> dict:
             f"{file.path}: key length {head_dim} and value length {get('attention.value_length')} "
             "differ; attnlab's heads have one size"
         )
-    if get("rope.dimension_count", head_dim) != head_dim:
+    rotated = get("rope.dimension_count", head_dim)
+    if arch in PARTIAL_ROTARY and isinstance(rotated, int) and isinstance(head_dim, int):
+        partial = {"partial_rotary_factor": rotated / head_dim}
+    elif rotated != head_dim:
         raise UserError(
             f"{file.path}: RoPE rotates {get('rope.dimension_count')} of {head_dim} dims per head; "
             f"{arch} rotates all of them in attnlab (as in transformers)"
         )
+    else:
+        partial = {}
     hf = {
         "model_type": ARCHITECTURES[arch],
         "vocab_size": d_vocab,
@@ -397,6 +445,7 @@ def hf_config(file: GGUFFile) -> dict:
         "rms_norm_eps": get("attention.layer_norm_rms_epsilon", 1e-6),
         "rope_theta": get("rope.freq_base", 10000.0),
         "tie_word_embeddings": tied,
+        **partial,
         **special,
     }
     scaling = get("rope.scaling.type", "none")
@@ -412,8 +461,62 @@ def hf_config(file: GGUFFile) -> dict:
         hf["model_type"], hf["attention_bias"] = "llama", False
     if arch == "gemma3":
         hf.update(_gemma3_settings(file, hf))
+    if arch == "gemma":  # llama.cpp's Gemma: the tanh GELU, 1/sqrt(head size), tied
+        hf["hidden_activation"] = "gelu_pytorch_tanh"
+    if arch == "granite":
+        # convert_hf_to_gguf.py's GraniteModel: {arch}.attention.scale, .embedding_scale,
+        # .residual_scale, .logit_scale from config.json's *_multiplier and logits_scaling
+        for key, name in (
+            ("attention.scale", "attention_multiplier"),
+            ("embedding_scale", "embedding_multiplier"),
+            ("residual_scale", "residual_multiplier"),
+            ("logit_scale", "logits_scaling"),
+        ):
+            if get(key) is not None:
+                hf[name] = get(key)
+    if arch == "falcon":  # Falcon-7B's layout: one norm per block, parallel, multi-query
+        n_kv = get("attention.head_count_kv", 1)
+        hf.update(
+            layer_norm_epsilon=get("attention.layer_norm_epsilon", 1e-5),
+            multi_query=n_kv == 1,
+            new_decoder_architecture=n_kv != 1 or "blk.0.attn_norm_2.weight" in file.tensors,
+            bias="blk.0.attn_qkv.bias" in file.tensors,
+        )
+    if arch == "phi2":
+        up = file.tensors.get("blk.0.ffn_up.weight")
+        hf.update(
+            layer_norm_eps=get("attention.layer_norm_epsilon", 1e-5),
+            hidden_act="gelu_new",
+            qk_layernorm="blk.0.attn_q_norm.weight" in file.tensors,
+            # the converter writes 4 * d_model as feed_forward_length, whatever the checkpoint's:
+            # the MLP's width is its tensor's
+            intermediate_size=int(up.shape[1]) if up is not None else hf["intermediate_size"],
+        )
+    if arch == "command-r":
+        hf.update(
+            layer_norm_eps=get("attention.layer_norm_epsilon", 1e-5),
+            logit_scale=get("logit_scale", 1.0),
+            use_qk_norm="blk.0.attn_q_norm.weight" in file.tensors,
+        )
+    if arch == "starcoder2":  # LayerNorm, the tanh GELU, biases where the file has them
+        hf.update(
+            norm_epsilon=get("attention.layer_norm_epsilon", 1e-5),
+            hidden_act="gelu_pytorch_tanh",
+            use_bias="blk.0.attn_q.bias" in file.tensors,
+        )
+    if arch == "stablelm":  # LayerNorm, biases on q/k/v where the file has them
+        hf.update(
+            layer_norm_eps=get("attention.layer_norm_epsilon", 1e-5),
+            use_qkv_bias="blk.0.attn_q.bias" in file.tensors,
+            use_parallel_residual=bool(get("use_parallel_residual", False)),
+            qk_layernorm="blk.0.attn_q_norm.weight" in file.tensors,
+        )
     if arch in ("mistral", "mistral3"):
         hf.update(_mistral_settings(file, arch))
+    if arch == "phi3":
+        # llama.cpp reads phi3.attention.sliding_window and runs without it (src/models/phi3.cpp:
+        # "Phi SWA is currently disabled", ggml-org/llama.cpp#13676): as it computes the file
+        hf["sliding_window"] = None
     if arch in ("llama", "qwen2moe", "qwen3moe"):
         hf.update(_expert_settings(file, arch))
     return hf
@@ -468,6 +571,34 @@ def _expert_weights(table: list, config) -> tuple[list, dict]:
             experts = [f"blocks.{i}.mlp.experts.{e}.{ours}.weight" for e in range(config.n_experts)]
             fused[name] = Weight(name, *experts)
     return table, fused
+
+
+def _gptneox_config(file: GGUFFile, get, d_vocab, tied: bool, special: dict) -> dict:
+    """GPT-NeoX's config.json from llama.cpp's keys (convert_hf_to_gguf.py, GPTNeoXModel): the
+    rotary fraction is rope.dimension_count over the head size; the converter writes no RoPE base
+    (llama.cpp's default, 10,000, as Pythia's) and no activation (llama.cpp's GELU; Pythia's
+    config says the exact one, which transformers computes); biases on q/k/v and the output
+    projection where the file has them."""
+    d_model, n_heads = get("embedding_length"), get("attention.head_count")
+    head_dim = d_model // n_heads if isinstance(d_model, int) and isinstance(n_heads, int) else None
+    rotated = get("rope.dimension_count", head_dim)
+    return {
+        "model_type": "gpt_neox",
+        "vocab_size": d_vocab,
+        "max_position_embeddings": get("context_length"),
+        "hidden_size": d_model,
+        "num_hidden_layers": get("block_count"),
+        "num_attention_heads": n_heads,
+        "intermediate_size": get("feed_forward_length"),
+        "rotary_pct": rotated / head_dim if isinstance(rotated, int) and head_dim else rotated,
+        "rotary_emb_base": get("rope.freq_base", 10000.0),
+        "use_parallel_residual": bool(get("use_parallel_residual", True)),
+        "layer_norm_eps": get("attention.layer_norm_epsilon", 1e-5),
+        "hidden_act": "gelu",
+        "attention_bias": "blk.0.attn_qkv.bias" in file.tensors,
+        "tie_word_embeddings": tied,
+        **special,
+    }
 
 
 def _mistral_settings(file: GGUFFile, arch: str) -> dict:
@@ -565,7 +696,7 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", keep_blocks:
     file = read_gguf(path)
     source = str(file.path)
     hf = hf_config(file)
-    arch = GEMMA3 if hf["model_type"] == GEMMA3_TYPE else architecture_for(hf, source)
+    arch = GGUF_TABLES.get(hf["model_type"]) or architecture_for(hf, source)
     try:
         config = arch.config_from_hf(hf, source)
     except UserError as exc:
@@ -597,7 +728,9 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", keep_blocks:
         name: tuple(t.shape) for name, t in Transformer(config, device="meta").state_dict().items()
     }
     table, experts = _expert_weights(arch.weights(hf, config), config)
-    found = {}
+    if gguf_arch in FUSED_BY_PART:
+        table = [type(w)(w.hf, *w.ours, conv1d=w.conv1d) for w in table]
+    found, copies = {}, {}  # copies: attnlab name -> the one it is a copy of
     for w in table + list(experts.values()):
         full = w.hf if w.hf in arch.head_keys else arch.write_prefix + w.hf
         base, suffix = full.rsplit(".", 1)
@@ -617,6 +750,9 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", keep_blocks:
                 f"{source}: tensor {name!r} has shape {actual} but the metadata implies "
                 f"{expected}; the metadata does not match the tensors"
             )
+        if name in found:  # a shared norm read into two (attnlab.formats.parallel)
+            copies[w.ours[0]] = found[name].ours[0]
+            continue
         found[name] = w
     extra = sorted(set(file.tensors) - set(found))
     if extra:
@@ -664,6 +800,9 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", keep_blocks:
                 if ours.removesuffix(".weight") not in kept:  # else: its blocks, not a float copy
                     params[ours].copy_(part)
                 covered.add(ours)
+        for ours, source in copies.items():
+            params[ours].copy_(params[source])
+            covered.add(ours)
         for name, tensor in params.items():
             if name not in covered and not (name == "unembed.weight" and config.tie_embeddings):
                 if name.endswith(".blocks"):

@@ -113,10 +113,23 @@ def refuse_unrunnable(cfg: ModelConfig) -> tuple[str, Architecture]:
         problems.append("an encoder (BERT-style: llama.cpp runs decoders)")
     if cfg.logit_softcap is not None:
         problems.append(f"a logit soft-cap (logit_softcap={cfg.logit_softcap:g})")
+    multipliers = ("embedding_multiplier", "residual_multiplier", "logit_scale")
+    if any(getattr(cfg, name) != 1.0 for name in multipliers):  # granite files: not written here
+        problems.append(
+            "Granite's multipliers ("
+            + ", ".join(
+                f"{name}={getattr(cfg, name):g}"
+                for name in multipliers
+                if getattr(cfg, name) != 1.0
+            )
+            + ")"
+        )
     if cfg.norm_placement != "pre" or not cfg.final_norm or cfg.embed_norm:
         problems.append("a norm placement other than pre-norm with a final norm")
     if cfg.parallel_residual:
         problems.append("parallel attention and MLP (parallel_residual)")
+    if cfg.unembed_bias:
+        problems.append("a bias on the LM head (unembed_bias)")
     if cfg.n_token_types:
         problems.append("token-type embeddings")
     if cfg.attn_only:

@@ -64,6 +64,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         qk_norm=False,
         parallel_residual=False,
         sliding_window=None,
+        unembed_bias=False,
     )
     check_plain_heads(cfg, "GPT-2", scales=(1.0,))
     return {

@@ -74,6 +74,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         attn_only=False,
         qk_norm=False,
         sliding_window=None,
+        unembed_bias=False,
     )
     check_plain_heads(cfg, "GPT-NeoX")
     rope = rope_to_hf(cfg)

@@ -20,6 +20,10 @@ Design choices:
 - LLaMA's attention_bias (q, k, v, o) and mlp_bias are separate switches; attnlab has `bias` (all
   linear layers) and `qkv_bias`. A combination attnlab cannot name is read with the missing biases
   as zeros, which computes the same function.
+- Granite (GGUF `granite` files: llama's tensors and permuted q/k rows) is LLaMA with four
+  multipliers (ModelConfig.embedding_multiplier, residual_multiplier, attn_scale and logit_scale,
+  from embedding_multiplier, residual_multiplier, attention_multiplier and 1 / logits_scaling);
+  a model with them is not written as LLaMA.
 - Writing: qk-norm makes `qwen3`; q, k, v biases and no others `qwen2`; a sliding window `mistral`;
   every other model `llama` (biases attnlab lacks are written as zeros).
 """
@@ -107,7 +111,28 @@ def config_from_hf(hf: dict, source: str) -> ModelConfig:
         qk_norm=model_type == "qwen3",
         tie_embeddings=hf.get("tie_word_embeddings", False),
         extra=special_ids(hf),
+        **_granite_multipliers(hf, source),
     )
+
+
+def _granite_multipliers(hf: dict, source: str) -> dict:
+    """Granite's config.json multipliers (a GGUF granite file's metadata, as attnlab.formats.gguf
+    reads it): the embedding's, each sublayer output's, the attention scale (in place of
+    1/sqrt(d_head)) and the logits' divisor. Absent: none."""
+    fields = {}
+    for key, name in (
+        ("embedding_multiplier", "embedding_multiplier"),
+        ("residual_multiplier", "residual_multiplier"),
+        ("attention_multiplier", "attn_scale"),
+        ("logits_scaling", "logit_scale"),
+    ):
+        value = hf.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+            raise UserError(f"{source}: {key} must be a positive number, got {value!r}")
+        fields[name] = 1.0 / value if key == "logits_scaling" else float(value)
+    return fields
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
@@ -124,6 +149,10 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         attn_only=False,
         rotary_fraction=1.0,
         parallel_residual=False,
+        embedding_multiplier=1.0,
+        residual_multiplier=1.0,
+        logit_scale=1.0,
+        unembed_bias=False,
     )
     if cfg.attn_scale not in (None, cfg.d_head**-0.5):
         raise UserError(

@@ -193,7 +193,8 @@ class KernelDecoder:
                     self.window_mask, self.key_mask, self.slot, cfg.sliding_window
                 )
             )
-        scale = math.sqrt(cfg.d_model) if cfg.scale_embed else 1.0  # Gemma's
+        # Gemma's √d_model, Granite's embedding_multiplier
+        scale = (math.sqrt(cfg.d_model) if cfg.scale_embed else 1.0) * cfg.embedding_multiplier
         if isinstance(model.embed, BlockEmbedding):  # the rows of its blocks, dequantized in C
             self.embed_in_c = self.embed_in_c and cfg.positional != "learned"
             if not self.embed_in_c:
@@ -350,6 +351,11 @@ class KernelDecoder:
             return f"attnlab's C kernels are off ({why})"
         if model.config.wiring == "post":
             return "the model has post-norm blocks, which the C step does not cover"
+        if model.config.residual_multiplier != 1.0 or model.config.logit_scale != 1.0:
+            return (
+                "the model scales its sublayers' outputs or its logits (Granite's multipliers), "
+                "which the C step does not cover"
+            )
         if model.config.mlp not in kernels.ACTIVATIONS and model.config.mlp not in GATED_MLPS:
             return f"the model's {model.config.mlp} MLP is not among the C step's activations"
         for m in model.modules():  # one walk over every module

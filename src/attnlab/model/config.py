@@ -129,6 +129,15 @@ class ModelConfig:
     norm_topk_prob: bool = True
     # width of an expert every token goes through, times sigmoid(w · x) (Qwen2-MoE); 0 = none
     d_shared_expert: int = 0
+    # Granite's multipliers (IBM Granite 3): the token embedding times this before the first block
+    # (after scale_embed's √d_model)
+    embedding_multiplier: float = 1.0
+    # each sublayer's output (attn_out, mlp_out: the hooks see it) times this before it joins the
+    # residual stream
+    residual_multiplier: float = 1.0
+    # the logits times this, before any soft-cap (Granite: 1 / logits_scaling)
+    logit_scale: float = 1.0
+    unembed_bias: bool = False  # a bias on the LM head (Phi-2's lm_head.bias)
 
     def __post_init__(self) -> None:
         positive = ("d_vocab", "n_ctx", "d_model", "n_layers", "n_heads", "d_head", "d_mlp")
@@ -259,6 +268,9 @@ class ModelConfig:
                 "logit_softcap must be a positive number (or None for no cap), got "
                 f"{self.logit_softcap}"
             )
+        for name in ("embedding_multiplier", "residual_multiplier", "logit_scale"):
+            if not getattr(self, name) > 0:
+                raise UserError(f"{name} must be a positive number, got {getattr(self, name)}")
         if self.n_token_types < 0:
             raise UserError(f"n_token_types must be >= 0, got {self.n_token_types}")
         self._check_experts()

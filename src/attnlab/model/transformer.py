@@ -65,6 +65,8 @@ class Block(nn.Module):
         self.ln2_post = make_norm(config) if config.sandwich_norm else None
         # the RoPE angles this block rotates by: the windowed blocks' own (rope_theta_local) or not
         self.rope_local = config.layer_rope_local(layer)
+        # Granite: each sublayer's output scaled before the residual add (hooks see it scaled)
+        self.residual_multiplier = config.residual_multiplier
         self.dropout = nn.Dropout(config.dropout)
         self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
         self.hook_attn_out = HookPoint()  # [batch, pos, d_model]
@@ -76,28 +78,35 @@ class Block(nn.Module):
         resid_pre = self.hook_resid_pre(resid_pre)
         # both branches read resid_pre (config: pre-norm, with an MLP)
         if self.wiring == "parallel":
-            attn_out = self.hook_attn_out(self.attn(self.ln1(resid_pre), **attn_kwargs))
-            mlp_out = self.hook_mlp_out(self.mlp(self.ln2(resid_pre)))
+            attn_out = self.hook_attn_out(
+                self._scaled(self.attn(self.ln1(resid_pre), **attn_kwargs))
+            )
+            mlp_out = self.hook_mlp_out(self._scaled(self.mlp(self.ln2(resid_pre))))
             return self.hook_resid_post(resid_pre + self.dropout(attn_out) + self.dropout(mlp_out))
         if self.wiring == "pre":
             attn_out = self.attn(self.ln1(resid_pre), **attn_kwargs)
             if self.ln1_post is not None:
                 attn_out = self.ln1_post(attn_out)
-            attn_out = self.hook_attn_out(attn_out)
+            attn_out = self.hook_attn_out(self._scaled(attn_out))
             resid_mid = self.hook_resid_mid(resid_pre + self.dropout(attn_out))
             if self.mlp is None:
                 return self.hook_resid_post(resid_mid)
             mlp_out = self.mlp(self.ln2(resid_mid))
             if self.ln2_post is not None:
                 mlp_out = self.ln2_post(mlp_out)
-            mlp_out = self.hook_mlp_out(mlp_out)
+            mlp_out = self.hook_mlp_out(self._scaled(mlp_out))
             return self.hook_resid_post(resid_mid + self.dropout(mlp_out))
-        attn_out = self.hook_attn_out(self.attn(resid_pre, **attn_kwargs))
+        attn_out = self.hook_attn_out(self._scaled(self.attn(resid_pre, **attn_kwargs)))
         resid_mid = self.hook_resid_mid(self.ln1(resid_pre + self.dropout(attn_out)))
         if self.mlp is None:
             return self.hook_resid_post(resid_mid)
-        mlp_out = self.hook_mlp_out(self.mlp(resid_mid))
+        mlp_out = self.hook_mlp_out(self._scaled(self.mlp(resid_mid)))
         return self.hook_resid_post(self.ln2(resid_mid + self.dropout(mlp_out)))
+
+    def _scaled(self, sublayer_out: torch.Tensor) -> torch.Tensor:
+        """A sublayer's output times residual_multiplier (Granite), where it is not 1."""
+        m = self.residual_multiplier
+        return sublayer_out if m == 1.0 else sublayer_out * m
 
 
 class Transformer(HookedModule, TransformerLensViews):
@@ -133,7 +142,9 @@ class Transformer(HookedModule, TransformerLensViews):
             self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
             self.ln_final = make_norm(config) if config.final_norm else None
             self.unembed = (
-                Linear(config.d_model, config.d_vocab, bias=False) if config.causal else None
+                Linear(config.d_model, config.d_vocab, bias=config.unembed_bias)
+                if config.causal
+                else None
             )
         self.hook_embed = HookPoint()  # [batch, pos, d_model]
         self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
@@ -186,6 +197,8 @@ class Transformer(HookedModule, TransformerLensViews):
         x = self.embed(ids)
         if cfg.scale_embed:
             x = x * math.sqrt(cfg.d_model)
+        if cfg.embedding_multiplier != 1.0:  # Granite
+            x = x * cfg.embedding_multiplier
         x = self.hook_embed(x)
         if cfg.positional == "learned":
             x = x + self.hook_pos_embed(self.pos_embed(positions))
@@ -314,6 +327,8 @@ class Transformer(HookedModule, TransformerLensViews):
         if self.unembed is None:
             return resid
         logits = self.unembed(resid)
+        if self.config.logit_scale != 1.0:  # Granite: 1 / logits_scaling
+            logits = logits * self.config.logit_scale
         if self.config.logit_softcap is not None:
             cap = self.config.logit_softcap
             logits = cap * torch.tanh(logits / cap)

@@ -1,0 +1,573 @@
+"""Architectures as a user downloads them: random-weight Hugging Face models made by transformers,
+written to GGUF by llama.cpp's own converter (convert_hf_to_gguf.py with its gguf-py), read by
+attnlab and compared with transformers on the same model (logits, attention patterns) and with
+llama.cpp's `llama-simple` on the same file (greedy tokens).
+
+.venv/bin/python benchmarks/gguf_architectures.py [--llama-cpp SOURCES] [--bin BUILD/bin]
+    [--only NAME ...] [--out benchmarks/results/gguf_architectures.json]
+
+--llama-cpp names llama.cpp's sources (the folder with convert_hf_to_gguf.py, conversion/, gguf-py/
+and models/ggml-vocab-*.gguf; default: what `make venv-test` unpacks into
+.venv/llama.cpp-vocabularies, else $ATTNLAB_LLAMA_CPP_SOURCES); --bin a folder with llama-simple
+(and llama-quantize), built from the same sources (benchmarks/README.md). Without --bin the greedy
+column says so. llama.cpp is never a dependency of attnlab.
+
+Design choices:
+- The models come from small configs written here (`CONFIGS`: a few layers, d_model 64, each
+  architecture's distinctive settings switched on), made by transformers with a fixed seed and
+  weights drawn wider than its init (std 0.1 where it draws 0.02, norms around 1) so that every
+  part of the computation moves the logits; no weights are committed.
+- The converter needs a tokenizer and checks a BPE tokenizer by the hash of its ids on a fixed text
+  (convert_hf_to_gguf.py, get_vocab_base_pre). Nothing is downloaded: the BPE tokenizer.json is
+  rebuilt from the GPT-2 vocabulary and merges llama.cpp ships (models/ggml-vocab-gpt-2.gguf), so
+  its hash is GPT-2's; a SentencePiece tokenizer.model (Llama 2's, for llama, Gemma and Phi-3
+  files) is written from models/ggml-vocab-llama-spm.gguf's pieces, scores and types, as the
+  protobuf sentencepiece reads (a few fields, encoded here).
+- The converter runs as a user runs it (`python convert_hf_to_gguf.py DIR --outtype f32`), in a
+  subprocess, with the sources' own gguf-py; attnlab reads the file with `attnlab.load`.
+- Logits are compared relative to the largest |logit| of transformers' (max |a - b| / max |b|),
+  patterns absolutely (they are probabilities), both in float32 on the same token ids; transformers
+  runs with eager attention so that its patterns are the softmax it computes.
+- Greedy: llama-simple decodes from a prompt of token text; attnlab decodes greedily from the ids
+  llama.cpp's tokenizer gives (the file's), and the two continuations are compared as text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import struct
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VOCABULARIES = ROOT / ".venv" / "llama.cpp-vocabularies"
+RESULTS = ROOT / "benchmarks" / "results" / "gguf_architectures.json"
+SEED = 0
+# logits: max |attnlab - transformers| / max |transformers|; patterns: max |difference|
+LOGITS_BOUND, PATTERN_BOUND = 1e-4, 1e-5
+
+
+@dataclass(frozen=True)
+class Case:
+    """One architecture: the Hugging Face model_type and config fields, the tokenizer the converter
+    reads (bpe: GPT-2's tokenizer.json; spm: Llama 2's tokenizer.model), the GGUF architecture the
+    converter writes."""
+
+    name: str
+    model_type: str
+    settings: dict
+    tokenizer: str
+    gguf_architecture: str
+    tokenizer_config: dict = field(default_factory=dict)
+    # config.json keys as the architecture's published checkpoints have them, which transformers 5
+    # no longer writes but the converter reads (Pythia's rotary_pct)
+    config_json: dict = field(default_factory=dict)
+
+
+SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+SMALL_POSITIONS = dict(max_position_embeddings=256)
+
+CONFIGS = [
+    Case(
+        "llama-spm",
+        "llama",
+        dict(**SMALL, **SMALL_POSITIONS, num_key_value_heads=2, vocab_size=32000),
+        "spm",
+        "llama",
+    ),
+    Case(
+        "gptneox",
+        "gpt_neox",
+        dict(**SMALL, **SMALL_POSITIONS, vocab_size=50257, rotary_pct=0.25),
+        "bpe",
+        "gptneox",
+        config_json=dict(rotary_pct=0.25, rotary_emb_base=10000),
+    ),
+    Case(
+        "phi3",
+        "phi3",
+        # Phi-3-mini's vocabulary (Llama 2's and 64 more, padded by the converter) and window
+        # (longer than the prompts: llama.cpp runs phi3 files without it)
+        dict(
+            **SMALL,
+            **SMALL_POSITIONS,
+            num_key_value_heads=2,
+            vocab_size=32064,
+            sliding_window=2047,
+        ),
+        "spm",
+        "phi3",
+        # Phi-3-mini's added tokens (llama.cpp looks <|endoftext|> up in a Phi-3's vocabulary)
+        tokenizer_config={
+            "added_tokens_decoder": {
+                str(i): {"content": text, "special": True}
+                for i, text in (
+                    (32000, "<|endoftext|>"),
+                    (32001, "<|assistant|>"),
+                    (32006, "<|system|>"),
+                    (32007, "<|end|>"),
+                    (32010, "<|user|>"),
+                )
+            }
+        },
+    ),
+    Case(
+        "gemma",
+        "gemma",
+        dict(**SMALL, **SMALL_POSITIONS, num_key_value_heads=1, head_dim=32, vocab_size=32000),
+        "spm",
+        "gemma",
+    ),
+    Case(
+        "stablelm",
+        "stablelm",
+        dict(
+            **SMALL, **SMALL_POSITIONS, num_key_value_heads=2, vocab_size=50257, use_qkv_bias=True
+        ),
+        "bpe",
+        "stablelm",
+    ),
+    Case(
+        "starcoder2",
+        "starcoder2",
+        # StarCoder2's window (longer than the prompts: llama.cpp runs the files without it)
+        dict(
+            **SMALL, **SMALL_POSITIONS, num_key_value_heads=2, vocab_size=50257, sliding_window=4096
+        ),
+        "bpe",
+        "starcoder2",
+    ),
+    # not read by attnlab yet (the test checks that it is refused in one line): Gemma 2's
+    # attention soft-cap, OLMo 2's norms after each sublayer and on the whole of q and k
+    Case(
+        "gemma2",
+        "gemma2",
+        dict(
+            **SMALL,
+            **SMALL_POSITIONS,
+            num_key_value_heads=2,
+            head_dim=16,
+            vocab_size=32000,
+            sliding_window=8,
+            query_pre_attn_scalar=16,
+        ),
+        "spm",
+        "gemma2",
+    ),
+    Case(
+        "granite",
+        "granite",
+        dict(
+            **SMALL,
+            **SMALL_POSITIONS,
+            num_key_value_heads=2,
+            vocab_size=50257,
+            embedding_multiplier=12.0,
+            residual_multiplier=0.22,
+            attention_multiplier=0.0625,
+            logits_scaling=8.0,
+        ),
+        "bpe",
+        "granite",
+    ),
+    Case(
+        "olmo2",
+        "olmo2",
+        dict(**SMALL, **SMALL_POSITIONS, num_key_value_heads=2, vocab_size=50257, pad_token_id=1),
+        "bpe",
+        "olmo2",
+    ),
+    Case(
+        "phi2",
+        "phi",
+        # Phi-2's MLP width, 4 x d_model (the converter writes it so, and llama.cpp checks it)
+        dict(
+            **{**SMALL, "intermediate_size": 256},
+            **SMALL_POSITIONS,
+            vocab_size=50257,
+            partial_rotary_factor=0.5,
+        ),
+        "bpe",
+        "phi2",
+    ),
+    Case(
+        "falcon",
+        "falcon",
+        dict(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            vocab_size=50257,
+            new_decoder_architecture=False,
+            # Falcon-7B's one key/value head, said twice: transformers 5's config sets num_kv_heads
+            # to the head count, which the converter reads as the key/value heads
+            multi_query=True,
+            num_kv_heads=1,
+            parallel_attn=True,
+            bias=False,
+        ),
+        "bpe",
+        "falcon",
+    ),
+    Case(
+        "command-r",
+        "cohere",
+        dict(
+            **SMALL, **SMALL_POSITIONS, num_key_value_heads=2, vocab_size=50257, logit_scale=0.0625
+        ),
+        "bpe",
+        "command-r",
+    ),
+]
+BY_NAME = {case.name: case for case in CONFIGS}
+
+
+# Tokenizers ------------------------------------------------------------------------------------
+
+
+def _vocabulary(sources: Sources, name: str) -> dict:
+    """The metadata of llama.cpp's ggml-vocab-NAME.gguf, read by gguf-py (attnlab's dependency)."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(sources.vocabularies / f"ggml-vocab-{name}.gguf")
+    return {key: field.contents() for key, field in reader.fields.items()}
+
+
+def write_bpe_tokenizer(sources: Sources, directory: Path) -> None:
+    """GPT-2's byte-level BPE tokenizer as tokenizer.json, rebuilt from llama.cpp's copy of its
+    vocabulary and merges (the converter's hash of it is GPT-2's)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = _vocabulary(sources, "gpt-2")
+    tokens = vocab["tokenizer.ggml.tokens"]
+    merges = [tuple(merge.split(" ")) for merge in vocab["tokenizer.ggml.merges"]]
+    tokenizer = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    end = tokens[vocab["tokenizer.ggml.eos_token_id"]]
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=end, eos_token=end)
+    fast.save_pretrained(directory)
+
+
+def _protobuf_field(number: int, wire: int, payload: bytes) -> bytes:
+    key = _varint(number << 3 | wire)
+    return key + (_varint(len(payload)) + payload if wire == 2 else payload)
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def write_spm_tokenizer(sources: Sources, directory: Path) -> None:
+    """Llama 2's SentencePiece model as tokenizer.model, from llama.cpp's copy of its pieces,
+    scores and types: sentencepiece's ModelProto (sentencepiece_model.proto) with the fields the
+    converter reads: pieces (1: piece 1, score 2, type 3), trainer_spec (2: model_type 3 = BPE,
+    vocab_size 4, byte_fallback 35, unk/bos/eos/pad ids 40-43) and normalizer_spec (3: name 1,
+    add_dummy_prefix 3, remove_extra_whitespaces 4, escape_whitespaces 5)."""
+    vocab = _vocabulary(sources, "llama-spm")
+    pieces = b""
+    for piece, score, kind in zip(
+        vocab["tokenizer.ggml.tokens"],
+        vocab["tokenizer.ggml.scores"],
+        vocab["tokenizer.ggml.token_type"],
+    ):
+        body = (
+            _protobuf_field(1, 2, piece.encode("utf-8"))
+            + _protobuf_field(2, 5, struct.pack("<f", score))
+            + _protobuf_field(3, 0, _varint(kind))
+        )
+        pieces += _protobuf_field(1, 2, body)
+    ids = [vocab.get(f"tokenizer.ggml.{key}_token_id", -1) for key in ("unknown", "bos", "eos")]
+    trainer = (
+        _protobuf_field(3, 0, _varint(2))
+        + _protobuf_field(4, 0, _varint(len(vocab["tokenizer.ggml.tokens"])))
+        + _protobuf_field(35, 0, _varint(1))
+        + b"".join(_protobuf_field(40 + i, 0, _varint(v)) for i, v in enumerate(ids))
+        + _protobuf_field(43, 0, _varint(2**64 - 1))  # pad_id -1, as int32 varints are written
+    )
+    normalizer = (
+        _protobuf_field(1, 2, b"identity")
+        + _protobuf_field(3, 0, _varint(1))
+        + _protobuf_field(4, 0, _varint(0))
+        + _protobuf_field(5, 0, _varint(1))
+    )
+    model = pieces + _protobuf_field(2, 2, trainer) + _protobuf_field(3, 2, normalizer)
+    (directory / "tokenizer.model").write_bytes(model)
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps(
+            {"add_bos_token": True, "add_eos_token": False, "tokenizer_class": "LlamaTokenizer"}
+        ),
+        encoding="utf-8",
+    )
+
+
+# Models, the converter, the comparisons ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sources:
+    """llama.cpp's converter (the folder of convert_hf_to_gguf.py, conversion/ and gguf-py/) and
+    its tokenizer tests' vocabularies (ggml-vocab-*.gguf)."""
+
+    converter: Path
+    vocabularies: Path
+
+
+def find_sources(given: str | None = None) -> Sources | None:
+    """llama.cpp's sources: `given` or $ATTNLAB_LLAMA_CPP_SOURCES (a llama.cpp tree), else what
+    `make venv-test` unpacks (.venv/llama.cpp-vocabularies and its converter/); None without a
+    converter."""
+    for tree in (given, os.environ.get("ATTNLAB_LLAMA_CPP_SOURCES")):
+        if tree and (Path(tree) / "convert_hf_to_gguf.py").is_file():
+            return Sources(Path(tree), Path(tree) / "models")
+    if (VOCABULARIES / "converter" / "convert_hf_to_gguf.py").is_file():
+        return Sources(VOCABULARIES / "converter", VOCABULARIES)
+    return None
+
+
+def make_model(case: Case, directory: Path):
+    """The random-weight transformers model of `case`, saved with its tokenizer into `directory`
+    (safetensors, as a Hub repository holds it); returns the model, in eval mode, eager
+    attention."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(case.model_type, **case.settings)
+    config._attn_implementation = "eager"
+    torch.manual_seed(SEED)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
+    with torch.no_grad():  # wider than transformers' init, so that every part moves the logits
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.1)
+    model.save_pretrained(directory)
+    if case.config_json:
+        path = directory / "config.json"
+        config = json.loads(path.read_text(encoding="utf-8"))
+        path.write_text(json.dumps({**config, **case.config_json}, indent=1), encoding="utf-8")
+    return model
+
+
+def write_tokenizer(case: Case, sources: Sources, directory: Path) -> None:
+    if case.tokenizer == "bpe":
+        write_bpe_tokenizer(sources, directory)
+    else:
+        write_spm_tokenizer(sources, directory)
+    if case.tokenizer_config:
+        path = directory / "tokenizer_config.json"
+        config = json.loads(path.read_text(encoding="utf-8"))
+        path.write_text(json.dumps({**config, **case.tokenizer_config}), encoding="utf-8")
+
+
+# Runs convert_hf_to_gguf.main() once per (model folder, output file) in one process (one import of
+# torch and transformers for all of them), each with the argv a user gives it; a failure is printed
+# as one line starting with FAILED and the next one runs. One change to the converter: its hparams
+# (AutoConfig's dict) get back the config.json keys transformers 5 drops (GPT-NeoX's rotary_pct,
+# which the converter reads: without it a Pythia checkpoint fails to convert under transformers 5).
+_DRIVER = """
+import json, sys, traceback
+converter, outtype, *pairs = sys.argv[1:]
+sys.path.insert(0, converter)
+import convert_hf_to_gguf
+from conversion.base import ModelBase
+load_hparams = ModelBase.load_hparams
+def with_file_keys(dir_model, is_mistral_format):
+    hparams = load_hparams(dir_model, is_mistral_format)
+    raw = json.loads((dir_model / "config.json").read_text(encoding="utf-8"))
+    return {**raw, **hparams}
+ModelBase.load_hparams = staticmethod(with_file_keys)
+for directory, out in zip(pairs[::2], pairs[1::2]):
+    sys.argv = ["convert_hf_to_gguf.py", directory, "--outfile", out, "--outtype", outtype]
+    try:
+        convert_hf_to_gguf.main()
+    except BaseException as exc:
+        line = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        print("FAILED", directory, line, flush=True)
+"""
+
+
+def convert(sources: Sources, jobs: list[tuple[Path, Path]], outtype: str = "f32") -> dict:
+    """llama.cpp's converter on each (model folder, output file), as `python convert_hf_to_gguf.py
+    DIR --outfile OUT --outtype OUTTYPE`; {folder: the converter's error} for those that failed."""
+    pairs = [str(p) for job in jobs for p in job]
+    done = subprocess.run(
+        [sys.executable, "-c", _DRIVER, str(sources.converter), outtype, *pairs],
+        capture_output=True,
+        text=True,
+    )
+    failed = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("FAILED "):
+            _, directory, error = line.split(" ", 2)
+            failed[directory] = error
+    if done.returncode:
+        raise RuntimeError(f"convert_hf_to_gguf.py could not run:\n{done.stderr[-3000:]}")
+    return failed
+
+
+def prompt_ids(vocab_size: int, length: int = 24):
+    import torch
+
+    generator = torch.Generator().manual_seed(SEED)
+    return torch.randint(3, vocab_size, (1, length), generator=generator)
+
+
+def compare_with_transformers(reference, path: Path) -> dict:
+    """attnlab on the converted file against transformers on the model it came from: logits
+    (relative to the largest) and every layer's pattern, on the same ids."""
+    import torch
+
+    import attnlab
+
+    model = attnlab.load(str(path))
+    ids = prompt_ids(reference.config.vocab_size)
+    with torch.no_grad():
+        theirs = reference(ids, output_attentions=True)
+        logits, cache = model.run_with_cache(ids, names_filter=lambda name: "hook_pattern" in name)
+    gguf_architecture = model.config.extra.get("gguf_architecture")
+    logits_error = float((logits - theirs.logits).abs().max() / theirs.logits.abs().max())
+    pattern_error = max(
+        float((cache[f"blocks.{i}.attn.hook_pattern"] - pattern).abs().max())
+        for i, pattern in enumerate(theirs.attentions)
+    )
+    return {
+        "gguf_architecture": gguf_architecture,
+        "logits_relative_error": logits_error,
+        "pattern_max_error": pattern_error,
+        "model": model,
+    }
+
+
+PROMPT, NEW_TOKENS = "The quick brown fox", 16
+
+
+def prepare(case: Case, sources: Sources, work: Path):
+    """The model of `case` saved with its tokenizer in work/NAME: (the transformers model, the
+    folder, the GGUF file the converter is to write)."""
+    directory = work / case.name
+    directory.mkdir(parents=True, exist_ok=True)
+    reference = make_model(case, directory)
+    write_tokenizer(case, sources, directory)
+    return reference, directory, work / f"{case.name}-f32.gguf"
+
+
+def run_case(case: Case, reference, path: Path, failed: str | None, binaries: Path | None) -> dict:
+    row: dict = {"architecture": case.name, "hf_model_type": case.model_type}
+    if failed is not None:
+        return {**row, "error": f"convert_hf_to_gguf.py: {failed}"}
+    row["file"] = f"convert_hf_to_gguf.py --outtype f32 ({path.stat().st_size:,} bytes)"
+    try:
+        found = compare_with_transformers(reference, path)
+    except Exception as exc:  # a refusal (UserError) or a failure: the row says which
+        message = str(exc).splitlines()[0].replace(str(path), path.name)
+        return {**row, "error": f"{type(exc).__name__}: {message}"}
+    model = found.pop("model")
+    row.update(found)
+    row["within_bounds"] = (
+        found["logits_relative_error"] <= LOGITS_BOUND
+        and found["pattern_max_error"] <= PATTERN_BOUND
+    )
+    if binaries is not None and (binaries / "llama-simple").is_file():
+        from gguf_write_llama_cpp import greedy_text, llama_simple
+
+        ours = greedy_text(model, PROMPT, NEW_TOKENS)
+        theirs = llama_simple(binaries, path, PROMPT, NEW_TOKENS)
+        row["greedy_equal_llama_simple"] = ours == theirs
+        row["greedy_text"] = ours
+        if ours != theirs:
+            row["greedy_note"] = f"attnlab {ours!r} vs llama-simple {theirs!r}"
+    else:
+        row["greedy_equal_llama_simple"] = None
+        row["greedy_note"] = "no llama-simple (--bin)"
+    return row
+
+
+def versions(sources: Sources) -> dict:
+    import torch
+    import transformers
+
+    import attnlab
+
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    return {
+        "attnlab": getattr(attnlab, "__version__", "?"),
+        "attnlab_commit": commit,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "llama_cpp_converter": str(sources.converter),
+        "python": platform.python_version(),
+    }
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        "| architecture | file (llama.cpp's converter) | logits vs transformers (rel.) | "
+        "patterns (max abs.) | greedy = llama-simple |",
+        "|---|---|---|---|---|",
+    ]
+    for row in rows:
+        if "error" in row:
+            lines.append(f"| {row['architecture']} | {row.get('file', '-')} | {row['error']} | | |")
+            continue
+        greedy = {True: "yes", False: "no", None: "not run"}[row["greedy_equal_llama_simple"]]
+        lines.append(
+            f"| {row['architecture']} ({row['gguf_architecture']}) | {row['file']} | "
+            f"{row['logits_relative_error']:.1e} | {row['pattern_max_error']:.1e} | {greedy} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--llama-cpp", help="llama.cpp's sources (with convert_hf_to_gguf.py)")
+    parser.add_argument("--bin", help="a folder with llama-simple built from those sources")
+    parser.add_argument("--only", nargs="*", choices=sorted(BY_NAME), help="run these only")
+    parser.add_argument("--out", default=str(RESULTS))
+    args = parser.parse_args()
+    sources = find_sources(args.llama_cpp)
+    if sources is None:
+        raise SystemExit(
+            "no llama.cpp sources with convert_hf_to_gguf.py: run `make venv-test` or give "
+            "--llama-cpp DIR"
+        )
+    binaries = Path(args.bin) if args.bin else None
+    from _common import machine_line
+
+    rows = []
+    cases = [BY_NAME[name] for name in args.only] if args.only else CONFIGS
+    with tempfile.TemporaryDirectory() as work:
+        prepared = [prepare(case, sources, Path(work)) for case in cases]
+        failed = convert(sources, [(directory, path) for _, directory, path in prepared])
+        for case, (reference, directory, path) in zip(cases, prepared):
+            row = run_case(case, reference, path, failed.get(str(directory)), binaries)
+            print(table([row]).splitlines()[-1], flush=True)
+            rows.append(row)
+    result = {
+        "benchmark": "gguf_architectures",
+        "command": " ".join(sys.argv),
+        "machine": machine_line(),
+        "versions": versions(sources),
+        "bounds": {"logits_relative": LOGITS_BOUND, "pattern_abs": PATTERN_BOUND},
+        "rows": rows,
+    }
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    print(table(rows))
+    return 0 if all(row.get("within_bounds") for row in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    raise SystemExit(main())

@@ -1,0 +1,82 @@
+"""Each architecture as a user downloads it: a random-weight transformers model of it, written to
+GGUF by llama.cpp's own converter, read by attnlab, against transformers on the same model (logits
+within 1e-4 relative, every attention pattern within 1e-5).
+
+The models, the tokenizers the converter needs and the conversion are benchmarks/
+gguf_architectures.py's (its CONFIGS; the benchmark adds llama.cpp's greedy text). The converter
+comes from llama.cpp's sources as the pinned llama-cpp-python sdist carries them, unpacked into the
+venv by `make venv-test`; without it every test here skips in one line naming that step. All the
+models are converted in one run of the converter (one import of torch and transformers), shared by
+the tests. An architecture attnlab does not run must be refused in one line that names it and lists
+the ones it runs, and that list must be true: each one listed converts and matches.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnlab.errors import UserError
+from attnlab.formats.gguf import ARCHITECTURES
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import gguf_architectures as harness  # noqa: E402
+
+# where the Makefile's venv-test step unpacks it
+VOCABULARIES = Path(sys.prefix) / "llama.cpp-vocabularies"
+SOURCES = harness.Sources(VOCABULARIES / "converter", VOCABULARIES)
+
+pytestmark = pytest.mark.slow
+# every architecture attnlab reads, and the first it refuses (its message is the same for all)
+READ = [case for case in harness.CONFIGS if case.gguf_architecture in ARCHITECTURES]
+REFUSED = [case for case in harness.CONFIGS if case.gguf_architecture not in ARCHITECTURES][:1]
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """{case name: (the transformers model, the converted file, the converter's error or None)}."""
+    if not (SOURCES.converter / "convert_hf_to_gguf.py").is_file():
+        pytest.skip(
+            f"llama.cpp's converter is not in {SOURCES.converter}: run `make venv-test` with PyPI "
+            "reachable (it unpacks it from the llama-cpp-python sdist)"
+        )
+    work = tmp_path_factory.mktemp("architectures")
+    prepared = {case.name: harness.prepare(case, SOURCES, work) for case in READ + REFUSED}
+    failed = harness.convert(SOURCES, [(d, p) for _, d, p in prepared.values()])
+    return {
+        name: (reference, path, failed.get(str(directory)))
+        for name, (reference, directory, path) in prepared.items()
+    }
+
+
+@pytest.mark.parametrize("case", READ + REFUSED, ids=lambda case: case.name)
+def test_converted_file_matches_transformers(case, converted):
+    reference, path, failed = converted[case.name]
+    assert failed is None, f"llama.cpp's converter failed on {case.name}: {failed}"
+    if case.gguf_architecture not in ARCHITECTURES:
+        with pytest.raises(UserError) as refused:
+            harness.compare_with_transformers(reference, path)
+        message = str(refused.value)
+        assert "\n" not in message and f"architecture {case.gguf_architecture!r}" in message
+        assert ", ".join(ARCHITECTURES) in message
+        return
+    found = harness.compare_with_transformers(reference, path)
+    found.pop("model")
+    assert found["gguf_architecture"] == case.gguf_architecture
+    assert found["logits_relative_error"] <= harness.LOGITS_BOUND, found
+    assert found["pattern_max_error"] <= harness.PATTERN_BOUND, found
+
+
+def test_the_prompt_moves_the_logits(converted):
+    """The comparison can fail: the random models are far from uniform, so a wrong weight or a
+    missing step shows in the logits (a changed token changes the next position's logits)."""
+    reference, _, _ = converted[harness.CONFIGS[0].name]
+    ids = harness.prompt_ids(reference.config.vocab_size)
+    changed = ids.clone()
+    changed[0, 5] += 1
+    with torch.no_grad():
+        a, b = reference(ids).logits, reference(changed).logits
+    assert float((a - b)[0, 6:].abs().max() / a.abs().max()) > 100 * harness.LOGITS_BOUND
