@@ -4,7 +4,7 @@ attnlab and compared with transformers on the same model (logits, attention patt
 llama.cpp's `llama-simple` on the same file (greedy tokens).
 
 .venv/bin/python benchmarks/gguf_architectures.py [--llama-cpp SOURCES] [--bin BUILD/bin]
-    [--only NAME ...] [--out benchmarks/results/gguf_architectures.json]
+    [--only NAME ...] [--results benchmarks/results]
 
 --llama-cpp names llama.cpp's sources (the folder with convert_hf_to_gguf.py, conversion/, gguf-py/
 and models/ggml-vocab-*.gguf; default: what `make venv-test` unpacks into
@@ -47,7 +47,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 VOCABULARIES = ROOT / ".venv" / "llama.cpp-vocabularies"
-RESULTS = ROOT / "benchmarks" / "results" / "gguf_architectures.json"
+RESULTS = ROOT / "benchmarks" / "results"
 SEED = 0
 # logits: max |attnlab - transformers| / max |transformers|; patterns: max |difference|
 LOGITS_BOUND, PATTERN_BOUND = 1e-4, 1e-5
@@ -530,12 +530,53 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def figures(rows: list[dict]) -> list[dict]:
+    """The rows as the results record's figures (benchmarks/_common.py, write_result): for each
+    architecture attnlab reads, its two errors and whether its greedy text is llama-simple's; an
+    architecture refused stays in the record's details with its one-line reason."""
+    out = []
+    for row in rows:
+        if "error" in row:
+            continue
+        name = row["architecture"]
+        out += [
+            {
+                "name": f"{name}: logits vs transformers, relative",
+                "unit": "",
+                "attnlab": row["logits_relative_error"],
+                "anchor": None,
+                "ratio": None,
+                "better": "lower",
+            },
+            {
+                "name": f"{name}: patterns vs transformers",
+                "unit": "",
+                "attnlab": row["pattern_max_error"],
+                "anchor": None,
+                "ratio": None,
+                "better": "lower",
+            },
+        ]
+        if row.get("greedy_equal_llama_simple") is not None:
+            out.append(
+                {
+                    "name": f"{name}: greedy text equal to llama-simple's",
+                    "unit": "",
+                    "attnlab": int(row["greedy_equal_llama_simple"]),
+                    "anchor": None,
+                    "ratio": None,
+                    "better": "higher",
+                }
+            )
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--llama-cpp", help="llama.cpp's sources (with convert_hf_to_gguf.py)")
     parser.add_argument("--bin", help="a folder with llama-simple built from those sources")
     parser.add_argument("--only", nargs="*", choices=sorted(BY_NAME), help="run these only")
-    parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--results", default=str(RESULTS), help="the folder of results records")
     args = parser.parse_args()
     sources = find_sources(args.llama_cpp)
     if sources is None:
@@ -544,7 +585,7 @@ def main() -> int:
             "--llama-cpp DIR"
         )
     binaries = Path(args.bin) if args.bin else None
-    from _common import machine_line
+    from _common import write_result
 
     rows = []
     cases = [BY_NAME[name] for name in args.only] if args.only else CONFIGS
@@ -555,15 +596,25 @@ def main() -> int:
             row = run_case(case, reference, path, failed.get(str(directory)), binaries)
             print(table([row]).splitlines()[-1], flush=True)
             rows.append(row)
-    result = {
-        "benchmark": "gguf_architectures",
-        "command": " ".join(sys.argv),
-        "machine": machine_line(),
-        "versions": versions(sources),
-        "bounds": {"logits_relative": LOGITS_BOUND, "pattern_abs": PATTERN_BOUND},
-        "rows": rows,
-    }
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    write_result(
+        Path(args.results),
+        "gguf_architectures",
+        measures=(
+            "Architectures as llama.cpp's converter writes them: a random-weight transformers "
+            "model of each, written to GGUF (convert_hf_to_gguf.py --outtype f32), read by "
+            "attnlab; its logits (max error relative to the largest) and attention patterns (max "
+            "error) against transformers on the same model, and its greedy text against "
+            "llama-simple's on the file "
+            f"(1 = equal). Bounds: logits {LOGITS_BOUND:g}, patterns {PATTERN_BOUND:g}."
+        ),
+        anchor="transformers, llama.cpp's llama-simple",
+        anchor_version=", ".join(f"{k} {v}" for k, v in versions(sources).items()),
+        figures=figures(rows),
+        details={
+            "rows": rows,
+            "bounds": {"logits_relative": LOGITS_BOUND, "pattern_abs": PATTERN_BOUND},
+        },
+    )
     print(table(rows))
     return 0 if all(row.get("within_bounds") for row in rows) else 1
 

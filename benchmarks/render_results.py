@@ -89,9 +89,10 @@ def load_records(folder: Path = RESULTS) -> list[dict[str, Any]]:
 
 
 def number(value: float, unit: str) -> str:
-    """Three significant digits (no exponent), four decimals for a unitless figure."""
+    """Three significant digits (no exponent), four decimals for a unitless figure (three
+    significant digits for one below 0.001, such as an error against a reference)."""
     if not unit:
-        return f"{value:.4f}"
+        return f"{value:.3g}" if 0 < abs(value) < 1e-3 else f"{value:.4f}"
     size = abs(value)
     if size >= 100:
         return f"{value:.0f}"

@@ -172,7 +172,7 @@ def test_the_architectures_table_lists_every_supported_architecture():
     from attnlab.formats import gguf
 
     gguf_table = page[page.index("## GGUF files") :]
-    listed = re.findall(r"^\| `([a-z0-9_]+)` \|", gguf_table, flags=re.M)
+    listed = re.findall(r"^\| `([a-z0-9_-]+)` \|", gguf_table, flags=re.M)
     assert sorted(listed) == sorted(gguf.ARCHITECTURES), "the GGUF table and formats.gguf differ"
 
 

@@ -6,10 +6,10 @@ through run_with_cache's hook names, as TransformerLens names them.
 
 GGUF: files in llama.cpp's layout (tests/gguf_files.py, the experts stacked into 3-D tensors as
 the converter stacks them) put each expert's matrices where they belong, as floats or as blocks
-per expert; where llama.cpp's sources are unpacked (LLAMA_CPP, the anchor, never a dependency),
-files written by its own converter from the transformers models match transformers. Generation:
-the decode step runs the experts' MLP as its module between its C programs, says so, and gives
-the module path's tokens.
+per expert; with llama.cpp's converter as `make venv-test` unpacks it (the anchor, never a
+dependency), files written by its own converter from the transformers models match transformers.
+Generation: the decode step runs the experts' MLP as its module between its C programs, says so,
+and gives the module path's tokens.
 
 The routers' weights are scaled up so that no token's k-th and (k+1)-th experts are within
 rounding of each other: a near tie would let the two implementations pick different experts for
@@ -177,7 +177,12 @@ def test_dense_layers_among_experts_and_writing_are_refused(tmp_path):
 
 # GGUF ---------------------------------------------------------------------------------------------
 
-LLAMA_CPP = Path(os.environ.get("LLAMA_CPP", "/tmp/lcp/llama_cpp_python-0.3.36/vendor/llama.cpp"))
+# llama.cpp's converter as `make venv-test` unpacks it from the llama-cpp-python sdist (or a
+# llama.cpp tree in $ATTNLAB_LLAMA_CPP_SOURCES, as benchmarks/gguf_architectures.py reads it)
+LLAMA_CPP = Path(
+    os.environ.get("ATTNLAB_LLAMA_CPP_SOURCES")
+    or Path(__file__).resolve().parents[1] / ".venv" / "llama.cpp-vocabularies" / "converter"
+)
 GGUF_CASES = {  # GGUF architecture: (n_experts, experts_per_token, expert width, shared width)
     "llama": (4, 2, 64, 0),
     "qwen2moe": (6, 3, 32, 64),
@@ -295,7 +300,10 @@ def test_generation_runs_the_experts_module_and_says_so(tmp_path, monkeypatch):
 
 def _converter_missing() -> str | None:
     if not (LLAMA_CPP / "convert_hf_to_gguf.py").is_file():
-        return f"llama.cpp's sources are not at {LLAMA_CPP} (set LLAMA_CPP)"
+        return (
+            f"no llama.cpp converter at {LLAMA_CPP}: `make venv-test` unpacks it from PyPI's "
+            "llama-cpp-python sdist (or set ATTNLAB_LLAMA_CPP_SOURCES to a llama.cpp tree)"
+        )
     try:
         import sentencepiece  # noqa: F401  (the converter imports it for llama's vocabulary)
     except ImportError:
