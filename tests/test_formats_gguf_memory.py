@@ -155,3 +155,11 @@ def test_the_cgroup_v2_room_is_its_limit_less_its_usage(tmp_path, monkeypatch):
 
     monkeypatch.setattr(memory.Path, "read_text", read_text)
     assert memory._cgroup_room() == (600000, f"the cgroup limit of {group}")
+
+
+def test_kept_blocks_are_tensors_of_their_own_so_moving_them_frees_the_old_memory(q8_file):
+    """Generation moves the weights into 2 MB pages by replacing each tensor's data: a view would
+    keep its base, the file's bytes as read, alive beside the moved copy (every matrix twice)."""
+    model = attnlab.load(q8_file, keep_blocks=True)
+    kept = [m.blocks for m in model.modules() if isinstance(m, BlockLinear)]
+    assert kept and all(blocks._base is None for blocks in kept)

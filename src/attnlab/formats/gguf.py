@@ -772,9 +772,21 @@ def _blocks_of(tensor, name: str, w, model, gguf_arch: str, shapes: dict, path: 
         if ours.endswith(".weight") and isinstance(
             model.get_submodule(module_name), torch.nn.Linear
         ):
-            kept[module_name] = (part.contiguous(), kind)
+            kept[module_name] = (_not_a_view(part.contiguous()), kind)
         elif ours == "embed.weight":  # looked up row by row (BlockEmbedding)
-            kept["embed"] = (part.contiguous(), kind)
+            kept["embed"] = (_not_a_view(part.contiguous()), kind)
             if model.config.tie_embeddings and model.unembed is not None:
                 kept["unembed"] = kept["embed"]  # the LM head reads the same tensor
     return kept
+
+
+def _not_a_view(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` on the same memory as a tensor of its own, not a view: a view keeps its base alive
+    (`_base`) after its data is replaced, as generation's move of the weights into 2 MB pages does,
+    which held every matrix twice."""
+    if tensor._base is None:
+        return tensor
+    own = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+    return own.set_(
+        tensor.untyped_storage(), tensor.storage_offset(), tensor.shape, tensor.stride()
+    )

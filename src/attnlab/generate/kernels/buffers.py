@@ -20,6 +20,7 @@ import threading
 
 import torch
 
+from ... import memory
 from ...memory import HUGE_PAGE
 
 # bytes of weights from which `place_in_huge_pages` moves them (smaller ones sit in cache)
@@ -78,4 +79,6 @@ def place_in_huge_pages(tensors: list[torch.Tensor]) -> bool:
             t.data = placed
             t._attnlab_huge_pages = t.data_ptr()
             offset += size
+    # the tensors' old memory, freed one by one; what malloc kept in its heaps goes back too
+    memory.trim()
     return True
