@@ -62,6 +62,7 @@ def run_step(step: str, path: Path, tokens: int, context: int, new_tokens: int) 
         model.generate(ids, max_new_tokens=1)
         figures["pp_seconds"] = time.perf_counter() - t0
         figures["pp_tokens"] = tokens
+        figures["after_pp"] = status()
         t0 = time.perf_counter()
         model.generate(ids[:, :8], max_new_tokens=new_tokens)
         figures["tg_seconds"] = time.perf_counter() - t0
