@@ -212,14 +212,19 @@ def main() -> None:
         ][:5]
         results["steps"][step] = figures
         print(step, json.dumps(figures), flush=True)
+        write(args.out, results)  # after each step: a long run cut short keeps what it measured
     if args.llama_cpp:
         results["llama_cpp"] = {
             "load_average_1min": os.getloadavg()[0],
             **llama_bench(args.llama_cpp, args.file, torch.get_num_threads()),
         }
         print("llama.cpp", json.dumps(results["llama_cpp"]), flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    write(args.out, results)
+
+
+def write(out: Path, results: dict) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":
