@@ -44,11 +44,13 @@ from attnlab.generate.kernel_decoder import KernelDecoder
 from attnlab.generate.kv_cache import KVCache
 from attnlab.generate.loop import generate
 from attnlab.model.config import ModelConfig
+from attnlab.quant import blocks as blocks_module
 from attnlab.quant.blocks import (
     BLOCK_TYPES,
     QUANTIZABLE,
     BlockEmbedding,
     BlockLinear,
+    deinterleave16,
     dequantize,
     quantize_blocks,
 )
@@ -160,6 +162,28 @@ def test_block_linear_is_dequantize_then_f_linear(kind, seed):
     )
     assert torch.equal(layer(x), F.linear(x, dequantize(layer.blocks, kind), b))
     assert torch.equal(layer.weight, dequantize(layer.blocks, kind))
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_a_large_block_linear_dequantizes_a_slice_of_rows_at_a_time(interleaved, monkeypatch):
+    """Above SLICE_FLOATS weights the forward never dequantizes the whole matrix (an 8B model's LM
+    head: 2 GB as float32), and its output is the whole product's, bit for bit."""
+    w, b, x = torch.randn(96, 64) * 0.1, torch.randn(96), torch.randn(3, 5, 64)
+    layer = BlockLinear.from_float(w, "q8_0", b)
+    whole = F.linear(x, dequantize(layer.blocks, "q8_0"), b)
+    if interleaved:
+        layer.blocks, layer.interleaved = kernels.repack16(layer.blocks, 0, 64), True
+    monkeypatch.setattr(blocks_module, "SLICE_FLOATS", 32 * 64)
+    rows = []
+    real = blocks_module.dequantize
+
+    def counted(part, kind):
+        rows.append(part.shape[0])
+        return real(part, kind)
+
+    monkeypatch.setattr(blocks_module, "dequantize", counted)
+    assert torch.equal(layer(x), whole)
+    assert max(rows) == 32 and sum(rows) == 96
 
 
 # The C products -----------------------------------------------------------------------------
@@ -323,6 +347,45 @@ def test_repack16_lays_out_sixteen_rows_as_the_decode_products_read_them(kind, s
     packed = kernels.repack16(layer.blocks, kind_c, d_in)
     assert torch.equal(packed, repacked_reference(layer.blocks, kind))
     assert packed.shape == layer.blocks.shape and not torch.equal(packed, layer.blocks)
+
+
+@pytest.mark.parametrize("kind", REPACKABLE)
+def test_deinterleave16_gives_back_the_files_layout_of_the_c_repack(kind, seed):
+    d_in = 96 * BLOCK_TYPES[kind].weights // 32
+    layer = block_layer(kind, 48, d_in, seed)
+    packed = kernels.repack16(layer.blocks, BLOCK_TYPES[kind].kernel, d_in)
+    assert torch.equal(deinterleave16(packed, kind), layer.blocks)
+
+
+@pytest.mark.parametrize("kind", ["q4_0", "q8_0"])
+def test_the_decode_step_holds_one_copy_of_each_matrix(kind, monkeypatch):
+    """A matrix the decode step multiplies in the 16-row layout holds those bytes instead of the
+    file's, not beside them (issue 43: one copy of the weights), and still computes, saves and
+    reads back the file's values bit for bit; a step on the file's layout puts it back. A tied
+    head keeps the embedding's blocks, which lookups read in the file's layout."""
+    if not kernels.repack16_fast(BLOCK_TYPES[kind].kernel):
+        pytest.skip(f"this build multiplies {kind} in the file's layout")
+    monkeypatch.setattr(kernel_decoder, "REPACK", True)
+    model, _ = block_model(kind, embed_blocks=True, tie_embeddings=True, d_vocab=64)
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, BlockLinear)}
+    before = {n: m.blocks.clone() for n, m in linears.items()}
+    ids = torch.randint(0, 64, (2, 6))
+    with torch.no_grad():
+        logits = model(ids)
+    KernelDecoder(model, KVCache.for_model(model, 2, 16))
+    for name, m in linears.items():
+        tied = name == "unembed"
+        assert m.interleaved == (not tied), name
+        assert hasattr(m, "_attnlab_repacked") == tied, name
+        assert torch.equal(m.file_blocks(), before[name])
+        assert torch.equal(model.state_dict()[f"{name}.blocks"], before[name])
+    assert model.unembed.blocks is model.embed.blocks
+    with torch.no_grad():
+        assert torch.equal(model(ids), logits)
+    monkeypatch.setattr(kernel_decoder, "REPACK", False)
+    KernelDecoder(model, KVCache.for_model(model, 2, 16))
+    for name, m in linears.items():
+        assert not m.interleaved and torch.equal(m.blocks, before[name])
 
 
 def repacked_products_in_this_build(kind: str, seed: int) -> None:

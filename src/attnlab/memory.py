@@ -25,6 +25,12 @@ Design choices:
   FRESH_HUGE_FROM bytes (a forward pass's logits: 200 MB for SmolLM2 at 4 x 256 tokens): in 2 MB
   pages that is ~100 page faults instead of ~50,000. Blocks from SMALLEST up to it are left to
   malloc, which reuses them while their size is below its own threshold.
+- `available()` is what a load may still allocate before the kernel's out-of-memory killer acts:
+  the smaller of the machine's MemAvailable (/proc/meminfo: free memory plus the page cache it
+  could drop) and the room left under this process's cgroup limit (v2 memory.max less
+  memory.current, v1 memory.limit_in_bytes less memory.usage_in_bytes), with the source named, so
+  that a refusal can say where its figure came from. Off Linux it is None (nothing to check
+  against, and nothing is refused).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -164,3 +171,84 @@ def _madvise() -> Callable | None:
         return None
     madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     return madvise
+
+
+def trim() -> None:
+    """Hand the free pages of malloc's heaps back to the kernel (glibc's malloc_trim): blocks under
+    its mmap threshold (32 MiB at most) live in a heap, whose free middle stays resident until
+    trimmed. Nothing elsewhere."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None).malloc_trim(0)
+
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def available() -> tuple[int, str] | None:
+    """(bytes this process may still allocate, where that figure comes from), or None where the
+    machine reports neither (module docstring)."""
+    found = []
+    meminfo = _meminfo_available()
+    if meminfo is not None:
+        found.append((meminfo, "MemAvailable"))
+    room = _cgroup_room()
+    if room is not None:
+        found.append(room)
+    return min(found) if found else None
+
+
+def _meminfo_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024  # reported in kB
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _read_number(path: Path) -> int | None:
+    """A cgroup file's number; None where it is missing, unreadable or "max" (no limit)."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _cgroup_room() -> tuple[int, str] | None:
+    """(limit less usage, a description) of this process's memory cgroup, v2 or v1; None without
+    a limit."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2's single hierarchy: limits on this group and each above it
+            group = CGROUP_ROOT / path.lstrip("/")
+            rooms = []
+            while True:
+                limit = _read_number(group / "memory.max")
+                usage = _read_number(group / "memory.current")
+                if limit is not None and usage is not None:
+                    rooms.append((max(limit - usage, 0), f"the cgroup limit of {group}"))
+                if group == CGROUP_ROOT or CGROUP_ROOT not in group.parents:
+                    break
+                group = group.parent
+            if rooms:
+                return min(rooms)
+        elif "memory" in controllers.split(","):
+            group = CGROUP_ROOT / "memory" / path.lstrip("/")
+            limit = _read_number(group / "memory.limit_in_bytes")
+            usage = _read_number(group / "memory.usage_in_bytes")
+            # v1 reports "no limit" as a huge number (PAGE_COUNTER_MAX pages)
+            if limit is not None and usage is not None and limit < 1 << 60:
+                return max(limit - usage, 0), f"the cgroup limit of {group}"
+    return None
+
+
+def gigabytes(n: int) -> str:
+    """n bytes as the figure a line reports: '4.92 GB', '538.7 MB'."""
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"

@@ -65,7 +65,7 @@ def load(
     device: str = "cpu",
     revision: str | None = None,
     file: str | None = None,
-    keep_blocks: bool = False,
+    keep_blocks: bool | None = None,
 ) -> Transformer:
     """attnlab.formats.load (see it for the parameters), the model as this module's
     Transformer."""

@@ -127,7 +127,7 @@ def load(
     device: str = "cpu",
     revision: str | None = None,
     file: str | None = None,
-    keep_blocks: bool = False,
+    keep_blocks: bool | None = None,
 ):
     """A model from a directory (attnlab or Hugging Face format), a GGUF file, a bundled name
     ("minilm", "smollm2", "gemma3-270m") or a Hugging Face Hub name ("gpt2"; `revision`: a branch,
@@ -135,7 +135,8 @@ def load(
     tokenizer). `file`: a GGUF file in a directory or a Hub repository ("OWNER/REPO",
     file="model-Q4_K_M.gguf"). keep_blocks (GGUF only): its matrices and embedding in blocks (Q8_0,
     Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K) stay the file's blocks, which generation multiplies as they
-    are (attnlab.formats.gguf); by default every tensor is dequantized to float32."""
+    are (attnlab.formats.gguf); keep_blocks=False: every tensor dequantized to float32; by default
+    float32 where it fits in the memory available, else the file's blocks, said in one line."""
     if file is not None:
         return load_gguf(gguf_in(path, file, revision), device=device, keep_blocks=keep_blocks)
     path = model_dir(path, revision)

@@ -24,10 +24,12 @@ def add_keep_blocks_flag(parser: argparse.ArgumentParser) -> None:
     keep_blocks)."""
     parser.add_argument(
         "--keep-blocks",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="keep a GGUF file's matrices and embedding in blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, "
         "Q5_K, Q6_K) as the file's blocks and multiply them with 8-bit activations, as llama.cpp "
-        "does (default: dequantized to float32)",
+        "does; --no-keep-blocks: dequantized to float32 (default: float32 where it fits in the "
+        "memory available, else the blocks)",
     )
 
 

@@ -28,6 +28,15 @@ Design choices:
 - The model computes with exactly the file's values: every tensor is dequantized to float32
   (gguf-py's numpy code, checked in the tests against a block-by-block transcription of ggml's C
   reference).
+- Memory is checked before anything is allocated (`plan_memory`): what the model will hold (float32
+  copies, or the file's blocks plus its float tensors) and the largest transient on the way, against
+  what the machine reports (attnlab.memory.available: MemAvailable, the cgroup's limit). By default
+  (`keep_blocks=None`) a file whose float32 copy does not fit keeps its blocks, and says so in one
+  line (attnlab.slower); an explicit keep_blocks=False that does not fit, or blocks that do not,
+  are refused in one line with the figures and the fix, never left to the out-of-memory killer.
+- A tensor's bytes are read from the file into the memory that keeps them (os.preadv), not through
+  the reader's mapping: pages of a mapping count in the process's resident set for as long as the
+  reader lives, which held a second copy of the file during the load.
 - `keep_blocks=True` keeps each matrix in blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K) as
   the file's blocks instead (attnlab.quant.blocks.BlockLinear: the bytes as they are, no float
   copy; llama's q and k rows are put back in their order as whole rows of blocks). Its forward
@@ -60,6 +69,7 @@ Design choices:
 from __future__ import annotations
 
 import gc
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +78,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import memory, slower
 from ..errors import UserError, first_line
 from ..model.transformer import Transformer
 from .architecture import Weight
@@ -344,16 +355,31 @@ def read_gguf(path: str | Path) -> GGUFFile:
     return GGUFFile(path, metadata, {tensor.name: tensor for tensor in reader.tensors})
 
 
-def dequantize(tensor) -> np.ndarray:
+def read_bytes(path: Path, tensor) -> np.ndarray:
+    """A tensor's bytes read from the file into new memory, shaped and typed as gguf-py's view of
+    them (tensor.data), without touching the reader's mapping (module docstring)."""
+    out = np.empty(tensor.data.shape, dtype=tensor.data.dtype)
+    view, at, done = memoryview(out.reshape(-1).view(np.uint8)), int(tensor.data_offset), 0
+    with open(path, "rb", buffering=0) as f:
+        while done < len(view):
+            n = os.preadv(f.fileno(), [view[done:]], at + done)
+            if n <= 0:
+                raise UserError(f"{path}: tensor {tensor.name!r} ends past the end of the file")
+            done += n
+    return out
+
+
+def dequantize(tensor, path: Path | None = None) -> np.ndarray:
     """A tensor's values as float32, in numpy's order (rows last-dimension-fastest, as torch's):
-    gguf-py's dequantization of the file's blocks."""
+    gguf-py's dequantization of the file's blocks (read from `path`, else through the mapping)."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize as gguf_dequantize
 
-    values = gguf_dequantize(np.asarray(tensor.data), GGMLQuantizationType(tensor.tensor_type))
-    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
-    # a copy: the file's mapping is read-only
-    return np.array(values, dtype=np.float32).reshape(shape)
+    data = np.asarray(tensor.data) if path is None else read_bytes(path, tensor)
+    values = np.asarray(gguf_dequantize(data, GGMLQuantizationType(tensor.tensor_type)), np.float32)
+    if path is None:
+        values = values.copy()  # gguf-py may return the file's read-only mapping itself
+    return values.reshape(tuple(int(d) for d in reversed(tensor.shape.tolist())))
 
 
 def is_gguf(path: str | Path) -> bool:
@@ -673,6 +699,93 @@ def _gemma3_settings(file: GGUFFile, hf: dict) -> dict:
 # Loading ----------------------------------------------------------------------------------------
 
 
+# what a loaded model holds beyond its weights (the tokenizer's tables, RoPE's, the buffers), and
+# the dequantization's own arrays: gguf-py's K-quant code keeps up to three float32 arrays of a
+# tensor's size at once
+HEADROOM = 512 << 20
+DEQUANTIZE_COPIES = 3
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What loading a file needs, in bytes, each way: weights held plus the largest transient."""
+
+    float32: int  # every tensor dequantized
+    blocks: int  # the matrices in blocks as the file's, the rest float32
+    blocks_bytes: int  # of which the blocks themselves
+    kinds: tuple[str, ...]  # the block types kept
+
+
+def plan_memory(tensors: list) -> MemoryPlan:
+    """The memory `load_gguf` will need for `tensors` (gguf-py's ReaderTensors), each way."""
+    from gguf import GGMLQuantizationType
+
+    from ..quant.blocks import BY_GGML_NAME
+
+    float32 = blocks = kept = 0
+    largest_float = largest_bytes = largest_rest = 0
+    kinds = set()
+    for tensor in tensors:
+        floats = int(tensor.n_elements) * 4
+        name = GGMLQuantizationType(tensor.tensor_type).name
+        float32 += floats
+        largest_float = max(largest_float, floats)
+        if name in BY_GGML_NAME and len(tensor.shape) == 2:
+            blocks += int(tensor.n_bytes)
+            kept += int(tensor.n_bytes)
+            kinds.add(name)
+            # read, then its rows put in order (llama's q and k): two copies at once
+            largest_bytes = max(largest_bytes, 2 * int(tensor.n_bytes))
+        else:
+            blocks += floats
+            largest_rest = max(largest_rest, floats)
+    return MemoryPlan(
+        float32=float32 + DEQUANTIZE_COPIES * largest_float + HEADROOM,
+        blocks=blocks + max(largest_bytes, DEQUANTIZE_COPIES * largest_rest) + HEADROOM,
+        blocks_bytes=kept,
+        kinds=tuple(sorted(kinds)),
+    )
+
+
+def choose_keep_blocks(plan: MemoryPlan, keep_blocks: bool | None, source: str) -> bool:
+    """keep_blocks as asked, or (None) float32 where it fits and the file's blocks where not, said
+    in one line; a way that cannot fit is refused in one line (module docstring)."""
+    found = memory.available()
+    if found is None:  # the machine reports nothing to check against
+        return bool(keep_blocks)
+    free, where = found
+    gb = memory.gigabytes
+    has = f"{gb(free)} is available ({where})"
+    blocks_help = plan.blocks < plan.float32
+    if keep_blocks is None:
+        if plan.float32 <= free or not blocks_help:
+            keep_blocks = False
+        elif plan.blocks <= free:
+            slower.say(
+                f"{source}: the file's {', '.join(plan.kinds)} blocks kept as they are "
+                f"({gb(plan.blocks_bytes)})",
+                "dequantized to float32",
+                f"float32 needs {gb(plan.float32)} and {has}; keep_blocks=True chooses this itself",
+            )
+            return True
+        else:
+            keep_blocks = True
+    need = plan.blocks if keep_blocks else plan.float32
+    if need <= free:
+        return keep_blocks
+    if not keep_blocks and blocks_help:
+        raise UserError(
+            f"{source}: dequantized to float32 this model needs {gb(need)} and {has}; load it "
+            f"with keep_blocks=True (--keep-blocks: the file's blocks, {gb(plan.blocks)} in all), "
+            "or free memory"
+        )
+    raise UserError(
+        f"{source}: this model needs {gb(need)}"
+        + (" even with the file's blocks kept" if blocks_help else "")
+        + f" and {has}; free memory, or take a smaller quantization of the model"
+    )
+
+
 def _unpermute(tensor: torch.Tensor, heads: int) -> torch.Tensor:
     """Undo convert_hf_to_gguf.py's LlamaModel.permute: it reordered each head's rows from [first
     half, second half] (rotate-half RoPE) to interleaved pairs (llama.cpp's RoPE); rows [h, pair, 2]
@@ -685,10 +798,13 @@ def _unpermute(tensor: torch.Tensor, heads: int) -> torch.Tensor:
     )
 
 
-def load_gguf(path: str | Path, device: str | torch.device = "cpu", keep_blocks: bool = False):
+def load_gguf(
+    path: str | Path, device: str | torch.device = "cpu", keep_blocks: bool | None = None
+):
     """A Transformer from a GGUF file, in eval mode, computing with the file's values dequantized to
     float32, with .config and .tokenizer (from the file's tokenizer.ggml.* keys). keep_blocks: the
-    matrices and the embedding in blocks stay the file's blocks (module docstring)."""
+    matrices and the embedding in blocks stay the file's blocks; None: where float32 would not fit
+    in the memory available (module docstring)."""
     from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
 
     from ..quant.blocks import BlockEmbedding, BlockLinear
@@ -762,11 +878,15 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", keep_blocks:
             + f" has no place in a {gguf_arch} model with this metadata"
         )
 
+    if torch.device(device).type == "cpu":
+        keep_blocks = choose_keep_blocks(
+            plan_memory([file.tensors[name] for name in found]), keep_blocks, source
+        )
     kept = {}  # module name -> (its blocks, their kind): the matrices that stay blocks
     if keep_blocks:
         meta = Transformer(config, device="meta")
         for name, w in found.items():
-            kept.update(_blocks_of(file.tensors[name], name, w, meta, gguf_arch, shapes))
+            kept.update(_blocks_of(file.tensors[name], name, w, meta, gguf_arch, shapes, file.path))
     on_device = {id(b): b.to(device) for b, _ in kept.values()}  # a tied head: the same tensor
     modules = {}
     for module_name, (blocks, kind) in kept.items():
@@ -784,7 +904,7 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", keep_blocks:
             if all(ours.removesuffix(".weight") in kept for ours in w.ours):
                 covered.update(w.ours)  # its blocks only: never dequantized here
                 continue
-            values = dequantize(file.tensors[name])
+            values = dequantize(file.tensors[name], file.path)
             tensor = torch.from_numpy(values)
             if tensor.dim() != len(w.hf_shape(shapes)):  # experts' [n_experts, rows, cols]
                 tensor = tensor.reshape(w.hf_shape(shapes))
@@ -830,7 +950,7 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", keep_blocks:
     return model.eval()
 
 
-def _blocks_of(tensor, name: str, w, model, gguf_arch: str, shapes: dict) -> dict:
+def _blocks_of(tensor, name: str, w, model, gguf_arch: str, shapes: dict, path: Path) -> dict:
     """{module name: (blocks, kind)} for the Linear modules (and the token embedding) the GGUF
     tensor `name` fills, when it holds blocks attnlab multiplies; {} otherwise. The file's rows
     of blocks go through what the float path does to rows (llama's q/k unpermute, the split of a
@@ -845,7 +965,7 @@ def _blocks_of(tensor, name: str, w, model, gguf_arch: str, shapes: dict) -> dic
         return {}
     rows = int(np.prod(tensor.shape[1:]))  # experts' [n_experts, rows]: one row of blocks each
     # a copy of the file's bytes, one row of blocks per output feature: [rows, bytes per row]
-    blocks = torch.from_numpy(np.array(tensor.data, dtype=np.uint8).reshape(rows, -1))
+    blocks = torch.from_numpy(read_bytes(path, tensor).reshape(rows, -1))
     if gguf_arch in PERMUTED and ".attn_q." in name:
         blocks = _unpermute(blocks, model.config.n_heads)
     elif gguf_arch in PERMUTED and ".attn_k." in name:
@@ -857,9 +977,21 @@ def _blocks_of(tensor, name: str, w, model, gguf_arch: str, shapes: dict) -> dic
         if ours.endswith(".weight") and isinstance(
             model.get_submodule(module_name), torch.nn.Linear
         ):
-            kept[module_name] = (part.contiguous(), kind)
+            kept[module_name] = (_not_a_view(part.contiguous()), kind)
         elif ours == "embed.weight":  # looked up row by row (BlockEmbedding)
-            kept["embed"] = (part.contiguous(), kind)
+            kept["embed"] = (_not_a_view(part.contiguous()), kind)
             if model.config.tie_embeddings and model.unembed is not None:
                 kept["unembed"] = kept["embed"]  # the LM head reads the same tensor
     return kept
+
+
+def _not_a_view(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` on the same memory as a tensor of its own, not a view: a view keeps its base alive
+    (`_base`) after its data is replaced, as generation's move of the weights into 2 MB pages does,
+    which held every matrix twice."""
+    if tensor._base is None:
+        return tensor
+    own = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+    return own.set_(
+        tensor.untyped_storage(), tensor.storage_offset(), tensor.shape, tensor.stride()
+    )

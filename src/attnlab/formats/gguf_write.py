@@ -203,8 +203,9 @@ def own_blocks(model) -> dict[str, Blocks]:
         if name == "unembed" and module.blocks is getattr(model.embed, "blocks", None):
             continue
         columns = module.in_features if isinstance(module, BlockLinear) else module.embedding_dim
+        blocks = module.file_blocks() if isinstance(module, BlockLinear) else module.blocks
         found[f"{name}.weight"] = Blocks(
-            module.blocks.detach().cpu().numpy(),
+            blocks.detach().cpu().numpy(),
             BLOCK_TYPES[module.kind].name,
             (module.blocks.shape[0], columns),
         )

@@ -143,12 +143,16 @@ class KernelBlockLinear(BlockLinear):
             return super().forward(x)
         kind = BLOCK_TYPES[self.kind].kernel
         if few_rows(x):
-            return kernels.block_linear(x, self.blocks, kind, self.bias)
+            return kernels.block_linear(x, self.blocks, kind, self.bias, repacked=self.interleaved)
         eight_bits = kernels.rows_vectorized()[0]  # (the float32 choice only measured without it)
+        # the prompt products read the file's layout (a matrix at a time where interleaved)
         if self.kind in PROMPT_KINDS and (eight_bits or kernels.float_rows()):
             activations = "8-bit" if eight_bits else "float32"
-            return kernels.block_linear_rows(x, self.blocks, kind, self.bias, activations)
-        return F.linear(x, kernels.dequantize(self.blocks, kind, self.in_features), self.bias)
+            return kernels.block_linear_rows(x, self.file_blocks(), kind, self.bias, activations)
+        # (the C dequantizer's values are the reference's, bit for bit)
+        return self.linear_by_slices(
+            x, lambda rows: kernels.dequantize(rows, kind, self.in_features)
+        )
 
 
 class KernelInt8Linear(Int8Linear):
@@ -201,7 +205,7 @@ def shared_rounding(x: torch.Tensor, *linears: nn.Module) -> bool:
 def multiply_sharing_rounding(x: torch.Tensor, *linears: KernelBlockLinear) -> list[torch.Tensor]:
     """[m(x) for m in linears] as the tiled 8-bit GEMM computes each, x rounded once."""
     return kernels.block_linear_rows_many(
-        x, [(m.blocks, BLOCK_TYPES[m.kind].kernel, m.bias) for m in linears]
+        x, [(m.file_blocks(), BLOCK_TYPES[m.kind].kernel, m.bias) for m in linears]
     )
 
 

@@ -44,12 +44,18 @@ from .kv_cache import KVCache
 REPACK = True
 
 
-def stored_weight(linear, fill: bool = True) -> torch.Tensor:
-    """The tensor a step streams for `linear`: its blocks (in the 16-row layout where `repacked`;
-    `fill` False: that tensor, perhaps not yet written, see `repacked_blocks`), or its weight."""
+def stored_weight(linear, fill: bool = True, shared: torch.Tensor | None = None) -> torch.Tensor:
+    """The tensor a step streams for `linear`: its blocks (in the 16-row layout where `repacked`,
+    made so when `fill`, see `repacked_blocks`), or its weight."""
     if not isinstance(linear, BlockLinear):
         return linear.weight
-    return repacked_blocks(linear, fill) if repacked(linear) else linear.blocks
+    if repacked(linear):
+        return repacked_blocks(linear, fill, shared)
+    if linear.interleaved:  # a step that reads the file's layout (REPACK off): put it back
+        with torch.no_grad():
+            linear.blocks.copy_(linear.file_blocks())
+        linear.interleaved = False
+    return linear.blocks
 
 
 def repacked(linear) -> bool:
@@ -67,19 +73,30 @@ def repacked(linear) -> bool:
     )
 
 
-def repacked_blocks(linear, fill: bool = True) -> torch.Tensor:
-    """`linear`'s blocks in the 16-row layout, made once and kept on the module beside them (the
-    same bytes again: the file's layout stays for prompts, the tied embedding and saving), made
-    again when the blocks change. `fill` False hands out the tensor before it is written: the
-    decoder moves it into 2 MB pages first (never-written memory is copied without being backed),
-    then writes it there, so that the layout is never held twice."""
-    blocks = linear.blocks
+def repacked_blocks(linear, fill: bool = True, shared: torch.Tensor | None = None) -> torch.Tensor:
+    """`linear`'s blocks in the 16-row layout, made once, in place of the file's layout: the
+    tensor keeps its memory (the decoder has moved it into 2 MB pages) and takes the repacked
+    bytes, through a copy of one matrix (`interleaved`: one copy of the weights,
+    attnlab.quant.blocks). `fill` False: the tensor as it is, not yet repacked. Blocks that are
+    also `shared` (a tied LM head on the embedding's blocks, which lookups read in the file's
+    layout) are repacked beside instead: `fill` False hands out that tensor before it is written,
+    so the decoder moves it into 2 MB pages before it is backed; made again when the blocks
+    change."""
+    if linear.interleaved:
+        return linear.blocks
+    blocks, kind = linear.blocks, BLOCK_TYPES[linear.kind].kernel
+    if blocks is not shared:
+        if fill:
+            packed = kernels.repack16(blocks, kind, linear.in_features)
+            with torch.no_grad():
+                blocks.copy_(packed)
+            linear.interleaved = True
+        return blocks
     key = (blocks.data_ptr(), blocks._version)
     kept = getattr(linear, "_attnlab_repacked", None)
     if kept is None or kept[0] != key:
         kept = linear._attnlab_repacked = (key, torch.empty_like(blocks), False)
     if fill and not kept[2]:
-        kind = BLOCK_TYPES[linear.kind].kernel
         kernels.repack16(blocks, kind, linear.in_features, out=kept[1])
         kept = linear._attnlab_repacked = (key, kept[1], True)
     return kept[1]
@@ -126,8 +143,13 @@ class KernelDecoder:
         self._allocate(cache.k[0].shape[0])
         # before any call is prepared (they bind addresses): the weights into 2 MB pages, in the
         # order read
+        # a tied LM head's blocks are the embedding's, read in the file's layout (repacked_blocks)
+        self.shared = getattr(model.embed, "blocks", None)
         kernels.place_in_huge_pages(
-            [stored_weight(linear, fill=False) for linear in self.linears_in_step_order(model)]
+            [
+                stored_weight(linear, fill=False, shared=self.shared)
+                for linear in self.linears_in_step_order(model)
+            ]
         )
         steps = self._embedding_steps()
         for layer, block in enumerate(model.blocks):
@@ -370,9 +392,8 @@ class KernelDecoder:
                 return f"a Linear the kernels do not know ({type(m).__name__})"
         return None
 
-    @staticmethod
     def _product(
-        linear, x: torch.Tensor, out: torch.Tensor, accumulate: bool = False
+        self, linear, x: torch.Tensor, out: torch.Tensor, accumulate: bool = False
     ) -> Callable[[], object]:
         """out (=, or += when accumulate) linear(x), prepared; x (B, ...) and out (B, ...)
         contiguous buffers."""
@@ -380,7 +401,7 @@ class KernelDecoder:
         x2, out2 = x.view(B, -1), out.view(B, -1)  # [batch, d_in], [batch, d_out]
         if isinstance(linear, BlockLinear):  # always the blocks themselves, no float copy
             kind, layout = BLOCK_TYPES[linear.kind].kernel, repacked(linear)
-            blocks = repacked_blocks(linear) if layout else linear.blocks
+            blocks = stored_weight(linear, shared=self.shared)
             return kernels.block_linear_call(
                 x2, blocks, kind, linear.bias, out2, accumulate, layout
             )

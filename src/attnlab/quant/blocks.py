@@ -28,12 +28,22 @@ Design choices:
 - `quantize_blocks` makes the same blocks from float weights, bit-equal to gguf-py's
   `gguf.quants.quantize` (the numpy transcription of ggml's C reference that llama-quantize runs):
   attnlab.quantize(model, "q4_0" | "q4_1" | "q8_0") uses it, so a model trained here gets them too.
+- One copy of a matrix: generation's decode products read some kinds faster from sixteen rows'
+  blocks interleaved (the 16-row layout, c/repack.c's attnlab_repack16), and a BlockLinear then
+  holds its blocks in that layout *instead of* the file's (`interleaved`), not beside it. What reads
+  the file's layout (the dequantizer, a prompt's tiled products, saving) gets it back from
+  `file_blocks()`, a matrix at a time (`deinterleave16`: the layout's permutation of bytes undone in
+  torch, checked against the C repack); a state dict holds the file's layout, and loading one puts
+  the module back in it.
+- The forward dequantizes a matrix of more than SLICE_FLOATS weights a slice of rows at a time
+  (its output columns concatenated), so a forward pass holds no whole float copy of an LM head.
 - `weight` is the dequantized matrix, made at each read (TransformerLens's weight views read it); it
   is a new tensor each time: writing into it changes nothing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -99,6 +109,45 @@ def dequantize(blocks: torch.Tensor, kind: str) -> torch.Tensor:
         n = torch.cat([packed & 15, packed >> 4], dim=1)  # [n, 32]: low nibbles, then high
         w = d * (n.float() - 8) if kind == "q4_0" else d * n.float() + _halves(b, 2)
     return w.reshape(*blocks.shape[:-1], -1)
+
+
+GROUP = 16  # rows interleaved in the 16-row layout (c/repack.c)
+# the most float32 weights BlockLinear's forward dequantizes at once (64 MB): a larger matrix is
+# multiplied a slice of its rows at a time
+SLICE_FLOATS = 16 << 20
+
+
+def deinterleave16(blocks: torch.Tensor, kind: str) -> torch.Tensor:
+    """The file's layout of `blocks` (uint8 [d_out, row bytes], d_out a multiple of 16) held in the
+    16-row layout: per group of 16 rows and per block, the quants in 64-byte chunks whose lane n (4
+    bytes) is row n's quant bytes 4j .. 4j + 3, then the 16 d's, then (Q4_1) the 16 m's; Q4_K: its
+    128 quant bytes so, the 16 d's, the 16 dmin's, then its 12 bytes of scales and mins as 3 chunks
+    of the same kind. A new tensor."""
+    t = block_type(kind)
+    d_out = blocks.shape[0]
+    g = blocks.reshape(d_out // GROUP, -1, GROUP * t.nbytes)  # [group, block, 16 rows' bytes]
+    G, nb = g.shape[:2]
+
+    def lanes(start: int, end: int, width: int) -> torch.Tensor:
+        """bytes start..end of each group's block, lane-major ([chunk][16 rows][width]), as
+        [group, block, row, chunk · width]."""
+        part = g[..., start:end].reshape(G, nb, -1, GROUP, width)
+        return part.transpose(2, 3).reshape(G, nb, GROUP, -1)
+
+    if kind == "q4_k":  # 128 quant bytes, d, dmin, 12 bytes of scales (ggml's block_q4_K)
+        quants, heads = 128 * GROUP, 128 * GROUP + 64
+        parts = [
+            lanes(quants, quants + 32, 2),
+            lanes(quants + 32, heads, 2),
+            lanes(heads, heads + 12 * GROUP, 4),
+            lanes(0, quants, 4),
+        ]
+    else:  # d (Q4_1: d, m), then the quants (Q5_0's qh among them)
+        head = 4 if kind == "q4_1" else 2
+        quants = (t.nbytes - head) * GROUP
+        parts = [lanes(quants + 32 * i, quants + 32 * (i + 1), 2) for i in range(head // 2)]
+        parts.append(lanes(0, quants, 4))
+    return torch.cat(parts, dim=3).transpose(1, 2).reshape(d_out, -1)
 
 
 def _bits(v: torch.Tensor, shifts: list[int], mask: int, dim: int) -> torch.Tensor:
@@ -183,7 +232,10 @@ def quantize_blocks(weight: torch.Tensor, kind: str) -> torch.Tensor:
 
 class BlockLinear(nn.Module):
     """y = x Wᵀ + b with W kept as ggml blocks (module docstring): `blocks` uint8 [d_out, d_in / 32
-    · block bytes], `kind` its type. The forward is the reference: dequantize, then F.linear."""
+    · block bytes], `kind` its type, in the file's layout or (`interleaved`) the 16-row one. The
+    forward is the reference: dequantize, then F.linear."""
+
+    interleaved = False  # blocks in the 16-row layout instead of the file's (module docstring)
 
     def __init__(
         self,
@@ -232,9 +284,22 @@ class BlockLinear(nn.Module):
     ) -> "BlockLinear":
         return cls.from_blocks(quantize_blocks(weight, kind), kind, weight.shape[1], bias)
 
+    def file_blocks(self) -> torch.Tensor:
+        """The blocks in the file's layout: `blocks` itself, or (interleaved) a new tensor."""
+        return deinterleave16(self.blocks, self.kind) if self.interleaved else self.blocks
+
     def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The matrix the blocks stand for, (d_out, d_in)."""
-        return dequantize(self.blocks, self.kind).to(dtype)
+        return dequantize(self.file_blocks(), self.kind).to(dtype)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self.interleaved:  # a state dict holds the file's layout
+            destination[prefix + "blocks"] = self.file_blocks()
+
+    def _load_from_state_dict(self, state_dict, prefix, *args) -> None:
+        super()._load_from_state_dict(state_dict, prefix, *args)
+        self.interleaved = False  # the bytes copied in are the file's layout
 
     @property
     def weight(self) -> torch.Tensor:
@@ -242,8 +307,26 @@ class BlockLinear(nn.Module):
         return self.dequantized()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_by_slices(x, lambda rows: dequantize(rows, self.kind).to(x.dtype))
+
+    def linear_by_slices(
+        self, x: torch.Tensor, dequantize_rows: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
+        """F.linear(x, W, b), W made by `dequantize_rows` from the blocks (file's layout) of at
+        most SLICE_FLOATS weights at a time: a large matrix (an LM head of 128k rows, 2 GB as
+        float32) never exists whole as floats, and each output column is the same product."""
         bias = None if self.bias is None else self.bias.to(x.dtype)
-        return F.linear(x, self.dequantized(x.dtype), bias)
+        blocks = self.file_blocks()
+        rows = max(GROUP, SLICE_FLOATS // self.in_features)
+        if self.out_features <= rows:
+            return F.linear(x, dequantize_rows(blocks), bias)
+        out = []
+        for start in range(0, self.out_features, rows):
+            part = slice(start, start + rows)
+            out.append(
+                F.linear(x, dequantize_rows(blocks[part]), None if bias is None else bias[part])
+            )
+        return torch.cat(out, dim=-1)
 
     def extra_repr(self) -> str:
         return (

@@ -20,6 +20,7 @@ import threading
 
 import torch
 
+from ... import memory
 from ...memory import HUGE_PAGE
 
 # bytes of weights from which `place_in_huge_pages` moves them (smaller ones sit in cache)
@@ -41,6 +42,9 @@ def _kept_scratch(nbytes: int) -> torch.Tensor:
     if kept is None or kept.numel() < nbytes:
         kept = _scratch_kept.buffer = torch.empty(nbytes, dtype=torch.int8)
     return kept
+
+
+TRIM_EVERY = 256 << 20  # bytes moved between two trims of malloc's heaps
 
 
 def place_in_huge_pages(tensors: list[torch.Tensor]) -> bool:
@@ -67,6 +71,7 @@ def place_in_huge_pages(tensors: list[torch.Tensor]) -> bool:
         return False
     # the first 2 MB boundary
     offset = -torch.frombuffer(arena, dtype=torch.uint8, count=1).data_ptr() % HUGE_PAGE
+    moved = 0  # bytes moved since malloc's heaps were last trimmed
     with torch.no_grad():
         for t, size in zip(tensors, sizes):
             # a storage of its own per tensor (not views of one): safetensors refuses tensors that
@@ -78,4 +83,11 @@ def place_in_huge_pages(tensors: list[torch.Tensor]) -> bool:
             t.data = placed
             t._attnlab_huge_pages = t.data_ptr()
             offset += size
+            # the tensors' old memory is freed one by one; what malloc keeps of it in its heaps
+            # goes back to the kernel as it goes, so the weights are never held twice
+            moved += size
+            if moved >= TRIM_EVERY:
+                memory.trim()
+                moved = 0
+    memory.trim()
     return True

@@ -175,13 +175,15 @@ def block_linear(
     bias: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     accumulate: bool = False,
+    repacked: bool = False,
 ) -> torch.Tensor:
-    """x Wᵀ + b for x (..., d_in) and W in blocks, as `block_linear_call`; returns `out` (...,
-    d_out), a new tensor by default. Callers check `usable`."""
+    """x Wᵀ + b for x (..., d_in) and W in blocks (`repacked`: in the 16-row layout), as
+    `block_linear_call`; returns `out` (..., d_out), a new tensor by default. Callers check
+    `usable`."""
     x = x.contiguous()
     if out is None:
         out = torch.empty(*x.shape[:-1], blocks.shape[0], dtype=torch.float32)
-    block_linear_call(x, blocks, kind, bias, out, accumulate)()
+    block_linear_call(x, blocks, kind, bias, out, accumulate, repacked)()
     return out
 
 
