@@ -202,6 +202,25 @@ void attnlab_attend_rows(const float *q, const float *k, const float *v, float *
   }
 }
 
+/* One block of m queries (t0 ... t0 + m - 1, their rows in qr) against the keys laid out in
+ * tiles (keys: this batch row's and KV head's first tile): rows [m, T] = q K^T scale where query t
+ * sees key s (s <= t), -inf elsewhere (apply_mask's value). Shared by attnlab_attend_scores and
+ * attnlab_attend_explicit, so the two give the same scores bit for bit. */
+static void causal_scores(const float *keys, const float *const *qr, int64_t t0, int64_t m,
+                          int64_t T, int64_t d_head, float scale, float *rows) {
+  float tile_out[TILE_ROWS_F * TILE_N];
+  for (int64_t s0 = 0; s0 < t0 + m; s0 += TILE_N) { /* the key blocks any of these queries sees */
+    f_tile_rows(keys + s0 / TILE_N * d_head * TILE_N, TILE_N, d_head, qr, NULL, tile_out);
+    int64_t n = T - s0 < TILE_N ? T - s0 : TILE_N;
+    for (int64_t r = 0; r < m; r++)
+      for (int64_t j = 0; j < n; j++)
+        rows[r * T + s0 + j] = s0 + j <= t0 + r ? tile_out[r * TILE_N + j] * scale : -INFINITY;
+  }
+  for (int64_t r = 0; r < m; r++) /* the keys no query of the block sees */
+    for (int64_t s = (t0 + m + TILE_N - 1) / TILE_N * TILE_N; s < T; s++)
+      rows[r * T + s] = -INFINITY;
+}
+
 /* A whole prompt's causal attention from position 0 in three steps, so that hooks can read and
  * replace what lies between them (hook_attn_scores, hook_pattern:
  * attnlab.generate.fast_layers.KernelAttention): the scores, the pattern, then the pattern times V;
@@ -227,19 +246,8 @@ void attnlab_attend_scores(const float *q, const float *k, float *scores, float 
       const float *qr[TILE_ROWS_F];
       for (int64_t r = 0; r < TILE_ROWS_F; r++) /* rows past the last repeat t0; dropped */
         qr[r] = q + ((b * T + t0 + (r < m ? r : 0)) * heads + h) * d_head;
-      float tile_out[TILE_ROWS_F * TILE_N], *rows = scores + (bh * T + t0) * T;
-      /* the key blocks any of these queries sees */
-      for (int64_t s0 = 0; s0 < t0 + m; s0 += TILE_N) {
-        f_tile_rows(scratch + ((b * kv_heads + g) * key_blocks + s0 / TILE_N) * d_head * TILE_N,
-                    TILE_N, d_head, qr, NULL, tile_out);
-        int64_t n = T - s0 < TILE_N ? T - s0 : TILE_N;
-        for (int64_t r = 0; r < m; r++)
-          for (int64_t j = 0; j < n; j++)
-            rows[r * T + s0 + j] = s0 + j <= t0 + r ? tile_out[r * TILE_N + j] * scale : -INFINITY;
-      }
-      for (int64_t r = 0; r < m; r++) /* the keys no query of the block sees */
-        for (int64_t s = (t0 + m + TILE_N - 1) / TILE_N * TILE_N; s < T; s++)
-          rows[r * T + s] = -INFINITY;
+      causal_scores(scratch + (b * kv_heads + g) * key_blocks * d_head * TILE_N, qr, t0, m, T,
+                    d_head, scale, scores + (bh * T + t0) * T);
     }
   }
 }
@@ -342,19 +350,9 @@ void attnlab_attend_explicit(const float *q, const float *k, const float *v, flo
         pr[r] = weights + (r < m ? r : 0) * T;
       }
       /* the scores: attnlab_attend_scores's */
-      for (int64_t s0 = 0; s0 < seen; s0 += TILE_N) {
-        f_tile_rows(scratch + ((b * kv_heads + g) * key_blocks + s0 / TILE_N) * d_head * TILE_N,
-                    TILE_N, d_head, qr, NULL, tile_out);
-        int64_t n = T - s0 < TILE_N ? T - s0 : TILE_N;
-        for (int64_t r = 0; r < m; r++)
-          for (int64_t j = 0; j < n; j++)
-            rows[r * T + s0 + j] = s0 + j <= t0 + r ? tile_out[r * TILE_N + j] * scale : -INFINITY;
-      }
-      for (int64_t r = 0; r < m; r++) {
-        for (int64_t s = (seen + TILE_N - 1) / TILE_N * TILE_N; s < T; s++)
-          rows[r * T + s] = -INFINITY;
-        softmax_row(rows + r * T, weights + r * T, T);
-      }
+      causal_scores(scratch + (b * kv_heads + g) * key_blocks * d_head * TILE_N, qr, t0, m, T,
+                    d_head, scale, rows);
+      for (int64_t r = 0; r < m; r++) softmax_row(rows + r * T, weights + r * T, T);
       /* z: attnlab_attend_mix's, over the keys seen */
       const float *vh = v + (b * T * kv_heads + g) * d_head;
       for (int64_t c0 = 0; c0 < d_head; c0 += TILE_N) {
