@@ -265,6 +265,8 @@ def test_the_load_benchmark_holds_at_capacity_and_at_twice_it(tmp_path):
             "400",
             "--json",
             str(tmp_path / "load.json"),
+            "--results",  # its record too goes to the test's folder, never the repository's
+            str(tmp_path / "results"),
         ],
         capture_output=True,
         text=True,
