@@ -11,7 +11,11 @@ Design choices:
   blocks' numbers are not asserted, only that they run.
 - The site is built with `mkdocs build --strict` into a temporary folder: a broken link or anchor,
   or a page missing from mkdocs.yml's nav, fails. Nothing is fetched (mkdocs.yml says why).
-- The reference pages are compared with what tools/reference_pages.py writes from the code.
+- The reference pages are compared with what tools/reference_pages.py writes from the code; the
+  commands page's help texts say what a flag does, never how long it takes or how much faster.
+- The Python API page (docs/reference/api.md, mkdocstrings) must carry every name a user is shown:
+  `attnlab.__all__`, each `attnlab.a.b` and `from attnlab.a import b` of the pages, the methods
+  they call on a model or a cache; each with a docstring (griffe's reading, as the page renders).
 """
 
 from __future__ import annotations
@@ -137,10 +141,14 @@ def test_the_chapters_script_is_the_pages_code():
     assert all(shown is not None for _, shown in python_blocks(page)), "a block without its output"
 
 
-def test_the_site_builds_strictly(tmp_path):
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """The site, built once with `mkdocs build --strict` (a griffe warning about a docstring of the
+    API page fails it too)."""
+    folder = tmp_path_factory.mktemp("site") / "site"
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
     done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(folder)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -148,7 +156,66 @@ def test_the_site_builds_strictly(tmp_path):
         timeout=300,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert (tmp_path / "site" / "reference" / "commands" / "index.html").exists()
+    return folder
+
+
+def test_the_site_builds_strictly(site):
+    assert (site / "reference" / "commands" / "index.html").exists()
+
+
+def resolve(dotted: str) -> object:
+    """The object `attnlab.a.b` names, importing modules on the way; None where nothing is."""
+    import importlib
+
+    parts = dotted.split(".")
+    found: object = importlib.import_module(parts[0])
+    for i, part in enumerate(parts[1:], start=1):
+        try:
+            found = getattr(found, part)
+        except AttributeError:
+            try:
+                found = importlib.import_module(".".join(parts[: i + 1]))
+            except ImportError:
+                return None
+    return found
+
+
+def names_the_manual_uses() -> dict[str, object]:
+    """{name: object} of what a user calls: `attnlab.__all__`, every `attnlab.a.b` README.md and
+    docs/ write and every `from attnlab.a import b` they show (modules left out: the page documents
+    what a module holds), and the methods they call on a model (`model.run_with_cache(`) or a
+    cache (`cache.stack_head_results(`)."""
+    text = "\n".join(page.read_text(encoding="utf-8") for page in PAGES)
+    names = {f"attnlab.{n}" for n in attnlab.__all__}
+    names |= set(re.findall(r"\battnlab(?:\.[A-Za-z_]\w*)+", text))
+    for module, imported in re.findall(r"^from (attnlab[\w.]*) import ([\w, ]+)$", text, re.M):
+        names |= {f"{module}.{n.strip()}" for n in imported.split(",")}
+    for variable, cls in (("model", "Transformer"), ("cache", "ActivationCache")):
+        names |= {f"attnlab.{cls}.{m}" for m in re.findall(rf"\b{variable}\.(\w+)\(", text)}
+    found = {dotted: resolve(dotted) for dotted in sorted(names)}
+    return {n: obj for n, obj in found.items() if not isinstance(obj, type(attnlab))}
+
+
+def test_the_api_page_documents_every_name_the_manual_uses(site):
+    """Each name is on docs/reference/api.md (its anchor in the built page: the object's own path,
+    so `attnlab.load` is attnlab.workbench.load) with a docstring griffe reads."""
+    import griffe
+
+    package = griffe.GriffeLoader(search_paths=[str(ROOT / "src")]).load("attnlab")
+    page = (site / "reference" / "api" / "index.html").read_text(encoding="utf-8")
+    problems = []
+    for dotted, obj in names_the_manual_uses().items():
+        assert obj is not None, f"{dotted}: the manual names it, and attnlab has no such thing"
+        if callable(obj) and hasattr(obj, "__qualname__"):
+            path = f"{obj.__module__}.{obj.__qualname__}"
+        else:  # data (attnlab.PRESETS): where griffe finds the name imported from
+            path = package[dotted.removeprefix("attnlab.")].canonical_path
+        documented = package[path.removeprefix("attnlab.")]
+        if f'id="{path}"' not in page:
+            problems.append(f"{dotted} ({path}) is not on docs/reference/api.md")
+        elif documented.docstring is None or not documented.docstring.value.strip():
+            problems.append(f"{dotted} ({path}) has no docstring")
+    assert not problems, "\n".join(problems)
 
 
 def test_the_reference_pages_are_the_codes():
@@ -161,6 +228,26 @@ def test_the_reference_pages_are_the_codes():
         assert path.read_text(encoding="utf-8") == text, (
             f"{path.relative_to(ROOT)} differs from the code: run python tools/reference_pages.py"
         )
+
+
+# what a help text must not carry: how long a flag takes or how much faster it is (figures live in
+# benchmarks/results/ and on the results page, measured on a named machine)
+TIMING = re.compile(
+    r"\b(?:tens|hundreds|a few|several) of (?:milli)?(?:seconds|minutes|hours)\b"
+    r"|\b(?:faster|slower|quicker|speed-?ups?|pays off)\b|\b\d+(?:\.\d+)?x\b|benchmarks/",
+    re.I,
+)
+
+
+def test_the_help_texts_say_what_a_flag_does_not_how_long_it_takes():
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import reference_pages
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    page = reference_pages.commands_page()
+    found = [line for line in page.splitlines() if TIMING.search(line)]
+    assert not found, "help texts with timings or speed claims:\n" + "\n".join(found)
 
 
 def test_the_architectures_table_lists_every_supported_architecture():

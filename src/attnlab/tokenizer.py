@@ -36,6 +36,10 @@ _BYTE_OF = _byte_alphabet()
 
 
 class Tokenizer:
+    """Text <-> ids for every model: a `tokenizers` backend (`kind` "char", "bpe" or "hf"), with
+    an `encoder` beside it where the backend cannot give the ids exactly. A model's
+    `model.tokenizer`; `model.to_tokens` and `model.to_string` go through it."""
+
     def __init__(self, backend, kind: str = "hf", encoder=None) -> None:
         self.backend = backend  # a tokenizers.Tokenizer
         self.kind = kind  # "char", "bpe" or "hf" (loaded from a checkpoint)
@@ -87,6 +91,7 @@ class Tokenizer:
 
     @classmethod
     def from_file(cls, path: str | Path) -> "Tokenizer":
+        """The tokenizer a `tokenizer.json` file holds; a malformed file is a UserError."""
         from tokenizers import Tokenizer as Backend
 
         path = Path(path)
@@ -108,6 +113,7 @@ class Tokenizer:
         return cls(backend, kind)
 
     def save(self, path: str | Path) -> None:
+        """Write it as a Hugging Face `tokenizer.json` at `path`."""
         self.backend.save(str(path))
 
     def to_json(self) -> str:
@@ -117,9 +123,13 @@ class Tokenizer:
     # Using ----------------------------------------------------------------------------------------
     @property
     def vocab_size(self) -> int:
+        """Number of ids, added tokens included."""
         return self.backend.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """The ids of `text`, with the special tokens the tokenizer's post-processor adds (BERT's
+        [CLS] ... [SEP]) unless add_special_tokens=False; a character a character-level tokenizer
+        never saw is a UserError naming it."""
         if self.kind == "char":
             vocab = self.backend.get_vocab()
             # one id per character: a dict lookup, much faster than the backend
@@ -150,6 +160,7 @@ class Tokenizer:
         )
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        """The text of `ids` (special tokens left out with skip_special_tokens=True)."""
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def tokens(self, text: str, add_special_tokens: bool = True) -> list[str]:

@@ -67,8 +67,8 @@ def load(
     file: str | None = None,
     keep_blocks: bool | None = None,
 ) -> Transformer:
-    """attnlab.formats.load (see it for the parameters), the model as this module's
-    Transformer."""
+    """attnlab.formats.load (its parameters are described there), the model as this module's
+    Transformer: `attnlab.load("smollm2")`."""
     from .formats import load as load_plain
 
     return workbench(

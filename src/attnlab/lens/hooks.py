@@ -101,11 +101,13 @@ class HookedModule(nn.Module):
     use_attn_result = False
 
     def set_use_attn_result(self, use_attn_result: bool) -> None:
+        """Whether `run_with_cache()` caches `blocks.L.attn.hook_result` (each head's output in
+        d_model), which is otherwise computed only when named: TransformerLens's switch."""
         self.use_attn_result = use_attn_result
 
     def setup_hooks(self) -> None:
         """Name every HookPoint by its module path; call at the end of the root module's
-        __init__."""
+        `__init__`."""
         self.hook_dict: dict[str, HookPoint] = {}
         for name, module in self.named_modules():
             if isinstance(module, HookPoint):

@@ -54,6 +54,10 @@ def field_types(cls: type) -> dict[str, tuple[Any, bool]]:
 
 @dataclass(frozen=True)
 class ModelConfig:
+    """A model's shape and parts, saved in every checkpoint: frozen, and validated when it is made
+    (a wrong value is a UserError naming it and the fix). `preset(NAME, **overrides)` makes one
+    from a named preset; the Model config page of the reference lists every field."""
+
     d_vocab: int = 256  # vocabulary size: rows of the embedding, columns of the LM head
     # longest sequence the model is built for (size of learned position table, KV cache)
     n_ctx: int = 256
@@ -484,6 +488,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         n_layers=2, n_heads=8, d_model=256, n_ctx=256, attn_only=True, positional="learned"
     ),
 }
+"""The named presets `preset` starts from: name -> the ModelConfig fields it sets."""
 
 
 def preset(name: str, **overrides: Any) -> ModelConfig:

@@ -42,6 +42,10 @@ def _opt(
 
 @dataclass(frozen=True)
 class TrainConfig:
+    """One training run's settings, each field an `attnlab train` flag (nanoGPT's names) with its
+    help beside it; `build_config` makes one from the defaults, a preset, a config file and
+    flags. The command reference lists every flag."""
+
     # data and output
     data: str | None = _opt(
         None, "a text file or a folder of .txt files (default: the built-in corpus)", group="data"
@@ -172,7 +176,7 @@ class TrainConfig:
     )
     compile: bool = _opt(
         False,
-        "torch.compile the forward pass and loss (tens of seconds first; pays off on long runs)",
+        "torch.compile the forward pass and loss as one graph (compiled before the first step)",
         group="system",
     )
 

@@ -23,6 +23,8 @@ METRICS_FILE = "metrics.jsonl"
 
 @dataclass
 class TrainResult:
+    """What `train` returns: the run's folder, its steps, losses and evaluations, and its speed."""
+
     out: Path
     iters: int  # steps completed, over every session of this run
     # step -> training loss, this session's steps

@@ -256,6 +256,8 @@ def save_figure(fig, path: Path) -> None:
 
 
 def new_figure(rows: int, cols: int, size: tuple[float, float]):
+    """A matplotlib figure of rows x cols axes (a 2-D array even for one), `size` in inches, drawn
+    off screen (the Agg backend); `save_figure` writes it."""
     import matplotlib
 
     matplotlib.use("Agg")
