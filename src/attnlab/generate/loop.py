@@ -195,9 +195,8 @@ def generate(
     every key so far: row T + i − 1 of the final text's pattern, for new token i). Stops early once
     every row has produced `eos_token_id`, padding the rest with it. `compile=True` runs the decode
     step through torch.compile (or a backend's name: compile="aot_eager"): the first call with a new
-    shape compiles for a while (tens of seconds on a CPU), later calls reuse it. Otherwise the
-    decode step is `KernelDecoder` where it applies (`use_kernels=False`: always the modules,
-    eager).
+    shape compiles the step first, later calls reuse it. Otherwise the decode step is
+    `KernelDecoder` where it applies (`use_kernels=False`: always the modules, eager).
     """
     if ids.dim() == 1:
         ids = ids.unsqueeze(0)

@@ -212,8 +212,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument(
         "--compile",
         action="store_true",
-        help="decode through torch.compile: a compilation first, then faster steps on a CPU "
-        "(benchmarks/README.md)",
+        help="decode through torch.compile (the decode step compiled before the first new token)",
     )
     s.add_argument(
         "--bf16-weights",

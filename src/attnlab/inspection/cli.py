@@ -219,7 +219,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="experiments", help="output directory (default ./experiments)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
-        "--quick", action="store_true", help="a smaller, faster run (for tests and a first look)"
+        "--quick",
+        action="store_true",
+        help="a smaller version of the experiment (for tests and a first look)",
     )
     p.add_argument(
         "--model",
