@@ -273,6 +273,23 @@ def test_the_readme_is_a_short_manual():
     assert "](docs/results.md)" in text
 
 
+def test_the_readme_says_what_its_commands_need_before_them():
+    """A newcomer reads top to bottom: before the first `attnlab` command block, the README says
+    how `attnlab` gets on the PATH (the venv `make demo` made), and before a command reads
+    input.txt, what that file is."""
+    text = README.read_text(encoding="utf-8")
+    first_command = next(
+        m.start()
+        for m in re.finditer(r"^```bash\n(.*?)^```", text, re.S | re.M)
+        if re.search(r"^attnlab ", m.group(1), re.M)
+    )
+    activate = text.find("source .venv/bin/activate")
+    assert 0 <= activate < first_command, "say `source .venv/bin/activate` before the commands"
+    uses = text.find("--data input.txt")
+    explained = text.find("`input.txt` is")
+    assert uses < 0 or 0 <= explained < uses, "say what input.txt is before a command reads it"
+
+
 @pytest.mark.parametrize("page", PAGES, ids=[name(p) for p in PAGES])
 def test_no_date_or_clock_time(page):
     text = page.read_text(encoding="utf-8")
