@@ -218,13 +218,18 @@ def test_the_api_page_documents_every_name_the_manual_uses(site):
     assert not problems, "\n".join(problems)
 
 
-def test_the_reference_pages_are_the_codes():
+def reference_pages():
+    """tools/reference_pages.py, the script that writes the generated reference pages."""
     sys.path.insert(0, str(ROOT / "tools"))
     try:
         import reference_pages
     finally:
         sys.path.remove(str(ROOT / "tools"))
-    for path, text in reference_pages.pages().items():
+    return reference_pages
+
+
+def test_the_reference_pages_are_the_codes():
+    for path, text in reference_pages().pages().items():
         assert path.read_text(encoding="utf-8") == text, (
             f"{path.relative_to(ROOT)} differs from the code: run python tools/reference_pages.py"
         )
@@ -240,12 +245,7 @@ TIMING = re.compile(
 
 
 def test_the_help_texts_say_what_a_flag_does_not_how_long_it_takes():
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        import reference_pages
-    finally:
-        sys.path.remove(str(ROOT / "tools"))
-    page = reference_pages.commands_page()
+    page = reference_pages().commands_page()
     found = [line for line in page.splitlines() if TIMING.search(line)]
     assert not found, "help texts with timings or speed claims:\n" + "\n".join(found)
 
