@@ -2,13 +2,12 @@
 
 Design choices:
 - Three acts: (1) the chapter's "A B C" walk-through on an untrained one-head model, to show what a
-  causal
-  pattern is (lower-triangular, rows summing to 1); (2) training a small modern model with the
-  speedrun's
-  recipe (the "demo" preset of attnlab.training.config: RoPE, RMSNorm, Muon, ReLU², QK-norm, ...) on
-  the built-in corpus, Python's bundled documentation, into runs/demo with a progress bar, about a
-  minute on two CPU cores; (3) a sample streamed from it, then
-  the explorer serving it beside SmolLM2, the real LLM the set-up installs (unless --no-explore).
+  causal pattern is (lower-triangular, rows summing to 1); (2) training a small modern model with
+  the speedrun's recipe (the "demo" preset of attnlab.training.config: RoPE, RMSNorm, Muon, ReLU²,
+  QK-norm, ...) on the built-in corpus, Python's bundled documentation, into runs/demo with a
+  progress bar (300 steps, so that a newcomer sees text form without waiting on a long run); (3) a
+  sample streamed from it, then the explorer serving it beside SmolLM2, the real LLM the set-up
+  installs (unless --no-explore).
 - The demo reuses `attnlab train` and `attnlab sample` rather than having its own loop: it is the
   same code a user runs next. Ctrl-C during training keeps what was learned and moves on to the
   sample.

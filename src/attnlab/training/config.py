@@ -341,8 +341,8 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
         "eval_interval": 250,
         "eval_iters": 20,
     },
-    # The CPU speedrun (benchmarks/README.md, "CPU speedrun"): nanoGPT's CPU loss in a third of its
-    # time.
+    # The CPU speedrun (benchmarks/README.md, "CPU speedrun"): nanoGPT's README CPU loss, reached
+    # in fewer steps of a modern recipe (its time beside nanoGPT's: docs/results.md, speedrun).
     "speedrun": {
         **_from_model_preset("nano"),
         **SPEEDRUN_RECIPE,
@@ -375,7 +375,7 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
         "learning_rate": 1e-3,
         "eval_interval": 250,
     },
-    # `attnlab demo`: the speedrun's recipe on the built-in corpus, about a minute on two CPU cores.
+    # `attnlab demo`: the speedrun's recipe on the built-in corpus, in few steps: a short demo.
     "demo": {
         **_from_model_preset("nano"),
         **SPEEDRUN_RECIPE,

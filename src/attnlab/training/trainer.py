@@ -29,8 +29,8 @@ Design choices:
   (without --gradient-accumulation-steps, one micro-batch per process per step); accumulation
   micro-steps skip the gradient all-reduce (`no_sync`) except the last; only rank 0 writes files.
 - `--compile` compiles embedding, blocks, head and loss as one graph (`forward_loss`); compiling the
-  blocks alone gained nothing on 2 CPU threads. It is off by default: its tens of seconds of
-  compilation cancel the faster steps on runs of a few minutes.
+  blocks alone gained nothing on the CPUs measured. It is off by default: its compilation, paid
+  once at the start, cancels the faster steps on short runs.
 """
 
 from __future__ import annotations
