@@ -25,6 +25,9 @@ Design choices:
   Q4_K and Q6_K are that F32 file written by `llama-quantize --pure` as Q4_K and Q6_K: SmolLM2's
   576 columns are not whole blocks of 256, so llama-quantize writes those matrices in its fallback
   types (Q5_0 for Q4_K, Q8_0 for Q6_K) and only the 1536-column down projections are K-quants.
+  int8 is attnlab's own `--quantize int8` (attnlab.quantize(model, "int8") of the F32 file: one
+  int8 row and scale per output feature, float32 activations), llama.cpp beside it on the Q8_0
+  file (its nearest format); it has no quality row (no activation is rounded).
   gemma3 is Gemma 3 270M's shipped Q4_K_M file (`load("gemma3-270m")`: Q5_0, Q4_K, Q6_K and Q8_0
   matrices, a tied Q8_0 embedding), gemma3-f32 its weights dequantized by llama-quantize to F32
   (attnlab's float path on the same values). Every file is made once into --work (default: a
@@ -101,8 +104,12 @@ from attnlab.generate.fast_layers import fast_linears  # noqa: E402
 from attnlab.generate.kernel_decoder import KernelDecoder, step_logits, stored_weight  # noqa: E402
 from attnlab.generate.loop import generate  # noqa: E402
 
-FORMATS = ("q4_1", "q4_0", "q8_0", "f32", "q4_k", "q6_k", "gemma3", "gemma3-f32")
-LABELS = {"gemma3": "Gemma 3 Q4_K_M", "gemma3-f32": "Gemma 3 F32"}  # others: the format's name
+FORMATS = ("q4_1", "q4_0", "q8_0", "f32", "q4_k", "q6_k", "int8", "gemma3", "gemma3-f32")
+LABELS = {
+    "gemma3": "Gemma 3 Q4_K_M",
+    "gemma3-f32": "Gemma 3 F32",
+    "int8": "int8 (llama.cpp: Q8_0)",
+}  # others: the format's name
 CHAT = "Explain in a few sentences why the sky is blue."
 
 
@@ -141,13 +148,13 @@ def make_files(tools: Path | None, work: Path, formats: list[str]) -> dict[str, 
     if tools is None:
         return files
     work.mkdir(parents=True, exist_ok=True)
-    smollm2 = [kind for kind in formats if kind in ("f32", "q4_0", "q8_0", "q4_k", "q6_k")]
+    smollm2 = [kind for kind in formats if kind in ("f32", "q4_0", "q8_0", "q4_k", "q6_k", "int8")]
     if smollm2:
         f32 = float_file(tools, work, "q4_1", smollm2_file())  # the shipped Q4_1's values
         for kind in smollm2:
-            files[kind] = (
-                f32 if kind == "f32" else quantized(tools, work / f"smollm2-{kind}.gguf", f32, kind)
-            )
+            block = "q8_0" if kind == "int8" else kind  # int8: llama.cpp runs the Q8_0 file
+            target = work / f"smollm2-{block}.gguf"
+            files[kind] = f32 if kind == "f32" else quantized(tools, target, f32, block)
     if "gemma3-f32" in formats:
         files["gemma3-f32"] = float_file(tools, work, "gemma3", shipped["gemma3"]())
     return {kind: files[kind] for kind in FORMATS if kind in files}
@@ -208,6 +215,10 @@ def llama_bench(tools: Path, file: Path, prompt: int, new: int, threads: int) ->
 
 
 def load_model(kind: str, file: Path):
+    """attnlab's model of `kind` (make_files's `file`): int8 is the F32 file beside that Q8_0 file
+    (float_file's name) quantized by attnlab.quantize(model, "int8")."""
+    if kind == "int8":
+        return attnlab.quantize(attnlab.load(file.with_name("smollm2-f32.gguf")), "int8")
     return attnlab.load(file, keep_blocks=not kind.endswith("f32"))
 
 
@@ -473,7 +484,7 @@ def run_quality(args, files: dict[str, Path]) -> list[str]:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for kind, file in files.items():
-        if kind.endswith("f32"):
+        if kind.endswith("f32") or kind == "int8":  # (int8 rounds no activations)
             continue
         model = load_model(kind, file)
         nll = {"float": [], "blocks": [], "prompts": []}

@@ -6,9 +6,9 @@
  * (benchmarks/README.md, issue 14); these loops stream each weight row once, four rows at a time
  * (four independent sums hide the add latency), like llama.cpp's ggml_vec_dot. Plain C with
  * `#pragma omp simd` reductions: the compiler vectorises them for the build's instruction set; both
- * products also have an AVX-512 form written with intrinsics (`#if AVX512`), the portable loop
- * staying the fallback, and tests/test_kernels.py builds and checks both. Threads: OpenMP, the
- * runtime torch itself runs on, split over output features. */
+ * products also have an AVX-512 form written with intrinsics (`#if AVX512`), the int8 one an AVX2
+ * form too, the portable loop staying the fallback, and tests/test_kernels.py builds and checks
+ * both. Threads: OpenMP, the runtime torch itself runs on, split over output features. */
 #include "common.h"
 #include "vec.h"
 
@@ -90,54 +90,48 @@ void attnlab_linear_f32(const float *x, const float *w, const float *b, float *y
   linear_f32(x, w, b, y, rows, d_in, d_out, accumulate);
 }
 
-/* sum_i x[i] q[i] for int8 q, widened to float in registers. The portable loop below vectorises,
- * but gcc widens int8 -> float through several shuffles; with AVX2 one sign-extending load per 8
- * weights and four independent sums run faster (benchmarks/README.md). With AVX-512
- * attnlab_linear_i8 below does not call this at all. */
+/* sum_i x[i] q[i] for int8 q, widened to float (the portable build's loop; the AVX-512 and AVX2
+ * builds run attnlab_linear_i8's four-row loops below instead) */
 static inline float dot_i8(const float *x, const int8_t *q, int64_t n) {
-  int64_t i = 0;
   float s = 0;
-#if defined(__AVX2__) && defined(__FMA__)
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
-         a3 = _mm256_setzero_ps();
-  for (; i + 32 <= n; i += 32) {
-    a0 = _mm256_fmadd_ps(
-        _mm256_loadu_ps(x + i),
-        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i)))), a0);
-    a1 = _mm256_fmadd_ps(
-        _mm256_loadu_ps(x + i + 8),
-        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i + 8)))),
-        a1);
-    a2 = _mm256_fmadd_ps(
-        _mm256_loadu_ps(x + i + 16),
-        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i + 16)))),
-        a2);
-    a3 = _mm256_fmadd_ps(
-        _mm256_loadu_ps(x + i + 24),
-        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i + 24)))),
-        a3);
-  }
-  __m256 a = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  s = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-#endif
 #pragma omp simd reduction(+ : s)
-  for (int64_t j = i; j < n; j++) s += x[j] * (float)q[j];
+  for (int64_t i = 0; i < n; i++) s += x[i] * (float)q[i];
   return s;
 }
+
+/* the vector of the build's int8 loop: 16 floats (AVX-512) or 8 (AVX2 with FMA), and its ops */
+#if AVX512
+#define I8_WIDTH 16
+#define I8_VEC __m512
+#define I8_ZERO _mm512_setzero_ps
+#define I8_LOAD _mm512_loadu_ps
+#define I8_FMA _mm512_fmadd_ps
+#define I8_WIDEN widen16
+#define I8_SUM4 sum4
+#elif defined(__AVX2__) && defined(__FMA__)
+#define I8_WIDTH 8
+#define I8_VEC __m256
+#define I8_ZERO _mm256_setzero_ps
+#define I8_LOAD _mm256_loadu_ps
+#define I8_FMA _mm256_fmadd_ps
+#define I8_WIDEN widen8
+#define I8_SUM4 sum4_256
+#endif
 
 /* The same product with int8 weights and one scale per output feature (weight-only quantization;
  * the activations stay float32): y[r, o] = scale[o] sum_i x[r, i] q[o, i] + b[o].
  *
- * With AVX-512, four weight rows per pass share each load of x (as the float32 loop does), their
- * four sums are reduced together, and the scale is applied once per row. Each pass also asks for
- * the weights PREFETCH_AHEAD bytes further on: widening int8 costs enough instructions that,
- * without it, the core computed and then waited for memory in turn; prefetched, the two overlap
- * (benchmarks/README.md, issue 14). */
+ * With AVX-512 (16 weights a step) and with AVX2 (8), four weight rows per pass share each load of
+ * x (as the float32 loop does), their four sums are reduced together, and the scale is applied
+ * once per row. Each pass also asks for the weights PREFETCH_AHEAD bytes further on: widening int8
+ * costs enough instructions that, without it, the core computed and then waited for memory in
+ * turn; prefetched, the two overlap (benchmarks/README.md, issues 14 and 42: the AVX2 build's
+ * former loop, one row at a time and no prefetch, fell behind llama.cpp's Q8_0). A widened weight
+ * costs a sign-extending load, a conversion and an FMA whatever the width, so AVX2 spends twice
+ * AVX-512's instructions per weight. One loop for both, its vector I8_VEC. */
 static void linear_i8(const float *x, const int8_t *q, const float *scale, const float *b, float *y,
                       int64_t rows, int64_t d_in, int64_t d_out, int accumulate) {
-#if AVX512
+#ifdef I8_WIDTH
   int64_t blocks = (d_out + ROWS_AT_ONCE - 1) / ROWS_AT_ONCE;
 #pragma omp for schedule(static) nowait
   for (int64_t blk = 0; blk < blocks; blk++) {
@@ -148,16 +142,18 @@ static void linear_i8(const float *x, const int8_t *q, const float *scale, const
                  *q3 = q0 + (n > 3) * 3 * d_in;
     for (int64_t r = 0; r < rows; r++) {
       const float *xr = x + r * d_in;
-      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      I8_VEC a0 = I8_ZERO(), a1 = a0, a2 = a0, a3 = a0;
       int64_t i = 0;
-      for (; i + 16 <= d_in; i += 16) {
-        if (r == 0) _mm_prefetch((const char *)q0 + ROWS_AT_ONCE * i + PREFETCH_AHEAD, _MM_HINT_T0);
-        __m512 xv = _mm512_loadu_ps(xr + i);
-        a0 = _mm512_fmadd_ps(xv, widen16(q0 + i), a0);
-        a1 = _mm512_fmadd_ps(xv, widen16(q1 + i), a1);
-        a2 = _mm512_fmadd_ps(xv, widen16(q2 + i), a2);
-        a3 = _mm512_fmadd_ps(xv, widen16(q3 + i), a3);
+      for (; i + I8_WIDTH <= d_in; i += I8_WIDTH) {
+        if (r == 0 && i % 16 == 0) /* one 64-byte line of the four rows' bytes per 16 weights */
+          _mm_prefetch((const char *)q0 + ROWS_AT_ONCE * i + PREFETCH_AHEAD, _MM_HINT_T0);
+        I8_VEC xv = I8_LOAD(xr + i);
+        a0 = I8_FMA(xv, I8_WIDEN(q0 + i), a0);
+        a1 = I8_FMA(xv, I8_WIDEN(q1 + i), a1);
+        a2 = I8_FMA(xv, I8_WIDEN(q2 + i), a2);
+        a3 = I8_FMA(xv, I8_WIDEN(q3 + i), a3);
       }
+#if AVX512
       if (i < d_in) { /* the last d_in % 16 weights: masked loads */
         __mmask16 m = (__mmask16)((1u << (d_in - i)) - 1);
         __m512 xv = _mm512_maskz_loadu_ps(m, xr + i);
@@ -165,9 +161,15 @@ static void linear_i8(const float *x, const int8_t *q, const float *scale, const
         a1 = _mm512_fmadd_ps(xv, widen16_masked(q1 + i, m), a1);
         a2 = _mm512_fmadd_ps(xv, widen16_masked(q2 + i, m), a2);
         a3 = _mm512_fmadd_ps(xv, widen16_masked(q3 + i, m), a3);
+        i = d_in;
       }
+#endif
       float sums[ROWS_AT_ONCE];
-      _mm_storeu_ps(sums, sum4(a0, a1, a2, a3));
+      _mm_storeu_ps(sums, I8_SUM4(a0, a1, a2, a3));
+      for (; i < d_in; i++) { /* AVX2: the last d_in % 8 weights */
+        sums[0] += xr[i] * (float)q0[i], sums[1] += xr[i] * (float)q1[i];
+        sums[2] += xr[i] * (float)q2[i], sums[3] += xr[i] * (float)q3[i];
+      }
       for (int64_t j = 0; j < n; j++) {
         float v = sums[j] * scale[o + j] + (b ? b[o + j] : 0.0f);
         y[r * d_out + o + j] = accumulate ? y[r * d_out + o + j] + v : v;

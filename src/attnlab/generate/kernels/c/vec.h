@@ -141,6 +141,11 @@ static inline __m256 heads4(const uint8_t *const w[4], int64_t offset) {
 #endif
 }
 
+/* 8 int8 weights widened to float: one sign-extending load (int8 -> int32) and a conversion */
+static inline __m256 widen8(const int8_t *q) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
+}
+
 /* the sums of a, b, c and d's eight lanes, in that order */
 static inline __m128 sum4_256(__m256 a, __m256 b, __m256 c, __m256 d) {
   __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
