@@ -266,7 +266,9 @@ def run_speed(args, files: dict[str, Path]) -> tuple[list[str], list[dict], floa
     def record(key, rate):
         results.setdefault(key, []).append((rate, load_text()))
 
-    default = kernels.variant()
+    # the build this run was started with (ATTNLAB_KERNELS, or the default choice), restored after
+    # the columns so that the machine's lines and the bandwidth probes describe that build
+    forced, default = os.environ.get("ATTNLAB_KERNELS"), kernels.variant()
     # (suffix of the result keys, attnlab's build, llama.cpp's tg and pp builds)
     columns = [("", default, args.tools, args.tools_pp or args.tools)]
     if args.avx2:
@@ -300,7 +302,7 @@ def run_speed(args, files: dict[str, Path]) -> tuple[list[str], list[dict], floa
     if args.avx2:
         kernels.use_variant("avx2")
         avx2_path = prompt_path_of_this_build()
-    kernels.use_variant(None)
+    kernels.use_variant(forced)
     read, copy = kernels.read_bandwidth(), copy_bandwidth(1024)
     read_one, torch_sum = kernels.read_bandwidth(threads=1), torch_sum_bandwidth()
     # the probe over as many bytes as each step streams (a cache as large as the model holds them)
