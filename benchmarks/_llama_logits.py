@@ -26,8 +26,11 @@ Design choices:
 - Bounds (BOUNDS) are the same for every quantized format, since what they bound is llama.cpp's
   activation rounding, not the format; the format's own KL is recorded beside them as the scale.
 - llama-quantize picks a fallback type for a tensor whose rows are not a whole number of its
-  blocks (the K-quants' 256 values: the random models' rows are 64 or 128 long); what it wrote is
-  read back from the quantized file and recorded as a count per tensor type.
+  blocks (the K-quants' 256 values: most of the random models' rows are 64 or 128 long); what it
+  wrote is read back from the quantized file and recorded as a count per tensor type.
+- llama.cpp runs with its extra weight buffers (repacked layouts, AMX tiles) as it does by
+  default; a build that dies of SIGILL or SIGSEGV with them is run again without them, and the
+  row's llama_cpp_system says so (a native build's AMX tiles on this session's machine).
 """
 
 from __future__ import annotations
