@@ -97,10 +97,12 @@ test: venv-test browser compiler
 docs: $(VENV)/.test
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8002
 
-# the C kernels, the tests' C programs and the explorer's JavaScript in .clang-format's style (100
-# columns; the test environment's clang-format, from PyPI); tests/test_source_format.py checks it
+# the C kernels, the tests' C programs, the benchmarks' C anchors and the explorer's JavaScript in
+# .clang-format's style (100 columns; the test environment's clang-format, from PyPI);
+# tests/test_source_format.py checks it
 format: venv-test
-	$(VENV)/bin/clang-format -i $$(find src tests/c -name '*.c' -o -name '*.h' -o -name '*.js')
+	$(VENV)/bin/clang-format -i \
+	  $$(find src tests/c benchmarks/anchors -name '*.c' -o -name '*.h' -o -name '*.js')
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

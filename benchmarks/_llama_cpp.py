@@ -72,11 +72,20 @@ def tokenize(tools: Path, model_file: Path, text_file: Path) -> list[int]:
     return json.loads(done.stdout.strip().splitlines()[-1])  # --ids: [1, 2, 3]
 
 
-def quantize_q8_0(tools: dict[str, Path], source: Path, target: Path) -> Path:
-    subprocess.run(
-        [str(tools["quantize"]), str(source), str(target), "Q8_0"], check=True, capture_output=True
+def quantize(tools: Path, source: Path, target: Path, kind: str) -> Path:
+    """`llama-quantize SOURCE TARGET KIND` from the folder `tools`; its output's end if it fails."""
+    done = subprocess.run(
+        [str(tools / "llama-quantize"), str(source), str(target), kind],
+        capture_output=True,
+        text=True,
     )
+    if done.returncode:
+        raise RuntimeError(f"llama-quantize {kind} failed on {source}:\n{done.stderr[-2000:]}")
     return target
+
+
+def quantize_q8_0(tools: dict[str, Path], source: Path, target: Path) -> Path:
+    return quantize(tools["quantize"].parent, source, target, "Q8_0")
 
 
 def bench(

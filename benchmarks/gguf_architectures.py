@@ -1,7 +1,8 @@
 """Architectures as a user downloads them: random-weight Hugging Face models made by transformers,
 written to GGUF by llama.cpp's own converter (convert_hf_to_gguf.py with its gguf-py), read by
 attnlab and compared with transformers on the same model (logits, attention patterns) and with
-llama.cpp's `llama-simple` on the same file (greedy tokens).
+llama.cpp's `llama-simple` on the same file (greedy tokens), and with llama.cpp's logits on
+quantized copies of it (top-1 agreement, KL; benchmarks/_llama_logits.py).
 
 .venv/bin/python benchmarks/gguf_architectures.py [--llama-cpp SOURCES] [--bin BUILD/bin]
     [--only NAME ...] [--results benchmarks/results]
@@ -9,8 +10,9 @@ llama.cpp's `llama-simple` on the same file (greedy tokens).
 --llama-cpp names llama.cpp's sources (the folder with convert_hf_to_gguf.py, conversion/, gguf-py/
 and models/ggml-vocab-*.gguf; default: what `make venv-test` unpacks into
 .venv/llama.cpp-vocabularies, else $ATTNLAB_LLAMA_CPP_SOURCES); --bin a folder with llama-simple
-(and llama-quantize), built from the same sources (benchmarks/README.md). Without --bin the greedy
-column says so. llama.cpp is never a dependency of attnlab.
+(and llama-quantize, llama-tokenize and libllama.so), built from the same sources
+(benchmarks/README.md). Without --bin the greedy and quantized columns say so. llama.cpp is never a
+dependency of attnlab.
 
 Design choices:
 - The models come from small configs written here (`CONFIGS`: a few layers, d_model 64, each
@@ -30,6 +32,9 @@ Design choices:
   runs with eager attention so that its patterns are the softmax it computes.
 - Greedy: llama-simple decodes from a prompt of token text; attnlab decodes greedily from the ids
   llama.cpp's tokenizer gives (the file's), and the two continuations are compared as text.
+- Quantized copies (Q8_0, Q4_0, Q4_K_M by llama-quantize from the f32 file): llama.cpp's logits at
+  every position of a text (benchmarks/anchors/llama_logits.c) against attnlab's on the same ids,
+  dequantized and with keep_blocks=True; bounds and design in benchmarks/_llama_logits.py.
 """
 
 from __future__ import annotations
@@ -493,6 +498,47 @@ def run_case(case: Case, reference, path: Path, failed: str | None, binaries: Pa
     return row
 
 
+def run_quantized(row: dict, path: Path, anchor, work: Path) -> None:
+    """The quantized copies' comparisons with llama.cpp's logits into `row` (its "quantized" rows
+    and whether all are within their bounds); `anchor` is (build, compiled program) or None."""
+    if "error" in row:
+        return
+    if anchor is None:
+        row["quantized_note"] = "no llama.cpp build (--bin)"
+        return
+    from _llama_logits import compare_formats
+
+    row["quantized"] = compare_formats(*anchor, path, work)
+    row["quantized_within_bounds"] = all(
+        "error" not in q
+        and all(q[p].get("within_bounds") for p in ("dequantized", "blocks") if p in q)
+        for q in row["quantized"]
+    )
+
+
+def quantized_cell(row: dict) -> str:
+    """The table's cell for the quantized copies: per format, top-1 agreement and mean KL of the
+    dequantized load (of the blocks' decode step), and the format's own KL from f32."""
+    if "quantized" not in row:
+        return row.get("quantized_note", "")
+    cells = []
+    for q in row["quantized"]:
+        if "error" in q:
+            cells.append(f"{q['format']}: {q['error']}")
+            continue
+        text = f"{q['format']}: " + ", ".join(
+            f"{name} {q[name]['top1']:.3f} / {q[name]['kl_mean']:.1e}"
+            if "error" not in q[name]
+            else f"{name} {q[name]['error']}"
+            for name in ("dequantized", "blocks")
+            if name in q
+        )
+        if "format_cost" in q:
+            text += f" (format's own KL {q['format_cost']['kl_mean']:.1e})"
+        cells.append(text)
+    return "; ".join(cells)
+
+
 def versions(sources: Sources) -> dict:
     import torch
     import transformers
@@ -515,17 +561,21 @@ def versions(sources: Sources) -> dict:
 def table(rows: list[dict]) -> str:
     lines = [
         "| architecture | file (llama.cpp's converter) | logits vs transformers (rel.) | "
-        "patterns (max abs.) | greedy = llama-simple |",
-        "|---|---|---|---|---|",
+        "patterns (max abs.) | greedy = llama-simple | "
+        "top-1 / mean KL vs llama.cpp, quantized copies |",
+        "|---|---|---|---|---|---|",
     ]
     for row in rows:
         if "error" in row:
-            lines.append(f"| {row['architecture']} | {row.get('file', '-')} | {row['error']} | | |")
+            lines.append(
+                f"| {row['architecture']} | {row.get('file', '-')} | {row['error']} | | | |"
+            )
             continue
         greedy = {True: "yes", False: "no", None: "not run"}[row["greedy_equal_llama_simple"]]
         lines.append(
             f"| {row['architecture']} ({row['gguf_architecture']}) | {row['file']} | "
-            f"{row['logits_relative_error']:.1e} | {row['pattern_max_error']:.1e} | {greedy} |"
+            f"{row['logits_relative_error']:.1e} | {row['pattern_max_error']:.1e} | {greedy} | "
+            f"{quantized_cell(row)} |"
         )
     return "\n".join(lines)
 
@@ -568,13 +618,61 @@ def figures(rows: list[dict]) -> list[dict]:
                     "better": "higher",
                 }
             )
+        out += quantized_figures(row)
+    return out
+
+
+def quantized_figures(row: dict) -> list[dict]:
+    """Per quantized copy: top-1 agreement and mean KL of the dequantized load against llama.cpp
+    (beside the KL: the format's own, llama.cpp's copy against its f32 file, as the anchor), and
+    the mean KL of the blocks' decode step."""
+    out = []
+    for q in row.get("quantized", []):
+        name = f"{row['architecture']} {q['format']}"
+        deq, blocks = q.get("dequantized", {}), q.get("blocks", {})
+        cost = q.get("format_cost", {}).get("kl_mean")
+        if "top1" in deq:
+            out += [
+                {
+                    "name": f"{name}: top-1 agreement with llama.cpp, dequantized",
+                    "unit": "",
+                    "attnlab": deq["top1"],
+                    "anchor": None,
+                    "ratio": None,
+                    "better": "higher",
+                },
+                {
+                    "name": f"{name}: mean KL(llama.cpp || attnlab), dequantized; anchor: the "
+                    "format's own KL from f32",
+                    "unit": "",
+                    "attnlab": deq["kl_mean"],
+                    "anchor": cost,
+                    "ratio": None,
+                    "better": "lower",
+                },
+            ]
+        if "kl_mean" in blocks:
+            out.append(
+                {
+                    "name": f"{name}: mean KL(llama.cpp || attnlab), blocks' decode step",
+                    "unit": "",
+                    "attnlab": blocks["kl_mean"],
+                    "anchor": None,
+                    "ratio": None,
+                    "better": "lower",
+                }
+            )
     return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--llama-cpp", help="llama.cpp's sources (with convert_hf_to_gguf.py)")
-    parser.add_argument("--bin", help="a folder with llama-simple built from those sources")
+    parser.add_argument(
+        "--bin",
+        help="a llama.cpp build's bin folder (llama-simple, llama-quantize, llama-tokenize, "
+        "libllama.so) from those sources",
+    )
     parser.add_argument("--only", nargs="*", choices=sorted(BY_NAME), help="run these only")
     parser.add_argument("--results", default=str(RESULTS), help="the folder of results records")
     args = parser.parse_args()
@@ -586,6 +684,15 @@ def main() -> int:
         )
     binaries = Path(args.bin) if args.bin else None
     from _common import write_result
+    from _llama_logits import BOUNDS, TOKENS, MissingBuild, compile_anchor, find_build
+
+    anchor = None
+    if binaries is not None:
+        try:
+            build = find_build(binaries, args.llama_cpp)
+            anchor = (build, compile_anchor(build))
+        except MissingBuild as exc:
+            raise SystemExit(str(exc)) from None
 
     rows = []
     cases = [BY_NAME[name] for name in args.only] if args.only else CONFIGS
@@ -594,6 +701,7 @@ def main() -> int:
         failed = convert(sources, [(directory, path) for _, directory, path in prepared])
         for case, (reference, directory, path) in zip(cases, prepared):
             row = run_case(case, reference, path, failed.get(str(directory)), binaries)
+            run_quantized(row, path, anchor, Path(work))
             print(table([row]).splitlines()[-1], flush=True)
             rows.append(row)
     write_result(
@@ -605,18 +713,33 @@ def main() -> int:
             "attnlab; its logits (max error relative to the largest) and attention patterns (max "
             "error) against transformers on the same model, and its greedy text against "
             "llama-simple's on the file "
-            f"(1 = equal). Bounds: logits {LOGITS_BOUND:g}, patterns {PATTERN_BOUND:g}."
+            "(1 = equal); on quantized copies of the file made by llama-quantize, the share of "
+            f"positions of a {TOKENS}-token text whose top-1 token is llama.cpp's and the mean "
+            "over positions of KL(llama.cpp || attnlab), beside the format's own KL (llama.cpp "
+            "on the copy against llama.cpp on the f32 file). "
+            f"Bounds: logits {LOGITS_BOUND:g}, patterns {PATTERN_BOUND:g}; quantized copies top-1 "
+            f">= {BOUNDS['quantized'][0]:g}, mean KL <= {BOUNDS['quantized'][1]:g}."
         ),
-        anchor="transformers, llama.cpp's llama-simple",
+        anchor="transformers, llama.cpp's llama-simple and logits (libllama)",
         anchor_version=", ".join(f"{k} {v}" for k, v in versions(sources).items()),
         figures=figures(rows),
         details={
             "rows": rows,
-            "bounds": {"logits_relative": LOGITS_BOUND, "pattern_abs": PATTERN_BOUND},
+            "bounds": {
+                "logits_relative": LOGITS_BOUND,
+                "pattern_abs": PATTERN_BOUND,
+                "llama_cpp_logits": {k: list(v) for k, v in BOUNDS.items()},
+            },
         },
     )
     print(table(rows))
-    return 0 if all(row.get("within_bounds") for row in rows) else 1
+    return (
+        0
+        if all(
+            row.get("within_bounds") and row.get("quantized_within_bounds", True) for row in rows
+        )
+        else 1
+    )
 
 
 if __name__ == "__main__":

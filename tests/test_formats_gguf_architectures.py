@@ -9,6 +9,13 @@ venv by `make venv-test`; without it every test here skips in one line naming th
 models are converted in one run of the converter (one import of torch and transformers), shared by
 the tests. An architecture attnlab does not run must be refused in one line that names it and lists
 the ones it runs, and that list must be true: each one listed converts and matches.
+
+Quantized copies (benchmarks/_llama_logits.py): two of the converted files, made Q8_0 by llama.cpp's
+llama-quantize, run by llama.cpp (its logits at every position, benchmarks/anchors/llama_logits.c
+compiled against libllama) and by attnlab (dequantized, and the blocks' decode step) on the same
+ids: top-1 agreement and mean KL within the benchmark's bounds. They need a llama.cpp build: its bin
+folder in $ATTNLAB_LLAMA_CPP, as the benchmarks take it; without one they skip in one line saying
+what to set.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -23,6 +31,7 @@ from attnlab.errors import UserError
 from attnlab.formats.gguf import ARCHITECTURES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import _llama_logits as llama_logits  # noqa: E402
 import gguf_architectures as harness  # noqa: E402
 
 # where the Makefile's venv-test step unpacks it
@@ -80,3 +89,50 @@ def test_the_prompt_moves_the_logits(converted):
     with torch.no_grad():
         a, b = reference(ids).logits, reference(changed).logits
     assert float((a - b)[0, 6:].abs().max() / a.abs().max()) > 100 * harness.LOGITS_BOUND
+
+
+# the architectures whose Q8_0 copies are compared with llama.cpp's logits (a SentencePiece and a
+# byte-level BPE vocabulary), on the text's first 64 tokens
+QUANTIZED = READ[:2]
+
+
+@pytest.fixture(scope="module")
+def llama_cpp():
+    """(the llama.cpp build in $ATTNLAB_LLAMA_CPP, the logits anchor compiled against it)."""
+    try:
+        build = llama_logits.find_build(None)
+        return build, llama_logits.compile_anchor(build)
+    except llama_logits.MissingBuild as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.mark.parametrize("case", QUANTIZED, ids=lambda case: case.name)
+def test_a_quantized_copy_agrees_with_llama_cpps_logits(case, converted, llama_cpp, tmp_path):
+    _, path, failed = converted[case.name]
+    assert failed is None, f"llama.cpp's converter failed on {case.name}: {failed}"
+    f32, q8 = llama_logits.compare_formats(*llama_cpp, path, tmp_path, ("Q8_0",), tokens=64)
+    assert "Q8_0" in q8["tensor_types"], q8  # llama-quantize wrote blocks
+    for row in (f32, q8):
+        assert "error" not in row, row
+        for name in ("dequantized", "blocks"):
+            if name in row:
+                assert row[name]["within_bounds"], (name, row)
+    # the format moved llama.cpp's own logits: the comparison would see a block read wrongly
+    assert q8["format_cost"]["kl_mean"] > q8["dequantized"]["kl_mean"], q8
+
+
+def test_agreement_is_top_1_share_and_kl_of_the_anchor_from_attnlab():
+    theirs = np.log(np.array([[0.5, 0.5, 1e-9], [0.7, 0.2, 0.1]]))
+    ours = np.log(np.array([[0.9, 0.1, 1e-9], [0.7, 0.2, 0.1]])) + 3.0  # a shift changes nothing
+    found = llama_logits.agreement(ours, theirs)
+    expected = 0.5 * np.log(0.5 / 0.9) + 0.5 * np.log(0.5 / 0.1)  # KL(p || q), p llama.cpp's
+    assert found["top1"] == 1.0  # argmax of a tie is the first, in both
+    assert found["kl_max"] == pytest.approx(expected, rel=1e-6)
+    assert found["kl_mean"] == pytest.approx(expected / 2, rel=1e-6)
+
+
+def test_a_folder_without_a_llama_cpp_build_is_one_line(tmp_path):
+    with pytest.raises(llama_logits.MissingBuild) as missing:
+        llama_logits.find_build(tmp_path)
+    message = str(missing.value)
+    assert "\n" not in message and "libllama.so" in message and "--bin" in message

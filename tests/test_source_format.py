@@ -25,12 +25,18 @@ from attnlab.generate import kernels
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ROOT / "src"
 TEST_SOURCES = ROOT / "tests" / "c"  # the tests' C programs, kept alike
+ANCHOR_SOURCES = ROOT / "benchmarks" / "anchors"  # the benchmarks' C anchors, kept alike
 COLUMNS = 100
 
 
 def formatted_files(root: Path = SOURCES) -> list[Path]:
     """The C, header and JavaScript files under `root` that the formatter keeps."""
     return sorted(p for p in root.rglob("*") if p.suffix in (".c", ".h", ".js") and p.is_file())
+
+
+def every_formatted_file() -> list[Path]:
+    """The formatted files of the package, the tests' C programs and the benchmarks' anchors."""
+    return formatted_files() + formatted_files(TEST_SOURCES) + formatted_files(ANCHOR_SOURCES)
 
 
 def long_lines(paths: list[Path]) -> list[str]:
@@ -61,7 +67,7 @@ def test_the_sources_are_c_headers_and_javascript_of_both_rooms():
 
 
 def test_no_c_header_or_javascript_line_is_over_100_columns():
-    assert long_lines(formatted_files() + formatted_files(TEST_SOURCES)) == []
+    assert long_lines(every_formatted_file()) == []
 
 
 def test_a_long_line_is_found_and_counted_in_characters(tmp_path):
@@ -74,7 +80,7 @@ def test_the_sources_are_as_clang_format_leaves_them():
     program = clang_format()
     if program is None:
         pytest.skip("clang-format is not installed (pip install clang-format, or make venv-test)")
-    paths = [str(p) for p in formatted_files() + formatted_files(TEST_SOURCES)]
+    paths = [str(p) for p in every_formatted_file()]
     result = subprocess.run(
         [program, "--dry-run", "--Werror", *paths],
         cwd=ROOT,
