@@ -206,7 +206,7 @@ STAGES: tuple[Stage, ...] = (
         "s = q kᵀ / √d_head",
         None,
         SCORES,
-        compute=lambda b: attention_scores(b.q, b.k, b.cfg.scale),
+        compute=lambda b: attention_scores(b.q, b.k, b.cfg.scale, b.cfg.attn_softcap),
     ),
     # the model's own masked scores: apply_mask(raw) in the layer
     Stage("masked", "mask", mask_equation, "attn.hook_attn_scores", SCORES),
