@@ -98,3 +98,30 @@ def test_a_hugging_face_directory_attnlab_does_not_read_is_refused_in_one_line(c
     message = str(refused.value)
     assert "\n" not in message and f"model_type {case.model_type!r}" in message, message
 
+
+@pytest.fixture(scope="module")
+def quantized(converted, tmp_path_factory):
+    """{case name: (the Q8_0 copy the converter wrote from the same directory, its error or
+    None)}: every architecture read, in one more run of the converter (--outtype q8_0: the
+    matrices in Q8_0 blocks, the norms float32, as a user's quantized file holds them)."""
+    work = tmp_path_factory.mktemp("q8_0")
+    jobs = {case.name: (converted[case.name][3], work / f"{case.name}-q8_0.gguf") for case in READ}
+    failed = harness.convert(SOURCES, list(jobs.values()), outtype="q8_0")
+    return {name: (out, failed.get(str(directory))) for name, (directory, out) in jobs.items()}
+
+
+@pytest.mark.parametrize("case", READ, ids=lambda case: case.name)
+def test_a_q8_0_copy_kept_as_blocks_gives_the_dequantized_logits(case, quantized):
+    """keep_blocks=True holds the file's Q8_0 blocks (no float copy of a matrix) and its module
+    path computes the logits of the same file dequantized to float32."""
+    from attnlab.quant.blocks import BlockLinear
+
+    path, failed = quantized[case.name]
+    assert failed is None, f"llama.cpp's converter failed on {case.name}: {failed}"
+    floats, blocks = attnlab.load(str(path)), attnlab.load(str(path), keep_blocks=True)
+    kept = [m for m in blocks.modules() if isinstance(m, BlockLinear)]
+    assert kept and {m.kind for m in kept} == {"q8_0"}
+    assert not any(isinstance(m, torch.nn.Linear) for m in blocks.blocks.modules())
+    ids = harness.prompt_ids(floats.config.d_vocab)
+    with torch.no_grad():
+        torch.testing.assert_close(blocks(ids), floats(ids), rtol=1e-5, atol=1e-5)
