@@ -4,8 +4,9 @@ loops (attnlab.generate.kernels) for the products and the attention.
 No graph to build, so no set-up per process, and the whole step is one C call (one OpenMP parallel
 region, its threads hot from the first product to the last) instead of the ~100 PyTorch operations
 per layer of the module path, whose per-call overhead was most of a step on a small model. A hooked
-model, a post-norm one, another dtype or device, or a machine without a C compiler takes the
-module path, which computes the same equation (`KernelDecoder.unsupported` says why, and
+model, a post-norm one, one whose attention scores are soft-capped (Gemma 2: the C attention has
+no cap), another dtype or device, or a machine without a C compiler takes the module path, which
+computes the same equation (`KernelDecoder.unsupported` says why, and
 `generate` says it in one line, attnlab.slower).
 
 Gemma 3's parts run here too, from the kernels there are: GeGLU as the gelu_tanh activation then
@@ -13,6 +14,8 @@ a product with W_in's output; sandwich norms as the sublayer's output written to
 in place and added to the residual; per-block windows as a second key mask (the window's band of
 cache slots, remade by the program's first op at each step; Mistral's window too); the windowed
 blocks' own RoPE table; √d_model on the embedding in the C lookup. So its step is one program too.
+OLMo 2's blocks (no norm before the sublayers: the products read the residual stream itself) and
+its qk-norm over the whole projection (q and k normed as one row each) run here as well.
 
 Greedy generation runs its whole loop in C (`generate_greedy`, c/program.c's
 attnlab_generate_greedy): the argmax of the logits, fed back as the next step's token, with no
