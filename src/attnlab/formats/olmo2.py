@@ -24,30 +24,23 @@ from ..errors import UserError
 from ..model.config import ModelConfig
 from .architecture import (
     Weight,
+    check_swiglu,
     decoder,
+    decoder_config,
     embedding_and_head,
     llama_projections,
-    rope_from_hf,
-    sizes_from_hf,
-    special_ids,
 )
 
 MODEL_TYPE = "olmo2"
 
 
 def config_from_hf(hf: dict, source: str) -> ModelConfig:
-    if hf.get("hidden_act", "silu") != "silu":
-        raise UserError(
-            f"{source}: hidden_act {hf['hidden_act']!r} is not supported for OLMo 2; expected "
-            "'silu' (SwiGLU)"
-        )
+    check_swiglu(hf, source, "OLMo 2")
     if hf.get("attention_bias"):
         raise UserError(f"{source}: OLMo 2 with attention_bias is not supported")
-    sizes = sizes_from_hf(hf, source)
-    return ModelConfig(
-        **sizes,
-        n_kv_heads=hf.get("num_key_value_heads") or sizes["n_heads"],
-        **rope_from_hf(hf, source, sizes["d_model"] // sizes["n_heads"]),
+    return decoder_config(
+        hf,
+        source,
         norm="rmsnorm",
         norm_eps=hf.get("rms_norm_eps", 1e-6),
         sandwich_norm=True,
@@ -56,8 +49,6 @@ def config_from_hf(hf: dict, source: str) -> ModelConfig:
         qk_norm_whole=True,
         mlp="swiglu",
         bias=False,
-        tie_embeddings=hf.get("tie_word_embeddings", False),
-        extra=special_ids(hf),
     )
 
 
