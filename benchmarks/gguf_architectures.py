@@ -148,19 +148,22 @@ CONFIGS = [
         "bpe",
         "starcoder2",
     ),
-    # not read by attnlab yet (the test checks that it is refused in one line): Gemma 2's
-    # attention soft-cap, OLMo 2's norms after each sublayer and on the whole of q and k
     Case(
         "gemma2",
         "gemma2",
+        # a window shorter than the prompt on blocks 0, 2, ...; caps low enough to bend the random
+        # model's scores and logits (Gemma 2's own are 50 and 30); the query scalar llama.cpp
+        # uses (1/sqrt(head_dim)), which transformers reads from query_pre_attn_scalar
         dict(
-            **SMALL,
+            **{**SMALL, "num_hidden_layers": 3},
             **SMALL_POSITIONS,
             num_key_value_heads=2,
             head_dim=16,
             vocab_size=32000,
             sliding_window=8,
             query_pre_attn_scalar=16,
+            attn_logit_softcapping=2.0,
+            final_logit_softcapping=3.0,
         ),
         "spm",
         "gemma2",

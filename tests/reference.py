@@ -64,9 +64,10 @@ def attention(
     allowed: np.ndarray | None = None,
     additive: np.ndarray | None = None,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Attention(Q, K, V) = softmax(Q Kᵀ · scale + M) V for one head: Q (T, d_k), K (S, d_k), V (S,
-    d_v).
+    d_v); with `softcap` c the scores are c·tanh(Q Kᵀ · scale / c) before M (Gemma 2).
 
     scale defaults to 1/√d_k. M is −∞ where a key is forbidden (causal offset or sliding window,
     `allowed` False, or an additive −∞) and the additive mask's value elsewhere. The softmax runs
@@ -77,6 +78,8 @@ def attention(
     if scale is None:
         scale = 1.0 / math.sqrt(d_k)
     scores = (Q @ K.T) * scale
+    if softcap is not None:
+        scores = softcap * np.tanh(scores / softcap)
     ok = np.ones((T, S), dtype=bool)
     if causal:
         ok &= causal_allowed(T, S, window)
@@ -156,6 +159,8 @@ def multi_head_attention(
     norm_eps: float = 1e-6,
     rope: tuple[np.ndarray, int, float] | None = None,
     window: int | None = None,
+    softcap: float | None = None,
+    qk_norm_whole: bool = False,
 ) -> np.ndarray:
     """MultiHead(X) = Concat(head_1, …, head_h) W_Oᵀ + b_O,  head_i = Attention(X W_Q,iᵀ, X W_K,iᵀ,
     X W_V,iᵀ).
@@ -164,19 +169,23 @@ def multi_head_attention(
     n_kv_heads < n_heads (grouped-query), head i reads key/value head i // (n_heads / n_kv_heads).
     Optional QK-norm (RMSNorm on each head's q and k, weights q_norm / k_norm) and RoPE
     (rope = (positions (T,), rotary_dim, theta)) are applied to q and k before the scores.
-    `allowed` (T, T) masks keys (True = may attend).
+    `allowed` (T, T) masks keys (True = may attend). `qk_norm_whole` (OLMo 2): the RMSNorms span
+    the whole of XW_Qᵀ and of XW_Kᵀ, before the heads are split. `softcap`: see `attention`.
     """
     n_kv_heads = n_kv_heads or n_heads
     d_head = W_Q.shape[0] // n_heads
     group = n_heads // n_kv_heads
+    Q_all = linear(X, W_Q, b_Q)
+    K_all = linear(X, W_K, b_K)
+    if q_norm is not None and qk_norm_whole:
+        Q_all, K_all = rms_norm(Q_all, q_norm, norm_eps), rms_norm(K_all, k_norm, norm_eps)
     heads = []
     for i in range(n_heads):
         rows = slice(i * d_head, (i + 1) * d_head)
         kv_rows = slice((i // group) * d_head, (i // group + 1) * d_head)
-        q = linear(X, W_Q[rows], None if b_Q is None else b_Q[rows])
-        k = linear(X, W_K[kv_rows], None if b_K is None else b_K[kv_rows])
+        q, k = Q_all[..., rows], K_all[..., kv_rows]
         v = linear(X, W_V[kv_rows], None if b_V is None else b_V[kv_rows])
-        if q_norm is not None:
+        if q_norm is not None and not qk_norm_whole:
             q, k = rms_norm(q, q_norm, norm_eps), rms_norm(k, k_norm, norm_eps)
         if rope is not None:
             positions, rotary_dim, theta = rope
@@ -184,7 +193,9 @@ def multi_head_attention(
                 apply_rope(q, positions, rotary_dim, theta),
                 apply_rope(k, positions, rotary_dim, theta),
             )
-        head, _ = attention(q, k, v, scale=scale, causal=causal, allowed=allowed, window=window)
+        head, _ = attention(
+            q, k, v, scale=scale, causal=causal, allowed=allowed, window=window, softcap=softcap
+        )
         heads.append(head)
     return linear(np.concatenate(heads, axis=-1), W_O, b_O)
 
@@ -443,6 +454,8 @@ def block_forward(
             q_norm=state.get(a + "q_norm.weight"),
             k_norm=state.get(a + "k_norm.weight"),
             norm_eps=config.norm_eps,
+            softcap=config.attn_softcap,
+            qk_norm_whole=config.qk_norm_whole,
             rope=(positions, config.rotary_dim, theta) if config.positional == "rope" else None,
             window=window,
         )
@@ -462,8 +475,11 @@ def block_forward(
     block = pre_norm_block if config.norm_placement == "pre" else post_norm_block
     if config.parallel_residual:
         block = parallel_block
+    # OLMo 2 (input_norms False): no norm before the sublayers
     norm2 = None if config.attn_only else _norm_fn(config, state, prefix + ".ln2")
     norm1 = _norm_fn(config, state, prefix + ".ln1")
+    if not config.input_norms:
+        norm1 = norm2 = lambda h: h  # noqa: E731
     r = config.residual_multiplier  # Granite: each sublayer's output times r before the add
     if config.sandwich_norm:
         post1, post2 = (

@@ -82,6 +82,32 @@ STYLES = {
         rope_theta=1_000_000.0,
         rope_theta_local=10_000.0,
     ),
+    # Gemma 2's shape: Gemma 3's without QK-norm or a RoPE base of its own, its attention scores and
+    # logits soft-capped (caps low enough to bend N(0, 0.3) weights' scores)
+    "gemma2": dict(
+        positional="rope",
+        norm="rmsnorm",
+        mlp="geglu_tanh",
+        bias=False,
+        sandwich_norm=True,
+        scale_embed=True,
+        n_kv_heads=2,
+        sliding_window=4,
+        sliding_window_pattern=2,
+        attn_softcap=1.5,
+        logit_softcap=3.0,
+    ),
+    # OLMo 2's shape: Llama's parts, norms only after attention and the MLP, an RMSNorm over the
+    # whole of q and of k, an untied head
+    "olmo2": dict(
+        **LLAMA,
+        sandwich_norm=True,
+        input_norms=False,
+        qk_norm=True,
+        qk_norm_whole=True,
+        n_kv_heads=2,
+        tie_embeddings=False,
+    ),
 }
 
 

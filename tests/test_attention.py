@@ -159,6 +159,33 @@ def test_sliding_window_matches_reference(rng, path, kind):
             assert (weights[..., ~band] == 0).all()  # nothing outside the band
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_attention_soft_cap_matches_reference(rng, path):
+    """Gemma 2's soft-cap c: softmax(c·tanh(Q Kᵀ · scale / c) + mask) V on both paths (the fused
+    one takes the explicit equation: torch's kernel has no cap), with a window and GQA; and the cap
+    changes the output (scores of N(0, 1) q and k reach well past it)."""
+    for _ in range(4):
+        B, T, D, cap = 2, int(rng.integers(3, 10)), 8, float(rng.uniform(0.5, 2.0))
+        Q, K, V = random_qkv(rng, B, 4, T, T, D, H_kv=2)
+        window = int(rng.integers(2, T + 1))  # (a window of 1 sees one key: nothing to weigh)
+        expected, expected_weights = reference.batched_attention(
+            Q,
+            np.repeat(K, 2, axis=1),
+            np.repeat(V, 2, axis=1),
+            causal=True,
+            window=window,
+            softcap=cap,
+        )
+        out, weights = attend(
+            tensor(Q), tensor(K), tensor(V), path, causal=True, window=window, softcap=cap
+        )
+        torch.testing.assert_close(out, tensor(expected), **F64)
+        if weights is not None:
+            torch.testing.assert_close(weights, tensor(expected_weights), **F64)
+        uncapped, _ = attend(tensor(Q), tensor(K), tensor(V), path, causal=True, window=window)
+        assert relative_error(uncapped, out) > 1e-3
+
+
 def test_sliding_window_band_is_the_query_and_the_keys_just_before_it():
     # 4 queries, the last 4 of 6 positions (2..5); each sees itself and the one before
     band = causal_mask(4, 6, window=2).int().tolist()

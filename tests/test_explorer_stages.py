@@ -31,6 +31,13 @@ WIRINGS = {
     ),
     # Gemma 3: sandwich norms, block 0 windowed, block 1 global
     "pre-sandwich-window": (("gemma3", {}), [*PRE, *ROPE, *SCORES, *PRE_MLP]),
+    # OLMo 2: norms only after attention and the MLP, none before them
+    "pre-post-norms-only": (
+        ("olmo2", {}),
+        ["resid_pre", *ATTENTION, *ROPE, *SCORES, "resid_mid", *MLP, "resid_post"],
+    ),
+    # Gemma 2: its attention scores soft-capped before the mask
+    "pre-sandwich-softcap": (("gemma2", {}), [*PRE, *ROPE, *SCORES, *PRE_MLP]),
     "post": (
         ("gpt-post-norm", dict(positional="sinusoidal")),
         [*POST, *NO_ROPE, *SCORES, *POST_MLP],

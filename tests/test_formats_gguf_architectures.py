@@ -27,8 +27,10 @@ import numpy as np
 import pytest
 import torch
 
+import attnlab
 from attnlab.errors import UserError
 from attnlab.formats.gguf import ARCHITECTURES
+from attnlab.formats.hf import architectures
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import _llama_logits as llama_logits  # noqa: E402
@@ -46,7 +48,8 @@ REFUSED = [case for case in harness.CONFIGS if case.gguf_architecture not in ARC
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    """{case name: (the transformers model, the converted file, the converter's error or None)}."""
+    """{case name: (the transformers model, the converted file, the converter's error or None,
+    the Hugging Face directory it came from)}."""
     if not (SOURCES.converter / "convert_hf_to_gguf.py").is_file():
         pytest.skip(
             f"llama.cpp's converter is not in {SOURCES.converter}: run `make venv-test` with PyPI "
@@ -56,14 +59,14 @@ def converted(tmp_path_factory):
     prepared = {case.name: harness.prepare(case, SOURCES, work) for case in READ + REFUSED}
     failed = harness.convert(SOURCES, [(d, p) for _, d, p in prepared.values()])
     return {
-        name: (reference, path, failed.get(str(directory)))
+        name: (reference, path, failed.get(str(directory)), directory)
         for name, (reference, directory, path) in prepared.items()
     }
 
 
 @pytest.mark.parametrize("case", READ + REFUSED, ids=lambda case: case.name)
 def test_converted_file_matches_transformers(case, converted):
-    reference, path, failed = converted[case.name]
+    reference, path, failed, _ = converted[case.name]
     assert failed is None, f"llama.cpp's converter failed on {case.name}: {failed}"
     if case.gguf_architecture not in ARCHITECTURES:
         with pytest.raises(UserError) as refused:
@@ -82,7 +85,7 @@ def test_converted_file_matches_transformers(case, converted):
 def test_the_prompt_moves_the_logits(converted):
     """The comparison can fail: the random models are far from uniform, so a wrong weight or a
     missing step shows in the logits (a changed token changes the next position's logits)."""
-    reference, _, _ = converted[harness.CONFIGS[0].name]
+    reference, _, _, _ = converted[harness.CONFIGS[0].name]
     ids = harness.prompt_ids(reference.config.vocab_size)
     changed = ids.clone()
     changed[0, 5] += 1
@@ -108,7 +111,7 @@ def llama_cpp():
 
 @pytest.mark.parametrize("case", QUANTIZED, ids=lambda case: case.name)
 def test_a_quantized_copy_agrees_with_llama_cpps_logits(case, converted, llama_cpp, tmp_path):
-    _, path, failed = converted[case.name]
+    _, path, failed, _ = converted[case.name]
     assert failed is None, f"llama.cpp's converter failed on {case.name}: {failed}"
     f32, q8 = llama_logits.compare_formats(*llama_cpp, path, tmp_path, ("Q8_0",), tokens=64)
     assert "Q8_0" in q8["tensor_types"], q8  # llama-quantize wrote blocks
@@ -136,3 +139,45 @@ def test_a_folder_without_a_llama_cpp_build_is_one_line(tmp_path):
         llama_logits.find_build(tmp_path)
     message = str(missing.value)
     assert "\n" not in message and "libllama.so" in message and "--bin" in message
+
+
+# the architectures read from GGUF whose Hugging Face directories attnlab does not read (Gemma's
+# norms are stored as w, not 1 + w; the others have no table in attnlab.formats.hf)
+HF_UNREAD = [case for case in READ if case.model_type not in architectures()]
+
+
+@pytest.mark.parametrize("case", HF_UNREAD, ids=lambda case: case.name)
+def test_a_hugging_face_directory_attnlab_does_not_read_is_refused_in_one_line(case, converted):
+    *_, directory = converted[case.name]
+    with pytest.raises(UserError) as refused:
+        attnlab.load(str(directory))
+    message = str(refused.value)
+    assert "\n" not in message and f"model_type {case.model_type!r}" in message, message
+
+
+@pytest.fixture(scope="module")
+def quantized(converted, tmp_path_factory):
+    """{case name: (the Q8_0 copy the converter wrote from the same directory, its error or
+    None)}: every architecture read, in one more run of the converter (--outtype q8_0: the
+    matrices in Q8_0 blocks, the norms float32, as a user's quantized file holds them)."""
+    work = tmp_path_factory.mktemp("q8_0")
+    jobs = {case.name: (converted[case.name][3], work / f"{case.name}-q8_0.gguf") for case in READ}
+    failed = harness.convert(SOURCES, list(jobs.values()), outtype="q8_0")
+    return {name: (out, failed.get(str(directory))) for name, (directory, out) in jobs.items()}
+
+
+@pytest.mark.parametrize("case", READ, ids=lambda case: case.name)
+def test_a_q8_0_copy_kept_as_blocks_gives_the_dequantized_logits(case, quantized):
+    """keep_blocks=True holds the file's Q8_0 blocks (no float copy of a matrix) and its module
+    path computes the logits of the same file dequantized to float32."""
+    from attnlab.quant.blocks import BlockLinear
+
+    path, failed = quantized[case.name]
+    assert failed is None, f"llama.cpp's converter failed on {case.name}: {failed}"
+    floats, blocks = attnlab.load(str(path)), attnlab.load(str(path), keep_blocks=True)
+    kept = [m for m in blocks.modules() if isinstance(m, BlockLinear)]
+    assert kept and {m.kind for m in kept} == {"q8_0"}
+    assert not any(isinstance(m, torch.nn.Linear) for m in blocks.blocks.modules())
+    ids = harness.prompt_ids(floats.config.d_vocab)
+    with torch.no_grad():
+        torch.testing.assert_close(blocks(ids), floats(ids), rtol=1e-5, atol=1e-5)

@@ -15,6 +15,7 @@ import json
 
 import pytest
 import torch
+from hf_models import perturb, save_random
 from styles import fields
 
 transformers = pytest.importorskip("transformers")
@@ -227,20 +228,8 @@ CASES = {
 }
 
 
-def perturb(model):
-    """Move every norm weight away from 1 and every bias away from 0, so that a mapping mistake
-    shows."""
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name.lower() or "ln" in name or name.endswith("bias"):
-                p.add_(0.3 * torch.randn_like(p))
-    return model.eval()
-
-
 def build_hf(case: str, directory, **save_kwargs):
-    model = perturb(CASES[case]())
-    model.save_pretrained(directory, **save_kwargs)
-    return model
+    return save_random(CASES[case](), directory, **save_kwargs)
 
 
 @pytest.mark.slow

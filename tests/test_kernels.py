@@ -67,6 +67,7 @@ STYLE_NAMES = [
     "speedrun-relu2-softcap",
     "mistral-window",
     "gemma3",
+    "olmo2",
 ]
 
 
@@ -658,6 +659,36 @@ def test_default_generation_takes_the_kernels_and_picks_the_module_paths_tokens(
 
 
 kernel_call, greedy_in_c = KernelDecoder.__call__, KernelDecoder.generate_greedy
+
+
+def test_an_attention_soft_cap_keeps_to_the_module_paths_attention(seed):
+    """Gemma 2's attention soft-cap is in no C attention: the decode step says so and is not
+    taken, the prompt kernels (64 rows and more: run_with_cache's fast layers) are not chosen for
+    attention, and both give the module path's numbers (Attention, checked against the oracle in
+    tests/test_model.py)."""
+    from attnlab.generate.fast_layers import TILES_MIN_ROWS, inference_layers
+
+    model = build("gemma2", n_ctx=2 * TILES_MIN_ROWS)
+    assert "soft-caps its attention scores" in KernelDecoder.unsupported(model)
+    ids = torch.randint(0, SIZES["d_vocab"], (1, TILES_MIN_ROWS + 8))
+    with torch.no_grad():
+        plain = model(ids)
+        with inference_layers(model, ids):
+            fast = model(ids)
+        logits, cache = model.run_with_cache(ids, names_filter=lambda n: "hook_pattern" in n)
+    torch.testing.assert_close(fast, plain, **F32)
+    torch.testing.assert_close(logits, plain, **F32)
+    kept = []
+    with torch.no_grad():  # the pattern the module's explicit steps compute
+        model.run_with_hooks(
+            ids, fwd_hooks=[("blocks.0.attn.hook_pattern", lambda t, hook: kept.append(t))]
+        )
+    torch.testing.assert_close(cache["blocks.0.attn.hook_pattern"], kept[0], **F32)
+    prompt = ids[:, :6]
+    assert torch.equal(
+        generate(model, prompt, 8, temperature=0),
+        generate(model, prompt, 8, temperature=0, use_kernels=False),
+    )
 
 
 @pytest.mark.parametrize("threads", [1, 2])

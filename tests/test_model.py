@@ -61,6 +61,9 @@ DECODERS = {
         attn_scale=0.3,
         logit_softcap=5.0,
     ),
+    # Gemma 2's attention soft-cap and OLMo 2's norms after the sublayers and over all of q and k
+    "gemma2-like": fields("gemma2", n_heads=4, sliding_window=3),
+    "olmo2-like": fields("olmo2", n_heads=4),
     # the speedrun's parts (modded-nanogpt) with QK-norm and an untied head
     "speedrun-like": fields(
         "speedrun-relu2-softcap", qk_norm=True, tie_embeddings=False, logit_softcap=2.0

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 
 from ..errors import UserError
 from ..inspection.capture import capture_queries_keys
-from ..model.attention import apply_mask
+from ..model.attention import apply_mask, soft_cap
 from .models import ModelEntry, NotFound, TextTooLong, Variant
 
 TILE = 256  # a tile's cells per side
@@ -206,6 +206,8 @@ def masked_scores(
     # attention_scores' q·kᵀ · scale with the scale on q: a pass over the block less (exactly the
     # same numbers when the scale is a power of two, as 1/√64 is)
     scores = torch.matmul(q[a:b] * cfg.scale, k[c:d].T)
+    if cfg.attn_softcap is not None:  # the model's cap before its mask (Gemma 2: soft_cap)
+        scores = soft_cap(scores, cfg.attn_softcap)
     if not cfg.causal:
         return scores
     window = context.entry.model.blocks[layer].attn.window  # per block (Gemma 3: 5 in 6)

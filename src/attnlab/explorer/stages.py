@@ -192,7 +192,7 @@ STAGES: tuple[Stage, ...] = (
         lambda b: f"x̂ = {b.normalized}, before its weight",
         "ln1.hook_normalized",
         RESID,
-        when=pre_norm,
+        when=lambda b: pre_norm(b) and b.cfg.input_norms,  # (OLMo 2 has none before attention)
     ),
     projection("q", "queries"),
     projection("k", "keys"),
@@ -206,7 +206,7 @@ STAGES: tuple[Stage, ...] = (
         "s = q kᵀ / √d_head",
         None,
         SCORES,
-        compute=lambda b: attention_scores(b.q, b.k, b.cfg.scale),
+        compute=lambda b: attention_scores(b.q, b.k, b.cfg.scale, b.cfg.attn_softcap),
     ),
     # the model's own masked scores: apply_mask(raw) in the layer
     Stage("masked", "mask", mask_equation, "attn.hook_attn_scores", SCORES),
@@ -248,7 +248,7 @@ STAGES: tuple[Stage, ...] = (
         ln2_equation,
         "ln2.hook_normalized",
         RESID,
-        when=lambda b: with_mlp(b) and b.pre_norm,
+        when=lambda b: with_mlp(b) and b.pre_norm and b.cfg.input_norms,
     ),
     Stage(
         "mlp_pre",

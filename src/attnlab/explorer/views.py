@@ -36,7 +36,7 @@ from ..errors import UserError
 from ..generate.fast_layers import inference_layers
 from ..generate.sampling import filter_logits, sample_next
 from ..inspection.attribution import direct_logit_attribution
-from ..model.attention import apply_mask, attention_pattern, attention_scores
+from ..model.attention import apply_mask, attention_pattern, attention_scores, soft_cap
 from ..model.transformer import next_token_loss
 from ..training.report import read_metrics
 from .context import BUDGET, ContextStore, context_id, thumbnail
@@ -175,7 +175,7 @@ class Explorer:
         entry, tokens, raw, pattern = self.head_matrices(name, text, layer, head, variant)
         cfg = entry.model.config
         window = entry.model.blocks[layer].attn.window  # this block's (Gemma 3: 5 blocks in 6)
-        scaled = raw * cfg.scale
+        scaled = soft_cap(raw * cfg.scale, cfg.attn_softcap)  # the model's cap (Gemma 2)
         masked = apply_mask(
             scaled, causal=mask == "causal", window=window if mask == "causal" else None
         )

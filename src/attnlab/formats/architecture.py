@@ -123,6 +123,41 @@ def sizes_from_hf(hf: dict, source: str) -> dict:
     )
 
 
+def decoder_config(
+    hf: dict,
+    source: str,
+    *,
+    partial_default: float | None = None,
+    tie_default: bool = False,
+    **fields,
+) -> ModelConfig:
+    """The ModelConfig of a decoder whose config.json names its sizes as LLaMA's
+    (sizes_from_hf): the sizes, the key/value heads (num_key_value_heads, else one per query head;
+    `fields` may give n_kv_heads instead), RoPE over d_model / n_heads (`partial_default`: see
+    rope_from_hf), the tied head (tie_word_embeddings, else `tie_default`) and the special ids;
+    `fields` are the architecture's own settings (norm, MLP, biases, wiring)."""
+    sizes = sizes_from_hf(hf, source)
+    fields.setdefault("n_kv_heads", hf.get("num_key_value_heads") or sizes["n_heads"])
+    return ModelConfig(
+        **sizes,
+        **rope_from_hf(
+            hf, source, sizes["d_model"] // sizes["n_heads"], partial_default=partial_default
+        ),
+        tie_embeddings=hf.get("tie_word_embeddings", tie_default),
+        extra=special_ids(hf),
+        **fields,
+    )
+
+
+def check_swiglu(hf: dict, source: str, name: str) -> None:
+    """Refuse a config.json whose hidden_act is not SwiGLU's silu, for architecture `name`."""
+    if hf.get("hidden_act", "silu") != "silu":
+        raise UserError(
+            f"{source}: hidden_act {hf['hidden_act']!r} is not supported for {name}; expected "
+            "'silu' (SwiGLU)"
+        )
+
+
 def special_ids(source: dict, pad_default: int | None = None) -> dict:
     """bos/eos/pad ids, written explicitly even when None: LlamaConfig would otherwise default eos
     to 2."""

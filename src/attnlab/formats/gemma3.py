@@ -24,6 +24,17 @@ Design choices:
   same table without the sandwich norms, the QK-norm, the windows and the soft-cap: LLaMA's two
   norms per block (input_layernorm, post_attention_layernorm), the GeGLU MLP, √d_model on the
   embedding, 1/sqrt(head_dim) on the queries, the tied embedding (`GEMMA`).
+- Gemma 2 (`gemma2`: Gemma2Model in convert_hf_to_gguf.py, the 1 added too) is Gemma 3's table
+  without the QK-norm, with an attention soft-cap (`attn_softcap`: the scores c·tanh(s / c), c =
+  attn_logit_softcapping, before the mask) and the final logit soft-cap, its window on every other
+  block (sliding_window_pattern 2: blocks 0, 2, ... windowed) and one RoPE base for all blocks
+  (`GEMMA2`). Where llama.cpp's runtime (src/models/gemma2.cpp) and transformers' modeling_gemma2.py
+  differ, attnlab computes the file as llama.cpp does, as the file's users run it
+  (attnlab.formats.gguf._gemma_settings): the query scale is 1/sqrt(head_dim), or
+  1/sqrt(d_model / n_heads) for the 46-block 27B, whatever query_pre_attn_scalar was (the
+  converter does not write it; transformers reads it: the same values for the published
+  checkpoints); the window is the file's sliding_window, default 4096, and the pattern the
+  file's, default 2.
 """
 
 from __future__ import annotations
@@ -43,6 +54,7 @@ from .architecture import (
 
 MODEL_TYPE = "gemma3_text"
 GEMMA_TYPE = "gemma"
+GEMMA2_TYPE = "gemma2"
 
 
 def config_from_hf(hf: dict, source: str) -> ModelConfig:
@@ -56,8 +68,11 @@ def config_from_hf(hf: dict, source: str) -> ModelConfig:
     window = hf.get("sliding_window")
     if window is not None and (not isinstance(window, int) or window <= 0):
         raise UserError(f"{source}: sliding_window must be a positive integer, got {window!r}")
-    if hf.get("model_type") == GEMMA_TYPE:  # Gemma: none of Gemma 3's additions
+    model_type = hf.get("model_type")
+    if model_type == GEMMA_TYPE:  # Gemma: none of Gemma 3's additions
         window = None
+    # the windowed blocks' own RoPE base: Gemma 3's (10,000 unless said); Gemma 2's only if said
+    local = hf.get("rope_local_base_freq", 10000.0 if model_type == MODEL_TYPE else None)
     scalar = hf.get("query_pre_attn_scalar", d_head)
     if not isinstance(scalar, (int, float)) or isinstance(scalar, bool) or not scalar > 0:
         raise UserError(f"{source}: query_pre_attn_scalar must be positive, got {scalar!r}")
@@ -66,17 +81,18 @@ def config_from_hf(hf: dict, source: str) -> ModelConfig:
         n_kv_heads=hf.get("num_key_value_heads") or sizes["n_heads"],
         d_head=d_head,
         **rope_from_hf(hf, source, d_head),
-        rope_theta_local=float(hf.get("rope_local_base_freq", 10000.0)) if window else None,
+        rope_theta_local=float(local) if window and local is not None else None,
         sliding_window=window,
         sliding_window_pattern=hf.get("sliding_window_pattern") if window else None,
         norm="rmsnorm",
         norm_eps=hf.get("rms_norm_eps", 1e-6),
-        sandwich_norm=hf.get("model_type") != GEMMA_TYPE,
+        sandwich_norm=model_type != GEMMA_TYPE,
         scale_embed=True,
         mlp="geglu_tanh",
         bias=False,
-        qk_norm=hf.get("model_type") != GEMMA_TYPE,
+        qk_norm=model_type == MODEL_TYPE,
         attn_scale=None if scalar == d_head else float(scalar) ** -0.5,
+        attn_softcap=hf.get("attn_logit_softcapping") if model_type == GEMMA2_TYPE else None,
         logit_softcap=hf.get("final_logit_softcapping"),
         tie_embeddings=hf.get("tie_word_embeddings", True),
         extra=special_ids(hf),
@@ -107,4 +123,5 @@ def weights(hf: dict, cfg: ModelConfig) -> list[Weight]:
 
 # Hugging Face Gemma directories store w, not 1 + w: neither is written (module docstring)
 GEMMA = decoder((GEMMA_TYPE,), config_from_hf, weights, "Gemma")
+GEMMA2 = decoder((GEMMA2_TYPE,), config_from_hf, weights, "Gemma 2")
 GEMMA3 = decoder((MODEL_TYPE,), config_from_hf, weights, "Gemma 3")

@@ -82,11 +82,12 @@ from .. import memory, slower
 from ..errors import UserError, first_line
 from ..model.transformer import Transformer
 from .architecture import Weight
-from .gemma3 import GEMMA, GEMMA3
+from .gemma3 import GEMMA, GEMMA2, GEMMA3
 from .gemma3 import MODEL_TYPE as GEMMA3_TYPE
 from .gguf_tokenizer import tokenizer_from_gguf
 from .hf import architecture_for
 from .native import empty_model
+from .olmo2 import OLMO2
 from .parallel import COHERE, FALCON, PHI2
 from .phi3 import PHI3
 from .stablelm import STABLELM
@@ -117,6 +118,8 @@ ARCHITECTURES = {
     "falcon": "falcon",
     "command-r": "cohere",
     "phi2": "phi",
+    "gemma2": "gemma2",
+    "olmo2": "olmo2",
 }
 # the tables of the model_types above that attnlab.formats.hf does not read from directories
 GGUF_TABLES = {
@@ -128,6 +131,8 @@ GGUF_TABLES = {
     "falcon": FALCON,
     "cohere": COHERE,
     "phi": PHI2,
+    "gemma2": GEMMA2,
+    "olmo2": OLMO2,
 }
 # the architectures whose RoPE may rotate part of each head (rope.dimension_count < head size)
 PARTIAL_ROTARY = ("phi3", "stablelm", "phi2")
@@ -485,8 +490,8 @@ def hf_config(file: GGUFFile) -> dict:
     if arch == "qwen2" and "blk.0.attn_q.bias" not in file.tensors:
         # a qwen2 without biases computes as llama
         hf["model_type"], hf["attention_bias"] = "llama", False
-    if arch == "gemma3":
-        hf.update(_gemma3_settings(file, hf))
+    if arch in ("gemma3", "gemma2"):
+        hf.update(_gemma_settings(file, hf, arch))
     if arch == "gemma":  # llama.cpp's Gemma: the tanh GELU, 1/sqrt(head size), tied
         hf["hidden_activation"] = "gelu_pytorch_tanh"
     if arch == "granite":
@@ -543,6 +548,11 @@ def hf_config(file: GGUFFile) -> dict:
         # llama.cpp reads phi3.attention.sliding_window and runs without it (src/models/phi3.cpp:
         # "Phi SWA is currently disabled", ggml-org/llama.cpp#13676): as it computes the file
         hf["sliding_window"] = None
+    if arch == "olmo2" and get("attention.sliding_window"):
+        raise UserError(
+            f"{file.path}: olmo2.attention.sliding_window {get('attention.sliding_window')} (OLMo "
+            "3's windowed blocks), which attnlab does not read; it reads OLMo 2 files (no window)"
+        )
     if arch in ("llama", "qwen2moe", "qwen3moe"):
         hf.update(_expert_settings(file, arch))
     return hf
@@ -644,16 +654,20 @@ def _mistral_settings(file: GGUFFile, arch: str) -> dict:
     return {"model_type": "mistral", "sliding_window": window} if window else {}
 
 
-def _gemma3_settings(file: GGUFFile, hf: dict) -> dict:
-    """What Gemma 3's config.json holds beyond LLaMA's, as llama.cpp reads it from the metadata
-    (src/models/gemma3.cpp): the window, which blocks have it (`sliding_window_pattern`: an array
-    of one flag per block or a period N, default 6, block i global when i % N == N - 1; 0: every
-    block windowed), the windowed blocks' RoPE base (rope.freq_base_swa, default 10,000), the
-    query scale (1/sqrt(head_dim), but d_model / n_heads for the 62-block 27B), the final logit
-    soft-cap."""
-    get = lambda key, default=None: file.value(f"gemma3.{key}", default)  # noqa: E731
-    n_layers, window = hf["num_hidden_layers"], get("attention.sliding_window")
-    pattern = get("attention.sliding_window_pattern", 6)
+def _gemma_settings(file: GGUFFile, hf: dict, arch: str) -> dict:
+    """What Gemma 3's and Gemma 2's config.json hold beyond LLaMA's, as llama.cpp reads them from
+    the metadata (src/models/gemma3.cpp, gemma2.cpp): the window (Gemma 2's default 4096), which
+    blocks have it (`sliding_window_pattern`: an array of one flag per block or a period N, default
+    6 for Gemma 3 and 2 for Gemma 2, block i global when i % N == N - 1; 0: every block windowed),
+    the windowed blocks' RoPE base (rope.freq_base_swa: Gemma 3's default 10,000, Gemma 2's the
+    global one), the query scale (1/sqrt(head_dim), but d_model / n_heads for Gemma 3's 62-block
+    27B and Gemma 2's 46-block 27B, whatever query_pre_attn_scalar the checkpoint had), the final
+    logit soft-cap and Gemma 2's attention soft-cap."""
+    get = lambda key, default=None: file.value(f"{arch}.{key}", default)  # noqa: E731
+    gemma2 = arch == "gemma2"
+    n_layers = hf["num_hidden_layers"]
+    window = get("attention.sliding_window", 4096 if gemma2 else None)
+    pattern = get("attention.sliding_window_pattern", 2 if gemma2 else 6)
     if isinstance(pattern, list) and isinstance(n_layers, int):
         windowed = [bool(flag) for flag in pattern]
         period = next(
@@ -677,23 +691,27 @@ def _gemma3_settings(file: GGUFFile, hf: dict) -> dict:
             pattern = period
     if not isinstance(pattern, int) or isinstance(pattern, bool) or pattern < 0:
         raise UserError(
-            f"{file.path}: gemma3.attention.sliding_window_pattern must be a whole number or one "
+            f"{file.path}: {arch}.attention.sliding_window_pattern must be a whole number or one "
             f"flag per block, got {pattern!r}"
         )
     if not window or pattern == 1:  # llama.cpp: no window, or a period of 1 (no block windowed)
         window = None
     d_model, n_heads = hf["hidden_size"], hf["num_attention_heads"]
     scalar = hf["head_dim"]
-    if n_layers == 62 and isinstance(d_model, int) and isinstance(n_heads, int) and n_heads > 0:
+    large = 46 if gemma2 else 62  # the 27B, whose queries are scaled by d_model / n_heads
+    if n_layers == large and isinstance(d_model, int) and isinstance(n_heads, int) and n_heads > 0:
         scalar = d_model // n_heads
-    return {
+    settings = {
         "hidden_activation": "gelu_pytorch_tanh",
         "sliding_window": window,
         "sliding_window_pattern": pattern or None,
-        "rope_local_base_freq": get("rope.freq_base_swa", 10000.0),
+        "rope_local_base_freq": get("rope.freq_base_swa", None if gemma2 else 10000.0),
         "query_pre_attn_scalar": scalar,
         "final_logit_softcapping": get("final_logit_softcapping") or None,
     }
+    if gemma2:
+        settings["attn_logit_softcapping"] = get("attn_logit_softcapping") or None
+    return settings
 
 
 # Loading ----------------------------------------------------------------------------------------

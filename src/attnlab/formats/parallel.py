@@ -33,13 +33,16 @@ from .architecture import (
     Weight,
     activation_from_hf,
     decoder,
+    decoder_config,
     embedding_and_head,
     llama_projections,
     refuse_writing,
-    rope_from_hf,
-    sizes_from_hf,
-    special_ids,
 )
+
+
+def _parallel_config(hf: dict, source: str, **fields) -> ModelConfig:
+    """decoder_config with what the three share: one LayerNorm before a parallel block."""
+    return decoder_config(hf, source, norm="layernorm", parallel_residual=True, **fields)
 
 
 def _shared_norm(h: str, b: str, norm: str, bias: bool) -> list[Weight]:
@@ -58,20 +61,14 @@ def falcon_config(hf: dict, source: str) -> ModelConfig:
     if not hf.get("parallel_attn", True):
         raise UserError(f"{source}: Falcon without parallel_attn is not supported")
     d_model, n_heads = hf.get("hidden_size"), hf.get("num_attention_heads")
-    sizes = sizes_from_hf(
-        {**hf, "intermediate_size": hf.get("ffn_hidden_size") or 4 * (d_model or 0)}, source
-    )
-    return ModelConfig(
-        **sizes,
+    return _parallel_config(
+        {**hf, "intermediate_size": hf.get("ffn_hidden_size") or 4 * (d_model or 0)},
+        source,
+        tie_default=True,
         n_kv_heads=1 if hf.get("multi_query", True) else n_heads,
-        **rope_from_hf(hf, source, sizes["d_model"] // sizes["n_heads"]),
-        norm="layernorm",
         norm_eps=hf.get("layer_norm_epsilon", 1e-5),
-        parallel_residual=True,
         mlp="gelu",
         bias=True,  # the LayerNorms' (the linear layers' read as zeros unless bias)
-        tie_embeddings=hf.get("tie_word_embeddings", True),
-        extra=special_ids(hf),
     )
 
 
@@ -110,19 +107,14 @@ def cohere_config(hf: dict, source: str) -> ModelConfig:
         raise UserError(f"{source}: Command-R with use_qk_norm is not supported")
     if hf.get("hidden_act", "silu") != "silu":
         raise UserError(f"{source}: hidden_act {hf['hidden_act']!r}; Command-R has 'silu'")
-    sizes = sizes_from_hf(hf, source)
-    return ModelConfig(
-        **sizes,
-        n_kv_heads=hf.get("num_key_value_heads") or sizes["n_heads"],
-        **rope_from_hf(hf, source, sizes["d_model"] // sizes["n_heads"]),
-        norm="layernorm",
+    return _parallel_config(
+        hf,
+        source,
+        tie_default=True,
         norm_eps=hf.get("layer_norm_eps", 1e-5),
-        parallel_residual=True,
         mlp="swiglu",
         bias=False,
         logit_scale=float(hf.get("logit_scale", 1.0)),
-        tie_embeddings=hf.get("tie_word_embeddings", True),
-        extra=special_ids(hf),
     )
 
 
@@ -150,19 +142,14 @@ COHERE = decoder(("cohere",), cohere_config, cohere_weights, "Command-R")
 def phi2_config(hf: dict, source: str) -> ModelConfig:
     if hf.get("qk_layernorm"):
         raise UserError(f"{source}: Phi-2 with qk_layernorm is not supported")
-    sizes = sizes_from_hf(hf, source)
-    return ModelConfig(
-        **sizes,
-        n_kv_heads=hf.get("num_key_value_heads") or sizes["n_heads"],
-        **rope_from_hf(hf, source, sizes["d_model"] // sizes["n_heads"], partial_default=0.5),
-        norm="layernorm",
+    return _parallel_config(
+        hf,
+        source,
+        partial_default=0.5,
         norm_eps=hf.get("layer_norm_eps", 1e-5),
-        parallel_residual=True,
         mlp=activation_from_hf(hf.get("hidden_act", "gelu_new"), source),
         bias=True,
         unembed_bias=True,
-        tie_embeddings=hf.get("tie_word_embeddings", False),
-        extra=special_ids(hf),
     )
 
 

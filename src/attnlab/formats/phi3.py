@@ -19,40 +19,25 @@ from __future__ import annotations
 
 from ..errors import UserError
 from ..model.config import ModelConfig
-from .architecture import (
-    Weight,
-    decoder,
-    embedding_and_head,
-    rope_from_hf,
-    sizes_from_hf,
-    special_ids,
-)
+from .architecture import Weight, check_swiglu, decoder, decoder_config, embedding_and_head
 
 MODEL_TYPE = "phi3"
 
 
 def config_from_hf(hf: dict, source: str) -> ModelConfig:
-    if hf.get("hidden_act", "silu") != "silu":
-        raise UserError(
-            f"{source}: hidden_act {hf['hidden_act']!r} is not supported for Phi-3; expected "
-            "'silu' (SwiGLU)"
-        )
-    sizes = sizes_from_hf(hf, source)
-    d_head = sizes["d_model"] // sizes["n_heads"]
+    check_swiglu(hf, source, "Phi-3")
     window = hf.get("sliding_window") or None
     if window is not None and (not isinstance(window, int) or window <= 0):
         raise UserError(f"{source}: sliding_window must be a positive integer, got {window!r}")
-    return ModelConfig(
-        **sizes,
-        n_kv_heads=hf.get("num_key_value_heads") or sizes["n_heads"],
-        **rope_from_hf(hf, source, d_head, partial_default=1.0),
+    return decoder_config(
+        hf,
+        source,
+        partial_default=1.0,
         sliding_window=window,
         norm="rmsnorm",
         norm_eps=hf.get("rms_norm_eps", 1e-5),
         mlp="swiglu",
         bias=False,
-        tie_embeddings=hf.get("tie_word_embeddings", False),
-        extra=special_ids(hf),
     )
 
 

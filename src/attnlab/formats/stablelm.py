@@ -21,41 +21,33 @@ from ..errors import UserError
 from ..model.config import ModelConfig
 from .architecture import (
     Weight,
+    check_swiglu,
     decoder,
+    decoder_config,
     embedding_and_head,
     llama_projections,
-    rope_from_hf,
-    sizes_from_hf,
-    special_ids,
 )
 
 MODEL_TYPE = "stablelm"
 
 
 def config_from_hf(hf: dict, source: str) -> ModelConfig:
-    if hf.get("hidden_act", "silu") != "silu":
-        raise UserError(
-            f"{source}: hidden_act {hf['hidden_act']!r} is not supported for StableLM; expected "
-            "'silu' (SwiGLU)"
-        )
+    check_swiglu(hf, source, "StableLM")
     for key, what in (
         ("use_parallel_residual", "attention and MLP reading one shared norm"),
         ("qk_layernorm", "a LayerNorm on each head's q and k"),
     ):
         if hf.get(key):
             raise UserError(f"{source}: StableLM with {key} ({what}) is not supported")
-    sizes = sizes_from_hf(hf, source)
-    return ModelConfig(
-        **sizes,
-        n_kv_heads=hf.get("num_key_value_heads") or sizes["n_heads"],
-        **rope_from_hf(hf, source, sizes["d_model"] // sizes["n_heads"], partial_default=0.25),
+    return decoder_config(
+        hf,
+        source,
+        partial_default=0.25,
         norm="layernorm",
         norm_eps=hf.get("layer_norm_eps", 1e-5),
         mlp="swiglu",
         bias=True,  # the LayerNorms' (the linear layers without one read as zeros)
         qkv_bias=bool(hf.get("use_qkv_bias", False)),
-        tie_embeddings=hf.get("tie_word_embeddings", False),
-        extra=special_ids(hf),
     )
 
 

@@ -18,29 +18,23 @@ from .architecture import (
     Weight,
     activation_from_hf,
     decoder,
+    decoder_config,
     embedding_and_head,
-    rope_from_hf,
-    sizes_from_hf,
-    special_ids,
 )
 
 MODEL_TYPE = "starcoder2"
 
 
 def config_from_hf(hf: dict, source: str) -> ModelConfig:
-    sizes = sizes_from_hf(hf, source)
-    window = hf.get("sliding_window") or None
-    return ModelConfig(
-        **sizes,
-        n_kv_heads=hf.get("num_key_value_heads") or sizes["n_heads"],
-        **rope_from_hf(hf, source, sizes["d_model"] // sizes["n_heads"]),
-        sliding_window=window,
+    return decoder_config(
+        hf,
+        source,
+        tie_default=True,
+        sliding_window=hf.get("sliding_window") or None,
         norm="layernorm",
         norm_eps=hf.get("norm_epsilon", 1e-5),
         mlp=activation_from_hf(hf.get("hidden_act", "gelu_pytorch_tanh"), source),
         bias=bool(hf.get("use_bias", True)),
-        tie_embeddings=hf.get("tie_word_embeddings", True),
-        extra=special_ids(hf),
     )
 
 

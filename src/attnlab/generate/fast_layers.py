@@ -355,8 +355,9 @@ class KernelAttention(Attention):
     attnlab_rope_rows: apply_rope's numbers bit for bit); and, where this build of the kernels
     vectorises its float32 tiles (AVX-512, AVX2) and they measured faster than torch's GEMM
     (kernels.float_rows), causal attention over the whole prompt from position 0, without mask
-    or dropout, and without a window or with one no shorter than the prompt, in C
-    (attnlab_attend_rows); everything else as Attention. When a hook wants the scores or the
+    or dropout, without an attention soft-cap (Gemma 2's, which the C attention does not compute:
+    Attention's steps run instead), and without a window or with one no shorter than the prompt,
+    in C (attnlab_attend_rows); everything else as Attention. When a hook wants the scores or the
     pattern (run_with_cache), the same prompts take the explicit path's three steps in C
     (attnlab_attend_scores, _softmax_rows, _attend_mix) where they measured faster than torch's
     steps (kernels.attention_rows), the hooks between them as in Attention.forward; where the
@@ -403,6 +404,7 @@ class KernelAttention(Attention):
         }[path]
         return (
             self.config.causal
+            and self.config.attn_softcap is None  # the C attention has no soft-cap (Gemma 2)
             and mask is None
             and (window is None or window >= q.shape[-2])  # a window the prompt never outgrows
             and dropout_p == 0
@@ -451,7 +453,7 @@ class KernelAttention(Attention):
             return kernels.attend_scores(q, k, self.config.scale, amx=True)
         if self.prompt(q, k, mask=mask, dropout_p=0.0, window=window, path="explicit"):
             return kernels.attend_scores(q, k, self.config.scale)
-        if self.config.causal and mask is None and in_place():
+        if self.config.causal and self.config.attn_softcap is None and mask is None and in_place():
             # Attention.score's product, scale and causal mask (attention_scores, apply_mask) in one
             # tensor, the last two in place: its numbers bit for bit, two T x T copies fewer (where
             # torch's GEMM is the faster one, run_with_cache's path: benchmarks/README.md, issue 25)

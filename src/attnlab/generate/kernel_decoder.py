@@ -4,8 +4,9 @@ loops (attnlab.generate.kernels) for the products and the attention.
 No graph to build, so no set-up per process, and the whole step is one C call (one OpenMP parallel
 region, its threads hot from the first product to the last) instead of the ~100 PyTorch operations
 per layer of the module path, whose per-call overhead was most of a step on a small model. A hooked
-model, a post-norm one, another dtype or device, or a machine without a C compiler takes the
-module path, which computes the same equation (`KernelDecoder.unsupported` says why, and
+model, a post-norm one, one whose attention scores are soft-capped (Gemma 2: the C attention has
+no cap), another dtype or device, or a machine without a C compiler takes the module path, which
+computes the same equation (`KernelDecoder.unsupported` says why, and
 `generate` says it in one line, attnlab.slower).
 
 Gemma 3's parts run here too, from the kernels there are: GeGLU as the gelu_tanh activation then
@@ -13,6 +14,8 @@ a product with W_in's output; sandwich norms as the sublayer's output written to
 in place and added to the residual; per-block windows as a second key mask (the window's band of
 cache slots, remade by the program's first op at each step; Mistral's window too); the windowed
 blocks' own RoPE table; √d_model on the embedding in the C lookup. So its step is one program too.
+OLMo 2's blocks (no norm before the sublayers: the products read the residual stream itself) and
+its qk-norm over the whole projection (q and k normed as one row each) run here as well.
 
 Greedy generation runs its whole loop in C (`generate_greedy`, c/program.c's
 attnlab_generate_greedy): the argmax of the logits, fed back as the next step's token, with no
@@ -241,6 +244,8 @@ class KernelDecoder:
         if block.wiring == "parallel":
             steps.append(independent(kernels.norm_call(block.ln1, x, h)))
             steps.append(kernels.norm_call(block.ln2, x, self.h_mlp))
+        elif block.ln1 is None:  # no norm before attention (OLMo 2): the products read x
+            h = x
         else:
             steps.append(kernels.norm_call(block.ln1, x, h))
         steps += [
@@ -249,9 +254,15 @@ class KernelDecoder:
             product(attn.W_V, h, v),
         ]
         if attn.q_norm is not None:  # in place: each head's q and k over its d_head
+            # (qk_norm_whole: over all the heads, q and k seen as [batch, heads · d_head])
+            q_rows, k_rows = (
+                (q.view(q.shape[0], -1), k.view(k.shape[0], -1))
+                if self.model.config.qk_norm_whole
+                else (q, k)
+            )
             steps += [
-                independent(kernels.norm_call(attn.q_norm, q, q)),
-                kernels.norm_call(attn.k_norm, k, k),
+                independent(kernels.norm_call(attn.q_norm, q_rows, q_rows)),
+                kernels.norm_call(attn.k_norm, k_rows, k_rows),
             ]
         if self.model.rotary is not None:
             local = block.rope_local  # the windowed blocks' own angles
@@ -294,10 +305,12 @@ class KernelDecoder:
         """resid_post = resid_mid + mlp(ln2(resid_mid)) (a parallel block's ln2 read resid_pre,
         above)."""
         mlp, h_mlp, product, steps = block.mlp, self.h_mlp, self._product, []
-        if block.wiring != "parallel":
+        if block.wiring != "parallel" and block.ln2 is None:  # no norm before the MLP (OLMo 2)
+            h_mlp = self.x
+        elif block.wiring != "parallel":
             steps.append(kernels.norm_call(block.ln2, self.x, h_mlp))
         if isinstance(mlp, MoE):
-            return steps + self._moe_steps(block)
+            return steps + self._moe_steps(block, h_mlp)
         steps.append(product(mlp.W_in, h_mlp, self.pre))
         if mlp.gated:
             steps[-1] = independent(steps[-1])  # W_in and W_gate both read h_mlp
@@ -334,7 +347,7 @@ class KernelDecoder:
             steps.append(kernels.softcap_call(self.logits, model.config.logit_softcap))
         return steps
 
-    def _moe_steps(self, block) -> list:
+    def _moe_steps(self, block, h_mlp: torch.Tensor) -> list:
         """A mixture of experts' MLP (attnlab.model.moe) as its module computes it, a PyTorch step
         between the C programs: the router, then only the chosen experts' products (the step's
         Linears being generation's fast ones, a few rows in C). Said in one line."""
@@ -343,7 +356,7 @@ class KernelDecoder:
             "one C program per step",
             "the C step has no expert routing",
         )
-        mlp, h_mlp, x = block.mlp, self.h_mlp, self.x
+        mlp, x = block.mlp, self.x
         if block.ln2_post is not None:
             return [lambda: x.add_(block.ln2_post(mlp(h_mlp)))]
         return [lambda: x.add_(mlp(h_mlp))]  # resid_post = resid_mid + mlp_out
@@ -373,6 +386,11 @@ class KernelDecoder:
             return f"attnlab's C kernels are off ({why})"
         if model.config.wiring == "post":
             return "the model has post-norm blocks, which the C step does not cover"
+        if model.config.attn_softcap is not None:
+            return (
+                "the model soft-caps its attention scores (Gemma 2), which the C step does not "
+                "cover"
+            )
         if model.config.residual_multiplier != 1.0 or model.config.logit_scale != 1.0:
             return (
                 "the model scales its sublayers' outputs or its logits (Granite's multipliers), "

@@ -256,7 +256,7 @@ def copying_scores(model) -> torch.Tensor | None:
         for layer, block in enumerate(model.blocks):
             attn = block.attn
             W_V = attn.W_V.weight.double().T  # [d_model, Hkv * D]
-            if cfg.norm_placement == "pre":
+            if cfg.norm_placement == "pre" and block.ln1 is not None:
                 W_V = block.ln1.weight.double()[:, None] * W_V
             W_O = attn.W_O.weight.double().T.reshape(H, D, -1)  # [H, D, d_model]
             # U_E W_V once per layer, then each head's [D, D] W_O_h (U_E W_V_h): the same nonzero

@@ -20,6 +20,11 @@ Design choices:
   cached) gets it from the same place; the fused kernel then takes an explicit mask instead of
   `is_causal`. Each block has its own (`ModelConfig.layer_window`: Gemma 3 windows five blocks of
   six).
+- An attention soft-cap c (Gemma 2's attn_logit_softcapping) bounds each score smoothly to (−c, c)
+  before the mask: scores = c·tanh(Q Kᵀ · scale / c) (`soft_cap`, in `attention_scores`, so the
+  explicit path, the hooks and the explorer all see it). torch's fused kernel has no such step:
+  with a cap, `scaled_dot_product_attention` takes the explicit equation, and the C paths
+  (attnlab.generate.fast_layers' prompt kernels, the kernel decode step) are not chosen.
 - A fully masked row (e.g. a padding query) gives zeros, never NaN.
 - The multi-head layer takes the fused path unless someone hooks the scores or the pattern, which
   are the only activations the fused kernel never materialises; hooks elsewhere keep it fused.
@@ -58,10 +63,18 @@ def causal_mask(
     return allowed if window is None else allowed.triu(diagonal=diagonal - window + 1)
 
 
-def attention_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
-    """scores = Q Kᵀ · scale: how well each query matches each key. (..., T, d_k) x (..., S, d_k) ->
-    (..., T, S)."""
-    return torch.matmul(q, k.transpose(-2, -1)) * scale
+def soft_cap(scores: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """c·tanh(scores / c): the scores bounded smoothly to (−c, c); the scores as they are when cap
+    is None."""
+    return scores if cap is None else torch.tanh(scores / cap) * cap
+
+
+def attention_scores(
+    q: torch.Tensor, k: torch.Tensor, scale: float, softcap: float | None = None
+) -> torch.Tensor:
+    """scores = Q Kᵀ · scale: how well each query matches each key, soft-capped to (−c, c) by
+    `softcap` c where given (Gemma 2). (..., T, d_k) x (..., S, d_k) -> (..., T, S)."""
+    return soft_cap(torch.matmul(q, k.transpose(-2, -1)) * scale, softcap)
 
 
 def apply_mask(
@@ -171,6 +184,7 @@ def scaled_dot_product_attention(
     return_weights: bool = False,
     dropout_p: float = 0.0,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """softmax(Q Kᵀ · scale + mask) V for q (..., T, d_k), k (..., S, d_k), v (..., S, d_v).
 
@@ -178,10 +192,26 @@ def scaled_dot_product_attention(
     `return_weights`. Without weights it runs torch's fused kernel; with them, the explicit
     equation. Key/value tensors with fewer heads (dim −3) than q are shared across query heads
     (grouped-query).
-    `window` (with causal): each query sees itself and the window − 1 keys before it.
+    `window` (with causal): each query sees itself and the window − 1 keys before it. `softcap` c:
+    the scores are c·tanh(scores / c) before the mask, computed by the explicit equation (torch's
+    fused kernel has no such step).
     """
     scale = _checked_scale(q, k, causal, scale)
     T, S = q.shape[-2], k.shape[-2]
+    if softcap is not None and not return_weights:
+        out, _ = scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            causal=causal,
+            mask=mask,
+            scale=scale,
+            return_weights=True,
+            dropout_p=dropout_p,
+            window=window,
+            softcap=softcap,
+        )
+        return out
     if T == 1 and not return_weights and dropout_p == 0 and torch.compiler.is_compiling():
         # one query (a decode step) in a compiled graph: the explicit equation, which inductor fuses
         # into a few loops, instead of the fused kernel's per-call setup (benchmarks/README.md,
@@ -211,7 +241,7 @@ def scaled_dot_product_attention(
         return out
     k, v = expand_kv(q, k), expand_kv(q, v)
     weights = attention_pattern(
-        apply_mask(attention_scores(q, k, scale), causal=causal, mask=mask, window=window)
+        apply_mask(attention_scores(q, k, scale, softcap), causal=causal, mask=mask, window=window)
     )
     dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
     return torch.matmul(dropped, v), weights
@@ -361,8 +391,10 @@ class Attention(nn.Module):
         self.W_K = Linear(d_model, Hkv * D, bias=config.use_qkv_bias)
         self.W_V = Linear(d_model, Hkv * D, bias=config.use_qkv_bias)
         self.W_O = Linear(H * D, d_model, bias=config.bias)
-        self.q_norm = RMSNorm(D, config.norm_eps) if config.qk_norm else None
-        self.k_norm = RMSNorm(D, config.norm_eps) if config.qk_norm else None
+        # qk-norm over each head's d_head, or over the whole projection (qk_norm_whole: OLMo 2)
+        q_width, k_width = (H * D, Hkv * D) if config.qk_norm_whole else (D, D)
+        self.q_norm = RMSNorm(q_width, config.norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(k_width, config.norm_eps) if config.qk_norm else None
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
         self.hook_rot_q, self.hook_rot_k = HookPoint(), HookPoint()
         self.hook_attn_scores, self.hook_pattern, self.hook_z = (
@@ -410,6 +442,7 @@ class Attention(nn.Module):
             scale=cfg.scale,
             dropout_p=dropout_p,
             window=window,
+            softcap=cfg.attn_softcap,
         )
 
     # The explicit path, in the three steps the hooks sit between (when the pattern is wanted); the
@@ -417,9 +450,10 @@ class Attention(nn.Module):
     def score(
         self, q: torch.Tensor, k: torch.Tensor, *, mask: torch.Tensor | None, window: int | None
     ) -> torch.Tensor:
-        """scores = Q Kᵀ · scale, masked  [batch, head, query_pos, key_pos]."""
+        """scores = Q Kᵀ · scale (soft-capped where the config says), masked  [batch, head,
+        query_pos, key_pos]."""
         cfg = self.config
-        scores = attention_scores(q, expand_kv(q, k), cfg.scale)
+        scores = attention_scores(q, expand_kv(q, k), cfg.scale, cfg.attn_softcap)
         return apply_mask(scores, causal=cfg.causal, mask=mask, window=window)
 
     def weigh(self, scores: torch.Tensor) -> torch.Tensor:
@@ -461,7 +495,10 @@ class Attention(nn.Module):
         q = self.hook_q(q.view(B, T, H, D))
         k = self.hook_k(k.view(B, T, Hkv, D))
         v = self.hook_v(v.view(B, T, Hkv, D))
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.config.qk_norm_whole:  # over heads · d_head
+            q = self.q_norm(q.reshape(B, T, H * D)).view(B, T, H, D)
+            k = self.k_norm(k.reshape(B, T, Hkv * D)).view(B, T, Hkv, D)
+        elif self.q_norm is not None:  # over each head's d_head
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q = self.hook_rot_q(self.rotate(q, rope))

@@ -92,6 +92,9 @@ class ModelConfig:
     # pre-norm blocks whose attention and MLP outputs are normed again before they join the residual
     # stream (ln1_post, ln2_post: Gemma 2/3; CogView's "sandwich" LayerNorm, Ding et al. 2021)
     sandwich_norm: bool = False
+    # the norms before attention and the MLP (ln1, ln2); False, with sandwich_norm: only the norms
+    # after them (OLMo 2: resid_mid = resid_pre + ln1_post(attn(resid_pre)))
+    input_norms: bool = True
     # the token embedding times √d_model before the first block (Vaswani et al. 2017, §3.4; Gemma),
     # the LM head reading the unscaled table
     scale_embed: bool = False
@@ -111,7 +114,13 @@ class ModelConfig:
     # RoPE base of the windowed blocks, which then take no rope_scaling (Gemma 3: 10,000, where
     # the global blocks have rope_theta 1,000,000); None: rope_theta and its scaling everywhere
     rope_theta_local: float | None = None
-    qk_norm: bool = False  # RMSNorm on each head's q and k before the scores (Qwen3, OLMo-2)
+    qk_norm: bool = False  # RMSNorm on each head's q and k before the scores (Qwen3, Gemma 3)
+    # with qk_norm: one RMSNorm over the whole of q (heads · d_head) and one over k, not each head
+    # (OLMo 2)
+    qk_norm_whole: bool = False
+    # the scores c·tanh(scores / c) before the mask (Gemma 2's attn_logit_softcapping); None: no
+    # cap
+    attn_softcap: float | None = None
     tie_embeddings: bool = True  # LM head shares its weight with the token embedding
     # logits = c·tanh(logits / c) (Gemma 2, modded-nanogpt); None = no cap
     logit_softcap: float | None = None
@@ -267,11 +276,19 @@ class ModelConfig:
                 "resid_pre); "
                 f"got norm_placement={self.norm_placement!r}, attn_only={self.attn_only}"
             )
-        if self.logit_softcap is not None and not self.logit_softcap > 0:
+        for name in ("logit_softcap", "attn_softcap"):
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
+                raise UserError(
+                    f"{name} must be a positive number (or None for no cap), got "
+                    f"{getattr(self, name)}"
+                )
+        if not self.input_norms and not self.sandwich_norm:
             raise UserError(
-                "logit_softcap must be a positive number (or None for no cap), got "
-                f"{self.logit_softcap}"
+                "input_norms=False leaves a block with no norm; it needs sandwich_norm=True (the "
+                "norms after attention and the MLP, OLMo 2's)"
             )
+        if self.qk_norm_whole and not self.qk_norm:
+            raise UserError("qk_norm_whole says what qk_norm spans; set qk_norm=True with it")
         for name in ("embedding_multiplier", "residual_multiplier", "logit_scale"):
             if not getattr(self, name) > 0:
                 raise UserError(f"{name} must be a positive number, got {getattr(self, name)}")
@@ -390,7 +407,9 @@ class ModelConfig:
         An attention-only block (attn_only) stops at resid_mid, which is its resid_post.
         With sandwich_norm (pre only, Gemma): attn_out = ln1_post(attn(ln1(resid_pre))) and
             mlp_out = ln2_post(mlp(ln2(resid_mid))), the hooks' attn_out and mlp_out being what
-            joins the residual stream (as TransformerLens's ln1_post / ln2_post)."""
+            joins the residual stream (as TransformerLens's ln1_post / ln2_post); without
+            input_norms (OLMo 2) ln1 and ln2 are absent: attn_out = ln1_post(attn(resid_pre)),
+            mlp_out = ln2_post(mlp(resid_mid))."""
         return "parallel" if self.parallel_residual else self.norm_placement
 
     def layer_window(self, layer: int) -> int | None:

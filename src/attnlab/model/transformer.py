@@ -55,9 +55,10 @@ class Block(nn.Module):
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
         self.wiring = config.wiring  # pre, post or parallel: ModelConfig.wiring
-        self.ln1 = make_norm(config)
+        # the norms before the sublayers; none without input_norms (OLMo 2: ModelConfig.wiring)
+        self.ln1 = make_norm(config) if config.input_norms else None
         self.attn = Attention(config, layer)
-        self.ln2 = None if config.attn_only else make_norm(config)
+        self.ln2 = None if config.attn_only or not config.input_norms else make_norm(config)
         # the dense MLP, or a mixture of experts (attnlab.model.moe)
         self.mlp = None if config.attn_only else (MoE if config.n_experts else MLP)(config)
         # sandwich_norm: the sublayers' outputs normed before the residual add (ModelConfig.wiring)
@@ -84,14 +85,14 @@ class Block(nn.Module):
             mlp_out = self.hook_mlp_out(self._scaled(self.mlp(self.ln2(resid_pre))))
             return self.hook_resid_post(resid_pre + self.dropout(attn_out) + self.dropout(mlp_out))
         if self.wiring == "pre":
-            attn_out = self.attn(self.ln1(resid_pre), **attn_kwargs)
+            attn_out = self.attn(_normed(self.ln1, resid_pre), **attn_kwargs)
             if self.ln1_post is not None:
                 attn_out = self.ln1_post(attn_out)
             attn_out = self.hook_attn_out(self._scaled(attn_out))
             resid_mid = self.hook_resid_mid(resid_pre + self.dropout(attn_out))
             if self.mlp is None:
                 return self.hook_resid_post(resid_mid)
-            mlp_out = self.mlp(self.ln2(resid_mid))
+            mlp_out = self.mlp(_normed(self.ln2, resid_mid))
             if self.ln2_post is not None:
                 mlp_out = self.ln2_post(mlp_out)
             mlp_out = self.hook_mlp_out(self._scaled(mlp_out))
@@ -107,6 +108,11 @@ class Block(nn.Module):
         """A sublayer's output times residual_multiplier (Granite), where it is not 1."""
         m = self.residual_multiplier
         return sublayer_out if m == 1.0 else sublayer_out * m
+
+
+def _normed(norm: nn.Module | None, x: torch.Tensor) -> torch.Tensor:
+    """norm(x), or x where the block has no such norm (input_norms False)."""
+    return x if norm is None else norm(x)
 
 
 class Transformer(HookedModule, TransformerLensViews):
