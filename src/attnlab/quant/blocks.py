@@ -230,6 +230,21 @@ def quantize_blocks(weight: torch.Tensor, kind: str) -> torch.Tensor:
     return out.reshape(d_out, d_in // BLOCK * t.nbytes)
 
 
+def weight_rows(module: nn.Module, start: int, end: int) -> torch.Tensor:
+    """Rows [start, end) of a Linear's or an Embedding's weight (d_out or d_vocab first) in float32,
+    dequantized from its blocks where it keeps them: a slice of a large matrix (an embedding or LM
+    head of 128k rows) without its whole float copy. The 16-row layout is undone for the groups of
+    16 rows the slice touches only."""
+    if isinstance(module, BlockLinear | BlockEmbedding):
+        if getattr(module, "interleaved", False):
+            a, b = start // GROUP * GROUP, -(-end // GROUP) * GROUP
+            rows = deinterleave16(module.blocks[a:b], module.kind)[start - a : end - a]
+        else:
+            rows = module.blocks[start:end]
+        return dequantize(rows, module.kind)
+    return module.weight[start:end].float()
+
+
 class BlockLinear(nn.Module):
     """y = x Wᵀ + b with W kept as ggml blocks (module docstring): `blocks` uint8 [d_out, d_in / 32
     · block bytes], `kind` its type, in the file's layout or (`interleaved`) the 16-row one. The
