@@ -329,19 +329,21 @@ class BlockLinear(nn.Module):
     ) -> torch.Tensor:
         """F.linear(x, W, b), W made by `dequantize_rows` from the blocks (file's layout) of at
         most SLICE_FLOATS weights at a time: a large matrix (an LM head of 128k rows, 2 GB as
-        float32) never exists whole as floats, and each output column is the same product."""
+        float32) never exists whole as floats, and each output column is the same product. Each
+        slice's columns are written into the one output as they come (no list of slices joined
+        at the end: that held the logits twice)."""
         bias = None if self.bias is None else self.bias.to(x.dtype)
         blocks = self.file_blocks()
         rows = max(GROUP, SLICE_FLOATS // self.in_features)
         if self.out_features <= rows:
             return F.linear(x, dequantize_rows(blocks), bias)
-        out = []
+        out = x.new_empty(*x.shape[:-1], self.out_features)
         for start in range(0, self.out_features, rows):
             part = slice(start, start + rows)
-            out.append(
-                F.linear(x, dequantize_rows(blocks[part]), None if bias is None else bias[part])
+            out[..., part] = F.linear(
+                x, dequantize_rows(blocks[part]), None if bias is None else bias[part]
             )
-        return torch.cat(out, dim=-1)
+        return out
 
     def extra_repr(self) -> str:
         return (
