@@ -264,6 +264,16 @@ def figures_of(results: dict) -> list[dict]:
              "attnlab": found["load_seconds" if step == "load" else "step_seconds"],
              "anchor": None, "ratio": None}
         )  # fmt: skip
+        if "kept_layers" in found:  # the explorer's context: what its budget holds
+            figures.append(
+                {"name": f"{step}: layers kept at {found['context_tokens']} tokens", "unit":
+                 "layers", "attnlab": len(found["kept_layers"]), "anchor": None, "ratio": None}
+            )  # fmt: skip
+            figures.append(
+                {"name": f"{step}: queries and keys kept (budget "
+                 f"{found['explorer_budget_bytes'] / GB:.2f} GB)", "unit": "GB",
+                 "attnlab": found["kept_bytes"] / GB, "anchor": None, "ratio": None}
+            )  # fmt: skip
     bench = results.get("llama_cpp", {}).get("results")
     generate = results["steps"].get("generate", {})
     if isinstance(bench, list) and "pp_seconds" in generate:
