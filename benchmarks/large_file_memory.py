@@ -21,7 +21,9 @@ Design choices:
   view of a text of --context tokens, as POST /api/context makes it: the explorer's ContextStore
   with its budget keeps the layers that fit, then one head's overview of 1024 cells a side).
 - `--update` starts from the record already in the results folder and replaces only the steps run
-  (and llama.cpp's figures where --llama-cpp is given): a step can be re-timed alone.
+  (and llama.cpp's figures where --llama-cpp is given): a step can be re-timed alone. Each step
+  says what measured it (`measured_by`: the command and attnlab's commit), since a record may then
+  mix steps of several runs.
 - The machine is shared and its load changes: the one-minute load average is written beside each
   step's figures; memory figures are the point of this benchmark, times are indications.
 - llama-bench: `-p 512 -n 128 -t THREADS -o json` under /usr/bin/time -v (its peak resident set).
@@ -213,7 +215,12 @@ def main() -> None:
     if args.update:  # the record there, its other steps and llama.cpp's figures kept
         found = sorted((args.results or RESULTS).glob("large_file_memory-*.json"))
         if found:
-            old = json.loads(found[-1].read_text())["details"]
+            record = json.loads(found[-1].read_text())
+            old = record["details"]
+            for figures in old["steps"].values():  # what measured each kept step
+                figures.setdefault(
+                    "measured_by", {"command": old["command"], "versions": record["versions"]}
+                )
             results["steps"] = old["steps"]
             results["commands"] = [*old.get("commands", [old["command"]]), results["command"]]
             if "llama_cpp" in old:
@@ -227,6 +234,7 @@ def main() -> None:
         line = next((x for x in done.stdout.splitlines() if x.startswith("FIGURES ")), None)
         figures = json.loads(line[8:]) if line else {"failed": done.stderr[-3000:]}
         figures["load_average_1min"] = load
+        figures["measured_by"] = {"command": results["command"], "versions": git_version()}
         figures["warnings"] = [
             x for x in done.stderr.splitlines() if "SlowerPath" in x or "Warning" in x
         ][:5]
@@ -243,6 +251,19 @@ def main() -> None:
 
 
 GB = 1e9
+
+
+def git_version() -> str:
+    """The commit of this checkout, '+' where its files differ from it (as write_result says it)."""
+    here = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=here).returncode != 0
+    except OSError:
+        return "unknown"
+    return commit + ("+" if dirty else "")
 
 
 def figures_of(results: dict) -> list[dict]:
