@@ -2,7 +2,9 @@
 machine), beside llama.cpp's llama-bench on the same file.
 
     python benchmarks/make_q4_k_m_file.py /tmp/llama8b.gguf --vocab .../ggml-vocab-llama-bpe.gguf
-    python benchmarks/large_file_memory.py /tmp/llama8b.gguf --llama-cpp /tmp/lcp/build/bin
+    python benchmarks/large_file_memory.py /tmp/llama8b.gguf --llama-cpp /tmp/lcp/build-avx512/bin
+    python benchmarks/large_file_memory.py /tmp/llama8b.gguf --steps generate --update \
+        --llama-cpp /tmp/lcp/build-avx512/bin    # re-time attnlab's pp/tg and llama.cpp's alone
 
 Design choices:
 - Each step runs in a process of its own (this script with --step), which loads the file and does
@@ -12,11 +14,16 @@ Design choices:
 - Steps: load (attnlab.load as a user calls it: the memory check chooses the blocks); generate
   (a 512-token prompt and then greedy tokens: pp and tg as llama-bench counts them, the first
   generation repacking the blocks); run_with_cache of a 512-token text with a names filter (every
-  layer's residual stream); head_scores (attnlab.inspection.scores' defaults); patch_one_layer
-  (layer 0's residual stream patched at each of 8 positions from a clean run, one forward pass of
-  8 rows, as the patching sweeps' fast path runs a layer); context (the explorer's whole-context
-  view: every layer's queries and keys kept for a text of --context tokens, as POST /api/context
-  makes them, with its budget).
+  layer's residual stream, as a user calls it: the logits too); head_scores (attnlab.inspection.
+  scores' defaults, the copying score from the weights included); patch_one_layer (layer 0's
+  residual stream patched at each of 8 positions from a clean run, one forward pass of 8 rows, as
+  the patching sweeps' fast path runs a layer); context (the explorer's whole-context
+  view of a text of --context tokens, as POST /api/context makes it: the explorer's ContextStore
+  with its budget keeps the layers that fit, then one head's overview of 1024 cells a side).
+- `--update` starts from the record already in the results folder and replaces only the steps run
+  (and llama.cpp's figures where --llama-cpp is given): a step can be re-timed alone. Each step
+  says what measured it (`measured_by`: the command and attnlab's commit), since a record may then
+  mix steps of several runs.
 - The machine is shared and its load changes: the one-minute load average is written beside each
   step's figures; memory figures are the point of this benchmark, times are indications.
 - llama-bench: `-p 512 -n 128 -t THREADS -o json` under /usr/bin/time -v (its peak resident set).
@@ -100,28 +107,29 @@ def run_step(step: str, path: Path, tokens: int, context: int, new_tokens: int) 
             )
         figures["patched_runs"] = int(logits.shape[0])
     elif step == "context":
+        import threading
+        from types import SimpleNamespace
+
         from attnlab.explorer import context as explorer_context
-        from attnlab.inspection.capture import capture_queries_keys
 
         long_ids = torch.randint(1000, 100000, (1, context), generator=g)
-        cfg = model.config
-
-        class Entry:  # what context_bytes reads of a ModelEntry
-            pass
-
-        entry = Entry()
-        entry.model = model
-        need = explorer_context.context_bytes(entry, context)
+        # what the store reads of a ModelEntry: the served model, its name, lock and hooks
+        entry = SimpleNamespace(model=model, name="8b", lock=threading.Lock(), hooks=[])
+        store = explorer_context.ContextStore()
         figures["context_tokens"] = context
-        figures["context_bytes"] = need
-        figures["explorer_budget_bytes"] = explorer_context.BUDGET
-        if need <= explorer_context.BUDGET:
-            with torch.no_grad():
-                captured = capture_queries_keys(model, long_ids, range(cfg.n_layers))
-            kept = [t[0].float().contiguous() for layer in captured.values() for t in layer]
-            figures["kept_bytes"] = sum(t.numel() * 4 for t in kept)
-        else:
-            figures["refused"] = "over the explorer's budget (413)"
+        figures["every_layer_bytes"] = explorer_context.context_bytes(entry, context)
+        figures["explorer_budget_bytes"] = store.budget
+        kept = store.create("8b", entry, long_ids, ["t"] * context, store.layers_in_view(
+            entry, context
+        ))  # fmt: skip
+        figures["kept_layers"] = kept.layers
+        figures["kept_bytes"] = kept.nbytes
+        figures["pass_seconds"] = kept.seconds
+        figures["after_pass"] = status()
+        t0 = time.perf_counter()
+        explorer_context.overview(kept, kept.layers[-1], 0, 1024)
+        figures["overview_seconds"] = time.perf_counter() - t0
+        figures["status"] = store.status()
     figures["step_seconds"] = time.perf_counter() - start
     figures["peak"] = status()
     return figures
@@ -170,6 +178,9 @@ def main() -> None:
     p.add_argument("--context", type=int, default=8192)
     p.add_argument("--llama-cpp", type=Path, default=None)
     p.add_argument("--results", type=Path, default=None, help="the folder of results records")
+    p.add_argument(
+        "--update", action="store_true", help="replace only these steps in the record there"
+    )
     p.add_argument("--step", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.step:
@@ -201,7 +212,20 @@ def main() -> None:
         "command": command_line(),
         "steps": {},
     }
-    for step in args.steps.split(","):
+    if args.update:  # the record there, its other steps and llama.cpp's figures kept
+        found = sorted((args.results or RESULTS).glob("large_file_memory-*.json"))
+        if found:
+            record = json.loads(found[-1].read_text())
+            old = record["details"]
+            for figures in old["steps"].values():  # what measured each kept step
+                figures.setdefault(
+                    "measured_by", {"command": old["command"], "versions": record["versions"]}
+                )
+            results["steps"] = old["steps"]
+            results["commands"] = [*old.get("commands", [old["command"]]), results["command"]]
+            if "llama_cpp" in old:
+                results["llama_cpp"] = old["llama_cpp"]
+    for step in filter(None, args.steps.split(",")):
         load = os.getloadavg()[0]
         command = [sys.executable, __file__, str(args.file), "--step", step]
         command += ["--tokens", str(args.tokens), "--context", str(args.context)]
@@ -210,6 +234,7 @@ def main() -> None:
         line = next((x for x in done.stdout.splitlines() if x.startswith("FIGURES ")), None)
         figures = json.loads(line[8:]) if line else {"failed": done.stderr[-3000:]}
         figures["load_average_1min"] = load
+        figures["measured_by"] = {"command": results["command"], "versions": git_version()}
         figures["warnings"] = [
             x for x in done.stderr.splitlines() if "SlowerPath" in x or "Warning" in x
         ][:5]
@@ -226,6 +251,19 @@ def main() -> None:
 
 
 GB = 1e9
+
+
+def git_version() -> str:
+    """The commit of this checkout, '+' where its files differ from it (as write_result says it)."""
+    here = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=here).returncode != 0
+    except OSError:
+        return "unknown"
+    return commit + ("+" if dirty else "")
 
 
 def figures_of(results: dict) -> list[dict]:
@@ -247,6 +285,16 @@ def figures_of(results: dict) -> list[dict]:
              "attnlab": found["load_seconds" if step == "load" else "step_seconds"],
              "anchor": None, "ratio": None}
         )  # fmt: skip
+        if "kept_layers" in found:  # the explorer's context: what its budget holds
+            figures.append(
+                {"name": f"{step}: layers kept at {found['context_tokens']} tokens", "unit":
+                 "layers", "attnlab": len(found["kept_layers"]), "anchor": None, "ratio": None}
+            )  # fmt: skip
+            figures.append(
+                {"name": f"{step}: queries and keys kept (budget "
+                 f"{found['explorer_budget_bytes'] / GB:.2f} GB)", "unit": "GB",
+                 "attnlab": found["kept_bytes"] / GB, "anchor": None, "ratio": None}
+            )  # fmt: skip
     bench = results.get("llama_cpp", {}).get("results")
     generate = results["steps"].get("generate", {})
     if isinstance(bench, list) and "pp_seconds" in generate:

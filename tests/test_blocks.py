@@ -167,7 +167,8 @@ def test_block_linear_is_dequantize_then_f_linear(kind, seed):
 @pytest.mark.parametrize("interleaved", [False, True])
 def test_a_large_block_linear_dequantizes_a_slice_of_rows_at_a_time(interleaved, monkeypatch):
     """Above SLICE_FLOATS weights the forward never dequantizes the whole matrix (an 8B model's LM
-    head: 2 GB as float32), and its output is the whole product's, bit for bit."""
+    head: 2 GB as float32) nor holds its output twice, and its output is the whole product's, bit
+    for bit."""
     w, b, x = torch.randn(96, 64) * 0.1, torch.randn(96), torch.randn(3, 5, 64)
     layer = BlockLinear.from_float(w, "q8_0", b)
     whole = F.linear(x, dequantize(layer.blocks, "q8_0"), b)
@@ -182,8 +183,17 @@ def test_a_large_block_linear_dequantizes_a_slice_of_rows_at_a_time(interleaved,
         return real(part, kind)
 
     monkeypatch.setattr(blocks_module, "dequantize", counted)
+    joined = []  # the slices' columns go into the one output: never a list of them joined
+    real_cat = torch.cat
+
+    def cat(*args, **kwargs):
+        out = real_cat(*args, **kwargs)
+        joined.append(tuple(out.shape))
+        return out
+
+    monkeypatch.setattr(torch, "cat", cat)
     assert torch.equal(layer(x), whole)
-    assert max(rows) == 32 and sum(rows) == 96
+    assert max(rows) == 32 and sum(rows) == 96 and tuple(whole.shape) not in joined
 
 
 # The C products -----------------------------------------------------------------------------

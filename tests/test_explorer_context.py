@@ -234,9 +234,68 @@ def test_memory_is_bounded_by_its_budget_and_reported():
         assert after["bytes"] <= after["budget_bytes"]
         held = {c["id"]: c["bytes"] for c in after["contexts"]}
         assert held[ids[2]] == per_text  # q, k and every head's normalisers: exactly the bound
-        app.state.explorer.contexts.budget = per_text - 1
+        # under one text's every layer: the layers that fit (the test below); under one layer: 413
+        app.state.explorer.contexts.budget = per_text // cfg.n_layers - 1
         too_big = client.post("/api/context", json={"model": "llama", "text": TEXT[:300] + "!"})
         assert too_big.status_code == 413 and "budget" in too_big.json()["detail"]
+
+
+def test_a_text_over_the_budget_keeps_the_layers_that_fit_and_says_which(monkeypatch):
+    """Where every layer's q and k exceed the budget, a context keeps as many layers as fit (from
+    layer 0, or those asked for), its forward pass stops after the last of them, and it says which;
+    a layer it does not keep is a 404 naming them and the fix; more layers than fit are a 413. The
+    kept layers' overviews are still the model's own patterns, and the heads grid of a long text
+    takes the layers a window at a time, equal to the grid of a budget that holds them all."""
+    from attnlab.explorer import views
+
+    served = small_models()
+    model = served["llama"]
+    cfg = model.config
+    text = TEXT[:300]
+    one = 4 * 300 * ((cfg.n_heads + cfg.n_kv_heads) * cfg.d_head + cfg.n_heads)
+    app = create_app(served, max_tokens=1024)
+    app.state.explorer.contexts.budget = one + one // 2  # one layer of two at 300 tokens
+    truth = reference(model, text)
+    second = Counting.__new__(Counting)  # counts the passes through layer 1
+    second.calls, second.handle = 0, model.blocks[1].register_forward_hook(second.count)
+    try:
+        with TestClient(app, base_url=LOCAL) as client:
+            context = open_context(client, "llama", text)
+            assert context["layers"] == [0] and context["n_layers"] == 2
+            assert second.calls == 0  # the pass stopped after layer 0
+            base = f"/api/context/{context['id']}"
+            params = {"layer": 0, "head": 1, "size": 300, "dtype": "f32"}
+            got = decode(client.get(f"{base}/overview", params=params))
+            torch.testing.assert_close(got["values"], truth[0][1], rtol=1e-5, atol=1e-6)
+            missing = client.get(f"{base}/overview", params={**params, "layer": 1})
+            assert missing.status_code == 404, missing.text
+            detail = missing.json()["detail"]
+            assert "layer 1 is not kept" in detail and "keeps layers 0 of 2" in detail
+            assert '"layers"' in detail and "\n" not in detail
+            asked = client.post(
+                "/api/context", json={"model": "llama", "text": text, "layers": [1]}
+            )
+            assert asked.status_code == 200 and asked.json()["layers"] == [1]
+            base = f"/api/context/{asked.json()['id']}"
+            got = decode(client.get(f"{base}/overview", params={**params, "layer": 1}))
+            torch.testing.assert_close(got["values"], truth[1][1], rtol=1e-5, atol=1e-6)
+            both = client.post(
+                "/api/context", json={"model": "llama", "text": text, "layers": [0, 1]}
+            )
+            assert both.status_code == 413 and "1 layers fit" in both.json()["detail"]
+            status = client.get("/api/context/status").json()
+            assert status["bytes"] <= status["budget_bytes"]
+            monkeypatch.setattr(views, "LONG_TEXT", 50)
+            windows = client.post("/api/heads", json={"model": "llama", "text": text}).json()
+            app.state.explorer.contexts.budget = 4 * one
+            whole = client.post("/api/heads", json={"model": "llama", "text": text}).json()
+            assert windows["thumbnails"] == whole["thumbnails"]
+            assert len(whole["thumbnails"]) == cfg.n_layers
+            app.state.explorer.contexts.budget = one - 1
+            none = client.post("/api/context", json={"model": "llama", "text": text})
+            assert none.status_code == 413 and "one layer" in none.json()["detail"]
+    finally:
+        second.handle.remove()
 
 
 @pytest.mark.parametrize(

@@ -178,6 +178,78 @@ def test_encoder_has_no_copying_score():
     assert "n/a" in scores.notes["copying"]
 
 
+@pytest.fixture(scope="module")
+def q8_llama(tmp_path_factory):
+    """A tiny llama GGUF file, Q8_0 matrices and embedding (tied LM head): 300 tokens of 64."""
+    from gguf_files import Q, write_model
+
+    path = tmp_path_factory.mktemp("copying") / "tiny-q8.gguf"
+    return write_model(path, "llama", matrix=Q.Q8_0, embedding=Q.Q8_0, d_model=64, d_mlp=128)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_weight_rows_are_the_dequantized_rows_in_either_layout(interleaved):
+    from attnlab.generate import kernels
+    from attnlab.quant.blocks import BlockEmbedding, BlockLinear, weight_rows
+
+    w = torch.randn(48, 64, generator=torch.Generator().manual_seed(0))
+    layer = BlockLinear.from_float(w, "q8_0")
+    whole = layer.dequantized()
+    embedding = BlockEmbedding(layer.blocks.clone(), "q8_0", 64)
+    if interleaved:  # the decode step's 16-row layout: rows 5..36 cross three groups of 16
+        layer.blocks, layer.interleaved = kernels.repack16(layer.blocks, 0, 64), True
+    assert torch.equal(weight_rows(layer, 5, 37), whole[5:37])
+    assert torch.equal(weight_rows(embedding, 5, 37), whole[5:37])
+    linear = torch.nn.Linear(64, 48, bias=False)
+    assert torch.equal(weight_rows(linear, 5, 37), linear.weight[5:37].detach())
+
+
+def test_copying_scores_of_kept_blocks_take_the_vocabulary_a_slice_at_a_time(q8_llama, monkeypatch):
+    """On a GGUF model that keeps its blocks, the copying score never dequantizes the whole
+    embedding or LM head (300 rows here): at most COPYING_SLICE weights of them at a time; and it
+    equals the score of the same file dequantized to float32."""
+    from attnlab.inspection import scores as scores_module
+    from attnlab.quant import blocks as blocks_module
+
+    float_model = attnlab.load(q8_llama, keep_blocks=False)
+    kept = attnlab.load(q8_llama, keep_blocks=True)
+    monkeypatch.setattr(scores_module, "COPYING_SLICE", 64 * 64)  # 64 rows of d_model 64
+    rows = []
+    real = blocks_module.dequantize
+
+    def counted(part, kind):
+        rows.append(part.shape[0])
+        return real(part, kind)
+
+    monkeypatch.setattr(blocks_module, "dequantize", counted)
+    ours = copying_scores(kept)
+    assert rows and max(rows) <= 64, max(rows)  # the widest matrix of a layer has 64 rows
+    torch.testing.assert_close(ours, copying_scores(float_model), atol=1e-6, rtol=0)
+
+
+def test_a_copying_score_that_does_not_fit_is_left_out_in_one_line(q8_llama, monkeypatch):
+    """Where copying_bytes exceeds what the machine reports available, head_scores leaves the
+    copying score out (NaN) with a warning and a note naming both figures; the attention scores
+    still come."""
+    from attnlab import memory
+    from attnlab.inspection import scores as scores_module
+
+    model = attnlab.load(q8_llama, keep_blocks=True)
+    need = scores_module.copying_bytes(model.config)
+    monkeypatch.setattr(memory, "available", lambda: (need - 1, "MemAvailable"))
+    called = []
+    monkeypatch.setattr(scores_module, "copying_scores", lambda m: called.append(m))
+    with pytest.warns(UserWarning, match="copying score not computed: it needs .* available"):
+        scores = head_scores(model, span=8, batch=1)
+    assert not called
+    assert torch.isnan(scores.scores["copying"]).all()
+    assert "MemAvailable" in scores.notes["copying"]
+    assert torch.isfinite(scores.scores["previous_token"]).all()
+    monkeypatch.setattr(memory, "available", lambda: (need, "MemAvailable"))
+    head_scores(model, span=8, batch=1)
+    assert called
+
+
 @pytest.mark.parametrize("preset", ["nano", "llama-tiny", "attn-only-2l"])
 def test_head_scores_on_any_model(preset):
     torch.manual_seed(0)

@@ -22,10 +22,16 @@ Design choices:
 - Binary, not JSON: a HEADER of 32 bytes (magic, level, rows, cols, first row and column in cells
   of that level, the text's tokens, bytes per value) and the cells as little-endian float16 (the
   page's default: 2 MB for a 1024² overview) or float32 (the tests' exact comparison).
-- Memory is bounded and reported: the contexts are kept by (model, variant, text) in a
+- Memory is bounded and reported: the contexts are kept by (model, variant, text, layers) in a
   least-recently-used store with a byte budget on their q and k together (`budget`); a new one
-  drops the oldest until it fits, and a text whose q and k alone would exceed the budget is
-  refused (413). `GET /api/context/status` says what is held, and the process's resident memory.
+  drops the oldest until it fits. `GET /api/context/status` says what is held, and the process's
+  resident memory.
+- The layers in view: where every layer's q and k of a text exceed the budget (an 8B model's at
+  8,192 tokens: 5.4 GB), a context keeps the consecutive layers that fit, from layer 0 or from
+  those the request names (`layers`), and says which; its forward pass stops after the last of
+  them. A head of a layer it does not keep is a 404 naming the layers it keeps and how to ask for
+  others (the page posts the text again with the layers around the one in view); the heads grid
+  takes the layers a window at a time. A text of which not even one layer fits is refused (413).
 - A context's id is a hash of what made it (model, variant, text), so posting the same text again
   finds it; an id the store has dropped is a 404 that says to post the text again.
 """
@@ -65,8 +71,8 @@ class Context:
     id: str
     entry: ModelEntry
     tokens: list[str]
-    q: list[torch.Tensor]  # per layer: [head, pos, d_head]
-    k: list[torch.Tensor]  # per layer: [kv_head, key_pos, d_head]
+    q: dict[int, torch.Tensor]  # per layer kept: [head, pos, d_head]
+    k: dict[int, torch.Tensor]  # per layer kept: [kv_head, key_pos, d_head]
     seconds: float  # the forward pass that made it
     bound: int  # the most it can hold: q, k and every head's normalisers (context_bytes)
     # (layer, head) -> each query row's log Σ exp(scores): T floats per head asked for
@@ -78,8 +84,13 @@ class Context:
 
     @property
     def nbytes(self) -> int:
-        kept = (*self.q, *self.k, *self.lse.values())
+        kept = (*self.q.values(), *self.k.values(), *self.lse.values())
         return sum(t.numel() * t.element_size() for t in kept)
+
+    @property
+    def layers(self) -> list[int]:
+        """The layers whose queries and keys this context keeps (module docstring)."""
+        return sorted(self.q)
 
     @property
     def levels(self) -> int:
@@ -93,6 +104,8 @@ class Context:
             "n_tokens": self.n_tokens,
             "tile": TILE,
             "levels": self.levels,
+            "layers": self.layers,
+            "n_layers": self.entry.model.config.n_layers,
             "bytes": self.nbytes,
             "seconds": self.seconds,
         }
@@ -108,15 +121,26 @@ def cells(n_tokens: int, level: int) -> int:
     return -(-n_tokens // 2**level)
 
 
-def context_bytes(entry: ModelEntry, n_tokens: int) -> int:
-    """What a context of n_tokens may hold: q and k in float32, and every head's normalisers."""
+def context_bytes(entry: ModelEntry, n_tokens: int, n_layers: int | None = None) -> int:
+    """What a context of n_tokens may hold in n_layers (default: every layer): q and k in float32,
+    and every head's normalisers."""
     cfg = entry.model.config
-    return 4 * cfg.n_layers * n_tokens * ((cfg.n_heads + cfg.n_kv_heads) * cfg.d_head + cfg.n_heads)
+    n_layers = cfg.n_layers if n_layers is None else n_layers
+    return 4 * n_layers * n_tokens * ((cfg.n_heads + cfg.n_kv_heads) * cfg.d_head + cfg.n_heads)
 
 
-def context_id(name: str, variant: Variant, text: str) -> str:
+def context_id(name: str, variant: Variant, text: str, layers: list[int] | None = None) -> str:
     made_of = repr((name, variant.ablate, variant.ablation, variant.step, text))
+    if layers is not None:
+        made_of += repr(tuple(layers))
     return hashlib.sha256(made_of.encode("utf-8")).hexdigest()[:20]
+
+
+def span(layers: list[int]) -> str:
+    """'0-11' for consecutive layers, '3' for one, '1, 5, 9' otherwise."""
+    if len(layers) > 1 and layers == list(range(layers[0], layers[-1] + 1)):
+        return f"{layers[0]}-{layers[-1]}"
+    return ", ".join(map(str, layers))
 
 
 class ContextStore:
@@ -127,29 +151,65 @@ class ContextStore:
         self.contexts: OrderedDict[str, Context] = OrderedDict()
         self.lock = threading.Lock()  # the dict only; a forward pass holds its model's lock
 
-    def create(self, cid: str, entry: ModelEntry, ids: torch.Tensor, tokens: list[str]) -> Context:
+    def layers_in_view(
+        self, entry: ModelEntry, n_tokens: int, layers: list[int] | None = None
+    ) -> list[int]:
+        """The layers a context of n_tokens keeps: `layers` (consecutive, in range) where they
+        fit the budget, or (None) every layer where they fit, else as many from layer 0 as fit
+        (module docstring); a text of which not even one layer fits is refused (413)."""
+        n_layers = entry.model.config.n_layers
+        one = context_bytes(entry, n_tokens, 1)
+        fit = min(n_layers, self.budget // one)
+        if fit == 0:
+            raise TextTooLong(
+                f"the text's queries and keys in one layer of model {entry.name!r} would take "
+                f"{one / 2**20:.0f} MiB, over the explorer's budget of "
+                f"{self.budget / 2**20:.0f} MiB for kept contexts; shorten the text"
+            )
+        if layers is None:
+            return list(range(fit))
+        layers = sorted(set(layers))
+        if not layers or layers[0] < 0 or layers[-1] >= n_layers:
+            raise UserError(
+                f"layers {layers} are not layers of model {entry.name!r}: it has {n_layers} "
+                f"(0 to {n_layers - 1})"
+            )
+        if len(layers) > fit:
+            raise TextTooLong(
+                f"the text's queries and keys in {len(layers)} layers of model {entry.name!r} "
+                f"would take {context_bytes(entry, n_tokens, len(layers)) / 2**20:.0f} MiB, over "
+                f"the explorer's budget of {self.budget / 2**20:.0f} MiB for kept contexts: "
+                f"{fit} layers fit; ask for at most {fit}"
+            )
+        return layers
+
+    def create(
+        self,
+        cid: str,
+        entry: ModelEntry,
+        ids: torch.Tensor,
+        tokens: list[str],
+        layers: list[int] | None = None,
+    ) -> Context:
+        """The context `cid` of a text: found kept, or made from one forward pass keeping
+        `layers` (default: every layer; layers_in_view checks them against the budget)."""
         with self.lock:
             if cid in self.contexts:
                 self.contexts.move_to_end(cid)
                 return self.contexts[cid]
-        need = context_bytes(entry, len(tokens))
-        if need > self.budget:
-            raise TextTooLong(
-                f"the text's queries and keys in every layer of model {entry.name!r} would take "
-                f"{need / 2**20:.0f} MiB, over the explorer's budget of "
-                f"{self.budget / 2**20:.0f} MiB for kept contexts; shorten the text"
-            )
+        every = list(range(entry.model.config.n_layers))
+        layers = self.layers_in_view(entry, len(tokens), every if layers is None else layers)
+        need = context_bytes(entry, len(tokens), len(layers))
         with self.lock:  # room first: the old contexts go before the new one's memory is taken
             self._drop_until(self.budget - need)
         start = time.perf_counter()
-        layers = range(entry.model.config.n_layers)
         with entry.lock, torch.no_grad(), entry.model.hooks(entry.hooks):
             captured = capture_queries_keys(entry.model, ids, layers)
-        q, k = [], []
+        q, k = {}, {}
         for layer in layers:  # each layer's hooked tensors freed as soon as they are copied
             q_layer, k_layer = captured.pop(layer)
-            q.append(q_layer[0].float().contiguous())
-            k.append(k_layer[0].float().contiguous())
+            q[layer] = q_layer[0].float().contiguous()
+            k[layer] = k_layer[0].float().contiguous()
         context = Context(cid, entry, tokens, q, k, time.perf_counter() - start, need)
         with self.lock:
             self.contexts[cid] = context
@@ -343,6 +403,13 @@ def check_head(context: Context, layer: int, head: int) -> None:
             f"layer {layer} is out of range: model {context.entry.name!r} has {cfg.n_layers} "
             f"layers (0 to {cfg.n_layers - 1})"
         )
+    if layer not in context.q:
+        kept = context.layers
+        raise NotFound(
+            f"layer {layer} is not kept in context {context.id!r}: within the explorer's budget "
+            f"it keeps layers {span(kept)} of {cfg.n_layers} at {context.n_tokens} tokens; post "
+            f'the text to /api/context again with "layers" (at most {len(kept)} of them)'
+        )
     if not 0 <= head < cfg.n_heads:
         raise UserError(
             f"head {head} is out of range: model {context.entry.name!r} has {cfg.n_heads} heads "
@@ -387,12 +454,17 @@ def tile(
     return encode_cells(values, level, (row * TILE, col * TILE), T, dtype)
 
 
-def open_context(explorer, name: str, text: str, variant: Variant) -> dict:
+def open_context(
+    explorer, name: str, text: str, variant: Variant, layers: list[int] | None = None
+) -> dict:
     """POST /api/context: the text run once through the model (or found kept), described with its
-    tokens."""
+    tokens and the layers it keeps (`layers`, or every layer that fits the budget)."""
     entry = explorer.served.entry(name, variant)
     ids, tokens = explorer.served.encode(entry, text)
-    context = explorer.contexts.create(context_id(name, variant, text), entry, ids, tokens)
+    layers = explorer.contexts.layers_in_view(entry, len(tokens), layers)
+    every = layers == list(range(entry.model.config.n_layers))
+    cid = context_id(name, variant, text, None if every else layers)
+    context = explorer.contexts.create(cid, entry, ids, tokens, layers)
     return {
         **context.describe(),
         "tokens": context.tokens,

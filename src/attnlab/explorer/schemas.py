@@ -80,6 +80,17 @@ class TextRequest(BaseModel):
         )
 
 
+class ContextRequest(TextRequest):
+    layers: list[Integer] | None = Field(
+        None,
+        max_length=1024,
+        description="the layers whose queries and keys to keep (at most as many as "
+        "the explorer's budget holds at this text's length); none: every layer where they fit, "
+        "else as many from layer 0 as fit. The answer's `layers` says which were kept",
+        examples=[[0, 1, 2, 3]],
+    )
+
+
 class HeadRequest(TextRequest):
     layer: Integer = Field(ge=0, description="block index, from 0")
     head: Integer = Field(ge=0, description="query head index, from 0")

@@ -242,12 +242,18 @@ class Explorer:
         ids, tokens = self.served.encode(entry, text)
         T, pooled = len(tokens), {}
         if T > LONG_TEXT:  # the whole context's kept queries and keys: no T × T matrix at all
-            context = self.contexts.create(context_id(name, variant, text), entry, ids, tokens)
             cfg = entry.model.config
-            thumbnails = [
-                [thumbnail(context, layer, head, size).tolist() for head in range(cfg.n_heads)]
-                for layer in range(cfg.n_layers)
-            ]
+            every = list(range(cfg.n_layers))
+            window = len(self.contexts.layers_in_view(entry, T))  # the layers the budget holds
+            thumbnails = []
+            for first in range(0, cfg.n_layers, window):  # one context per window of layers
+                layers = every[first : first + window]
+                cid = context_id(name, variant, text, None if layers == every else layers)
+                context = self.contexts.create(cid, entry, ids, tokens, layers)
+                thumbnails += [
+                    [thumbnail(context, layer, head, size).tolist() for head in range(cfg.n_heads)]
+                    for layer in layers
+                ]
             return {"tokens": tokens, "pooled": True, "thumbnails": _rounded(thumbnails)}
 
         # [batch, head, query_pos, key_pos], pooled as it passes

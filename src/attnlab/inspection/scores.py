@@ -22,30 +22,33 @@ Design choices:
   once. The same function scores the random tokens (`head_scores`, `attnlab heads`) and any text
   (`score_patterns(model, ids)`, the explorer's atlas on its current text).
 - Copying score (weights only, models with an unembedding): for each head the OV circuit
-  W_E · W_V^h · W_O^h · W_U (d_vocab × d_vocab) maps the attended token to the logits it raises. Its
-  score
-  is Σλ / Σ|λ| over the circuit's eigenvalues (Elhage et al. 2021, "A Mathematical Framework", the
-  measure
-  Olsson et al. use): 1 when every eigenvalue is positive (pure copying), −1 for anti-copying. The
-  circuit
-  has rank ≤ d_head, and its non-zero eigenvalues are those of the d_head × d_head product
-  W_O^h · W_U · W_E · W_V^h (eig(AB) = eig(BA)), so it is computed at that size. Norm gains (ln1's
-  before
-  W_V, the final norm's before W_U) are folded in as diagonal scalings; biases and the norms'
-  centring and
-  division are left out, as in those papers.
+  W_E · W_V^h · W_O^h · W_U (d_vocab × d_vocab) maps the attended token to the logits it raises.
+  Its score is Σλ / Σ|λ| over the circuit's eigenvalues (Elhage et al. 2021, "A Mathematical
+  Framework", the measure Olsson et al. use): 1 when every eigenvalue is positive (pure copying),
+  −1 for anti-copying. The circuit has rank ≤ d_head, and its non-zero eigenvalues are those of
+  the d_head × d_head product W_O^h · W_U · W_E · W_V^h (eig(AB) = eig(BA)), so it is computed at
+  that size. Norm gains (ln1's before W_V, the final norm's before W_U) are folded in as diagonal
+  scalings; biases and the norms' centring and division are left out, as in those papers.
+- The copying score holds no float copy of the vocabulary or of every layer: W_U · W_E is summed
+  over slices of vocabulary rows (dequantized from a GGUF file's blocks slice by slice), then each
+  layer is taken in turn; what it holds is `copying_bytes`, checked before it starts against the
+  memory the machine reports. Where that does not fit, the copying score is left out (NaN) with one
+  warning line and a note in the result naming both figures; the attention scores still come.
 - "Standout" heads are those above a fixed threshold per score (STANDOUT), so a random model shows
   none.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import torch
 
+from .. import memory
 from ..errors import UserError
 from ..generate.fast_layers import inference_layers
+from ..quant.blocks import weight_rows
 
 # A head stands out when its score reaches this (chosen so that a freshly initialised model has
 # none).
@@ -239,19 +242,44 @@ def repeated_random_tokens(
     return allowed[picks].repeat(1, n_repeats).to(model.device)
 
 
+# vocabulary rows of W_E and W_U taken at once by the copying score (U_E = W_U W_E, summed over
+# the vocabulary): 2M weights, 16 MB of float64 per matrix for d_model 4096
+COPYING_SLICE = 2 << 20
+
+
+def copying_bytes(cfg) -> int:
+    """The most memory `copying_scores` holds at once beside the model: U_E [d_model, d_model] and
+    one layer's W_O in float64 (and its float32 copy), W_V and U_E W_V, and one slice of
+    vocabulary rows of W_E and W_U (float32 and float64, with the dequantizer's transients)."""
+    d, kv = cfg.d_model, cfg.n_kv_heads * cfg.d_head
+    return 8 * (2 * d * d + 2 * d * kv) + 4 * d * d + 2 * 24 * COPYING_SLICE
+
+
 def copying_scores(model) -> torch.Tensor | None:
     """[n_layers, n_heads] Σλ/Σ|λ| of each head's OV circuit W_E W_V W_O W_U, or None without an
-    unembedding."""
+    unembedding.
+
+    No float copy of the whole vocabulary exists: U_E = W_U W_E = Σ_v W_U[:, v] W_E[v] is summed
+    over COPYING_SLICE rows at a time, each dequantized from the file's blocks where the model
+    keeps them (weight_rows); layers go one at a time. So the memory it holds is `copying_bytes`,
+    whatever d_vocab and n_layers are."""
     if getattr(model, "unembed", None) is None:
         return None
     cfg = model.config
     H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
+    group = H // Hkv
+    d_vocab = cfg.d_vocab
     with torch.no_grad():
-        W_E = model.embed.weight.double()  # [d_vocab, d_model]
-        W_U = model.unembed.weight.double().T  # [d_model, d_vocab]
+        U_E = torch.zeros(cfg.d_model, cfg.d_model, dtype=torch.float64)  # [d_model, d_model]
+        rows = max(1, COPYING_SLICE // cfg.d_model)
+        for start in range(0, d_vocab, rows):
+            end = min(start + rows, d_vocab)
+            W_E = weight_rows(model.embed, start, end).double()  # [rows, d_model]
+            W_U = weight_rows(model.unembed, start, end).double()  # [rows, d_model] = W_U[:, v]ᵀ
+            U_E.addmm_(W_U.T, W_E)
+            del W_E, W_U
         if model.ln_final is not None:
-            W_U = model.ln_final.weight.double()[:, None] * W_U
-        U_E = W_U @ W_E  # [d_model, d_model]: the only vocabulary-sized product, done once
+            U_E = model.ln_final.weight.double()[:, None] * U_E  # diag(ln_final) W_U W_E
         out = torch.full((cfg.n_layers, H), float("nan"))
         for layer, block in enumerate(model.blocks):
             attn = block.attn
@@ -262,10 +290,26 @@ def copying_scores(model) -> torch.Tensor | None:
             # U_E W_V once per layer, then each head's [D, D] W_O_h (U_E W_V_h): the same nonzero
             # eigenvalues as the [d_vocab, d_vocab] circuit, at a few MFLOP a head
             U_E_V = (U_E @ W_V).reshape(-1, Hkv, D).transpose(0, 1)  # [Hkv, d_model, D]
-            circuit = W_O @ U_E_V.repeat_interleave(H // Hkv, dim=0)  # [H, D, D]
+            circuit = torch.cat(  # [H, D, D]: each key-value head's group of query heads
+                [W_O[g * group : (g + 1) * group] @ U_E_V[g] for g in range(Hkv)]
+            )
             eig = torch.linalg.eigvals(circuit)  # [H, D] complex
             out[layer] = (eig.sum(-1).real / eig.abs().sum(-1).clamp_min(1e-30)).float()
+            del W_V, W_O, U_E_V
     return out
+
+
+def copying_fits(model) -> str | None:
+    """None where `copying_bytes` fits in the memory this machine reports available (or it
+    reports none), else the line that says why the copying score is left out."""
+    found = memory.available()
+    need = copying_bytes(model.config)
+    if found is None or need <= found[0]:
+        return None
+    return (
+        f"not computed: it needs {memory.gigabytes(need)} beside the model and "
+        f"{memory.gigabytes(found[0])} is available ({found[1]}); free memory and ask again"
+    )
 
 
 def head_scores(
@@ -274,7 +318,8 @@ def head_scores(
     """Every score of every head of `model` (any attnlab Transformer, built or loaded)."""
     tokens = repeated_random_tokens(model, n_repeats=n_repeats, span=span, batch=batch, seed=seed)
     scores = score_patterns(model, tokens)
-    copying = copying_scores(model)
+    too_large = copying_fits(model) if getattr(model, "unembed", None) is not None else None
+    copying = None if too_large else copying_scores(model)
     notes = {
         "input": f"{batch} sequences of {tokens.shape[1] // n_repeats} random tokens repeated "
         f"{n_repeats} times, seed {seed}",
@@ -282,8 +327,12 @@ def head_scores(
         "et al. 2021); "
         "norm gains folded in, biases left out",
     }
+    if too_large:  # one line, and the note the result carries: never a silent NaN
+        warnings.warn(f"head_scores: the copying score {too_large}", stacklevel=2)
+        notes["copying"] = too_large
+    elif copying is None:
+        notes["copying"] = "n/a: the model has no unembedding (an encoder)"
     if copying is None:
         copying = torch.full_like(scores["previous_token"], float("nan"))
-        notes["copying"] = "n/a: the model has no unembedding (an encoder)"
     scores["copying"] = copying
     return HeadScores(scores, notes)

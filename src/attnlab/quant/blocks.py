@@ -230,6 +230,21 @@ def quantize_blocks(weight: torch.Tensor, kind: str) -> torch.Tensor:
     return out.reshape(d_out, d_in // BLOCK * t.nbytes)
 
 
+def weight_rows(module: nn.Module, start: int, end: int) -> torch.Tensor:
+    """Rows [start, end) of a Linear's or an Embedding's weight (d_out or d_vocab first) in float32,
+    dequantized from its blocks where it keeps them: a slice of a large matrix (an embedding or LM
+    head of 128k rows) without its whole float copy. The 16-row layout is undone for the groups of
+    16 rows the slice touches only."""
+    if isinstance(module, BlockLinear | BlockEmbedding):
+        if getattr(module, "interleaved", False):
+            a, b = start // GROUP * GROUP, -(-end // GROUP) * GROUP
+            rows = deinterleave16(module.blocks[a:b], module.kind)[start - a : end - a]
+        else:
+            rows = module.blocks[start:end]
+        return dequantize(rows, module.kind)
+    return module.weight[start:end].float()
+
+
 class BlockLinear(nn.Module):
     """y = x Wᵀ + b with W kept as ggml blocks (module docstring): `blocks` uint8 [d_out, d_in / 32
     · block bytes], `kind` its type, in the file's layout or (`interleaved`) the 16-row one. The
@@ -314,19 +329,21 @@ class BlockLinear(nn.Module):
     ) -> torch.Tensor:
         """F.linear(x, W, b), W made by `dequantize_rows` from the blocks (file's layout) of at
         most SLICE_FLOATS weights at a time: a large matrix (an LM head of 128k rows, 2 GB as
-        float32) never exists whole as floats, and each output column is the same product."""
+        float32) never exists whole as floats, and each output column is the same product. Each
+        slice's columns are written into the one output as they come (no list of slices joined
+        at the end: that held the logits twice)."""
         bias = None if self.bias is None else self.bias.to(x.dtype)
         blocks = self.file_blocks()
         rows = max(GROUP, SLICE_FLOATS // self.in_features)
         if self.out_features <= rows:
             return F.linear(x, dequantize_rows(blocks), bias)
-        out = []
+        out = x.new_empty(*x.shape[:-1], self.out_features)
         for start in range(0, self.out_features, rows):
             part = slice(start, start + rows)
-            out.append(
-                F.linear(x, dequantize_rows(blocks[part]), None if bias is None else bias[part])
+            out[..., part] = F.linear(
+                x, dequantize_rows(blocks[part]), None if bias is None else bias[part]
             )
-        return torch.cat(out, dim=-1)
+        return out
 
     def extra_repr(self) -> str:
         return (

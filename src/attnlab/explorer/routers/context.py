@@ -16,7 +16,7 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.responses import Response
 
 from ..context import MAX_OVERVIEW, open_context, overview, tile
-from ..schemas import TextRequest
+from ..schemas import ContextRequest
 from ..views import Explorer
 from .api import ERRORS, answer, get_explorer
 
@@ -30,8 +30,9 @@ BINARY = {
         "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
     },
     404: {
-        "description": "no such context kept (it may have been dropped: post the text again), or "
-        "a level or tile outside this text's matrix"
+        "description": "no such context kept (it may have been dropped: post the text again), a "
+        "layer it does not keep (post the text again with those layers), or a level or tile "
+        "outside this text's matrix"
     },
     422: {"description": "a layer or head outside this model's range, or an invalid field"},
 }
@@ -52,8 +53,8 @@ def binary(data: bytes) -> Response:
     "and /tile",
     responses=ERRORS,
 )
-def create(body: TextRequest, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
-    return answer(open_context(explorer, body.model, body.text, body.variant()))
+def create(body: ContextRequest, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
+    return answer(open_context(explorer, body.model, body.text, body.variant(), body.layers))
 
 
 @router.get(

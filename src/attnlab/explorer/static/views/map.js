@@ -64,8 +64,9 @@ export function decodeCells(buffer) {
   return {level, rows, cols, row0, col0, n, values};
 }
 
-async function postContext() {
+async function postContext(layers) {
   const b = {model : state.model, text : state.text};
+  if (layers) b.layers = layers;
   if (state.ablate.length) {
     b.ablate = state.ablate.map((h) => h.slice());
     b.ablation = state.ablation;
@@ -85,10 +86,23 @@ async function getCells(path) {
       return decodeCells(
           await (await send(`/api/context/${map.context.id}/${path}`)).arrayBuffer());
     } catch (err) {
-      if (err.status !== 404 || tries || !err.message.startsWith("no context")) throw err;
-      map.context = await postContext();
+      if (err.status !== 404 || tries) throw err;
+      if (err.message.startsWith("no context"))
+        map.context = await postContext(map.context.layers);
+      else if (err.message.includes("is not kept"))
+        map.context = await postContext(layersAround(state.layer));
+      else
+        throw err;
+      showMemory(map.context.memory);
     }
   }
+}
+
+// as many layers as the kept context holds (the explorer's budget), the one in view among them
+function layersAround(layer) {
+  const n = map.context.layers.length, total = map.context.n_layers;
+  const first = Math.max(0, Math.min(layer - Math.floor(n / 2), total - n));
+  return Array.from({length : n}, (_, i) => first + i);
 }
 
 const headKey = () => `${state.layer}/${state.head}`;
@@ -170,8 +184,12 @@ function showMemory(memory) {
   if (!memory) return;
   const mb = (x) => (x / 2 ** 20).toFixed(0) + " MB";
   $("map-memory").textContent =
-      `text processed in ${map.context.seconds.toFixed(1)} s · queries and keys kept: ` +
-      `${mb(map.context.bytes)} (all contexts ${mb(memory.bytes)} of a ${
+      `text processed in ${map.context.seconds.toFixed(1)} s · queries and keys kept` +
+      (map.context.layers.length < map.context.n_layers
+           ? ` (layers ${map.context.layers[0]}-${map.context.layers.at(-1)} of ${
+                 map.context.n_layers}: what the budget holds; another layer runs the text again)`
+           : "") +
+      `: ${mb(map.context.bytes)} (all contexts ${mb(memory.bytes)} of a ${
           mb(memory.budget_bytes)} budget)` +
       (memory.rss_bytes ? ` · server memory ${mb(memory.rss_bytes)}` : "");
 }
