@@ -168,14 +168,13 @@ def describe_statuses(spec: dict[str, Any]) -> dict[str, Any]:
 
 def describe_models(spec: dict[str, Any], explorer: Explorer) -> dict[str, Any]:
     """The document's request fields narrowed to the models served, so that a request it allows is
-    one the
-    server can answer: `model` (and a path's model `name`) is one of their names; `layer`, `head`
-    and `token` (a position; an attributed token is an id, below the vocabulary size) are at most
-    the largest index any of them has; `ablate` holds distinct in-range [layer, head] pairs, at most
-    every head once; and where every model reads text one character at a time, `text` is made of the
-    characters they all know. With several models of different sizes, an index in range for the
-    largest can still be out of range for a smaller one (422): JSON Schema cannot make one field's
-    range depend on another's value."""
+    one the server can answer: `model` (and a path's model `name`) is one of their names; `layer`,
+    `head` and `token` (a position; an attributed token is an id, below the vocabulary size) are at
+    most the largest index any of them has; `ablate` holds distinct in-range [layer, head] pairs, at
+    most every head once, and `layers` in-range layers, at least one; and where every model
+    reads text one character at a time, `text` is made of the characters they all know. With
+    several models of different sizes, an index in range for the largest can still be out of range
+    for a smaller one (422): JSON Schema cannot make one field's range depend on another's value."""
     models = [e.model for e in explorer.served.entries.values()]
     largest = {
         "layer": max(m.config.n_layers for m in models) - 1,
@@ -202,6 +201,13 @@ def describe_models(spec: dict[str, Any], explorer: Explorer) -> dict[str, Any]:
                 examples=[[[largest["layer"], 0]]],
                 maxItems=max(m.config.n_layers * m.config.n_heads for m in models),
             )
+        if "layers" in properties:  # a context's kept layers: in range, at least one (a layer
+            # named twice is kept once, so neither uniqueness nor a length is required)
+            layers = properties["layers"]
+            for option in layers.get("anyOf", [layers]):
+                if option.get("type") == "array":
+                    option["items"] = {"type": "integer", "minimum": 0, "maximum": largest["layer"]}
+                    option["minItems"] = 1
         if "text" in properties and (characters := known_characters(models)):
             properties["text"]["pattern"] = (
                 "^[" + "".join(f"\\u{ord(c):04x}" for c in characters) + "]*$"
