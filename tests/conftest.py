@@ -68,6 +68,22 @@ def rng(seed: int) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
+@pytest.fixture
+def dequantized_rows(monkeypatch) -> list:
+    """The row count of every slice attnlab.quant.blocks.dequantize is asked for while a test runs
+    (to check that a large matrix is only ever dequantized a slice at a time)."""
+    from attnlab.quant import blocks as blocks_module
+
+    rows, real = [], blocks_module.dequantize
+
+    def counted(part, kind):
+        rows.append(part.shape[0])
+        return real(part, kind)
+
+    monkeypatch.setattr(blocks_module, "dequantize", counted)
+    return rows
+
+
 @pytest.fixture(scope="module")
 def models() -> dict:
     """The explorer tests' three small models (explorer_models.small_models: gpt, llama, bert)."""

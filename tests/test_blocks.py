@@ -165,7 +165,9 @@ def test_block_linear_is_dequantize_then_f_linear(kind, seed):
 
 
 @pytest.mark.parametrize("interleaved", [False, True])
-def test_a_large_block_linear_dequantizes_a_slice_of_rows_at_a_time(interleaved, monkeypatch):
+def test_a_large_block_linear_dequantizes_a_slice_of_rows_at_a_time(
+    interleaved, monkeypatch, dequantized_rows
+):
     """Above SLICE_FLOATS weights the forward never dequantizes the whole matrix (an 8B model's LM
     head: 2 GB as float32) nor holds its output twice, and its output is the whole product's, bit
     for bit."""
@@ -175,14 +177,8 @@ def test_a_large_block_linear_dequantizes_a_slice_of_rows_at_a_time(interleaved,
     if interleaved:
         layer.blocks, layer.interleaved = kernels.repack16(layer.blocks, 0, 64), True
     monkeypatch.setattr(blocks_module, "SLICE_FLOATS", 32 * 64)
-    rows = []
-    real = blocks_module.dequantize
-
-    def counted(part, kind):
-        rows.append(part.shape[0])
-        return real(part, kind)
-
-    monkeypatch.setattr(blocks_module, "dequantize", counted)
+    rows = dequantized_rows
+    rows.clear()  # only the forward's slices
     joined = []  # the slices' columns go into the one output: never a list of them joined
     real_cat = torch.cat
 

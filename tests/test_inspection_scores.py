@@ -204,24 +204,19 @@ def test_weight_rows_are_the_dequantized_rows_in_either_layout(interleaved):
     assert torch.equal(weight_rows(linear, 5, 37), linear.weight[5:37].detach())
 
 
-def test_copying_scores_of_kept_blocks_take_the_vocabulary_a_slice_at_a_time(q8_llama, monkeypatch):
+def test_copying_scores_of_kept_blocks_take_the_vocabulary_a_slice_at_a_time(
+    q8_llama, monkeypatch, dequantized_rows
+):
     """On a GGUF model that keeps its blocks, the copying score never dequantizes the whole
     embedding or LM head (300 rows here): at most COPYING_SLICE weights of them at a time; and it
     equals the score of the same file dequantized to float32."""
     from attnlab.inspection import scores as scores_module
-    from attnlab.quant import blocks as blocks_module
 
     float_model = attnlab.load(q8_llama, keep_blocks=False)
     kept = attnlab.load(q8_llama, keep_blocks=True)
     monkeypatch.setattr(scores_module, "COPYING_SLICE", 64 * 64)  # 64 rows of d_model 64
-    rows = []
-    real = blocks_module.dequantize
-
-    def counted(part, kind):
-        rows.append(part.shape[0])
-        return real(part, kind)
-
-    monkeypatch.setattr(blocks_module, "dequantize", counted)
+    dequantized_rows.clear()  # (loading dequantized the float model's copy)
+    rows = dequantized_rows
     ours = copying_scores(kept)
     assert rows and max(rows) <= 64, max(rows)  # the widest matrix of a layer has 64 rows
     torch.testing.assert_close(ours, copying_scores(float_model), atol=1e-6, rtol=0)
