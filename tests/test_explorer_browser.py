@@ -631,13 +631,14 @@ def test_the_exported_page_works_from_a_file_with_no_network(page, tmp_path):
     page.goto(path.as_uri())
     settle(page, "dict")
     assert page.locator("#dict-threads line").count() == len(TEXT)
-    for view in ("matrix", "heads", "block", "next"):
+    for view in ("matrix", "heads", "block", "next", "experts"):
         show(page, view)
         assert "error" not in (page.get_attribute("#status", "class") or ""), page.inner_text(
             "#status"
         )
     assert page.locator(".next-bar").count() == 10
     assert page.locator(".all-stages .stage").count() >= 14
+    assert "has no experts" in page.inner_text("#experts-note")  # a dense model, said offline
     assert all(url.startswith(("file:", "data:")) for url in requests), requests
 
 

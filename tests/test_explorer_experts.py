@@ -143,6 +143,23 @@ def test_every_view_answers_on_a_mixture_of_experts(moe_client, moe_models):
             )
 
 
+def test_an_exported_page_carries_every_layers_router(moe_client, moe_models):
+    """export-html's data: the page's request for each layer, answered as the server answers it
+    (to the export's 5 significant digits)."""
+    from attnlab.explorer.export import export_data, request_key
+
+    data = export_data(moe_models["mixtral"], TEXT[:20], name="mixtral")
+    for layer in range(3):
+        body = {"model": "mixtral", "text": TEXT[:20], "layer": layer}
+        exported = data["responses"][request_key("/api/experts", body)]
+        served = post(moe_client, "/api/experts", **body)
+        assert exported["chosen"] == served["chosen"]
+        assert exported["load"]["counts"] == served["load"]["counts"]
+        torch.testing.assert_close(
+            torch.tensor(exported["scores"]), torch.tensor(served["scores"]), rtol=1e-4, atol=0
+        )
+
+
 def test_a_dense_model_has_no_router(moe_client):
     response = moe_client.post("/api/experts", json={"model": "llama", "text": TEXT, "layer": 0})
     assert response.status_code == 409
