@@ -7,7 +7,8 @@ encoder (with qk-norm, which the explorer must apply itself when there is no RoP
 real server for them is started by attnlab.explorer.testing's `serving(app)` (a thread) or
 `explorer_process(ARGS)` (`attnlab explore`). conftest.py's fixtures `models` (these three, once per
 test module) and `client` (a TestClient of the explorer serving them) share them between the
-explorer's test files; `post` asks a TestClient for JSON.
+explorer's test files; `post` asks a TestClient for JSON. `moe_model` is a fourth, a mixture of
+experts, for the router's view (test_explorer_experts.py).
 """
 
 from __future__ import annotations
@@ -67,6 +68,23 @@ def small_models(seed: int = 0) -> dict[str, attnlab.Transformer]:
         model.tokenizer = tok
         models[name] = model
     return models
+
+
+def moe_model(seed: int = 0, **overrides) -> attnlab.Transformer:
+    """A small random mixture of experts with the character tokenizer (LLaMA-style, Mixtral's
+    router: 6 experts, 2 per token, renormalised; `overrides` changes the config, e.g. Qwen2-MoE's
+    norm_topk_prob=False and d_shared_expert). The router's weights are scaled up, as
+    test_formats_moe.py's are, so that each token's choices stand apart."""
+    torch.manual_seed(seed)
+    tok = char_tokenizer()
+    config = dict(d_vocab=tok.vocab_size, n_layers=3, n_heads=4, n_kv_heads=2, d_model=32)
+    config.update(d_mlp=24, n_experts=6, experts_per_token=2, **overrides)
+    model = attnlab.Transformer(attnlab.preset("llama-tiny", **config)).eval()
+    with torch.no_grad():
+        for block in model.blocks:
+            block.mlp.W_gate.weight.mul_(20)
+    model.tokenizer = tok
+    return model
 
 
 def post(client, path: str, **body) -> dict:

@@ -17,7 +17,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from explorer_models import TEXT, small_models, snapshot_run
+from explorer_models import TEXT, moe_model, small_models, snapshot_run
 
 import attnlab
 from attnlab.explorer import VIEWS
@@ -42,7 +42,7 @@ CHROMIUM_ARGS = [
 def server(tmp_path_factory):
     from attnlab.explorer.app import create_app
 
-    models = {"minilm": attnlab.load("minilm"), **small_models()}
+    models = {"minilm": attnlab.load("minilm"), **small_models(), "moe": moe_model()}
     # the step slider's snapshots
     runs = {"gpt": snapshot_run(models["gpt"], tmp_path_factory.mktemp("run"))}
     with serving(create_app(models, max_tokens=2048, runs=runs)) as url:
@@ -540,7 +540,10 @@ def test_a_hub_models_revisions_join_the_curves_as_the_slider_reaches_them(
 
 @pytest.mark.parametrize("view", VIEWS)
 def test_save_png_and_svg_download_real_files(server, page, tmp_path, view):
-    open_page(page, server, model="gpt", text="The cat sat on the mat")
+    # the experts view needs a mixture of experts (a dense model's is one line)
+    open_page(
+        page, server, model="moe" if view == "experts" else "gpt", text="The cat sat on the mat"
+    )
     show(page, view)
     for kind in ("png", "svg"):
         with page.expect_download() as download:
@@ -559,6 +562,66 @@ def test_save_png_and_svg_download_real_files(server, page, tmp_path, view):
                 assert root.findall(".//{http://www.w3.org/2000/svg}image")  # the canvas, embedded
 
 
+def test_the_experts_view_draws_the_router_of_every_layer(server, page):
+    """The heatmap is /api/experts' scores with every token's chosen experts marked (each with its
+    weight); the load table is every layer's counts; the layer menu, ◀ ▶ and a click on a layer's
+    row switch layers; a dense model's view is one line saying it has no experts."""
+    open_page(page, server, model="moe", text=TEXT)
+    show(page, "experts")
+    fetch = (
+        "fetch('/api/experts', {method: 'POST', headers: {'Content-Type': 'application/json'}, "
+        "body: JSON.stringify({model: 'moe', text: %r, layer: %d})}).then((r) => r.json())"
+    )
+    truth = page.evaluate(fetch % (TEXT, 0))
+    shown = page.evaluate("window.attnlab.expertsShown()")
+    assert shown["layer"] == 0 and shown["scores"] == truth["scores"]
+    marked = sorted((t, e, w) for t, e, w in shown["marked"])
+    chosen = sorted(
+        (t, e, w)
+        for t, (es, ws) in enumerate(zip(truth["chosen"], truth["weights"]))
+        for e, w in zip(es, ws)
+    )
+    assert marked == chosen and len(marked) == len(TEXT) * 2
+    counts = page.locator("#experts-load .load-cell").evaluate_all(
+        "els => els.map((e) => Number(e.dataset.count))"
+    )
+    assert counts == [n for row in truth["load"]["counts"] for n in row]
+    assert "hook_expert_weights" in page.inner_text("#experts-caption")
+    # hover the first token's first choice: its score and weight
+    box = page.locator("#experts-canvas").bounding_box()
+    g, width = shown["geometry"], page.evaluate("document.getElementById('experts-canvas').width")
+    expert, css = truth["chosen"][0][0], box["width"] / width  # canvas pixels -> CSS pixels
+    page.mouse.move(
+        box["x"] + (g["left"] + (expert + 0.5) * g["cw"]) * css,
+        box["y"] + (g["top"] + 0.5 * g["ch"]) * css,
+    )
+    tip = page.inner_text("#experts-tip")
+    weight = page.evaluate(f"Number({truth['weights'][0][0]}).toPrecision(4)")
+    assert f"expert {expert}: score" in tip and f"chosen (1 of 2), weight {weight}" in tip, tip
+    shot(page, "experts")
+
+    page.click("#experts-load .load-row[data-layer='2']")
+    settle(page, "experts")
+    assert page.evaluate("window.attnlab.expertsShown().layer") == 2
+    assert page.input_value("#layer") == "2"
+    assert (
+        page.evaluate("window.attnlab.expertsShown().scores")
+        == page.evaluate(fetch % (TEXT, 2))["scores"]
+    )
+    page.click("#experts-prev")
+    settle(page, "experts")
+    assert page.evaluate("window.attnlab.expertsShown().layer") == 1
+    page.select_option("#layer", "0")
+    settle(page, "experts")
+    assert page.evaluate("window.attnlab.expertsShown().layer") == 0
+
+    page.select_option("#model", "gpt")
+    settle(page, "experts")
+    assert "model 'gpt' has no experts" in page.inner_text("#experts-note")
+    assert not page.is_visible("#experts-canvas")
+    assert "error" not in (page.get_attribute("#status", "class") or "")
+
+
 def test_the_exported_page_works_from_a_file_with_no_network(page, tmp_path):
     from attnlab.explorer.export import write_html
 
@@ -568,13 +631,14 @@ def test_the_exported_page_works_from_a_file_with_no_network(page, tmp_path):
     page.goto(path.as_uri())
     settle(page, "dict")
     assert page.locator("#dict-threads line").count() == len(TEXT)
-    for view in ("matrix", "heads", "block", "next"):
+    for view in ("matrix", "heads", "block", "next", "experts"):
         show(page, view)
         assert "error" not in (page.get_attribute("#status", "class") or ""), page.inner_text(
             "#status"
         )
     assert page.locator(".next-bar").count() == 10
     assert page.locator(".all-stages .stage").count() >= 14
+    assert "has no experts" in page.inner_text("#experts-note")  # a dense model, said offline
     assert all(url.startswith(("file:", "data:")) for url in requests), requests
 
 

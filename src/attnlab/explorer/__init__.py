@@ -14,7 +14,8 @@ importing FastAPI or torch.
 from pathlib import Path
 
 STATIC = Path(__file__).resolve().parent / "static"  # index.html, app.js and its modules, style.css
-VIEWS = ("dict", "matrix", "heads", "block", "next", "generate", "atlas")  # the page's tabs
+# the page's tabs
+VIEWS = ("dict", "matrix", "heads", "block", "next", "generate", "atlas", "experts")
 # the default cap on a text's length, in tokens, or the model's context (n_ctx) when that is longer
 # (explore --max-tokens changes it)
 MAX_TOKENS = 2048

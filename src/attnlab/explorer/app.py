@@ -10,7 +10,8 @@ Design choices:
 - The `Explorer` (models and computations) lives on `app.state`, reached by a dependency, so each
   app has its own models and tests can build as many apps as they like.
 - Errors: an unknown model, a training step without a snapshot or a token position past the text's
-  end is 404, a next token or an attribution asked of an encoder 409, a text over the limit 413,
+  end is 404, a next token or an attribution asked of an encoder 409 (and the router asked of a
+  dense model, which has no experts), a text over the limit 413,
   any other mistake in a request (a layer or head out of range, a bad mask name) 422; the body is
   {"detail": message}. Each route declares the statuses it can answer (routers/api.py), so a
   client generating requests from the document knows them.

@@ -180,8 +180,9 @@ def add_explore_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "explore",
         help="the local web explorer: attention on real models, in the browser",
-        description="Serve the explorer's seven views (soft dictionary, attention matrix, heads, "
-        "through a block, next token, generate, atlas) for the given models.",
+        description="Serve the explorer's eight views (soft dictionary, attention matrix, heads, "
+        "through a block, next token, generate, atlas, a mixture of experts' router) for the "
+        "given models.",
     )
     p.add_argument(
         "sources",

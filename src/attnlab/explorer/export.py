@@ -12,7 +12,8 @@ Design choices:
   and head scores,
   the next-token distribution at the page's default controls (causal models), and the block trace of
   every token in every layer, or of the last token only when that would be more than MAX_TRACES.
-  The atlas (every head's scores on the probes and on the text) travels as data too. Interactions
+  The atlas (every head's scores on the probes and on the text) travels as data too, and so does
+  a mixture of experts' router, every layer's. Interactions
   that need new numbers (another text, sampling, generation, which streams from a server) say that
   they need `attnlab explore`.
 - With `ablate` (heads to knock out), every view's data is the ablated model's, as the page asks for
@@ -33,6 +34,7 @@ from urllib.parse import quote
 from ..errors import UserError
 from . import STATIC, VIEWS
 from .atlas import atlas
+from .experts import experts
 from .models import Variant
 from .page_modules import inline_modules
 from .service import ServedModels
@@ -136,6 +138,8 @@ def export_data(
                 explorer.pattern(name, text, layer, head, "f32", variant),
             )
             put("/api/projection", where, explorer.projection(name, text, layer, head, variant))
+        if cfg.n_experts:  # a mixture of experts' router, layer by layer
+            put("/api/experts", {"layer": layer}, experts(explorer, name, text, layer, variant))
         tokens = range(T) if cfg.n_layers * T <= MAX_TRACES else [T - 1]
         for token in tokens:
             put(

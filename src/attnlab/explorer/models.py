@@ -26,7 +26,8 @@ class UnknownModel(NotFound):
 
 class Unsupported(UserError):
     """A request this model cannot answer, whatever its values: a next token or a direct logit
-    attribution from an encoder, which predicts no next token (HTTP 409)."""
+    attribution from an encoder, which predicts no next token, or the router of a dense model,
+    which has no experts (HTTP 409)."""
 
 
 class TextTooLong(UserError):

@@ -116,6 +116,10 @@ class TraceRequest(TextRequest):
     token: Integer = Field(ge=0, description="position of the token to follow, from 0")
 
 
+class ExpertsRequest(TextRequest):
+    layer: Integer = Field(ge=0, description="block index, from 0: the layer whose router to show")
+
+
 class AttributionRequest(TextRequest):
     token: Integer = Field(
         ge=0, description="the id of the predicted token whose logit is attributed"

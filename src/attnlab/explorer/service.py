@@ -155,6 +155,9 @@ class ServedModels:
             "d_model": cfg.d_model,
             "d_head": cfg.d_head,
             "d_mlp": None if cfg.attn_only else cfg.d_mlp,
+            # a mixture of experts' router (the experts view); 0: a dense MLP
+            "n_experts": cfg.n_experts,
+            "experts_per_token": cfg.experts_per_token,
             "d_vocab": cfg.d_vocab,
             "n_ctx": cfg.n_ctx,
             "positional": cfg.positional,

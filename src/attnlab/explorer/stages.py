@@ -8,6 +8,9 @@ Design choices:
   with an MLP). `block_stages` reads the table; nothing else decides what the trace shows.
 - A row's title and equation are strings, or functions of the block where the words depend on its
   config (the norm's name, the mask's band).
+- A mixture of experts' block shows its router (the scores over every expert, the chosen ones)
+  where a dense block shows its MLP's hidden layer: each expert sees only its own tokens, so no
+  [pos, d_mlp] tensor exists to show.
 - A skipped stage (RoPE on a model without it, the MLP of an attention-only model) has no tensor
   (`dims` None): the page shows the equation alone, saying why.
 - The token's values are the full tensor at the token's position: its `pos` axis, or its
@@ -128,6 +131,15 @@ def with_rope(b: TracedBlock) -> bool:
 
 def with_mlp(b: TracedBlock) -> bool:
     return b.has_mlp
+
+
+def with_dense_mlp(b: TracedBlock) -> bool:
+    return b.has_mlp and not b.cfg.n_experts
+
+
+def with_experts(b: TracedBlock) -> bool:
+    """A mixture of experts (attnlab.model.moe): its router's stages replace the dense MLP's."""
+    return b.has_mlp and bool(b.cfg.n_experts)
 
 
 def projection(name: str, label: str) -> Stage:
@@ -256,7 +268,7 @@ STAGES: tuple[Stage, ...] = (
         lambda b: "h = (m̂ ⊙ w + b) W_in" if b.cfg.mlp != "swiglu" else "h = (m̂ ⊙ w) W_gate",
         "mlp.hook_pre",
         HIDDEN,
-        when=with_mlp,
+        when=with_dense_mlp,
     ),
     Stage(
         "mlp_post",
@@ -264,9 +276,38 @@ STAGES: tuple[Stage, ...] = (
         lambda b: f"{b.cfg.mlp}(h)",
         "mlp.hook_post",
         HIDDEN,
+        when=with_dense_mlp,
+    ),
+    Stage(
+        "router",
+        "router",
+        "p = softmax((m̂ ⊙ w) W_gate), over every expert",
+        "mlp.hook_expert_weights",
+        ("pos", "n_experts"),
+        when=with_experts,
+    ),
+    Stage(
+        "experts",
+        "chosen experts",
+        lambda b: f"e = top-{b.cfg.experts_per_token} of p, best first",
+        "mlp.hook_expert_indices",
+        ("pos", "experts_per_token"),
+        when=with_experts,
+    ),
+    Stage(
+        "mlp_out",
+        "MLP out",
+        lambda b: (
+            "mlp_out = act(h) W_out"
+            if not b.cfg.n_experts
+            else "mlp_out = Σ_j w_j expert_{e_j}(m̂ ⊙ w), w: p at e"
+            + (" renormalised" if b.cfg.norm_topk_prob else "")
+            + (" + σ(g · m̂) shared(m̂)" if b.cfg.d_shared_expert else "")
+        ),
+        "hook_mlp_out",
+        RESID,
         when=with_mlp,
     ),
-    Stage("mlp_out", "MLP out", "mlp_out = act(h) W_out", "hook_mlp_out", RESID, when=with_mlp),
     Stage(
         "resid_post",
         "residual",

@@ -34,6 +34,13 @@ from .config import ModelConfig
 from .layers import Linear
 
 
+def mixing_weights(top: torch.Tensor, norm_topk_prob: bool) -> torch.Tensor:
+    """The chosen experts' weights in a token's output (the docstring's w): the router's scores of
+    the chosen experts [..., experts_per_token], renormalised to sum to 1 (Mixtral; Qwen's
+    norm_topk_prob) or as they are."""
+    return top / top.sum(-1, keepdim=True) if norm_topk_prob else top
+
+
 class Expert(nn.Module):
     """One expert: W_out (silu(W_gate x) ⊙ W_in x), SwiGLU (Shazeer 2020), with TransformerLens's
     MoEGatedMLP hooks."""
@@ -76,9 +83,8 @@ class MoE(nn.Module):
         rows = x.reshape(-1, d_model)  # [tokens, d_model]
         scores = F.softmax(self.W_gate(rows), dim=-1, dtype=torch.float)  # [tokens, n_experts]
         scores = self.hook_expert_weights(scores.view(*lead, self.n_experts))
-        weights, chosen = torch.topk(scores.reshape(-1, self.n_experts), self.experts_per_token)
-        if self.norm_topk_prob:
-            weights = weights / weights.sum(-1, keepdim=True)
+        top, chosen = torch.topk(scores.reshape(-1, self.n_experts), self.experts_per_token)
+        weights = mixing_weights(top, self.norm_topk_prob)
         chosen = self.hook_expert_indices(chosen.view(*lead, self.experts_per_token))
         chosen = chosen.reshape(-1, self.experts_per_token)  # [tokens, experts_per_token]
         weights = weights.to(x.dtype)

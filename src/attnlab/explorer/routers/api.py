@@ -17,9 +17,11 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import TypeAdapter
 
 from ..atlas import atlas as compute_atlas
+from ..experts import experts as compute_experts
 from ..generation import open_generation
 from ..schemas import (
     AttributionRequest,
+    ExpertsRequest,
     GenerateRequest,
     HeadRequest,
     NextTokenRequest,
@@ -219,6 +221,31 @@ def next_token(
 )
 def atlas(body: TextRequest, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
     return answer(compute_atlas(explorer, body.model, body.text, body.variant()))
+
+
+# what a view of the router adds: a dense model has none
+MOE_ERRORS = {
+    **ERRORS,
+    409: {
+        "description": "the model has no experts (a dense MLP in every block): no router to show",
+        "content": {
+            "application/json": {
+                "example": {"detail": "model 'gpt' has no experts (a dense MLP in every block) ..."}
+            }
+        },
+    },
+}
+
+
+@router.post(
+    "/experts",
+    summary="A mixture of experts' router on a text: one layer's scores over every expert for "
+    "each token (hook_expert_weights), the experts each chose (hook_expert_indices) with their "
+    "weights, and every layer's load",
+    responses=MOE_ERRORS,
+)
+def experts(body: ExpertsRequest, explorer: Explorer = Depends(get_explorer)) -> dict[str, Any]:
+    return answer(compute_experts(explorer, body.model, body.text, body.layer, body.variant()))
 
 
 # one line of the generation stream (explorer/generation.py): what a client can rely on

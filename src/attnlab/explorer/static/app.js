@@ -1,4 +1,4 @@
-// attnlab explorer: seven views of attention on a real model, drawn with SVG and Canvas. This file
+// attnlab explorer: eight views of attention on a real model, drawn with SVG and Canvas. This file
 // is the page: it wires the header (model, text, layer, head, tabs), runs the text and refreshes
 // the view shown.
 //
@@ -19,6 +19,7 @@ import {pictureSvg, wireSave} from "./save.js";
 import {atlasCells, loadAtlas, wireAtlas} from "./views/atlas.js";
 import {loadBlock, wireBlock} from "./views/block.js";
 import {loadDict, wireDict} from "./views/dict.js";
+import {expertsShown, loadExperts, wireExperts} from "./views/experts.js";
 import {generationState, loadGenerate, wireGenerate} from "./views/generate.js";
 import {loadHeads, wireHeads} from "./views/heads.js";
 import {loadKnockout, wireKnockout} from "./views/knockout.js";
@@ -33,7 +34,8 @@ const LOADERS = {
   block : loadBlock,
   next : loadNext,
   generate : loadGenerate,
-  atlas : loadAtlas
+  atlas : loadAtlas,
+  experts : loadExperts
 };
 
 let refreshing = null, refreshAgain = false;
@@ -71,7 +73,7 @@ async function refreshOnce() {
   $("picker").style.visibility =
       state.view === "next" || state.view === "atlas" ? "hidden" : "visible";
   document.querySelector(".head-pick").style.visibility =
-      [ "block", "next", "atlas" ].includes(state.view) ? "hidden" : "visible";
+      [ "block", "next", "atlas", "experts" ].includes(state.view) ? "hidden" : "visible";
   try {
     await loadTraining();
     await Promise.all([ LOADERS[state.view](), loadKnockout() ]);
@@ -144,7 +146,7 @@ function wire() {
         refresh();
       }));
   for (const wireView of [wireDict, wireMatrix, wireHeads, wireBlock, wireNext, wireKnockout,
-                          wireTraining, wireSave, wireGenerate, wireAtlas])
+                          wireTraining, wireSave, wireGenerate, wireAtlas, wireExperts])
     wireView();
 }
 
@@ -192,6 +194,7 @@ window.attnlab = {
   refresh,
   pictureSvg,
   generationState,
-  atlasCells
+  atlasCells,
+  expertsShown
 };
 document.addEventListener("DOMContentLoaded", start);
