@@ -188,13 +188,22 @@ GGUF_CASES = {  # GGUF architecture: (n_experts, experts_per_token, expert width
 }
 
 
-def moe_file(path: Path, arch: str, matrix=GGMLQuantizationType.F32) -> Path:
+def moe_file(
+    path: Path,
+    arch: str,
+    matrix=GGMLQuantizationType.F32,
+    d_model: int = 64,
+    width: int | None = None,
+) -> Path:
     """A random mixture of experts in llama.cpp's layout: tests/gguf_files.py's model with its
     dense MLPs replaced by the converter's tensors (ffn_gate_inp [n_experts, d_model], the experts
-    stacked [n_experts, rows, cols], Qwen2-MoE's shared expert and its one-row gate)."""
-    n_experts, k, width, shared = GGUF_CASES[arch]
+    stacked [n_experts, rows, cols], Qwen2-MoE's shared expert and its one-row gate). `width`: the
+    experts' and the shared expert's (GGUF_CASES' by default; the K-quants need 256 of each and of
+    d_model)."""
+    n_experts, k, case_width, shared = GGUF_CASES[arch]
+    width, shared = (case_width, shared) if width is None else (width, width if shared else 0)
     rng = np.random.default_rng(0)
-    d_model = 64
+    d_head = d_model // 4  # write_model's 4 heads, 2 of keys and values
 
     def edit(tensors):
         for i in range(2):
@@ -212,11 +221,11 @@ def moe_file(path: Path, arch: str, matrix=GGMLQuantizationType.F32) -> Path:
                 tensors[b + "ffn_up_shexp.weight"] = (random(shared, d_model), matrix)
                 tensors[b + "ffn_down_shexp.weight"] = (random(d_model, shared), matrix)
             if arch == "qwen2moe":
-                for part, rows in (("q", 64), ("k", 32), ("v", 32)):
+                for part, rows in (("q", d_model), ("k", d_model // 2), ("v", d_model // 2)):
                     tensors[b + f"attn_{part}.bias"] = (random(rows), 0)
             if arch == "qwen3moe":
-                tensors[b + "attn_q_norm.weight"] = (1 + random(16), 0)
-                tensors[b + "attn_k_norm.weight"] = (1 + random(16), 0)
+                tensors[b + "attn_q_norm.weight"] = (1 + random(d_head), 0)
+                tensors[b + "attn_k_norm.weight"] = (1 + random(d_head), 0)
 
     u32 = GGUFValueType.UINT32
     metadata = {f"{arch}.expert_count": (n_experts, u32), f"{arch}.expert_used_count": (k, u32)}
@@ -228,7 +237,9 @@ def moe_file(path: Path, arch: str, matrix=GGMLQuantizationType.F32) -> Path:
         path,
         arch,
         d_model=d_model,
-        d_mlp=width if arch == "llama" else 96,  # llama's experts are feed_forward_length wide
+        # llama's experts are feed_forward_length wide; the dense MLP's tensors, replaced, must
+        # be made of whole blocks
+        d_mlp=width if arch == "llama" or width != case_width else 96,
         matrix=matrix,
         extra_metadata=metadata,
         tensor_edit=edit,
