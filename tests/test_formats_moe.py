@@ -8,8 +8,8 @@ GGUF: files in llama.cpp's layout (tests/gguf_files.py, the experts stacked into
 the converter stacks them) put each expert's matrices where they belong, as floats or as blocks
 per expert; with llama.cpp's converter as `make venv-test` unpacks it (the anchor, never a
 dependency), files written by its own converter from the transformers models match transformers.
-Generation: the decode step runs the experts' MLP as its module between its C programs, says so,
-and gives the module path's tokens.
+Generation: the C decode step's experts (one program, greedy generation in C) are
+tests/test_moe_step.py's, under every kernel build.
 
 The routers' weights are scaled up so that no token's k-th and (k+1)-th experts are within
 rounding of each other: a near tie would let the two implementations pick different experts for
@@ -34,10 +34,8 @@ from hf_models import save_random
 transformers = pytest.importorskip("transformers")
 
 import attnlab  # noqa: E402
-from attnlab import slower  # noqa: E402
 from attnlab.errors import UserError  # noqa: E402
 from attnlab.formats.compare import compare  # noqa: E402
-from attnlab.generate.kernel_decoder import step_logits  # noqa: E402
 from attnlab.model.config import ModelConfig  # noqa: E402
 from attnlab.model.moe import MoE  # noqa: E402
 from attnlab.quant.blocks import BlockLinear  # noqa: E402
@@ -291,20 +289,6 @@ def test_gguf_expert_blocks_are_kept_per_expert(tmp_path):
     ids = torch.randint(0, floats.config.d_vocab, (1, 9))
     with torch.no_grad():
         torch.testing.assert_close(blocks(ids), floats(ids), rtol=1e-5, atol=1e-5)
-
-
-def test_generation_runs_the_experts_module_and_says_so(tmp_path, monkeypatch):
-    """The kernel decode step with its MoE step gives the module path's greedy tokens and the
-    forward's logits, and one line says that the experts' MLP runs as a PyTorch module."""
-    monkeypatch.setattr(slower, "_said", set())
-    model = attnlab.load(moe_file(tmp_path / "llama.gguf", "llama"))
-    prompt = torch.randint(0, model.config.d_vocab, (1, 5))
-    with pytest.warns(slower.SlowerPath, match="mixture-of-experts MLP runs as its PyTorch"):
-        fast = model.generate(prompt, 12, temperature=0)
-    assert torch.equal(fast, model.generate(prompt, 12, temperature=0, use_kernels=False))
-    ids = torch.randint(0, model.config.d_vocab, (2, 8))
-    with torch.no_grad():  # the decode step's logits, one token at a time, are the forward's
-        torch.testing.assert_close(step_logits(model, ids), model(ids), rtol=1e-4, atol=1e-4)
 
 
 def _converter_missing() -> str | None:

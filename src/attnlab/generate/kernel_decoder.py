@@ -17,6 +17,15 @@ blocks' own RoPE table; √d_model on the embedding in the C lookup. So its step
 OLMo 2's blocks (no norm before the sublayers: the products read the residual stream itself) and
 its qk-norm over the whole projection (q and k normed as one row each) run here as well.
 
+A mixture of experts' MLP (Mixtral, Qwen2-MoE, Qwen3-MoE: attnlab.model.moe) is ops of the same
+program (c/moe.c, `_moe_steps`): the router's product, then its softmax, top-k and renormalisation
+into small buffers; the chosen experts' products read through a table of every expert's weights
+indexed by that choice, so that a step reads k experts' weights, not n_experts' (the point of a
+mixture), each multiplied by the dense step's kernel for its kind (float32, int8, every block
+kind); SwiGLU's product; their outputs weighed by the router into the residual stream with
+Qwen2-MoE's sigmoid-gated shared expert. A row of a batch goes through its own k experts one
+product at a time.
+
 Greedy generation runs its whole loop in C (`generate_greedy`, c/program.c's
 attnlab_generate_greedy): the argmax of the logits, fed back as the next step's token, with no
 Python between tokens (the Python loop around the step cost a measurable part of each token:
@@ -30,7 +39,6 @@ from collections.abc import Callable
 
 import torch
 
-from .. import slower
 from ..model.config import GATED_MLPS
 from ..model.layers import Linear
 from ..model.moe import MoE
@@ -366,17 +374,9 @@ class KernelDecoder:
         experts' table (kernels.linear_experts_call: only those k experts' weights are read),
         SwiGLU's product, their W_out products, and the outputs weighed into the residual stream
         (kernels.weigh_experts_call) with Qwen2-MoE's gated shared expert, a dense SwiGLU MLP
-        computed beside the router. A post-norm on the mixture's output (no such family read
-        today) runs the module between the programs, and says so in one line."""
+        computed beside the router; with a sandwich norm, weighed into a buffer, normed and then
+        added, as _output_steps."""
         mlp, x, product = block.mlp, self.x, self._product
-        if block.ln2_post is not None:
-            slower.say(
-                "the mixture-of-experts MLP with a norm after it runs as its PyTorch module "
-                "between the C step's programs",
-                "one C program per step",
-                "the C step's experts add into the residual stream with no norm between",
-            )
-            return [lambda: x.add_(block.ln2_post(mlp(h_mlp)))]
         steps, shared = [], mlp.shared_expert
         if shared is not None:  # W_gate, W_in and the gate's logit all read h_mlp, as the router
             steps += [
@@ -397,22 +397,27 @@ class KernelDecoder:
         steps += [
             independent(kernels.linear_experts_call(h_mlp, table("W_gate"), chosen, gate)),
             kernels.linear_experts_call(h_mlp, table("W_in"), chosen, pre),
-            independent(kernels.silu_mul_call(gate, pre)),
+            kernels.silu_mul_call(gate, pre),
         ]
         if shared is not None:
+            steps[-1] = independent(steps[-1])
             steps.append(kernels.silu_mul_call(self.shared_gate, self.shared_pre))
-        else:
-            steps[-1].wait = True
         steps.append(
             kernels.linear_experts_call(gate, table("W_out"), chosen, out, x_per_slot=True)
         )
-        if shared is None:  # resid_post = resid_mid + Σ_j w_j expert_j
-            return steps + [kernels.weigh_experts_call(x, out, weights)]
-        steps[-1] = independent(steps[-1])
+        if shared is not None:
+            steps[-1] = independent(steps[-1])
+            steps.append(product(shared.W_out, self.shared_gate, self.shared_out))
+        # resid_post = resid_mid + Σ_j w_j expert_j (+ sigmoid(w_s · h) shared_expert)
+        gated = (self.shared_out, self.shared_logit) if shared is not None else (None, None)
+        post_norm = block.ln2_post
+        if post_norm is None:
+            return steps + [kernels.weigh_experts_call(x, out, weights, *gated)]
+        mixture = self.sublayer_out  # resid_post = resid_mid + ln2_post(mixture)
         return steps + [
-            product(shared.W_out, self.shared_gate, self.shared_out),
-            # resid_post = resid_mid + Σ_j w_j expert_j + sigmoid(w_s · h) shared_expert
-            kernels.weigh_experts_call(x, out, weights, self.shared_out, self.shared_logit),
+            kernels.weigh_experts_call(mixture, out, weights, *gated, accumulate=False),
+            kernels.norm_call(post_norm, mixture, mixture),
+            kernels.add_call(x, mixture),
         ]
 
     def _expert_weight(self, linear) -> kernels.ExpertWeight:

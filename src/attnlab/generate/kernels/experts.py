@@ -113,11 +113,12 @@ def weigh_experts_call(
     weights: torch.Tensor,
     shared: torch.Tensor | None = None,
     shared_gate: torch.Tensor | None = None,
+    accumulate: bool = True,
 ) -> Call:
-    """x += Σ_j weights[:, j] y[:, j] (+ sigmoid(shared_gate) shared), prepared: x (rows, d),
-    y (rows, k, d) the experts' outputs, weights (rows, k) their router weights, shared (rows, d)
-    the shared expert's output and shared_gate (rows, 1) its gate's logit (both or neither);
-    float32, contiguous."""
+    """x += Σ_j weights[:, j] y[:, j] (+ sigmoid(shared_gate) shared), prepared (x = that sum,
+    not accumulate): x (rows, d), y (rows, k, d) the experts' outputs, weights (rows, k) their
+    router weights, shared (rows, d) the shared expert's output and shared_gate (rows, 1) its
+    gate's logit (both or neither); float32, contiguous."""
     rows, d = x.shape
     k = weights.shape[1]
     assert y.shape == (rows, k, d) and weights.shape == (rows, k)
@@ -125,4 +126,4 @@ def weigh_experts_call(
     assert shared is None or (shared.shape == (rows, d) and shared_gate.numel() == rows)
     tensors = [t for t in (x, y, weights, shared, shared_gate) if t is not None]
     assert all(t.dtype == torch.float32 and t.is_contiguous() for t in tensors)
-    return Call(Op.WEIGH_EXPERTS, x, y, weights, shared, shared_gate, rows, k, d)
+    return Call(Op.WEIGH_EXPERTS, x, y, weights, shared, shared_gate, rows, k, d, int(accumulate))

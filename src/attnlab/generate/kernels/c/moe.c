@@ -103,19 +103,22 @@ void attnlab_linear_experts(const float *x, const int64_t *table, const int64_t 
 /* The experts' outputs weighed into the residual stream, values [lo, hi) of x [rows, d]: x[r] +=
  * sum_j weights[r, j] y[r, j] (+ sigmoid(shared_gate[r]) shared[r], Qwen2-MoE's shared expert,
  * where `shared` is not NULL), y [rows, k, d]: the mixture summed first, then added, the module's
- * order. */
+ * order. Unless `accumulate`, x = the mixture (a sandwich norm's sublayer output, normed before it
+ * joins the residual). */
 static void weigh_experts(float *x, const float *y, const float *weights, const float *shared,
-                          const float *shared_gate, int64_t k, int64_t d, int64_t lo, int64_t hi) {
+                          const float *shared_gate, int64_t k, int64_t d, int accumulate,
+                          int64_t lo, int64_t hi) {
   for (int64_t i = lo; i < hi; i++) {
     int64_t r = i / d, c = i % d;
     float sum = 0.0f;
     for (int64_t j = 0; j < k; j++) sum += weights[r * k + j] * y[(r * k + j) * d + c];
     if (shared) sum += times_sigmoid(shared[i], shared_gate[r]);
-    x[i] += sum;
+    x[i] = accumulate ? x[i] + sum : sum;
   }
 }
 
 void attnlab_weigh_experts(float *x, const float *y, const float *weights, const float *shared,
-                           const float *shared_gate, int64_t rows, int64_t k, int64_t d) {
-  weigh_experts(x, y, weights, shared, shared_gate, k, d, 0, rows * d);
+                           const float *shared_gate, int64_t rows, int64_t k, int64_t d,
+                           int accumulate) {
+  weigh_experts(x, y, weights, shared, shared_gate, k, d, accumulate, 0, rows * d);
 }

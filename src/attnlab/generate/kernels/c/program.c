@@ -113,7 +113,8 @@ static void run_op(const attnlab_op *op, const attnlab_op *next, int first, int8
   case OP_WEIGH_EXPERTS:
     share(op->a[5] * op->a[7], &lo, &hi);
     weigh_experts(ARG(0, float *), ARG(1, const float *), ARG(2, const float *),
-                  ARG(3, const float *), ARG(4, const float *), op->a[6], op->a[7], lo, hi);
+                  ARG(3, const float *), ARG(4, const float *), op->a[6], op->a[7], (int)op->a[8],
+                  lo, hi);
     break;
   case OP_LINEAR_Q: {
     /* this thread's share of the next product, which linear_q prefetches */
