@@ -8,8 +8,8 @@ GGUF: files in llama.cpp's layout (tests/gguf_files.py, the experts stacked into
 the converter stacks them) put each expert's matrices where they belong, as floats or as blocks
 per expert; with llama.cpp's converter as `make venv-test` unpacks it (the anchor, never a
 dependency), files written by its own converter from the transformers models match transformers.
-Generation: the decode step runs the experts' MLP as its module between its C programs, says so,
-and gives the module path's tokens.
+Generation: the C decode step's experts (one program, greedy generation in C) are
+tests/test_moe_step.py's, under every kernel build.
 
 The routers' weights are scaled up so that no token's k-th and (k+1)-th experts are within
 rounding of each other: a near tie would let the two implementations pick different experts for
@@ -34,10 +34,8 @@ from hf_models import save_random
 transformers = pytest.importorskip("transformers")
 
 import attnlab  # noqa: E402
-from attnlab import slower  # noqa: E402
 from attnlab.errors import UserError  # noqa: E402
 from attnlab.formats.compare import compare  # noqa: E402
-from attnlab.generate.kernel_decoder import step_logits  # noqa: E402
 from attnlab.model.config import ModelConfig  # noqa: E402
 from attnlab.model.moe import MoE  # noqa: E402
 from attnlab.quant.blocks import BlockLinear  # noqa: E402
@@ -188,13 +186,22 @@ GGUF_CASES = {  # GGUF architecture: (n_experts, experts_per_token, expert width
 }
 
 
-def moe_file(path: Path, arch: str, matrix=GGMLQuantizationType.F32) -> Path:
+def moe_file(
+    path: Path,
+    arch: str,
+    matrix=GGMLQuantizationType.F32,
+    d_model: int = 64,
+    width: int | None = None,
+) -> Path:
     """A random mixture of experts in llama.cpp's layout: tests/gguf_files.py's model with its
     dense MLPs replaced by the converter's tensors (ffn_gate_inp [n_experts, d_model], the experts
-    stacked [n_experts, rows, cols], Qwen2-MoE's shared expert and its one-row gate)."""
-    n_experts, k, width, shared = GGUF_CASES[arch]
+    stacked [n_experts, rows, cols], Qwen2-MoE's shared expert and its one-row gate). `width`: the
+    experts' and the shared expert's (GGUF_CASES' by default; the K-quants need 256 of each and of
+    d_model)."""
+    n_experts, k, case_width, shared = GGUF_CASES[arch]
+    width, shared = (case_width, shared) if width is None else (width, width if shared else 0)
     rng = np.random.default_rng(0)
-    d_model = 64
+    d_head = d_model // 4  # write_model's 4 heads, 2 of keys and values
 
     def edit(tensors):
         for i in range(2):
@@ -212,11 +219,11 @@ def moe_file(path: Path, arch: str, matrix=GGMLQuantizationType.F32) -> Path:
                 tensors[b + "ffn_up_shexp.weight"] = (random(shared, d_model), matrix)
                 tensors[b + "ffn_down_shexp.weight"] = (random(d_model, shared), matrix)
             if arch == "qwen2moe":
-                for part, rows in (("q", 64), ("k", 32), ("v", 32)):
+                for part, rows in (("q", d_model), ("k", d_model // 2), ("v", d_model // 2)):
                     tensors[b + f"attn_{part}.bias"] = (random(rows), 0)
             if arch == "qwen3moe":
-                tensors[b + "attn_q_norm.weight"] = (1 + random(16), 0)
-                tensors[b + "attn_k_norm.weight"] = (1 + random(16), 0)
+                tensors[b + "attn_q_norm.weight"] = (1 + random(d_head), 0)
+                tensors[b + "attn_k_norm.weight"] = (1 + random(d_head), 0)
 
     u32 = GGUFValueType.UINT32
     metadata = {f"{arch}.expert_count": (n_experts, u32), f"{arch}.expert_used_count": (k, u32)}
@@ -228,7 +235,9 @@ def moe_file(path: Path, arch: str, matrix=GGMLQuantizationType.F32) -> Path:
         path,
         arch,
         d_model=d_model,
-        d_mlp=width if arch == "llama" else 96,  # llama's experts are feed_forward_length wide
+        # llama's experts are feed_forward_length wide; the dense MLP's tensors, replaced, must
+        # be made of whole blocks
+        d_mlp=width if arch == "llama" or width != case_width else 96,
         matrix=matrix,
         extra_metadata=metadata,
         tensor_edit=edit,
@@ -280,20 +289,6 @@ def test_gguf_expert_blocks_are_kept_per_expert(tmp_path):
     ids = torch.randint(0, floats.config.d_vocab, (1, 9))
     with torch.no_grad():
         torch.testing.assert_close(blocks(ids), floats(ids), rtol=1e-5, atol=1e-5)
-
-
-def test_generation_runs_the_experts_module_and_says_so(tmp_path, monkeypatch):
-    """The kernel decode step with its MoE step gives the module path's greedy tokens and the
-    forward's logits, and one line says that the experts' MLP runs as a PyTorch module."""
-    monkeypatch.setattr(slower, "_said", set())
-    model = attnlab.load(moe_file(tmp_path / "llama.gguf", "llama"))
-    prompt = torch.randint(0, model.config.d_vocab, (1, 5))
-    with pytest.warns(slower.SlowerPath, match="mixture-of-experts MLP runs as its PyTorch"):
-        fast = model.generate(prompt, 12, temperature=0)
-    assert torch.equal(fast, model.generate(prompt, 12, temperature=0, use_kernels=False))
-    ids = torch.randint(0, model.config.d_vocab, (2, 8))
-    with torch.no_grad():  # the decode step's logits, one token at a time, are the forward's
-        torch.testing.assert_close(step_logits(model, ids), model(ids), rtol=1e-4, atol=1e-4)
 
 
 def _converter_missing() -> str | None:

@@ -17,6 +17,15 @@ blocks' own RoPE table; √d_model on the embedding in the C lookup. So its step
 OLMo 2's blocks (no norm before the sublayers: the products read the residual stream itself) and
 its qk-norm over the whole projection (q and k normed as one row each) run here as well.
 
+A mixture of experts' MLP (Mixtral, Qwen2-MoE, Qwen3-MoE: attnlab.model.moe) is ops of the same
+program (c/moe.c, `_moe_steps`): the router's product, then its softmax, top-k and renormalisation
+into small buffers; the chosen experts' products read through a table of every expert's weights
+indexed by that choice, so that a step reads k experts' weights, not n_experts' (the point of a
+mixture), each multiplied by the dense step's kernel for its kind (float32, int8, every block
+kind); SwiGLU's product; their outputs weighed by the router into the residual stream with
+Qwen2-MoE's sigmoid-gated shared expert. A row of a batch goes through its own k experts one
+product at a time.
+
 Greedy generation runs its whole loop in C (`generate_greedy`, c/program.c's
 attnlab_generate_greedy): the argmax of the logits, fed back as the next step's token, with no
 Python between tokens (the Python loop around the step cost a measurable part of each token:
@@ -30,7 +39,6 @@ from collections.abc import Callable
 
 import torch
 
-from .. import slower
 from ..model.config import GATED_MLPS
 from ..model.layers import Linear
 from ..model.moe import MoE
@@ -151,7 +159,7 @@ class KernelDecoder:
         kernels.place_in_huge_pages(
             [
                 stored_weight(linear, fill=False, shared=self.shared)
-                for linear in self.linears_in_step_order(model)
+                for linear in self.linears_in_step_order(model, experts=True)
             ]
         )
         steps = self._embedding_steps()
@@ -185,6 +193,19 @@ class KernelDecoder:
         windowed = any(cfg.layer_window(i) is not None for i in range(cfg.n_layers))
         self.window_mask = torch.zeros(B, max_len, dtype=torch.bool) if windowed else None
         self.logits = new(B, cfg.d_vocab)
+        if cfg.n_experts:  # a mixture of experts (_moe_steps)
+            k = cfg.experts_per_token
+            # the router's logits, then its scores [batch, n_experts]; each row's k experts and
+            # their weights [batch, k]
+            self.expert_scores = new(B, cfg.n_experts)
+            self.expert_weights = new(B, k)
+            self.expert_indices = torch.zeros(B, k, dtype=torch.int64)
+            # each chosen expert's W_gate x, W_in x [batch, k, d_mlp] and output [batch, k, d_model]
+            self.gate_k, self.pre_k = new(B, k, cfg.d_mlp), new(B, k, cfg.d_mlp)
+            self.expert_out = new(B, k, cfg.d_model)
+            shared = cfg.d_shared_expert  # Qwen2-MoE's shared expert: its own MLP's buffers
+            self.shared_gate, self.shared_pre = new(B, shared), new(B, shared)
+            self.shared_out, self.shared_logit = new(B, cfg.d_model), new(B, 1)
         self.ids = torch.zeros(B, dtype=torch.int64)  # this step's tokens
         self.position = torch.zeros(B, dtype=torch.int64)  # and their positions
         self.slot = torch.zeros(1, dtype=torch.int64)  # the cache slot this step writes
@@ -348,27 +369,86 @@ class KernelDecoder:
         return steps
 
     def _moe_steps(self, block, h_mlp: torch.Tensor) -> list:
-        """A mixture of experts' MLP (attnlab.model.moe) as its module computes it, a PyTorch step
-        between the C programs: the router, then only the chosen experts' products (the step's
-        Linears being generation's fast ones, a few rows in C). Said in one line."""
-        slower.say(
-            "the mixture-of-experts MLP runs as its PyTorch module between the C step's programs",
-            "one C program per step",
-            "the C step has no expert routing",
+        """A mixture of experts' MLP (attnlab.model.moe) in the program: the router's product and
+        choice (kernels.route_call), the chosen experts' W_gate and W_in products through the
+        experts' table (kernels.linear_experts_call: only those k experts' weights are read),
+        SwiGLU's product, their W_out products, and the outputs weighed into the residual stream
+        (kernels.weigh_experts_call) with Qwen2-MoE's gated shared expert, a dense SwiGLU MLP
+        computed beside the router; with a sandwich norm, weighed into a buffer, normed and then
+        added, as _output_steps."""
+        mlp, x, product = block.mlp, self.x, self._product
+        steps, shared = [], mlp.shared_expert
+        if shared is not None:  # W_gate, W_in and the gate's logit all read h_mlp, as the router
+            steps += [
+                independent(product(shared.W_gate, h_mlp, self.shared_gate)),
+                independent(product(shared.W_in, h_mlp, self.shared_pre)),
+                independent(product(mlp.shared_expert_gate, h_mlp, self.shared_logit)),
+            ]
+        scores, weights, chosen = self.expert_scores, self.expert_weights, self.expert_indices
+        steps += [
+            product(mlp.W_gate, h_mlp, scores),
+            kernels.route_call(scores, weights, chosen, mlp.norm_topk_prob),
+        ]
+
+        def table(part: str) -> list:
+            return [self._expert_weight(getattr(e, part)) for e in mlp.experts]
+
+        gate, pre, out = self.gate_k, self.pre_k, self.expert_out
+        steps += [
+            independent(kernels.linear_experts_call(h_mlp, table("W_gate"), chosen, gate)),
+            kernels.linear_experts_call(h_mlp, table("W_in"), chosen, pre),
+            kernels.silu_mul_call(gate, pre),
+        ]
+        if shared is not None:
+            steps[-1] = independent(steps[-1])
+            steps.append(kernels.silu_mul_call(self.shared_gate, self.shared_pre))
+        steps.append(
+            kernels.linear_experts_call(gate, table("W_out"), chosen, out, x_per_slot=True)
         )
-        mlp, x = block.mlp, self.x
-        if block.ln2_post is not None:
-            return [lambda: x.add_(block.ln2_post(mlp(h_mlp)))]
-        return [lambda: x.add_(mlp(h_mlp))]  # resid_post = resid_mid + mlp_out
+        if shared is not None:
+            steps[-1] = independent(steps[-1])
+            steps.append(product(shared.W_out, self.shared_gate, self.shared_out))
+        # resid_post = resid_mid + Σ_j w_j expert_j (+ sigmoid(w_s · h) shared_expert)
+        gated = (self.shared_out, self.shared_logit) if shared is not None else (None, None)
+        post_norm = block.ln2_post
+        if post_norm is None:
+            return steps + [kernels.weigh_experts_call(x, out, weights, *gated)]
+        mixture = self.sublayer_out  # resid_post = resid_mid + ln2_post(mixture)
+        return steps + [
+            kernels.weigh_experts_call(mixture, out, weights, *gated, accumulate=False),
+            kernels.norm_call(post_norm, mixture, mixture),
+            kernels.add_call(x, mixture),
+        ]
+
+    def _expert_weight(self, linear) -> kernels.ExpertWeight:
+        """How an expert's Linear (Int8Linear, BlockLinear) is multiplied: as `_product` multiplies
+        a dense one (blocks in the 16-row layout where `repacked`)."""
+        if isinstance(linear, BlockLinear):
+            kind = BLOCK_TYPES[linear.kind].kernel
+            blocks = stored_weight(linear, shared=self.shared)
+            return kernels.ExpertWeight(blocks, kind=kind, repacked=repacked(linear))
+        return kernels.ExpertWeight(linear.weight, getattr(linear, "scale", None))
 
     @staticmethod
-    def linears_in_step_order(model) -> list:
-        """The Linear (Int8Linear, BlockLinear) modules a step multiplies by, in that order."""
+    def linears_in_step_order(model, experts: bool = False) -> list:
+        """The Linear (Int8Linear, BlockLinear) modules a step multiplies by, in that order; a
+        mixture's routed experts (read as routed, k of them a step) only where `experts`, all of
+        them at their place."""
         linears = []
         for block in model.blocks:
             attn, mlp = block.attn, block.mlp
             linears += [attn.W_Q, attn.W_K, attn.W_V, attn.W_O]
-            if mlp is not None and not isinstance(mlp, MoE):  # experts: read as routed
+            if isinstance(mlp, MoE):  # as _moe_steps multiplies them
+                shared = mlp.shared_expert
+                if shared is not None:
+                    linears += [shared.W_gate, shared.W_in, mlp.shared_expert_gate]
+                linears.append(mlp.W_gate)
+                if experts:
+                    for part in ("W_gate", "W_in", "W_out"):
+                        linears += [getattr(e, part) for e in mlp.experts]
+                if shared is not None:
+                    linears.append(shared.W_out)
+            elif mlp is not None:
                 linears += [mlp.W_in] + ([mlp.W_gate] if mlp.gated else []) + [mlp.W_out]
         return linears + [model.unembed]
 

@@ -12,6 +12,7 @@ The package by job, one module each (its docstring says its design choices):
 - products.py: float32, int8 and block products, a prompt's products of many rows, AMX's.
 - attention.py: a decode step's attention over the cache, a prompt's causal attention.
 - elementwise.py: norms, RoPE, activations, SwiGLU's product, sums, embeddings.
+- experts.py: a mixture of experts' router choice, chosen experts' products and their sum.
 - policy.py: which numeric path float32 work of many rows takes (AMX, the float32 tiles or
   torch's GEMM), measured once per machine.
 - buffers.py: kept scratch, and weights moved into 2 MB pages.
@@ -79,6 +80,7 @@ from .elementwise import (
     softcap_call,
     window_mask_call,
 )
+from .experts import ExpertWeight, linear_experts_call, route_call, weigh_experts_call
 from .interface import C_FOLDER, FUNCTIONS, Signature, declare, load
 from .policy import (
     FLOAT_ROWS,
@@ -140,6 +142,7 @@ __all__ = [
     "BlockKind",
     "Call",
     "CpuLevel",
+    "ExpertWeight",
     "Op",
     "OpCall",
     "Program",
@@ -182,6 +185,7 @@ __all__ = [
     "linear_amx",
     "linear_amx_many",
     "linear_call",
+    "linear_experts_call",
     "linear_rows",
     "load",
     "mul_call",
@@ -197,6 +201,7 @@ __all__ = [
     "rms_norm_parts_rows",
     "rms_norm_rows",
     "rope_call",
+    "route_call",
     "rope_rows",
     "rows_vectorized",
     "self_check",
@@ -213,6 +218,7 @@ __all__ = [
     "use_variant",
     "variant",
     "variants_here",
+    "weigh_experts_call",
     "why_not_here",
     "window_mask_call",
 ]

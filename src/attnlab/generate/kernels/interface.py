@@ -132,6 +132,13 @@ FUNCTIONS: dict[str, Signature] = {
     "attnlab_add": _void(_ptr, _ptr, _i64),
     "attnlab_mul": _void(_ptr, _ptr, _i64),
     "attnlab_window_mask": _void(_ptr, _ptr, _ptr, _i64, _i64, _i64),
+    # -- a mixture of experts' ops: the router's choice (scores, weights, chosen, rows, n_experts,
+    # k, normalize), the chosen experts' products (x, table, chosen, y, scratch, rows, k, d_in,
+    # d_out, x_per_slot, threads), their outputs weighed into the residual (x, y, weights, shared,
+    # shared_gate, rows, k, d, accumulate)
+    "attnlab_route": _void(*[_ptr] * 3, _i64, _i64, _i64, _int),
+    "attnlab_linear_experts": _void(*[_ptr] * 5, *[_i64] * 4, _int, _int),
+    "attnlab_weigh_experts": _void(*[_ptr] * 5, _i64, _i64, _i64, _int),
     # -- a prompt's elementwise kernels, the rows shared by the threads: RMSNorm (x, w, out, rows,
     # d, eps, threads), with its hooks' parts (x, w, out, scale, normalized, rows, d, eps,
     # threads), SwiGLU's product into gate or into up (gate, up, n, threads), RoPE out of place

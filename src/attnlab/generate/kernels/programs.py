@@ -47,6 +47,9 @@ class Op(enum.IntEnum):
     ADD = 12
     MUL = 13
     WINDOW_MASK = 14
+    ROUTE = 15
+    LINEAR_EXPERTS = 16
+    WEIGH_EXPERTS = 17
 
     @property
     def function(self) -> str:
@@ -141,7 +144,9 @@ class Program:
 
     def __init__(self, calls: list[Call], threads: int) -> None:
         # a block product's scratch has one part per thread it was prepared for
-        assert all(threads <= c.values[-1] for c in calls if c.kind == Op.LINEAR_Q)
+        assert all(
+            threads <= c.values[-1] for c in calls if c.kind in (Op.LINEAR_Q, Op.LINEAR_EXPERTS)
+        )
         self.calls = calls  # which keep their tensors alive
         self.ops = (OpCall * len(calls))(*(call.op() for call in calls))
         self.threads = threads

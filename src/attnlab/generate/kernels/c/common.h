@@ -229,6 +229,9 @@ typedef enum {
   OP_ADD,
   OP_MUL,
   OP_WINDOW_MASK,
+  OP_ROUTE,
+  OP_LINEAR_EXPERTS,
+  OP_WEIGH_EXPERTS,
 } attnlab_op_kind;
 
 typedef struct {

@@ -18,6 +18,7 @@
  *   amx_attention.c  attention's products on AMX tiles
  *   attention.c      decode and prompt attention
  *   ops.c            norms, RoPE, activations, embeddings
+ *   moe.c            a mixture of experts: the router's choice, the chosen experts' products
  *   program.c        the decode step as a program, the greedy loop
  *   probe.c          the read-bandwidth probe, the build's facts
  */
@@ -35,5 +36,6 @@
 #include "amx_attention.c"
 #include "attention.c"
 #include "ops.c"
+#include "moe.c"
 #include "program.c"
 #include "probe.c"

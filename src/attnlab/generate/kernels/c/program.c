@@ -100,6 +100,22 @@ static void run_op(const attnlab_op *op, const attnlab_op *next, int first, int8
     attnlab_window_mask(ARG(0, uint8_t *), ARG(1, const uint8_t *), ARG(2, const int64_t *),
                         op->a[3], op->a[4], op->a[5]);
     break;
+  case OP_ROUTE:
+#pragma omp single nowait
+    attnlab_route(ARG(0, float *), ARG(1, float *), ARG(2, int64_t *), op->a[3], op->a[4], op->a[5],
+                  (int)op->a[6]);
+    break;
+  case OP_LINEAR_EXPERTS:
+    linear_experts(ARG(0, const float *), ARG(1, const int64_t *), ARG(2, const int64_t *),
+                   ARG(3, float *), ARG(4, int8_t *), op->a[5], op->a[6], op->a[7], op->a[8],
+                   (int)op->a[9]);
+    break;
+  case OP_WEIGH_EXPERTS:
+    share(op->a[5] * op->a[7], &lo, &hi);
+    weigh_experts(ARG(0, float *), ARG(1, const float *), ARG(2, const float *),
+                  ARG(3, const float *), ARG(4, const float *), op->a[6], op->a[7], (int)op->a[8],
+                  lo, hi);
+    break;
   case OP_LINEAR_Q: {
     /* this thread's share of the next product, which linear_q prefetches */
     q_share after = {0, 0, NULL, 0};
