@@ -313,8 +313,9 @@ def figures_of(results: dict) -> list[dict]:
             {"name": f"{step}: peak resident memory", "unit": "GB",
              "attnlab": found["peak"]["VmHWM"] / GB, "anchor": None, "ratio": None}
         )  # fmt: skip
+        load = found.get("load_average_1min")  # the machine's, as the step began: times vary
         figures.append(
-            {"name": f"{step}: time", "unit": "s",
+            {"name": f"{step}: time" + ("" if load is None else f" (load {load:.1f})"), "unit": "s",
              "attnlab": found["load_seconds" if step == "load" else "step_seconds"],
              "anchor": None, "ratio": None}
         )  # fmt: skip
