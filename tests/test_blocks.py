@@ -19,6 +19,7 @@ attnlab_linear_q), each against its reference.
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 from unittest import mock
@@ -34,6 +35,7 @@ from gguf_files import random_blocks, smollm2_path, write_model
 from hypothesis import given
 from hypothesis import strategies as st
 from styles import fields, randomize
+from torch.multiprocessing.reductions import StorageWeakRef
 
 import attnlab
 from attnlab.errors import UserError
@@ -41,6 +43,8 @@ from attnlab.generate import fast_layers, kernel_decoder, kernels
 from attnlab.generate import loop as generation
 from attnlab.generate.fast_layers import PROMPT_KINDS, KernelBlockLinear, fast_linears
 from attnlab.generate.kernel_decoder import KernelDecoder
+from attnlab.generate.kernels import buffers as kernel_buffers
+from attnlab.generate.kernels import products as kernel_products
 from attnlab.generate.kv_cache import KVCache
 from attnlab.generate.loop import generate
 from attnlab.model.config import ModelConfig
@@ -392,6 +396,59 @@ def test_the_decode_step_holds_one_copy_of_each_matrix(kind, monkeypatch):
     KernelDecoder(model, KVCache.for_model(model, 2, 16))
     for name, m in linears.items():
         assert not m.interleaved and torch.equal(m.blocks, before[name])
+
+
+@pytest.mark.parametrize("kind", REPACKABLE)
+def test_repack16_in_place_writes_the_bytes_of_repack16(kind, seed, monkeypatch):
+    """In place, a chunk of 16-row groups at a time (16 rows, 32 rows with a remainder of 16, and
+    the whole matrix in one chunk): repack16's bytes, in the tensor's own memory."""
+    d_in = 96 * BLOCK_TYPES[kind].weights // 32
+    layer = block_layer(kind, 48, d_in, seed)
+    kind_c = BLOCK_TYPES[kind].kernel
+    packed = kernels.repack16(layer.blocks, kind_c, d_in)
+    row_bytes = layer.blocks.shape[1]
+    for chunk in (1, 32 * row_bytes, 1 << 30):
+        monkeypatch.setattr(kernel_products, "REPACK_CHUNK_BYTES", chunk)
+        blocks = layer.blocks.clone()
+        address = blocks.data_ptr()
+        assert kernels.repack16_in_place(blocks, kind_c, d_in) is blocks
+        assert blocks.data_ptr() == address and torch.equal(blocks, packed), chunk
+
+
+@pytest.mark.parametrize("kind", ["q4_0", "q8_0"])
+def test_the_decode_step_repacks_without_a_copy_and_chat_order_keeps_one_copy(kind, monkeypatch):
+    """Issue 43 (one copy of the weights, in any order of prompts and decodes): building the decode
+    step moves the weights into 2 MB pages and repacks them where they are, allocating no tensor
+    as large as a matrix (a copy per matrix, even freed at once, landed in the heap pages the
+    moved weights had left and kept them resident: the 8B file's chat order peaked at the file
+    plus 3 GB); after a chat's order (a prompt and decode steps, another prompt longer than the
+    steps' limit and decode steps, a one-token prompt) no storage the weights were loaded in is
+    alive and each matrix is still the placed and repacked tensor."""
+    if not kernels.repack16_fast(BLOCK_TYPES[kind].kernel):
+        pytest.skip(f"this build multiplies {kind} in the file's layout")
+    monkeypatch.setattr(kernel_decoder, "REPACK", True)
+    monkeypatch.setattr(kernel_buffers, "HUGE_PAGES_FROM", 0)  # a tiny model's weights moved too
+    monkeypatch.setattr(kernel_products, "REPACK_CHUNK_BYTES", 1)  # 16 rows at a time
+    # matrices of 36 kB or more, beside buffers of a few kB
+    model, _ = block_model(kind, tie_embeddings=False, d_vocab=64, d_model=512, d_mlp=1024)
+    linears = [m for m in model.modules() if isinstance(m, BlockLinear)]
+    assert all(kernel_decoder.repacked(m) for m in linears)
+    loaded = [StorageWeakRef(m.blocks.untyped_storage()) for m in linears]
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+    ) as profiled:
+        KernelDecoder(model, KVCache.for_model(model, 1, 16))
+    allocated = [e.self_cpu_memory_usage for e in profiled.events() if e.self_cpu_memory_usage > 0]
+    smallest = min(m.blocks.numel() for m in linears)
+    assert allocated and max(allocated) < smallest, (max(allocated), smallest)
+    placed = {id(m): m.blocks.data_ptr() for m in linears}
+    assert all(m.interleaved and m.blocks._attnlab_huge_pages == placed[id(m)] for m in linears)
+    ids = torch.randint(0, 64, (1, 12))
+    for prompt, new in ((3, 4), (generation.PREFILL_IN_STEPS + 6, 4), (1, 5)):
+        generate(model, ids[:, :prompt], max_new_tokens=new, temperature=0)
+        gc.collect()
+        assert not any(not storage.expired() for storage in loaded), (prompt, new)
+        assert all(m.interleaved and m.blocks.data_ptr() == placed[id(m)] for m in linears)
 
 
 def repacked_products_in_this_build(kind: str, seed: int) -> None:

@@ -86,9 +86,10 @@ def repacked(linear) -> bool:
 
 def repacked_blocks(linear, fill: bool = True, shared: torch.Tensor | None = None) -> torch.Tensor:
     """`linear`'s blocks in the 16-row layout, made once, in place of the file's layout: the
-    tensor keeps its memory (the decoder has moved it into 2 MB pages) and takes the repacked
-    bytes, through a copy of one matrix (`interleaved`: one copy of the weights,
-    attnlab.quant.blocks). `fill` False: the tensor as it is, not yet repacked. Blocks that are
+    tensor keeps its memory (the decoder has moved it into 2 MB pages) and is repacked where it
+    is, a chunk of rows at a time (kernels.repack16_in_place: no copy of the matrix, not even
+    one freed at once; `interleaved`: one copy of the weights, attnlab.quant.blocks). `fill`
+    False: the tensor as it is, not yet repacked. Blocks that are
     also `shared` (a tied LM head on the embedding's blocks, which lookups read in the file's
     layout) are repacked beside instead: `fill` False hands out that tensor before it is written,
     so the decoder moves it into 2 MB pages before it is backed; made again when the blocks
@@ -98,9 +99,8 @@ def repacked_blocks(linear, fill: bool = True, shared: torch.Tensor | None = Non
     blocks, kind = linear.blocks, BLOCK_TYPES[linear.kind].kernel
     if blocks is not shared:
         if fill:
-            packed = kernels.repack16(blocks, kind, linear.in_features)
             with torch.no_grad():
-                blocks.copy_(packed)
+                kernels.repack16_in_place(blocks, kind, linear.in_features)
             linear.interleaved = True
         return blocks
     key = (blocks.data_ptr(), blocks._version)

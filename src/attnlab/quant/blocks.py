@@ -213,7 +213,7 @@ def quantize_blocks(weight: torch.Tensor, kind: str) -> torch.Tensor:
     if kind == "q8_0":
         d = x.abs().amax(dim=1, keepdim=True) / 127
         q = _round_half_away(x * inverse(d)).to(torch.int8).view(torch.uint8)
-        out = torch.cat([half(d), q], dim=1)
+        parts = [half(d), q]
     else:
         if kind == "q4_0":  # the weight of largest magnitude maps to -8
             top = x.gather(1, x.abs().argmax(dim=1, keepdim=True))
@@ -226,8 +226,12 @@ def quantize_blocks(weight: torch.Tensor, kind: str) -> torch.Tensor:
             n = torch.trunc((x - low) * inverse(d) + 0.5)
             head = torch.cat([half(d), half(low)], dim=1)
         n = n.to(torch.uint8).clamp(0, 15)
-        out = torch.cat([head, n[:, :16] | (n[:, 16:] << 4)], dim=1)
-    return out.reshape(d_out, d_in // BLOCK * t.nbytes)
+        parts = [head, n[:, :16] | (n[:, 16:] << 4)]
+    # written through a view of the tensor returned, which is no view itself: a view's base would
+    # keep these bytes alive beside the copy generation moves the blocks into (2 MB pages)
+    blocks = torch.empty(d_out, d_in // BLOCK * t.nbytes, dtype=torch.uint8, device=x.device)
+    torch.cat(parts, dim=1, out=blocks.view(-1, t.nbytes))  # [block, block bytes]
+    return blocks
 
 
 def weight_rows(module: nn.Module, start: int, end: int) -> torch.Tensor:

@@ -108,6 +108,7 @@ from .products import (
     linear_rows,
     repack16,
     repack16_fast,
+    repack16_in_place,
     rows_vectorized,
     swiglu_amx,
 )
@@ -198,6 +199,7 @@ __all__ = [
     "read_bandwidth",
     "repack16",
     "repack16_fast",
+    "repack16_in_place",
     "rms_norm_parts_rows",
     "rms_norm_rows",
     "rope_call",

@@ -1,7 +1,7 @@
 """The kernels' products, each a typed wrapper of one C function: float32 and int8 decode products
-(`linear`), ggml block products (`block_linear`, the 16-row layout of `repack16`,
-`dequantize`), a prompt's products of many rows (`block_linear_rows`, `linear_rows`) and float32
-products on AMX tiles (`linear_amx`, `swiglu_amx`).
+(`linear`), ggml block products (`block_linear`, the 16-row layout of `repack16` and
+`repack16_in_place`, `dequantize`), a prompt's products of many rows (`block_linear_rows`,
+`linear_rows`) and float32 products on AMX tiles (`linear_amx`, `swiglu_amx`).
 
 Design choices:
 - One wrapper per C function, checking once (where a call is prepared) the shapes, dtypes and
@@ -159,6 +159,30 @@ def repack16(
     assert out.data_ptr() != blocks.data_ptr()
     builds.library().attnlab_repack16(blocks.data_ptr(), out.data_ptr(), d_out, d_in, int(kind))
     return out
+
+
+# bytes of rows `repack16_in_place` repacks at a time (rounded down to whole groups of 16 rows)
+REPACK_CHUNK_BYTES = 4 << 20
+
+
+def repack16_in_place(blocks: torch.Tensor, kind: BlockKind, d_in: int) -> torch.Tensor:
+    """`blocks` rewritten in the 16-row layout where they are (the bytes `repack16` makes), through
+    a scratch of at most REPACK_CHUNK_BYTES (at least 16 rows) kept by this thread: a group of 16
+    rows takes the same bytes in both layouts, so each chunk of groups is copied out and repacked
+    back into its place. No tensor the size of the matrix is made: a fresh copy per matrix, freed
+    at once, still lands in malloc's heap where the weights moved into 2 MB pages were (pages
+    handed back by the trim), faults them in again and keeps them resident, as much memory as
+    the matrices repacked (benchmarks/large_file_memory.py's chat order). Returns `blocks`."""
+    d_out, row_bytes = blocks.shape
+    assert kind in REPACKABLE and d_out % 16 == 0 and blocks.is_contiguous()
+    rows = min(d_out, max(16, REPACK_CHUNK_BYTES // (16 * row_bytes) * 16))
+    scratch = _kept_scratch(rows * row_bytes).view(torch.uint8)
+    for start in range(0, d_out, rows):
+        part = blocks[start : start + rows]  # [rows, row bytes], whole groups
+        source = scratch[: part.numel()].view(part.shape)
+        source.copy_(part)
+        repack16(source, kind, d_in, out=part)
+    return blocks
 
 
 def repack16_fast(kind: BlockKind) -> bool:
