@@ -13,7 +13,8 @@ The package by job, one module each (its docstring says its design choices):
 - attention.py: a decode step's attention over the cache, a prompt's causal attention.
 - elementwise.py: norms, RoPE, activations, SwiGLU's product, sums, embeddings.
 - policy.py: which numeric path float32 work of many rows takes (AMX, the float32 tiles or
-  torch's GEMM), measured once per machine.
+  torch's GEMM) and which layout a decode step streams block matrices in, measured once per
+  machine.
 - buffers.py: kept scratch, and weights moved into 2 MB pages.
 - probe.py: the read bandwidth, measured by the kernels.
 
@@ -81,11 +82,14 @@ from .elementwise import (
 )
 from .interface import C_FOLDER, FUNCTIONS, Signature, declare, load
 from .policy import (
+    DECODE_LAYOUTS,
     FLOAT_ROWS,
     attention_against_torch,
     attention_rows,
     float_products,
     float_rows,
+    repack16_against_file,
+    repack16_chosen,
     tiles_against_torch,
 )
 from .probe import read_bandwidth
@@ -105,7 +109,7 @@ from .products import (
     linear_call,
     linear_rows,
     repack16,
-    repack16_fast,
+    repack16_vectorised,
     rows_vectorized,
     swiglu_amx,
 )
@@ -126,6 +130,7 @@ __all__ = [
     "AMX_CHECK",
     "C_FOLDER",
     "CPU_SOURCE",
+    "DECODE_LAYOUTS",
     "FLOAT_ROWS",
     "FUNCTIONS",
     "HUGE_PAGES_FROM",
@@ -193,7 +198,9 @@ __all__ = [
     "program",
     "read_bandwidth",
     "repack16",
-    "repack16_fast",
+    "repack16_against_file",
+    "repack16_chosen",
+    "repack16_vectorised",
     "rms_norm_parts_rows",
     "rms_norm_rows",
     "rope_call",

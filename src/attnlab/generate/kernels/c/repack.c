@@ -67,7 +67,7 @@ static inline int32_t dot16_offset(int type) {
 }
 
 /* dot16_q a lane at a time: the portable build's (for tests), and the AVX2 build's Q5_0 (which
- * generation does not repack there: attnlab_repack16_fast) */
+ * generation does not repack there: attnlab_repack16_vectorised) */
 static __attribute__((unused)) void dot16_lanes(int type, const uint8_t *g, q8_row r, int64_t nb,
                                                 float *s) {
   const int64_t bytes = BLOCK_BYTES[type], step = GROUP * bytes,
@@ -214,7 +214,7 @@ static inline __attribute__((always_inline)) void dot16_q(int type, const uint8_
     _mm256_storeu_ps(s + 8 * h, _mm256_add_ps(acc, m_acc));
   }
 #else /* a lane at a time (the portable build: for tests; generation repacks only where            \
-         attnlab_repack16_fast says so) */
+         attnlab_repack16_vectorised says so) */
   (void)bytes, (void)step, (void)quant, (void)offset;
   dot16_lanes(type, g, r, nb, s);
 #endif
@@ -285,7 +285,7 @@ static inline __attribute__((always_inline)) void dot16_q_k(const uint8_t *g, q8
   }
   _mm512_storeu_ps(s, _mm512_sub_ps(acc, m_acc));
 #else /* the same sums, a lane at a time (every other build: for tests; generation repacks Q4_K    \
-         only where attnlab_repack16_fast says so) */
+         only where attnlab_repack16_vectorised says so) */
   float acc[GROUP] = {0}, m_acc[GROUP] = {0};
   for (int64_t b0 = 0; b0 < nb; b0 += 8, g += step)
     for (int n = 0; n < GROUP; n++) {
@@ -312,10 +312,11 @@ static inline __attribute__((always_inline)) void dot16_q_k(const uint8_t *g, q8
 #endif
 }
 
-/* Whether this build's 16-row products of `type` are its fast ones (AVX-512 VNNI; AVX2 but for Q5_0
- * and Q4_K, whose AVX2 products keep the file's layout: dot4_q5_0, dot4_q_k): generation repacks
- * only then. */
-int attnlab_repack16_fast(int type) {
+/* Whether this build's 16-row product of `type` is vectorised (AVX-512 VNNI; AVX2 with FMA and F16C
+ * but for Q5_0 and Q4_K), rather than computed a lane at a time (for tests): generation repacks
+ * only then, and only where that product ran faster than the file's layout on this machine
+ * (measured once: attnlab.generate.kernels.policy.repack16_against_file). */
+int attnlab_repack16_vectorised(int type) {
 #if AVX512 && defined(__AVX512VNNI__)
   return type == BLOCK_Q8_0 || type == BLOCK_Q4_0 || type == BLOCK_Q4_1 || type == BLOCK_Q5_0 ||
          type == BLOCK_Q4_K;
