@@ -471,9 +471,10 @@ def test_a_forced_decode_layout_is_taken_where_it_can_be(layout, monkeypatch):
 
 
 def repacked_products_in_this_build(kind: str, seed: int) -> None:
-    """The 16-row layout's products of `kernels.library()` (AVX-512 VNNI: 16 rows a vector; the
-    other builds a lane at a time) within the bound of the float product, and with the products
-    on the file's layout up to float32 sums in another order; a NaN in x makes NaN, as there."""
+    """The 16-row layout's products of `kernels.library()` (AVX-512 VNNI: 16 rows a vector; AVX2:
+    8 rows a vector, but Q5_0; the portable build a lane at a time) within the bound of the float
+    product, and with the products on the file's layout up to float32 sums in another order; a
+    NaN in x makes NaN, as there."""
     kind_c, k = BLOCK_TYPES[kind].kernel, BLOCK_TYPES[kind].weights // 32
     # blocks per row 1, 2, 3, 9, 48 (Q4_K: super-blocks)
     for rows, d_in, d_out in ((1, 32, 16), (2, 64, 48), (3, 96, 64), (9, 288, 128), (1, 1536, 32)):

@@ -163,7 +163,7 @@ def repack16(
 
 def repack16_vectorised(kind: BlockKind) -> bool:
     """Whether this build's 16-row product of `kind` is vectorised (AVX-512 VNNI; AVX2 with FMA
-    and F16C but for Q5_0 and Q4_K; the other builds compute it a lane at a time, for tests):
+    and F16C but for Q5_0; the other builds compute it a lane at a time, for tests):
     generation races it against the file's layout only then (policy.repack16_chosen)."""
     return bool(builds.library().attnlab_repack16_vectorised(int(kind)))
 
