@@ -99,6 +99,7 @@ from _common import (  # noqa: E402
 from _llama_cpp import BUILDS, note_build  # noqa: E402
 
 import attnlab  # noqa: E402
+from attnlab.doctor import decode_layout_line  # noqa: E402
 from attnlab.generate import kernels  # noqa: E402
 from attnlab.generate.fast_layers import fast_linears  # noqa: E402
 from attnlab.generate.kernel_decoder import KernelDecoder, step_logits, stored_weight  # noqa: E402
@@ -298,10 +299,10 @@ def run_speed(args, files: dict[str, Path]) -> tuple[list[str], list[dict], floa
                     (kind, "ours pp" + suffix),
                     512 / median_time(lambda: generate(model, prompt, 1, temperature=0), **once),
                 )
-    avx2_path = ""
+    avx2_path = avx2_layout = ""
     if args.avx2:
         kernels.use_variant("avx2")
-        avx2_path = prompt_path_of_this_build()
+        avx2_path, avx2_layout = prompt_path_of_this_build(), decode_layout_line().text
     kernels.use_variant(forced)
     read, copy = kernels.read_bandwidth(), copy_bandwidth(1024)
     read_one, torch_sum = kernels.read_bandwidth(threads=1), torch_sum_bandwidth()
@@ -323,6 +324,7 @@ def run_speed(args, files: dict[str, Path]) -> tuple[list[str], list[dict], floa
         f"\n## SmolLM2-135M-Instruct (Gemma 3 270M: its rows), {threads} threads, tg128 and "
         f"pp512 (tokens/s, median of {args.repeats} alternating rounds)",
         f"prompt products (pp512): {prompt_path}",
+        f"decode layout (tg128): {decode_layout_line().text}",
         f"read bandwidth {read / 1e9:.1f} GB/s (kernels.read_bandwidth: read-only pass in C, 1 GiB "
         f"in 2 MB pages, {threads} threads, best of 7; one thread {read_one / 1e9:.1f} GB/s; "
         f"torch.sum {torch_sum / 1e9:.1f} GB/s), copy {copy / 1e9:.1f} GB/s (read + write bytes); "
@@ -370,6 +372,7 @@ def run_speed(args, files: dict[str, Path]) -> tuple[list[str], list[dict], floa
             "AVX2 builds on the same machine: attnlab's kernels forced to avx2, llama.cpp built "
             "for AVX2 only (--llama-cpp-avx2)",
             f"prompt products (pp512) of attnlab's avx2 build: {avx2_path}",
+            f"decode layout (tg128) of attnlab's avx2 build: {avx2_layout}",
             "",
             "| format | llama.cpp tg128 | attnlab tg128 | × | % of read | llama.cpp pp512 | "
             "attnlab pp512 | × | load averages (attnlab tg, pp) |",

@@ -1,8 +1,10 @@
 """Two choices of the block decode path, each against its alternative in the same process: the
-16-row layout (kernel_decoder.REPACK: Q8_0, Q4_0, Q4_1; Q5_0 and Q4_K with AVX-512 VNNI)
-against the file's own layout, and greedy generation's loop in C (KernelDecoder.generate_greedy)
-against generate's Python loop around the same step (forced by an on_token callback). tg128 as
-llama-bench defines it: 128 greedy tokens from one token and an empty cache.
+16-row layout (ATTNLAB_DECODE_LAYOUT=16-row: Q8_0, Q4_0, Q4_1, Q5_0 and Q4_K where the build's
+16-row product is vectorised) against the file's own layout (generation takes the one that won
+a race of one product, kernels.repack16_chosen; this is the whole step), and greedy generation's
+loop in C (KernelDecoder.generate_greedy) against generate's Python loop around the same step
+(forced by an on_token callback). tg128 as llama-bench defines it: 128 greedy tokens from one
+token and an empty cache.
 
     .venv/bin/python benchmarks/decode_ab.py                          # SmolLM2's shipped Q4_1
     .venv/bin/python benchmarks/decode_ab.py --files q4_0=FILE q8_0=FILE --builds avx512 avx2
@@ -14,6 +16,7 @@ Each round runs every variant once per file and build, alternating; the table sh
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -26,7 +29,7 @@ from _common import machine_line  # noqa: E402
 
 import attnlab  # noqa: E402
 from attnlab.errors import UserError  # noqa: E402
-from attnlab.generate import kernel_decoder, kernels  # noqa: E402
+from attnlab.generate import kernels  # noqa: E402
 from attnlab.generate.loop import generate  # noqa: E402
 
 VARIANTS = {
@@ -38,7 +41,7 @@ VARIANTS = {
 
 
 def tg128(model, repack: bool, in_c: bool) -> float:
-    kernel_decoder.REPACK = repack
+    os.environ["ATTNLAB_DECODE_LAYOUT"] = "16-row" if repack else "file"
     one = torch.tensor([[1]])
     start = time.perf_counter()
     generate(model, one, 128, temperature=0, on_token=None if in_c else len)
@@ -72,7 +75,7 @@ def main() -> int:
                     key = (build or kernels.variant(), name, variant)
                     rates.setdefault(key, []).append(tg128(model, repack, in_c))
     kernels.use_variant(None)
-    kernel_decoder.REPACK = True
+    os.environ.pop("ATTNLAB_DECODE_LAYOUT")
     print(f"{machine_line()}; medians of {args.rounds} alternating rounds, tg128 tokens/s\n")
     print("| build | file | " + " | ".join(VARIANTS) + " | layout × | loop × |")
     print("|---|---|" + "---:|" * (len(VARIANTS) + 2))

@@ -23,6 +23,10 @@ Design choices:
   machine the tests run on, and not AMX's tiles (kernels.float_products), so that the same tests
   check the same kernels everywhere; the AMX product and the choice itself have their own tests
   (test_amx.py, test_inference_layers.py).
+- ATTNLAB_DECODE_LAYOUT=16-row: a decode step streams its block matrices in the 16-row layout
+  wherever the build's 16-row product is vectorised, whichever layout the one-off race
+  (kernels.repack16_chosen) would pick here, for the same reason; the race has its own test
+  (test_blocks.py).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from hypothesis import HealthCheck, settings
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["ATTNLAB_FLOAT_ROWS"] = "c"
+os.environ["ATTNLAB_DECODE_LAYOUT"] = "16-row"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from kernel_builds import kernel_build, pytest_configure, pytest_generate_tests  # noqa: E402, F401

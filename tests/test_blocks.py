@@ -373,7 +373,7 @@ def test_the_decode_step_holds_one_copy_of_each_matrix(kind, monkeypatch):
     file's, not beside them (issue 43: one copy of the weights), and still computes, saves and
     reads back the file's values bit for bit; a step on the file's layout puts it back. A tied
     head keeps the embedding's blocks, which lookups read in the file's layout."""
-    if not kernels.repack16_fast(BLOCK_TYPES[kind].kernel):
+    if not kernels.repack16_chosen(BLOCK_TYPES[kind].kernel):
         pytest.skip(f"this build multiplies {kind} in the file's layout")
     monkeypatch.setattr(kernel_decoder, "REPACK", True)
     model, _ = block_model(kind, embed_blocks=True, tie_embeddings=True, d_vocab=64)
@@ -424,7 +424,7 @@ def test_the_decode_step_repacks_without_a_copy_and_chat_order_keeps_one_copy(ki
     plus 3 GB); after a chat's order (a prompt and decode steps, another prompt longer than the
     steps' limit and decode steps, a one-token prompt) no storage the weights were loaded in is
     alive and each matrix is still the placed and repacked tensor."""
-    if not kernels.repack16_fast(BLOCK_TYPES[kind].kernel):
+    if not kernels.repack16_chosen(BLOCK_TYPES[kind].kernel):
         pytest.skip(f"this build multiplies {kind} in the file's layout")
     monkeypatch.setattr(kernel_decoder, "REPACK", True)
     monkeypatch.setattr(kernel_buffers, "HUGE_PAGES_FROM", 0)  # a tiny model's weights moved too
@@ -451,10 +451,83 @@ def test_the_decode_step_repacks_without_a_copy_and_chat_order_keeps_one_copy(ki
         assert all(m.interleaved and m.blocks.data_ptr() == placed[id(m)] for m in linears)
 
 
+@pytest.mark.parametrize("kind", REPACKABLE)
+def test_the_decode_layout_is_the_one_that_won_its_race_here_and_is_kept(
+    kind, monkeypatch, tmp_path
+):
+    """kernels.repack16_chosen times the 16-row layout's product and the file's on the same
+    blocks and picks the faster: made slow on purpose, each side loses (each in a cache of its
+    own), the answer is read back from its file by the next process without timing again, and a
+    decode step follows it. A build whose 16-row product is a lane at a time keeps the file's
+    layout without a race. (A decode step's programs follow repacked():
+    q4_k_layouts_agreement.) The clock moves a millisecond a reading and a second a call in the side
+    made slow, so that the verdict does not depend on this machine's speed."""
+    from attnlab import machine
+
+    kind_c = BLOCK_TYPES[kind].kernel
+    monkeypatch.delenv("ATTNLAB_DECODE_LAYOUT")  # the suite's forced choice (conftest.py)
+    if not kernels.repack16_vectorised(kind_c):
+        monkeypatch.setattr(kernels.policy, "repack16_against_file", None)  # never raced
+        assert not kernels.repack16_chosen(kind_c)
+        return
+    clock = [0.0]
+
+    def perf_counter():
+        clock[0] += 1e-3
+        return clock[0]
+
+    monkeypatch.setattr(kernels.policy, "time", mock.Mock(perf_counter=perf_counter))
+    prepare = kernels.block_linear_call
+
+    def slowed_on(side):
+        def block_linear_call(*args, repacked=False, **kwargs):
+            call = prepare(*args, repacked=repacked, **kwargs)
+            if ("16-row" if repacked else "file") != side:
+                return call
+
+            def slow():
+                clock[0] += 1.0
+                call()
+
+            return slow
+
+        return block_linear_call
+
+    layer = block_layer(kind, 32, BLOCK_TYPES[kind].weights * 2, 0)
+    for slowed, expected in (("16-row", False), ("file", True)):
+        monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / slowed))
+        monkeypatch.setattr(kernels.policy, "block_linear_call", slowed_on(slowed))
+        state = torch.get_rng_state()  # a decoder's first ask: its caller's seed untouched
+        assert kernels.repack16_chosen(kind_c) is expected
+        assert torch.equal(torch.get_rng_state(), state)
+        race = kernels.repack16_against_file(kind_c, kernels.variant(), torch.get_num_threads())
+        assert (race.values["repacked_us"] < race.values["file_us"]) is expected
+        machine.forget()  # as a new process: the answer from its file, the race not run again
+        monkeypatch.setattr(kernels.policy, "block_linear_call", None)
+        assert kernels.repack16_chosen(kind_c) is expected
+        assert kernel_decoder.repacked(layer) is expected  # what a decode step streams
+
+
+@pytest.mark.parametrize("layout", ["16-row", "file", "rows16"])
+def test_a_forced_decode_layout_is_taken_where_it_can_be(layout, monkeypatch):
+    """ATTNLAB_DECODE_LAYOUT=16-row or file chooses without a race (16-row where this build's
+    product is vectorised); another name is one line naming the ones it takes."""
+    monkeypatch.setenv("ATTNLAB_DECODE_LAYOUT", layout)
+    monkeypatch.setattr(kernels.policy, "repack16_against_file", None)  # never raced
+    for kind in kernels.REPACKABLE:
+        if layout == "rows16":
+            with pytest.raises(UserError, match="DECODE_LAYOUT=rows16: it takes 16-row or file"):
+                kernels.repack16_chosen(kind)
+            continue
+        vectorised = kernels.repack16_vectorised(kind)
+        assert kernels.repack16_chosen(kind) is (layout == "16-row" and vectorised)
+
+
 def repacked_products_in_this_build(kind: str, seed: int) -> None:
-    """The 16-row layout's products of `kernels.library()` (AVX-512 VNNI: 16 rows a vector; the
-    other builds a lane at a time) within the bound of the float product, and with the products
-    on the file's layout up to float32 sums in another order; a NaN in x makes NaN, as there."""
+    """The 16-row layout's products of `kernels.library()` (AVX-512 VNNI: 16 rows a vector; AVX2:
+    8 rows a vector, but Q5_0; the portable build a lane at a time) within the bound of the float
+    product, and with the products on the file's layout up to float32 sums in another order; a
+    NaN in x makes NaN, as there."""
     kind_c, k = BLOCK_TYPES[kind].kernel, BLOCK_TYPES[kind].weights // 32
     # blocks per row 1, 2, 3, 9, 48 (Q4_K: super-blocks)
     for rows, d_in, d_out in ((1, 32, 16), (2, 64, 48), (3, 96, 64), (9, 288, 128), (1, 1536, 32)):
@@ -914,7 +987,7 @@ def q4_k_layouts_agreement(model, B: int, monkeypatch) -> tuple[float, float]:
             if c.kind == kernels.Op.LINEAR_Q
         ]
         # q, k, v, o, gate, up, down of 2 blocks (d_out 256, 128 or 512), then the Q8_0 head
-        fast = repack and kernels.repack16_fast(kernels.BlockKind.Q4_K)
+        fast = repack and kernels.repack16_chosen(kernels.BlockKind.Q4_K)
         assert types == [kernels.BlockKind.Q4_K | (kernels.REPACKED if fast else 0)] * 14 + [0]
         logits[repack] = torch.stack(
             [step(ids[:, t : t + 1], t, torch.full((B, 1), t)).reshape(B, -1).clone()

@@ -27,6 +27,7 @@ TOPICS = [
     "kernels",
     "OpenMP",
     "float products",
+    "decode layout",
     "bfloat16",
     "huge pages",
     "caches",
@@ -43,7 +44,7 @@ def run_doctor(*flags: str, **env: str) -> subprocess.CompletedProcess:
     """`attnlab doctor` in a process of its own, with `env` over this one's (minus the limits and
     forced choices this process may carry)."""
     base = {k: v for k, v in os.environ.items() if k not in machine.LIMITS}
-    for name in ("ATTNLAB_KERNELS", "ATTNLAB_FLOAT_ROWS"):
+    for name in ("ATTNLAB_KERNELS", "ATTNLAB_FLOAT_ROWS", "ATTNLAB_DECODE_LAYOUT"):
         base.pop(name, None)
     return subprocess.run(
         [sys.executable, "-m", "attnlab", "doctor", *flags],
@@ -71,8 +72,30 @@ def check_bfloat16_line(text: str) -> None:
     assert f"Muon's Newton-Schulz runs in {'bfloat16' if fast else 'float32'}" in text
 
 
+def check_decode_layout_line(text: str, build: str) -> None:
+    """Each block kind with a 16-row layout is named once: raced, its layout the one its race's
+    times (printed) make the faster, or the file's where `build`'s 16-row product is a lane at a
+    time (every kind in the portable build; Q5_0 in the AVX2 build)."""
+    raced = {
+        kind: (layout, *(float(v.replace(",", "")) for v in times))
+        for kind, layout, *times in re.findall(
+            r"(Q\w+) (16-row|file) \(([\d,]+) us against ([\d,]+) in the file's\)", text
+        )
+    }
+    lanes = re.search(r"([\w, ]+) file \(the \w+ build's 16-row products? (?:is|are) a lane", text)
+    laned = lanes.group(1).split(";")[-1].strip().split(", ") if lanes else []
+    assert sorted([*raced, *laned]) == sorted(k.name for k in kernels.REPACKABLE), text
+    for layout, repacked_us, file_us in raced.values():
+        # (times rounded to whole microseconds: a tie there may have gone either way)
+        assert repacked_us == file_us or layout == ("16-row" if repacked_us < file_us else "file")
+    assert text.endswith("other kinds: the file's")
+    assert build != "portable" or not raced
+    assert build != "avx2" or laned == ["Q5_0"]
+
+
 def test_on_this_machine_each_line_says_what_it_read_and_chose(capsys, monkeypatch):
-    monkeypatch.delenv("ATTNLAB_FLOAT_ROWS")  # the suite's forced choice (conftest.py)
+    monkeypatch.delenv("ATTNLAB_FLOAT_ROWS")  # the suite's forced choices (conftest.py)
+    monkeypatch.delenv("ATTNLAB_DECODE_LAYOUT")
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
     found = dict(line.split(": ", 1) for line in out.splitlines())
@@ -94,6 +117,7 @@ def test_on_this_machine_each_line_says_what_it_read_and_chose(capsys, monkeypat
         assert kernels.chosen_variant()[1].name in found["kernels"]
     if build is not None:
         assert found["float products"].startswith(f"{kernels.float_products()} for many rows")
+        check_decode_layout_line(found["decode layout"], build)
     check_bfloat16_line(found["bfloat16"])
     rates = machine.bfloat16_products("cpu").values  # the same measurement, kept
     assert f"{rates['bfloat16_gflops']:,.1f} GFLOP/s" in found["bfloat16"]
@@ -138,6 +162,7 @@ def test_with_each_build_forced_the_kernel_lines_follow_it(build):
     else:  # each race's verdict
         assert "for the fused attention" in line
         assert "for the attention's scores, pattern and z" in line
+    check_decode_layout_line(found["decode layout"], build)
 
 
 def test_a_forced_build_the_cpu_refuses_is_its_line_not_an_error():

@@ -3,8 +3,9 @@
 Design choices:
 - Each line is one topic (TOPICS, in order): a fact read or measured here, and the choice it
   decides with its reason. The measured choices (bfloat16 against float32 products, the float32
-  tiles against torch's GEMM) come from attnlab.machine's cache, so the command measures only what
-  no process on this machine has measured yet, and prints what training and inference will use.
+  tiles against torch's GEMM, the decode step's 16-row layout against the file's) come from
+  attnlab.machine's cache, so the command measures only what no process on this machine has
+  measured yet, and prints what training and inference will use.
 - It reads what the other commands read (attnlab.generate.kernels' build choice, float product
   path and huge pages; attnlab.training.schedule's Newton-Schulz dtype rule), so the line says what
   they do, not a second opinion.
@@ -269,6 +270,51 @@ def float_products_line() -> Line:
     return Line("float products", text, values)
 
 
+def decode_layout_line() -> Line:
+    """Which layout a decode step streams each block kind's matrices in (kernels.repack16_chosen:
+    the 16-row layout where this build's 16-row product is vectorised and won its race against the
+    file's layout here, measured once per kind), and why."""
+    from .generate import kernels
+
+    if _chosen_quietly() is None:
+        return Line("decode layout", "no kernels run here: the module path", {"kinds": {}})
+    try:
+        forced = kernels.policy._forced_decode_layout()
+    except UserError as exc:
+        return Line("decode layout", f"none: {exc}", {"kinds": {}, "error": str(exc)})
+    build, threads = kernels.variant(), torch.get_num_threads()
+    kinds: dict[str, Any] = {}
+    said, lanes = [], []
+    for kind in kernels.REPACKABLE:
+        chosen = kernels.repack16_chosen(kind)
+        kinds[kind.name] = entry = {"layout": "16-row" if chosen else "file"}
+        if not kernels.repack16_vectorised(kind):
+            lanes.append(kind.name)
+            continue
+        if forced:
+            said.append(f"{kind.name} {entry['layout']} (ATTNLAB_DECODE_LAYOUT={forced})")
+            continue
+        race = kernels.repack16_against_file(kind, build, threads).values
+        entry.update(race)
+        said.append(
+            f"{kind.name} {entry['layout']} ({race['repacked_us']:,.0f} us against "
+            f"{race['file_us']:,.0f} in the file's)"
+        )
+    d_out, d_in = kernels.policy.RACE_SHAPE
+    text = "; ".join(said)
+    if said and not forced:
+        text += (
+            f" (one row by {d_out} x {d_in}, {machine.threads_phrase()}; measured once per kind)"
+        )
+    if lanes:
+        text += (
+            f"{'; ' if said else ''}{', '.join(lanes)} file (the {build} build's 16-row "
+            f"product{'s are' if len(lanes) > 1 else ' is'} a lane at a time)"
+        )
+    text += "; other kinds: the file's"
+    return Line("decode layout", text, {"kinds": kinds, "forced": forced})
+
+
 def bfloat16_line() -> Line:
     """torch's bfloat16 products against float32's here, and what takes bfloat16 because of it."""
     from .training.config import TrainConfig
@@ -365,6 +411,7 @@ TOPICS: list[Callable[[], Line]] = [
     kernels_line,
     openmp_line,
     float_products_line,
+    decode_layout_line,
     bfloat16_line,
     huge_pages_line,
     caches_line,

@@ -50,8 +50,8 @@ from .kernels import independent
 from .kv_cache import KVCache
 
 # Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q4_K products stream their blocks in the 16-row layout
-# (kernels.repack16) where this build's products are fastest in it; False: always the file's layout
-# (A/B, tests)
+# (kernels.repack16) where it ran faster on this machine (kernels.repack16_chosen); False: always
+# the file's layout (A/B, tests)
 REPACK = True
 
 
@@ -71,17 +71,12 @@ def stored_weight(linear, fill: bool = True, shared: torch.Tensor | None = None)
 
 def repacked(linear) -> bool:
     """Whether a step multiplies by `linear` (a BlockLinear) in the 16-row layout: Q8_0, Q4_0,
-    Q4_1, Q5_0 and Q4_K with d_out a multiple of 16, on a build whose products of that kind are
-    fastest so (kernels.repack16_fast: AVX-512 VNNI and AVX2, faster than the step on the file's
-    layout, benchmarks/README.md, "The idle run on the Intel Xeon"; Q5_0 and Q4_K with AVX-512
-    VNNI only, Q4_K's in "Q4_K in the 16-row layout")."""
+    Q4_1, Q5_0 and Q4_K with d_out a multiple of 16, where this build's 16-row product of that
+    kind is vectorised and ran faster than the file's layout on this machine, measured once per
+    machine, build, thread count and kind (kernels.repack16_chosen; `attnlab doctor` prints the
+    verdicts)."""
     kind = BLOCK_TYPES[linear.kind].kernel
-    return (
-        REPACK
-        and kind in kernels.REPACKABLE
-        and linear.blocks.shape[0] % 16 == 0
-        and kernels.repack16_fast(kind)
-    )
+    return REPACK and linear.blocks.shape[0] % 16 == 0 and kernels.repack16_chosen(kind)
 
 
 def repacked_blocks(linear, fill: bool = True, shared: torch.Tensor | None = None) -> torch.Tensor:

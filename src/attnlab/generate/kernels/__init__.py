@@ -14,7 +14,8 @@ The package by job, one module each (its docstring says its design choices):
 - elementwise.py: norms, RoPE, activations, SwiGLU's product, sums, embeddings.
 - experts.py: a mixture of experts' router choice, chosen experts' products and their sum.
 - policy.py: which numeric path float32 work of many rows takes (AMX, the float32 tiles or
-  torch's GEMM), measured once per machine.
+  torch's GEMM) and which layout a decode step streams block matrices in, measured once per
+  machine.
 - buffers.py: kept scratch, and weights moved into 2 MB pages.
 - probe.py: the read bandwidth, measured by the kernels.
 
@@ -83,11 +84,14 @@ from .elementwise import (
 from .experts import ExpertWeight, linear_experts_call, route_call, weigh_experts_call
 from .interface import C_FOLDER, FUNCTIONS, Signature, declare, load
 from .policy import (
+    DECODE_LAYOUTS,
     FLOAT_ROWS,
     attention_against_torch,
     attention_rows,
     float_products,
     float_rows,
+    repack16_against_file,
+    repack16_chosen,
     tiles_against_torch,
 )
 from .probe import read_bandwidth
@@ -107,8 +111,8 @@ from .products import (
     linear_call,
     linear_rows,
     repack16,
-    repack16_fast,
     repack16_in_place,
+    repack16_vectorised,
     rows_vectorized,
     swiglu_amx,
 )
@@ -129,6 +133,7 @@ __all__ = [
     "AMX_CHECK",
     "C_FOLDER",
     "CPU_SOURCE",
+    "DECODE_LAYOUTS",
     "FLOAT_ROWS",
     "FUNCTIONS",
     "HUGE_PAGES_FROM",
@@ -198,8 +203,10 @@ __all__ = [
     "program",
     "read_bandwidth",
     "repack16",
-    "repack16_fast",
+    "repack16_against_file",
+    "repack16_chosen",
     "repack16_in_place",
+    "repack16_vectorised",
     "rms_norm_parts_rows",
     "rms_norm_rows",
     "rope_call",

@@ -67,7 +67,7 @@ FUNCTIONS: dict[str, Signature] = {
     # block rows -> the 16-row decode layout (blocks, out, d_out, d_in, block type); whether the
     # 16-row products of a block type are this build's fastest
     "attnlab_repack16": _void(_ptr, _ptr, _i64, _i64, _int),
-    "attnlab_repack16_fast": Signature(_int, [_int]),
+    "attnlab_repack16_vectorised": Signature(_int, [_int]),
     # -- a prompt's products, many rows at once (x, weights, bias, y, scratch, rows, d_in, d_out,
     # block type, threads): blocks with 8-bit activations, float32 on tiles of float or
     # dequantized weights; several block matrices times one x, rounded once (x, n, weights[],

@@ -1,6 +1,7 @@
 """Which numeric path a forward pass's float32 work of many rows takes: AMX's tiles, the kernels'
-float32 tiles, or torch's GEMM (`float_products`, `float_rows`), and a prompt's attention: the
-kernels' C steps or torch's (`attention_rows`).
+float32 tiles, or torch's GEMM (`float_products`, `float_rows`), a prompt's attention: the
+kernels' C steps or torch's (`attention_rows`), and the layout a decode step streams a block
+matrix in: the 16-row layout or the file's (`repack16_chosen`).
 
 Design choices:
 - The choice comes from what this machine reports and measures, never from the instruction sets
@@ -13,10 +14,18 @@ Design choices:
   steps) has a race of its own against torch's steps (`attention_against_torch`): it saves
   torch's T x T copies and the masked half of a causal pattern, so it may win where the products
   lose (MKL's AVX2 GEMM against AVX2's tiles).
-- The races (`tiles_against_torch`, `attention_against_torch`) are run once per machine, build and
-  thread count and cached by attnlab.machine.measured; `attnlab doctor` prints their verdicts.
-- ATTNLAB_FLOAT_ROWS=amx, c or torch chooses instead (c or torch: the attention's too); a name it
-  does not take, or amx where AMX cannot run, is one line naming why.
+- A decode step's block products stream a matrix in the 16-row layout (kernels.repack16) only
+  where this build's 16-row product of that kind is vectorised (repack16_vectorised; the
+  portable build's is a lane at a time, for tests) and ran faster than the product on the file's
+  layout here (`repack16_against_file`, per block kind): which layout streams faster depends on
+  the instructions per block (VNNI's dpbusd or AVX2's maddubs + madd), the caches and the
+  prefetchers, not on the build alone.
+- The races (`tiles_against_torch`, `attention_against_torch`, `repack16_against_file`) are run
+  once per machine, build and thread count and cached by attnlab.machine.measured; `attnlab
+  doctor` prints their verdicts.
+- ATTNLAB_FLOAT_ROWS=amx, c or torch chooses instead (c or torch: the attention's too);
+  ATTNLAB_DECODE_LAYOUT=16-row or file the decode layout (16-row: where it is vectorised); a
+  name they do not take, or amx where AMX cannot run, is one line naming why.
 """
 
 from __future__ import annotations
@@ -31,9 +40,22 @@ from ...errors import UserError
 from ...model.attention import causal_mask, expand_kv
 from .attention import attend_explicit
 from .builds import amx_unusable, chosen_variant, variant
-from .products import linear_rows, rows_vectorized
+from .products import (
+    REPACKABLE,
+    _block_type,
+    block_linear_call,
+    linear_rows,
+    repack16,
+    repack16_vectorised,
+    rows_vectorized,
+)
+from .programs import BlockKind
 
 FLOAT_ROWS = ("amx", "c", "torch")  # ATTNLAB_FLOAT_ROWS: force the choice of float_products
+DECODE_LAYOUTS = ("16-row", "file")  # ATTNLAB_DECODE_LAYOUT: force the choice of repack16_chosen
+# the matrix the decode layouts race on (d_out, d_in): a 1B model's q projection (Llama 3.2 1B),
+# past the level-2 cache in every kind, so that the race streams as a step does
+RACE_SHAPE = (2048, 2048)
 
 
 def _forced_float_rows() -> str | None:
@@ -185,3 +207,86 @@ def attention_against_torch(build: str | None, threads: int) -> machine.Measured
 
     extra = {"build": build, "library": library_file, "threads": threads, "version": 1}
     return machine.measured("attention-against-torch", measure, extra)
+
+
+def _forced_decode_layout() -> str | None:
+    forced = os.environ.get("ATTNLAB_DECODE_LAYOUT")
+    if forced and forced not in DECODE_LAYOUTS:
+        raise UserError(
+            f"ATTNLAB_DECODE_LAYOUT={forced}: it takes {' or '.join(DECODE_LAYOUTS)} (or unset: "
+            "measured per block kind)"
+        )
+    return forced or None
+
+
+def repack16_chosen(kind: BlockKind) -> bool:
+    """Whether a decode step streams a block matrix of `kind` in the 16-row layout
+    (kernels.repack16) rather than the file's: where the kind has that layout (REPACKABLE), this
+    build's 16-row product of it is vectorised (`repack16_vectorised`) and it ran faster than the
+    product on the file's layout on this machine, measured once per machine, build, thread count
+    and kind (`repack16_against_file`). ATTNLAB_DECODE_LAYOUT=16-row or file chooses instead
+    (16-row: where vectorised); a name it does not take is one line in every build."""
+    forced = _forced_decode_layout()
+    if kind not in REPACKABLE or not repack16_vectorised(kind):
+        return False
+    if forced is not None:
+        return forced == "16-row"
+    return repack16_against_file(kind, variant(), torch.get_num_threads()).values["repacked_won"]
+
+
+def _race_blocks(kind: BlockKind, generator: torch.Generator) -> torch.Tensor:
+    """RACE_SHAPE's blocks of `kind`: random quants and scales, every block's float16 d (and Q4_1's
+    m, Q4_K's dmin) set to 2^-6, a normal number (random halves would hold NaNs and subnormals,
+    which some floating-point units take slowly)."""
+    d_out, d_in = RACE_SHAPE
+    t = _block_type(kind)
+    shape = (d_out * d_in // t.weights, t.nbytes)  # one block a row
+    blocks = torch.randint(0, 256, shape, generator=generator).to(torch.uint8)
+    halves = 2 if kind in (BlockKind.Q4_1, BlockKind.Q4_K) else 1
+    blocks[:, : 2 * halves] = torch.tensor([0x00, 0x24] * halves, dtype=torch.uint8)
+    return blocks.reshape(d_out, -1).contiguous()
+
+
+def repack16_against_file(kind: BlockKind, build: str | None, threads: int) -> machine.Measured:
+    """The decode product of one row with a RACE_SHAPE matrix of `kind` in the 16-row layout
+    against the same blocks in the file's layout, on this process's threads, each the best of 10
+    after one warm-up (a product takes a fraction of a millisecond: more turns, fewer verdicts
+    decided by another process's slice of the cores), taking turns: values repacked_us, file_us
+    and repacked_won, measured once per machine, build, thread count and kind."""
+    chosen = chosen_variant()
+    library_file = chosen[1].name if chosen is not None and chosen[0] == build else None
+
+    def measure() -> dict[str, float | bool]:
+        generator = torch.Generator().manual_seed(0)  # the caller's random state left alone
+        d_out, d_in = RACE_SHAPE
+        blocks = _race_blocks(kind, generator)
+        x = torch.randn(1, d_in, generator=generator)
+        out = torch.empty(1, d_out)
+        runs = {
+            "16-row": block_linear_call(
+                x, repack16(blocks, kind, d_in), kind, None, out, repacked=True
+            ),
+            "file": block_linear_call(x, blocks, kind, None, out),
+        }
+        times = {name: [] for name in runs}
+        for _ in range(11):
+            for name, run in runs.items():
+                start = time.perf_counter()
+                run()
+                times[name].append(time.perf_counter() - start)
+        best = {name: min(seconds[1:]) for name, seconds in times.items()}
+        return {
+            "repacked_us": best["16-row"] * 1e6,
+            "file_us": best["file"] * 1e6,
+            "repacked_won": best["16-row"] < best["file"],
+        }
+
+    extra = {
+        "build": build,
+        "library": library_file,
+        "threads": threads,
+        "kind": BlockKind(kind).name,
+        "shape": "x".join(map(str, RACE_SHAPE)),
+        "version": 1,
+    }
+    return machine.measured("repack16-against-file", measure, extra)

@@ -185,11 +185,11 @@ def repack16_in_place(blocks: torch.Tensor, kind: BlockKind, d_in: int) -> torch
     return blocks
 
 
-def repack16_fast(kind: BlockKind) -> bool:
-    """Whether this build's 16-row products of `kind` are its fastest decode products (AVX-512
-    VNNI; AVX2 with FMA and F16C but for Q5_0 and Q4_K): generation repacks only then (the other
-    builds compute them a lane at a time, for tests)."""
-    return bool(builds.library().attnlab_repack16_fast(int(kind)))
+def repack16_vectorised(kind: BlockKind) -> bool:
+    """Whether this build's 16-row product of `kind` is vectorised (AVX-512 VNNI; AVX2 with FMA
+    and F16C but for Q5_0; the other builds compute it a lane at a time, for tests):
+    generation races it against the file's layout only then (policy.repack16_chosen)."""
+    return bool(builds.library().attnlab_repack16_vectorised(int(kind)))
 
 
 def block_linear(

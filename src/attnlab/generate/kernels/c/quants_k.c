@@ -90,8 +90,12 @@ static inline __m256i values_of_256(int type, const uint8_t *p, int s) {
     __m256i ql = _mm256_loadu_si256((const __m256i *)(q6->ql + 64 * h + 32 * (t & 1)));
     __m256i qh = _mm256_loadu_si256((const __m256i *)(q6->qh + 32 * h));
     __m256i low = _mm256_and_si256(_mm256_srli_epi16(ql, 4 * (t >> 1)), low4);
-    __m256i high =
-        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * t), _mm256_set1_epi8(3)), 4);
+    /* bits 2t and 2t + 1 of each qh byte masked where they are, then moved to bits 4 and 5 by one
+     * 16-bit shift (none for t = 2: a mask and an OR where a shift, a mask and a shift were), as
+     * llama.cpp's AVX2 Q6_K product does (ggml-cpu/arch/x86/quants.c); the bits a shift carries
+     * across bytes are masked zeros */
+    __m256i bits = _mm256_and_si256(qh, _mm256_set1_epi8((char)(3 << (2 * t))));
+    __m256i high = t < 2 ? _mm256_slli_epi16(bits, 4 - 2 * t) : _mm256_srli_epi16(bits, 2 * t - 4);
     return _mm256_or_si256(low, high);
   }
   const block_q5_K *q5 = (const block_q5_K *)p;

@@ -28,6 +28,9 @@
  *     being row n's bytes 4k .. 4k + 3: scales_mins_k's dwords a0, a1, a2, one row a lane, so that
  *     the masks and shifts that unpack one row's eight scales and mins there unpack sixteen rows'
  *     here (dot16_q_k). */
+/* bytes of a 16-row group's blocks that the AVX2 products pass over twice (rows 0-7, then 8-15)
+ * before going on: their second pass finds them in the level-1 cache */
+#define HALVES_TILE 8192
 #define Q4_K_QUANTS (GROUP * 128)
 #define Q4_K_SCALES (Q4_K_QUANTS + 2 * 2 * GROUP) /* after the quants, the d's and the dmin's */
 
@@ -67,7 +70,7 @@ static inline int32_t dot16_offset(int type) {
 }
 
 /* dot16_q a lane at a time: the portable build's (for tests), and the AVX2 build's Q5_0 (which
- * generation does not repack there: attnlab_repack16_fast) */
+ * generation does not repack there: attnlab_repack16_vectorised) */
 static __attribute__((unused)) void dot16_lanes(int type, const uint8_t *g, q8_row r, int64_t nb,
                                                 float *s) {
   const int64_t bytes = BLOCK_BYTES[type], step = GROUP * bytes,
@@ -170,63 +173,75 @@ static inline __attribute__((always_inline)) void dot16_q(int type, const uint8_
     dot16_lanes(type, g, r, nb, s);
     return;
   }
-  /* 256 bits: rows 0-7 in the low half of each 64-byte chunk, 8-15 in the high half; u8 x s8 pairs
+  /* 256 bits: rows 0-7 in the low half of each 64-byte chunk, 8-15 in the high half, each half a
+   * pass over HALVES_TILE bytes of blocks at a time (so that the second pass reads them from the
+   * level-1 cache: two passes over a whole group of 16 rows read it twice from level 2, and
+   * streamed slower than the file's layout); u8 x s8 pairs
    * into 16 bits (maddubs), then pairs of those into 32 (madd). Q4: a pair is at most 2 x 15 x 127,
    * so the eight of a block's chunks and nibble halves add in 16 bits (at most 30,480) before one
    * madd. Q8_0: |w| times x with w's sign (maddubs' first operand is unsigned): at most 2 x 128 x
    * 127, one madd per chunk, no lane-sum start. */
   const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  for (int h = 0; h < 2; h++) {
-    const uint8_t *gh = g + 32 * h;
-    __m256 acc = _mm256_setzero_ps(), m_acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++, gh += step) {
-      const int32_t *xq = (const int32_t *)(r.q + b * QK);
-      __m256i sum;
-      if (type == BLOCK_Q8_0) {
-        sum = _mm256_setzero_si256();
-        for (int j = 0; j < 8; j++) {
-          __m256i w = _mm256_loadu_si256((const __m256i *)(gh + 64 * j)),
-                  x = _mm256_set1_epi32(xq[j]);
-          sum = _mm256_add_epi32(
-              sum, _mm256_madd_epi16(
-                       _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)), ones));
+  __m256 accs[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()},
+         m_accs[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  const int64_t tile = HALVES_TILE / step > 1 ? HALVES_TILE / step : 1;
+  for (int64_t b1 = 0; b1 < nb; b1 += tile) {
+    const int64_t b2 = b1 + tile < nb ? b1 + tile : nb;
+    for (int h = 0; h < 2; h++) {
+      const uint8_t *gh = g + b1 * step + 32 * h;
+      __m256 acc = accs[h], m_acc = m_accs[h];
+      for (int64_t b = b1; b < b2; b++, gh += step) {
+        const int32_t *xq = (const int32_t *)(r.q + b * QK);
+        __m256i sum;
+        if (type == BLOCK_Q8_0) {
+          sum = _mm256_setzero_si256();
+          for (int j = 0; j < 8; j++) {
+            __m256i w = _mm256_loadu_si256((const __m256i *)(gh + 64 * j)),
+                    x = _mm256_set1_epi32(xq[j]);
+            sum = _mm256_add_epi32(
+                sum,
+                _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)), ones));
+          }
+        } else {
+          __m256i pairs = _mm256_setzero_si256();
+          for (int j = 0; j < 4; j++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(gh + 64 * j));
+            pairs = _mm256_add_epi16(
+                pairs, _mm256_maddubs_epi16(_mm256_and_si256(v, low4), _mm256_set1_epi32(xq[j])));
+            pairs = _mm256_add_epi16(
+                pairs, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4),
+                                            _mm256_set1_epi32(xq[4 + j])));
+          }
+          sum =
+              _mm256_add_epi32(_mm256_madd_epi16(pairs, ones), _mm256_set1_epi32(offset * r.sq[b]));
         }
-      } else {
-        __m256i pairs = _mm256_setzero_si256();
-        for (int j = 0; j < 4; j++) {
-          __m256i v = _mm256_loadu_si256((const __m256i *)(gh + 64 * j));
-          pairs = _mm256_add_epi16(
-              pairs, _mm256_maddubs_epi16(_mm256_and_si256(v, low4), _mm256_set1_epi32(xq[j])));
-          pairs = _mm256_add_epi16(
-              pairs, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4),
-                                          _mm256_set1_epi32(xq[4 + j])));
-        }
-        sum = _mm256_add_epi32(_mm256_madd_epi16(pairs, ones), _mm256_set1_epi32(offset * r.sq[b]));
+        const uint8_t *heads = g + b * step + quant + 16 * h;
+        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)heads));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(r.dx[b])),
+                              acc);
+        if (type == BLOCK_Q4_1)
+          m_acc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(heads + 32))),
+                                  _mm256_set1_ps(r.sx[b]), m_acc);
       }
-      __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + b * step + quant + 16 * h)));
-      acc =
-          _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(r.dx[b])), acc);
-      if (type == BLOCK_Q4_1)
-        m_acc = _mm256_fmadd_ps(
-            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + b * step + quant + 32 + 16 * h))),
-            _mm256_set1_ps(r.sx[b]), m_acc);
+      accs[h] = acc, m_accs[h] = m_acc;
     }
-    _mm256_storeu_ps(s + 8 * h, _mm256_add_ps(acc, m_acc));
   }
+  for (int h = 0; h < 2; h++) _mm256_storeu_ps(s + 8 * h, _mm256_add_ps(accs[h], m_accs[h]));
 #else /* a lane at a time (the portable build: for tests; generation repacks only where            \
-         attnlab_repack16_fast says so) */
+         attnlab_repack16_vectorised says so) */
   (void)bytes, (void)step, (void)quant, (void)offset;
   dot16_lanes(type, g, r, nb, s);
 #endif
 }
 
 /* s[n] = the product of row n of a 16-row group of Q4_K rows (its nb / 8 super-blocks at g, the
- * layout above) with the rounded row r. Per sub-block pair i: eight dpbusd of the low nibbles
- * against x's broadcast bytes of sub-block 2i, eight of the high ones as they are (16 times their
- * value, at most 8 x 4 x 240 x 127) against 2i + 1's; per sub-block one conversion and one FMA by
- * sc_n dx (dx / 16 for the high nibbles: exact, a power of two, so the products are those of the
- * shifted nibbles bit for bit) and one FMA of the mins m_n sx; d and dmin once per super-block.
- * dot4_q_k's sums in another order (d (sum sc dx S) rather than sum (d sc dx) S). */
+ * layout above) with the rounded row r. AVX-512 VNNI: per sub-block pair i, eight dpbusd of the low
+ * nibbles against x's broadcast bytes of sub-block 2i, eight of the high ones as they are (16 times
+ * their value, at most 8 x 4 x 240 x 127) against 2i + 1's; per sub-block one conversion and one
+ * FMA by sc_n dx (dx / 16 for the high nibbles: exact, a power of two, so the products are those of
+ * the shifted nibbles bit for bit) and one FMA of the mins m_n sx; d and dmin once per super-block.
+ * dot4_q_k's sums in another order (d (sum sc dx S) rather than sum (d sc dx) S). AVX2: below. */
 static inline __attribute__((always_inline)) void dot16_q_k(const uint8_t *g, q8_row r, int64_t nb,
                                                             float *s) {
   const int64_t step = GROUP * BLOCK_BYTES[BLOCK_Q4_K];
@@ -284,8 +299,81 @@ static inline __attribute__((always_inline)) void dot16_q_k(const uint8_t *g, q8
         _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g + Q4_K_QUANTS + 32))), mb, m_acc);
   }
   _mm512_storeu_ps(s, _mm512_sub_ps(acc, m_acc));
-#else /* the same sums, a lane at a time (every other build: for tests; generation repacks Q4_K    \
-         only where attnlab_repack16_fast says so) */
+#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+  /* 256 bits: rows 0-7 in the low half of each 64-byte chunk (h = 0), 8-15 in the high half, one
+   * pass each (as dot16_q's: both in one pass kept more sums than registers). Per sub-block pair i,
+   * maddubs' u8 x s8 pairs of the low nibbles (sub-block 2i) and of the high ones (2i + 1) add up
+   * in 16 bits over the pair's eight chunks (at most 8 x 2 x 15 x 127 = 30,480); then one madd per
+   * sub-block multiplies those pairs by the rows' 6-bit scales and adds them into 32 bits (sc_n
+   * S_n, at most 63 x 60,960: exact, and exact in float32), as llama.cpp's AVX2 Q4_K product folds
+   * its scales into madd (ggml-cpu/arch/x86/quants.c); then one conversion and one FMA by the
+   * sub-block's dx. The mins' term m_n sx first, eight FMAs per super-block. */
+  const __m256i low4 = _mm256_set1_epi8(0x0F), low6 = _mm256_set1_epi8(0x3F),
+                bits45 = _mm256_set1_epi8(0x30), byte = _mm256_set1_epi32(0xFF);
+  /* vpshufb indices (within 128-bit lanes) that copy byte 0 of each 32-bit lane into both of its
+   * 16-bit halves, zeros above (0x80); | k: byte k */
+  const __m256i pairs_of =
+      _mm256_setr_epi8(0, -128, 0, -128, 4, -128, 4, -128, 8, -128, 8, -128, 12, -128, 12, -128, 0,
+                       -128, 0, -128, 4, -128, 4, -128, 8, -128, 8, -128, 12, -128, 12, -128);
+  __m256 accs[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()},
+         m_accs[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  /* (dot16_q's passes over HALVES_TILE bytes at a time) */
+  const int64_t tile = 8 * (HALVES_TILE / step > 1 ? HALVES_TILE / step : 1);
+  for (int64_t b1 = 0; b1 < nb; b1 += tile)
+    for (int h = 0; h < 2; h++) {
+      const int64_t b2 = b1 + tile < nb ? b1 + tile : nb;
+      const uint8_t *gh = g + b1 / 8 * step + 32 * h;
+      __m256 acc = accs[h], m_acc = m_accs[h];
+      for (int64_t b0 = b1; b0 < b2; b0 += 8, gh += step) {
+        const int32_t *xq = (const int32_t *)(r.q + b0 * QK);
+        /* scales 0-3 and 4-7, mins 0-3 and 4-7, a byte each, one row a lane (as above) */
+        __m256i a0 = _mm256_loadu_si256((const __m256i *)(gh + Q4_K_SCALES)),
+                a1 = _mm256_loadu_si256((const __m256i *)(gh + Q4_K_SCALES + 64)),
+                a2 = _mm256_loadu_si256((const __m256i *)(gh + Q4_K_SCALES + 128));
+        __m256i sc[2] = {_mm256_and_si256(a0, low6),
+                         _mm256_or_si256(_mm256_and_si256(a2, low4),
+                                         _mm256_and_si256(_mm256_srli_epi32(a0, 2), bits45))};
+        __m256i mn[2] = {_mm256_and_si256(a1, low6),
+                         _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(a2, 4), low4),
+                                         _mm256_and_si256(_mm256_srli_epi32(a1, 2), bits45))};
+        __m256 sb = _mm256_setzero_ps(), mb = _mm256_setzero_ps();
+        for (int sub = 0; sub < 8; sub++) {
+          __m256i m = _mm256_and_si256(_mm256_srli_epi32(mn[sub / 4], 8 * (sub % 4)), byte);
+          mb = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(r.sx[b0 + sub]), mb);
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+          __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+          for (int j = 0; j < 8; j++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(gh + 64 * (8 * i + j)));
+            lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(_mm256_and_si256(v, low4),
+                                                           _mm256_set1_epi32(xq[16 * i + j])));
+            hi = _mm256_add_epi16(
+                hi, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4),
+                                         _mm256_set1_epi32(xq[16 * i + 8 + j])));
+          }
+          /* sub-blocks 2i and 2i + 1: bytes (2i) % 4 and (2i + 1) % 4 of sc[i / 2] */
+          const __m256i sci = sc[i / 2];
+          __m256i lo_scaled = _mm256_madd_epi16(
+              lo, _mm256_shuffle_epi8(
+                      sci, _mm256_or_si256(pairs_of, _mm256_set1_epi16((short)(2 * i % 4)))));
+          __m256i hi_scaled = _mm256_madd_epi16(
+              hi, _mm256_shuffle_epi8(
+                      sci, _mm256_or_si256(pairs_of, _mm256_set1_epi16((short)((2 * i + 1) % 4)))));
+          sb = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo_scaled), _mm256_set1_ps(r.dx[b0 + 2 * i]), sb);
+          sb = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi_scaled), _mm256_set1_ps(r.dx[b0 + 2 * i + 1]),
+                               sb);
+        }
+        const uint8_t *heads = g + (b0 / 8) * step + Q4_K_QUANTS + 16 * h;
+        acc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)heads)), sb, acc);
+        m_acc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(heads + 32))), mb,
+                                m_acc);
+      }
+      accs[h] = acc, m_accs[h] = m_acc;
+    }
+  for (int h = 0; h < 2; h++) _mm256_storeu_ps(s + 8 * h, _mm256_sub_ps(accs[h], m_accs[h]));
+#else /* the same sums, a lane at a time (the portable build: for tests; generation repacks Q4_K   \
+         only where attnlab_repack16_vectorised says so) */
   float acc[GROUP] = {0}, m_acc[GROUP] = {0};
   for (int64_t b0 = 0; b0 < nb; b0 += 8, g += step)
     for (int n = 0; n < GROUP; n++) {
@@ -312,15 +400,16 @@ static inline __attribute__((always_inline)) void dot16_q_k(const uint8_t *g, q8
 #endif
 }
 
-/* Whether this build's 16-row products of `type` are its fast ones (AVX-512 VNNI; AVX2 but for Q5_0
- * and Q4_K, whose AVX2 products keep the file's layout: dot4_q5_0, dot4_q_k): generation repacks
- * only then. */
-int attnlab_repack16_fast(int type) {
+/* Whether this build's 16-row product of `type` is vectorised (AVX-512 VNNI; AVX2 with FMA and F16C
+ * but for Q5_0), rather than computed a lane at a time (for tests): generation repacks
+ * only then, and only where that product ran faster than the file's layout on this machine
+ * (measured once: attnlab.generate.kernels.policy.repack16_against_file). */
+int attnlab_repack16_vectorised(int type) {
 #if AVX512 && defined(__AVX512VNNI__)
   return type == BLOCK_Q8_0 || type == BLOCK_Q4_0 || type == BLOCK_Q4_1 || type == BLOCK_Q5_0 ||
          type == BLOCK_Q4_K;
 #elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
-  return type == BLOCK_Q8_0 || type == BLOCK_Q4_0 || type == BLOCK_Q4_1;
+  return type == BLOCK_Q8_0 || type == BLOCK_Q4_0 || type == BLOCK_Q4_1 || type == BLOCK_Q4_K;
 #else
   (void)type;
   return 0;
