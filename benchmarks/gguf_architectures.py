@@ -737,7 +737,7 @@ def main() -> int:
             f"Bounds: logits {LOGITS_BOUND:g}, patterns {PATTERN_BOUND:g}; the f32 file top-1 >= "
             f"{BOUNDS['F32'][0]:g}, mean KL <= {BOUNDS['F32'][1]:g}; quantized copies top-1 >= "
             f"{BOUNDS['quantized'][0]:g}, mean KL <= {BOUNDS['quantized'][1]:g} x the format's "
-            "own."
+            f"own and <= {BOUNDS['quantized'][2]:g} x the Q8_0 copy's own."
         ),
         anchor="transformers, llama.cpp's llama-simple and logits (libllama)",
         anchor_version=", ".join(f"{k} {v}" for k, v in versions(sources).items()),
@@ -748,7 +748,7 @@ def main() -> int:
                 "logits_relative": LOGITS_BOUND,
                 "pattern_abs": PATTERN_BOUND,
                 # F32: (top-1 at least, mean KL at most); quantized: (top-1 at least, mean KL
-                # at most as a multiple of the format's own)
+                # at most as a multiple of the format's own, of the Q8_0 copy's own)
                 "llama_cpp_logits": {k: list(v) for k, v in BOUNDS.items()},
             },
         },
