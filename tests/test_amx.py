@@ -285,7 +285,8 @@ def test_the_attention_steps_on_amx_tiles_are_the_chapters_equation(
     amx, seed, batch, T, heads, kv_heads, d_head, threads, monkeypatch
 ):
     """The masked scores (q Kᵀ · scale where the key's position <= the query's, −∞ elsewhere,
-    exactly) and the pattern's mix with V, any pattern (a hook may put weight anywhere)."""
+    exactly; soft-capped, Gemma 2's, where a cap is given) and the pattern's mix with V, any
+    pattern (a hook may put weight anywhere)."""
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(batch, heads, T, d_head, generator=g)
@@ -302,6 +303,11 @@ def test_the_attention_steps_on_amx_tiles_are_the_chapters_equation(
     reference = (q @ k_all.transpose(-2, -1)) * scale
     visible = ~hidden.expand_as(scores)
     within_float32(scores[visible], exact[visible], terms[visible], reference[visible])
+    # capped: c·tanh(s / c) of the same scores (its slope at most 1: the same slack)
+    capped = kernels.attend_scores(q, k, scale, amx=True, softcap=1.5)
+    assert torch.equal(torch.isneginf(capped), torch.isneginf(scores))
+    cap = lambda s: 1.5 * torch.tanh(s / 1.5)  # noqa: E731
+    within_float32(capped[visible], cap(exact[visible]), terms[visible], cap(reference[visible]))
     pattern = torch.rand(batch, heads, T, T, generator=g)  # weight on every key, masked or not
     z = kernels.attend_mix(pattern, v, amx=True)
     assert z.shape == (batch, heads, T, d_head)
@@ -319,8 +325,9 @@ def test_the_attention_steps_on_amx_tiles_are_the_chapters_equation(
     # rows of 96: streamed from the thread's scratch; 725 tokens: straight into scores and pattern
     [*ATTENTION_SHAPES, (1, 130, 9, 3, 64), (2, 96, 4, 2, 64), (1, 725, 2, 1, 32)],
 )
+@pytest.mark.parametrize("softcap", [None, 2.0])
 def test_the_three_attention_steps_in_one_call_are_the_steps_bit_for_bit(
-    amx, seed, batch, T, heads, kv_heads, d_head, threads, monkeypatch
+    amx, seed, batch, T, heads, kv_heads, d_head, threads, softcap, monkeypatch
 ):
     """attend_explicit (run_with_cache's attention where its hooks only read: a head's scores and
     pattern read back from the core's cache, the pattern's zero chunks above the diagonal neither
@@ -329,9 +336,9 @@ def test_the_three_attention_steps_in_one_call_are_the_steps_bit_for_bit(
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(batch, heads, T, d_head, generator=g)
     k, v = (torch.randn(batch, kv_heads, T, d_head, generator=g) * 2 for _ in range(2))
-    scores, pattern, z = kernels.attend_explicit(q, k, v, d_head**-0.5, amx=True)
+    scores, pattern, z = kernels.attend_explicit(q, k, v, d_head**-0.5, amx=True, softcap=softcap)
     assert z.shape == (batch, heads, T, d_head)
-    assert torch.equal(scores, kernels.attend_scores(q, k, d_head**-0.5, amx=True))
+    assert torch.equal(scores, kernels.attend_scores(q, k, d_head**-0.5, amx=True, softcap=softcap))
     assert torch.equal(pattern, kernels.softmax_rows(scores))
     assert torch.equal(z, kernels.attend_mix(pattern, v, amx=True))
 

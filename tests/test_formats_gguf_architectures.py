@@ -13,7 +13,8 @@ the ones it runs, and that list must be true: each one listed converts and match
 Quantized copies (benchmarks/_llama_logits.py): two of the converted files, made Q8_0 by llama.cpp's
 llama-quantize, run by llama.cpp (its logits at every position, benchmarks/anchors/llama_logits.c
 compiled against libllama) and by attnlab (dequantized, and the blocks' decode step) on the same
-ids: top-1 agreement and mean KL within the benchmark's bounds. They need a llama.cpp build: its bin
+ids: top-1 agreement and mean KL within the benchmark's bounds (the KL's relative to the format's
+own: llama.cpp's copy against its f32 file). They need a llama.cpp build: its bin
 folder in $ATTNLAB_LLAMA_CPP, as the benchmarks take it; without one they skip in one line saying
 what to set.
 """
@@ -120,8 +121,8 @@ def test_a_quantized_copy_agrees_with_llama_cpps_logits(case, converted, llama_c
         for name in ("dequantized", "blocks"):
             if name in row:
                 assert row[name]["within_bounds"], (name, row)
-    # the format moved llama.cpp's own logits: the comparison would see a block read wrongly
-    assert q8["format_cost"]["kl_mean"] > q8["dequantized"]["kl_mean"], q8
+    # the bound's scale: the format moved llama.cpp's own logits, so a block read wrongly shows
+    assert q8["format_cost"]["kl_mean"] > 1e3 * f32["dequantized"]["kl_mean"], q8
 
 
 def test_agreement_is_top_1_share_and_kl_of_the_anchor_from_attnlab():

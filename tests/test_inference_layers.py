@@ -452,10 +452,12 @@ def test_the_one_off_timing_compares_the_c_attention_with_torchs_steps(monkeypat
 ATTENTION_SHAPES = ((1, 1, 2, 1, 32), (2, 37, 4, 2, 32), (1, 70, 6, 3, 64), (2, 13, 3, 3, 96))
 
 
-def test_the_attention_steps_equal_the_chapters_equation():
-    """Scores: masked where the chapter's mask is (exactly −∞), q·k · scale elsewhere; pattern:
-    exactly 0 where masked, rows summing to 1; z = pattern V; against float64, within float32
-    summation slack (the module docstring's bound, ≤ 1e-5 of the terms' magnitudes here)."""
+@pytest.mark.parametrize("softcap", [None, 2.0])  # Gemma 2's, low enough to bend these scores
+def test_the_attention_steps_equal_the_chapters_equation(softcap):
+    """Scores: masked where the chapter's mask is (exactly −∞), q·k · scale elsewhere (soft-capped
+    where a cap is given); pattern: exactly 0 where masked, rows summing to 1; z = pattern V;
+    against float64, within float32 summation slack (the module docstring's bound, ≤ 1e-5 of the
+    terms' magnitudes here)."""
     from attnlab.model.attention import apply_mask, attention_pattern, attention_scores, expand_kv
 
     g = torch.Generator().manual_seed(0)
@@ -463,10 +465,10 @@ def test_the_attention_steps_equal_the_chapters_equation():
         q = torch.randn(B, T, H, D, generator=g).transpose(1, 2)  # [batch, head, pos, d_head]
         k, v = (torch.randn(B, T, Hkv, D, generator=g).transpose(1, 2) * 2 for _ in range(2))
         scores = apply_mask(
-            attention_scores(q.double(), expand_kv(q, k).double(), 0.2), causal=True
+            attention_scores(q.double(), expand_kv(q, k).double(), 0.2, softcap), causal=True
         )
         pattern = attention_pattern(scores)
-        got_scores = kernels.attend_scores(q, k, 0.2)
+        got_scores = kernels.attend_scores(q, k, 0.2, softcap=softcap)
         masked = torch.isneginf(scores)
         assert torch.equal(torch.isneginf(got_scores), masked)
         torch.testing.assert_close(
@@ -543,8 +545,9 @@ def test_the_attention_steps_on_two_threads_equal_one(monkeypatch):
     # T not a multiple of the 6 or 12 queries of a register block, nor of 32 keys
     [(1, 1, 2, 1, 32), (2, 37, 4, 2, 32), (1, 70, 6, 3, 64), (2, 13, 3, 3, 96)],
 )
+@pytest.mark.parametrize("softcap", [None, 2.0])
 def test_the_three_attention_steps_in_one_call_on_the_tiles_are_the_steps_bit_for_bit(
-    seed, batch, T, heads, kv_heads, d_head, threads, monkeypatch
+    seed, batch, T, heads, kv_heads, d_head, threads, softcap, monkeypatch
 ):
     """attend_explicit on the float32 tiles (run_with_cache's attention where its hooks only read:
     a block of queries' scores and pattern read back from the core's cache, the zeros after its
@@ -554,9 +557,9 @@ def test_the_three_attention_steps_in_one_call_on_the_tiles_are_the_steps_bit_fo
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(batch, heads, T, d_head, generator=g)
     k, v = (torch.randn(batch, kv_heads, T, d_head, generator=g) * 2 for _ in range(2))
-    scores, pattern, z = kernels.attend_explicit(q, k, v, d_head**-0.5)
+    scores, pattern, z = kernels.attend_explicit(q, k, v, d_head**-0.5, softcap=softcap)
     assert z.shape == (batch, heads, T, d_head)
-    assert torch.equal(scores, kernels.attend_scores(q, k, d_head**-0.5))
+    assert torch.equal(scores, kernels.attend_scores(q, k, d_head**-0.5, softcap=softcap))
     assert torch.equal(pattern, kernels.softmax_rows(scores))
     assert torch.equal(z, kernels.attend_mix(pattern, v))
 

@@ -11,6 +11,7 @@ float model's spread (per-row int8 steps of max|w| / 127 on N(0, 0.3) weights: t
 from __future__ import annotations
 
 import gc
+import itertools
 import math
 import os
 import subprocess
@@ -67,6 +68,7 @@ STYLE_NAMES = [
     "speedrun-relu2-softcap",
     "mistral-window",
     "gemma3",
+    "gemma2",
     "olmo2",
 ]
 
@@ -348,8 +350,9 @@ def test_the_logit_softcap_kernel_equals_cap_tanh_over_floats_whole_range(seed):
 # 32, 80: AVX-512's weighted sum (64 values at a time, then 16)
 @pytest.mark.parametrize("d_head", [8, 32, 80])
 @pytest.mark.parametrize("heads, kv_heads", [(4, 4), (4, 2), (6, 1)])
+@pytest.mark.parametrize("softcap", [None, 1.5])  # Gemma 2's cap, low enough to bend these scores
 def test_attend_kernel_writes_the_cache_and_equals_the_chapters_equation(
-    seed, heads, kv_heads, d_head
+    seed, heads, kv_heads, d_head, softcap
 ):
     B, D, max_len, slot = 3, d_head, 16, 9
     k_cache, v_cache = torch.randn(B, kv_heads, max_len, D), torch.randn(B, kv_heads, max_len, D)
@@ -362,7 +365,8 @@ def test_attend_kernel_writes_the_cache_and_equals_the_chapters_equation(
     mask[:, slot] = True
     mask[2, : slot + 1] = False  # a row that may see no key: zeros
     out, scores, at = torch.empty(B, heads, D), torch.empty(B, heads, max_len), torch.tensor([slot])
-    kernels.attend_call(q, k_new, v_new, k_cache, v_cache, at, 0.3, mask, scores, out)()
+    call = (q, k_new, v_new, k_cache, v_cache, at, 0.3)
+    kernels.attend_call(*call, mask, scores, out, softcap)()
     assert torch.equal(k_cache[:, :, slot], k_new) and torch.equal(v_cache[:, :, slot], v_new)
     keys, values = k_cache[:, :, : slot + 1], v_cache[:, :, : slot + 1]
     expected = scaled_dot_product_attention(
@@ -372,13 +376,14 @@ def test_attend_kernel_writes_the_cache_and_equals_the_chapters_equation(
         mask=mask[:, None, None, : slot + 1],
         scale=0.3,
         return_weights=True,
+        softcap=softcap,
     )[0].squeeze(2)
     torch.testing.assert_close(out, expected, **F32)
     assert (out[2] == 0).all()
     # no mask: every slot
-    kernels.attend_call(q, k_new, v_new, k_cache, v_cache, at, 0.3, None, scores, out)()
+    kernels.attend_call(*call, None, scores, out, softcap)()
     expected = scaled_dot_product_attention(
-        q.unsqueeze(2), keys, values, scale=0.3, return_weights=True
+        q.unsqueeze(2), keys, values, scale=0.3, return_weights=True, softcap=softcap
     )[0]
     torch.testing.assert_close(out, expected.squeeze(2), **F32)
 
@@ -389,20 +394,24 @@ def test_prompt_attention_equals_the_chapters_equation():
 
 def prompt_attention_equals_the_chapters_equation() -> None:
     """kernels.attend_rows against the explicit equation in float64, on prompts whose length is
-    not a multiple of the kernel's 12 queries or 32 keys, grouped and plain heads, a batch of 2."""
+    not a multiple of the kernel's 12 queries or 32 keys, grouped and plain heads, a batch of 2;
+    without a soft-cap and with one (Gemma 2's, low enough to bend these scores)."""
     g = torch.Generator().manual_seed(0)
-    for B, T, H, Hkv, D in (
-        (1, 1, 2, 1, 32),
-        (2, 37, 4, 2, 32),
-        (1, 70, 6, 3, 64),
-        (2, 13, 3, 3, 96),
+    for (B, T, H, Hkv, D), softcap in itertools.product(
+        ((1, 1, 2, 1, 32), (2, 37, 4, 2, 32), (1, 70, 6, 3, 64), (2, 13, 3, 3, 96)), (None, 2.0)
     ):
         q = torch.randn(B, T, H, D, generator=g).transpose(1, 2)  # [batch, head, pos, d_head]
         k, v = (torch.randn(B, T, Hkv, D, generator=g).transpose(1, 2) * 2 for _ in range(2))
         expected = scaled_dot_product_attention(
-            q.double(), k.double(), v.double(), causal=True, scale=0.2, return_weights=True
+            q.double(),
+            k.double(),
+            v.double(),
+            causal=True,
+            scale=0.2,
+            return_weights=True,
+            softcap=softcap,
         )[0]
-        got = kernels.attend_rows(q, k, v, 0.2)
+        got = kernels.attend_rows(q, k, v, 0.2, softcap)
         assert got.shape == (B, H, T, D) and got.transpose(1, 2).is_contiguous()
         torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
 
@@ -661,29 +670,39 @@ def test_default_generation_takes_the_kernels_and_picks_the_module_paths_tokens(
 kernel_call, greedy_in_c = KernelDecoder.__call__, KernelDecoder.generate_greedy
 
 
-def test_an_attention_soft_cap_keeps_to_the_module_paths_attention(seed):
-    """Gemma 2's attention soft-cap is in no C attention: the decode step says so and is not
-    taken, the prompt kernels (64 rows and more: run_with_cache's fast layers) are not chosen for
-    attention, and both give the module path's numbers (Attention, checked against the oracle in
-    tests/test_model.py)."""
+def test_an_attention_soft_cap_is_computed_by_the_c_attention(seed, monkeypatch):
+    """Gemma 2's attention soft-cap in the C attention: the decode step takes the model (its logits
+    step by step: test_kernel_decode_step_gives_the_module_paths_logits), and a prompt's attention
+    in its global block takes attend_rows in generation and plain passes and attend_explicit in
+    run_with_cache (64 rows and more, where this build vectorises its tiles; the windowed block's
+    window is shorter than the prompt: Attention's steps), each giving the module path's numbers
+    (Attention, held to the oracle in tests/test_model.py): logits, patterns, greedy tokens."""
     from attnlab.generate.fast_layers import TILES_MIN_ROWS, inference_layers
 
-    model = build("gemma2", n_ctx=2 * TILES_MIN_ROWS)
-    assert "soft-caps its attention scores" in KernelDecoder.unsupported(model)
+    model = build("gemma2", d_model=64, n_heads=2, n_kv_heads=1, n_ctx=2 * TILES_MIN_ROWS)
+    assert model.config.attn_softcap is not None and model.config.d_head == 32
+    assert [model.config.layer_window(i) for i in range(2)] == [4, None]
+    assert KernelDecoder.unsupported(model) is None
+    calls = counting(monkeypatch, "attend_rows", "attend_explicit")
     ids = torch.randint(0, SIZES["d_vocab"], (1, TILES_MIN_ROWS + 8))
     with torch.no_grad():
         plain = model(ids)
+        with fast_linears(model):
+            prefill = generation.prefill(model, ids, KVCache.for_model(model, 1, ids.shape[1]))
         with inference_layers(model, ids):
             fast = model(ids)
         logits, cache = model.run_with_cache(ids, names_filter=lambda n: "hook_pattern" in n)
+    vectorised = kernels.rows_vectorized()[1]  # attend_rows: the prefill's and the plain pass's
+    assert calls == {"attend_rows": 2 * vectorised, "attend_explicit": int(vectorised)}
+    torch.testing.assert_close(prefill, plain[:, -1], **F32)
     torch.testing.assert_close(fast, plain, **F32)
     torch.testing.assert_close(logits, plain, **F32)
     kept = []
     with torch.no_grad():  # the pattern the module's explicit steps compute
         model.run_with_hooks(
-            ids, fwd_hooks=[("blocks.0.attn.hook_pattern", lambda t, hook: kept.append(t))]
+            ids, fwd_hooks=[("blocks.1.attn.hook_pattern", lambda t, hook: kept.append(t))]
         )
-    torch.testing.assert_close(cache["blocks.0.attn.hook_pattern"], kept[0], **F32)
+    torch.testing.assert_close(cache["blocks.1.attn.hook_pattern"], kept[0], **F32)
     prompt = ids[:, :6]
     assert torch.equal(
         generate(model, prompt, 8, temperature=0),

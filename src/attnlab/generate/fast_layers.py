@@ -45,7 +45,7 @@ from torch import nn
 
 from .. import slower
 from ..memory import new_tensor
-from ..model.attention import Attention, causal_mask, expand_kv
+from ..model.attention import Attention, causal_mask, expand_kv, soft_cap
 from ..model.layers import MLP, Linear, RMSNorm
 from ..quant.blocks import BLOCK_TYPES, BlockLinear
 from ..quant.int8 import Int8Linear
@@ -354,18 +354,17 @@ class KernelAttention(Attention):
     W_V of blocks share one rounding of x (`shared_rounding`); RoPE in C, out of place (c/ops.c,
     attnlab_rope_rows: apply_rope's numbers bit for bit); and, where this build of the kernels
     vectorises its float32 tiles (AVX-512, AVX2) and they measured faster than torch's GEMM
-    (kernels.float_rows), causal attention over the whole prompt from position 0, without mask
-    or dropout, without an attention soft-cap (Gemma 2's, which the C attention does not compute:
-    Attention's steps run instead), and without a window or with one no shorter than the prompt,
-    in C (attnlab_attend_rows); everything else as Attention. When a hook wants the scores or the
-    pattern (run_with_cache), the same prompts take the explicit path's three steps in C
-    (attnlab_attend_scores, _softmax_rows, _attend_mix) where they measured faster than torch's
-    steps (kernels.attention_rows), the hooks between them as in Attention.forward; where the
-    products take AMX's tiles (kernels.float_products), q Kᵀ and pattern V on them and the
-    softmax in C, all three in one call where the hooks between them only read
-    (kernels.attend_explicit); where torch's steps are the faster and AMX cannot run, torch's
-    steps, with the scores scaled and masked in place and the softmax's all-masked guard only
-    where a row needs it (Attention's numbers bit for bit)."""
+    (kernels.float_rows), causal attention over the whole prompt from position 0, without mask or
+    dropout, its scores soft-capped where the model caps them (Gemma 2), and without a window or
+    with one no shorter than the prompt, in C (attnlab_attend_rows); everything else as Attention.
+    When a hook wants the scores or the pattern (run_with_cache), the same prompts take the explicit
+    path's three steps in C (attnlab_attend_scores, _softmax_rows, _attend_mix) where they measured
+    faster than torch's steps (kernels.attention_rows), the hooks between them as in
+    Attention.forward; where the products take AMX's tiles (kernels.float_products), q Kᵀ and
+    pattern V on them and the softmax in C, all three in one call where the hooks between them only
+    read (kernels.attend_explicit); where torch's steps are the faster and AMX cannot run, torch's
+    steps, with the scores scaled and masked in place and the softmax's all-masked guard only where
+    a row needs it (Attention's numbers bit for bit)."""
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if shared_rounding(x, self.W_Q, self.W_K, self.W_V):
@@ -404,7 +403,6 @@ class KernelAttention(Attention):
         }[path]
         return (
             self.config.causal
-            and self.config.attn_softcap is None  # the C attention has no soft-cap (Gemma 2)
             and mask is None
             and (window is None or window >= q.shape[-2])  # a window the prompt never outgrows
             and dropout_p == 0
@@ -423,7 +421,7 @@ class KernelAttention(Attention):
             and self.prompt(q, k, mask=mask, dropout_p=dropout_p, window=window)
             and kernels.usable(v)
         ):
-            return kernels.attend_rows(q, k, v, self.config.scale)
+            return kernels.attend_rows(q, k, v, self.config.scale, self.config.attn_softcap)
         return super().attend(q, k, v, mask=mask, dropout_p=dropout_p, window=window)
 
     def attend_explicit(self, q, k, v, *, mask, dropout_p, window):
@@ -436,7 +434,9 @@ class KernelAttention(Attention):
             if (amx or tiles) and self.hook_attn_scores.only_read and self.hook_pattern.only_read:
                 # hooks that only read (run_with_cache's): the three steps in one C call, bit for
                 # bit
-                scores, pattern, z = kernels.attend_explicit(q, k, v, self.config.scale, amx=amx)
+                scores, pattern, z = kernels.attend_explicit(
+                    q, k, v, self.config.scale, amx=amx, softcap=self.config.attn_softcap
+                )
                 self.hook_attn_scores(scores)
                 self.hook_pattern(pattern)
                 return z
@@ -449,15 +449,18 @@ class KernelAttention(Attention):
         return super().attend_explicit(q, k, v, mask=mask, dropout_p=dropout_p, window=window)
 
     def score(self, q, k, *, mask, window):
+        cap = self.config.attn_softcap
         if self.prompt(q, k, mask=mask, dropout_p=0.0, window=window, path="amx"):
-            return kernels.attend_scores(q, k, self.config.scale, amx=True)
+            return kernels.attend_scores(q, k, self.config.scale, amx=True, softcap=cap)
         if self.prompt(q, k, mask=mask, dropout_p=0.0, window=window, path="explicit"):
-            return kernels.attend_scores(q, k, self.config.scale)
-        if self.config.causal and self.config.attn_softcap is None and mask is None and in_place():
-            # Attention.score's product, scale and causal mask (attention_scores, apply_mask) in one
-            # tensor, the last two in place: its numbers bit for bit, two T x T copies fewer (where
-            # torch's GEMM is the faster one, run_with_cache's path: benchmarks/README.md, issue 25)
+            return kernels.attend_scores(q, k, self.config.scale, softcap=cap)
+        if self.config.causal and mask is None and in_place():
+            # Attention.score's product, scale, soft-cap and causal mask (attention_scores,
+            # apply_mask) in one tensor, the scale and the mask in place: its numbers bit for bit,
+            # two T x T copies fewer (where torch's GEMM is the faster one, run_with_cache's path:
+            # benchmarks/README.md, issue 25)
             scores = torch.matmul(q, expand_kv(q, k).transpose(-2, -1)).mul_(self.config.scale)
+            scores = soft_cap(scores, cap)
             T, S = scores.shape[-2:]
             hidden = ~causal_mask(T, S, scores.device, window=window)
             return scores.masked_fill_(hidden, float("-inf"))

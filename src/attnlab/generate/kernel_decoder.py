@@ -4,12 +4,12 @@ loops (attnlab.generate.kernels) for the products and the attention.
 No graph to build, so no set-up per process, and the whole step is one C call (one OpenMP parallel
 region, its threads hot from the first product to the last) instead of the ~100 PyTorch operations
 per layer of the module path, whose per-call overhead was most of a step on a small model. A hooked
-model, a post-norm one, one whose attention scores are soft-capped (Gemma 2: the C attention has
-no cap), another dtype or device, or a machine without a C compiler takes the module path, which
-computes the same equation (`KernelDecoder.unsupported` says why, and
+model, a post-norm one, another dtype or device, or a machine without a C compiler takes the module
+path, which computes the same equation (`KernelDecoder.unsupported` says why, and
 `generate` says it in one line, attnlab.slower).
 
-Gemma 3's parts run here too, from the kernels there are: GeGLU as the gelu_tanh activation then
+Gemma 3's parts run here too, from the kernels there are (and Gemma 2's, the same parts with the
+attention scores soft-capped in the C attention): GeGLU as the gelu_tanh activation then
 a product with W_in's output; sandwich norms as the sublayer's output written to a buffer, normed
 in place and added to the residual; per-block windows as a second key mask (the window's band of
 cache slots, remade by the program's first op at each step; Mistral's window too); the windowed
@@ -305,6 +305,7 @@ class KernelDecoder:
                 self.window_mask if windowed else self.key_mask,
                 self.scores[layer if self.keep_weights else 0],
                 z,
+                self.model.config.attn_softcap,
             )
         )
         # resid_mid = resid_pre + attn_out
@@ -466,11 +467,6 @@ class KernelDecoder:
             return f"attnlab's C kernels are off ({why})"
         if model.config.wiring == "post":
             return "the model has post-norm blocks, which the C step does not cover"
-        if model.config.attn_softcap is not None:
-            return (
-                "the model soft-caps its attention scores (Gemma 2), which the C step does not "
-                "cover"
-            )
         if model.config.residual_multiplier != 1.0 or model.config.logit_scale != 1.0:
             return (
                 "the model scales its sublayers' outputs or its logits (Granite's multipliers), "

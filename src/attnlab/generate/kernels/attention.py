@@ -7,6 +7,8 @@ position 0, in one call (`attend_rows`) or in three steps for hooks between them
 Design choices:
 - Each computes the chapter's equation, softmax(q Kᵀ · scale, causal mask) V, with grouped-query
   heads; tests/test_kernels.py holds each to attnlab.model's attention.
+- Each that makes scores takes the model's soft-cap (`softcap`, Gemma 2's attn_logit_softcapping;
+  None: none, passed to C as 0): c·tanh(q Kᵀ · scale / c) before the mask, as attention_scores.
 - q, k and v are read as [batch, pos, head, d_head], as the projections make them (no copy then);
   the results are views of that layout transposed to [batch, head, pos, d_head].
 - The steps' AMX forms keep float32's accuracy (three bfloat16 parts per value) and run only where
@@ -26,12 +28,14 @@ from .products import _no_amx_raises
 from .programs import Call, Op
 
 
-def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """Causal attention of a whole prompt from position 0: softmax(q Kᵀ · scale, each query seeing
-    the keys up to its own position) V, for q [batch, head, T, d_head] and k, v [batch, kv_head, T,
-    d_head] (grouped-query), float32, d_head a multiple of 32 (attnlab_attend_rows).
-    Returns [batch, head, T, d_head], a view of a [batch, T, head, d_head] tensor. Callers check
-    `usable`."""
+def attend_rows(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, softcap: float | None = None
+) -> torch.Tensor:
+    """Causal attention of a whole prompt from position 0: softmax(q Kᵀ · scale, soft-capped where
+    `softcap` is given, each query seeing the keys up to its own position) V, for q [batch, head, T,
+    d_head] and k, v [batch, kv_head, T, d_head] (grouped-query), float32, d_head a multiple of 32
+    (attnlab_attend_rows). Returns [batch, head, T, d_head], a view of a [batch, T, head, d_head]
+    tensor. Callers check `usable`."""
     B, H, T, D = q.shape
     Hkv = k.shape[1]
     assert k.shape == v.shape == (B, Hkv, T, D) and H % Hkv == 0 and D % 32 == 0
@@ -54,20 +58,25 @@ def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float)
         Hkv,
         D,
         scale,
+        softcap or 0.0,
         threads,
     )
     return out.transpose(1, 2)
 
 
 def attend_scores(
-    q: torch.Tensor, k: torch.Tensor, scale: float, amx: bool = False
+    q: torch.Tensor,
+    k: torch.Tensor,
+    scale: float,
+    amx: bool = False,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """The masked scores of a whole prompt's causal attention from position 0: q Kᵀ · scale where
-    the query sees the key (key position ≤ query position), −∞ elsewhere (apply_mask's values), for
-    q [batch, head, T, d_head], k [batch, kv_head, T, d_head] (grouped-query), float32
-    (attnlab_attend_scores; `amx`: attnlab_attend_scores_amx, on AMX tiles at float32's accuracy,
-    where `amx_unusable` has no objection). Returns a new [batch, head, T, T]. Callers check
-    `usable`."""
+    """The masked scores of a whole prompt's causal attention from position 0: q Kᵀ · scale
+    (soft-capped where `softcap` is given) where the query sees the key (key position ≤ query
+    position), −∞ elsewhere (apply_mask's values), for q [batch, head, T, d_head], k [batch,
+    kv_head, T, d_head] (grouped-query), float32 (attnlab_attend_scores; `amx`:
+    attnlab_attend_scores_amx, on AMX tiles at float32's accuracy, where `amx_unusable` has no
+    objection). Returns a new [batch, head, T, T]. Callers check `usable`."""
     B, H, T, D = q.shape
     Hkv = k.shape[1]
     assert k.shape == (B, Hkv, T, D) and H % Hkv == 0
@@ -81,7 +90,7 @@ def attend_scores(
         scratch = _kept_scratch(lib.attnlab_attend_amx_scratch(T, T, D, threads))
         lib.attnlab_attend_scores_amx(
             q.data_ptr(), k.data_ptr(), scores.data_ptr(), scratch.data_ptr(),
-            B, T, H, Hkv, D, scale, threads,
+            B, T, H, Hkv, D, scale, softcap or 0.0, threads,
         )  # fmt: skip
         return scores
     scratch = torch.empty(lib.attnlab_attend_rows_scratch(B, T, Hkv, D, 1) // 4)
@@ -96,6 +105,7 @@ def attend_scores(
         Hkv,
         D,
         scale,
+        softcap or 0.0,
         torch.get_num_threads(),
     )
     return scores
@@ -116,16 +126,20 @@ def softmax_rows(scores: torch.Tensor) -> torch.Tensor:
 
 
 def attend_explicit(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, amx: bool = False
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    amx: bool = False,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """attend_scores, softmax_rows and attend_mix (of the same `amx`) in one call, for hooks
-    between them that only read (attnlab_attend_explicit, d_head a multiple of 32; `amx`:
-    attnlab_attend_explicit_amx, where `amx_unusable` has no objection): a block of queries'
-    scores and pattern read back from the core's cache, the pattern's zeros after the block's last
-    query not multiplied. Their three results, bit for bit (values finite: an infinite or NaN value
-    past a query block's last key is not multiplied by its zero weight), for q [batch, head, T,
-    d_head], k, v [batch, kv_head, T, d_head]. Returns (scores, pattern, z [batch, head, T,
-    d_head])."""
+    """attend_scores, softmax_rows and attend_mix (of the same `amx` and `softcap`) in one call, for
+    hooks between them that only read (attnlab_attend_explicit, d_head a multiple of 32; `amx`:
+    attnlab_attend_explicit_amx, where `amx_unusable` has no objection): a block of queries' scores
+    and pattern read back from the core's cache, the pattern's zeros after the block's last query
+    not multiplied. Their three results, bit for bit (values finite: an infinite or NaN value past a
+    query block's last key is not multiplied by its zero weight), for q [batch, head, T, d_head], k,
+    v [batch, kv_head, T, d_head]. Returns (scores, pattern, z [batch, head, T, d_head])."""
     B, H, T, D = q.shape
     Hkv = k.shape[1]
     assert k.shape == v.shape == (B, Hkv, T, D) and H % Hkv == 0 and (amx or D % 32 == 0)
@@ -137,14 +151,14 @@ def attend_explicit(
         scratch = torch.empty(lib.attnlab_attend_rows_scratch(B, T, Hkv, D, 1) // 4)
         lib.attnlab_attend_explicit(
             q.data_ptr(), k.data_ptr(), v.data_ptr(), scores.data_ptr(), pattern.data_ptr(),
-            out.data_ptr(), scratch.data_ptr(), B, T, H, Hkv, D, scale, threads,
+            out.data_ptr(), scratch.data_ptr(), B, T, H, Hkv, D, scale, softcap or 0.0, threads,
         )  # fmt: skip
         return scores, pattern, out.transpose(1, 2)
     _no_amx_raises()
     scratch = _kept_scratch(lib.attnlab_attend_amx_scratch(T, T, D, threads))
     lib.attnlab_attend_explicit_amx(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), scores.data_ptr(), pattern.data_ptr(),
-        out.data_ptr(), scratch.data_ptr(), B, T, H, Hkv, D, scale, threads,
+        out.data_ptr(), scratch.data_ptr(), B, T, H, Hkv, D, scale, softcap or 0.0, threads,
     )  # fmt: skip
     return scores, pattern, out.transpose(1, 2)
 
@@ -196,13 +210,14 @@ def attend_call(
     key_mask: torch.Tensor | None,
     scores: torch.Tensor,
     out: torch.Tensor,
+    softcap: float | None = None,
 ) -> Callable[[], None]:
     """Write k_new, v_new (rows, n_kv_heads, d_head) at cache slot `slot` (a one-element int64
     tensor, read at each call) of k_cache, v_cache (rows, n_kv_heads, max_len, d_head), then out
-    (rows, heads, d_head) = softmax(q Kᵀ · scale) V over slots [0, slot] that key_mask (rows,
-    max_len) bool allows (None: all). `scores` is scratch of rows · heads · max_len floats; the call
-    leaves there each head's unnormalised weights, exp(score − max) at the slots it attended to and
-    0 at masked ones (KernelDecoder.weights reads them)."""
+    (rows, heads, d_head) = softmax(q Kᵀ · scale, soft-capped where `softcap` is given) V over slots
+    [0, slot] that key_mask (rows, max_len) bool allows (None: all). `scores` is scratch of rows ·
+    heads · max_len floats; the call leaves there each head's unnormalised weights, exp(score − max)
+    at the slots it attended to and 0 at masked ones (KernelDecoder.weights reads them)."""
     rows, heads, d_head = q.shape
     n_kv_heads, max_len = k_cache.shape[1], k_cache.shape[2]
     # the C code trusts these layouts: check them once here, where the call is prepared
@@ -243,5 +258,6 @@ def attend_call(
         max_len,
         slot,
         scale,
+        softcap or 0.0,
         torch.get_num_threads(),
     )

@@ -91,30 +91,31 @@ FUNCTIONS: dict[str, Signature] = {
     "attnlab_linear_amx_swiglu_scratch": Signature(_i64, [_i64, _i64, _i64, _int]),
     "attnlab_amx_permitted": Signature(_int, []),
     # -- a prompt's causal attention from position 0 in one call (q, k, v, out, scratch, batch, T,
-    # heads, kv_heads, d_head, scale, threads) and its scratch bytes (batch, T, kv_heads, d_head,
-    # threads); in three steps for hooks between them: the masked scores (q, k, scores, scratch,
-    # batch, T, heads, kv_heads, d_head, scale, threads), each row's softmax (scores, pattern,
+    # heads, kv_heads, d_head, scale, cap, threads; cap: the scores' soft-cap, 0 for none) and its
+    # scratch bytes (batch, T, kv_heads, d_head, threads); in three steps for hooks between them:
+    # the masked scores (q, k, scores, scratch, batch, T, heads, kv_heads, d_head, scale, cap,
+    # threads), each row's softmax (scores, pattern,
     # rows, n, threads), the pattern times V (pattern, v, out, batch, T, S, heads, kv_heads,
     # d_head, threads)
-    "attnlab_attend_rows": _void(*[_ptr] * 5, *[_i64] * 5, _float, _int),
+    "attnlab_attend_rows": _void(*[_ptr] * 5, *[_i64] * 5, _float, _float, _int),
     "attnlab_attend_rows_scratch": Signature(_i64, [*[_i64] * 4, _int]),
-    "attnlab_attend_scores": _void(*[_ptr] * 4, *[_i64] * 5, _float, _int),
+    "attnlab_attend_scores": _void(*[_ptr] * 4, *[_i64] * 5, _float, _float, _int),
     "attnlab_softmax_rows": _void(_ptr, _ptr, _i64, _i64, _int),
     "attnlab_attend_mix": _void(*[_ptr] * 3, *[_i64] * 6, _int),
     # all three in one call, on the float32 tiles (q, k, v, scores, pattern, out, scratch, batch,
-    # T, heads, kv_heads, d_head, scale, threads)
-    "attnlab_attend_explicit": _void(*[_ptr] * 7, *[_i64] * 5, _float, _int),
+    # T, heads, kv_heads, d_head, scale, cap, threads)
+    "attnlab_attend_explicit": _void(*[_ptr] * 7, *[_i64] * 5, _float, _float, _int),
     # the steps' two products on AMX tiles (as above, with scratch), all three steps in one call
-    # (q, k, v, scores, pattern, out, scratch, batch, T, heads, kv_heads, d_head, scale,
+    # (q, k, v, scores, pattern, out, scratch, batch, T, heads, kv_heads, d_head, scale, cap,
     # threads), and their scratch bytes (T, S, d_head, threads)
-    "attnlab_attend_scores_amx": _void(*[_ptr] * 4, *[_i64] * 5, _float, _int),
+    "attnlab_attend_scores_amx": _void(*[_ptr] * 4, *[_i64] * 5, _float, _float, _int),
     "attnlab_attend_mix_amx": _void(*[_ptr] * 4, *[_i64] * 6, _int),
-    "attnlab_attend_explicit_amx": _void(*[_ptr] * 7, *[_i64] * 5, _float, _int),
+    "attnlab_attend_explicit_amx": _void(*[_ptr] * 7, *[_i64] * 5, _float, _float, _int),
     "attnlab_attend_amx_scratch": Signature(_i64, [_i64, _i64, _i64, _int]),
     # -- a decode step's ops (program.Op): attention over the cache (q, k_new, v_new, k_cache,
     # v_cache, key_mask, its row stride, scores, out, rows, heads, kv_heads, d_head, max_len,
-    # slot, scale, threads)
-    "attnlab_attend": _void(*[_ptr] * 6, _i64, _ptr, _ptr, *[_i64] * 5, _ptr, _float, _int),
+    # slot, scale, cap, threads)
+    "attnlab_attend": _void(*[_ptr] * 6, _i64, _ptr, _ptr, *[_i64] * 5, _ptr, _float, _float, _int),
     # RoPE in place (x, cos, sin, positions, rows, heads, d_head, rotary_dim); embeddings (ids,
     # table, positions, positions_table, out, rows, d, scale), from blocks (ids, blocks, out, rows,
     # d, block type, scale)

@@ -11,7 +11,7 @@ Design choices:
 - An op's C function is attnlab_ and the op's name in lower case (Op.LINEAR_Q:
   attnlab_linear_q), and its record in a program (OpCall) is laid out by the function's
   parameters in the one table (interface.FUNCTIONS): its integers and pointers in order in `a`,
-  its one float in `f`.
+  its floats in order in `f`.
 - Op, BlockKind and Activation hold the C enums' values in their order;
   tests/test_kernel_interface.py compares them with the C source.
 """
@@ -94,8 +94,8 @@ class OpCall(ctypes.Structure):
     _fields_ = [
         ("kind", ctypes.c_int64),
         ("wait", ctypes.c_int64),
-        ("a", ctypes.c_int64 * 17),
-        ("f", ctypes.c_double),
+        ("a", ctypes.c_int64 * 18),
+        ("f", ctypes.c_double * 2),
     ]
 
 
@@ -120,12 +120,14 @@ class Call:
         self._run()
 
     def op(self) -> OpCall:
-        """This call as one op of a step program: its arguments in order, the float one in `f`."""
+        """This call as one op of a step program: its arguments in order, the float ones in `f`."""
         op = OpCall(kind=self.kind, wait=int(self.wait))
         parameters = FUNCTIONS[self.kind.function].parameters
+        floats = 0
         for i, (value, kind) in enumerate(zip(self.values, parameters, strict=True)):
             if kind is ctypes.c_float:
-                op.f = value
+                op.f[floats] = value
+                floats += 1
             else:
                 op.a[i] = int(value or 0)
         return op

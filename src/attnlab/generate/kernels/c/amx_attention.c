@@ -32,10 +32,11 @@ int64_t attnlab_attend_amx_scratch(int64_t T, int64_t S, int64_t d_head, int thr
 #if AMX
 /* One head's masked scores (attnlab_attend_scores_amx) into y [T, T]: its queries (q, rows
  * `q_stride` apart) split into A, its keys packed into B; blocks of 32 x 32 above the diagonal
- * written without a product. */
+ * written without a product; the seen keys' scores soft-capped where `cap` is not 0. */
 AMX_TARGET static void amx_head_scores(const float *q, int64_t q_stride, const float *k,
                                        int64_t k_stride, float *y, uint16_t *A, uint16_t *B,
-                                       float *out, int64_t T, int64_t d_head, float scale) {
+                                       float *out, int64_t T, int64_t d_head, float scale,
+                                       float cap) {
   const int64_t chunks = round_up(d_head, AMX_K) / AMX_K, row_tiles = round_up(T, 32) / 16;
   amx_split_rows(q, q_stride, T, d_head, 0, row_tiles * 16, A);
   int third;
@@ -53,6 +54,12 @@ AMX_TARGET static void amx_head_scores(const float *q, int64_t q_stride, const f
       for (int64_t r = 0; r < m; r++)
         for (int64_t j = 0; j < cols; j++)
           y[(r0 + r) * T + f0 + j] = f0 + j <= r0 + r ? out[r * 32 + j] * scale : -INFINITY;
+      if (cap > 0.0f)
+        for (int64_t r = 0; r < m; r++) {
+          int64_t seen = r0 + r + 1 - f0 < cols ? r0 + r + 1 - f0 : cols;
+          for (int64_t j = 0; j < seen; j++)
+            y[(r0 + r) * T + f0 + j] = soft_cap(y[(r0 + r) * T + f0 + j], cap);
+        }
     }
 }
 
@@ -114,7 +121,7 @@ AMX_TARGET static void amx_attend_heads(const float *q, const float *k, const fl
                                         float *scores, float *pattern, float *out_z,
                                         int8_t *scratch, int64_t batch, int64_t T, int64_t S,
                                         int64_t heads, int64_t kv_heads, int64_t d_head,
-                                        float scale, int threads) {
+                                        float scale, float cap, int threads) {
 #pragma omp parallel num_threads(threads)
   {
     uint16_t *B;
@@ -130,7 +137,7 @@ AMX_TARGET static void amx_attend_heads(const float *q, const float *k, const fl
         sc = kept, pt = kept + T * S;
       if (sc)
         amx_head_scores(q + (b * T * heads + h) * d_head, heads * d_head, k + kv, kv_heads * d_head,
-                        sc, A, B, out, T, d_head, scale);
+                        sc, A, B, out, T, d_head, scale, cap);
       if (sc && out_z) /* all three: the pattern from scores this core has just written */
         for (int64_t r = 0; r < T; r++) {
           softmax_row(sc + r * T, pt + r * T, T);
@@ -151,13 +158,14 @@ AMX_TARGET static void amx_attend_heads(const float *q, const float *k, const fl
 /* The masked scores of a prompt's causal attention from position 0 on AMX tiles:
  * attnlab_attend_scores's values (q K^T scale where the key's position <= the query's, -inf
  * elsewhere) at a float32 product's accuracy, for q [batch, T, heads, d_head], k [batch, T,
- * kv_heads, d_head] (grouped-query) into scores [batch, heads, T, T]. */
+ * kv_heads, d_head] (grouped-query) into scores [batch, heads, T, T]; `cap`: the soft-cap (0:
+ * none). */
 AMX_TARGET void attnlab_attend_scores_amx(const float *q, const float *k, float *scores,
                                           int8_t *scratch, int64_t batch, int64_t T, int64_t heads,
-                                          int64_t kv_heads, int64_t d_head, float scale,
+                                          int64_t kv_heads, int64_t d_head, float scale, float cap,
                                           int threads) {
   amx_attend_heads(q, k, NULL, scores, NULL, NULL, scratch, batch, T, T, heads, kv_heads, d_head,
-                   scale, threads);
+                   scale, cap, threads);
 }
 
 /* z = pattern V on AMX tiles: attnlab_attend_mix's values at a float32 product's accuracy, for
@@ -168,7 +176,7 @@ AMX_TARGET void attnlab_attend_mix_amx(const float *pattern, const float *v, flo
                                        int64_t heads, int64_t kv_heads, int64_t d_head,
                                        int threads) {
   amx_attend_heads(NULL, NULL, v, NULL, (float *)pattern, out_z, scratch, batch, T, S, heads,
-                   kv_heads, d_head, 0.0f, threads);
+                   kv_heads, d_head, 0.0f, 0.0f, threads);
 }
 
 /* The explicit path's three steps in one call, where the hooks between them only read
@@ -177,23 +185,24 @@ AMX_TARGET void attnlab_attend_mix_amx(const float *pattern, const float *v, flo
  * the other, so that a head's scores and pattern are read back from the core's L2 rather than from
  * memory, and the pattern's chunks above the diagonal (zeros) are neither split nor multiplied. The
  * three calls' numbers, bit for bit (tests/test_amx.py). q, out_z [batch, T, heads, d_head], k, v
- * [batch, T, kv_heads, d_head], scores and pattern [batch, heads, T, T]. */
+ * [batch, T, kv_heads, d_head], scores and pattern [batch, heads, T, T]; `cap` as
+ * attnlab_attend_scores_amx's. */
 AMX_TARGET void attnlab_attend_explicit_amx(const float *q, const float *k, const float *v,
                                             float *scores, float *pattern, float *out_z,
                                             int8_t *scratch, int64_t batch, int64_t T,
                                             int64_t heads, int64_t kv_heads, int64_t d_head,
-                                            float scale, int threads) {
+                                            float scale, float cap, int threads) {
   amx_attend_heads(q, k, v, scores, pattern, out_z, scratch, batch, T, T, heads, kv_heads, d_head,
-                   scale, threads);
+                   scale, cap, threads);
 }
 
 #else
 void attnlab_attend_scores_amx(const float *q, const float *k, float *scores, int8_t *scratch,
                                int64_t batch, int64_t T, int64_t heads, int64_t kv_heads,
-                               int64_t d_head, float scale, int threads) {
+                               int64_t d_head, float scale, float cap, int threads) {
   (void)q, (void)k, (void)scores, (void)scratch, (void)batch, (void)T, (void)heads, (void)kv_heads,
       (void)d_head;
-  (void)scale, (void)threads;
+  (void)scale, (void)cap, (void)threads;
   abort(); /* never called: attnlab_amx_permitted() is 0 in this build */
 }
 
@@ -209,10 +218,10 @@ void attnlab_attend_mix_amx(const float *pattern, const float *v, float *out_z, 
 void attnlab_attend_explicit_amx(const float *q, const float *k, const float *v, float *scores,
                                  float *pattern, float *out_z, int8_t *scratch, int64_t batch,
                                  int64_t T, int64_t heads, int64_t kv_heads, int64_t d_head,
-                                 float scale, int threads) {
+                                 float scale, float cap, int threads) {
   (void)q, (void)k, (void)v, (void)scores, (void)pattern, (void)out_z, (void)scratch, (void)batch,
       (void)T;
-  (void)heads, (void)kv_heads, (void)d_head, (void)scale, (void)threads;
+  (void)heads, (void)kv_heads, (void)d_head, (void)scale, (void)cap, (void)threads;
   abort(); /* never called: attnlab_amx_permitted() is 0 in this build */
 }
 #endif

@@ -1,6 +1,8 @@
 /* Attention: the decode step's single query per row against the KV cache, and a prompt's causal
  * attention from position 0 (fused, or in three steps for run_with_cache's hooks), each the
- * chapter's softmax(q K^T scale + mask) V on float32, grouped-query heads included. */
+ * chapter's softmax(q K^T scale + mask) V on float32, grouped-query heads included. Each takes a
+ * soft-cap `cap` (Gemma 2's attn_logit_softcapping; 0: none): the scores cap tanh(q K^T scale /
+ * cap) before the mask (vec.h's soft_cap; attnlab.model.attention.attention_scores). */
 #include "common.h"
 #include "vec.h"
 
@@ -52,11 +54,11 @@ static inline void weighted_sum(const float *p, const float *v, int64_t n, int64
  * v_cache [rows, kv_heads, max_len, d_head]; key_mask [rows, mask_stride] bytes; scores: room for
  * rows * heads * max_len floats; on return scores[rh, 0 .. slot] holds the unnormalised weights
  * exp(score - max), 0 at masked keys (KernelDecoder.weights reads them). A row that may see no key
- * gets zeros, as attnlab.attention does. */
+ * gets zeros, as attnlab.attention does. `cap`: the soft-cap (0: none). */
 static void attend(const float *q, const float *k_new, const float *v_new, float *k_cache,
                    float *v_cache, const uint8_t *key_mask, int64_t mask_stride, float *scores,
                    float *out, int64_t rows, int64_t heads, int64_t kv_heads, int64_t d_head,
-                   int64_t max_len, const int64_t *slot_at, float scale) {
+                   int64_t max_len, const int64_t *slot_at, float scale, float cap) {
   int64_t slot = *slot_at, group = heads / kv_heads, n = slot + 1;
 /* one thread writes the new key and value; the others wait for them at its end */
 #pragma omp single
@@ -84,6 +86,10 @@ static void attend(const float *q, const float *k_new, const float *v_new, float
     float top = -INFINITY;
 #pragma omp simd
     for (s = 0; s < n; s++) p[s] *= scale;
+    if (cap > 0.0f) {
+#pragma omp simd
+      for (s = 0; s < n; s++) p[s] = soft_cap(p[s], cap);
+    }
     if (mask)
       for (s = 0; s < n; s++) p[s] = mask[s] ? p[s] : -INFINITY;
 #pragma omp simd reduction(max : top)
@@ -108,10 +114,10 @@ static void attend(const float *q, const float *k_new, const float *v_new, float
 void attnlab_attend(const float *q, const float *k_new, const float *v_new, float *k_cache,
                     float *v_cache, const uint8_t *key_mask, int64_t mask_stride, float *scores,
                     float *out, int64_t rows, int64_t heads, int64_t kv_heads, int64_t d_head,
-                    int64_t max_len, const int64_t *slot_at, float scale, int threads) {
+                    int64_t max_len, const int64_t *slot_at, float scale, float cap, int threads) {
 #pragma omp parallel num_threads(threads) if (rows * heads * (*slot_at + 1) * d_head > 65536)
   attend(q, k_new, v_new, k_cache, v_cache, key_mask, mask_stride, scores, out, rows, heads,
-         kv_heads, d_head, max_len, slot_at, scale);
+         kv_heads, d_head, max_len, slot_at, scale, cap);
 }
 
 /* Causal attention over a whole prompt from position 0 (generation's prefill): softmax(q K^T scale,
@@ -120,7 +126,8 @@ void attnlab_attend(const float *q, const float *k_new, const float *v_new, floa
  * attention ran well below the float32 tile product's rate (benchmarks/README.md, issue 25); this
  * one is that product twice per TILE_ROWS_F queries of a head: their scores against
  * blocks of TILE_N keys (K^T laid out once per kv head in scratch), a softmax per row (exp_), then
- * the scores times V, read in place. scratch: attnlab_attend_rows_scratch bytes. */
+ * the scores times V, read in place (the scores soft-capped first where `cap` is not 0). scratch:
+ * attnlab_attend_rows_scratch bytes. */
 int64_t attnlab_attend_rows_scratch(int64_t batch, int64_t T, int64_t kv_heads, int64_t d_head,
                                     int threads) {
   int64_t padded = (T + TILE_N - 1) / TILE_N * TILE_N;
@@ -147,7 +154,7 @@ static void lay_out_keys(const float *k, float *kt, int64_t batch, int64_t T, in
 
 void attnlab_attend_rows(const float *q, const float *k, const float *v, float *out, float *scratch,
                          int64_t batch, int64_t T, int64_t heads, int64_t kv_heads, int64_t d_head,
-                         float scale, int threads) {
+                         float scale, float cap, int threads) {
   int64_t padded = (T + TILE_N - 1) / TILE_N * TILE_N, key_blocks = padded / TILE_N,
           group = heads / kv_heads;
   int64_t query_blocks = (T + TILE_ROWS_F - 1) / TILE_ROWS_F;
@@ -178,13 +185,18 @@ void attnlab_attend_rows(const float *q, const float *k, const float *v, float *
       }
       float inv[TILE_ROWS_F];
       for (int64_t r = 0; r < m; r++) { /* query t0 + r sees keys 0 .. t0 + r */
-        float *row = p + r * padded, top = -INFINITY, total = 0.0f;
+        float *row = p + r * padded, top = -INFINITY, total = 0.0f, by = scale;
         int64_t seen = t0 + r + 1;
+        if (cap > 0.0f) { /* the capped scores in place, scaled already */
+#pragma omp simd
+          for (int64_t s = 0; s < seen; s++) row[s] = soft_cap(row[s] * scale, cap);
+          by = 1.0f;
+        }
 #pragma omp simd reduction(max : top)
-        for (int64_t s = 0; s < seen; s++) top = row[s] * scale > top ? row[s] * scale : top;
+        for (int64_t s = 0; s < seen; s++) top = row[s] * by > top ? row[s] * by : top;
 #pragma omp simd reduction(+ : total)
         for (int64_t s = 0; s < seen; s++) {
-          row[s] = exp_(row[s] * scale - top);
+          row[s] = exp_(row[s] * by - top);
           total += row[s];
         }
         for (int64_t s = seen; s < n; s++) row[s] = 0.0f;
@@ -203,11 +215,12 @@ void attnlab_attend_rows(const float *q, const float *k, const float *v, float *
 }
 
 /* One block of m queries (t0 ... t0 + m - 1, their rows in qr) against the keys laid out in
- * tiles (keys: this batch row's and KV head's first tile): rows [m, T] = q K^T scale where query t
- * sees key s (s <= t), -inf elsewhere (apply_mask's value). Shared by attnlab_attend_scores and
- * attnlab_attend_explicit, so the two give the same scores bit for bit. */
+ * tiles (keys: this batch row's and KV head's first tile): rows [m, T] = q K^T scale (soft-capped
+ * where `cap` is not 0) where query t sees key s (s <= t), -inf elsewhere (apply_mask's value).
+ * Shared by attnlab_attend_scores and attnlab_attend_explicit, so the two give the same scores bit
+ * for bit. */
 static void causal_scores(const float *keys, const float *const *qr, int64_t t0, int64_t m,
-                          int64_t T, int64_t d_head, float scale, float *rows) {
+                          int64_t T, int64_t d_head, float scale, float cap, float *rows) {
   float tile_out[TILE_ROWS_F * TILE_N];
   for (int64_t s0 = 0; s0 < t0 + m; s0 += TILE_N) { /* the key blocks any of these queries sees */
     f_tile_rows(keys + s0 / TILE_N * d_head * TILE_N, TILE_N, d_head, qr, NULL, tile_out);
@@ -215,6 +228,13 @@ static void causal_scores(const float *keys, const float *const *qr, int64_t t0,
     for (int64_t r = 0; r < m; r++)
       for (int64_t j = 0; j < n; j++)
         rows[r * T + s0 + j] = s0 + j <= t0 + r ? tile_out[r * TILE_N + j] * scale : -INFINITY;
+    if (cap > 0.0f) /* the seen keys' scores capped (a masked one stays -inf) */
+      for (int64_t r = 0; r < m; r++) {
+        int64_t seen = t0 + r + 1 - s0 < n ? t0 + r + 1 - s0 : n;
+#pragma omp simd
+        for (int64_t j = 0; j < seen; j++)
+          rows[r * T + s0 + j] = soft_cap(rows[r * T + s0 + j], cap);
+      }
   }
   for (int64_t r = 0; r < m; r++) /* the keys no query of the block sees */
     for (int64_t s = (t0 + m + TILE_N - 1) / TILE_N * TILE_N; s < T; s++)
@@ -226,12 +246,13 @@ static void causal_scores(const float *keys, const float *const *qr, int64_t t0,
  * attnlab.generate.fast_layers.KernelAttention): the scores, the pattern, then the pattern times V;
  * each is attnlab.model.attention's equation on float32 tensors.
  *
- * scores [batch, heads, T, T] = q K^T scale where query t sees key s (s <= t), -inf elsewhere
- * (apply_mask's value); q [batch, T, heads, d_head], k [batch, T, kv_heads, d_head]
- * (grouped-query); scratch: attnlab_attend_rows_scratch(batch, T, kv_heads, d_head, 1) bytes. */
+ * scores [batch, heads, T, T] = q K^T scale (soft-capped where `cap` is not 0) where query t sees
+ * key s (s <= t), -inf elsewhere (apply_mask's value); q [batch, T, heads, d_head], k [batch, T,
+ * kv_heads, d_head] (grouped-query); scratch: attnlab_attend_rows_scratch(batch, T, kv_heads,
+ * d_head, 1) bytes. */
 void attnlab_attend_scores(const float *q, const float *k, float *scores, float *scratch,
                            int64_t batch, int64_t T, int64_t heads, int64_t kv_heads,
-                           int64_t d_head, float scale, int threads) {
+                           int64_t d_head, float scale, float cap, int threads) {
   int64_t padded = (T + TILE_N - 1) / TILE_N * TILE_N, key_blocks = padded / TILE_N,
           group = heads / kv_heads;
   int64_t query_blocks = (T + TILE_ROWS_F - 1) / TILE_ROWS_F;
@@ -247,7 +268,7 @@ void attnlab_attend_scores(const float *q, const float *k, float *scores, float 
       for (int64_t r = 0; r < TILE_ROWS_F; r++) /* rows past the last repeat t0; dropped */
         qr[r] = q + ((b * T + t0 + (r < m ? r : 0)) * heads + h) * d_head;
       causal_scores(scratch + (b * kv_heads + g) * key_blocks * d_head * TILE_N, qr, t0, m, T,
-                    d_head, scale, scores + (bh * T + t0) * T);
+                    d_head, scale, cap, scores + (bh * T + t0) * T);
     }
   }
 }
@@ -325,11 +346,11 @@ void attnlab_attend_mix(const float *pattern, const float *v, float *out, int64_
  * keys are a causal softmax's exact zeros, which add nothing to a sum of finite values and are not
  * multiplied (as attnlab_attend_explicit_amx does not). The three calls' numbers, bit for bit. q,
  * out_z [batch, T, heads, d_head], k, v [batch, T, kv_heads, d_head], d_head a multiple of TILE_N;
- * scores and pattern [batch, heads, T, T]; scratch as attnlab_attend_scores's. */
+ * scores and pattern [batch, heads, T, T]; scratch as attnlab_attend_scores's; `cap` its. */
 void attnlab_attend_explicit(const float *q, const float *k, const float *v, float *scores,
                              float *pattern, float *out_z, float *scratch, int64_t batch, int64_t T,
                              int64_t heads, int64_t kv_heads, int64_t d_head, float scale,
-                             int threads) {
+                             float cap, int threads) {
   int64_t padded = (T + TILE_N - 1) / TILE_N * TILE_N, key_blocks = padded / TILE_N,
           group = heads / kv_heads;
   int64_t query_blocks = (T + TILE_ROWS_F - 1) / TILE_ROWS_F;
@@ -351,7 +372,7 @@ void attnlab_attend_explicit(const float *q, const float *k, const float *v, flo
       }
       /* the scores: attnlab_attend_scores's */
       causal_scores(scratch + (b * kv_heads + g) * key_blocks * d_head * TILE_N, qr, t0, m, T,
-                    d_head, scale, rows);
+                    d_head, scale, cap, rows);
       for (int64_t r = 0; r < m; r++) softmax_row(rows + r * T, weights + r * T, T);
       /* z: attnlab_attend_mix's, over the keys seen */
       const float *vh = v + (b * T * kv_heads + g) * d_head;

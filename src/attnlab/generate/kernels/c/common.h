@@ -236,8 +236,8 @@ typedef enum {
 
 typedef struct {
   int64_t kind, wait; /* kind: an attnlab_op_kind */
-  int64_t a[17];
-  double f;
+  int64_t a[18];
+  double f[2]; /* the float arguments, in order */
 } attnlab_op;
 
 #define ARG(i, type) ((type)(intptr_t)op->a[i])

@@ -179,18 +179,11 @@ void attnlab_activate(float *x, int64_t n, int kind) {
   }
 }
 
-/* Logit soft-capping (Gemma 2; modded-nanogpt), in place on n values: x = cap tanh(x / cap), over
- * the whole vocabulary every token. tanh t through the vectorised exp_ as sign(t) (1 - e^(-2|t|)) /
- * (1 + e^(-2|t|)), and below |t| = 1/8, where 1 - e^(-2|t|) cancels, as its series t - t^3/3 +
- * 2t^5/15 - 17t^7/315 (the next term is under 2e-9 of t there): libm's tanhf was a call per value.
- */
+/* Logit soft-capping (Gemma 2; modded-nanogpt), in place on n values: x = cap tanh(x / cap)
+ * (vec.h's soft_cap), over the whole vocabulary every token. */
 void attnlab_softcap(float *x, int64_t n, float cap) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; i++) {
-    float t = x[i] / cap, a = fabsf(t), t2 = t * t, e = exp_(-2.0f * a);
-    float series = t * (1.0f + t2 * (-1.0f / 3.0f + t2 * (2.0f / 15.0f + t2 * (-17.0f / 315.0f))));
-    x[i] = cap * (a < 0.125f ? series : copysignf((1.0f - e) / (1.0f + e), t));
-  }
+  for (int64_t i = 0; i < n; i++) x[i] = soft_cap(x[i], cap);
 }
 
 /* SwiGLU's product (Shazeer 2020), in place: gate = silu(gate) * up = gate / (1 + exp(-gate)) * up,

@@ -11,9 +11,9 @@
  * llama.cpp's thread pool (ggml_graph_compute: one barrier per graph node).
  *
  * An op's `kind` names its kernel (attnlab_op_kind); its `a` holds the kernel's arguments in the
- * order of its attnlab_* function (addresses and integers as 64-bit values; the float argument,
- * where there is one, in `f`, its slot in `a` unused; the `threads` argument unused: the program's
- * own count applies). */
+ * order of its attnlab_* function (addresses and integers as 64-bit values; the float arguments,
+ * where there are any, in `f` in their order, their slots in `a` unused; the `threads` argument
+ * unused: the program's own count applies). */
 
 #include "common.h"
 #include "vec.h"
@@ -52,23 +52,23 @@ static void run_op(const attnlab_op *op, const attnlab_op *next, int first, int8
   case OP_EMBED:
 #pragma omp single nowait
     attnlab_embed(ARG(0, const int64_t *), ARG(1, const float *), ARG(2, const int64_t *),
-                  ARG(3, const float *), ARG(4, float *), op->a[5], op->a[6], (float)op->f);
+                  ARG(3, const float *), ARG(4, float *), op->a[5], op->a[6], (float)op->f[0]);
     break;
   case OP_ATTEND:
     attend(ARG(0, const float *), ARG(1, const float *), ARG(2, const float *), ARG(3, float *),
            ARG(4, float *), ARG(5, const uint8_t *), op->a[6], ARG(7, float *), ARG(8, float *),
            op->a[9], op->a[10], op->a[11], op->a[12], op->a[13], ARG(14, const int64_t *),
-           (float)op->f);
+           (float)op->f[0], (float)op->f[1]);
     break;
   case OP_RMS_NORM:
 #pragma omp single nowait
     attnlab_rms_norm(ARG(0, const float *), ARG(1, const float *), ARG(2, float *), op->a[3],
-                     op->a[4], (float)op->f);
+                     op->a[4], (float)op->f[0]);
     break;
   case OP_LAYER_NORM:
 #pragma omp single nowait
     attnlab_layer_norm(ARG(0, const float *), ARG(1, const float *), ARG(2, const float *),
-                       ARG(3, float *), op->a[4], op->a[5], (float)op->f);
+                       ARG(3, float *), op->a[4], op->a[5], (float)op->f[0]);
     break;
   case OP_ACTIVATE:
     share(op->a[1], &lo, &hi);
@@ -80,12 +80,12 @@ static void run_op(const attnlab_op *op, const attnlab_op *next, int first, int8
     break;
   case OP_SOFTCAP:
     share(op->a[1], &lo, &hi);
-    attnlab_softcap(ARG(0, float *) + lo, hi - lo, (float)op->f);
+    attnlab_softcap(ARG(0, float *) + lo, hi - lo, (float)op->f[0]);
     break;
   case OP_EMBED_Q:
 #pragma omp single nowait
     attnlab_embed_q(ARG(0, const int64_t *), ARG(1, const uint8_t *), ARG(2, float *), op->a[3],
-                    op->a[4], (int)op->a[5], (float)op->f);
+                    op->a[4], (int)op->a[5], (float)op->f[0]);
     break;
   case OP_ADD:
     share(op->a[2], &lo, &hi);

@@ -54,6 +54,17 @@ static inline float exp_(float x) {
   return p * two_n.f;
 }
 
+/* The soft-cap (Gemma 2's attn_logit_softcapping and final_logit_softcapping; modded-nanogpt's
+ * logits): cap tanh(x / cap), x bounded smoothly to (-cap, cap), cap > 0.
+ * tanh t through the vectorised exp_ as sign(t) (1 - e^(-2|t|)) / (1 + e^(-2|t|)), and below |t| =
+ * 1/8, where 1 - e^(-2|t|) cancels, as its series t - t^3/3 + 2t^5/15 - 17t^7/315 (the next term is
+ * under 2e-9 of t there): libm's tanhf was a call per value. */
+static inline float soft_cap(float x, float cap) {
+  float t = x / cap, a = fabsf(t), t2 = t * t, e = exp_(-2.0f * a);
+  float series = t * (1.0f + t2 * (-1.0f / 3.0f + t2 * (2.0f / 15.0f + t2 * (-17.0f / 315.0f))));
+  return cap * (a < 0.125f ? series : copysignf((1.0f - e) / (1.0f + e), t));
+}
+
 /* IEEE half -> float (F16C's instruction where the build has it) */
 static inline float half_to_float(ggml_half h) {
 #if defined(__F16C__) && defined(__AVX2__)
