@@ -791,6 +791,8 @@ def quantized_figures(row: dict) -> list[dict]:
         name = f"{row['architecture']} {q['format']}"
         deq, blocks = q.get("dequantized", {}), q.get("blocks", {})
         cost = q.get("format_cost", {}).get("kl_mean")
+        # what llama-quantize wrote (none for the f32 file itself)
+        held = f" (the copy's tensors: {tensor_kinds(q)})" if "tensor_types" in q else ""
         if "top1" in deq:
             out += [
                 {
@@ -803,7 +805,7 @@ def quantized_figures(row: dict) -> list[dict]:
                 },
                 {
                     "name": f"{name}: mean KL(llama.cpp || attnlab), dequantized; anchor: the "
-                    f"format's own KL from f32 (the copy's tensors: {tensor_kinds(q)})",
+                    "format's own KL from f32" + held,
                     "unit": "",
                     "attnlab": deq["kl_mean"],
                     "anchor": cost,
