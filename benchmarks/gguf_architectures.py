@@ -642,10 +642,48 @@ def run_case(case: Case, reference, path: Path, failed: str | None, binaries: Pa
         row["greedy_text"] = ours
         if ours != theirs:
             row["greedy_note"] = f"attnlab {ours!r} vs llama-simple {theirs!r}"
+            row["greedy_parting"] = greedy_parting(model, ours, theirs)
     else:
         row["greedy_equal_llama_simple"] = None
         row["greedy_note"] = "no llama-simple (--bin)"
     return row
+
+
+def greedy_parting(model, ours: str, theirs: str) -> dict | None:
+    """Where attnlab's greedy text parts from llama-simple's: the step, attnlab's float32 margin
+    there (its top logit over the runner-up), and whether attnlab picks llama-simple's token
+    with every key and value rounded to float16, as llama-simple's KV cache holds them (llama.cpp's
+    default; the logits anchor keeps them in float32). A flip at a margin that rounding closes is
+    the cache's, not a different model; None if the texts part inside a token."""
+    import torch
+
+    from attnlab.generate.loop import generate
+
+    prompt = torch.tensor([model.tokenizer.encode(PROMPT)])
+    ids = generate(model, prompt, max_new_tokens=NEW_TOKENS, temperature=0)[0].tolist()
+    assert model.tokenizer.decode(ids) == ours  # the same greedy run as greedy_text's
+    start = prompt.shape[1]
+    for step in range(start, len(ids)):
+        if not theirs.startswith(model.tokenizer.decode(ids[: step + 1])):
+            break
+    else:
+        return None
+    names = [f"blocks.{i}.attn.hook_{kv}" for i in range(model.config.n_layers) for kv in "kv"]
+    with torch.no_grad():
+        logits = model(torch.tensor([ids[:step]]))[0, -1]
+        rounded = model.run_with_hooks(
+            torch.tensor([ids[:step]]),
+            fwd_hooks=[(name, lambda x, hook: x.half().float()) for name in names],
+        )[0, -1]
+    top = logits.topk(2).values
+    pick = int(rounded.argmax())
+    return {
+        "step": step - start,
+        "margin_float32": float(top[0] - top[1]),
+        "float16_kv_gives_llama_simple": theirs.startswith(
+            model.tokenizer.decode(ids[:step] + [pick])
+        ),
+    }
 
 
 def run_quantized(row: dict, path: Path, anchor, work: Path) -> None:
@@ -732,6 +770,13 @@ def table(rows: list[dict]) -> str:
             )
             continue
         greedy = {True: "yes", False: "no", None: "not run"}[row["greedy_equal_llama_simple"]]
+        if row.get("greedy_parting"):
+            parting = row["greedy_parting"]
+            greedy += (
+                f" (token {parting['step']}: a margin of {parting['margin_float32']:.1e}, "
+                + ("which" if parting["float16_kv_gives_llama_simple"] else "not one")
+                + " float16 keys and values, llama-simple's cache, flip)"
+            )
         lines.append(
             f"| {row['architecture']} ({row['gguf_architecture']}) | {row['file']} | "
             f"{row['logits_relative_error']:.1e} | {row['pattern_max_error']:.1e} | {greedy} | "
