@@ -136,6 +136,25 @@ def test_a_quantized_copy_agrees_with_llama_cpps_logits(case, converted, llama_c
     assert q8["format_cost"]["kl_mean"] > 1e3 * f32["dequantized"]["kl_mean"], q8
 
 
+def test_where_greedy_texts_part_is_found(converted):
+    """The benchmark's note on a greedy text that parts from llama-simple's: the step where it
+    parts, attnlab's margin there, and no float16 flip for a token far below the top."""
+    from attnlab.generate.loop import generate
+
+    _, path, _, _ = converted[harness.CONFIGS[0].name]
+    model = attnlab.load(str(path))
+    prompt = torch.tensor([model.tokenizer.encode(harness.PROMPT)])
+    ids = generate(model, prompt, max_new_tokens=harness.NEW_TOKENS, temperature=0)[0].tolist()
+    ours, at = model.tokenizer.decode(ids), prompt.shape[1] + 3
+    with torch.no_grad():
+        last = int(model(torch.tensor([ids[:at]]))[0, -1].argmin())  # the least likely token
+    theirs = model.tokenizer.decode(ids[:at] + [last])
+    parting = harness.greedy_parting(model, ours, theirs)
+    assert parting["step"] == 3 and parting["margin_float32"] > 0, parting
+    assert not parting["float16_kv_gives_llama_simple"], parting
+    assert harness.greedy_parting(model, ours, ours) is None
+
+
 def test_agreement_is_top_1_share_and_kl_of_the_anchor_from_attnlab():
     theirs = np.log(np.array([[0.5, 0.5, 1e-9], [0.7, 0.2, 0.1]]))
     ours = np.log(np.array([[0.9, 0.1, 1e-9], [0.7, 0.2, 0.1]])) + 3.0  # a shift changes nothing
