@@ -63,8 +63,8 @@ LOGITS_BOUND, PATTERN_BOUND = 1e-4, 1e-5
 @dataclass(frozen=True)
 class Case:
     """One architecture: the Hugging Face model_type and config fields, the tokenizer the converter
-    reads (bpe: GPT-2's tokenizer.json; spm: Llama 2's tokenizer.model), the GGUF architecture the
-    converter writes."""
+    reads (bpe: GPT-2's tokenizer.json; qwen2: Qwen2's; spm: Llama 2's tokenizer.model), the GGUF
+    architecture the converter writes."""
 
     name: str
     model_type: str
@@ -73,7 +73,7 @@ class Case:
     gguf_architecture: str
     tokenizer_config: dict = field(default_factory=dict)
     # config.json keys as the architecture's published checkpoints have them, which transformers 5
-    # no longer writes but the converter reads (Pythia's rotary_pct)
+    # no longer writes but the converter reads (Pythia's rotary_pct, GPT-2's n_ctx)
     config_json: dict = field(default_factory=dict)
 
 
@@ -236,6 +236,125 @@ CONFIGS = [
         "bpe",
         "command-r",
     ),
+    # the architectures read before this table: llama with a byte-level BPE vocabulary (Llama 3's
+    # kind), Mistral (written as llama), Qwen2 (q/k/v biases), Qwen3 (q/k norms), Gemma 3 (a window
+    # on some blocks, q/k norms, sandwich norms), GPT-2 (learned positions, fused q/k/v)
+    Case(
+        "llama-bpe",
+        "llama",
+        dict(**SMALL, **SMALL_POSITIONS, num_key_value_heads=2, vocab_size=50257),
+        "bpe",
+        "llama",
+    ),
+    Case(
+        "mistral",
+        "mistral",
+        # Mistral 7B's window (longer than the prompts) and vocabulary (Llama 2's SentencePiece)
+        dict(
+            **SMALL, **SMALL_POSITIONS, num_key_value_heads=2, vocab_size=32000, sliding_window=4096
+        ),
+        "spm",
+        "llama",
+    ),
+    Case(
+        "qwen2",
+        "qwen2",
+        # Qwen2's own vocabulary (transformers reads a qwen2 directory's tokenizer as Qwen2's), its
+        # embedding tied as Qwen2.5-0.5B's
+        dict(
+            **SMALL,
+            **SMALL_POSITIONS,
+            num_key_value_heads=2,
+            vocab_size=151936,
+            tie_word_embeddings=True,
+        ),
+        "qwen2",
+        "qwen2",
+    ),
+    Case(
+        "qwen3",
+        "qwen3",
+        dict(**SMALL, **SMALL_POSITIONS, num_key_value_heads=2, head_dim=64, vocab_size=50257),
+        "bpe",
+        "qwen3",
+    ),
+    Case(
+        "gemma3",
+        "gemma3_text",
+        # a window shorter than the prompt on the sliding blocks; six blocks, Gemma 3's pattern
+        # (five sliding, then one global: the converter does not write it, llama.cpp assumes it);
+        # the query scalar llama.cpp uses (1/sqrt(head_dim))
+        dict(
+            **{**SMALL, "num_hidden_layers": 6},
+            **SMALL_POSITIONS,
+            num_key_value_heads=2,
+            head_dim=64,
+            vocab_size=32000,
+            sliding_window=8,
+            query_pre_attn_scalar=64,
+        ),
+        "spm",
+        "gemma3",
+    ),
+    Case(
+        "gpt2",
+        "gpt2",
+        dict(n_embd=256, n_layer=2, n_head=4, n_positions=256, vocab_size=50257),
+        "bpe",
+        "gpt2",
+        config_json=dict(n_ctx=256),
+    ),
+    # mixtures of experts, 256 wide per expert; each token's two experts of several
+    Case(
+        "mixtral",
+        "mixtral",
+        dict(
+            **{**SMALL, "intermediate_size": 256},
+            **SMALL_POSITIONS,
+            num_key_value_heads=2,
+            vocab_size=32000,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+        ),
+        "spm",
+        "llama",
+    ),
+    Case(
+        "qwen2moe",
+        "qwen2_moe",
+        # Qwen1.5-MoE's shared expert (gated, beside the routed ones) and unrenormalised top-k
+        dict(
+            **SMALL,
+            **SMALL_POSITIONS,
+            num_key_value_heads=2,
+            vocab_size=50257,
+            moe_intermediate_size=256,
+            shared_expert_intermediate_size=512,
+            num_experts=6,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,
+            tie_word_embeddings=False,
+        ),
+        "bpe",
+        "qwen2moe",
+    ),
+    Case(
+        "qwen3moe",
+        "qwen3_moe",
+        dict(
+            **SMALL,
+            **SMALL_POSITIONS,
+            num_key_value_heads=2,
+            head_dim=64,
+            vocab_size=50257,
+            moe_intermediate_size=256,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+        ),
+        "bpe",
+        "qwen3moe",
+    ),
 ]
 BY_NAME = {case.name: case for case in CONFIGS}
 
@@ -251,20 +370,42 @@ def _vocabulary(sources: Sources, name: str) -> dict:
     return {key: field.contents() for key, field in reader.fields.items()}
 
 
-def write_bpe_tokenizer(sources: Sources, directory: Path) -> None:
-    """GPT-2's byte-level BPE tokenizer as tokenizer.json, rebuilt from llama.cpp's copy of its
-    vocabulary and merges (the converter's hash of it is GPT-2's)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+# Qwen2's pre-tokenizer (its tokenizer.json's Split), before the byte-level mapping
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def write_bpe_tokenizer(sources: Sources, directory: Path, name: str = "gpt-2") -> None:
+    """A byte-level BPE tokenizer as tokenizer.json, rebuilt from llama.cpp's copy of its
+    vocabulary and merges (ggml-vocab-NAME.gguf), so that the converter's hash of it is the
+    original's: GPT-2's (its <|endoftext|> one of the BPE's tokens, as GPT-2's tokenizer.json has
+    it) or Qwen2's (its split before the bytes, its control tokens added as special tokens after
+    the BPE's, llama.cpp's padding dropped: the converter pads to the model's vocabulary again).
+    transformers loads a qwen2 directory's tokenizer as Qwen2Tokenizer whatever tokenizer.json
+    says, so a Qwen2 model gets Qwen2's vocabulary."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = _vocabulary(sources, "gpt-2")
-    tokens = vocab["tokenizer.ggml.tokens"]
+    vocab = _vocabulary(sources, name)
+    tokens, types = vocab["tokenizer.ggml.tokens"], vocab["tokenizer.ggml.token_type"]
     merges = [tuple(merge.split(" ")) for merge in vocab["tokenizer.ggml.merges"]]
-    tokenizer = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    control = [t for t, kind in zip(tokens, types) if kind == 3] if name == "qwen2" else []
+    pieces = [t for t, kind in zip(tokens, types) if kind == 1 or (kind == 3 and not control)]
+    tokenizer = Tokenizer(models.BPE({t: i for i, t in enumerate(pieces)}, merges))
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=name != "qwen2")
+    tokenizer.pre_tokenizer = (
+        pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"), byte_level]
+        )
+        if name == "qwen2"
+        else byte_level
+    )
     tokenizer.decoder = decoders.ByteLevel()
     end = tokens[vocab["tokenizer.ggml.eos_token_id"]]
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=end, eos_token=end)
+    fast.add_special_tokens({"additional_special_tokens": control} if control else {})
     fast.save_pretrained(directory)
 
 
@@ -374,6 +515,8 @@ def make_model(case: Case, directory: Path):
 def write_tokenizer(case: Case, sources: Sources, directory: Path) -> None:
     if case.tokenizer == "bpe":
         write_bpe_tokenizer(sources, directory)
+    elif case.tokenizer == "qwen2":
+        write_bpe_tokenizer(sources, directory, "qwen2")
     else:
         write_spm_tokenizer(sources, directory)
     if case.tokenizer_config:
@@ -499,10 +642,48 @@ def run_case(case: Case, reference, path: Path, failed: str | None, binaries: Pa
         row["greedy_text"] = ours
         if ours != theirs:
             row["greedy_note"] = f"attnlab {ours!r} vs llama-simple {theirs!r}"
+            row["greedy_parting"] = greedy_parting(model, ours, theirs)
     else:
         row["greedy_equal_llama_simple"] = None
         row["greedy_note"] = "no llama-simple (--bin)"
     return row
+
+
+def greedy_parting(model, ours: str, theirs: str) -> dict | None:
+    """Where attnlab's greedy text parts from llama-simple's: the step, attnlab's float32 margin
+    there (its top logit over the runner-up), and whether attnlab picks llama-simple's token
+    with every key and value rounded to float16, as llama-simple's KV cache holds them (llama.cpp's
+    default; the logits anchor keeps them in float32). A flip at a margin that rounding closes is
+    the cache's, not a different model; None if the texts part inside a token."""
+    import torch
+
+    from attnlab.generate.loop import generate
+
+    prompt = torch.tensor([model.tokenizer.encode(PROMPT)])
+    ids = generate(model, prompt, max_new_tokens=NEW_TOKENS, temperature=0)[0].tolist()
+    assert model.tokenizer.decode(ids) == ours  # the same greedy run as greedy_text's
+    start = prompt.shape[1]
+    for step in range(start, len(ids)):
+        if not theirs.startswith(model.tokenizer.decode(ids[: step + 1])):
+            break
+    else:
+        return None
+    names = [f"blocks.{i}.attn.hook_{kv}" for i in range(model.config.n_layers) for kv in "kv"]
+    with torch.no_grad():
+        logits = model(torch.tensor([ids[:step]]))[0, -1]
+        rounded = model.run_with_hooks(
+            torch.tensor([ids[:step]]),
+            fwd_hooks=[(name, lambda x, hook: x.half().float()) for name in names],
+        )[0, -1]
+    top = logits.topk(2).values
+    pick = int(rounded.argmax())
+    return {
+        "step": step - start,
+        "margin_float32": float(top[0] - top[1]),
+        "float16_kv_gives_llama_simple": theirs.startswith(
+            model.tokenizer.decode(ids[:step] + [pick])
+        ),
+    }
 
 
 def run_quantized(row: dict, path: Path, anchor, work: Path) -> None:
@@ -589,6 +770,13 @@ def table(rows: list[dict]) -> str:
             )
             continue
         greedy = {True: "yes", False: "no", None: "not run"}[row["greedy_equal_llama_simple"]]
+        if row.get("greedy_parting"):
+            parting = row["greedy_parting"]
+            greedy += (
+                f" (token {parting['step']}: a margin of {parting['margin_float32']:.1e}, "
+                + ("which" if parting["float16_kv_gives_llama_simple"] else "not one")
+                + " float16 keys and values, llama-simple's cache, flip)"
+            )
         lines.append(
             f"| {row['architecture']} ({row['gguf_architecture']}) | {row['file']} | "
             f"{row['logits_relative_error']:.1e} | {row['pattern_max_error']:.1e} | {greedy} | "

@@ -42,8 +42,19 @@ VOCABULARIES = Path(sys.prefix) / "llama.cpp-vocabularies"
 SOURCES = harness.Sources(VOCABULARIES / "converter", VOCABULARIES)
 
 pytestmark = pytest.mark.slow
-# every architecture attnlab reads, and the first it refuses (its message is the same for all)
-READ = [case for case in harness.CONFIGS if case.gguf_architecture in ARCHITECTURES]
+# the mixtures of experts, which tests/test_formats_moe.py converts with the same converter (smaller
+# models, their routers sharpened); the benchmark runs these rows
+EXPERTS = ("mixtral", "qwen2moe", "qwen3moe")
+# every GGUF architecture attnlab reads, once (its first row: a second row of the same architecture,
+# another tokenizer or a Mistral written as llama, is the benchmark's), and the first it refuses
+# (its message is the same for all)
+READ = [
+    case
+    for i, case in enumerate(harness.CONFIGS)
+    if case.gguf_architecture in ARCHITECTURES
+    and case.name not in EXPERTS
+    and all(other.gguf_architecture != case.gguf_architecture for other in harness.CONFIGS[:i])
+]
 REFUSED = [case for case in harness.CONFIGS if case.gguf_architecture not in ARCHITECTURES][:1]
 
 
@@ -123,6 +134,25 @@ def test_a_quantized_copy_agrees_with_llama_cpps_logits(case, converted, llama_c
                 assert row[name]["within_bounds"], (name, row)
     # the bound's scale: the format moved llama.cpp's own logits, so a block read wrongly shows
     assert q8["format_cost"]["kl_mean"] > 1e3 * f32["dequantized"]["kl_mean"], q8
+
+
+def test_where_greedy_texts_part_is_found(converted):
+    """The benchmark's note on a greedy text that parts from llama-simple's: the step where it
+    parts, attnlab's margin there, and no float16 flip for a token far below the top."""
+    from attnlab.generate.loop import generate
+
+    _, path, _, _ = converted[harness.CONFIGS[0].name]
+    model = attnlab.load(str(path))
+    prompt = torch.tensor([model.tokenizer.encode(harness.PROMPT)])
+    ids = generate(model, prompt, max_new_tokens=harness.NEW_TOKENS, temperature=0)[0].tolist()
+    ours, at = model.tokenizer.decode(ids), prompt.shape[1] + 3
+    with torch.no_grad():
+        last = int(model(torch.tensor([ids[:at]]))[0, -1].argmin())  # the least likely token
+    theirs = model.tokenizer.decode(ids[:at] + [last])
+    parting = harness.greedy_parting(model, ours, theirs)
+    assert parting["step"] == 3 and parting["margin_float32"] > 0, parting
+    assert not parting["float16_kv_gives_llama_simple"], parting
+    assert harness.greedy_parting(model, ours, ours) is None
 
 
 def test_agreement_is_top_1_share_and_kl_of_the_anchor_from_attnlab():

@@ -192,12 +192,14 @@ def moe_file(
     matrix=GGMLQuantizationType.F32,
     d_model: int = 64,
     width: int | None = None,
+    flat_shared_gate: bool = False,
 ) -> Path:
     """A random mixture of experts in llama.cpp's layout: tests/gguf_files.py's model with its
     dense MLPs replaced by the converter's tensors (ffn_gate_inp [n_experts, d_model], the experts
     stacked [n_experts, rows, cols], Qwen2-MoE's shared expert and its one-row gate). `width`: the
     experts' and the shared expert's (GGUF_CASES' by default; the K-quants need 256 of each and of
-    d_model)."""
+    d_model). `flat_shared_gate`: the shared expert's gate written [d_model] as llama-quantize
+    writes it again (ggml drops a trailing dimension of 1); the converter writes [1, d_model]."""
     n_experts, k, case_width, shared = GGUF_CASES[arch]
     width, shared = (case_width, shared) if width is None else (width, width if shared else 0)
     rng = np.random.default_rng(0)
@@ -214,7 +216,11 @@ def moe_file(
             tensors[b + "ffn_up_exps.weight"] = (random(n_experts, width, d_model), matrix)
             tensors[b + "ffn_down_exps.weight"] = (random(n_experts, d_model, width), matrix)
             if shared:
-                tensors[b + "ffn_gate_inp_shexp.weight"] = (random(1, d_model), 0)
+                gate = random(1, d_model)
+                tensors[b + "ffn_gate_inp_shexp.weight"] = (
+                    gate[0] if flat_shared_gate else gate,
+                    0,
+                )
                 tensors[b + "ffn_gate_shexp.weight"] = (random(shared, d_model), matrix)
                 tensors[b + "ffn_up_shexp.weight"] = (random(shared, d_model), matrix)
                 tensors[b + "ffn_down_shexp.weight"] = (random(d_model, shared), matrix)
@@ -276,6 +282,18 @@ def test_gguf_experts_land_where_they_belong(arch, tmp_path):
             )
             gate = torch.from_numpy(tensors[f"blk.{i}.ffn_gate_inp_shexp.weight"])
             torch.testing.assert_close(mlp.shared_expert_gate.weight, gate.view(1, -1))
+
+
+def test_a_shared_experts_gate_written_flat_is_read(tmp_path):
+    """llama-quantize writes Qwen2-MoE's [1, d_model] shared-expert gate as [d_model] (ggml counts
+    no trailing dimension of 1): the file is the same model, as llama.cpp reads it."""
+    path = moe_file(tmp_path / "2d.gguf", "qwen2moe")
+    flat = moe_file(tmp_path / "1d.gguf", "qwen2moe", flat_shared_gate=True)
+    shapes = {t.name: tuple(t.shape) for t in GGUFReader(flat).tensors}
+    assert shapes["blk.0.ffn_gate_inp_shexp.weight"] == (64,)
+    ids = torch.randint(0, 50, (1, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(attnlab.load(flat)(ids), attnlab.load(path)(ids))
 
 
 def test_gguf_expert_blocks_are_kept_per_expert(tmp_path):

@@ -558,6 +558,15 @@ def hf_config(file: GGUFFile) -> dict:
     return hf
 
 
+def _squeezed(shape: tuple) -> tuple:
+    """A shape without its leading 1s: ggml counts a tensor's dimensions up to the last one that
+    is not 1 (ggml_n_dims), so a [1, n] matrix written again by llama-quantize is n (Qwen2-MoE's
+    ffn_gate_inp_shexp); llama.cpp's loader compares shapes padded with 1s, and so do we."""
+    while len(shape) > 1 and shape[0] == 1:
+        shape = shape[1:]
+    return shape
+
+
 def _expert_settings(file: GGUFFile, arch: str) -> dict:
     """A mixture of experts as its config.json holds it (attnlab.formats.moe): a llama file with
     experts is a Mixtral (the converter writes Mixtral as llama plus expert_count); qwen2moe and
@@ -879,7 +888,7 @@ def load_gguf(
         actual = tuple(int(d) for d in reversed(tensor.shape.tolist()))
         if name in experts and len(actual) == 3:  # [n_experts, rows, cols]: experts' rows
             actual = (actual[0] * actual[1], actual[2])
-        if actual != expected:
+        if _squeezed(actual) != _squeezed(expected):
             raise UserError(
                 f"{source}: tensor {name!r} has shape {actual} but the metadata implies "
                 f"{expected}; the metadata does not match the tensors"
