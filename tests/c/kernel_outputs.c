@@ -122,11 +122,17 @@ int main(void) {
           *v = floats(batch * T * kv_heads * d_head);
     float *out = malloc(n * sizeof(float));
     float *scratch = malloc(attnlab_attend_rows_scratch(batch, T, kv_heads, d_head, 1));
-    attnlab_attend_rows(q, k, v, out, scratch, batch, T, heads, kv_heads, d_head, 0.17677669f, 1);
+    attnlab_attend_rows(q, k, v, out, scratch, batch, T, heads, kv_heads, d_head, 0.17677669f, 0.0f,
+                        1);
     print("attend_rows", out, n);
+    /* Gemma 2's soft-capped scores: cap·tanh(s/cap) */
+    attnlab_attend_rows(q, k, v, out, scratch, batch, T, heads, kv_heads, d_head, 0.17677669f, 1.5f,
+                        1);
+    print("attend_rows_capped", out, n);
     float *scores = malloc(batch * heads * T * T * sizeof(float)),
           *pattern = malloc(batch * heads * T * T * sizeof(float));
-    attnlab_attend_scores(q, k, scores, scratch, batch, T, heads, kv_heads, d_head, 0.17677669f, 1);
+    attnlab_attend_scores(q, k, scores, scratch, batch, T, heads, kv_heads, d_head, 0.17677669f,
+                          0.0f, 1);
     attnlab_softmax_rows(scores, pattern, batch * heads * T, T, 1);
     print("softmax_rows", pattern, batch * heads * T * T);
     attnlab_attend_mix(pattern, v, out, batch, T, T, heads, kv_heads, d_head, 1);
