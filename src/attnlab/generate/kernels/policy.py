@@ -58,6 +58,19 @@ DECODE_LAYOUTS = ("16-row", "file")  # ATTNLAB_DECODE_LAYOUT: force the choice o
 RACE_SHAPE = (2048, 2048)
 
 
+def best_of_alternating(runs: dict, rounds: int) -> dict:
+    """Each of `runs` (name -> callable) timed `rounds` times, taking turns so that a machine's
+    slow moments fall on every side; the best time of each in seconds, its first (warm-up) left
+    out."""
+    times = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    return {name: min(seconds[1:]) for name, seconds in times.items()}
+
+
 def _forced_float_rows() -> str | None:
     forced = os.environ.get("ATTNLAB_FLOAT_ROWS")
     if forced and forced not in FLOAT_ROWS:
@@ -136,17 +149,13 @@ def tiles_against_torch(build: str | None, threads: int) -> machine.Measured:
         generator = torch.Generator().manual_seed(0)  # the caller's random state left alone
         x = torch.randn(256, 576, generator=generator)
         w = torch.randn(576, 576, generator=generator)
-        times = {"c": [], "torch": []}
-        runs = {
-            "c": lambda: linear_rows(x, w, None),
-            "torch": lambda: torch.nn.functional.linear(x, w),
-        }
-        for _ in range(6):
-            for name, run in runs.items():
-                start = time.perf_counter()
-                run()
-                times[name].append(time.perf_counter() - start)
-        best = {name: min(seconds[1:]) for name, seconds in times.items()}
+        best = best_of_alternating(
+            {
+                "c": lambda: linear_rows(x, w, None),
+                "torch": lambda: torch.nn.functional.linear(x, w),
+            },
+            rounds=6,
+        )
         flops = 2 * 256 * 576 * 576
         return {
             "tiles_gflops": flops / best["c"] / 1e9,
@@ -192,13 +201,7 @@ def attention_against_torch(build: str | None, threads: int) -> machine.Measured
             "c": lambda: attend_explicit(q, k, v, 0.125),
             "torch": with_torch,
         }
-        times = {name: [] for name in runs}
-        for _ in range(6):
-            for name, run in runs.items():
-                start = time.perf_counter()
-                run()
-                times[name].append(time.perf_counter() - start)
-        best = {name: min(seconds[1:]) for name, seconds in times.items()}
+        best = best_of_alternating(runs, rounds=6)
         return {
             "attention_ms": best["c"] * 1e3,
             "torch_ms": best["torch"] * 1e3,
@@ -268,13 +271,7 @@ def repack16_against_file(kind: BlockKind, build: str | None, threads: int) -> m
             ),
             "file": block_linear_call(x, blocks, kind, None, out),
         }
-        times = {name: [] for name in runs}
-        for _ in range(11):
-            for name, run in runs.items():
-                start = time.perf_counter()
-                run()
-                times[name].append(time.perf_counter() - start)
-        best = {name: min(seconds[1:]) for name, seconds in times.items()}
+        best = best_of_alternating(runs, rounds=11)
         return {
             "repacked_us": best["16-row"] * 1e6,
             "file_us": best["file"] * 1e6,
